@@ -1,0 +1,205 @@
+"""Backend and device from the environment: laptop, simlib.launch, torchrun, SLURM, Colab.
+
+One function, :func:`init`, is what a training function calls first. Under ``simlib.launch`` the
+process group already exists and ``init`` just describes it; under ``torchrun`` it reads ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``...; under SLURM (``srun``) it reads ``SLURM_PROCID`` and friends; in a
+plain Python process it makes a one-rank group so that the same code runs with ``world_size == 1``.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import socket
+import subprocess
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("auto", "gloo", "nccl")
+DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait for its peers before it fails
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def threads_per_worker(world_size: int, cores: int | None = None) -> int:
+    """Torch threads per worker so that ``world_size`` workers do not fight over the cores."""
+    cores = cpu_count() if cores is None else cores
+    return max(1, cores // max(1, world_size))
+
+
+def gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def pick_backend(backend: str = "auto", local_world_size: int = 1) -> str:
+    """``"nccl"`` when every local rank can have its own GPU, else ``"gloo"``.
+
+    Raises ``ValueError`` for an unknown name or for ``"nccl"`` without a GPU per local rank
+    (NCCL refuses two ranks on one GPU).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(map(repr, BACKENDS))}")
+    gpus = gpu_count()
+    if backend == "auto":
+        return "nccl" if gpus >= local_world_size and gpus > 0 and dist.is_nccl_available() else "gloo"
+    if backend == "nccl" and (gpus < local_world_size or not dist.is_nccl_available()):
+        raise ValueError(
+            f"backend 'nccl' needs one GPU per rank: {local_world_size} local ranks but {gpus} GPU(s) "
+            "visible (NCCL refuses two ranks on one GPU). Use backend='gloo' (CPU) or 'auto', "
+            "or lower the number of ranks per node."
+        )
+    return backend
+
+
+def pick_device(backend: str, local_rank: int, device: str = "auto") -> torch.device:
+    """The device of one local rank: ``cuda:<local_rank>`` for NCCL, else CPU (unless asked)."""
+    if device != "auto":
+        return torch.device(device)
+    if backend == "nccl":
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a worker knows about its place in the job (course vocabulary: rank, world_size, ...)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    device: torch.device
+    launcher: str  # "simlib", "torchrun", "slurm" or "single"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+
+_context: Context | None = None
+
+
+def detect_launcher(environ=None) -> str:
+    environ = os.environ if environ is None else environ
+    if environ.get("SIMLIB_WORKER") == "1":
+        return "simlib"
+    if "TORCHELASTIC_RUN_ID" in environ or ("RANK" in environ and "WORLD_SIZE" in environ):
+        return "torchrun"
+    if "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
+        return "slurm"
+    return "single"
+
+
+def slurm_first_host(nodelist: str) -> str:
+    """First host of a SLURM node list such as ``gpu[003-005,9],cpu1`` (``scontrol`` when present)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.split()
+        if out:
+            return out[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    first = re.split(r",(?![^\[]*\])", nodelist)[0]
+    m = re.match(r"^([^\[]+)\[([^\],-]+)", first)
+    return m.group(1) + m.group(2) if m else first
+
+
+def _slurm_to_env(environ) -> None:
+    """Translate SLURM's variables into the torchrun ones that ``env://`` reads."""
+    environ.setdefault("RANK", environ["SLURM_PROCID"])
+    environ.setdefault("WORLD_SIZE", environ["SLURM_NTASKS"])
+    environ.setdefault("LOCAL_RANK", environ.get("SLURM_LOCALID", "0"))
+    tasks_per_node = environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+    if not tasks_per_node and "SLURM_JOB_NUM_NODES" in environ:
+        tasks_per_node = str(int(environ["SLURM_NTASKS"]) // int(environ["SLURM_JOB_NUM_NODES"]))
+    environ.setdefault("LOCAL_WORLD_SIZE", tasks_per_node or "1")
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "127.0.0.1")
+    environ.setdefault("MASTER_ADDR", slurm_first_host(nodelist))
+    environ.setdefault("MASTER_PORT", str(20000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT, device: str = "auto") -> Context:
+    """Join (or describe) the process group and return this rank's :class:`Context`.
+
+    Idempotent: the second call returns the same context. ``timeout`` bounds how long any
+    collective waits for a peer, so a mismatched collective fails instead of hanging.
+    """
+    global _context
+    if _context is not None and dist.is_initialized():
+        return _context
+    launcher = detect_launcher()
+    if launcher == "slurm":
+        _slurm_to_env(os.environ)
+    if launcher == "single":
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size if launcher == "single" else 1))
+    backend = pick_backend(backend, local_world_size)
+    dev = pick_device(backend, local_rank, device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        kwargs = dict(backend=backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout))
+        if dev.type == "cuda" and backend == "nccl":
+            kwargs["device_id"] = dev
+        dist.init_process_group(**kwargs)
+    _context = Context(rank, world_size, local_rank, local_world_size, backend, dev, launcher)
+    return _context
+
+
+def context() -> Context:
+    """The current rank's context (calls :func:`init` with defaults if needed)."""
+    return _context if (_context is not None and dist.is_initialized()) else init()
+
+
+def shutdown() -> None:
+    """Destroy the process group (safe to call twice)."""
+    global _context
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _context = None
+
+
+def describe() -> dict:
+    """What ``simlib doctor`` prints: versions, backends, cores, GPUs, launcher."""
+    import platform
+    gpus = gpu_count()
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cores": cpu_count(),
+        "gloo_available": dist.is_gloo_available(),
+        "nccl_available": dist.is_nccl_available(),
+        "cuda_available": torch.cuda.is_available(),
+        "gpus": gpus,
+        "gpu_names": [torch.cuda.get_device_name(i) for i in range(gpus)],
+        "launcher": detect_launcher(),
+        "slurm_job": os.environ.get("SLURM_JOB_ID"),
+        "colab": "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ,
+        "default_backend": pick_backend("auto", max(1, gpus)),
+    }

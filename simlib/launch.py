@@ -1,0 +1,622 @@
+"""Run a function on N fresh processes, from a script or a notebook cell.
+
+``launch(fn, world_size, *args, **kwargs)`` starts ``world_size`` workers with PyTorch's elastic agent (the
+engine behind ``torchrun``), so each worker sees torchrun's environment (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), joins the process group, runs ``fn`` and sends back its
+return value. ``fn`` travels as cloudpickle bytes, so a function defined in a notebook cell works.
+
+``Cluster(world_size)`` keeps the same workers and their process group warm between calls: importing torch
+costs seconds per process, a call on a warm cluster costs milliseconds.
+
+How the pieces talk:
+
+    caller process                       worker process (one per rank, own process group)
+    ───────────────                      ───────────────────────────────────────────────
+    Listener on 127.0.0.1  <── connect ── hello(rank, pid); init_process_group; ready
+    run(fn): send call ───────────────>  fn(*args, **kwargs)
+    print "[rank r] line"  <── out ────── stdout/stderr (fd level, whole lines)
+    results by rank        <── result ─── return value, or the exception and its traceback
+
+Failure rules: an exception on a rank is raised here as :class:`WorkerError` naming the rank(s); ranks that
+do not finish within ``grace`` seconds of the first failure are stopped (and the cluster restarts on its next
+call); a collective that waits longer than ``timeout`` fails on its rank; Ctrl-C stops every worker. Workers
+die with the caller (``PR_SET_PDEATHSIG`` plus a watchdog), so nothing is left orphaned.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import queue
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+import warnings
+import weakref
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Listener
+
+import cloudpickle
+
+from . import env
+
+__all__ = ["launch", "Cluster", "WorkerError", "WorkerTimeout", "RemoteFailure", "OversubscribedWarning"]
+
+_MARKER = "\x00simlib-flush\x00"
+
+
+class OversubscribedWarning(UserWarning):
+    """More workers than cores: they share cores, and timings show it."""
+
+
+@dataclass
+class RemoteFailure:
+    """An exception raised on one rank, carried back as text (its type may not exist here)."""
+
+    rank: int
+    type_name: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def from_exception(cls, rank: int, exc: BaseException) -> "RemoteFailure":
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(rank, type(exc).__name__, str(exc), tb)
+
+    def summary(self) -> str:
+        first = self.message.strip().splitlines()[0] if self.message.strip() else ""
+        return f"rank {self.rank}: {self.type_name}: {first}" if first else f"rank {self.rank}: {self.type_name}"
+
+
+class WorkerError(RuntimeError):
+    """One or more ranks failed. ``failures`` maps rank -> :class:`RemoteFailure`."""
+
+    def __init__(self, message: str, failures: dict[int, RemoteFailure] | None = None, results=None):
+        super().__init__(message)
+        self.failures = failures or {}
+        self.results = results or {}  # ranks that did finish, rank -> return value
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.failures)
+
+
+class WorkerTimeout(WorkerError, TimeoutError):
+    """A call did not finish in time (a hang, a deadlock or a mismatched collective)."""
+
+
+def _check_world_size(world_size) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise ValueError(f"world_size must be an int >= 1 (the number of processes), got {world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1 (the number of processes), got {world_size}")
+    return world_size
+
+
+def _check_positive(name, value, allow_none=True):
+    if value is None and allow_none:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return value
+
+
+# ───────────────────────────── worker side ─────────────────────────────
+
+class _Channel:
+    """A connection whose sends may come from several threads."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def send(self, msg) -> None:
+        with self.lock:
+            self.conn.send(msg)
+
+
+class _FdRelay:
+    """Sends what is written to an OS-level file descriptor to the caller, one whole line at a time."""
+
+    def __init__(self, chan: _Channel, rank: int, fd: int, stream: str):
+        self.chan, self.rank, self.fd, self.stream = chan, rank, fd, stream
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, fd)
+        os.close(write_end)
+        self.read_end = read_end
+        self.flushed = threading.Event()
+        threading.Thread(target=self._pump, daemon=True, name=f"simlib-relay-{stream}").start()
+
+    def _pump(self) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(self.read_end, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            buf += chunk
+            while b"\n" in buf:
+                raw, buf = buf.split(b"\n", 1)
+                line = raw.decode("utf-8", "replace")
+                if line.endswith(_MARKER):
+                    line = line[: -len(_MARKER)]
+                    if line:
+                        self._send(line)
+                    self.flushed.set()
+                else:
+                    self._send(line)
+
+    def _send(self, line: str) -> None:
+        try:
+            self.chan.send(("out", self.rank, self.stream, line))
+        except OSError:
+            pass
+
+    def flush(self, timeout: float = 2.0) -> None:
+        self.flushed.clear()
+        os.write(self.fd, (_MARKER + "\n").encode())
+        self.flushed.wait(timeout)
+
+
+def _die_with_parent() -> None:
+    """Make the kernel kill this worker when the process that started it dies (Linux)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    parent = os.getppid()
+
+    def watchdog():  # portable fallback: the parent changed, so it died
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watchdog, daemon=True, name="simlib-watchdog").start()
+
+
+def _worker_main(address, authkey: bytes, spec: dict) -> None:
+    """Entry point of every worker (module level, so the elastic agent can start it by reference)."""
+    os.environ["SIMLIB_WORKER"] = "1"
+    try:
+        os.setpgrp()  # our own process group: the caller can stop us and our children in one signal
+    except OSError:
+        pass
+    _die_with_parent()
+    rank = int(os.environ["RANK"])
+    chan = _Channel(Client(address, authkey=authkey))
+    chan.send(("hello", rank, os.getpid()))
+    relays = []
+    if spec["relay_output"]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        relays = [_FdRelay(chan, rank, 1, "stdout"), _FdRelay(chan, rank, 2, "stderr")]
+        try:
+            sys.stdout.reconfigure(line_buffering=True)
+            sys.stderr.reconfigure(line_buffering=True)
+        except AttributeError:
+            pass
+
+    def flush_output():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for relay in relays:
+            relay.flush()
+
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    os.environ["OMP_NUM_THREADS"] = str(spec["threads"])
+    if spec["loopback"] and sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    try:
+        env.init(spec["backend"], timeout=spec["timeout"], device=spec["device"])
+    except BaseException as exc:  # noqa: BLE001 - reported to the caller
+        flush_output()
+        chan.send(("fatal", rank, RemoteFailure.from_exception(rank, exc)))
+        return
+    chan.send(("ready", rank))
+    while True:
+        try:
+            msg = chan.conn.recv()
+        except (EOFError, OSError):
+            break
+        if msg[0] == "stop":
+            break
+        _, call_id, payload = msg
+        try:
+            fn, args, kwargs = cloudpickle.loads(payload)
+            out = fn(*args, **kwargs)
+            try:
+                data, ok = cloudpickle.dumps(out), True
+            except Exception as exc:  # noqa: BLE001
+                raise TypeError(f"the return value of rank {rank} could not be pickled: {exc}") from exc
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller, the loop goes on
+            data, ok = cloudpickle.dumps(RemoteFailure.from_exception(rank, exc)), False
+        flush_output()
+        chan.send(("result", rank, call_id, ok, data))
+    flush_output()
+    env.shutdown()
+
+
+# ───────────────────────────── caller side ─────────────────────────────
+
+_live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for cluster in list(_live_clusters):
+        cluster.close()
+
+
+class _quiet_elastic:
+    """The elastic agent logs each start and each stopped worker; simlib reports those itself."""
+
+    names = ("torch.distributed.elastic", "torch.distributed.launcher")
+
+    def __enter__(self):
+        self.levels = {n: logging.getLogger(n).level for n in self.names}
+        for n in self.names:
+            logging.getLogger(n).setLevel(logging.CRITICAL)
+
+    def __exit__(self, *exc):
+        for n, level in self.levels.items():
+            logging.getLogger(n).setLevel(level)
+
+
+class Cluster:
+    """``world_size`` worker processes with a process group, kept warm between calls.
+
+    >>> with Cluster(2) as cluster:               # doctest: +SKIP
+    ...     cluster.run(lambda: dist.get_rank())  # [0, 1]
+
+    Args:
+        world_size: number of processes (ranks).
+        backend: ``"auto"`` (NCCL when every rank has its own GPU, else Gloo), ``"gloo"`` or ``"nccl"``.
+        timeout: seconds a collective waits for its peers before it fails on that rank.
+        threads: torch threads per worker; default cores // world_size, at least 1.
+        device: ``"auto"`` (cuda:<local_rank> under NCCL, else CPU) or a device string.
+        call_timeout: default limit in seconds for a whole call (None: no limit).
+        grace: seconds the other ranks get to finish after one rank fails, before they are stopped.
+        start_timeout: seconds to wait for the workers to start and join the process group.
+        relay_output: send workers' stdout/stderr here, whole lines prefixed ``[rank r]``.
+    """
+
+    def __init__(self, world_size: int, backend: str = "auto", timeout: float = env.DEFAULT_TIMEOUT,
+                 threads: int | None = None, device: str = "auto", call_timeout: float | None = None,
+                 grace: float = 3.0, start_timeout: float = 120.0, relay_output: bool = True):
+        self.world_size = _check_world_size(world_size)
+        self.backend = env.pick_backend(backend, world_size)  # raises ValueError for bad names
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be an int >= 1 (torch threads per worker), got {threads!r}")
+        self.timeout = _check_positive("timeout", timeout, allow_none=False)
+        self.call_timeout = _check_positive("call_timeout", call_timeout)
+        self.grace = grace
+        self.start_timeout = start_timeout
+        self.cores = env.cpu_count()
+        self.threads = threads or env.threads_per_worker(world_size, self.cores)
+        self.device = device
+        self.relay_output = relay_output
+        self.restarts = 0
+        self.last_start_seconds = None
+        if self.backend == "gloo" and world_size > self.cores:
+            warnings.warn(f"{world_size} workers on {self.cores} cores: the workers share cores, so timings "
+                          "include oversubscription (expect each worker to run slower).",
+                          OversubscribedWarning, stacklevel=2)
+        self._pids: dict[int, int] = {}
+        self._conns = {}
+        self._queue: queue.Queue = queue.Queue()
+        self._call_id = 0
+        self._broken = False
+        self._closed = True
+        self._agent = None
+        _live_clusters.add(self)
+        self._start()
+
+    # ── life cycle ──
+    def _start(self) -> None:
+        t0 = time.perf_counter()
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+        self._queue = queue.Queue()
+        self._pids, self._conns = {}, {}
+        authkey = os.urandom(16)
+        listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        self._log_dir = tempfile.mkdtemp(prefix="simlib-")
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=self.world_size, run_id=uuid.uuid4().hex,
+            rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{env.free_port()}", local_addr="127.0.0.1",
+            max_restarts=0, monitor_interval=0.1, start_method="spawn",
+            logs_specs=DefaultLogsSpecs(log_dir=self._log_dir),
+        )
+        spec = dict(backend=self.backend, timeout=self.timeout, threads=self.threads, device=self.device,
+                    relay_output=self.relay_output, loopback=True)
+        self._agent_error = None
+
+        def agent():
+            try:
+                with _quiet_elastic():
+                    elastic_launch(config, _worker_main)(listener.address, authkey, spec)
+            except BaseException as exc:  # noqa: BLE001 - workers stopped by us end up here too
+                self._agent_error = exc
+            finally:
+                self._queue.put(("agent-exit", None))
+
+        def accept():
+            try:
+                for _ in range(self.world_size):
+                    conn = listener.accept()
+                    self._queue.put(("conn", conn))
+            except OSError:
+                pass
+
+        self._closed = False
+        self._agent = threading.Thread(target=agent, daemon=True, name="simlib-agent")
+        self._agent.start()
+        threading.Thread(target=accept, daemon=True, name="simlib-accept").start()
+        ready: set[int] = set()
+        deadline = time.monotonic() + self.start_timeout
+        try:
+            while len(ready) < self.world_size:
+                try:
+                    msg = self._queue.get(timeout=0.05)
+                except queue.Empty:
+                    if time.monotonic() > deadline:
+                        raise WorkerTimeout(f"the {self.world_size} workers did not start within "
+                                            f"{self.start_timeout:.0f} s") from None
+                    continue
+                kind = msg[0]
+                if kind == "conn":
+                    conn = msg[1]
+                    hello = conn.recv()
+                    rank = hello[1]
+                    self._conns[rank], self._pids[rank] = _Channel(conn), hello[2]
+                    threading.Thread(target=self._read, args=(rank, conn), daemon=True).start()
+                elif kind == "ready":
+                    ready.add(msg[1])
+                elif kind == "fatal":
+                    failure = msg[2]
+                    raise WorkerError(f"rank {msg[1]} could not join the process group: "
+                                      f"{failure.type_name}: {failure.message}\n{failure.traceback}",
+                                      {msg[1]: failure})
+                elif kind == "out":
+                    self._print(msg)
+                elif kind == "agent-exit":
+                    raise WorkerError(f"the workers ended while starting: {self._agent_error!r}")
+        except BaseException:
+            listener.close()
+            self._kill()
+            raise
+        listener.close()
+        self.last_start_seconds = time.perf_counter() - t0
+
+    def _read(self, rank, conn) -> None:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                self._queue.put(("eof", rank))
+                return
+            self._queue.put(msg)
+
+    def _kill(self) -> None:
+        """Stop every worker now (SIGKILL to each worker's process group) and wait for the agent."""
+        for pid in self._pids.values():
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                    break
+                except (ProcessLookupError, PermissionError, OSError):
+                    continue
+        self._finish()
+
+    def _finish(self, wait: float = 15.0) -> None:
+        if self._agent is not None:
+            self._agent.join(wait)
+        for chan in self._conns.values():
+            try:
+                chan.conn.close()
+            except OSError:
+                pass
+        self._conns, self._pids = {}, {}
+        shutil.rmtree(getattr(self, "_log_dir", ""), ignore_errors=True)
+        self._closed = True
+
+    def close(self) -> None:
+        """Stop the workers cleanly (they leave the process group and exit)."""
+        if self._closed:
+            return
+        for chan in self._conns.values():
+            try:
+                chan.send(("stop",))
+            except OSError:
+                pass
+        self._agent.join(10.0)
+        self._drain()
+        if self._agent.is_alive():
+            self._kill()
+        else:
+            self._finish()
+
+    def restart(self) -> None:
+        """Stop the workers (however they are) and start fresh ones."""
+        self._kill()
+        self._start()
+        self._broken = False
+        self.restarts += 1
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the workers, by rank."""
+        return [self._pids[r] for r in sorted(self._pids)]
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("needs restart" if self._broken else "ready")
+        return (f"Cluster(world_size={self.world_size}, backend={self.backend!r}, threads={self.threads}, "
+                f"{state})")
+
+    # ── calls ──
+    def _print(self, msg) -> None:
+        _, rank, stream, line = msg
+        print(f"[rank{rank}] {line}", file=sys.stderr if stream == "stderr" else sys.stdout, flush=True)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                msg = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if msg[0] == "out":
+                self._print(msg)
+
+    def run(self, fn, *args, **kwargs) -> list:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the results by rank."""
+        return self.call(fn, args, kwargs)
+
+    def call(self, fn, args=(), kwargs=None, timeout: float | None = None) -> list:
+        """Like :meth:`run`, with a time limit for the whole call (``timeout`` seconds)."""
+        if not callable(fn):
+            raise ValueError(f"fn must be callable, got {fn!r}")
+        timeout = _check_positive("timeout", timeout if timeout is not None else self.call_timeout)
+        if self._closed or self._broken:
+            was_broken = self._broken or self.restarts or self.last_start_seconds
+            self._kill() if not self._closed else None
+            self._start()
+            self._broken = False
+            if was_broken:
+                self.restarts += 1
+                print(f"simlib: started {self.world_size} fresh workers ({self.last_start_seconds:.1f} s) "
+                      "after the failure of the previous call", file=sys.stderr)
+        payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+        self._call_id += 1
+        call_id = self._call_id
+        for chan in self._conns.values():
+            chan.send(("call", call_id, payload))
+        results, failures, died = {}, {}, set()
+        first_failure = None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while len(results) + len(failures) < self.world_size:
+                now = time.monotonic()
+                if first_failure is not None and now - first_failure > self.grace:
+                    break
+                if deadline is not None and now > deadline:
+                    break
+                try:
+                    msg = self._queue.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                kind = msg[0]
+                if kind == "out":
+                    self._print(msg)
+                elif kind == "result" and msg[2] == call_id:
+                    _, rank, _, ok, data = msg
+                    value = cloudpickle.loads(data)
+                    if ok:
+                        results[rank] = value
+                    else:
+                        failures[rank] = value
+                        first_failure = first_failure or time.monotonic()
+                elif kind == "eof" and msg[1] not in results and msg[1] not in failures:
+                    died.add(msg[1])
+                    failures[msg[1]] = RemoteFailure(msg[1], "WorkerDied", "the worker process ended without "
+                                                     "reporting (killed, crashed, or it called os._exit)", "")
+                    first_failure = first_failure or time.monotonic()
+        except KeyboardInterrupt:
+            self._kill()
+            self._broken = True
+            print(f"simlib: interrupted; stopped all {self.world_size} workers (the next call starts fresh "
+                  "ones)", file=sys.stderr)
+            raise
+        self._drain()
+        if not failures and len(results) == self.world_size:
+            return [results[r] for r in range(self.world_size)]
+        return self._fail(results, failures, died, timeout, first_failure)
+
+    def _fail(self, results, failures, died, timeout, first_failure):
+        pending = [r for r in range(self.world_size) if r not in results and r not in failures]
+        lines = []
+        if pending and first_failure is None:
+            msg = (f"call timed out after {timeout:g} s: rank(s) {pending} did not finish "
+                   f"(ranks {sorted(results)} did). A hang or a collective that only some ranks called.")
+            failures.update({r: RemoteFailure(r, "Timeout", f"did not finish within {timeout:g} s", "")
+                             for r in pending})
+            error_type = WorkerTimeout
+        else:
+            names = ", ".join(str(r) for r in sorted(failures))
+            msg = f"{len(failures)} of {self.world_size} rank(s) failed (rank {names})"
+            error_type = WorkerError
+            if any("timed out" in f.message.lower() or "timeout" in f.message.lower()
+                   for f in failures.values()):
+                error_type = WorkerTimeout
+                msg += (f". A collective waited longer than timeout={self.timeout:g} s for its peers: "
+                        "usually a collective (or send/recv) that not every rank called, or called in a "
+                        "different order")
+            if pending:
+                msg += f"; rank(s) {pending} were still running {self.grace:g} s later and were stopped"
+        for failure in sorted(failures.values(), key=lambda f: f.rank):
+            lines.append(failure.summary())
+        detail = "\n".join(f"--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}"
+                           for f in sorted(failures.values(), key=lambda f: f.rank) if f.traceback)
+        restart_needed = bool(pending or died or error_type is WorkerTimeout) or not self._healthy()
+        if restart_needed:
+            self._kill()
+            self._broken = True
+            msg += ". The workers were stopped; the next call starts fresh ones"
+        text = msg + "\n" + "\n".join(lines) + ("\n" + detail if detail else "")
+        raise error_type(text, failures, results)
+
+    def _healthy(self) -> bool:
+        """After a call in which every rank reported: do the ranks still meet at a barrier?"""
+        try:
+            self.call(_barrier, timeout=5.0)
+            return True
+        except WorkerError:
+            return False
+
+
+def _barrier():
+    import torch.distributed as dist
+    dist.barrier()
+
+
+def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = env.DEFAULT_TIMEOUT,
+           threads: int | None = None, device: str = "auto", call_timeout: float | None = None, **kwargs) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh processes; return the results by rank.
+
+    One-shot: the workers start, run ``fn`` once and exit. Use :class:`Cluster` to keep them warm.
+    ``backend``, ``timeout``, ``threads``, ``device`` are as for :class:`Cluster`; ``call_timeout``
+    limits the whole call. In a script, call it under ``if __name__ == "__main__":`` (workers are
+    started with "spawn", which re-imports the main module).
+    """
+    cluster = Cluster(world_size, backend=backend, timeout=timeout, threads=threads, device=device,
+                      call_timeout=call_timeout)
+    try:
+        return cluster.call(fn, args, kwargs)
+    finally:
+        cluster.close()
