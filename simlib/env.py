@@ -21,6 +21,11 @@ BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait for its peers before it fails
 
 
+def quick() -> bool:
+    """Quick mode (``SIMLIB_QUICK=1``, set by the test suite): lessons use small sizes and few steps."""
+    return os.environ.get("SIMLIB_QUICK", "0").lower() not in ("", "0", "false", "no")
+
+
 def cpu_count() -> int:
     """Cores this process may run on (the affinity mask, not the machine's total)."""
     try:
