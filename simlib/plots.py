@@ -1,0 +1,132 @@
+"""Plots the lessons share: speedup and efficiency over world sizes, per-rank Gantt timelines.
+
+Every function takes the table it plots (a pandas DataFrame from ``simlib.experiments`` or
+``simlib.timeline``) and an optional matplotlib ``ax``; it returns the ``ax`` so a notebook can add to it.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "comm": "#55A868", "optimizer": "#8172B3",
+          "wait": "#C44E52", "other": "#937860", "step": "#BBBBBB"}
+
+
+def _ax(ax, figsize=(6, 4)):
+    if ax is None:
+        _, ax = plt.subplots(figsize=figsize)
+    return ax
+
+
+def _mark_oversubscribed(ax, table, cores):
+    """Shade the world sizes above the core count: there the workers share cores."""
+    if cores is None:
+        return
+    over = table[table["world_size"] > cores]["world_size"]
+    if len(over):
+        ax.axvspan(cores + 0.5, table["world_size"].max() + 0.5, color="#F2D7D5", alpha=0.6, zorder=0,
+                   label=f"world size > {cores} cores (oversubscribed)")
+
+
+def speedup(table, ax=None, cores=None, label="measured", title=None):
+    """Speedup against world size with the ideal line, error bars from the step-time spread.
+
+    ``table`` has ``world_size`` and ``speedup`` (and optionally ``speedup_lo``/``speedup_hi``);
+    rows with ``baseline`` set (e.g. one process using every core) are drawn as horizontal lines.
+    """
+    ax = _ax(ax)
+    cores = table.attrs.get("cores") if cores is None else cores
+    runs = table[table["baseline"].isna()] if "baseline" in table else table
+    _mark_oversubscribed(ax, runs, cores)
+    sizes = runs["world_size"].to_numpy()
+    ax.plot(sizes, sizes, "--", color="gray", label="ideal (linear)")
+    if {"speedup_lo", "speedup_hi"} <= set(runs.columns):
+        err = [runs["speedup"] - runs["speedup_lo"], runs["speedup_hi"] - runs["speedup"]]
+        ax.errorbar(sizes, runs["speedup"], yerr=err, marker="o", capsize=3, label=label)
+    else:
+        ax.plot(sizes, runs["speedup"], marker="o", label=label)
+    if "baseline" in table:
+        for _, row in table[table["baseline"].notna()].iterrows():
+            ax.axhline(row["speedup"], color="#C44E52", linestyle=":", label=f"{row['baseline']}: {row['speedup']:.2f}x")
+    ax.set_xlabel("world size (processes)")
+    ax.set_ylabel("speedup over 1 process")
+    ax.set_xticks(sizes)
+    ax.set_title(title or f"{table.attrs.get('mode', '')} scaling".strip())
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def efficiency(table, ax=None, cores=None, title=None):
+    """Parallel efficiency (speedup / world size, or t1/tN for weak scaling) and communication fraction."""
+    ax = _ax(ax)
+    cores = table.attrs.get("cores") if cores is None else cores
+    runs = table[table["baseline"].isna()] if "baseline" in table else table
+    _mark_oversubscribed(ax, runs, cores)
+    sizes = runs["world_size"].to_numpy()
+    ax.plot(sizes, runs["efficiency"], marker="o", label="efficiency")
+    if "comm_fraction" in runs:
+        ax.plot(sizes, runs["comm_fraction"], marker="s", label="communication fraction of a step")
+    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+    ax.set_ylim(0, max(1.1, float(runs["efficiency"].max()) * 1.1))
+    ax.set_xticks(sizes)
+    ax.set_xlabel("world size (processes)")
+    ax.set_ylabel("fraction")
+    ax.set_title(title or "efficiency")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def gantt(df, ax=None, step=None, title=None, kinds=None, label_spans=False):
+    """Per-rank timeline of spans (one row per rank, one colour per kind), times in milliseconds.
+
+    ``df`` has the timeline columns (rank, step, kind, name, start, end, duration); ``step`` picks one step
+    (default: the first step after warm-up, or all spans if there are no steps). Step spans are drawn as a
+    thin grey bar under the others.
+    """
+    ax = _ax(ax, figsize=(9, 0.6 + 0.55 * max(1, df["rank"].nunique())))
+    data = df
+    if step is None and "step" in df and (df["step"] >= 0).any():
+        measured = df[(df["step"] >= 0) & (~df["warmup"].astype(bool))] if "warmup" in df else df[df["step"] >= 0]
+        step = int(measured["step"].min()) if len(measured) else None
+    if step is not None:
+        data = df[df["step"] == step]
+    if not len(data):
+        raise ValueError(f"no spans to draw for step {step}")
+    t0 = data["start"].min()
+    ranks = sorted(data["rank"].unique())
+    seen = set()
+    for _, row in data.iterrows():
+        kind = row["kind"]
+        if kinds is not None and kind not in kinds and kind != "step":
+            continue
+        y = ranks.index(row["rank"])
+        start, width = (row["start"] - t0) * 1e3, row["duration"] * 1e3
+        if kind == "step":
+            ax.barh(y - 0.38, width, left=start, height=0.08, color=COLORS["step"])
+            continue
+        lab = kind if kind not in seen else None
+        seen.add(kind)
+        ax.barh(y, width, left=start, height=0.6, color=COLORS.get(kind, COLORS["other"]), edgecolor="white",
+                linewidth=0.5, label=lab)
+        if label_spans and width > 0:
+            ax.text(start + width / 2, y, str(row["name"]), ha="center", va="center", fontsize=7, color="white")
+    ax.set_yticks(range(len(ranks)))
+    ax.set_yticklabels([f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms)")
+    ax.set_title(title or ("timeline" + (f", step {step}" if step is not None else "")))
+    ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(ranks) < 3 else -0.12))
+    ax.grid(axis="x", alpha=0.3)
+    return ax
+
+
+def scaling_figure(table, path=None):
+    """Speedup and efficiency side by side; saved to ``path`` (PNG) when given."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    speedup(table, ax=axes[0])
+    efficiency(table, ax=axes[1])
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
