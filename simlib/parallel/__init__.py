@@ -1,0 +1,1 @@
+"""Parallelism mechanisms, one file per concept: data, pipeline (schedules + executor), tensor, mesh."""
