@@ -141,6 +141,8 @@ def interleaved_1f1b(num_stages: int, num_microbatches: int, num_chunks: int = 2
         raise ValueError(f"num_chunks must be >= 1, got {v}")
     if m % p:
         raise ValueError(f"interleaved 1F1B needs num_microbatches ({m}) to be a multiple of num_stages ({p})")
+    if v == 1:
+        return one_f_one_b(p, m)
     total = m * v  # forwards (and backwards) per rank
 
     def forward_of(k):   # k-th forward of a rank -> (microbatch, chunk), as Megatron's get_model_chunk_id
