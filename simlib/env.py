@@ -117,6 +117,10 @@ def slurm_first_host(nodelist: str) -> str:
             return out[0]
     except (OSError, subprocess.SubprocessError):
         pass
+    return _slurm_first_host_fallback(nodelist)
+
+
+def _slurm_first_host_fallback(nodelist: str) -> str:
     first = re.split(r",(?![^\[]*\])", nodelist)[0]
     m = re.match(r"^([^\[]+)\[([^\],-]+)", first)
     return m.group(1) + m.group(2) if m else first

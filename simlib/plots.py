@@ -116,7 +116,7 @@ def gantt(df, ax=None, step=None, title=None, kinds=None, label_spans=False):
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.set_title(title or ("timeline" + (f", step {step}" if step is not None else "")))
-    ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(ranks) < 3 else -0.12))
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(axis="x", alpha=0.3)
     return ax
 

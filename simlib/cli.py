@@ -1,0 +1,137 @@
+"""Command line: ``simlib scaling`` (the main job), ``simlib doctor``, ``simlib run module:function``."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _doctor(args) -> int:
+    from . import env
+
+    info = env.describe()
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        print(f"{key:<{width}}  {value}")
+    if info["launcher"] == "single":
+        print(f"\nready: simlib.launch(fn, n) runs n local processes over "
+              f"{info['default_backend']}; {info['cores']} core(s) -> {env.threads_per_worker(2, info['cores'])} "
+              "thread(s) per worker at n=2")
+    return 0
+
+
+def _scaling(args) -> int:
+    from . import experiments, plots
+    from .env import quick
+
+    if args.quick or quick():
+        defaults = dict(width=256, depth=2, global_batch=256, steps=5, warmup=2)
+    else:
+        defaults = dict(width=1024, depth=4, global_batch=1024, steps=20, warmup=3)
+    for key in defaults:
+        if getattr(args, key) is not None:
+            defaults[key] = getattr(args, key)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table, timelines = experiments.scaling(args.world_sizes, mode=args.mode, keep_timelines=True,
+                                           threads_per_worker=args.threads, **defaults)
+    stem = f"scaling_{args.mode}"
+    table.to_csv(out / f"{stem}.csv", index=False)
+    meta = dict(table.attrs)
+    (out / f"{stem}.json").write_text(json.dumps({"config": meta, "rows": json.loads(table.to_json(orient="records"))},
+                                                 indent=2))
+    fig = plots.scaling_figure(table, out / f"{stem}.png")
+    biggest = max(w for w in timelines if w > 1) if len(timelines) > 1 else 1
+    ax = plots.gantt(timelines[biggest], title=f"one step at world size {biggest}")
+    ax.figure.savefig(out / f"{stem}_timeline.png", dpi=110, bbox_inches="tight")
+    cols = ["world_size", "threads", "global_batch", "step_time", "step_time_iqr", "throughput", "speedup",
+            "efficiency", "comm_fraction", "oversubscribed", "baseline"]
+    with __import__("pandas").option_context("display.width", 160, "display.float_format", "{:.4g}".format):
+        print(table[cols].to_string(index=False))
+    print(f"\nwrote {out / stem}.png, {stem}_timeline.png, {stem}.csv, {stem}.json"
+          f"  ({meta['cores']} cores; speedup is against 1 process x {args.threads} thread(s))")
+    del fig
+    return 0
+
+
+def _load(target: str):
+    if ":" not in target:
+        raise SystemExit(f"simlib run: expected module:function, got {target!r}")
+    module_name, fn_name = target.split(":", 1)
+    sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, fn_name)
+    except AttributeError:
+        raise SystemExit(f"simlib run: {module_name} has no function {fn_name!r}") from None
+
+
+def _run(args) -> int:
+    """Under torchrun or srun: join the group and call fn. Elsewhere: start --nproc-per-node local ranks."""
+    from . import env
+    from .launch import WorkerError, launch
+
+    fn = _load(args.target)
+    fn_args = args.args
+    if env.detect_launcher() in ("torchrun", "slurm"):
+        env.init(args.backend, timeout=args.timeout)
+        result = fn(*fn_args)
+        env.shutdown()
+        return 0 if result is None or result is True or not isinstance(result, int) else int(result)
+    try:
+        results = launch(fn, args.nproc_per_node, *fn_args, backend=args.backend, timeout=args.timeout)
+    except WorkerError as exc:
+        print(f"simlib run: {exc}", file=sys.stderr)
+        return 1
+    for rank, value in enumerate(results):
+        if value is not None:
+            print(f"[rank{rank}] returned {value!r}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="simlib", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("doctor", help="torch version, backends, cores, GPUs, launcher detected")
+    p.set_defaults(func=_doctor)
+
+    p = sub.add_parser("scaling", help="run a data-parallel scaling sweep; write PNG, CSV and JSON")
+    p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--mode", choices=["strong", "weak"], default="strong")
+    p.add_argument("--global-batch", type=int, default=None, help="samples per step (strong scaling)")
+    p.add_argument("--width", type=int, default=None, help="MLP width (default 1024; 256 in quick mode)")
+    p.add_argument("--depth", type=int, default=None, help="MLP hidden layers (default 4)")
+    p.add_argument("--steps", type=int, default=None, help="measured steps (default 20)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up steps left out (default 3)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
+    p.add_argument("--quick", action="store_true", help="small sizes (also SIMLIB_QUICK=1)")
+    p.add_argument("--out", default="results", help="output folder (default ./results)")
+    p.set_defaults(func=_scaling)
+
+    p = sub.add_parser("run", help="run module:function on every rank (local, torchrun or srun)")
+    p.add_argument("target", help="module:function, e.g. my_train:main")
+    p.add_argument("args", nargs="*", help="string arguments passed to the function")
+    p.add_argument("--nproc-per-node", type=int, default=2, help="local ranks when not under torchrun/SLURM")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait")
+    p.set_defaults(func=_run)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "global_batch", None) is not None:
+        pass
+    try:
+        return args.func(args)
+    except ValueError as exc:
+        print(f"simlib {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

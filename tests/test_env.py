@@ -1,0 +1,85 @@
+"""Backend/device choice and the torchrun/SLURM entry points (same code, bigger machine)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from simlib import env
+
+JOB = textwrap.dedent("""
+    import torch, torch.distributed as dist, simlib
+    def main():
+        ctx = simlib.init(timeout=30)
+        t = torch.tensor([ctx.rank + 1.0])
+        dist.all_reduce(t)
+        print(f"OK rank={ctx.rank} world={ctx.world_size} local={ctx.local_rank} launcher={ctx.launcher} "
+              f"backend={ctx.backend} sum={t.item():g}", flush=True)
+""")
+
+
+def test_pick_backend_and_device():
+    assert env.pick_backend("gloo", 4) == "gloo"
+    if env.gpu_count() == 0:
+        assert env.pick_backend("auto", 2) == "gloo"
+        assert str(env.pick_device("gloo", 1)) == "cpu"
+    with pytest.raises(ValueError):
+        env.pick_backend("ucc")
+    assert env.threads_per_worker(4, cores=2) == 1 and env.threads_per_worker(1, cores=8) == 8
+
+
+def test_detect_launcher():
+    assert env.detect_launcher({}) == "single"
+    assert env.detect_launcher({"RANK": "0", "WORLD_SIZE": "2"}) == "torchrun"
+    assert env.detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}) == "slurm"
+    assert env.detect_launcher({"SIMLIB_WORKER": "1", "RANK": "0", "WORLD_SIZE": "2"}) == "simlib"
+
+
+def test_slurm_nodelist():
+    assert env._slurm_first_host_fallback("gpu[003-005,9],cpu1") == "gpu003"
+    assert env._slurm_first_host_fallback("node7") == "node7"
+
+
+@pytest.fixture
+def job_module(tmp_path):
+    (tmp_path / "simjob.py").write_text(JOB)
+    return tmp_path
+
+
+def _env(cwd, **extra):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    e["PYTHONPATH"] = str(cwd)
+    e.update(extra)
+    return e
+
+
+def test_same_function_under_torchrun(job_module):
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    out = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                          "--master-port", str(env.free_port()), "-m", "simlib", "run", "simjob:main"],
+                         cwd=job_module, env=_env(job_module), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for rank in (0, 1):
+        assert f"OK rank={rank} world=2 local={rank} launcher=torchrun backend=gloo sum=3" in out.stdout
+
+
+def test_same_function_under_slurm_variables(job_module):
+    """Two tasks as ``srun -n 2`` would start them: only SLURM's variables, no RANK/MASTER_*."""
+    port = str(env.free_port())
+    procs = [subprocess.Popen([sys.executable, "-m", "simlib", "run", "simjob:main"], cwd=job_module,
+                              env=_env(job_module, SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
+                                       SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NODELIST="127.0.0.1",
+                                       SLURM_JOB_ID="1234", MASTER_PORT=port),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for rank, (stdout, stderr) in enumerate(outs):
+        assert procs[rank].returncode == 0, stderr
+        assert f"OK rank={rank} world=2 local={rank} launcher=slurm backend=gloo sum=3" in stdout
+
+
+def test_simlib_run_locally(job_module):
+    out = subprocess.run([sys.executable, "-m", "simlib", "run", "simjob:main", "--nproc-per-node", "2"],
+                         cwd=job_module, env=_env(job_module), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "[rank1] OK rank=1 world=2 local=1 launcher=simlib backend=gloo sum=3" in out.stdout

@@ -1,0 +1,193 @@
+"""simlib.launch and simlib.Cluster: results, environment, output, and every failure rule."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import simlib
+from simlib import env
+
+
+def _rank_info(tag):
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    return dict(tag=tag, sum=t.item(), threads=torch.get_num_threads(), **{k: os.environ.get(k) for k in keys})
+
+
+def test_launch_returns_results_and_torchrun_environment():
+    out = simlib.launch(_rank_info, 2, "x")
+    assert [o["RANK"] for o in out] == ["0", "1"]
+    assert all(o["WORLD_SIZE"] == "2" and o["sum"] == 3.0 and o["tag"] == "x" for o in out)
+    assert [o["LOCAL_RANK"] for o in out] == ["0", "1"]
+    assert all(o["MASTER_ADDR"] == "127.0.0.1" and int(o["MASTER_PORT"]) > 0 for o in out)
+    assert all(o["threads"] == env.threads_per_worker(2) for o in out)
+
+
+def test_warm_cluster_runs_closures_and_is_fast(cluster2):
+    base = 10
+
+    def add(x):  # a closure, shipped by value with cloudpickle
+        return base + x + dist.get_rank()
+
+    assert cluster2.run(add, 1) == [11, 12]
+    t0 = time.perf_counter()
+    for _ in range(3):
+        assert cluster2.run(lambda: dist.get_world_size()) == [2, 2]
+    assert (time.perf_counter() - t0) / 3 < 1.0
+
+
+def test_output_is_prefixed_whole_lines(cluster2, capsys):
+    def talk():
+        for i in range(3):
+            print(f"line {i} from {dist.get_rank()}")
+        print("to stderr", file=sys.stderr)
+
+    cluster2.run(talk)
+    out, err = capsys.readouterr()
+    for rank in (0, 1):
+        for i in range(3):
+            assert f"[rank{rank}] line {i} from {rank}\n" in out
+        assert f"[rank{rank}] to stderr\n" in err
+
+
+def test_exception_names_rank_and_traceback_and_cluster_recovers(cluster2):
+    def fail_on_one():
+        if dist.get_rank() == 1:
+            raise ValueError("bad value on purpose")
+        dist.barrier()  # rank 0 waits for rank 1, which never comes
+
+    t0 = time.perf_counter()
+    with pytest.raises(simlib.WorkerError) as info:
+        cluster2.run(fail_on_one)
+    assert time.perf_counter() - t0 < 10
+    err = info.value
+    assert err.ranks == [1]
+    assert "rank 1: ValueError: bad value on purpose" in str(err)
+    assert "fail_on_one" in err.failures[1].traceback
+    assert "next call starts fresh ones" in str(err)
+    assert cluster2.run(lambda: dist.get_rank()) == [0, 1]  # restarted on demand
+
+
+def test_exception_on_every_rank_keeps_cluster_warm(cluster2):
+    pids = cluster2.pids
+    with pytest.raises(simlib.WorkerError) as info:
+        cluster2.run(lambda: 1 / 0)
+    assert info.value.ranks == [0, 1] and "ZeroDivisionError" in str(info.value)
+    assert cluster2.pids == pids  # every rank reported and the barrier check passed: same processes
+    assert cluster2.run(lambda: 5) == [5, 5]
+
+
+def test_mismatched_collective_times_out_clearly():
+    def mismatch():
+        if dist.get_rank() == 0:
+            dist.all_reduce(torch.ones(4))  # rank 1 never joins
+        return dist.get_rank()
+
+    with simlib.Cluster(2, timeout=3) as cluster:
+        t0 = time.perf_counter()
+        with pytest.raises(simlib.WorkerTimeout) as info:
+            cluster.run(mismatch)
+        assert time.perf_counter() - t0 < 15
+        assert "rank 0" in str(info.value) and "timeout=3" in str(info.value)
+        assert info.value.results == {1: 1}
+        assert cluster.run(lambda: "alive") == ["alive", "alive"]
+
+
+def test_call_timeout_stops_a_hang_and_leaves_no_orphan(cluster2):
+    pids = cluster2.pids
+    with pytest.raises(simlib.WorkerTimeout) as info:
+        cluster2.call(time.sleep, (60,), timeout=2)
+    assert "did not finish" in str(info.value)
+    time.sleep(0.5)
+    assert not [p for p in pids if _alive(p)]
+    assert cluster2.run(lambda: 1) == [1, 1]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, "2", True, None])
+def test_bad_world_size(bad):
+    with pytest.raises(ValueError, match="world_size"):
+        simlib.launch(lambda: 1, bad)
+
+
+def test_bad_backend_and_nccl_without_gpus():
+    with pytest.raises(ValueError, match="unknown backend"):
+        simlib.Cluster(2, backend="mpi")
+    if env.gpu_count() < 2:
+        with pytest.raises(ValueError, match="one GPU per rank"):
+            simlib.launch(lambda: 1, 2, backend="nccl")
+
+
+def test_bad_timeout_and_fn():
+    with pytest.raises(ValueError, match="timeout"):
+        simlib.Cluster(1, timeout=-1)
+    with simlib.Cluster(1) as cluster:
+        with pytest.raises(ValueError, match="callable"):
+            cluster.run(42)
+
+
+SCRIPT = textwrap.dedent("""
+    import sys, time, simlib
+    def sleepy():
+        time.sleep(120)
+    if __name__ == "__main__":
+        cluster = simlib.Cluster(2)
+        open(sys.argv[1], "w").write(" ".join(map(str, cluster.pids)))
+        try:
+            cluster.run(sleepy)
+        except KeyboardInterrupt:
+            print("interrupted cleanly", flush=True)
+            sys.exit(3)
+""")
+
+
+def _start_script(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    pidfile = tmp_path / "pids"
+    proc = subprocess.Popen([sys.executable, str(script), str(pidfile)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() else "slow"
+        time.sleep(0.2)
+    time.sleep(0.5)
+    return proc, [int(p) for p in pidfile.read_text().split()]
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+    proc, pids = _start_script(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 3, err
+    assert "interrupted cleanly" in out and "stopped all 2 workers" in err
+    time.sleep(0.5)
+    assert not [p for p in pids if _alive(p)]
+
+
+def test_killed_caller_leaves_no_orphan(tmp_path):
+    proc, pids = _start_script(tmp_path)
+    proc.kill()
+    proc.wait(timeout=10)
+    deadline = time.time() + 10
+    while [p for p in pids if _alive(p)] and time.time() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)]
