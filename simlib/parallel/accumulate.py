@@ -1,0 +1,135 @@
+"""Gradient accumulation: k micro-batches, one optimizer step, the same update as one big batch.
+
+Gradients add up across backward calls, so running backward on k micro-batches of size b and then
+stepping once gives the gradient of one batch of size k·b — provided each micro-batch's loss is divided
+by k (a mean over the big batch is the mean of the k micro-batch means). Forgetting the 1/k is the
+classic bug: the update is k times too large.
+
+With data parallelism, only the last micro-batch needs to communicate: inside ``model.no_sync()`` the
+wrapper (DDP, or simlib's) skips its all-reduce and the gradients pile up locally; the last backward,
+outside ``no_sync``, all-reduces the accumulated sum once (torch DDP docs, "no_sync").
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["split_micro_batches", "accumulation_step", "peak_memory", "run_accumulation", "count_all_reduces"]
+
+
+def split_micro_batches(x: torch.Tensor, y: torch.Tensor, accumulation_steps: int):
+    """``accumulation_steps`` equal micro-batches of (x, y), in order."""
+    if x.shape[0] % accumulation_steps:
+        raise ValueError(f"a batch of {x.shape[0]} does not split into {accumulation_steps} equal micro-batches")
+    return list(zip(x.chunk(accumulation_steps), y.chunk(accumulation_steps)))
+
+
+def accumulation_step(model, optimizer, micro_batches, loss_fn=nn.functional.mse_loss, scale_loss: bool = True,
+                      use_no_sync: bool = True, timeline=None) -> float:
+    """One optimizer step over ``micro_batches``; returns the mean loss.
+
+    ``scale_loss=False`` reproduces the missing-1/k bug; ``use_no_sync=False`` communicates on every
+    micro-batch (same result, k times the messages). Works for a plain module, DDP, or simlib's wrappers.
+    """
+    k = len(micro_batches)
+    finish = getattr(model, "finish_gradient_synchronization", None)
+    total = 0.0
+    for i, (x, y) in enumerate(micro_batches):
+        last = i == k - 1
+        skip_sync = use_no_sync and not last and hasattr(model, "no_sync")
+        with model.no_sync() if skip_sync else nullcontext():
+            with timeline.span("forward") if timeline is not None else nullcontext():
+                loss = loss_fn(model(x), y)
+            with timeline.span("backward") if timeline is not None else nullcontext():
+                (loss / k if scale_loss else loss).backward()
+            if finish is not None and (last or not use_no_sync):
+                finish()  # simlib wrappers: waits for / runs the all-reduce; inside no_sync a no-op
+        total += float(loss.detach())
+    with timeline.span("optimizer") if timeline is not None else nullcontext():
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=False)
+    return total / k
+
+
+def peak_memory(fn, *args, **kwargs) -> int:
+    """Peak bytes that ``fn(*args, **kwargs)`` allocated above what was live when it started.
+
+    Measured, on CPU too: torch's profiler records every allocation and free of each op
+    (``profile_memory=True``); replaying them in time order gives the high-water mark. On CUDA use
+    ``torch.cuda.max_memory_allocated`` instead (cheaper, same meaning).
+    """
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn(*args, **kwargs)
+    deltas = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events()
+                    if e.self_cpu_memory_usage)
+    live = peak = 0
+    for _, delta in deltas:
+        live += delta
+        peak = max(peak, live)
+    return int(peak)
+
+
+def count_all_reduces(ddp_model, timeline=None) -> dict:
+    """Register a DDP comm hook that counts all-reduce calls and bytes; returns the live counter dict.
+
+    The hook does what DDP's default does (divide by world size, all-reduce the bucket); with a
+    timeline, each bucket's all-reduce is a comm span from launch to completion.
+    """
+    import time
+    counter = {"calls": 0, "bytes": 0}
+
+    def hook(state, bucket):
+        counter["calls"] += 1
+        counter["bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
+        tensor = bucket.buffer().div_(dist.get_world_size())
+        start, step = time.perf_counter(), timeline.current_step if timeline is not None else None
+
+        def done(fut):
+            if timeline is not None:
+                timeline.add("comm", start, time.perf_counter(), name=f"bucket {bucket.index()}", step=step)
+            return fut.value()[0]
+
+        return dist.all_reduce(tensor, async_op=True).get_future().then(done)
+
+    ddp_model.register_comm_hook(None, hook)
+    return counter
+
+
+def run_accumulation(accumulation_steps: int = 4, steps: int = 3, global_batch: int = 64, width: int = 64,
+                     depth: int = 3, lr: float = 0.05, seed: int = 0, mode: str = "ddp",
+                     use_no_sync: bool = True, scale_loss: bool = True, warmup: int = 0,
+                     timeline: bool = False, bucket_cap_mb: float = 25.0) -> dict:
+    """One rank of data parallelism with accumulation (call on every rank, or in one process).
+
+    Each rank's shard of the global batch is split into ``accumulation_steps`` micro-batches, so the
+    result must equal ``reference_run`` on the whole global batch. Returns the final state, the losses,
+    the number of all-reduce calls and bytes (for DDP), and with ``timeline=True`` the gathered timeline.
+    """
+    from ..models import shard
+    from ..timeline import Timeline, summarize
+    from .data import _setup, wrap
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    model, x, y = _setup(width, depth, global_batch, seed)
+    x, y = shard(x, rank, world_size), shard(y, rank, world_size)
+    tl = Timeline(warmup=warmup) if timeline else None
+    dp_model = wrap(model, mode, bucket_cap_mb, tl) if distributed else model
+    counter = count_all_reduces(dp_model, tl) if mode == "ddp" and distributed else None
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    micro_batches = split_micro_batches(x, y, accumulation_steps)
+    losses = []
+    for step in range(steps):
+        with tl.step(step) if tl is not None else nullcontext():
+            losses.append(accumulation_step(dp_model, opt, micro_batches, scale_loss=scale_loss,
+                                            use_no_sync=use_no_sync, timeline=tl))
+    out = {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses,
+           "all_reduce_calls": counter["calls"] if counter else None,
+           "all_reduce_bytes": counter["bytes"] if counter else None}
+    if timeline:
+        df = tl.gather()
+        out["timeline"], out["summary"] = df, summarize(df)
+    return out
