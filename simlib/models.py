@@ -46,3 +46,41 @@ def shard(x: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+# ---- model parallelism (lessons 04-05) ----
+class FeedForward(nn.Module):
+    """The transformer MLP block: Linear(hidden -> ffn), GELU, Linear(ffn -> hidden) (Vaswani et al. 2017)."""
+
+    def __init__(self, hidden: int = 256, ffn: int | None = None):
+        super().__init__()
+        ffn = 4 * hidden if ffn is None else ffn
+        self.fc1 = nn.Linear(hidden, ffn)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(ffn, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, S, hidden) -> (B, S, hidden)
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with a fused QKV projection (as in GPT-2 and Megatron-LM)."""
+
+    def __init__(self, hidden: int = 256, num_heads: int = 8, causal: bool = True):
+        super().__init__()
+        if hidden % num_heads:
+            raise ValueError(f"hidden {hidden} is not a multiple of num_heads {num_heads}")
+        self.hidden, self.num_heads, self.causal = hidden, num_heads, causal
+        self.qkv = nn.Linear(hidden, 3 * hidden)   # rows: all q, then all k, then all v
+        self.out = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, S, hidden) -> (B, S, hidden)
+        return self.out(attend(self.qkv(x), self.num_heads, self.causal))
+
+
+def attend(qkv: torch.Tensor, num_heads: int, causal: bool = True) -> torch.Tensor:
+    """Scaled dot-product attention from fused q|k|v features (B, S, 3·h·d) -> (B, S, h·d), heads independent."""
+    b, s, three_hd = qkv.shape
+    q, k, v = qkv.view(b, s, 3, num_heads, three_hd // (3 * num_heads)).permute(2, 0, 3, 1, 4)  # (B, h, S, d)
+    y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return y.transpose(1, 2).reshape(b, s, -1)
