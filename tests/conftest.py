@@ -4,7 +4,6 @@ import os
 import pytest
 
 os.environ.setdefault("SIMLIB_QUICK", "1")
-os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 @pytest.fixture(scope="session")
