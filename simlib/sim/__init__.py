@@ -1,0 +1,18 @@
+"""The simulator: a cost model of distributed training, calibrated on this machine, extrapolated to clusters.
+
+    hw = sim.calibrate(cluster)                       # or sim.dgx_a100(), sim.dgx_h100(), sim.cpu_box()
+    model = sim.from_module(MLP(1024, 4))             # or sim.gpt_size("7B")
+    p = sim.predict(model, hw, sim.Strategy(dp=2, micro_batch=128, dtype="fp32", optimizer="sgd"))
+    p.step_time, p.compute, p.exposed_comm, p.bubble, p.mfu, p.memory
+"""
+from .cost import (Prediction, all_gather, all_reduce, hierarchical_all_reduce, p2p, predict, reduce_scatter,
+                   ring_all_reduce, scaling, tree_all_reduce)
+from .hardware import Hardware, Link, calibrate, cpu_box, dgx_a100, dgx_h100, fit_alpha_beta, preset
+from .memory import DoesNotFit, check_fits, memory_per_device, min_devices_to_fit
+from .model import ModelSpec, from_module, gpt, gpt_size
+from .strategy import Strategy
+
+__all__ = ["Hardware", "Link", "calibrate", "cpu_box", "dgx_a100", "dgx_h100", "preset", "fit_alpha_beta",
+           "ModelSpec", "from_module", "gpt", "gpt_size", "Strategy", "predict", "scaling", "Prediction",
+           "memory_per_device", "check_fits", "min_devices_to_fit", "DoesNotFit", "ring_all_reduce",
+           "tree_all_reduce", "all_gather", "reduce_scatter", "all_reduce", "hierarchical_all_reduce", "p2p"]

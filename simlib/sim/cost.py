@@ -1,0 +1,281 @@
+"""The cost model: α-β collectives, GEMM-size-aware compute, and a training step's time.
+
+Collectives (S bytes, n ranks, per-step latency α, bus bandwidth B; Thakur et al. 2005; nccl-tests PERFORMANCE.md):
+    ring all-reduce      2(n−1)·α + 2(n−1)/n · S/B
+    tree all-reduce      2·⌈log2 n⌉·α + 2·S/B        (pipelined double binary tree: latency grows with log n)
+    all-gather, reduce-scatter   (n−1)·α + (n−1)/n · S/B   (S: the full, gathered size)
+    hierarchical all-reduce      reduce-scatter in the node, all-reduce of S/g between nodes, all-gather in the node
+Step time = compute + exposed communication + pipeline bubble, where the bubble of 1F1B / GPipe is
+(pp−1)·(t_f + t_b) per stage, divided by v for interleaved stages (Narayanan et al. 2021, §2.2).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+def _check(size, n):
+    if size < 0:
+        raise ValueError(f"message size must be >= 0 bytes, got {size}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"number of ranks must be an int >= 1, got {n!r}")
+
+
+def _ab(link, n):
+    return link.at(n) if hasattr(link, "at") else link
+
+
+def ring_all_reduce(size, n, link) -> float:
+    _check(size, n)
+    if n == 1:
+        return 0.0
+    alpha, bw = _ab(link, n)
+    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / bw
+
+
+def tree_all_reduce(size, n, link) -> float:
+    _check(size, n)
+    if n == 1:
+        return 0.0
+    alpha, bw = _ab(link, n)
+    return 2 * math.ceil(math.log2(n)) * alpha + 2 * size / bw
+
+
+def all_gather(size, n, link) -> float:
+    _check(size, n)
+    if n == 1:
+        return 0.0
+    alpha, bw = _ab(link, n)
+    return (n - 1) * alpha + (n - 1) / n * size / bw
+
+
+reduce_scatter = all_gather  # the same traffic, reversed
+
+
+def p2p(size, link) -> float:
+    _check(size, 2)
+    alpha, bw = _ab(link, 2)
+    return alpha + size / bw
+
+
+def hierarchical_all_reduce(size, nodes, per_node, intra, inter) -> float:
+    """Reduce-scatter inside each node, ring all-reduce of the 1/g shards between nodes, all-gather inside."""
+    return (reduce_scatter(size, per_node, intra) + ring_all_reduce(size / per_node, nodes, inter)
+            + all_gather(size, per_node, intra))
+
+
+def all_reduce(size, n, hardware, algorithm: str = "ring") -> float:
+    """All-reduce over n ranks laid out node by node: one node -> ring/tree; several -> hierarchical."""
+    if algorithm not in ("ring", "tree"):
+        raise ValueError(f"algorithm must be 'ring' or 'tree', got {algorithm!r}")
+    g = hardware.devices_per_node
+    if n <= g:
+        measured = hardware.intra.all_reduce_time(size, n) if n > 1 else None
+        if measured is not None:  # a calibrated machine: its own curve beats the α-β line
+            return measured
+        return (ring_all_reduce if algorithm == "ring" else tree_all_reduce)(size, n, hardware.intra)
+    if n % g:
+        raise ValueError(f"{n} ranks do not fill whole nodes of {g}")
+    return hierarchical_all_reduce(size, n // g, g, hardware.intra, hardware.inter)
+
+
+def collective_link(n, hardware):
+    return hardware.intra if n <= hardware.devices_per_node else hardware.inter
+
+
+# ───────────────────────── compute ─────────────────────────
+
+def gemm_time(m, k, n, hardware, dtype="bf16", processes=1, threads=None) -> float:
+    flops = 2.0 * m * k * n
+    if flops == 0:
+        return 0.0
+    return flops / hardware.gemm_rate(flops / 1e9, dtype, processes, threads)
+
+
+def gemms_time(gemms, hardware, dtype="bf16", processes=1, threads=None) -> float:
+    return sum(c * gemm_time(m, k, n, hardware, dtype, processes, threads) for m, k, n, c in gemms)
+
+
+def backward_gemms(model, forward):
+    """Each forward GEMM x·W has two backward GEMMs (grad input, grad weight) of the same size; an MLP's first
+    layer skips grad input (its input needs no gradient)."""
+    out = []
+    for i, (m, k, n, c) in enumerate(forward):
+        out.append((k, m, n, c))                   # grad weight: (k×m)·(m×n)
+        if not (model.kind == "mlp" and i == 0):
+            out.append((m, n, k, c))               # grad input: (m×n)·(n×k)
+    return out
+
+
+@dataclass
+class Prediction:
+    """A predicted training step (seconds, bytes); ``breakdown`` has each term that went into it."""
+
+    step_time: float
+    compute: float
+    exposed_comm: float
+    bubble: float
+    optimizer: float
+    throughput: float            # samples per second
+    tokens_per_s: float
+    mfu: float
+    memory: dict
+    fits: bool
+    breakdown: dict = field(default_factory=dict)
+
+    def as_row(self) -> dict:
+        row = {k: v for k, v in self.__dict__.items() if k not in ("memory", "breakdown")}
+        row.update({f"mem_{k}": v for k, v in self.memory.items()})
+        row.update(self.breakdown)
+        return row
+
+
+def stage_times(model, hardware, strategy, processes=1):
+    """(forward, backward) seconds of one micro-batch on one pipeline stage of one device."""
+    s = strategy
+    fwd = model.forward_gemms(s.micro_batch, s.tp, layers=model.layers)
+    t_fwd = gemms_time(fwd, hardware, s.dtype, processes, s.threads) / s.pp  # even split over stages
+    t_bwd = gemms_time(backward_gemms(model, fwd), hardware, s.dtype, processes, s.threads) / s.pp
+    elementwise = elementwise_bytes(model, s) / hardware.mem_rate(processes) / s.pp
+    t_fwd += 2 / 5 * elementwise     # forward: write each activation, read it once (ReLU: read + write)
+    t_bwd += 3 / 5 * elementwise     # backward: read grad, read the saved activation, write
+    if s.recompute == "full":
+        t_bwd += t_fwd
+    elif s.recompute == "selective" and model.kind == "gpt":  # recompute the attention score GEMMs only
+        t_bwd += sum(c * gemm_time(m, k, n, hardware, s.dtype) for m, k, n, c in fwd[1:3]) / s.pp
+    return t_fwd, t_bwd
+
+
+def elementwise_bytes(model, strategy) -> float:
+    """Bytes moved by element-wise work per micro-batch on one device (memory-bound, not GEMMs).
+
+    MLP: ReLU forward (read + write) and backward (3 passes), fp32. GPT: an assumption — every activation that
+    Korthikanti et al. count as stored (layer norms, softmax, dropout, GeLU) is written and read about five
+    times over forward and backward; this is the term that keeps a GPT layer below its GEMMs' speed.
+    """
+    from .memory import activation_bytes_per_layer
+
+    s = strategy
+    if model.kind == "mlp":
+        return model.elementwise_bytes(s.micro_batch)
+    per_layer = activation_bytes_per_layer(model, s.micro_batch, s.tp, "none", s.sequence_parallel)
+    return 5.0 * per_layer * model.layers
+
+
+def grad_bytes(model, strategy) -> float:
+    bytes_per = 2 if strategy.mixed_precision else 4
+    return model.params / (strategy.tp * strategy.pp) * bytes_per
+
+
+def bucket_sizes(total_bytes, bucket_bytes):
+    """Split ``total_bytes`` of gradients into buckets of at most ``bucket_bytes`` (the last one smaller)."""
+    full = int(total_bytes // bucket_bytes)
+    sizes = [float(bucket_bytes)] * full
+    rest = total_bytes - full * bucket_bytes
+    if rest > 0:
+        sizes.append(float(rest))
+    return sizes
+
+
+def gradient_buckets(model, strategy) -> list[float]:
+    """Bytes of each gradient bucket, in the order they fill. A counted model uses the real executor's rule
+    (``simlib.parallel.data.make_buckets``: whole parameters in reverse order up to the cap); a formula model
+    splits the gradient bytes evenly into full buckets."""
+    if not model.param_numels or strategy.tp * strategy.pp > 1:
+        return bucket_sizes(grad_bytes(model, strategy), strategy.bucket_bytes)
+    import torch
+
+    from ..parallel.data import make_buckets
+
+    bytes_per = 2 if strategy.mixed_precision else 4
+    dtype = torch.bfloat16 if bytes_per == 2 else torch.float32
+    params = [torch.nn.Parameter(torch.empty(n, device="meta", dtype=dtype)) for n in model.param_numels]
+    buckets = make_buckets(params, strategy.bucket_bytes / 2 ** 20)
+    return [float(sum(p.numel() for p in b) * bytes_per) for b in buckets]
+
+
+def dp_comm_time(model, hardware, strategy, processes=1) -> tuple[float, float]:
+    """(total, last bucket) seconds of the data-parallel gradient sync, bucket by bucket.
+
+    ZeRO 1/2 replace the all-reduce by reduce-scatter + all-gather (the same traffic); ZeRO-3 also all-gathers
+    the weights before forward and before backward (1.5× the traffic, Rajbhandari et al. 2020 §7).
+    Each bucket is packed flat, divided and unpacked (6 bytes moved per byte, at memory bandwidth).
+    """
+    s = strategy
+    if s.dp == 1:
+        return 0.0, 0.0
+    buckets = gradient_buckets(model, s)
+    pack = 6.0 / hardware.mem_rate(processes)  # cat, divide, copy back: each reads and writes
+    times = [all_reduce(b, s.dp, hardware) + pack * b for b in buckets]
+    total = sum(times)
+    if s.zero_stage == 3:
+        link = collective_link(s.dp, hardware)
+        total += 2 * sum(all_gather(b, s.dp, link) for b in buckets)
+    return total, times[-1]
+
+
+def optimizer_time(model, hardware, strategy, processes=1) -> float:
+    """The optimizer reads and writes every local parameter's state: bandwidth-bound."""
+    s = strategy
+    params_here = model.params / (s.tp * s.pp) / (s.dp if s.zero_stage >= 1 else 1)
+    moved = {"sgd": 12.0, "sgd_momentum": 20.0, "adam": 36.0}[s.optimizer]  # fp32 reads + writes per param
+    zero_grad = 4.0  # zero_grad(set_to_none=False) writes the gradients
+    return params_here * (moved + zero_grad) / hardware.mem_rate(processes)
+
+
+def predict(model, hardware, strategy, processes: int | None = None, require_fit: bool = False) -> Prediction:
+    """Predict one optimizer step of ``model`` split by ``strategy`` on ``hardware``.
+
+    ``processes``: processes sharing one node's cores (CPU box; default: the world size, capped at one node).
+    """
+    from .memory import check_fits, memory_per_device
+
+    s = strategy.validate(model=model)
+    processes = processes or min(s.world_size, hardware.devices_per_node)
+    t_fwd, t_bwd = stage_times(model, hardware, s, processes)
+    m = s.num_micro_batches
+    compute = m * (t_fwd + t_bwd)
+    bubble = 0.0
+    if s.pp > 1:
+        bubble = (s.pp - 1) * (t_fwd + t_bwd) / s.virtual_stages
+    act_bytes = s.micro_batch * model.seq_len * model.hidden * (2 if s.mixed_precision else 4)
+    tp_comm = pp_comm = 0.0
+    if s.tp > 1:  # Megatron: 2 all-reduces forward + 2 backward per layer (or RS+AG with sequence parallel)
+        per_layer = 4 * ring_all_reduce(act_bytes, s.tp, hardware.intra)
+        tp_comm = m * per_layer * model.layers / s.pp
+    if s.pp > 1:  # one activation forward and one gradient back per micro-batch per boundary
+        link = hardware.intra if s.world_size <= hardware.devices_per_node else hardware.inter
+        pp_comm = 2 * m * p2p(act_bytes / s.tp, link)
+    dp_total, dp_last = dp_comm_time(model, hardware, s, processes)
+    dp_exposed = max(dp_last, dp_total - t_bwd) if s.overlap else dp_total
+    exposed = tp_comm + pp_comm + dp_exposed
+    opt = optimizer_time(model, hardware, s, processes)
+    step = compute + bubble + exposed + opt
+    mem = memory_per_device(model, s)
+    fits = mem["total"] <= 0.9 * hardware.memory_bytes
+    if require_fit:
+        check_fits(model, s, hardware)
+    samples = s.global_batch
+    model_flops = model.flops_per_sample() * samples
+    mfu = model_flops / (step * s.world_size * hardware.peak(s.dtype, processes))
+    return Prediction(step, compute, exposed, bubble, opt, samples / step, samples * model.seq_len / step, mfu,
+                      mem, fits, dict(forward=t_fwd * m, backward=t_bwd * m, tp_comm=tp_comm, pp_comm=pp_comm,
+                                      dp_comm=dp_total, dp_exposed=dp_exposed))
+
+
+def scaling(model, hardware, strategies, processes=None):
+    """A table of predictions, one row per strategy, with speedup and efficiency against the first row."""
+    import pandas as pd
+
+    rows = []
+    for s in strategies:
+        p = predict(model, hardware, s, processes)
+        rows.append(dict(world_size=s.world_size, dp=s.dp, tp=s.tp, pp=s.pp, global_batch=s.global_batch,
+                         **p.as_row()))
+    table = pd.DataFrame(rows)
+    base = table.iloc[0]
+    per_device = table["throughput"] / table["world_size"]
+    table["speedup"] = table["throughput"] / base["throughput"]
+    table["efficiency"] = per_device / (base["throughput"] / base["world_size"])
+    table["comm_fraction"] = table["exposed_comm"] / table["step_time"]
+    return table

@@ -1,0 +1,238 @@
+"""What a machine can do: GEMM throughput against GEMM size, memory, and links (latency α, bandwidth).
+
+Links are modelled with *measured* bus bandwidth and a fitted latency, not line rate: nccl-tests reports bus
+bandwidth = algorithm bandwidth × factor (all-reduce 2(n−1)/n, all-gather / reduce-scatter (n−1)/n), so a fit of
+``t = 2(n−1)·α + 2(n−1)/n · S / B`` to an all-reduce sweep gives α and B directly (nccl-tests, doc/PERFORMANCE.md).
+
+GEMM throughput depends on the GEMM's size (Calculon, Isaev et al. SC'23, keeps a table of efficiency against
+GEMM GFLOPs; we take the same idea): small layers run far below peak. :func:`calibrate` measures that table here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+GB = 1e9
+
+
+def interpolate(table, x: float) -> float:
+    """Piecewise-linear in log(x) through ``table`` = [(x, y), ...]; flat beyond the ends."""
+    pts = sorted((float(a), float(b)) for a, b in table)
+    if not pts:
+        raise ValueError("empty table")
+    xs = np.log(np.maximum([p[0] for p in pts], 1e-30))
+    ys = [p[1] for p in pts]
+    return float(np.interp(math.log(max(x, 1e-30)), xs, ys))
+
+
+def fit_alpha_beta(sizes, times, world_size: int):
+    """Fit a ring all-reduce ``t = 2(n−1)·α + 2(n−1)/n · S / B`` to measured (bytes, seconds).
+
+    Least squares on the *relative* error (each point weighted 1/t), so 1 KB and 16 MB count alike.
+    Returns (α seconds per step, B bytes/s bus bandwidth).
+    """
+    n = int(world_size)
+    if n < 2:
+        raise ValueError("an all-reduce fit needs world_size >= 2")
+    s = np.asarray(sizes, float)
+    t = np.asarray(times, float)
+    if len(s) < 2 or len(s) != len(t) or (t <= 0).any() or (s < 0).any():
+        raise ValueError("need >= 2 (size >= 0, time > 0) pairs of equal length")
+    steps, bus = 2 * (n - 1), 2 * (n - 1) / n
+    design = np.stack([np.full_like(s, steps), s * bus], axis=1) / t[:, None]
+    (alpha, inv_bw), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    if inv_bw <= 0:  # latency-bound everywhere: fall back to the largest size for bandwidth
+        inv_bw = t.max() / max(s.max() * bus, 1.0)
+    return max(float(alpha), 0.0), float(1.0 / inv_bw)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link class (inside a node or between nodes): per-step latency ``alpha`` (s) and bus ``bandwidth`` (B/s).
+
+    ``by_world``: measured (α, B) per world size, used when a collective spans exactly that many ranks
+    (Gloo's cost per step changes with the number of processes sharing two cores).
+    """
+
+    alpha: float
+    bandwidth: float
+    by_world: dict = field(default_factory=dict)
+    source: str = ""
+    measured: dict = field(default_factory=dict)  # {world_size: [(bytes, seconds)]} all-reduce times measured
+
+    def all_reduce_time(self, size: float, world_size: int):
+        """The measured all-reduce time for ``size`` bytes (log-log interpolation), or None if not measured.
+
+        Gloo on a shared box is not α-β shaped (a 1 MB all-reduce can beat a 64 KB one), so where we have the
+        curve the cost model uses it; beyond its ends it extrapolates with the α-β fit's bandwidth.
+        """
+        curve = self.measured.get(int(world_size))
+        if not curve:
+            return None
+        pts = sorted(curve)
+        sizes, times = [p[0] for p in pts], [p[1] for p in pts]
+        if size > sizes[-1]:
+            _, bw = self.at(world_size)
+            return times[-1] + 2 * (world_size - 1) / world_size * (size - sizes[-1]) / bw
+        if size <= sizes[0]:
+            return times[0]
+        return float(np.exp(np.interp(np.log(size), np.log(sizes), np.log(times))))
+
+    def __post_init__(self):
+        if self.alpha < 0 or self.bandwidth <= 0:
+            raise ValueError(f"a link needs alpha >= 0 and bandwidth > 0, got {self.alpha}, {self.bandwidth}")
+
+    def at(self, world_size: int):
+        """(α, B) for a collective over ``world_size`` ranks: measured if we have it, else the default."""
+        return self.by_world.get(int(world_size), (self.alpha, self.bandwidth))
+
+    @classmethod
+    def from_busbw(cls, points, world_size: int, source: str = "") -> "Link":
+        """A link from published all-reduce points [(bytes, bus GB/s), ...] (nccl-tests output)."""
+        n = world_size
+        sizes = [p[0] for p in points]
+        times = [p[0] * 2 * (n - 1) / n / (p[1] * GB) for p in points]
+        alpha, bw = fit_alpha_beta(sizes, times, n)
+        return cls(alpha, bw, {}, source)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One kind of device and how devices are wired.
+
+    ``gemm_table``: {dtype: [(GEMM GFLOPs, efficiency)]} against ``peak_flops[dtype]`` (GPUs), or, for a
+    CPU box calibrated here, {(processes, threads): [(GEMM GFLOPs, achieved FLOP/s)]} with ``peak_flops`` empty.
+    ``memory_bandwidth`` feeds element-wise work (activations, optimizer) — {processes: B/s} or one number.
+    """
+
+    name: str
+    peak_flops: dict             # dtype -> FLOP/s per device
+    memory_bytes: float          # capacity per device
+    memory_bandwidth: object     # B/s per device (float), or {processes per node: B/s per process}
+    intra: Link                  # inside a node
+    inter: Link                  # between nodes
+    devices_per_node: int
+    gemm_table: dict
+    cores: int | None = None     # CPU boxes: cores shared by the processes of a node
+    source: str = ""
+    measurements: object = None  # calibrate(): the raw numbers behind the tables
+
+    def gemm_rate(self, gflops: float, dtype: str = "bf16", processes: int = 1, threads: int | None = None) -> float:
+        """Achieved FLOP/s of one GEMM of ``gflops`` GFLOPs on one device (or one process of a CPU box)."""
+        if gflops < 0:
+            raise ValueError(f"GEMM size must be >= 0 GFLOPs, got {gflops}")
+        if self.peak_flops:
+            if dtype not in self.peak_flops:
+                raise ValueError(f"{self.name} has no {dtype!r} peak; known: {sorted(self.peak_flops)}")
+            table = self.gemm_table.get(dtype) or next(iter(self.gemm_table.values()))
+            return self.peak_flops[dtype] * interpolate(table, gflops)
+        key = self._cpu_key(processes, threads)
+        return interpolate(self.gemm_table[key], gflops)
+
+    def _cpu_key(self, processes: int, threads: int | None):
+        if threads is None:
+            threads = max(1, (self.cores or 1) // max(processes, 1))
+        if (processes, threads) in self.gemm_table:
+            return (processes, threads)
+        # nearest measured setup: same process count first, then the closest one
+        keys = sorted(self.gemm_table, key=lambda k: (abs(k[0] - processes), abs(k[1] - threads)))
+        return keys[0]
+
+    def mem_rate(self, processes: int = 1) -> float:
+        bw = self.memory_bandwidth
+        if isinstance(bw, dict):
+            return bw.get(processes) or bw[min(bw, key=lambda k: abs(k - processes))]
+        return float(bw)
+
+    def peak(self, dtype: str = "bf16", processes: int = 1) -> float:
+        """Peak FLOP/s of one device (CPU box: the best rate calibrated for this process count)."""
+        if self.peak_flops:
+            return self.peak_flops[dtype]
+        key = self._cpu_key(processes, None)
+        return max(r for _, r in self.gemm_table[key])
+
+    def with_(self, **changes) -> "Hardware":
+        return replace(self, **changes)
+
+
+# ───────────────────────── presets (values and sources) ─────────────────────────
+
+# Calculon's GEMM efficiency table for A100/H100 float16 (calculon-ai/calculon, systems/a100_80g.json and
+# h100_80g_nvl8.json): GFLOPs of one GEMM -> fraction of peak. Calculon's own validation tunes these per system.
+CALCULON_GEMM_EFFICIENCY = [(128, 0.95), (16, 0.9), (1, 0.6), (0.001, 0.1)]
+
+# Azure's published nccl-tests all-reduce bus bandwidth, 8 GPUs in one node, (bytes, GB/s).
+AZURE_A100_80GB_ALLREDUCE = [(1 << 20, 36), (16 << 20, 109), (128 << 20, 174), (1 << 30, 228)]
+AZURE_H200_ALLREDUCE = [(1 << 20, 53), (16 << 20, 240), (128 << 20, 413), (1 << 30, 468)]
+
+
+def dgx_a100() -> Hardware:
+    """DGX A100 80 GB: 8 GPUs per node on NVSwitch, one 200 Gb/s HDR InfiniBand NIC per GPU.
+
+    Peak 312 TFLOP/s bf16/fp16 dense, 156 tf32, 19.5 fp32; 80 GB HBM2e at 2.039 TB/s (NVIDIA A100 datasheet).
+    Inside a node: α and B fitted to Azure's nccl-tests all-reduce on 8× A100-SXM4-80GB (36 GB/s at 1 MB …
+    228 GB/s at 1 GB). Between nodes: ~23 GB/s per NIC, half of the ~46–48 GB/s measured on NDR 400 Gb/s
+    (nccl-tests issue 290) since HDR is 200 Gb/s; 5 µs per step is an assumption (not measured).
+    GEMM efficiency: Calculon's table.
+    """
+    return Hardware(
+        name="DGX A100 80GB", peak_flops={"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+        memory_bytes=80e9, memory_bandwidth=2.039e12,
+        intra=Link.from_busbw(AZURE_A100_80GB_ALLREDUCE, 8, "Azure nccl-tests, 8x A100-SXM4-80GB"),
+        inter=Link(5e-6, 23e9, {}, "HDR 200 Gb/s per GPU: half of NDR's ~47 GB/s (nccl-tests #290); α assumed"),
+        devices_per_node=8, gemm_table={"bf16": CALCULON_GEMM_EFFICIENCY},
+        source="NVIDIA A100 datasheet; Azure nccl-tests; Calculon systems/a100_80g.json")
+
+
+def dgx_h100() -> Hardware:
+    """DGX H100: 8 H100 SXM per node on NVLink 4 / NVSwitch, one 400 Gb/s NDR NIC per GPU.
+
+    Peak 989 TFLOP/s bf16 dense, 1979 fp8, 67 fp32; 80 GB HBM3 at 3.35 TB/s (NVIDIA H100 datasheet).
+    Inside a node: an NCCL maintainer puts NVLink line rate at 450 GB/s and ring bus bandwidth at ~370 GB/s
+    (nccl-tests issue 212); we cap the bandwidth at 370 GB/s and take α from a fit to Azure's 8× H200
+    nccl-tests (same NVLink 4 generation; 53 GB/s at 1 MB … 468 at 1 GB with NVLink SHARP, which beats a ring).
+    Between nodes: 47 GB/s per NIC measured on NDR (nccl-tests issue 290); α = 5 µs assumed.
+    """
+    h200 = Link.from_busbw(AZURE_H200_ALLREDUCE, 8)
+    return Hardware(
+        name="DGX H100", peak_flops={"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
+        memory_bytes=80e9, memory_bandwidth=3.35e12,
+        intra=Link(h200.alpha, 370e9, {}, "ring busbw 370 GB/s (nccl-tests #212); α fitted to Azure H200"),
+        inter=Link(5e-6, 47e9, {}, "NDR 400 Gb/s: ~46-48 GB/s per NIC (nccl-tests #290); α assumed"),
+        devices_per_node=8, gemm_table={"bf16": CALCULON_GEMM_EFFICIENCY},
+        source="NVIDIA H100 datasheet; nccl-tests #212, #290; Azure nccl-tests (H200); Calculon")
+
+
+def cpu_box() -> Hardware:
+    """This course's 2-core box, from the planning numbers in the course notes (measured once, by hand).
+
+    Matmul 1024³ (2.1 GFLOPs): 58 GFLOP/s on 1 thread, 81 on 2; 51 each for two 1-thread processes, 28 each
+    for four. Gloo all-reduce ≈ 2 ms per call and ≈ 0.7 GB/s bus bandwidth (2 ranks), 0.6 (4 ranks).
+    Small GEMMs are assumed to run at half rate below 0.01 GFLOPs. Prefer :func:`calibrate` for today's numbers.
+    """
+    def curve(rate):
+        return [(0.001, 0.3 * rate), (0.01, 0.6 * rate), (0.1, 0.9 * rate), (2.1, rate)]
+
+    return Hardware(
+        name="CPU box (2 cores, notes)", peak_flops={}, memory_bytes=8e9, memory_bandwidth={1: 8e9, 2: 5e9, 4: 2.5e9},
+        intra=Link(1e-3, 0.7e9, {2: (1e-3, 0.7e9), 4: (0.4e-3, 0.6e9)}, "course notes: Gloo on loopback"),
+        inter=Link(1e-3, 0.1e9, {}, "not measured: one node only"),
+        devices_per_node=4, cores=2,
+        gemm_table={(1, 1): curve(58e9), (1, 2): curve(81e9), (2, 1): curve(51e9), (4, 1): curve(28e9)},
+        source="shared course notes (measured on this box for planning)")
+
+
+PRESETS = {"cpu": cpu_box, "a100": dgx_a100, "h100": dgx_h100}
+
+
+def preset(name: str) -> Hardware:
+    """``"cpu"``, ``"a100"`` or ``"h100"``."""
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ValueError(f"unknown hardware preset {name!r}: use one of {sorted(PRESETS)}") from None
+
+
+from .calibrate import calibrate  # noqa: E402  (re-exported: hardware.calibrate() measures this machine)

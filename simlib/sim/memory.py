@@ -1,0 +1,92 @@
+"""Memory per device: weights, gradients, optimizer states and activations, with ZeRO and recomputation.
+
+- Mixed-precision Adam keeps 16 bytes per parameter: 2 (bf16 weights) + 2 (bf16 gradients) + 12 (fp32 master
+  weights, momentum, variance); ZeRO stages 1/2/3 shard the 12, then the gradients, then the weights over the
+  data-parallel ranks (Rajbhandari et al. 2020, ZeRO, §5).
+- Activations of one transformer layer: s·b·h·(34 + 5·a·s/h) bytes without parallelism; with tensor and
+  sequence parallelism all of it is divided by t; selective recomputation drops the 5·a·s/h (attention) term;
+  full recomputation keeps only the layer input, 2·s·b·h (Korthikanti et al. 2022, Table 2).
+- 1F1B keeps at most pp micro-batches in flight on the first stage, so it holds L layers' worth; GPipe keeps
+  all m micro-batches (Narayanan et al. 2021; Korthikanti et al. 2022 §4.2).
+"""
+from __future__ import annotations
+
+import math
+
+# bytes per parameter: (weights, gradients, optimizer states)
+BYTES_PER_PARAM = {
+    ("mixed", "adam"): (2, 2, 12), ("mixed", "sgd"): (2, 2, 4), ("mixed", "sgd_momentum"): (2, 2, 8),
+    ("fp32", "adam"): (4, 4, 8), ("fp32", "sgd"): (4, 4, 0), ("fp32", "sgd_momentum"): (4, 4, 4),
+}
+
+
+class DoesNotFit(ValueError):
+    """A configuration needs more memory per device than the device has."""
+
+
+def param_bytes(strategy):
+    precision = "mixed" if strategy.mixed_precision else "fp32"
+    return BYTES_PER_PARAM[(precision, strategy.optimizer)]
+
+
+def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: str = "none",
+                               sequence_parallel: bool = True) -> float:
+    """Activation bytes one layer keeps for backward, for one micro-batch."""
+    if model.kind == "mlp":  # fp32: each Linear keeps its input (the previous ReLU's output)
+        width = sum(i for i, _ in model.linears) / model.layers
+        return 4.0 * width * micro_batch if recompute != "full" else 4.0 * model.linears[0][0] * micro_batch / model.layers
+    s, b, h, a = model.seq_len, micro_batch, model.hidden, model.heads
+    if recompute == "full":
+        return 2.0 * s * b * h / (tp if sequence_parallel else 1)
+    attention = 0.0 if recompute == "selective" else 5.0 * a * s / h
+    if tp == 1 or sequence_parallel:
+        return s * b * h * (34.0 + attention) / tp
+    return s * b * h * (10.0 + 24.0 / tp + attention / tp)
+
+
+def in_flight_micro_batches(strategy) -> int:
+    """Micro-batches whose activations one (first-stage) device holds at the peak."""
+    if strategy.pp == 1:
+        return 1  # accumulation: one micro-batch's activations at a time
+    if strategy.schedule == "gpipe":
+        return strategy.num_micro_batches
+    return min(strategy.pp, strategy.num_micro_batches)
+
+
+def memory_per_device(model, strategy) -> dict:
+    """Bytes per device: weights, gradients, optimizer, activations and total (first pipeline stage)."""
+    w_b, g_b, o_b = param_bytes(strategy)
+    params_here = model.params / (strategy.tp * strategy.pp)
+    dp = strategy.dp
+    weights = params_here * w_b / (dp if strategy.zero_stage >= 3 else 1)
+    grads = params_here * g_b / (dp if strategy.zero_stage >= 2 else 1)
+    optimizer = params_here * o_b / (dp if strategy.zero_stage >= 1 else 1)
+    layers_here = model.layers / strategy.pp
+    per_layer = activation_bytes_per_layer(model, strategy.micro_batch, strategy.tp, strategy.recompute,
+                                           strategy.sequence_parallel)
+    activations = per_layer * layers_here * in_flight_micro_batches(strategy)
+    total = weights + grads + optimizer + activations
+    return dict(weights=weights, gradients=grads, optimizer=optimizer, activations=activations, total=total)
+
+
+def check_fits(model, strategy, hardware, headroom: float = 0.9) -> dict:
+    """Memory per device, or :class:`DoesNotFit` if it exceeds ``headroom`` × the device's capacity."""
+    mem = memory_per_device(model, strategy)
+    limit = headroom * hardware.memory_bytes
+    if mem["total"] > limit:
+        parts = ", ".join(f"{k} {v / 1e9:.1f} GB" for k, v in mem.items() if k != "total")
+        raise DoesNotFit(f"{model.name} with dp={strategy.dp} tp={strategy.tp} pp={strategy.pp} "
+                         f"zero={strategy.zero_stage} needs {mem['total'] / 1e9:.1f} GB per device ({parts}); "
+                         f"{hardware.name} has {hardware.memory_bytes / 1e9:.0f} GB ({headroom:.0%} usable). "
+                         "Try a higher ZeRO stage, more tp/pp, a smaller micro-batch or recomputation.")
+    return mem
+
+
+def min_devices_to_fit(model, hardware, strategy=None, headroom: float = 0.9) -> int:
+    """Smallest world size (ZeRO-3 data parallelism) whose weights+grads+optimizer fit: the memory wall."""
+    from .strategy import Strategy
+
+    strategy = strategy or Strategy()
+    w_b, g_b, o_b = param_bytes(strategy)
+    per_param = w_b + g_b + o_b
+    return max(1, math.ceil(model.params * per_param / (headroom * hardware.memory_bytes)))

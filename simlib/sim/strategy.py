@@ -1,0 +1,101 @@
+"""How a job is split: data, tensor and pipeline degrees, micro-batches, ZeRO, buckets, overlap, recomputation.
+
+The rank grid is ``arange(world_size).view(dp, pp, tp)`` (tensor-parallel ranks adjacent, so they share a
+node, as in Megatron-LM and picotron); :class:`Strategy` validates the degrees instead of keeping globals.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
+OPTIMIZERS = ("adam", "sgd", "sgd_momentum")
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    dp: int = 1                      # data-parallel degree (replicas)
+    tp: int = 1                      # tensor-parallel degree (Megatron column/row splits)
+    pp: int = 1                      # pipeline-parallel degree (stages)
+    micro_batch: int = 1             # samples per micro-batch on one data-parallel rank
+    num_micro_batches: int = 1       # accumulation steps (pp = 1) or pipeline micro-batches per step
+    zero_stage: int = 0              # 0: replicate; 1: shard optimizer states; 2: + gradients; 3: + weights
+    bucket_bytes: float = 25e6       # gradient bucket (PyTorch DDP's default is 25 MB)
+    overlap: bool = False            # all-reduce buckets while backward still runs
+    recompute: str = "none"          # activation recomputation: none | selective | full
+    schedule: str = "1f1b"           # pipeline schedule: 1f1b | gpipe | interleaved
+    virtual_stages: int = 1          # model chunks per pipeline rank (interleaved 1F1B)
+    sequence_parallel: bool = True   # with tp > 1: shard layer norms/dropout along the sequence (Korthikanti)
+    dtype: str = "bf16"              # compute dtype; bf16/fp16 mean mixed precision with fp32 master weights
+    optimizer: str = "adam"
+    threads: int | None = None       # CPU only: torch threads per process (None: cores // processes)
+
+    def __post_init__(self):
+        for name in ("dp", "tp", "pp", "micro_batch", "num_micro_batches", "virtual_stages"):
+            _positive_int(name, getattr(self, name))
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if not self.bucket_bytes or self.bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be > 0, got {self.bucket_bytes!r}")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {RECOMPUTE}, got {self.recompute!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.schedule == "interleaved" and self.pp > 1 and self.num_micro_batches % self.pp:
+            raise ValueError(f"interleaved 1F1B needs num_micro_batches ({self.num_micro_batches}) to be a "
+                             f"multiple of pp ({self.pp})")
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise ValueError("virtual_stages > 1 only makes sense with schedule='interleaved'")
+        if self.threads is not None:
+            _positive_int("threads", self.threads)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all replicas: dp × micro_batch × num_micro_batches."""
+        return self.dp * self.micro_batch * self.num_micro_batches
+
+    @property
+    def mixed_precision(self) -> bool:
+        return self.dtype in ("bf16", "fp16", "fp8")
+
+    def validate(self, world_size: int | None = None, model=None, hardware=None) -> "Strategy":
+        """Check the degrees against a world size, a model and a machine; return self (raises ValueError)."""
+        if world_size is not None:
+            _positive_int("world_size", world_size)
+            if self.world_size != world_size:
+                raise ValueError(f"dp × tp × pp = {self.dp} × {self.tp} × {self.pp} = {self.world_size}, but the "
+                                 f"world has {world_size} ranks: the degrees must multiply to the world size")
+        if model is not None:
+            chunks = self.pp * self.virtual_stages
+            if model.layers % chunks:
+                raise ValueError(f"{model.layers} layers do not split into pp × virtual_stages = {chunks} equal "
+                                 "stages")
+            if model.kind == "gpt":
+                if model.heads % self.tp:
+                    raise ValueError(f"{model.heads} attention heads do not split over tp = {self.tp}")
+                if (4 * model.hidden) % self.tp or model.hidden % self.tp:
+                    raise ValueError(f"hidden {model.hidden} does not split over tp = {self.tp}")
+            elif self.tp > 1:
+                if any(o % self.tp for _, o in model.linears):
+                    raise ValueError(f"a Linear's width does not split over tp = {self.tp}")
+        if hardware is not None and self.tp > hardware.devices_per_node:
+            raise ValueError(f"tp = {self.tp} spans more than one node ({hardware.devices_per_node} devices "
+                             "per node): tensor parallelism needs the fast intra-node links")
+        return self
+
+    def replace(self, **changes) -> "Strategy":
+        return replace(self, **changes)
