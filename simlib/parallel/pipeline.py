@@ -46,13 +46,16 @@ def blocks_of(layers: nn.Sequential) -> list[nn.Sequential]:
 
 
 def split_blocks(num_blocks: int, num_stages: int) -> list[range]:
-    """Contiguous, as-equal-as-possible ranges of block indices; earlier stages get the extra blocks."""
+    """Contiguous, as-equal-as-possible ranges of block indices; later stages get the extra blocks.
+
+    (The last block of a model is often a small head, so an extra block there costs least.)
+    """
     if num_stages > num_blocks:
         raise ValueError(f"{num_blocks} blocks do not fill {num_stages} stages")
     base, extra = divmod(num_blocks, num_stages)
     bounds, start = [], 0
     for s in range(num_stages):
-        size = base + (s < extra)
+        size = base + (s >= num_stages - extra)
         bounds.append(range(start, start + size))
         start += size
     return bounds
