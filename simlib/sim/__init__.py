@@ -9,10 +9,12 @@ from .cost import (Prediction, all_gather, all_reduce, hierarchical_all_reduce, 
                    ring_all_reduce, scaling, tree_all_reduce)
 from .hardware import Hardware, Link, calibrate, cpu_box, dgx_a100, dgx_h100, fit_alpha_beta, preset
 from .memory import DoesNotFit, check_fits, memory_per_device, min_devices_to_fit
-from .model import ModelSpec, from_module, gpt, gpt_size
+from .model import GPT_SIZES, ModelSpec, from_module, gpt, gpt_size
+from .replay import replay_data_parallel, replay_pipeline, replay_pipeline_model
 from .strategy import Strategy
 
 __all__ = ["Hardware", "Link", "calibrate", "cpu_box", "dgx_a100", "dgx_h100", "preset", "fit_alpha_beta",
            "ModelSpec", "from_module", "gpt", "gpt_size", "Strategy", "predict", "scaling", "Prediction",
            "memory_per_device", "check_fits", "min_devices_to_fit", "DoesNotFit", "ring_all_reduce",
-           "tree_all_reduce", "all_gather", "reduce_scatter", "all_reduce", "hierarchical_all_reduce", "p2p"]
+           "tree_all_reduce", "all_gather", "reduce_scatter", "all_reduce", "hierarchical_all_reduce", "p2p",
+           "GPT_SIZES", "replay_data_parallel", "replay_pipeline", "replay_pipeline_model"]
