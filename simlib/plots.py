@@ -130,3 +130,33 @@ def scaling_figure(table, path=None):
     if path is not None:
         fig.savefig(path, dpi=110)
     return fig
+
+
+# ---- simulator (lesson 06) ----
+def predicted_vs_measured(table, ax=None, title=None):
+    """Scatter of predicted against measured step time (ms) with the y = x line and a ±15 % band.
+
+    ``table`` has columns ``predicted``, ``measured`` (seconds) and ``config`` (as from
+    ``simlib.sim.validate.validation_table``); the title gives the median absolute error.
+    """
+    import numpy as np
+
+    ax = _ax(ax, figsize=(5.5, 5))
+    meas, pred = table["measured"].to_numpy() * 1e3, table["predicted"].to_numpy() * 1e3
+    hi = 1.15 * max(meas.max(), pred.max())
+    line = np.linspace(0, hi, 50)
+    ax.plot(line, line, "k-", lw=1, label="predicted = measured")
+    ax.fill_between(line, 0.85 * line, 1.15 * line, color="tab:green", alpha=0.15, label="±15 %")
+    worlds = table["world_size"] if "world_size" in table else np.ones(len(table))
+    for w in sorted(set(worlds)):
+        sel = np.asarray(worlds == w)
+        ax.scatter(meas[sel], pred[sel], s=40, label=f"world size {w}", zorder=3)
+    err = float(np.median(np.abs(pred / meas - 1)))
+    ax.set_xlim(0, hi)
+    ax.set_ylim(0, hi)
+    ax.set_xlabel("measured step time (ms)")
+    ax.set_ylabel("predicted step time (ms)")
+    ax.set_title(title or f"median absolute error {err:.0%}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return ax

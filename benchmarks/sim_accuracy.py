@@ -1,0 +1,62 @@
+"""Predicted vs measured step time on this machine: calibrate, predict, run, compare.
+
+    .venv/bin/python benchmarks/sim_accuracy.py            # full sizes (~2-3 min on 2 cores)
+    SIMLIB_QUICK=1 .venv/bin/python benchmarks/sim_accuracy.py
+
+Writes benchmarks/results/sim_accuracy.json. Target: median absolute error of step time <= 15 %. The same
+function (simlib.sim.validate.validation_table) makes the table in notebook 06.
+"""
+import json
+import os
+import platform
+import time
+import warnings
+from pathlib import Path
+
+TARGET = 0.15
+
+
+def main(repeats: int = 3) -> dict:
+    import simlib
+    from simlib.sim import calibrate
+    from simlib.sim.validate import default_configs, median_abs_error, validation_table
+
+    load_before = os.getloadavg()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", simlib.OversubscribedWarning)
+        cluster = simlib.Cluster(4, timeout=60, call_timeout=300)
+    try:
+        t0 = time.perf_counter()
+        hardware = calibrate(cluster)
+        table = validation_table(cluster, hardware, default_configs(simlib.quick()), repeats=repeats)
+        seconds = time.perf_counter() - t0
+    finally:
+        cluster.close()
+    error = median_abs_error(table)
+    result = {
+        "benchmark": "sim_accuracy",
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "quick": simlib.quick(),
+        "machine": {"cores": simlib.cpu_count(), "python": platform.python_version(),
+                    "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+                    "note": "shared box: other jobs may have been running; world 4 is oversubscribed (2 cores)"},
+        "target_median_abs_error": TARGET,
+        "median_abs_error": error,
+        "target_met": bool(error <= TARGET),
+        "seconds": seconds,
+        "repeats": repeats,
+        "calibration": {"gemm_gflops_per_s": {f"{p}proc_{t}thr": [[g, r / 1e9] for g, r in v]
+                                              for (p, t), v in hardware.gemm_table.items()},
+                        "memory_GBps": {str(k): v / 1e9 for k, v in hardware.memory_bandwidth.items()},
+                        "gloo_alpha_s_bw_GBps": {str(k): [a, b / 1e9] for k, (a, b) in hardware.intra.by_world.items()}},
+        "rows": table.to_dict(orient="records"),
+    }
+    out = Path(__file__).parent / "results" / "sim_accuracy.json"
+    out.write_text(json.dumps(result, indent=1))
+    print(table[["config", "predicted", "measured", "error"]].to_string())
+    print(f"median absolute error {error:.1%} (target {TARGET:.0%}) -> {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
