@@ -1,0 +1,104 @@
+"""Notebook 00 in a real browser: JupyterLab on loopback, headless Chromium, Run All Cells, check the page.
+
+Needs Debian's ``chromium`` (``apt-get install chromium``; `.ci/run` installs it) and Playwright for Python
+(a dev dependency; it drives that browser, it downloads none). The screenshot is kept in ``artifacts/``.
+"""
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: apt-get install chromium")]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    from simlib.env import free_port
+
+    work = tmp_path / "course"
+    work.mkdir()
+    shutil.copy(ROOT / "notebooks" / "00_getting_started.ipynb", work)
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
+                                                                          "checkForUpdates": False}))
+    notebook_settings = tmp_path / "settings" / "@jupyterlab" / "notebook-extension"
+    notebook_settings.mkdir(parents=True)  # render every cell, so the page holds all outputs
+    (notebook_settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    port, token = free_port(), secrets.token_hex(16)
+    env = {**os.environ, "SIMLIB_QUICK": "1", "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt")}
+    env.pop("MPLBACKEND", None)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", "--allow-root", f"--ServerApp.root_dir={work}",
+         "--ServerApp.open_browser=False"],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "lab.log", "w"), start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            assert server.poll() is None and time.time() < deadline, (tmp_path / "lab.log").read_text()[-2000:]
+            time.sleep(0.5)
+    yield url, token
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+
+
+def test_notebook_00_runs_in_jupyterlab(lab):
+    from playwright.sync_api import sync_playwright
+
+    url, token = lab
+    artifacts = ROOT / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(f"{url}/lab/tree/00_getting_started.ipynb?token={token}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+            # the kernel is up when the status bar says so
+            page.wait_for_function("() => document.body.innerText.includes('Python 3 (ipykernel) | Idle')",
+                                   timeout=120_000, polling=500)
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.wait_for_selector(".lm-Menu-itemLabel:text-is('Run All Cells')", timeout=10_000)
+            page.locator(".lm-Menu-itemLabel:text-is('Run All Cells')").click()
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => /\\[[*0-9]+\\]/.test(e.innerText))",
+                timeout=60_000, polling=500)
+            output = page.locator(".jp-OutputArea-output")
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.jp-OutputArea-output')]"
+                ".some(e => e.innerText.includes('At 2 processes,'))", timeout=240_000, polling=1000)
+            text = "\n".join(output.all_inner_texts())
+            assert "[rank0] hello from rank 0 of 2" in text and "[rank1] hello from rank 1 of 2" in text
+            assert "both ranks hold the sum: [3.0, 3.0]" in text
+            assert "Traceback" not in text and "Error" not in text
+            images = page.locator(".jp-OutputArea-output img")
+            assert images.count() >= 2  # the scaling figure and the timeline
+            assert images.first.evaluate("img => img.naturalWidth") > 400
+            images.first.scroll_into_view_if_needed()
+            assert output.count() > 5
+        finally:
+            page.screenshot(path=str(artifacts / "browser_notebook_00.png"), full_page=False)
+            browser.close()
