@@ -62,6 +62,8 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
         gemms = []
         for m, k, n in gemm_shapes:
             a, b = torch.randn(m, k), torch.randn(k, n)
+            if world_size > 1:
+                dist.barrier(group=group)  # every rank times the same shape at the same time
             t = _median_time(lambda: a @ b, repeats, min_time=0.02)
             gemms.append((2 * m * k * n / 1e9, 2 * m * k * n / t))
         x, y = torch.randn(32 << 20), torch.randn(32 << 20)  # 128 MB each: far bigger than any cache
