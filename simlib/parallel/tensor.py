@@ -260,5 +260,8 @@ def dtensor_parallelize(module: nn.Module, plan: dict, tp_size: int | None = Non
 
 
 def materialize(t: torch.Tensor) -> torch.Tensor:
-    """A plain tensor from a DTensor module's output (an ``AsyncCollectiveTensor`` must be waited on first)."""
+    """A plain tensor from a DTensor module's output (an ``AsyncCollectiveTensor`` must be waited on first).
+
+    For comparisons only: the waited tensor is cut from the autograd graph.
+    """
     return t.wait() if hasattr(t, "wait") else t
