@@ -1,0 +1,50 @@
+"""Wrong gradient accumulation with DDP."""
+import contextlib
+
+
+def loss_not_divided_by_k(model, optimizer, micro_batches, loss_fn):
+    k = len(micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        with contextlib.nullcontext() if i == k - 1 else model.no_sync():
+            loss_fn(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def no_sync_left_on_at_last_step(model, optimizer, micro_batches, loss_fn):
+    k = len(micro_batches)
+    for x, y in micro_batches:
+        with model.no_sync():
+            (loss_fn(model(x), y) / k).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def never_no_sync(model, optimizer, micro_batches, loss_fn):
+    """Correct update, k times the communication."""
+    k = len(micro_batches)
+    for x, y in micro_batches:
+        (loss_fn(model(x), y) / k).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def step_every_micro_batch(model, optimizer, micro_batches, loss_fn):
+    k = len(micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        with contextlib.nullcontext() if i == k - 1 else model.no_sync():
+            (loss_fn(model(x), y) / k).backward()
+        optimizer.step()
+    optimizer.zero_grad()
+
+
+def forgets_zero_grad(model, optimizer, micro_batches, loss_fn):
+    k = len(micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        with contextlib.nullcontext() if i == k - 1 else model.no_sync():
+            (loss_fn(model(x), y) / k).backward()
+    optimizer.step()
+
+
+PLANTED = [loss_not_divided_by_k, no_sync_left_on_at_last_step, never_no_sync, step_every_micro_batch,
+           forgets_zero_grad]

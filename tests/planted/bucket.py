@@ -1,0 +1,93 @@
+"""Wrong bucketed data parallelism (same skeleton as the exercise)."""
+import torch
+import torch.distributed as dist
+
+from simlib.parallel.data import broadcast_parameters, make_buckets
+
+
+class _Skeleton(torch.nn.Module):
+    def __init__(self, module, bucket_cap_mb=25.0):
+        super().__init__()
+        self.module = module
+        self.world_size = dist.get_world_size()
+        broadcast_parameters(module)
+        self.buckets = make_buckets(module.parameters(), bucket_cap_mb)
+        self.buffers = [torch.zeros(sum(p.numel() for p in b)) for b in self.buckets]
+        self.slot = {}
+        for i, bucket in enumerate(self.buckets):
+            offset = 0
+            for p in bucket:
+                self.slot[p] = (i, offset)
+                offset += p.numel()
+                p.register_post_accumulate_grad_hook(self.on_grad_ready)
+        self.reset()
+
+    def reset(self):
+        self.pending = [len(b) for b in self.buckets]
+        self.handles = [None] * len(self.buckets)
+
+    def forward(self, *args):
+        return self.module(*args)
+
+    def on_grad_ready(self, param):
+        i, offset = self.slot[param]
+        self.buffers[i][offset:offset + param.numel()].copy_(param.grad.view(-1))
+        self.pending[i] -= 1
+        if self.pending[i] == 0:
+            self.handles[i] = dist.all_reduce(self.buffers[i], async_op=True)
+
+    def _copy_back(self, divide=True):
+        for bucket, buffer, handle in zip(self.buckets, self.buffers, self.handles):
+            handle.wait()
+            if divide:
+                buffer /= self.world_size
+            offset = 0
+            for p in bucket:
+                p.grad.copy_(buffer[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+    def finish_gradient_synchronization(self):
+        self._copy_back()
+        self.reset()
+
+
+class PerParameterBlocking(_Skeleton):
+    """One blocking all_reduce per gradient from the hook: correct, but no buckets and no overlap."""
+
+    def on_grad_ready(self, param):
+        dist.all_reduce(param.grad)
+        param.grad /= self.world_size
+
+    def finish_gradient_synchronization(self):
+        pass
+
+
+class AllReduceAfterBackward(_Skeleton):
+    """Fills the buckets in the hooks but sends them only after backward: no overlap."""
+
+    def on_grad_ready(self, param):
+        i, offset = self.slot[param]
+        self.buffers[i][offset:offset + param.numel()].copy_(param.grad.view(-1))
+
+    def finish_gradient_synchronization(self):
+        self.handles = [dist.all_reduce(b, async_op=True) for b in self.buffers]
+        self._copy_back()
+        self.reset()
+
+
+class NoDivide(_Skeleton):
+    """Sums instead of averaging."""
+
+    def finish_gradient_synchronization(self):
+        self._copy_back(divide=False)
+        self.reset()
+
+
+class NoReset(_Skeleton):
+    """Forgets to reset the pending counts: the second step never launches its all-reduces."""
+
+    def finish_gradient_synchronization(self):
+        self._copy_back()
+
+
+PLANTED = [PerParameterBlocking, AllReduceAfterBackward, NoDivide, NoReset]

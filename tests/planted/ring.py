@@ -1,0 +1,88 @@
+"""Wrong ring all-reduces."""
+import torch
+import torch.distributed as dist
+
+
+def _exchange(outgoing, incoming, right, left):
+    send = dist.isend(outgoing, right)
+    dist.recv(incoming, left)
+    send.wait()
+
+
+def _reduce_scatter(chunks, rank, n, right, left):
+    scratch = torch.empty_like(chunks[0])
+    for step in range(n - 1):
+        incoming = chunks[(rank - step - 1) % n]
+        received = scratch[: incoming.numel()]
+        _exchange(chunks[(rank - step) % n], received, right, left)
+        incoming += received
+
+
+def _setup(tensor):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    return rank, n, (rank + 1) % n, (rank - 1) % n, torch.tensor_split(tensor.view(-1), n)
+
+
+def mean_instead_of_sum(tensor):
+    rank, n, right, left, chunks = _setup(tensor)
+    _reduce_scatter(chunks, rank, n, right, left)
+    for step in range(n - 1):
+        _exchange(chunks[(rank + 1 - step) % n], chunks[(rank - step) % n], right, left)
+    tensor /= n
+    return tensor
+
+
+def off_by_one_chunk(tensor):
+    """All-gather passes on chunk (r - s) instead of (r + 1 - s): not yet finished."""
+    rank, n, right, left, chunks = _setup(tensor)
+    _reduce_scatter(chunks, rank, n, right, left)
+    for step in range(n - 1):
+        _exchange(chunks[(rank - step) % n], chunks[(rank - step - 1) % n], right, left)
+    return tensor
+
+
+def drops_the_remainder(tensor):
+    """Chunks of numel // n elements: the last numel % n elements are never reduced."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    flat, size = tensor.view(-1), tensor.numel() // n
+    chunks = [flat[i * size:(i + 1) * size] for i in range(n)]
+    _reduce_scatter(chunks, rank, n, right, left)
+    for step in range(n - 1):
+        _exchange(chunks[(rank + 1 - step) % n], chunks[(rank - step) % n], right, left)
+    return tensor
+
+
+def reduce_scatter_only(tensor):
+    """Forgets the all-gather phase."""
+    rank, n, right, left, chunks = _setup(tensor)
+    _reduce_scatter(chunks, rank, n, right, left)
+    return tensor
+
+
+def calls_all_reduce(tensor):
+    """Correct numbers, but not built from send/recv."""
+    dist.all_reduce(tensor)
+    return tensor
+
+
+def returns_a_copy(tensor):
+    """Right values in a new tensor; the input is left as it was."""
+    out = tensor.clone()
+    rank, n, right, left, chunks = _setup(out)
+    _reduce_scatter(chunks, rank, n, right, left)
+    for step in range(n - 1):
+        _exchange(chunks[(rank + 1 - step) % n], chunks[(rank - step) % n], right, left)
+    return out
+
+
+def deadlock(tensor):
+    """Every rank waits to receive before anyone sends."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dist.recv(torch.empty_like(tensor), (rank - 1) % n)
+    dist.send(tensor, (rank + 1) % n)
+    return tensor
+
+
+PLANTED = [mean_instead_of_sum, off_by_one_chunk, drops_the_remainder, reduce_scatter_only, calls_all_reduce,
+           returns_a_copy]

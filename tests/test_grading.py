@@ -1,0 +1,104 @@
+"""The grader: solutions pass every check, stubs say "not implemented yet", every planted bug is caught.
+
+Planted wrong implementations live in tests/planted/ (one module per exercise).
+"""
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from simlib import grading
+from simlib.exercises import exercises_of, load_answers
+
+from planted import accumulate as planted_accumulate  # noqa: E402
+from planted import average as planted_average
+from planted import bucket as planted_bucket
+from planted import ring as planted_ring
+
+ROOT = Path(__file__).resolve().parent.parent
+for module in (planted_ring, planted_average, planted_bucket, planted_accumulate):
+    cloudpickle.register_pickle_by_value(module)  # send them as a notebook cell's code would travel
+
+SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9]*.ipynb"))
+PLANTED = {"ring_all_reduce": planted_ring.PLANTED, "average_gradients": planted_average.PLANTED,
+           "bucket_data_parallel": planted_bucket.PLANTED, "accumulate_no_sync": planted_accumulate.PLANTED}
+# the hint a learner sees for each planted bug must point at the bug
+HINTS = {"mean_instead_of_sum": "do not divide", "off_by_one_chunk": "all-gather", "drops_the_remainder": "last",
+         "reduce_scatter_only": "all-gather", "calls_all_reduce": "point-to-point", "returns_a_copy": "in place",
+         "sum_instead_of_mean": "divide by world_size", "weights_only": "only some parameters",
+         "reduces_a_copy": "did not change", "max_instead_of_sum": "all_reduce(p.grad)", "PerParameterBlocking": "on its own",
+         "AllReduceAfterBackward": "after backward had finished", "NoDivide": "divide by world_size",
+         "NoReset": "reset", "loss_not_divided_by_k": "too large", "no_sync_left_on_at_last_step": "outside no_sync",
+         "never_no_sync": "every micro-batch", "step_every_micro_batch": "one optimizer.step()",
+         "forgets_zero_grad": "zero_grad()"}
+
+
+@pytest.fixture(scope="module")
+def clusters(cluster2, cluster4):
+    return {2: cluster2, 4: cluster4}
+
+
+def _entries(path):
+    import nbformat
+    return exercises_of(nbformat.read(str(path), as_version=4))
+
+
+def test_every_exercise_has_a_solution_and_planted_bugs():
+    graded = {e["exercise"] for path in SOLUTIONS for e in _entries(path)}
+    assert graded == set(PLANTED) and graded <= set(grading.EXERCISES)
+    assert all(len(bugs) >= 3 for bugs in PLANTED.values())
+    assert set(HINTS) == {b.__name__ for bugs in PLANTED.values() for b in bugs}
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_solution_passes_every_check(path, clusters):
+    answers = load_answers(path)
+    for entry in _entries(path):
+        report = grading.check(entry["exercise"], answers[entry["answer"]], clusters=clusters, quiet=True)
+        assert report.passed, "\n".join(r.line() for r in report.results)
+        assert len(report.results) >= 4
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_untouched_exercise_reports_not_implemented(path, clusters, capsys):
+    answers = load_answers(ROOT / "exercises" / path.name)
+    for entry in _entries(path):
+        report = grading.check(entry["exercise"], answers[entry["answer"]], clusters=clusters)
+        assert report.status == "not implemented" and not report.passed
+        out = capsys.readouterr().out
+        assert "not implemented yet" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize("exercise,bug", [(e, b) for e, bugs in PLANTED.items() for b in bugs],
+                         ids=lambda x: x if isinstance(x, str) else x.__name__)
+def test_planted_bug_is_caught(exercise, bug, clusters):
+    report = grading.check(exercise, bug, clusters=clusters, quiet=True)
+    assert not report.passed and report.status in ("fail", "error")
+    hints = " ".join(r.hint for r in report.failed()).lower()
+    assert HINTS[bug.__name__].lower() in hints, "\n".join(r.line() for r in report.results)
+
+
+def test_exception_in_learner_code_is_reported(clusters, capsys):
+    report = grading.check("average_gradients", planted_average.raises, clusters=clusters)
+    assert report.status == "error"
+    out = capsys.readouterr().out
+    assert "ValueError" in out and "oops" in out and "rank 0" in out
+
+
+def test_hang_is_reported_and_the_workers_recover(cluster2):
+    report = grading.check("ring_all_reduce", planted_ring.deadlock, clusters={2: cluster2}, timeout=4, quiet=True)
+    assert report.status == "timeout"
+    assert "matching recv" in report.results[-1].hint
+    assert cluster2.run(lambda: 1) == [1, 1]  # restarted, usable again
+
+
+def test_unknown_exercise_is_reported_not_raised(capsys):
+    report = grading.check("no_such_exercise", print)
+    assert report.status == "error" and "known exercises" in capsys.readouterr().out
+
+
+def test_result_lines():
+    ok = grading.Result("sums", True, detail="max error 0")
+    bad = grading.Result("sums", False, hint="divide", detail="max error 1")
+    assert ok.line().startswith("✔") and "hint" not in ok.line()
+    assert bad.line().startswith("✘") and "hint: divide" in bad.line()
