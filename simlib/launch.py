@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import linecache
 import logging
 import os
 import queue
+import re
 import shutil
 import signal
 import sys
@@ -89,6 +91,50 @@ class WorkerError(RuntimeError):
 
 class WorkerTimeout(WorkerError, TimeoutError):
     """A call did not finish in time (a hang, a deadlock or a mismatched collective)."""
+
+
+_DYNAMIC = re.compile(r'File "<dynamic-code>", line (\d+), in (\S+)')
+
+
+def _code_objects(fn, seen=None):
+    """Code objects of ``fn``, of functions nested in it and of the module-level functions it calls."""
+    seen = set() if seen is None else seen
+    code = getattr(fn, "__code__", None)
+    if code is None or id(code) in seen:
+        return
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        if id(c) in seen:
+            continue
+        seen.add(id(c))
+        yield c
+        stack.extend(k for k in c.co_consts if hasattr(k, "co_code"))
+        for name in c.co_names:
+            other = getattr(fn, "__globals__", {}).get(name)
+            if callable(other) and hasattr(other, "__code__"):
+                yield from _code_objects(other, seen)
+
+
+def _restore_filenames(text: str, fn) -> str:
+    """cloudpickle renames the file of code shipped by value to ``<dynamic-code>``; put the real file
+    (a notebook cell, a script) and its source line back into a remote traceback."""
+    if "<dynamic-code>" not in text:
+        return text
+    files = {}
+    for code in _code_objects(fn):
+        files.setdefault(code.co_name, []).append(code)
+
+    def fix(match):
+        line, name = int(match.group(1)), match.group(2)
+        for code in files.get(name, []):
+            lines = [ln for _, _, ln in code.co_lines() if ln is not None]
+            if lines and min(lines) <= line <= max(lines):
+                source = linecache.getline(code.co_filename, line).strip()
+                return f'File "{code.co_filename}", line {line}, in {name}' + (f"\n    {source}" if source else "")
+        return match.group(0)
+
+    return _DYNAMIC.sub(fix, text)
 
 
 def _check_world_size(world_size) -> int:
@@ -540,6 +586,7 @@ class Cluster:
                     if ok:
                         results[rank] = value
                     else:
+                        value.traceback = _restore_filenames(value.traceback, fn)
                         failures[rank] = value
                         first_failure = first_failure or time.monotonic()
                 elif kind == "eof" and msg[1] not in results and msg[1] not in failures:
@@ -593,11 +640,16 @@ class Cluster:
 
     def _healthy(self) -> bool:
         """After a call in which every rank reported: do the ranks still meet at a barrier?"""
+        if getattr(self, "_checking", False):
+            return False
+        self._checking = True
         try:
             self.call(_barrier, timeout=5.0)
             return True
         except WorkerError:
             return False
+        finally:
+            self._checking = False
 
 
 def _barrier():
