@@ -160,3 +160,79 @@ def predicted_vs_measured(table, ax=None, title=None):
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return ax
+
+
+# ---- collectives and data parallelism (lessons 01-03) ----
+def collective_grid(demos, title=None):
+    """What each rank holds before and after each collective: one row per collective, a box per value.
+
+    ``demos`` maps a collective's name to the per-rank dicts of ``simlib.collectives.collective_demo``.
+    """
+    import numpy as np
+
+    ops = list(demos)
+    fig, axes = plt.subplots(len(ops), 2, figsize=(10, 1.0 + 1.05 * len(ops) * max(len(d) for d in demos.values()) / 2),
+                             squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    for row, op in enumerate(ops):
+        for col, key in enumerate(("before", "after")):
+            ax = axes[row][col]
+            per_rank = demos[op]
+            for r, d in enumerate(per_rank):
+                values = d[key]
+                if values is None:
+                    ax.text(0, r, "(undefined)", va="center", fontsize=8, color="gray")
+                    continue
+                for i, v in enumerate(values):
+                    source = int(v) // 10 if float(v).is_integer() and key == "before" else None
+                    color = cmap(source) if source is not None else "#DDDDDD"
+                    ax.add_patch(plt.Rectangle((i - 0.45, r - 0.4), 0.9, 0.8, color=color, alpha=0.35))
+                    ax.text(i, r, f"{v:g}", ha="center", va="center", fontsize=8)
+            width = max(len(d[key] or []) for d in per_rank)
+            ax.set_xlim(-0.6, max(width, 1) - 0.4)
+            ax.set_ylim(len(per_rank) - 0.5, -0.5)
+            ax.set_yticks(range(len(per_rank)))
+            ax.set_yticklabels([f"rank {r}" for r in range(len(per_rank))], fontsize=8)
+            ax.set_xticks([])
+            ax.set_title(f"{op}: {key}", fontsize=9)
+            for side in ("top", "right", "bottom"):
+                ax.spines[side].set_visible(False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def bandwidth(rows, fits=None, ax=None, kind="time", title=None):
+    """Collective time (``kind="time"``) or bus bandwidth (``"busbw"``) against message size, per op and world.
+
+    ``rows`` as from ``simlib.collectives.bandwidth_sweep``; ``fits`` maps world_size to an
+    ``fit_alpha_beta`` dict, drawn as the alpha-beta model line.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from .collectives import alpha_beta_time
+
+    ax = _ax(ax, figsize=(6.5, 4.2))
+    df = pd.DataFrame(rows)
+    for (op, world), part in df.groupby(["op", "world_size"]):
+        part = part.sort_values("bytes")
+        y = part["time"] * 1e3 if kind == "time" else part["busbw"] / 1e9
+        ax.plot(part["bytes"], y, marker="o", ms=4, label=f"{op}, {world} ranks")
+        if kind == "time":
+            ax.fill_between(part["bytes"], part["time_q1"] * 1e3, part["time_q3"] * 1e3, alpha=0.2)
+    for world, fit in (fits or {}).items():
+        sizes = np.logspace(np.log10(df["bytes"].min()), np.log10(df["bytes"].max()), 50)
+        model = alpha_beta_time(sizes, world, fit["alpha"], fit["beta"])
+        y = model * 1e3 if kind == "time" else sizes / model * 2 * (world - 1) / world / 1e9
+        ax.plot(sizes, y, "k--", lw=1, label=f"α-β model, {world} ranks: α={fit['alpha'] * 1e6:.0f} µs, "
+                                             f"1/β={fit['bandwidth'] / 1e9:.2f} GB/s")
+    ax.set_xscale("log")
+    ax.set_yscale("log" if kind == "time" else "linear")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("time (ms)" if kind == "time" else "bus bandwidth (GB/s)")
+    ax.set_title(title or ("all-reduce time" if kind == "time" else "bus bandwidth"))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return ax

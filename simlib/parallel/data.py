@@ -254,6 +254,9 @@ def run_data_parallel(mode: str = "bucket", steps: int = 3, global_batch: int = 
     model, x, y = _setup(width, depth, global_batch, seed)
     tl = Timeline(warmup=warmup) if timeline else None
     dp_model = wrap(model, mode, bucket_cap_mb, tl)
+    if mode == "ddp" and tl is not None:  # DDP is opaque: a comm hook shows its buckets on the timeline
+        from .accumulate import count_all_reduces
+        count_all_reduces(dp_model, tl)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = train_steps(dp_model, opt, shard(x, rank, world_size), shard(y, rank, world_size), steps, tl)
     out = {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses}
