@@ -219,14 +219,15 @@ def bandwidth(rows, fits=None, ax=None, kind="time", title=None):
     for (op, world), part in df.groupby(["op", "world_size"]):
         part = part.sort_values("bytes")
         y = part["time"] * 1e3 if kind == "time" else part["busbw"] / 1e9
-        ax.plot(part["bytes"], y, marker="o", ms=4, label=f"{op}, {world} ranks")
+        (line,) = ax.plot(part["bytes"], y, marker="o", ms=4, label=f"{op}, {world} ranks")
         if kind == "time":
-            ax.fill_between(part["bytes"], part["time_q1"] * 1e3, part["time_q3"] * 1e3, alpha=0.2)
+            ax.fill_between(part["bytes"], part["time_q1"] * 1e3, part["time_q3"] * 1e3, alpha=0.2,
+                            color=line.get_color())
     for world, fit in (fits or {}).items():
         sizes = np.logspace(np.log10(df["bytes"].min()), np.log10(df["bytes"].max()), 50)
         model = alpha_beta_time(sizes, world, fit["alpha"], fit["beta"])
         y = model * 1e3 if kind == "time" else sizes / model * 2 * (world - 1) / world / 1e9
-        ax.plot(sizes, y, "k--", lw=1, label=f"α-β model, {world} ranks: α={fit['alpha'] * 1e6:.0f} µs, "
+        ax.plot(sizes, y, "k--" if world == 2 else "k:", lw=1, label=f"α-β model, {world} ranks: α={fit['alpha'] * 1e6:.0f} µs, "
                                              f"1/β={fit['bandwidth'] / 1e9:.2f} GB/s")
     ax.set_xscale("log")
     ax.set_yscale("log" if kind == "time" else "linear")
