@@ -83,3 +83,28 @@ def test_simlib_run_locally(job_module):
                          cwd=job_module, env=_env(job_module), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "[rank1] OK rank=1 world=2 local=1 launcher=simlib backend=gloo sum=3" in out.stdout
+
+
+def test_same_function_under_torchrun_two_nodes(job_module):
+    """Two torchrun agents on one machine stand in for two nodes (c10d rendezvous on loopback)."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    endpoint = f"127.0.0.1:{env.free_port()}"
+    procs = [subprocess.Popen([torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+                               "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "simlibtest",
+                               "--local-addr", "127.0.0.1", "-m", "simlib", "run", "simjob:main"],
+                              cwd=job_module, env=_env(job_module), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for node in (0, 1)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    stdout = "".join(o for o, _ in outs)
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    for rank in (0, 1):
+        assert f"OK rank={rank} world=2 local=0 launcher=torchrun backend=gloo sum=3" in stdout
+
+
+def test_init_in_a_plain_process_makes_a_one_rank_group(tmp_path):
+    code = ("import simlib, torch, torch.distributed as dist; ctx = simlib.init(); t = torch.ones(1); "
+            "dist.all_reduce(t); print(ctx.launcher, ctx.rank, ctx.world_size, t.item()); simlib.shutdown()")
+    out = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["single", "0", "1", "1.0"]

@@ -33,3 +33,12 @@ def test_scaling_rejects_bad_arguments():
     with pytest.raises(ValueError, match="split evenly"):
         experiments.scaling((1, 3), global_batch=256)
     assert cli.main(["scaling", "--world-sizes", "0", "--quick"]) == 2
+
+
+def test_weak_scaling_keeps_the_per_rank_batch():
+    table = experiments.scaling((1, 2), mode="weak", width=64, depth=1, global_batch=64, steps=3, warmup=1,
+                                all_cores_baseline=False, progress=False)
+    assert table["local_batch"].tolist() == [32, 32] and table["global_batch"].tolist() == [32, 64]
+    assert table["speedup"].iloc[0] == pytest.approx(1.0)
+    # scaled speedup is throughput(N) / throughput(1)
+    assert table["speedup"].iloc[1] == pytest.approx(table["throughput"].iloc[1] / table["throughput"].iloc[0])
