@@ -247,14 +247,16 @@ def run_data_parallel(mode: str = "bucket", steps: int = 3, global_batch: int = 
 
     Rank r trains on the r-th contiguous shard of the global batch. Returns this rank's final state,
     its losses, and with ``timeline=True`` the gathered timeline (every rank) and its summary.
+    Outside a process group (or with one rank) it trains the plain model: the one-process measurement.
     """
     from ..models import shard
     from ..timeline import Timeline, summarize
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     model, x, y = _setup(width, depth, global_batch, seed)
-    tl = Timeline(warmup=warmup) if timeline else None
-    dp_model = wrap(model, mode, bucket_cap_mb, tl)
-    if mode == "ddp" and tl is not None:  # DDP is opaque: a comm hook shows its buckets on the timeline
+    tl = Timeline(rank=rank, warmup=warmup) if timeline else None
+    dp_model = wrap(model, mode, bucket_cap_mb, tl) if distributed else model
+    if distributed and mode == "ddp" and tl is not None:  # DDP is opaque: a comm hook shows its buckets on the timeline
         from .accumulate import count_all_reduces
         count_all_reduces(dp_model, tl)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
