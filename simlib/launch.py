@@ -25,116 +25,27 @@ die with the caller (``PR_SET_PDEATHSIG`` plus a watchdog), so nothing is left o
 from __future__ import annotations
 
 import atexit
-import ctypes
-import linecache
 import logging
 import os
 import queue
-import re
 import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
-import traceback
 import uuid
 import warnings
 import weakref
-from dataclasses import dataclass
-from multiprocessing.connection import Client, Listener
+from multiprocessing.connection import Listener
 
 import cloudpickle
 
 from . import env
+from .errors import OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, restore_filenames
+from .worker import Channel, worker_main
 
 __all__ = ["launch", "Cluster", "WorkerError", "WorkerTimeout", "RemoteFailure", "OversubscribedWarning"]
-
-_MARKER = "\x00simlib-flush\x00"
-
-
-class OversubscribedWarning(UserWarning):
-    """More workers than cores: they share cores, and timings show it."""
-
-
-@dataclass
-class RemoteFailure:
-    """An exception raised on one rank, carried back as text (its type may not exist here)."""
-
-    rank: int
-    type_name: str
-    message: str
-    traceback: str
-
-    @classmethod
-    def from_exception(cls, rank: int, exc: BaseException) -> "RemoteFailure":
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return cls(rank, type(exc).__name__, str(exc), tb)
-
-    def summary(self) -> str:
-        first = self.message.strip().splitlines()[0] if self.message.strip() else ""
-        return f"rank {self.rank}: {self.type_name}: {first}" if first else f"rank {self.rank}: {self.type_name}"
-
-
-class WorkerError(RuntimeError):
-    """One or more ranks failed. ``failures`` maps rank -> :class:`RemoteFailure`."""
-
-    def __init__(self, message: str, failures: dict[int, RemoteFailure] | None = None, results=None):
-        super().__init__(message)
-        self.failures = failures or {}
-        self.results = results or {}  # ranks that did finish, rank -> return value
-
-    @property
-    def ranks(self) -> list[int]:
-        return sorted(self.failures)
-
-
-class WorkerTimeout(WorkerError, TimeoutError):
-    """A call did not finish in time (a hang, a deadlock or a mismatched collective)."""
-
-
-_DYNAMIC = re.compile(r'File "<dynamic-code>", line (\d+), in (\S+)')
-
-
-def _code_objects(fn, seen=None):
-    """Code objects of ``fn``, of functions nested in it and of the module-level functions it calls."""
-    seen = set() if seen is None else seen
-    code = getattr(fn, "__code__", None)
-    if code is None or id(code) in seen:
-        return
-    stack = [code]
-    while stack:
-        c = stack.pop()
-        if id(c) in seen:
-            continue
-        seen.add(id(c))
-        yield c
-        stack.extend(k for k in c.co_consts if hasattr(k, "co_code"))
-        for name in c.co_names:
-            other = getattr(fn, "__globals__", {}).get(name)
-            if callable(other) and hasattr(other, "__code__"):
-                yield from _code_objects(other, seen)
-
-
-def _restore_filenames(text: str, fn) -> str:
-    """cloudpickle renames the file of code shipped by value to ``<dynamic-code>``; put the real file
-    (a notebook cell, a script) and its source line back into a remote traceback."""
-    if "<dynamic-code>" not in text:
-        return text
-    files = {}
-    for code in _code_objects(fn):
-        files.setdefault(code.co_name, []).append(code)
-
-    def fix(match):
-        line, name = int(match.group(1)), match.group(2)
-        for code in files.get(name, []):
-            lines = [ln for _, _, ln in code.co_lines() if ln is not None]
-            if lines and min(lines) <= line <= max(lines):
-                source = linecache.getline(code.co_filename, line).strip()
-                return f'File "{code.co_filename}", line {line}, in {name}' + (f"\n    {source}" if source else "")
-        return match.group(0)
-
-    return _DYNAMIC.sub(fix, text)
 
 
 def _check_world_size(world_size) -> int:
@@ -152,151 +63,6 @@ def _check_positive(name, value, allow_none=True):
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     return value
 
-
-# ───────────────────────────── worker side ─────────────────────────────
-
-class _Channel:
-    """A connection whose sends may come from several threads."""
-
-    def __init__(self, conn):
-        self.conn = conn
-        self.lock = threading.Lock()
-
-    def send(self, msg) -> None:
-        with self.lock:
-            self.conn.send(msg)
-
-
-class _FdRelay:
-    """Sends what is written to an OS-level file descriptor to the caller, one whole line at a time."""
-
-    def __init__(self, chan: _Channel, rank: int, fd: int, stream: str):
-        self.chan, self.rank, self.fd, self.stream = chan, rank, fd, stream
-        read_end, write_end = os.pipe()
-        os.dup2(write_end, fd)
-        os.close(write_end)
-        self.read_end = read_end
-        self.flushed = threading.Event()
-        threading.Thread(target=self._pump, daemon=True, name=f"simlib-relay-{stream}").start()
-
-    def _pump(self) -> None:
-        buf = b""
-        while True:
-            try:
-                chunk = os.read(self.read_end, 65536)
-            except OSError:
-                return
-            if not chunk:
-                return
-            buf += chunk
-            while b"\n" in buf:
-                raw, buf = buf.split(b"\n", 1)
-                line = raw.decode("utf-8", "replace")
-                if line.endswith(_MARKER):
-                    line = line[: -len(_MARKER)]
-                    if line:
-                        self._send(line)
-                    self.flushed.set()
-                else:
-                    self._send(line)
-
-    def _send(self, line: str) -> None:
-        try:
-            self.chan.send(("out", self.rank, self.stream, line))
-        except OSError:
-            pass
-
-    def flush(self, timeout: float = 2.0) -> None:
-        self.flushed.clear()
-        os.write(self.fd, (_MARKER + "\n").encode())
-        self.flushed.wait(timeout)
-
-
-def _die_with_parent() -> None:
-    """Make the kernel kill this worker when the process that started it dies (Linux)."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-    parent = os.getppid()
-
-    def watchdog():  # portable fallback: the parent changed, so it died
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watchdog, daemon=True, name="simlib-watchdog").start()
-
-
-def _worker_main(address, authkey: bytes, spec: dict) -> None:
-    """Entry point of every worker (module level, so the elastic agent can start it by reference)."""
-    os.environ["SIMLIB_WORKER"] = "1"
-    try:
-        os.setpgrp()  # our own process group: the caller can stop us and our children in one signal
-    except OSError:
-        pass
-    _die_with_parent()
-    rank = int(os.environ["RANK"])
-    chan = _Channel(Client(address, authkey=authkey))
-    chan.send(("hello", rank, os.getpid()))
-    relays = []
-    if spec["relay_output"]:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        relays = [_FdRelay(chan, rank, 1, "stdout"), _FdRelay(chan, rank, 2, "stderr")]
-        try:
-            sys.stdout.reconfigure(line_buffering=True)
-            sys.stderr.reconfigure(line_buffering=True)
-        except AttributeError:
-            pass
-
-    def flush_output():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for relay in relays:
-            relay.flush()
-
-    import torch
-
-    torch.set_num_threads(spec["threads"])
-    os.environ["OMP_NUM_THREADS"] = str(spec["threads"])
-    if spec["loopback"] and sys.platform.startswith("linux"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    try:
-        env.init(spec["backend"], timeout=spec["timeout"], device=spec["device"])
-    except BaseException as exc:  # noqa: BLE001 - reported to the caller
-        flush_output()
-        chan.send(("fatal", rank, RemoteFailure.from_exception(rank, exc)))
-        return
-    chan.send(("ready", rank))
-    while True:
-        try:
-            msg = chan.conn.recv()
-        except (EOFError, OSError):
-            break
-        if msg[0] == "stop":
-            break
-        _, call_id, payload = msg
-        try:
-            fn, args, kwargs = cloudpickle.loads(payload)
-            out = fn(*args, **kwargs)
-            try:
-                data, ok = cloudpickle.dumps(out), True
-            except Exception as exc:  # noqa: BLE001
-                raise TypeError(f"the return value of rank {rank} could not be pickled: {exc}") from exc
-        except BaseException as exc:  # noqa: BLE001 - reported to the caller, the loop goes on
-            data, ok = cloudpickle.dumps(RemoteFailure.from_exception(rank, exc)), False
-        flush_output()
-        chan.send(("result", rank, call_id, ok, data))
-    flush_output()
-    env.shutdown()
-
-
-# ───────────────────────────── caller side ─────────────────────────────
 
 _live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
@@ -395,7 +161,7 @@ class Cluster:
         def agent():
             try:
                 with _quiet_elastic():
-                    elastic_launch(config, _worker_main)(listener.address, authkey, spec)
+                    elastic_launch(config, worker_main)(listener.address, authkey, spec)
             except BaseException as exc:  # noqa: BLE001 - workers stopped by us end up here too
                 self._agent_error = exc
             finally:
@@ -429,7 +195,7 @@ class Cluster:
                     conn = msg[1]
                     hello = conn.recv()
                     rank = hello[1]
-                    self._conns[rank], self._pids[rank] = _Channel(conn), hello[2]
+                    self._conns[rank], self._pids[rank] = Channel(conn), hello[2]
                     threading.Thread(target=self._read, args=(rank, conn), daemon=True).start()
                 elif kind == "ready":
                     ready.add(msg[1])
@@ -586,7 +352,7 @@ class Cluster:
                     if ok:
                         results[rank] = value
                     else:
-                        value.traceback = _restore_filenames(value.traceback, fn)
+                        value.traceback = restore_filenames(value.traceback, fn)
                         failures[rank] = value
                         first_failure = first_failure or time.monotonic()
                 elif kind == "eof" and msg[1] not in results and msg[1] not in failures:

@@ -1,0 +1,163 @@
+"""The worker side of :mod:`simlib.launch`: one process per rank, started by the elastic agent.
+
+A worker connects back to its caller, joins the process group, then runs the functions it is sent until it is
+told to stop. Its stdout and stderr (at the file-descriptor level, so C++ logs too) go to the caller as whole
+lines; it dies with its caller (``PR_SET_PDEATHSIG`` plus a watchdog), in a process group of its own.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Client
+
+import cloudpickle
+
+from . import env
+from .errors import RemoteFailure
+
+MARKER = "\x00simlib-flush\x00"  # written after a call's output: all before it has been relayed
+
+
+class Channel:
+    """A connection whose sends may come from several threads."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def send(self, msg) -> None:
+        with self.lock:
+            self.conn.send(msg)
+
+
+class _FdRelay:
+    """Sends what is written to an OS-level file descriptor to the caller, one whole line at a time."""
+
+    def __init__(self, chan: Channel, rank: int, fd: int, stream: str):
+        self.chan, self.rank, self.fd, self.stream = chan, rank, fd, stream
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, fd)
+        os.close(write_end)
+        self.read_end = read_end
+        self.flushed = threading.Event()
+        threading.Thread(target=self._pump, daemon=True, name=f"simlib-relay-{stream}").start()
+
+    def _pump(self) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(self.read_end, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            buf += chunk
+            while b"\n" in buf:
+                raw, buf = buf.split(b"\n", 1)
+                line = raw.decode("utf-8", "replace")
+                if line.endswith(MARKER):
+                    line = line[: -len(MARKER)]
+                    if line:
+                        self._send(line)
+                    self.flushed.set()
+                else:
+                    self._send(line)
+
+    def _send(self, line: str) -> None:
+        try:
+            self.chan.send(("out", self.rank, self.stream, line))
+        except OSError:
+            pass
+
+    def flush(self, timeout: float = 2.0) -> None:
+        self.flushed.clear()
+        os.write(self.fd, (MARKER + "\n").encode())
+        self.flushed.wait(timeout)
+
+
+def _die_with_parent() -> None:
+    """Make the kernel kill this worker when the process that started it dies (Linux)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    parent = os.getppid()
+
+    def watchdog():  # portable fallback: the parent changed, so it died
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watchdog, daemon=True, name="simlib-watchdog").start()
+
+
+def worker_main(address, authkey: bytes, spec: dict) -> None:
+    """Entry point of every worker (module level, so the elastic agent can start it by reference)."""
+    os.environ["SIMLIB_WORKER"] = "1"
+    try:
+        os.setpgrp()  # our own process group: the caller can stop us and our children in one signal
+    except OSError:
+        pass
+    _die_with_parent()
+    rank = int(os.environ["RANK"])
+    chan = Channel(Client(address, authkey=authkey))
+    chan.send(("hello", rank, os.getpid()))
+    relays = []
+    if spec["relay_output"]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        relays = [_FdRelay(chan, rank, 1, "stdout"), _FdRelay(chan, rank, 2, "stderr")]
+        try:
+            sys.stdout.reconfigure(line_buffering=True)
+            sys.stderr.reconfigure(line_buffering=True)
+        except AttributeError:
+            pass
+
+    def flush_output():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for relay in relays:
+            relay.flush()
+
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    os.environ["OMP_NUM_THREADS"] = str(spec["threads"])
+    if spec["loopback"] and sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    try:
+        env.init(spec["backend"], timeout=spec["timeout"], device=spec["device"])
+    except BaseException as exc:  # noqa: BLE001 - reported to the caller
+        flush_output()
+        chan.send(("fatal", rank, RemoteFailure.from_exception(rank, exc)))
+        return
+    chan.send(("ready", rank))
+    while True:
+        try:
+            msg = chan.conn.recv()
+        except (EOFError, OSError):
+            break
+        if msg[0] == "stop":
+            break
+        _, call_id, payload = msg
+        try:
+            fn, args, kwargs = cloudpickle.loads(payload)
+            out = fn(*args, **kwargs)
+            try:
+                data, ok = cloudpickle.dumps(out), True
+            except Exception as exc:  # noqa: BLE001
+                raise TypeError(f"the return value of rank {rank} could not be pickled: {exc}") from exc
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller, the loop goes on
+            data, ok = cloudpickle.dumps(RemoteFailure.from_exception(rank, exc)), False
+        flush_output()
+        chan.send(("result", rank, call_id, ok, data))
+    flush_output()
+    env.shutdown()
