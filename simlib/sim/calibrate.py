@@ -45,7 +45,7 @@ def _median_time(fn, repeats: int, min_time: float = 0.0) -> float:
 
 
 def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_sizes=COMM_SIZES,
-                 repeats: int = 5, comm_repeats: int = 10):
+                 repeats: int = 5, comm_repeats: int = 10, min_time: float = 0.2):
     """Run on every rank of a cluster: ranks < ``world_size`` measure together; the rest return None."""
     import torch
     import torch.distributed as dist
@@ -64,7 +64,9 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
             a, b = torch.randn(m, k), torch.randn(k, n)
             if world_size > 1:
                 dist.barrier(group=group)  # every rank times the same shape at the same time
-            t = _median_time(lambda: a @ b, repeats, min_time=0.02)
+            # time each shape for a while: a short burst right after a barrier gets more than its share
+            # of a busy CPU (the scheduler favours a task that just slept), a training step does not
+            t = _median_time(lambda: a @ b, repeats, min_time=min_time)
             gemms.append((2 * m * k * n / 1e9, 2 * m * k * n / t))
         x, y = torch.randn(32 << 20), torch.randn(32 << 20)  # 128 MB each: far bigger than any cache
         mem_bw = 3 * x.numel() * 4 / _median_time(lambda: x.add_(y), repeats)
@@ -90,7 +92,8 @@ def _combine(results):
     return gemms, float(np.mean([r["mem_bw"] for r in res])), comm
 
 
-def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, timeout: float = 120.0):
+def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, timeout: float = 120.0,
+              min_time: float | None = None):
     """Measure this machine and return a :class:`~simlib.sim.hardware.Hardware` for it.
 
     Measures, for each world size w (w processes running at once, cores // w threads each — the default of
@@ -106,6 +109,7 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
     if not world_sizes or world_sizes[0] < 1:
         raise ValueError(f"world_sizes must be positive ints, got {world_sizes}")
     repeats = repeats or (3 if env.quick() else 7)
+    min_time = min_time if min_time is not None else (0.05 if env.quick() else 0.25)  # seconds per GEMM shape
     own = cluster is None
     if own:
         with warnings.catch_warnings():
@@ -119,7 +123,8 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
         for w in world_sizes:
             thread_counts = range(1, cores + 1) if w == 1 else [max(1, cores // w)]
             for threads in thread_counts:
-                out = cluster.call(measure_here, (w, threads), {"repeats": repeats}, timeout=timeout)
+                out = cluster.call(measure_here, (w, threads), {"repeats": repeats, "min_time": min_time},
+                                   timeout=timeout)
                 gemms, mem_bw, comm = _combine(out)
                 gemm_table[(w, threads)] = gemms
                 raw[(w, threads)] = {"gemms": gemms, "mem_bw": mem_bw, "comm": comm}

@@ -61,7 +61,8 @@ def replay_pipeline(schedule, t_forward: float, t_backward: float, t_p2p: float 
                     warmup: int = 0, num_chunks: int | None = None):
     """Step a pipeline schedule (one action list per rank) with fixed per-chunk durations.
 
-    ``t_forward`` / ``t_backward``: seconds of one micro-batch through one model chunk; ``t_p2p``: one
+    ``t_forward`` / ``t_backward``: seconds of one micro-batch through one model chunk (a number, or one per
+    stage); ``t_p2p``: one
     activation (or gradient) message. Raises ValueError if the schedule deadlocks.
     """
     p = len(schedule)
@@ -96,6 +97,8 @@ def replay_pipeline(schedule, t_forward: float, t_backward: float, t_p2p: float 
                                              clock[r] + t_p2p, step < warmup))
                     else:
                         d = t_forward if a.op == "forward" else t_backward
+                        if not isinstance(d, (int, float)):
+                            d = d[stage]  # per-stage durations
                         label = "F" if a.op == "forward" else "B"
                         name = f"{label}{a.microbatch}" + (f" c{a.chunk}" if num_chunks > 1 else "")
                         rows.append(_row(r, step, a.op, name, clock[r], clock[r] + d, step < warmup))

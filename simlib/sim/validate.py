@@ -24,9 +24,13 @@ class RunConfig:
     bucket_mb: float = 1000.0     # bucket cap in MiB (1000: one bucket for the whole MLP)
     width: int = 1024
     depth: int = 4
+    pipeline: str | None = None   # "1f1b" or "gpipe": world_size pipeline stages, accumulation = micro-batches
 
     @property
     def label(self) -> str:
+        if self.pipeline:
+            return (f"pp{self.world_size} {self.pipeline} {self.depth}x{self.width} "
+                    f"{self.accumulation} x mb{self.micro_batch}")
         bucket = "one bucket" if self.bucket_mb >= 1000 else f"{self.bucket_mb:g} MB buckets"
         acc = f", accumulate {self.accumulation}" if self.accumulation > 1 else ""
         return f"w{self.world_size} {self.depth}x{self.width} mb{self.micro_batch}{acc}, {bucket}"
@@ -38,14 +42,15 @@ class RunConfig:
 
 
 def default_configs(quick: bool = False) -> list[RunConfig]:
-    """At least eight configurations: DP at 1/2/4, accumulation, bucket sizes, two model widths."""
+    """Fourteen configurations: DP at 1/2/4, accumulation, bucket sizes, two widths, 2-stage pipelines."""
     mb = 128 if quick else 256
     configs = [RunConfig(1, mb), RunConfig(2, mb // 2), RunConfig(4, mb // 4),       # strong scaling
                RunConfig(2, mb), RunConfig(4, mb),                                   # weak scaling
                RunConfig(2, mb // 4, accumulation=4), RunConfig(2, mb // 2, accumulation=2),
                RunConfig(2, mb // 2, bucket_mb=1), RunConfig(2, mb // 2, bucket_mb=4),
                RunConfig(4, mb // 4, bucket_mb=1),
-               RunConfig(1, mb, width=512), RunConfig(2, mb // 2, width=512)]
+               RunConfig(1, mb, width=512), RunConfig(2, mb // 2, width=512),
+               RunConfig(2, mb // 4, accumulation=4, pipeline="1f1b"), RunConfig(2, mb // 4, accumulation=4, pipeline="gpipe")]
     return configs
 
 
@@ -64,6 +69,8 @@ def dp_workload(config: RunConfig, steps: int, warmup: int, seed: int = 0):
     rank = dist.get_rank()
     if rank >= w:
         return None
+    if config.pipeline:
+        return _pipeline_workload(config, steps, warmup, seed, group)
     old_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -101,6 +108,70 @@ def dp_workload(config: RunConfig, steps: int, warmup: int, seed: int = 0):
         torch.set_num_threads(old_threads)
 
 
+def _pipeline_stages(config, rank):
+    from ..models import MLP
+    from ..parallel.pipeline import build_stages
+    return build_stages(MLP(config.width, config.depth).net, rank, config.world_size)
+
+
+def _pipeline_workload(config, steps, warmup, seed, group):
+    """Pipeline-parallel MLP: ``simlib.parallel.pipeline.run_schedule`` of a ``schedules`` value, then SGD."""
+    import torch
+    import torch.distributed as dist
+
+    from ..models import make_regression
+    from ..parallel import schedules
+    from ..parallel.pipeline import run_schedule
+    from ..timeline import Timeline
+
+    rank, m = dist.get_rank(group), config.accumulation
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(seed)
+        stages = _pipeline_stages(config, rank)
+        opt = torch.optim.SGD([p for s in stages for p in s.parameters()], lr=1e-3)
+        x, y = make_regression(config.micro_batch * m, config.width, seed=seed + 1)
+        actions = getattr(schedules, {"1f1b": "one_f_one_b", "gpipe": "gpipe"}[config.pipeline])(
+            config.world_size, m)[rank]
+        tl = Timeline(rank=dist.get_global_rank(group, rank) if group is not None else rank, warmup=warmup)
+        dist.barrier(group=group)
+        for step in range(warmup + steps):
+            with tl.step(step):
+                opt.zero_grad(set_to_none=False)
+                run_schedule(actions, stages, list(x.chunk(m)), list(y.chunk(m)),
+                             activation_shape=(config.micro_batch, config.width), group=group, timeline=tl)
+                with tl.span("optimizer"):
+                    opt.step()
+        return tl.records()
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def predict_pipeline(config: RunConfig, hardware, steps: int = 1):
+    """Replay the measured schedule value with each stage's predicted forward/backward time."""
+    from ..parallel import schedules
+    from .cost import gemms_time, optimizer_time, p2p
+    from .model import from_module
+    from .replay import replay_pipeline
+    from .strategy import Strategy
+
+    p, mb = config.world_size, config.micro_batch
+    t_f, t_b, t_opt = [], [], []
+    for stage in range(p):
+        spec = from_module(_pipeline_stages(config, stage)[0], name=f"stage {stage}")
+        fwd = spec.forward_gemms(mb)
+        bwd = [(k, m, n, c) for m, k, n, c in fwd] + [(m, n, k, c) for m, k, n, c in fwd[(1 if stage == 0 else 0):]]
+        elementwise = spec.elementwise_bytes(mb) / hardware.mem_rate(p)
+        t_f.append(gemms_time(fwd, hardware, "fp32", p, 1) + 2 / 5 * elementwise)
+        t_b.append(gemms_time(bwd, hardware, "fp32", p, 1) + 3 / 5 * elementwise)
+        t_opt.append(optimizer_time(spec, hardware, Strategy(dtype="fp32", optimizer="sgd"), p))
+    make = {"1f1b": schedules.one_f_one_b, "gpipe": schedules.gpipe}[config.pipeline]
+    tl = replay_pipeline(make(p, config.accumulation), t_f, t_b, p2p(mb * config.width * 4, hardware.intra.at(p)),
+                         steps=steps)
+    return float(tl[tl.kind == "step"].end.max()) / steps + max(t_opt), tl
+
+
 def measure(cluster, config: RunConfig, steps: int = 10, warmup: int = 3, timeout: float = 120.0):
     """Run ``config`` for real; returns its timeline table (all ranks, one clock)."""
     from ..timeline import to_frame
@@ -133,7 +204,7 @@ def validation_table(cluster, hardware, configs=None, steps: int | None = None, 
     from ..timeline import summarize
 
     configs = configs or default_configs(env.quick())
-    steps = steps or (5 if env.quick() else 12)
+    steps = steps or (4 if env.quick() else 12)
     measured = {i: [] for i in range(len(configs))}
     spreads = {i: [] for i in range(len(configs))}
     for _ in range(repeats):
@@ -143,8 +214,15 @@ def validation_table(cluster, hardware, configs=None, steps: int | None = None, 
             spreads[i].append(summary["step_time_iqr"])
     rows = []
     for i, config in enumerate(configs):
-        p = predict_config(config, hardware)
         m = float(np.median(measured[i]))
+        if config.pipeline:
+            step, _ = predict_pipeline(config, hardware)
+            rows.append(dict(config=config.label, world_size=config.world_size, micro_batch=config.micro_batch,
+                             accumulation=config.accumulation, bucket_mb=None, width=config.width, predicted=step,
+                             measured=m, measured_iqr=float(np.median(spreads[i])), predicted_compute=None,
+                             predicted_comm=None, predicted_optimizer=None, error=step / m - 1))
+            continue
+        p = predict_config(config, hardware)
         rows.append(dict(config=config.label, world_size=config.world_size, micro_batch=config.micro_batch,
                          accumulation=config.accumulation, bucket_mb=config.bucket_mb, width=config.width,
                          predicted=p.step_time, measured=m, measured_iqr=float(np.median(spreads[i])),
