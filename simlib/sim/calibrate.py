@@ -70,7 +70,7 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
             gemms.append((2 * m * k * n / 1e9, 2 * m * k * n / t))
         x, y = torch.randn(32 << 20), torch.randn(32 << 20)  # 128 MB each: far bigger than any cache
         mem_bw = 3 * x.numel() * 4 / _median_time(lambda: x.add_(y), repeats)
-        del x, y
+        x = y = None  # free the 256 MB now
         comm = []
         if world_size > 1:
             for size in comm_sizes:

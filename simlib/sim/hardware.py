@@ -235,4 +235,4 @@ def preset(name: str) -> Hardware:
         raise ValueError(f"unknown hardware preset {name!r}: use one of {sorted(PRESETS)}") from None
 
 
-from .calibrate import calibrate  # noqa: E402  (re-exported: hardware.calibrate() measures this machine)
+from .calibrate import calibrate  # noqa: E402,F401  (re-exported: hardware.calibrate() measures this machine)
