@@ -210,10 +210,9 @@ def bandwidth_sweep(sizes_bytes, ops=("all_reduce", "ring_all_reduce"), repeats:
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 if i >= warmup:
                     times.append(float(elapsed))
-            t, q1, q3 = np.median(times), *np.percentile(times, [25, 75])
+            t, (q1, q3) = float(np.median(times)), (float(q) for q in np.percentile(times, [25, 75]))
             nbytes = numel * 4
-            rows.append(dict(op=op, world_size=world_size, bytes=nbytes, time=float(t), time_q1=float(q1),
-                             time_q3=float(q3), algbw=nbytes / t, busbw=nbytes / t * bus_factor(op, world_size)))
+            rows.append(dict(op=op, world_size=world_size, bytes=nbytes, time=t, time_q1=q1, time_q3=q3, algbw=nbytes / t, busbw=nbytes / t * bus_factor(op, world_size)))
     return rows
 
 

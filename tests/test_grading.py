@@ -44,8 +44,8 @@ def _entries(path):
 
 
 def test_every_exercise_has_a_solution_and_planted_bugs():
-    graded = {e["exercise"] for path in SOLUTIONS for e in _entries(path)}
-    assert graded == set(PLANTED) and graded <= set(grading.EXERCISES)
+    graded = {e["exercise"] for path in SOLUTIONS for e in _entries(path)}  # lessons 04+ add theirs
+    assert set(PLANTED) <= graded <= set(grading.EXERCISES)
     assert all(len(bugs) >= 3 for bugs in PLANTED.values())
     assert set(HINTS) == {b.__name__ for bugs in PLANTED.values() for b in bugs}
 
