@@ -111,14 +111,17 @@ class Timeline:
         """This rank's spans as a DataFrame (absolute clock)."""
         return to_frame(self.records())
 
-    def gather(self, relative: bool = True):
-        """All ranks' spans in one DataFrame, on every rank (a collective: every rank must call it)."""
+    def gather(self, relative: bool = True, group=None):
+        """All ranks' spans in one DataFrame, on every rank of ``group`` (default: the world).
+
+        A collective: every rank of the group must call it.
+        """
         import torch.distributed as dist
 
         rows = self.records()
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            everyone = [None] * dist.get_world_size()
-            dist.all_gather_object(everyone, rows)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+            everyone = [None] * dist.get_world_size(group)
+            dist.all_gather_object(everyone, rows, group=group)
             rows = [r for part in everyone for r in part]
         return to_frame(rows, relative=relative)
 
