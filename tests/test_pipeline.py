@@ -128,3 +128,20 @@ def test_executor_4_ranks(cluster4, name, m):
     _assert_matches_reference(results, 4)
     if name == "1f1b":
         assert [r["peak"] for r in results] == [4, 3, 2, 1]
+
+
+def test_executor_interleaved_4_ranks(cluster4):
+    results = cluster4.call(_pipeline_grads, ("interleaved_1f1b", 4, 2), timeout=90)
+    _assert_matches_reference(results, 4)
+
+
+def test_build_stages_splits_evenly():
+    from simlib.models import MLP
+    from simlib.parallel.pipeline import blocks_of, build_stages, split_blocks
+    model = MLP(width=8, depth=4, in_features=8, out_features=1)
+    assert len(blocks_of(model.net)) == 5   # 4 x (Linear, ReLU) + the head
+    assert [len(r) for r in split_blocks(5, 2)] == [2, 3]
+    stages = [build_stages(model.net, r, 2)[0] for r in range(2)]
+    assert sum(len(s) for s in stages) == 5
+    with pytest.raises(ValueError):
+        split_blocks(3, 4)
