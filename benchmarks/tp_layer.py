@@ -23,7 +23,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "tp_layer.json"))
     args = parser.parse_args(argv)
-    configs = [dict(hidden=512, batch=4, seq=128, steps=10), dict(hidden=1024, batch=8, seq=128, steps=8)]
+    configs = [dict(hidden=512, batch=4, seq=128, steps=10), dict(hidden=1024, batch=4, seq=128, steps=6)]
     results = []
     cluster = simlib.Cluster(2, timeout=120)
     try:

@@ -109,6 +109,7 @@ def run_schedule(actions: list[Action], stages, inputs=None, targets=None, *, ac
     peer = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
     next_rank, prev_rank = peer((pp_rank + 1) % pp_size), peer((pp_rank - 1) % pp_size)
     meter = _ActivationMeter(stages)
+    device = next((t.device for m in stages for t in m.parameters()), torch.device("cpu"))  # buffers live there
 
     def tag(kind, mb, stage):  # kind 0: activation into `stage`, 1: gradient into `stage`
         return (mb * (last_stage + 1) + stage) * 2 + kind
@@ -126,11 +127,11 @@ def run_schedule(actions: list[Action], stages, inputs=None, targets=None, *, ac
             name = f"{a.op} {a.microbatch}" + (f".{a.chunk}" if num_chunks > 1 else "")
         with span(_KIND[a.op], name=name):
             if a.op == "recv_forward":
-                buf = torch.empty(activation_shape, dtype=dtype)
+                buf = torch.empty(activation_shape, dtype=dtype, device=device)
                 dist.recv(buf, src=prev_rank, tag=tag(0, a.microbatch, stage))
                 received[("act",) + key] = buf
             elif a.op == "recv_backward":
-                buf = torch.empty(activation_shape, dtype=dtype)
+                buf = torch.empty(activation_shape, dtype=dtype, device=device)
                 dist.recv(buf, src=next_rank, tag=tag(1, a.microbatch, stage))
                 received[("grad",) + key] = buf
             elif a.op == "forward":
