@@ -93,13 +93,14 @@ class ColumnParallelLinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, group, log=None):
         ctx.save_for_backward(x, weight)
         ctx.group, ctx.log, ctx.has_bias = group, log, bias is not None
-        y = x @ weight.T
-        return y + bias if bias is not None else y
+        return nn.functional.linear(x, weight, bias)  # x @ weight.T + bias, as one fused GEMM
 
     @staticmethod
     def backward(ctx, grad_y):
         x, weight = ctx.saved_tensors
-        grad_x = _all_reduce((grad_y @ weight).contiguous(), ctx.group, ctx.log, "column: all-reduce dL/dx")
+        grad_x = None
+        if ctx.needs_input_grad[0]:  # (the first layer's input needs none: then no all-reduce either)
+            grad_x = _all_reduce((grad_y @ weight).contiguous(), ctx.group, ctx.log, "column: all-reduce dL/dx")
         grad_w = grad_y.reshape(-1, grad_y.shape[-1]).T @ x.reshape(-1, x.shape[-1])
         grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
         return grad_x, grad_w, grad_b, None, None
@@ -112,7 +113,7 @@ class RowParallelLinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, group, log=None):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        y = _all_reduce((x @ weight.T).contiguous(), group, log, "row: all-reduce y")
+        y = _all_reduce(nn.functional.linear(x, weight), group, log, "row: all-reduce y")
         return y + bias if bias is not None else y
 
     @staticmethod

@@ -38,7 +38,7 @@ def dense_steps(kind="mlp", hidden=512, batch=8, seq=128, num_heads=8, steps=10,
         torch.set_num_threads(threads)
     try:
         block = _block(kind, hidden, num_heads, seed)
-        x = torch.randn(batch, seq, hidden)
+        x = torch.randn(batch, seq, hidden, requires_grad=True)  # as inside a model: dL/dx is needed
 
         def step():
             block.zero_grad(set_to_none=True)
@@ -57,7 +57,7 @@ def tp_steps(kind="mlp", hidden=512, batch=8, seq=128, num_heads=8, steps=10, wa
     block = _block(kind, hidden, num_heads, seed)
     log = tensor.CommLog()
     tp = (tensor.TensorParallelMLP if kind == "mlp" else tensor.TensorParallelAttention).from_dense(block, log=log)
-    x = torch.randn(batch, seq, hidden)
+    x = torch.randn(batch, seq, hidden, requires_grad=True)  # as inside a model: dL/dx is needed
 
     def step():
         tp.zero_grad(set_to_none=True)
@@ -80,7 +80,7 @@ def dtensor_steps(hidden=512, batch=8, seq=128, steps=10, warmup=2, seed=0) -> d
     block = _block("mlp", hidden, 8, seed)
     reference_out = block(torch.randn(batch, seq, hidden, generator=torch.Generator().manual_seed(1))).detach()
     tp = tensor.dtensor_parallelize(block, {"fc1": "colwise", "fc2": "rowwise"})
-    x = torch.randn(batch, seq, hidden, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(batch, seq, hidden, generator=torch.Generator().manual_seed(1), requires_grad=True)
     same = bool(torch.allclose(tensor.materialize(tp(x)), reference_out, rtol=1e-5, atol=1e-6))
 
     def step():
