@@ -207,7 +207,7 @@ class Cluster:
                 elif kind == "out":
                     self._print(msg)
                 elif kind == "agent-exit":
-                    raise WorkerError(f"the workers ended while starting: {self._agent_error!r}")
+                    raise WorkerError(f"the workers ended while starting:\n{self._agent_error}")
         except BaseException:
             listener.close()
             self._kill()
