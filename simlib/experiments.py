@@ -91,6 +91,7 @@ def _row(summary, timeline, world_size, threads, global_batch, local_batch, base
                 steps=summary["steps"], forward_time=summary["forward_time"],
                 backward_time=summary["backward_time"], comm_time=summary["comm_time"],
                 optimizer_time=summary["optimizer_time"], comm_fraction=summary["comm_fraction"],
+                exposed_comm_fraction=summary["exposed_comm_fraction"],
                 throughput=global_batch / summary["step_time"], baseline=baseline)
 
 

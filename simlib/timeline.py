@@ -152,8 +152,13 @@ def summarize(df) -> dict:
 
     Returns ``step_time`` (median, s), ``step_time_iqr`` (s), ``step_time_min``, ``step_time_max``,
     ``steps`` (how many were kept), and ``<kind>_time`` for forward/backward/comm/optimizer/wait, plus
-    ``comm_fraction`` = comm time / step time.
+    ``comm_fraction`` = comm time / step time, and ``exposed_comm_time`` / ``exposed_comm_fraction``:
+    the communication that no compute span (forward, backward, optimizer) overlaps, which is what the step
+    waits for. Without overlap the two agree; with async all-reduces during backward, comm spans can add up
+    to more than the step waits.
     """
+    import pandas as pd
+
     times = step_times(df).to_numpy()
     if len(times) == 0:
         raise ValueError("no measured steps: record steps with Timeline.step() and run more than `warmup` of them")
@@ -165,4 +170,29 @@ def summarize(df) -> dict:
     for kind in KINDS[1:]:
         out[f"{kind}_time"] = float(per.loc[kind].mean()) if kind in per.index.get_level_values(0) else 0.0
     out["comm_fraction"] = out["comm_time"] / out["step_time"] if out["step_time"] > 0 else 0.0
+    exposed = [exposed_time(g) for _, g in body.groupby(["rank", "step"])]
+    per_rank = pd.Series(exposed, index=[k[0] for k, _ in body.groupby(["rank", "step"])], dtype=float)
+    out["exposed_comm_time"] = float(per_rank.groupby(level=0).median().mean()) if len(per_rank) else 0.0
+    out["exposed_comm_fraction"] = out["exposed_comm_time"] / out["step_time"] if out["step_time"] > 0 else 0.0
     return out
+
+
+def _union(intervals):
+    merged = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def exposed_time(spans, hidden_by=("forward", "backward", "optimizer"), kind="comm") -> float:
+    """Seconds of ``kind`` spans (of one rank and step) that no ``hidden_by`` span overlaps."""
+    comm = _union(zip(spans[spans["kind"] == kind]["start"], spans[spans["kind"] == kind]["end"]))
+    compute = _union(zip(spans[spans["kind"].isin(hidden_by)]["start"], spans[spans["kind"].isin(hidden_by)]["end"]))
+    total = 0.0
+    for c0, c1 in comm:
+        covered = sum(max(0.0, min(c1, b) - max(c0, a)) for a, b in compute)
+        total += (c1 - c0) - covered
+    return total

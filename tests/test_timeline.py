@@ -71,3 +71,15 @@ def test_gantt_and_scaling_figure(tmp_path):
     assert (tmp_path / "s.png").stat().st_size > 10_000
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert any("oversubscribed" in t for t in labels) and "ideal (linear)" in labels
+
+
+def test_exposed_comm_counts_only_what_compute_does_not_hide():
+    rows = [dict(rank=0, step=0, kind="step", name="s", start=0.0, end=4.0, duration=4.0, warmup=False),
+            dict(rank=0, step=0, kind="backward", name="b", start=0.0, end=2.0, duration=2.0, warmup=False),
+            # two async all-reduces: [1, 2.5] half hidden by backward, [1.5, 3] overlaps the first
+            dict(rank=0, step=0, kind="comm", name="c1", start=1.0, end=2.5, duration=1.5, warmup=False),
+            dict(rank=0, step=0, kind="comm", name="c2", start=1.5, end=3.0, duration=1.5, warmup=False)]
+    s = summarize(to_frame(rows, relative=False))
+    assert s["comm_time"] == pytest.approx(3.0)          # the spans add up
+    assert s["exposed_comm_time"] == pytest.approx(1.0)  # the step waits only for [2, 3]
+    assert s["exposed_comm_fraction"] == pytest.approx(0.25)
