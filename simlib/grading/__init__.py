@@ -1,0 +1,247 @@
+"""Checks for the graded exercises: pass/fail with a hint that teaches, never a crashed kernel.
+
+A learner's cell calls ``grading.check("ring_all_reduce", ring_all_reduce)``; each check prints one
+line as it finishes (``✔`` / ``✘`` and a hint) and ``check`` returns a :class:`Report`. Rules:
+
+- The learner's code runs on real worker processes (``simlib.Cluster``) with a time limit; an
+  exception there is reported with its rank and last line, a hang as a hang (the workers restart).
+- An untouched exercise (``raise NotImplementedError()``, the stub the generator writes) is reported as
+  "not implemented yet", not as an error.
+- Nothing the learner does makes ``check`` raise (except Ctrl-C, which stops it).
+
+Adding checks for a new exercise (lessons 04+ do the same): write a generator decorated with
+:func:`exercise` that takes ``(answer, grader)`` and yields :class:`Result` values. ``grader.run(world_size,
+harness, *args)`` runs a module-level ``harness`` on every rank and returns the per-rank values; put
+harnesses and checks in the module of their topic (``data_parallel.py`` for lessons 01-03,
+``model_parallel.py`` for 04-05, or a new one imported at the bottom of this file)::
+
+    @exercise("my_exercise")
+    def _my_exercise(answer, grader):
+        outs = grader.run(2, _my_harness, answer)          # stops the exercise cleanly on error/hang
+        yield Result("equal to the reference on 2 ranks", ok, hint="what to look at when it is not")
+"""
+from __future__ import annotations
+
+import traceback
+import warnings
+from dataclasses import dataclass, field
+
+__all__ = ["check", "exercise", "Result", "Report", "Grader", "EXERCISES", "close", "cluster", "max_error"]
+
+PASS, FAIL, TODO, ERROR, HANG = "pass", "fail", "not implemented", "error", "timeout"
+_MARK = {PASS: "✔", FAIL: "✘", TODO: "…", ERROR: "✘", HANG: "✘"}
+
+
+@dataclass
+class Result:
+    """One check: ``name`` (what it verifies), ``passed``, and a ``hint`` shown when it fails."""
+
+    name: str
+    passed: bool
+    hint: str = ""
+    detail: str = ""  # what was measured (e.g. "max error 3e-1 on rank 2")
+    status: str = ""
+
+    def __post_init__(self):
+        self.status = self.status or (PASS if self.passed else FAIL)
+
+    def line(self) -> str:
+        text = f"{_MARK[self.status]} {self.name}"
+        if self.detail and (not self.passed or self.status == PASS):
+            text += f" ({self.detail})" if self.passed else f": {self.detail}"
+        if not self.passed and self.hint:
+            text += "\n    hint: " + self.hint.replace("\n", "\n          ")
+        return text
+
+
+@dataclass
+class Report:
+    exercise: str
+    results: list = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.results) and all(r.passed for r in self.results)
+
+    @property
+    def status(self) -> str:
+        """"pass", "not implemented", "timeout", "error" or "fail" (the first problem found)."""
+        for kind in (TODO, HANG, ERROR, FAIL):
+            if any(r.status == kind for r in self.results):
+                return kind
+        return PASS if self.results else FAIL
+
+    def failed(self) -> list:
+        return [r for r in self.results if not r.passed]
+
+    def __repr__(self) -> str:
+        good = sum(r.passed for r in self.results)
+        return f"<{self.exercise}: {good}/{len(self.results)} checks passed ({self.status})>"
+
+
+class _Stop(Exception):
+    """Raised by Grader.run to end an exercise early; carries the Result that explains why."""
+
+    def __init__(self, result: Result):
+        super().__init__(result.name)
+        self.result = result
+
+
+def _not_implemented(type_name: str, message: str = "") -> bool:
+    return type_name == "NotImplementedError"
+
+
+def _last_line(tb: str) -> str:
+    """The learner-facing part of a traceback: the last 'File ..., line N' and the error line."""
+    lines = [ln for ln in tb.strip().splitlines() if ln.strip()]
+    frames = [ln.strip() for ln in lines if ln.strip().startswith("File ")]
+    where = frames[-1] if frames else ""
+    return f"{where}\n{lines[-1].strip()}" if lines else ""
+
+
+_TODO_HINT = "replace `raise NotImplementedError()` in the exercise cell with your code, run that cell, then this one"
+
+
+class Grader:
+    """Runs harnesses for an exercise on warm clusters (one per world size), with a time limit."""
+
+    def __init__(self, clusters: dict | None = None, timeout: float = 30.0):
+        self.clusters = clusters or {}
+        self.timeout = timeout
+
+    def cluster(self, world_size: int):
+        return self.clusters.get(world_size) or cluster(world_size)
+
+    def run(self, world_size: int, harness, *args, what: str | None = None, **kwargs) -> list:
+        """``harness(*args, **kwargs)`` on every rank -> per-rank results; a failure ends the exercise."""
+        from ..launch import WorkerError, WorkerTimeout
+        what = what or f"your code on {world_size} ranks"
+        try:
+            return self.cluster(world_size).call(harness, args, kwargs, timeout=self.timeout)
+        except WorkerTimeout as exc:
+            raise _Stop(Result(f"{what} finished", False, status=HANG,
+                               detail=f"no answer within {self.timeout:g} s (a hang or a deadlock)",
+                               hint="every send needs a matching recv on the other rank, and every rank must "
+                                    "call the same collectives in the same order. A blocking send on every rank "
+                                    "at once can deadlock: post isend/irecv first, then wait. (The workers were "
+                                    "restarted.)\n" + _first_failure(exc))) from None
+        except WorkerError as exc:
+            failures = list(exc.failures.values())
+            if failures and all(_not_implemented(f.type_name) for f in failures):
+                raise _Stop(Result("implemented", False, status=TODO, hint=_TODO_HINT)) from None
+            todo = [f for f in failures if _not_implemented(f.type_name)]
+            failure = todo[0] if todo else min(failures, key=lambda f: f.rank) if failures else None
+            if todo:
+                raise _Stop(Result("implemented", False, status=TODO, hint=_TODO_HINT)) from None
+            detail = failure.summary() if failure else str(exc).splitlines()[0]
+            raise _Stop(Result(f"{what} ran without an exception", False, status=ERROR, detail=detail,
+                               hint=_last_line(failure.traceback) if failure else "")) from None
+        except (TypeError, AttributeError, ValueError) as exc:  # cloudpickle could not send the answer
+            if "pickle" in str(exc).lower() or "serializ" in str(exc).lower():
+                raise _Stop(Result("your code can be sent to the workers", False, status=ERROR, detail=str(exc),
+                                   hint="the workers receive your function or class by value: it must not hold an "
+                                        "open cluster, file or lock. Define what it needs inside the cell.")) from None
+            raise
+
+
+def _first_failure(exc) -> str:
+    for f in sorted(getattr(exc, "failures", {}).values(), key=lambda f: f.rank):
+        if f.type_name != "Timeout":
+            return f"first report: {f.summary()}"
+    return ""
+
+
+EXERCISES: dict = {}
+
+
+def exercise(name: str):
+    """Register a generator ``fn(answer, grader) -> Results`` as the checks of exercise ``name``."""
+    def register(fn):
+        EXERCISES[name] = fn
+        return fn
+    return register
+
+
+def check(name: str, answer, clusters: dict | None = None, timeout: float = 30.0, quiet: bool = False) -> Report:
+    """Run every check of exercise ``name`` on ``answer`` (the learner's function or class).
+
+    ``clusters``: {world_size: Cluster} to use (default: warm ones kept by this module, see :func:`close`).
+    Prints one line per check unless ``quiet``; returns the :class:`Report`.
+    """
+    report = Report(name)
+    say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
+    if name not in EXERCISES:
+        report.results.append(Result(f"exercise {name!r} exists", False, status=ERROR,
+                                     hint=f"known exercises: {', '.join(sorted(EXERCISES))}"))
+        say(report.results[-1].line())
+        return report
+    say(f"checking {name} ...")
+    grader = Grader(clusters, timeout)
+    try:
+        for result in EXERCISES[name](answer, grader):
+            report.results.append(result)
+            say(result.line())
+    except _Stop as stop:
+        report.results.append(stop.result)
+        say(stop.result.line())
+    except KeyboardInterrupt:
+        raise
+    except NotImplementedError:
+        report.results.append(Result("implemented", False, status=TODO, hint=_TODO_HINT))
+        say(report.results[-1].line())
+    except Exception as exc:  # noqa: BLE001 - learner code run here, or a grader bug: report, never raise
+        tb = traceback.format_exc()
+        report.results.append(Result("your code ran without an exception", False, status=ERROR,
+                                     detail=f"{type(exc).__name__}: {exc}", hint=_last_line(tb)))
+        say(report.results[-1].line())
+    good = sum(r.passed for r in report.results)
+    if report.passed:
+        say(f"all {good} checks passed.")
+    elif report.status == TODO:
+        say(f"{name}: not implemented yet.")
+    else:
+        say(f"{good} of {len(report.results)} checks passed.")
+    return report
+
+
+_clusters: dict = {}
+
+
+def cluster(world_size: int, timeout: float = 10.0):
+    """A warm cluster of ``world_size`` ranks kept for the checks (collectives time out after ``timeout`` s)."""
+    from ..launch import Cluster, OversubscribedWarning
+    if world_size not in _clusters:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OversubscribedWarning)
+            _clusters[world_size] = Cluster(world_size, timeout=timeout, threads=1, grace=2.0)
+    return _clusters[world_size]
+
+
+def close() -> None:
+    """Stop the grader's clusters (the last cell of an exercise notebook calls it)."""
+    for c in list(_clusters.values()):
+        c.close()
+    _clusters.clear()
+
+
+def max_error(actual, expected) -> float:
+    """Largest absolute difference between two tensors (inf if the shapes differ)."""
+    import torch
+    actual, expected = torch.as_tensor(actual), torch.as_tensor(expected)
+    if actual.shape != expected.shape:
+        return float("inf")
+    return float((actual.double() - expected.double()).abs().max()) if actual.numel() else 0.0
+
+
+def _close(actual, expected, rtol=1e-5, atol=1e-6) -> bool:
+    import torch
+    try:
+        torch.testing.assert_close(torch.as_tensor(actual), torch.as_tensor(expected), rtol=rtol, atol=atol,
+                                   check_dtype=False)
+        return True
+    except AssertionError:
+        return False
+
+
+# The exercises register themselves with @exercise when their modules are imported.
+from . import data_parallel, model_parallel  # noqa: E402,F401

@@ -1,0 +1,368 @@
+"""Checks for lessons 01-03: ring all-reduce, averaged gradients, bucketed data parallelism, accumulation."""
+from __future__ import annotations
+
+from . import Result, _close, exercise, max_error
+
+# ---- shared by lessons 01-03: a tiny regression problem and its single-process reference ----
+
+_PROBLEM = dict(width=16, depth=2, in_features=8, global_batch=24, seed=0)
+
+
+def _tiny_problem():
+    import torch
+
+    from ..models import MLP, make_regression
+    torch.manual_seed(_PROBLEM["seed"])
+    model = MLP(_PROBLEM["width"], _PROBLEM["depth"], in_features=_PROBLEM["in_features"])
+    x, y = make_regression(_PROBLEM["global_batch"], _PROBLEM["in_features"], seed=_PROBLEM["seed"] + 1)
+    return model, x, y
+
+
+def _my_shard(x, y):
+    import torch.distributed as dist
+
+    from ..models import shard
+    return shard(x, dist.get_rank(), dist.get_world_size()), shard(y, dist.get_rank(), dist.get_world_size())
+
+
+def _reference(steps: int, lr: float):
+    """Gradients of the first step and weights after ``steps`` SGD steps, one process, global batch."""
+    import torch
+    model, x, y = _tiny_problem()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    grads = None
+    for step in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        if step == 0:
+            grads = [p.grad.clone() for p in model.parameters()]
+        opt.step()
+    names = [n for n, _ in model.named_parameters()]
+    return dict(names=names, grads=grads, state=[p.detach().clone() for p in model.parameters()])
+
+
+def _all_close(got, want, **tol) -> bool:
+    return got is not None and len(got) == len(want) and all(
+        g is not None and _close(g, w, **tol) for g, w in zip(got, want))
+
+
+def _diagnose_grads(outs, ref, key="grads") -> tuple[bool, str, str]:
+    """(passed, detail, hint) for per-rank gradient lists against the global-batch gradient."""
+    world_size = len(outs)
+    want = ref["grads"]
+    bad_ranks = [r for r, out in enumerate(outs) if not _all_close(out[key], want)]
+    if not bad_ranks:
+        return True, "", ""
+    got = outs[bad_ranks[0]][key]
+    if got is None or any(g is None for g in got):
+        return False, "some gradients are None", "do not set p.grad to None; average it in place"
+    err = max(max_error(g, w) for g, w in zip(got, want))
+    detail = f"max error {err:.2g} on rank(s) {bad_ranks}"
+    if _all_close(got, [w * world_size for w in want]):
+        return False, detail, (f"your gradients are {world_size}x the right ones: all_reduce sums over the ranks, "
+                               "so divide by world_size to get the mean")
+    if "local" in outs[0] and _all_close(got, outs[bad_ranks[0]]["local"], rtol=0, atol=0):
+        return False, detail, ("the gradients did not change: all_reduce works in place on the tensor you pass, "
+                               "so pass p.grad itself (not a copy) and divide it in place")
+    wrong = [ref["names"][i] for i, (g, w) in enumerate(zip(got, want)) if not _close(g, w)]
+    if len(wrong) < len(want):
+        return False, detail, f"only some parameters are wrong: {', '.join(wrong)}. Average every parameter's gradient"
+    return False, detail, ("compare with the recipe: dist.all_reduce(p.grad) (op SUM, in place) on every rank, "
+                           "then p.grad /= world_size")
+
+
+def _spy_all_reduce(calls: list, flags: dict):
+    """Wrap dist.all_reduce so each call is recorded; returns the function that undoes it."""
+    import torch.distributed as dist
+    original = dist.all_reduce
+
+    def spy(tensor, *args, **kwargs):
+        async_op = kwargs.get("async_op", args[2] if len(args) > 2 else False)
+        calls.append(dict(flags, numel=tensor.numel(), async_op=bool(async_op)))
+        return original(tensor, *args, **kwargs)
+
+    dist.all_reduce = spy
+
+    def restore():
+        dist.all_reduce = original
+    return restore
+
+
+# ---- lesson 01: ring all-reduce from send/recv ----
+
+_RING_CASES = {2: [(8,), (7,)], 4: [(16,), (10,), (3,), (3, 4)]}
+
+
+def _ring_harness(answer, shapes):
+    import torch
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    out = []
+    for i, shape in enumerate(shapes):
+        g = torch.Generator().manual_seed(100 * i + rank)
+        x = torch.randn(*shape, generator=g)
+        expected = x.clone()
+        dist.all_reduce(expected)
+        used = []
+        names = ("all_reduce", "reduce_scatter", "all_gather", "reduce", "broadcast", "reduce_scatter_tensor",
+                 "all_gather_into_tensor")
+        originals = {n: getattr(dist, n) for n in names}
+
+        def spy(name):
+            def call(*a, **kw):
+                used.append(name)
+                return originals[name](*a, **kw)
+            return call
+        for n in names:
+            setattr(dist, n, spy(n))
+        try:
+            given = x.clone()
+            returned = answer(given)
+        finally:
+            for n, f in originals.items():
+                setattr(dist, n, f)
+        result = returned if isinstance(returned, torch.Tensor) else given
+        out.append(dict(shape=tuple(shape), result=result.detach().clone(), expected=expected,
+                        in_place=torch.equal(given, result) if given.shape == result.shape else False,
+                        used=sorted(set(used))))
+    return out
+
+
+def _ring_hint(cases_by_rank, world_size) -> str:
+    from ..collectives import chunk_bounds
+    case = cases_by_rank[0]
+    got = [c["result"].reshape(-1) for c in cases_by_rank]
+    want = case["expected"].reshape(-1)
+    if got[0].numel() != want.numel():
+        return f"the result has {got[0].numel()} elements, the input {want.numel()}: keep the tensor's size"
+    if all(_close(g, want / world_size) for g in got):
+        return "you returned the mean: all_reduce's default (ReduceOp.SUM) is the sum; do not divide"
+    bounds = chunk_bounds(want.numel(), world_size)
+    wrong = {r: [i for i, (s, e) in enumerate(bounds) if e > s and not _close(got[r][s:e], want[s:e])]
+             for r in range(world_size)}
+    numel = want.numel()
+    tail = numel // world_size * world_size
+    if numel % world_size and all(_close(g[:tail], want[:tail]) for g in got):
+        return (f"the last {numel - tail} element(s) are wrong: with {numel} elements on {world_size} ranks the "
+                "chunks cannot all be numel // world_size long; cover every element (e.g. "
+                "simlib.collectives.chunk_bounds or torch.tensor_split)")
+    if numel % world_size:
+        sizes_hint = (f". With {numel} elements the chunks are uneven ({[e - s for s, e in bounds]}): both sides of a "
+                      "send/recv must agree on each chunk's length.")
+    else:
+        sizes_hint = ""
+    own = [(r + 1) % world_size for r in range(world_size)]
+    if all(own[r] not in wrong[r] for r in range(world_size)) and any(wrong.values()):
+        return ("after the reduce-scatter phase each rank's own chunk is right, other chunks are not: check the "
+                "all-gather phase (n-1 steps, each rank passes on the chunk it received in the step before)" + sizes_hint)
+    if all(len(wrong[r]) == len(bounds) for r in range(world_size)):
+        return ("every chunk is wrong. Reduce-scatter, step s: rank r sends chunk (r - s) % n to the right and adds "
+                "the chunk it receives from the left into (r - s - 1) % n. All-gather, step s: it may only pass on "
+                "finished chunks, starting with its own, (r + 1) % n: send (r + 1 - s) % n, receive (r - s) % n. "
+                "Print the chunk indices per rank and step to compare" + sizes_hint)
+    return ("some chunks are right and others not: check the chunk indices of both phases. Reduce-scatter, step s: "
+            "send (r - s) % n, add the received one into (r - s - 1) % n. All-gather, step s: send (r + 1 - s) % n, "
+            "copy the received one into (r - s) % n" + sizes_hint)
+
+
+@exercise("ring_all_reduce")
+def _check_ring(answer, grader):
+    for world_size, shapes in _RING_CASES.items():
+        outs = grader.run(world_size, _ring_harness, answer, shapes)
+        for i, shape in enumerate(shapes):
+            per_rank = [outs[r][i] for r in range(world_size)]
+            kind = "any shape" if len(shape) > 1 else (
+                "numel < world_size" if shape[0] < world_size else
+                "numel not divisible by world_size" if shape[0] % world_size else "numel divisible by world_size")
+            ok = all(_close(c["result"], c["expected"]) for c in per_rank)
+            detail = "" if ok else "max error %.2g" % max(max_error(c["result"], c["expected"]) for c in per_rank)
+            hint = "" if ok else _ring_hint(per_rank, world_size)
+            if not ok and len(shape) > 1 and all(c["result"].shape != c["expected"].shape for c in per_rank):
+                hint = "work on tensor.view(-1) (a view: writes land in the tensor) and return the tensor itself"
+            yield Result(f"{world_size} ranks, shape {shape} ({kind}): equals dist.all_reduce", ok, hint, detail)
+        used = sorted({u for c in outs[0] for u in c["used"]})
+        yield Result(f"{world_size} ranks: built from send/recv only", not used,
+                     "the exercise is to build all-reduce from point-to-point messages: use dist.isend/irecv "
+                     "(or send/recv), not a collective", f"called dist.{', dist.'.join(used)}" if used else "")
+        in_place = all(c["in_place"] for per in outs for c in per)
+        yield Result(f"{world_size} ranks: works in place and returns the tensor", in_place,
+                     "like dist.all_reduce, work in place: write the result into the tensor you were given (tensor.view(-1) and "
+                     "slices of it are views) and return it")
+
+
+# ---- lesson 02: average gradients (naive data parallelism) ----
+
+_DP_STEPS, _DP_LR = 2, 0.1
+
+
+def _average_gradients_harness(answer, steps, lr):
+    import torch
+    model, x, y = _tiny_problem()
+    xs, ys = _my_shard(x, y)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    grads = local = None
+    for step in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(xs), ys).backward()
+        if step == 0:
+            local = [p.grad.clone() for p in model.parameters()]
+        answer(model)
+        if step == 0:
+            grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+        opt.step()
+    return dict(local=local, grads=grads, state=[p.detach().clone() for p in model.parameters()])
+
+
+def _check_training(outs, ref, world_size, steps, extra_hint=""):
+    ok = all(_all_close(out["state"], ref["state"]) for out in outs)
+    same = all(_all_close(out["state"], outs[0]["state"], rtol=0, atol=0) for out in outs)
+    detail = "" if ok else "max error %.2g" % max(max_error(a, b) for out in outs
+                                                  for a, b in zip(out["state"], ref["state"]))
+    hint = ("the ranks' weights differ from each other: the replicas drifted apart, so some gradients were not "
+            "averaged across ranks" if not same else "the replicas agree with each other but not with the "
+                                                        "single-process run on the global batch") + extra_hint
+    return Result(f"{world_size} ranks: weights after {steps} steps equal the "
+                  "single-process run on the global batch", ok, hint, detail)
+
+
+@exercise("average_gradients")
+def _check_average_gradients(answer, grader):
+    ref = _reference(_DP_STEPS, _DP_LR)
+    for world_size in (2, 4):
+        outs = grader.run(world_size, _average_gradients_harness, answer, _DP_STEPS, _DP_LR)
+        ok, detail, hint = _diagnose_grads(outs, ref)
+        yield Result(f"{world_size} ranks: gradients equal the global-batch gradient", ok, hint, detail)
+        yield _check_training(outs, ref, world_size, _DP_STEPS)
+
+
+# ---- lesson 02: bucketed data parallelism with gradient hooks ----
+
+_BUCKET_CAP_MB = 600 / 2 ** 20  # 600 bytes: the tiny MLP's 6 parameters fall into several buckets
+
+
+def _bucket_harness(answer_cls, steps, lr, bucket_cap_mb):
+    import torch
+
+    from ..parallel.data import make_buckets
+    model, x, y = _tiny_problem()
+    xs, ys = _my_shard(x, y)
+    calls, flags = [], dict(step=-1, during_backward=False)
+    expected_buckets = len(make_buckets(model.parameters(), bucket_cap_mb))
+    restore = _spy_all_reduce(calls, flags)
+    try:
+        dp = answer_cls(model, bucket_cap_mb=bucket_cap_mb)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        grads = None
+        for step in range(steps):
+            flags.update(step=step)
+            opt.zero_grad(set_to_none=False)
+            loss = torch.nn.functional.mse_loss(dp(xs), ys)
+            flags.update(during_backward=True)
+            loss.backward()
+            flags.update(during_backward=False)
+            dp.finish_gradient_synchronization()
+            if step == 0:
+                grads = [p.grad.clone() for p in model.parameters()]
+            opt.step()
+    finally:
+        restore()
+    calls = [c for c in calls if c["step"] >= 0]  # not the broadcasts' or set-up's
+    return dict(grads=grads, state=[p.detach().clone() for p in model.parameters()], calls=calls,
+                expected_buckets=expected_buckets, num_params=len(list(model.parameters())))
+
+
+@exercise("bucket_data_parallel")
+def _check_bucket(answer, grader):
+    ref = _reference(_DP_STEPS, _DP_LR)
+    for world_size in (2, 4):
+        outs = grader.run(world_size, _bucket_harness, answer, _DP_STEPS, _DP_LR, _BUCKET_CAP_MB)
+        ok, detail, hint = _diagnose_grads(outs, ref)
+        yield Result(f"{world_size} ranks: gradients after finish_gradient_synchronization equal the global-batch "
+                     "gradient", ok, hint, detail)
+        yield _check_training(outs, ref, world_size, _DP_STEPS, extra_hint=(
+            ". If the first step is right and the second is not: reset the pending counts and handles at the end "
+            "of finish_gradient_synchronization, ready for the next backward"))
+    out = outs[0]
+    per_step = [sum(1 for c in out["calls"] if c["step"] == s) for s in range(_DP_STEPS)]
+    want = out["expected_buckets"]
+    hint = (f"{per_step[0]} all-reduces for {out['num_params']} parameters: you sent each gradient on its own. Copy "
+            "it into its bucket's buffer and start one all-reduce when the bucket's last gradient has arrived"
+            if per_step[0] == out["num_params"] else
+            f"expected one all-reduce per bucket ({want}) in every step; the later steps show {per_step[1:]}: reset "
+            "the per-bucket state after each step" if per_step[0] == want else
+            f"expected one all-reduce per bucket ({want} buckets)")
+    yield Result("one all_reduce per bucket per step", all(n == want for n in per_step), hint,
+                 f"all_reduce calls per step: {per_step}, buckets: {want}")
+    calls = out["calls"]
+    overlapped = bool(calls) and all(c["during_backward"] and c["async_op"] for c in calls)
+    if not calls:
+        hint = "no all_reduce was called at all"
+    elif not all(c["during_backward"] for c in calls):
+        hint = ("the all-reduces started after backward had finished: start each bucket's all_reduce from the "
+                "gradient hook, as soon as the bucket is full, so it overlaps the rest of backward")
+    else:
+        hint = ("pass async_op=True and keep the handle: a blocking all_reduce in the hook stalls backward until "
+                "the message is through, so nothing overlaps; wait on the handles in finish_gradient_synchronization")
+    yield Result("all-reduces start during backward, asynchronously (overlap)", overlapped, hint)
+
+
+# ---- lesson 03: gradient accumulation with no_sync ----
+
+_ACC_STEPS, _ACC_K, _ACC_LR = 2, 3, 0.1
+
+
+def _accumulation_harness(answer, k, steps, lr):
+    import copy
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..parallel.accumulate import count_all_reduces, split_micro_batches
+    model, x, y = _tiny_problem()
+    probe = DDP(copy.deepcopy(model))  # how many all-reduces one synced backward makes (DDP's buckets)
+    probe_count = count_all_reduces(probe)
+    probe(x[:2]).sum().backward()
+    ddp = DDP(model)
+    counter = count_all_reduces(ddp)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    micro_batches = split_micro_batches(*_my_shard(x, y), k)
+    for _ in range(steps):
+        answer(ddp, opt, micro_batches, torch.nn.functional.mse_loss)
+    return dict(state=[p.detach().clone() for p in model.parameters()], calls=counter["calls"],
+                per_sync=probe_count["calls"])
+
+
+@exercise("accumulate_no_sync")
+def _check_accumulation(answer, grader):
+    ref = _reference(_ACC_STEPS, _ACC_LR)
+    unscaled = _reference(_ACC_STEPS, _ACC_LR * _ACC_K)  # loss not divided by k: k times the step
+    for world_size in (2, 4):
+        outs = grader.run(world_size, _accumulation_harness, answer, _ACC_K, _ACC_STEPS, _ACC_LR)
+        result = _check_training(outs, ref, world_size, _ACC_STEPS)
+        drifted = not all(_all_close(o["state"], outs[0]["state"], rtol=0, atol=0) for o in outs)
+        if result.passed:
+            pass
+        elif all(_all_close(o["state"], unscaled["state"]) for o in outs):
+            result.hint = (f"your update is {_ACC_K}x too large: the {_ACC_K} micro-batch gradients add up, so "
+                           f"divide each micro-batch's loss by k = {_ACC_K} (a mean of means)")
+        elif drifted:
+            result.hint += (". Is the last micro-batch's backward outside no_sync()? Only that backward "
+                            "all-reduces the accumulated gradients. And is there one optimizer.step() after the "
+                            "loop? A step inside it uses gradients no rank has shared yet")
+        else:
+            result.hint += (". Check: one optimizer.step() and one optimizer.zero_grad() per call, after the loop "
+                            "over the micro-batches, and each loss divided by k")
+        yield result
+        yield Result(f"{world_size} ranks: the replicas stay identical", not drifted,
+                     "the ranks' weights differ: some optimizer step used gradients that were not all-reduced "
+                     "(the last backward inside no_sync(), or a step inside the loop)")
+    out = outs[0]
+    want = _ACC_STEPS * out["per_sync"]
+    if out["calls"] == _ACC_K * want:
+        hint = f"you all-reduced on every micro-batch: run backward inside ddp.no_sync() for all but the last of the {_ACC_K}"
+    elif out["calls"] == 0:
+        hint = "no all-reduce at all: the last micro-batch's backward must run outside no_sync()"
+    else:
+        hint = f"expected {out['per_sync']} all-reduce(s) per optimizer step"
+    yield Result("communicates once per optimizer step (no_sync on all micro-batches but the last)",
+                 out["calls"] == want, hint, f"{out['calls']} all-reduce calls in {_ACC_STEPS} steps, expected {want}")

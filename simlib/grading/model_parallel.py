@@ -1,0 +1,274 @@
+"""Checks for lessons 04-05: the 1F1B schedule, a pipeline stage with send/recv, tensor-parallel Linear."""
+from __future__ import annotations
+
+from . import Result, _close, exercise, max_error
+from .data_parallel import _spy_all_reduce
+
+# ---- lesson 04: the 1F1B schedule, and a pipeline stage's forward/backward with send/recv ----
+
+_PP = dict(width=16, depth=7, in_features=8, batch=16, num_microbatches=4, seed=0)
+
+
+def _pp_problem(world_size):
+    import torch
+
+    from ..models import MLP, make_regression
+    torch.manual_seed(_PP["seed"])
+    model = MLP(_PP["width"], _PP["depth"], in_features=_PP["in_features"], out_features=2)
+    x, y = make_regression(_PP["batch"], _PP["in_features"], 2, seed=_PP["seed"])
+    return model, x, y
+
+
+def _pp_reference():
+    import torch
+    model, x, y = _pp_problem(1)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _learner_order(answer, rank, p, m):
+    """The learner's compute order as (op, microbatch) pairs (Actions or tuples accepted)."""
+    out = []
+    for a in answer(rank, p, m):
+        op, mb = (a.op, a.microbatch) if hasattr(a, "op") else (a[0], a[1])
+        out.append((str(op), int(mb)))
+    return out
+
+
+def _schedule_from_orders(orders):
+    from ..parallel.schedules import with_communication
+    p = len(orders)
+    return [with_communication(r, p, [(op, mb, 0) for op, mb in order]) for r, order in enumerate(orders)]
+
+
+def _pp_harness(orders, num_microbatches):
+    import torch.distributed as dist
+
+    from ..parallel import pipeline
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model, x, y = _pp_problem(world_size)
+    stages = pipeline.build_stages(model.net, rank, world_size)
+    out = pipeline.pipeline_step(_schedule_from_orders(orders), stages, x, y, num_microbatches=num_microbatches,
+                                 activation_width=_PP["width"])
+    return dict(loss=out["loss"], grads={n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+
+
+def _grads_by_rank(outs, ref_grads):
+    """Per rank: None if its stage's gradients equal the reference's, else the largest error."""
+    errors = []
+    for out in outs:
+        got = out["grads"]
+        if not got or any(n not in ref_grads for n in got):
+            errors.append(float("inf"))
+            continue
+        bad = [max_error(g, ref_grads[n]) for n, g in got.items() if not _close(g, ref_grads[n])]
+        errors.append(max(bad) if bad else None)
+    return errors
+
+
+@exercise("one_f_one_b")
+def _check_one_f_one_b(answer, grader):
+    from ..parallel import schedules
+    sizes = [(p, m) for p in (1, 2, 3, 4) for m in (1, 2, 3, 4, 8)]
+    orders = {(p, m): [_learner_order(answer, r, p, m) for r in range(p)] for p, m in sizes}
+    want = {(p, m): [[(a.op, a.microbatch) for a in schedules.compute_order(acts)]
+                     for acts in schedules.one_f_one_b(p, m)] for p, m in sizes}
+    # 1. every forward and backward exactly once, backward after forward
+    bad = next(((p, m, r) for (p, m), o in orders.items() for r in range(p)
+                if sorted(o[r]) != sorted(want[p, m][r])), None)
+    yield Result("every rank runs each micro-batch's forward and backward exactly once", bad is None,
+                 "return one ('forward', i) and one ('backward', i) per micro-batch i in range(num_microbatches)",
+                 "" if bad is None else "p=%d, m=%d, rank %d returned %s" % (bad[0], bad[1], bad[2], orders[bad[:2]][bad[2]]))
+    if bad is not None:
+        return
+    late = next(((p, m, r) for (p, m), o in orders.items() for r in range(p)
+                 if any(o[r].index(("backward", i)) < o[r].index(("forward", i)) for i in range(m))), None)
+    yield Result("each backward comes after its forward", late is None,
+                 "a micro-batch's backward needs the activations its forward saved",
+                 "" if late is None else "p=%d, m=%d, rank %d" % late)
+    if late is not None:
+        return
+    # 2. deadlock-free with blocking receives
+    stuck = None
+    for (p, m), o in orders.items():
+        try:
+            schedules.check(_schedule_from_orders(o))
+        except ValueError as exc:
+            stuck = (p, m, str(exc))
+            break
+    yield Result("the schedule cannot deadlock (receives block, sends do not)", stuck is None,
+                 "a rank waits for a gradient its neighbour can only send later. Rank r may run at most "
+                 "p - r - 1 forwards (its warm-up) before it must run its first backward",
+                 "" if stuck is None else "p=%d, m=%d: %s" % stuck)
+    if stuck is not None:
+        return
+    # 3. 1F1B's memory bound: rank r holds at most p - r micro-batches' activations
+    over = next(((p, m, r, schedules.peak_activations(_schedule_from_orders(o))[r])
+                 for (p, m), o in orders.items() for r in range(p)
+                 if schedules.peak_activations(_schedule_from_orders(o))[r] > min(p - r, m)), None)
+    gpipe_like = over is not None and orders[over[:2]][over[2]] == [("forward", i) for i in range(over[1])] + [
+        ("backward", i) for i in reversed(range(over[1]))]
+    yield Result("at most p - rank micro-batches in flight on each rank (1F1B's memory bound)", over is None,
+                 "this is GPipe's order (all forwards, then all backwards): start backwards after the warm-up"
+                 if gpipe_like else "too many forwards before the first backward: the warm-up of rank r is "
+                                    "p - r - 1 forwards, then alternate one forward and one backward",
+                 "" if over is None else "p=%d, m=%d, rank %d holds %d" % over)
+    # 4. the exact 1F1B order
+    diff = next(((p, m, r) for (p, m), o in orders.items() for r in range(p) if o[r] != want[p, m][r]), None)
+    hint = ""
+    if diff is not None:
+        p, m, r = diff
+        got, exp = orders[p, m][r], want[p, m][r]
+        i = next(k for k in range(len(exp)) if got[k] != exp[k])
+        hint = (f"p={p}, m={m}, rank {r}: action {i} is {got[i]}, 1F1B has {exp[i]}. The warm-up is "
+                "min(p - rank - 1, m) forwards; then for each remaining micro-batch one forward and the "
+                "oldest backward; the cool-down runs the remaining backwards oldest first")
+    yield Result("the order equals 1F1B on every rank (p = 1..4, m = 1..8)", diff is None, hint)
+    # 5. for real: 2 ranks, gradients equal one process
+    ref_loss, ref_grads = _pp_reference()
+    m = _PP["num_microbatches"]
+    outs = grader.run(2, _pp_harness, orders[2, m] if (2, m) in orders else None, m, what="the schedule on 2 ranks")
+    errors = _grads_by_rank(outs, ref_grads)
+    yield Result("run on 2 ranks by simlib's executor: gradients equal one process", all(e is None for e in errors),
+                 "the executor runs your order; compare it with the lesson's 1F1B table",
+                 "" if all(e is None for e in errors) else f"max errors by rank {errors}")
+
+
+def _stage_harness(answer):
+    import torch.distributed as dist
+
+    from ..parallel import pipeline
+    from ..parallel.pipeline import microbatches
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model, x, y = _pp_problem(world_size)
+    stage = pipeline.build_stages(model.net, rank, world_size)[0]
+    m = _PP["num_microbatches"]
+    xs, ys = microbatches(x, m), microbatches(y, m)
+    loss = answer(stage, xs, ys, (xs[0].shape[0], _PP["width"]))
+    loss = float(loss) if loss is not None else None
+    return dict(loss=loss, grads={n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+
+
+@exercise("pipeline_stage")
+def _check_pipeline_stage(answer, grader):
+    ref_loss, ref_grads = _pp_reference()
+    m = _PP["num_microbatches"]
+    scaled = {n: g * m for n, g in ref_grads.items()}
+    for world_size in (2, 4):
+        outs = grader.run(world_size, _stage_harness, answer, what=f"your stage on {world_size} ranks")
+        last = outs[-1]["loss"]
+        ok_loss = last is not None and abs(last - ref_loss) <= 1e-5 * max(1.0, abs(ref_loss))
+        yield Result(f"{world_size} ranks: the last stage returns the batch loss", ok_loss,
+                     f"return the sum over micro-batches of loss_i / {m} (the mean over micro-batches) on the last "
+                     "stage" + (f"; yours is {last / ref_loss:.3g}x the right one" if last and ref_loss else ""),
+                     "" if ok_loss else f"got {last}, want {ref_loss:.6f}")
+        errors = _grads_by_rank(outs, ref_grads)
+        ok = all(e is None for e in errors)
+        hint, wrong = "", [r for r, e in enumerate(errors) if e is not None]
+        if not ok:
+            if all(e is None for e in _grads_by_rank(outs, scaled)):
+                hint = (f"your gradients are {m}x the right ones: divide each micro-batch's loss by the number of "
+                        f"micro-batches ({m}) so that they add up to the whole batch's mean")
+            elif errors[-1] is None and (world_size < 3 or errors[-2] is not None):
+                hint = ("the last stage is right but the stage before it is wrong: a stage that is not last must run "
+                        "backward from its output with the gradient it received, torch.autograd.backward(y, grad) "
+                        "(y.backward(grad)), not from a sum of its output")
+            elif errors[-1] is None and errors[-2] is None:
+                hint = ("the last two stages are right, earlier ones wrong: what you send back must be the gradient "
+                        "with respect to this stage's *input*, x.grad (x received with requires_grad), not the "
+                        "gradient you received")
+            else:
+                hint = ("compare your steps with the recipe: recv x (requires_grad), y = stage(x), send y.detach(); "
+                        "then in reverse: recv grad, y.backward(grad), send x.grad")
+        yield Result(f"{world_size} ranks: every stage's gradients equal one process on the whole batch", ok, hint,
+                     "" if ok else f"wrong on rank(s) {wrong}")
+
+
+# ---- lesson 05: column- and row-parallel Linear as autograd functions ----
+
+_TP = dict(hidden=16, batch=2, seq=3, seed=0)
+
+
+def _tp_problem():
+    import torch
+
+    from ..models import FeedForward
+    torch.manual_seed(_TP["seed"])
+    dense = FeedForward(_TP["hidden"])
+    x = torch.randn(_TP["batch"], _TP["seq"], _TP["hidden"])
+    weights = torch.linspace(-1, 1, _TP["batch"] * _TP["seq"] * _TP["hidden"]).view_as(x)
+    return dense, x, weights
+
+
+def _tp_reference():
+    dense, x, weights = _tp_problem()
+    x.requires_grad_()
+    y = dense(x)
+    (y * weights).sum().backward()
+    return dict(y=y.detach(), x_grad=x.grad, w1=dense.fc1.weight.grad, b1=dense.fc1.bias.grad,
+                w2=dense.fc2.weight.grad, b2=dense.fc2.bias.grad, b2_value=dense.fc2.bias.detach())
+
+
+def _tp_harness(answer):
+    import torch
+    import torch.distributed as dist
+    column, row = answer
+    rank, t = dist.get_rank(), dist.get_world_size()
+    dense, x, weights = _tp_problem()
+    n = dense.fc1.out_features // t
+    rows = slice(rank * n, (rank + 1) * n)
+    w1 = dense.fc1.weight[rows].detach().clone().requires_grad_()
+    b1 = dense.fc1.bias[rows].detach().clone().requires_grad_()
+    w2 = dense.fc2.weight[:, rows].detach().clone().requires_grad_()
+    b2 = dense.fc2.bias.detach().clone().requires_grad_()
+    x.requires_grad_()
+    calls = []
+    restore = _spy_all_reduce(calls, {"phase": "forward"})
+    try:
+        y = row.apply(torch.nn.functional.gelu(column.apply(x, w1, b1)), w2, b2)
+        forward_calls = len(calls)
+        (y * weights).sum().backward()
+    finally:
+        restore()
+    return dict(y=y.detach(), x_grad=x.grad, w1=w1.grad, b1=b1.grad, w2=w2.grad, b2=b2.grad,
+                forward_calls=forward_calls, backward_calls=len(calls) - forward_calls, rank=rank, rows=(rows.start, rows.stop))
+
+
+@exercise("tp_linear")
+def _check_tp_linear(answer, grader):
+    ref = _tp_reference()
+    for world_size in (2, 4):
+        outs = grader.run(world_size, _tp_harness, answer, what=f"your layers on {world_size} ranks")
+        ok_y = all(_close(o["y"], ref["y"]) for o in outs)
+        hint = ""
+        if not ok_y:
+            if all(_close(o["y"], ref["y"] + (world_size - 1) * ref["b2_value"]) for o in outs):
+                hint = (f"the bias of the row-parallel layer was added {world_size} times: every rank added it before "
+                        "the all-reduce. Add it once, after the all-reduce")
+            elif sum(o["forward_calls"] for o in outs) == 0:
+                hint = ("each rank's row-parallel product x_r @ w_r.T is only a partial sum over its slice of the "
+                        "input features: all-reduce it in forward (Megatron's g)")
+            else:
+                hint = "column-parallel forward is local (y_r = x @ w_r.T + b_r); the row-parallel output is all-reduced"
+        yield Result(f"{world_size} ranks: output equal to the unsplit MLP", ok_y, hint,
+                     "" if ok_y else "max error %.2g" % max(max_error(o["y"], ref["y"]) for o in outs))
+        ok_x = all(_close(o["x_grad"], ref["x_grad"]) for o in outs)
+        yield Result(f"{world_size} ranks: dL/dx equal to the unsplit MLP", ok_x,
+                     "" if ok_x else "in the column-parallel backward, grad_y_r @ w_r is only this rank's share of "
+                     "dL/dx (its slice of output features): all-reduce it (Megatron's f)",
+                     "" if ok_x else "max error %.2g" % max(max_error(o["x_grad"], ref["x_grad"]) for o in outs))
+        ok_w = True
+        for o in outs:
+            rows = slice(*o["rows"])
+            want = dict(w1=ref["w1"][rows], b1=ref["b1"][rows], w2=ref["w2"][:, rows], b2=ref["b2"])
+            ok_w &= all(o[k] is not None and _close(o[k], v) for k, v in want.items())
+        yield Result(f"{world_size} ranks: weight gradients equal the slices of the unsplit ones", ok_w,
+                     "" if ok_w else "weight gradients are local: grad_w = grad_y^T @ x on this rank's slice, and "
+                     "grad_b = grad_y summed over batch and sequence; no all-reduce for them")
+        counts = {(o["forward_calls"], o["backward_calls"]) for o in outs}
+        ok_c = counts == {(1, 1)}
+        yield Result(f"{world_size} ranks: one all-reduce in forward, one in backward", ok_c,
+                     "" if ok_c else "the Megatron MLP needs exactly one all-reduce each way: the row-parallel output "
+                     "in forward, the column-parallel input gradient in backward",
+                     "" if ok_c else f"(forward, backward) all-reduces per rank: {sorted(counts)}")
