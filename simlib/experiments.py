@@ -32,9 +32,9 @@ def dp_train(width: int = 1024, depth: int = 4, local_batch: int = 256, steps: i
     gradients with one all-reduce of a flat buffer, so the ranks stay identical step after step.
     """
     import torch
-    import torch.distributed as dist
 
     from .models import MLP, make_regression
+    from .parallel.data import all_reduce_mean_flat
     from .timeline import Timeline
 
     ctx = env.context()
@@ -55,13 +55,7 @@ def dp_train(width: int = 1024, depth: int = 4, local_batch: int = 256, steps: i
                 loss.backward()
             if ctx.world_size > 1:
                 with tl.span("comm", name="all_reduce grads"):
-                    flat = torch.cat([p.grad.reshape(-1) for p in params])
-                    dist.all_reduce(flat)
-                    flat /= ctx.world_size
-                    offset = 0
-                    for p in params:
-                        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-                        offset += p.numel()
+                    all_reduce_mean_flat([p.grad for p in params])
             with tl.span("optimizer"):
                 opt.step()
     table = tl.gather()

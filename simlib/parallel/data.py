@@ -77,21 +77,25 @@ class DataParallelNaive(_DataParallel):
                 grad /= self.world_size  # ... so divide: the mean gradient of the global batch
 
 
+def all_reduce_mean_flat(tensors, group=None) -> None:
+    """Average ``tensors`` over the ranks of ``group`` in place with one all-reduce of a flat buffer."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
 class DataParallelFlat(_DataParallel):
     """After backward: one ``all_reduce`` of all gradients packed in one flat buffer (one latency, not P)."""
 
     def finish_gradient_synchronization(self) -> None:
         if not self.require_backward_grad_sync:
             return
-        grads = self.grads()
         with _span(self.timeline, "comm", "all_reduce flat"):
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat)
-            flat /= self.world_size
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
+            all_reduce_mean_flat(self.grads())
 
 
 def make_buckets(params, bucket_cap_mb: float = 25.0) -> list[list[nn.Parameter]]:
