@@ -31,7 +31,13 @@ def lab(tmp_path):
 
     work = tmp_path / "course"
     work.mkdir()
+    (ROOT / "artifacts").mkdir(exist_ok=True)
     shutil.copy(ROOT / "notebooks" / "00_getting_started.ipynb", work)
+    import nbformat
+    explorer = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from simlib.widgets import simulator_explorer\nsimulator_explorer()")])
+    explorer.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(explorer, work / "explorer.ipynb")
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
@@ -65,24 +71,52 @@ def lab(tmp_path):
         os.killpg(server.pid, signal.SIGKILL)
 
 
+def _open_and_run_all(page, url, token, notebook):
+    page.goto(f"{url}/lab/tree/{notebook}?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+    page.wait_for_function("() => document.body.innerText.includes('Python 3 (ipykernel) | Idle')",
+                           timeout=120_000, polling=500)
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.wait_for_selector(".lm-Menu-itemLabel:text-is('Run All Cells')", timeout=10_000)
+    page.locator(".lm-Menu-itemLabel:text-is('Run All Cells')").click()
+
+
+def test_simulator_explorer_redraws_in_jupyterlab(lab):
+    """Lesson 06's explorer: the widgets render, and moving the dp slider redraws the prediction."""
+    from playwright.sync_api import sync_playwright
+
+    url, token = lab
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            _open_and_run_all(page, url, token, "explorer.ipynb")
+            html = page.locator(".widget-html-content").first
+            html.wait_for(timeout=120_000)
+            page.wait_for_function("() => document.body.innerText.includes(' on 8 x ')", timeout=60_000)
+            assert page.locator(".jp-OutputArea-output img").count() >= 1
+            before = html.inner_text()
+            dp_slider = page.locator(".widget-slider", has_text="dp").first
+            dp_slider.locator(".noUi-handle").focus()
+            page.keyboard.press("ArrowRight")  # dp 8 -> 16
+            page.wait_for_function("() => document.body.innerText.includes(' on 16 x ')", timeout=60_000)
+            assert html.inner_text() != before
+            assert page.locator(".jp-OutputArea-output img").count() >= 1
+        finally:
+            page.screenshot(path=str(ROOT / "artifacts" / "browser_explorer.png"))
+            browser.close()
+
+
 def test_notebook_00_runs_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
 
     url, token = lab
     artifacts = ROOT / "artifacts"
-    artifacts.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page.goto(f"{url}/lab/tree/00_getting_started.ipynb?token={token}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            # the kernel is up when the status bar says so
-            page.wait_for_function("() => document.body.innerText.includes('Python 3 (ipykernel) | Idle')",
-                                   timeout=120_000, polling=500)
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.wait_for_selector(".lm-Menu-itemLabel:text-is('Run All Cells')", timeout=10_000)
-            page.locator(".lm-Menu-itemLabel:text-is('Run All Cells')").click()
+            _open_and_run_all(page, url, token, "00_getting_started.ipynb")
             page.wait_for_function(
                 "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => /\\[[*0-9]+\\]/.test(e.innerText))",
                 timeout=60_000, polling=500)
