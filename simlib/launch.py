@@ -365,7 +365,7 @@ class Cluster:
             self._broken = True
             print(f"simlib: interrupted; stopped all {self.world_size} workers (the next call starts fresh "
                   "ones)", file=sys.stderr)
-            raise
+            raise KeyboardInterrupt(f"simlib stopped all {self.world_size} workers") from None  # short traceback
         self._drain()
         if not failures and len(results) == self.world_size:
             return [results[r] for r in range(self.world_size)]

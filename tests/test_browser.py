@@ -38,6 +38,11 @@ def lab(tmp_path):
         "from simlib.widgets import simulator_explorer\nsimulator_explorer()")])
     explorer.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(explorer, work / "explorer.ipynb")
+    interrupt = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import time, simlib\ncluster = simlib.Cluster(2)\nprint('worker pids', *cluster.pids)"),
+        nbformat.v4.new_code_cell("print('sleeping on every rank', flush=True)\ncluster.run(time.sleep, 300)")])
+    interrupt.metadata["kernelspec"] = explorer.metadata["kernelspec"]
+    nbformat.write(interrupt, work / "interrupt.ipynb")
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
@@ -81,6 +86,13 @@ def _open_and_run_all(page, url, token, notebook):
     page.locator(".lm-Menu-itemLabel:text-is('Run All Cells')").click()
 
 
+def _wait_output(page, text, timeout_ms):
+    """Wait until some cell *output* (not the code) shows ``text``."""
+    page.wait_for_function(
+        "t => [...document.querySelectorAll('.jp-OutputArea-output')].some(e => e.innerText.includes(t))",
+        arg=text, timeout=timeout_ms, polling=250)
+
+
 def test_simulator_explorer_redraws_in_jupyterlab(lab):
     """Lesson 06's explorer: the widgets render, and moving the dp slider redraws the prediction."""
     from playwright.sync_api import sync_playwright
@@ -93,18 +105,58 @@ def test_simulator_explorer_redraws_in_jupyterlab(lab):
             _open_and_run_all(page, url, token, "explorer.ipynb")
             html = page.locator(".widget-html-content").first
             html.wait_for(timeout=120_000)
-            page.wait_for_function("() => document.body.innerText.includes(' on 8 x ')", timeout=60_000)
+            _wait_output(page, " on 8 x ", 60_000)
             assert page.locator(".jp-OutputArea-output img").count() >= 1
             before = html.inner_text()
             dp_slider = page.locator(".widget-slider", has_text="dp").first
             dp_slider.locator(".noUi-handle").focus()
             page.keyboard.press("ArrowRight")  # dp 8 -> 16
-            page.wait_for_function("() => document.body.innerText.includes(' on 16 x ')", timeout=60_000)
+            _wait_output(page, " on 16 x ", 60_000)
             assert html.inner_text() != before
             assert page.locator(".jp-OutputArea-output img").count() >= 1
         finally:
             page.screenshot(path=str(ROOT / "artifacts" / "browser_explorer.png"))
             browser.close()
+
+
+def test_interrupting_the_kernel_stops_every_worker(lab):
+    """The kernel's interrupt (Kernel > Interrupt Kernel) during a long call: workers stopped, none left."""
+    import re
+
+    from playwright.sync_api import sync_playwright
+
+    url, token = lab
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            _open_and_run_all(page, url, token, "interrupt.ipynb")
+            _wait_output(page, "sleeping on every rank", 120_000)
+            outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+            pids = [int(x) for x in re.search(r"worker pids ([\d ]+)", outputs).group(1).split()]
+            assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+            time.sleep(1.0)
+            page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").first.click()
+            page.locator(".lm-Menu-itemLabel:text-is('Interrupt Kernel')").click()
+            t0 = time.time()
+            _wait_output(page, "stopped all 2 workers", 30_000)
+            assert time.time() - t0 < 15
+            assert "KeyboardInterrupt" in page.inner_text(".jp-Notebook")
+            deadline = time.time() + 10
+            while any(_alive(pid) for pid in pids) and time.time() < deadline:
+                time.sleep(0.2)
+            assert not any(_alive(pid) for pid in pids)
+        finally:
+            page.screenshot(path=str(ROOT / "artifacts" / "browser_interrupt.png"))
+            browser.close()
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
 
 
 def test_notebook_00_runs_in_jupyterlab(lab):
@@ -121,9 +173,7 @@ def test_notebook_00_runs_in_jupyterlab(lab):
                 "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => /\\[[*0-9]+\\]/.test(e.innerText))",
                 timeout=60_000, polling=500)
             output = page.locator(".jp-OutputArea-output")
-            page.wait_for_function(
-                "() => [...document.querySelectorAll('.jp-OutputArea-output')]"
-                ".some(e => e.innerText.includes('At 2 processes,'))", timeout=240_000, polling=1000)
+            _wait_output(page, "At 2 processes,", 240_000)
             text = "\n".join(output.all_inner_texts())
             assert "[rank0] hello from rank 0 of 2" in text and "[rank1] hello from rank 1 of 2" in text
             assert "both ranks hold the sum: [3.0, 3.0]" in text
