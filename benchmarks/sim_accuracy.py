@@ -19,6 +19,14 @@ import numpy as np
 TARGET = 0.15
 
 
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
 def main(repeats: int = 3) -> dict:
     import simlib
     from simlib.sim import calibrate
@@ -59,7 +67,8 @@ def main(repeats: int = 3) -> dict:
         "calibration": {"gemm_gflops_per_s": {f"{p}proc_{t}thr": [[g, r / 1e9] for g, r in v]
                                               for (p, t), v in hardware.gemm_table.items()},
                         "memory_GBps": {str(k): v / 1e9 for k, v in hardware.memory_bandwidth.items()},
-                        "gloo_alpha_s_bw_GBps": {str(k): [a, b / 1e9] for k, (a, b) in hardware.intra.by_world.items()}},
+                        "gloo_alpha_s_bw_GBps": {str(k): [a, b / 1e9] for k, (a, b) in hardware.intra.by_world.items()},
+                        "overheads_last_round": _jsonable(hardware.overheads)},
         "rows": table.to_dict(orient="records"),
         "per_round_median_abs_error": [median_abs_error(r) for r in rounds],
     }

@@ -241,3 +241,73 @@ def test_scaling_table_speedup_and_efficiency():
     assert table["speedup"].iloc[0] == 1.0 and table["efficiency"].iloc[0] == 1.0
     assert (table["speedup"].diff().dropna() > 0).all()
     assert (table["efficiency"] <= 1.0 + 1e-12).all()
+
+
+# ── measured step overheads (calibrate() fills Hardware.overheads; presets have none) ──
+
+def test_fit_p2p_recovers_alpha_and_bandwidth():
+    from simlib.sim.hardware import fit_p2p
+    sizes = [16e3, 256e3, 1e6]
+    alpha, bw = fit_p2p(sizes, [1e-4 + s / 1e9 for s in sizes])
+    assert alpha == pytest.approx(1e-4, rel=1e-6) and bw == pytest.approx(1e9, rel=1e-6)
+
+
+def test_presets_have_no_overhead_terms():
+    hw = flat_gpu()
+    assert hw.straggler(4) == 1.0 and hw.comm_in_situ(4) == 1.0 and hw.layer_factor(4) == 1.0
+    assert hw.accumulate_grad_rate(4) is None and hw.p2p_link() is None
+
+
+def test_accumulate_grad_by_hand():
+    hw = flat_gpu().with_(overheads={"accumulate_grad_Bps": {1: 1e9}})
+    s = sim.Strategy(dtype="fp32")
+    # .grad += new: read 4 + read 4 + write 4 bytes per fp32 parameter, 1e6 parameters at 1 GB/s
+    assert cost.accumulate_grad_time(1e6, hw, s) == pytest.approx(12e6 / 1e9)
+    assert cost.accumulate_grad_time(1e6, hw, sim.Strategy(dtype="bf16")) == pytest.approx(6e6 / 1e9)
+
+
+def test_layer_and_straggler_factors_scale_stage_times_by_hand():
+    spec = sim.from_module(torch.nn.Linear(1000, 1000, bias=False))
+    s = sim.Strategy(micro_batch=1000, dtype="bf16")
+    base = flat_gpu(efficiency=0.5, peak=100e12)
+    gemm = 2 * 1000 ** 3 / 50e12
+    assert cost.stage_times(spec, base, s, processes=2) == pytest.approx((gemm, gemm))
+    hw = base.with_(overheads={"layer_factor": {2: 1.25}, "straggler": {2: 1.1}})
+    t_f, t_b = cost.stage_times(spec, hw, s, processes=2)
+    assert t_f == pytest.approx(1.1 * 1.25 * gemm) and t_b == pytest.approx(1.1 * 1.25 * gemm)
+    # one process: no straggler, but the layer factor still applies
+    assert cost.stage_times(spec, hw.with_(overheads={"layer_factor": {1: 1.25}, "straggler": {2: 1.1}}), s,
+                            processes=1)[0] == pytest.approx(1.25 * gemm)
+
+
+def test_comm_in_situ_scales_the_all_reduce_not_the_packing():
+    spec = sim.from_module(torch.nn.Linear(1000, 1000, bias=False))  # 1e6 params, 2 MB of bf16 gradients
+    s = sim.Strategy(dp=4, micro_batch=8, dtype="bf16")
+    hw = flat_gpu(mem=80e9)
+    plain = cost.bucket_comm_times(spec, hw, s, processes=4)
+    ring = cost.ring_all_reduce(2e6, 4, LINK)
+    pack = 6 * 2e6 / 1e12
+    assert plain == pytest.approx([ring + pack])
+    hot = cost.bucket_comm_times(spec, hw.with_(overheads={"comm_in_situ": {4: 2.0}}), s, processes=4)
+    assert hot == pytest.approx([2 * ring + pack])
+
+
+def test_sync_factors_by_hand():
+    from simlib.sim.calibrate import sync_factors
+    # two ranks, two cycles of (burst s, all-reduce s); the back-to-back all-reduce took 0.02 s (slowest rank)
+    r0 = {"cycles": [(0.10, 0.05), (0.10, 0.06)], "comm": [(1 << 20, 0.01), (16 << 20, 0.02)]}
+    r1 = {"cycles": [(0.12, 0.04), (0.14, 0.03)], "comm": [(1 << 20, 0.01), (16 << 20, 0.015)]}
+    straggler, insitu = sync_factors([r0, r1, None])
+    # straggler: median(0.12 / 0.11, 0.14 / 0.12); in situ: median(0.16 − 0.12, 0.17 − 0.14) / 0.02
+    assert straggler == pytest.approx((0.12 / 0.11 + 0.14 / 0.12) / 2)
+    assert insitu == pytest.approx((0.04 + 0.03) / 2 / 0.02)
+    assert sync_factors([{"cycles": []}, None]) is None
+
+
+def test_gemm_time_uses_an_exactly_measured_shape():
+    table = {(1, 1): [(1e-6, 50e9), (1e3, 50e9)]}  # 50 GFLOP/s for every size
+    hw = Hardware("cpu", {}, 8e9, 10e9, LINK, LINK, 1, table, cores=1,
+                  overheads={"gemm_shapes": {(1, 1): {(1024, 64, 1024): 25e9}}})
+    flops = 2 * 1024 * 64 * 1024
+    assert cost.gemm_time(1024, 64, 1024, hw, processes=1) == pytest.approx(flops / 25e9)   # measured shape
+    assert cost.gemm_time(64, 1024, 1024, hw, processes=1) == pytest.approx(flops / 50e9)   # table by GFLOPs

@@ -15,8 +15,8 @@ import numpy as np
 # (m, k, n) of the GEMMs we time: squares and the skinny (batch × width × width) shapes of MLP layers
 # (m, k, n) of the GEMMs we time: the shapes of the course's MLP layers, forward / grad-input (batch × width ×
 # width) and grad-weight (width × batch × width), for widths 512 and 1024, plus one large square
-GEMM_SHAPES = ([(m, w, w) for w in (512, 1024) for m in (16, 64, 256)]
-               + [(w, m, w) for w in (512, 1024) for m in (16, 64, 256)] + [(1024, 1024, 1024)])
+GEMM_SHAPES = ([(m, w, w) for w in (512, 1024) for m in (16, 64, 128, 256)]
+               + [(w, m, w) for w in (512, 1024) for m in (16, 64, 128, 256)] + [(1024, 1024, 1024)])
 COMM_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]  # bytes of one all-reduce
 _GROUPS: dict = {}
 
@@ -44,8 +44,30 @@ def _median_time(fn, repeats: int, min_time: float = 0.0) -> float:
     return float(np.median(times))
 
 
+def _mean_time(fn, repeats: int, min_time: float = 0.0, blocks: int = 5) -> float:
+    """Wall time per call as a throughput: the median over ``blocks`` blocks of (block time / calls in it).
+
+    When processes outnumber cores (world 4 on 2 cores) or another job loads the box, the OS time-slices
+    the cores every few ms. A GEMM shorter than a slice mostly runs whole once scheduled, so the *median*
+    call shows the rate while running (~90 GFLOP/s per process at world 4 here: four processes "at" 360 on
+    2 cores of ~100 each, impossible); the pauses between calls are what a training step pays too. Each
+    block lasts at least ``max(min_time / blocks, 20 ms)`` (several slices), so its mean is the process's
+    real share; the median over blocks keeps one load spike from another job out of it.
+    """
+    fn()  # warm-up
+    block_time = max(min_time / blocks, 0.02)
+    per_call = []
+    for _ in range(blocks):
+        count, t0 = 0, time.perf_counter()
+        while count < max(1, repeats // blocks) or time.perf_counter() - t0 < block_time:
+            fn()
+            count += 1
+        per_call.append((time.perf_counter() - t0) / count)
+    return float(np.median(per_call))
+
+
 def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_sizes=COMM_SIZES,
-                 repeats: int = 5, comm_repeats: int = 10, min_time: float = 0.2):
+                 repeats: int = 5, comm_repeats: int = 10, min_time: float = 0.2, cycle_repeats: int = 5):
     """Run on every rank of a cluster: ranks < ``world_size`` measure together; the rest return None."""
     import torch
     import torch.distributed as dist
@@ -56,9 +78,9 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
         return None
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
+    sync = (lambda: dist.barrier(group=group)) if world_size > 1 else (lambda: None)
     try:
-        if world_size > 1:
-            dist.barrier(group=group)
+        sync()
         gemms = []
         for m, k, n in gemm_shapes:
             a, b = torch.randn(m, k), torch.randn(k, n)
@@ -66,21 +88,147 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
                 dist.barrier(group=group)  # every rank times the same shape at the same time
             # time each shape for a while: a short burst right after a barrier gets more than its share
             # of a busy CPU (the scheduler favours a task that just slept), a training step does not
-            t = _median_time(lambda: a @ b, repeats, min_time=min_time)
+            t = _mean_time(lambda: a @ b, repeats, min_time=min_time)
             gemms.append((2 * m * k * n / 1e9, 2 * m * k * n / t))
         x, y = torch.randn(32 << 20), torch.randn(32 << 20)  # 128 MB each: far bigger than any cache
-        mem_bw = 3 * x.numel() * 4 / _median_time(lambda: x.add_(y), repeats)
+        sync()
+        mem_bw = 3 * x.numel() * 4 / _mean_time(lambda: x.add_(y), repeats, min_time=min_time)
         x = y = None  # free the 256 MB now
-        comm = []
+        layer_factor = _layer_factor(repeats, min_time, sync)
+        g, h = torch.randn(1 << 20), torch.randn(1 << 20)  # one 1024x1024 weight's gradient (4 MB)
+        sync()
+        acc_bw = 3 * g.numel() * 4 / _mean_time(lambda: g.add_(h), repeats, min_time=min_time)  # AccumulateGrad: grad += new
+        comm, cycles, p2p = [], [], []
         if world_size > 1:
             for size in comm_sizes:
                 buf = torch.zeros(size // 4)
                 dist.barrier(group=group)
                 t = _median_time(lambda: dist.all_reduce(buf, group=group), comm_repeats)
                 comm.append((size, t))
-        return {"gemms": gemms, "mem_bw": mem_bw, "comm": comm}
+            cycles = _sync_cycles(group, max(comm_sizes), cycle_repeats)
+            if world_size == 2:
+                p2p = _ping_pong(group, rank, P2P_SIZES, comm_repeats)
+        return {"gemms": gemms, "mem_bw": mem_bw, "comm": comm, "acc_bw": acc_bw, "cycles": cycles, "p2p": p2p,
+                "layer_factor": layer_factor}
     finally:
         torch.set_num_threads(old_threads)
+
+
+P2P_SIZES = [16 << 10, 256 << 10, 1 << 20]  # bytes of one pipeline message (activations of a micro-batch)
+SYNC_GEMM, SYNC_GEMMS = (128, 1024, 1024), 8  # the compute burst of one sync cycle: ~3 ms per GEMM on one core
+
+
+LAYER_STACK = (4, 1024, 128)  # layers, width, batch of the autograd-vs-bare-GEMM micro-benchmark
+
+
+def _layer_factor(repeats: int, min_time: float, sync=lambda: None) -> float:
+    """Time of forward + backward through a stack of ``nn.Linear`` layers over the same GEMMs run bare.
+
+    The GEMM table times ``a @ b`` on the same hot operands again and again; a real layer multiplies by a
+    transposed weight (x·Wᵀ, gᵀ·x), adds the bias and reduces its gradient, allocates its outputs, goes
+    through autograd, and finds the previous layer's 4 MB weight evicted from cache. The stack is 4 layers
+    of 1024 (16 MB of weights, more than the caches), batch 128; grads are set to None so AccumulateGrad is
+    not in it (that term is measured apart). ``sync`` (a barrier) runs first, so ranks side by side time the
+    same thing at the same time; real and bare blocks alternate and the median of their ratios is returned
+    (>= 1 in practice).
+    """
+    import torch
+
+    layers, width, batch = LAYER_STACK
+    stack = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    x = torch.randn(batch, width, requires_grad=True)
+    grad_out = torch.randn(batch, width)
+
+    def real():
+        for p in stack.parameters():
+            p.grad = None
+        x.grad = None
+        stack(x).backward(grad_out)
+
+    a, w, gt = torch.randn(batch, width), torch.randn(width, width), torch.randn(width, batch)
+
+    def bare():  # forward, grad input, grad weight: three plain GEMMs per layer, operands hot in cache
+        for _ in range(layers):
+            a @ w
+            a @ w
+            gt @ a
+    sync()
+    ratios = []
+    for _ in range(max(repeats, 5)):  # alternate short blocks: a drifting load hits both sides of each ratio
+        t_real = _mean_time(real, 1, min_time=max(min_time / 4, 0.04), blocks=1)
+        ratios.append(t_real / _mean_time(bare, 1, min_time=max(min_time / 4, 0.04), blocks=1))
+    return float(np.median(ratios))
+
+
+def _sync_cycles(group, size: int, repeats: int):
+    """Training-like cycles: a fixed compute burst, then an all-reduce of ``size`` bytes (as a DP step).
+
+    Returns [(burst seconds, all-reduce seconds)] on this rank. Ranks that run the same work side by side do
+    not finish together (the OS shares cores unevenly, worst when processes outnumber cores), and an all-reduce
+    that starts after compute (cold caches, Gloo's threads waking up) is slower than back-to-back ones.
+    """
+    import torch
+    import torch.distributed as dist
+
+    m, k, n = SYNC_GEMM
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    buf = torch.zeros(size // 4)
+    out = []
+    for i in range(repeats + 1):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        for _ in range(SYNC_GEMMS):
+            a @ b
+        t1 = time.perf_counter()
+        dist.all_reduce(buf, group=group)
+        t2 = time.perf_counter()
+        if i:  # the first is a warm-up
+            out.append((t1 - t0, t2 - t1))
+    return out
+
+
+def _ping_pong(group, rank: int, sizes, repeats: int):
+    """Ranks 0 and 1: send a message and get it back (the pipeline executor's isend / recv); one way = half."""
+    import torch
+    import torch.distributed as dist
+
+    peer = dist.get_global_rank(group, 1 - rank) if group is not None else 1 - rank
+    out = []
+    for size in sizes:
+        buf = torch.zeros(size // 4)
+
+        def once():
+            if rank == 0:
+                dist.isend(buf, dst=peer, group=group).wait()
+                dist.recv(buf, src=peer, group=group)
+            else:
+                dist.recv(buf, src=peer, group=group)
+                dist.isend(buf, dst=peer, group=group).wait()
+        dist.barrier(group=group)
+        out.append((size, _median_time(once, repeats) / 2))
+    return out
+
+
+def sync_factors(results):
+    """(straggler, comm_in_situ) from every rank's sync cycles (see :func:`_sync_cycles`).
+
+    straggler = median over cycles of  max_r burst_r / mean_r burst_r  (a synchronous step waits for the
+    slowest rank); comm_in_situ = median over cycles of  [max_r (burst_r + allreduce_r) − max_r burst_r]
+    divided by the back-to-back all-reduce time of the same size ``isolated`` (the slowest rank's median).
+    Returns None where no cycles were measured.
+    """
+    res = [r for r in results if r is not None and r.get("cycles")]
+    if not res:
+        return None
+    n = min(len(r["cycles"]) for r in res)
+    strag, insitu = [], []
+    for i in range(n):
+        bursts = [r["cycles"][i][0] for r in res]
+        ends = [r["cycles"][i][0] + r["cycles"][i][1] for r in res]
+        strag.append(max(bursts) / float(np.mean(bursts)))
+        insitu.append(max(ends) - max(bursts))
+    isolated = max(r["comm"][-1][1] for r in res)
+    return float(np.median(strag)), max(float(np.median(insitu)) / isolated, 1.0)
 
 
 def _combine(results):
@@ -89,7 +237,8 @@ def _combine(results):
     gemms = [(res[0]["gemms"][i][0], float(np.mean([r["gemms"][i][1] for r in res])))
              for i in range(len(res[0]["gemms"]))]
     comm = [(res[0]["comm"][i][0], max(r["comm"][i][1] for r in res)) for i in range(len(res[0]["comm"]))]
-    return gemms, float(np.mean([r["mem_bw"] for r in res])), comm
+    return (gemms, float(np.mean([r["mem_bw"] for r in res])), comm, float(np.mean([r["acc_bw"] for r in res])),
+            float(np.mean([r["layer_factor"] for r in res])))
 
 
 def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, timeout: float = 120.0,
@@ -99,11 +248,16 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
     Measures, for each world size w (w processes running at once, cores // w threads each — the default of
     :class:`simlib.Cluster` — and for w = 1 also every thread count up to the cores): GEMM FLOP/s against GEMM
     size, memory bandwidth (``x.add_(y)``), and a ring fit of Gloo all-reduce times (α per step, bus bandwidth).
+    ``Hardware.overheads`` gets the terms a real multi-process step adds to those parts: per world size the
+    straggler factor, the layer factor (autograd Linear layers over bare GEMMs, :func:`_layer_factor`), the
+    all-reduce-after-compute factor (:func:`sync_factors`), the bandwidth of
+    ``grad.add_(new)`` on a weight-sized gradient (AccumulateGrad, once per micro-batch), and for 2 ranks a
+    point-to-point (α, B) fitted to an isend/recv ping-pong (pipeline messages).
     ``cluster``: a warm cluster with at least ``max(world_sizes)`` ranks (one is started and closed if None).
     """
     from .. import env
     from ..launch import Cluster, OversubscribedWarning
-    from .hardware import Hardware, Link, fit_alpha_beta
+    from .hardware import Hardware, Link, fit_alpha_beta, fit_p2p
 
     world_sizes = sorted(set(int(w) for w in world_sizes))
     if not world_sizes or world_sizes[0] < 1:
@@ -120,16 +274,30 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
     cores = env.cpu_count()
     try:
         gemm_table, mem, links, curves, raw = {}, {}, {}, {}, {}
+        overheads = {"straggler": {}, "comm_in_situ": {}, "accumulate_grad_Bps": {}, "layer_factor": {},
+                     "gemm_shapes": {}, "p2p": None}
         for w in world_sizes:
             thread_counts = range(1, cores + 1) if w == 1 else [max(1, cores // w)]
             for threads in thread_counts:
                 out = cluster.call(measure_here, (w, threads), {"repeats": repeats, "min_time": min_time},
                                    timeout=timeout)
-                gemms, mem_bw, comm = _combine(out)
+                gemms, mem_bw, comm, acc_bw, layer_factor = _combine(out)
                 gemm_table[(w, threads)] = gemms
-                raw[(w, threads)] = {"gemms": gemms, "mem_bw": mem_bw, "comm": comm}
+                overheads["layer_factor"][(w, threads)] = layer_factor
+                overheads["gemm_shapes"][(w, threads)] = {
+                    tuple(shape): rate for shape, (_, rate) in zip(GEMM_SHAPES, gemms)}
+                raw[(w, threads)] = {"gemms": gemms, "mem_bw": mem_bw, "comm": comm,
+                                     "cycles": [r["cycles"] for r in out if r], "p2p": [r["p2p"] for r in out if r]}
                 if threads == max(1, cores // w):
                     mem[w] = mem_bw
+                    overheads["accumulate_grad_Bps"][w] = acc_bw
+                    factors = sync_factors(out)
+                    if factors:
+                        overheads["straggler"][w], overheads["comm_in_situ"][w] = factors
+                    p2p = [r["p2p"] for r in out if r and r["p2p"]]
+                    if p2p and overheads["p2p"] is None:  # one way: the slower of the two ranks' halves
+                        pts = [(p2p[0][i][0], max(q[i][1] for q in p2p)) for i in range(len(p2p[0]))]
+                        overheads["p2p"] = fit_p2p([p[0] for p in pts], [p[1] for p in pts])
                 if comm:
                     alpha, bw = fit_alpha_beta([c[0] for c in comm], [c[1] for c in comm], w)
                     links[w] = (alpha, bw)
@@ -143,7 +311,7 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
         memory_bandwidth=mem, intra=Link(default[0], default[1], links, "calibrate(): Gloo all-reduce fit", curves),
         inter=Link(default[0], default[1], {}, "one node: taken equal to the intra-node link"),
         devices_per_node=max(world_sizes), gemm_table=gemm_table, cores=cores,
-        source=f"calibrate() at {time.strftime('%Y-%m-%d %H:%M')}", measurements=raw)
+        source=f"calibrate() at {time.strftime('%Y-%m-%d %H:%M')}", measurements=raw, overheads=overheads)
 
 
 def _ram_bytes() -> float:

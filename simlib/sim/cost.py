@@ -7,6 +7,14 @@ Collectives (S bytes, n ranks, per-step latency α, bus bandwidth B; Thakur et a
     hierarchical all-reduce      reduce-scatter in the node, all-reduce of S/g between nodes, all-gather in the node
 Step time = compute + exposed communication + pipeline bubble, where the bubble of 1F1B / GPipe is
 (pp−1)·(t_f + t_b) per stage, divided by v for interleaved stages (Narayanan et al. 2021, §2.2).
+
+Terms a calibrated CPU box adds (``Hardware.overheads``, measured by ``calibrate()``; presets have none, so
+their factors are 1 and their extra terms 0):
+    GEMM by exact shape      a measured (m, k, n) beats the GFLOPs table (grad-weight GEMMs run slower)
+    layer factor             autograd ``nn.Linear`` fwd+bwd over the same bare GEMMs (layout, bias, cache)
+    AccumulateGrad           3 × grad bytes per parameter per micro-batch (``.grad += new``)
+    straggler                a synchronous step runs at the slowest of the ranks side by side
+    all-reduce in situ       after compute an all-reduce is slower than in a back-to-back sweep
 """
 from __future__ import annotations
 
@@ -86,10 +94,13 @@ def collective_link(n, hardware):
 # ───────────────────────── compute ─────────────────────────
 
 def gemm_time(m, k, n, hardware, dtype="bf16", processes=1, threads=None) -> float:
+    """Seconds of one (m×k)·(k×n) GEMM: the rate measured for this exact shape if calibrate() timed it,
+    else the GFLOPs-keyed table (efficiency against size)."""
     flops = 2.0 * m * k * n
     if flops == 0:
         return 0.0
-    return flops / hardware.gemm_rate(flops / 1e9, dtype, processes, threads)
+    rate = hardware.gemm_shape_rate(m, k, n, processes, threads) if hasattr(hardware, "gemm_shape_rate") else None
+    return flops / (rate or hardware.gemm_rate(flops / 1e9, dtype, processes, threads))
 
 
 def gemms_time(gemms, hardware, dtype="bf16", processes=1, threads=None) -> float:
@@ -134,16 +145,34 @@ def stage_times(model, hardware, strategy, processes=1):
     """(forward, backward) seconds of one micro-batch on one pipeline stage of one device."""
     s = strategy
     fwd = model.forward_gemms(s.micro_batch, s.tp, layers=model.layers)
-    t_fwd = gemms_time(fwd, hardware, s.dtype, processes, s.threads) / s.pp  # even split over stages
-    t_bwd = gemms_time(backward_gemms(model, fwd), hardware, s.dtype, processes, s.threads) / s.pp
+    layer = hardware.layer_factor(processes, s.threads)  # autograd layers vs bare GEMMs (calibrated CPU box; else 1)
+    t_fwd = layer * gemms_time(fwd, hardware, s.dtype, processes, s.threads) / s.pp  # even split over stages
+    t_bwd = layer * gemms_time(backward_gemms(model, fwd), hardware, s.dtype, processes, s.threads) / s.pp
     elementwise = elementwise_bytes(model, s) / hardware.mem_rate(processes) / s.pp
     t_fwd += 2 / 5 * elementwise     # forward: write each activation, read it once (ReLU: read + write)
     t_bwd += 3 / 5 * elementwise     # backward: read grad, read the saved activation, write
+    t_bwd += accumulate_grad_time(model.params / (s.tp * s.pp), hardware, s, processes)
     if s.recompute == "full":
         t_bwd += t_fwd
     elif s.recompute == "selective" and model.kind == "gpt":  # recompute the attention score GEMMs only
         t_bwd += sum(c * gemm_time(m, k, n, hardware, s.dtype) for m, k, n, c in fwd[1:3]) / s.pp
-    return t_fwd, t_bwd
+    straggle = hardware.straggler(processes)  # a synchronous step runs at its slowest rank's pace
+    return t_fwd * straggle, t_bwd * straggle
+
+
+def accumulate_grad_time(params_here, hardware, strategy, processes=1) -> float:
+    """Seconds autograd's AccumulateGrad spends per micro-batch adding each new weight gradient into ``.grad``.
+
+    With ``zero_grad(set_to_none=False)`` (and in every micro-batch after the first under accumulation)
+    ``.grad += new`` reads both and writes one: 3 × (bytes per gradient) per parameter, at the bandwidth
+    :func:`~simlib.sim.calibrate.calibrate` measured for ``grad.add_(new)`` on a weight-sized tensor (which stays
+    partly in cache, so it is not the streaming bandwidth). 0 where that was not measured (presets).
+    """
+    rate = hardware.accumulate_grad_rate(processes)
+    if not rate:
+        return 0.0
+    bytes_per = 2 if strategy.mixed_precision else 4
+    return 3.0 * bytes_per * params_here / rate
 
 
 def elementwise_bytes(model, strategy) -> float:
@@ -204,14 +233,29 @@ def dp_comm_time(model, hardware, strategy, processes=1) -> tuple[float, float]:
     s = strategy
     if s.dp == 1:
         return 0.0, 0.0
+    times = bucket_comm_times(model, hardware, s, processes)
     buckets = gradient_buckets(model, s)
-    pack = 6.0 / hardware.mem_rate(processes)  # cat, divide, copy back: each reads and writes
-    times = [all_reduce(b, s.dp, hardware) + pack * b for b in buckets]
     total = sum(times)
     if s.zero_stage == 3:
         link = collective_link(s.dp, hardware)
         total += 2 * sum(all_gather(b, s.dp, link) for b in buckets)
     return total, times[-1]
+
+
+def bucket_comm_times(model, hardware, strategy, processes=1) -> list[float]:
+    """Seconds of each gradient bucket's sync: pack flat + all-reduce + divide + unpack.
+
+    Packing moves 6 bytes per byte at memory bandwidth (cat, divide, copy back: each reads and writes). The
+    all-reduce is the calibrated back-to-back time times ``hardware.comm_in_situ(processes)``: on a CPU box
+    an all-reduce that follows compute is slower than the back-to-back ones a sweep times (Gloo's threads
+    wake up, caches are cold, and the cores are the same ones compute just used), measured by calibrate().
+    """
+    s = strategy
+    if s.dp == 1:
+        return []
+    pack = 6.0 / hardware.mem_rate(processes)
+    factor = hardware.comm_in_situ(processes)
+    return [all_reduce(b, s.dp, hardware) * factor + pack * b for b in gradient_buckets(model, s)]
 
 
 def optimizer_time(model, hardware, strategy, processes=1) -> float:

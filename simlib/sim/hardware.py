@@ -48,6 +48,20 @@ def fit_alpha_beta(sizes, times, world_size: int):
     return max(float(alpha), 0.0), float(1.0 / inv_bw)
 
 
+def fit_p2p(sizes, times):
+    """Fit a point-to-point message ``t = α + S / B`` to measured one-way (bytes, seconds); relative least squares
+    as :func:`fit_alpha_beta`. Returns (α seconds per message, B bytes/s)."""
+    s = np.asarray(sizes, float)
+    t = np.asarray(times, float)
+    if len(s) < 2 or len(s) != len(t) or (t <= 0).any() or (s < 0).any():
+        raise ValueError("need >= 2 (size >= 0, time > 0) pairs of equal length")
+    design = np.stack([np.ones_like(s), s], axis=1) / t[:, None]
+    (alpha, inv_bw), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    if inv_bw <= 0:
+        inv_bw = t.max() / max(s.max(), 1.0)
+    return max(float(alpha), 0.0), float(1.0 / inv_bw)
+
+
 @dataclass(frozen=True)
 class Link:
     """A link class (inside a node or between nodes): per-step latency ``alpha`` (s) and bus ``bandwidth`` (B/s).
@@ -118,6 +132,51 @@ class Hardware:
     cores: int | None = None     # CPU boxes: cores shared by the processes of a node
     source: str = ""
     measurements: object = None  # calibrate(): the raw numbers behind the tables
+    # calibrate(): measured terms of a real multi-process CPU step (empty for presets: no such terms):
+    # {"straggler": {w: f}, "layer_factor": {(w, threads): f}, "comm_in_situ": {w: f},
+    #  "accumulate_grad_Bps": {w: B/s}, "gemm_shapes": {(w, threads): {(m, k, n): FLOP/s}}, "p2p": (α, B)}
+    overheads: dict = field(default_factory=dict)
+
+    def _by_world(self, name: str, processes: int, default):
+        table = (self.overheads or {}).get(name) or {}
+        if not table:
+            return default
+        if processes in table:
+            return table[processes]
+        return table[min(table, key=lambda k: abs(k - processes))]
+
+    def straggler(self, processes: int) -> float:
+        """Slowest rank's compute time over the mean, ranks side by side (1 for one process or unmeasured)."""
+        return 1.0 if processes <= 1 else float(self._by_world("straggler", processes, 1.0))
+
+    def layer_factor(self, processes: int, threads: int | None = None) -> float:
+        """Real autograd Linear layers' time over the bare GEMMs' (1 if unmeasured); keyed by (processes,
+        threads) like the GEMM table (a plain {processes: f} also works)."""
+        table = (self.overheads or {}).get("layer_factor") or {}
+        if not table:
+            return 1.0
+        processes = max(processes, 1)
+        if threads is None:
+            threads = max(1, (self.cores or 1) // processes)
+        for key in ((processes, threads), processes):
+            if key in table:
+                return float(table[key])
+        def distance(k):
+            p, t = k if isinstance(k, tuple) else (k, threads)
+            return (abs(p - processes), abs(t - threads))
+        return float(table[min(table, key=distance)])
+
+    def comm_in_situ(self, processes: int) -> float:
+        """An all-reduce right after compute over a back-to-back one (1 if unmeasured)."""
+        return 1.0 if processes <= 1 else float(self._by_world("comm_in_situ", processes, 1.0))
+
+    def accumulate_grad_rate(self, processes: int):
+        """B/s of ``grad.add_(new)`` on a weight-sized gradient, or None if unmeasured (the term is left out)."""
+        return self._by_world("accumulate_grad_Bps", processes, None)
+
+    def p2p_link(self):
+        """(α, B) of one point-to-point message, measured by a ping-pong, or None."""
+        return (self.overheads or {}).get("p2p")
 
     def gemm_rate(self, gflops: float, dtype: str = "bf16", processes: int = 1, threads: int | None = None) -> float:
         """Achieved FLOP/s of one GEMM of ``gflops`` GFLOPs on one device (or one process of a CPU box)."""
@@ -130,6 +189,19 @@ class Hardware:
             return self.peak_flops[dtype] * interpolate(table, gflops)
         key = self._cpu_key(processes, threads)
         return interpolate(self.gemm_table[key], gflops)
+
+    def gemm_shape_rate(self, m: int, k: int, n: int, processes: int = 1, threads: int | None = None):
+        """FLOP/s calibrate() measured for exactly this (m, k, n) GEMM, or None.
+
+        On a CPU the shape matters, not only the FLOPs: a grad-weight GEMM (width × batch × width: a short inner
+        dimension) ran at 57-75 GFLOP/s here where a forward one of the same FLOPs ran at 93-97, and the
+        GFLOPs-keyed table mixes both at the same x. Exact shapes that were measured win.
+        """
+        table = (self.overheads or {}).get("gemm_shapes") or {}
+        if not table or self.peak_flops:
+            return None
+        key = self._cpu_key(processes, threads)
+        return (table.get(key) or {}).get((int(m), int(k), int(n)))
 
     def _cpu_key(self, processes: int, threads: int | None):
         if threads is None:

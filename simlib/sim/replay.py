@@ -21,14 +21,13 @@ def replay_data_parallel(model, hardware, strategy, steps: int = 3, warmup: int 
     With ``strategy.overlap`` bucket i starts when backward of the last micro-batch has produced its share of
     gradients (buckets fill in reverse layer order) and the buckets share one communication channel.
     """
-    from .cost import all_reduce, gradient_buckets, optimizer_time, stage_times
+    from .cost import bucket_comm_times, gradient_buckets, optimizer_time, stage_times
 
     s = strategy.validate(model=model)
     processes = processes or min(s.world_size, hardware.devices_per_node)
     t_f, t_b = stage_times(model, hardware, s, processes)
     buckets = gradient_buckets(model, s) if s.dp > 1 else []
-    pack = 6.0 / hardware.mem_rate(processes)
-    comm = [all_reduce(b, s.dp, hardware) + pack * b for b in buckets]
+    comm = bucket_comm_times(model, hardware, s, processes)
     t_opt = optimizer_time(model, hardware, s, processes)
     total = sum(buckets) or 1.0
     rows, t = [], 0.0

@@ -151,7 +151,7 @@ def _pipeline_workload(config, steps, warmup, seed, group):
 def predict_pipeline(config: RunConfig, hardware, steps: int = 1):
     """Replay the measured schedule value with each stage's predicted forward/backward time."""
     from ..parallel import schedules
-    from .cost import gemms_time, optimizer_time, p2p
+    from .cost import accumulate_grad_time, gemms_time, optimizer_time, p2p
     from .model import from_module
     from .replay import replay_pipeline
     from .strategy import Strategy
@@ -163,12 +163,15 @@ def predict_pipeline(config: RunConfig, hardware, steps: int = 1):
         fwd = spec.forward_gemms(mb)
         bwd = [(k, m, n, c) for m, k, n, c in fwd] + [(m, n, k, c) for m, k, n, c in fwd[(1 if stage == 0 else 0):]]
         elementwise = spec.elementwise_bytes(mb) / hardware.mem_rate(p)
-        t_f.append(gemms_time(fwd, hardware, "fp32", p, 1) + 2 / 5 * elementwise)
-        t_b.append(gemms_time(bwd, hardware, "fp32", p, 1) + 3 / 5 * elementwise)
+        straggle = hardware.straggler(p)
+        acc = accumulate_grad_time(spec.params, hardware, Strategy(dtype="fp32"), p)
+        layer = hardware.layer_factor(p, 1)
+        t_f.append((layer * gemms_time(fwd, hardware, "fp32", p, 1) + 2 / 5 * elementwise) * straggle)
+        t_b.append((layer * gemms_time(bwd, hardware, "fp32", p, 1) + 3 / 5 * elementwise + acc) * straggle)
         t_opt.append(optimizer_time(spec, hardware, Strategy(dtype="fp32", optimizer="sgd"), p))
     make = {"1f1b": schedules.one_f_one_b, "gpipe": schedules.gpipe}[config.pipeline]
-    tl = replay_pipeline(make(p, config.accumulation), t_f, t_b, p2p(mb * config.width * 4, hardware.intra.at(p)),
-                         steps=steps)
+    link = hardware.p2p_link() or hardware.intra.at(p)  # a measured isend/recv ping-pong where calibrated
+    tl = replay_pipeline(make(p, config.accumulation), t_f, t_b, p2p(mb * config.width * 4, link), steps=steps)
     return float(tl[tl.kind == "step"].end.max()) / steps + max(t_opt), tl
 
 
