@@ -60,7 +60,7 @@ def dp_workload(config: RunConfig, steps: int, warmup: int, seed: int = 0):
     import torch.distributed as dist
 
     from ..models import MLP, make_regression
-    from ..parallel.data import make_buckets
+    from ..parallel.data import all_reduce_mean_flat, make_buckets
     from ..timeline import Timeline
     from .calibrate import subgroup
 
@@ -94,13 +94,7 @@ def dp_workload(config: RunConfig, steps: int, warmup: int, seed: int = 0):
                 if w > 1:
                     for i, bucket in enumerate(buckets):
                         with tl.span("comm", name=f"bucket {i}"):
-                            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-                            dist.all_reduce(flat, group=group)
-                            flat /= w
-                            offset = 0
-                            for p in bucket:
-                                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-                                offset += p.numel()
+                            all_reduce_mean_flat([p.grad for p in bucket], group=group)
                 with tl.span("optimizer"):
                     opt.step()
         return tl.records()
