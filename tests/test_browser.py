@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,21 @@ def lab(tmp_path):
         os.killpg(server.pid, signal.SIGKILL)
 
 
+@contextmanager
+def _page(screenshot: str):
+    """A headless Chromium page; a screenshot of it is kept in artifacts/ whatever the test's outcome."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            yield page
+        finally:
+            page.screenshot(path=str(ROOT / "artifacts" / screenshot))
+            browser.close()
+
+
 def _open_and_run_all(page, url, token, notebook):
     page.goto(f"{url}/lab/tree/{notebook}?token={token}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
@@ -84,6 +100,9 @@ def _open_and_run_all(page, url, token, notebook):
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
     page.wait_for_selector(".lm-Menu-itemLabel:text-is('Run All Cells')", timeout=10_000)
     page.locator(".lm-Menu-itemLabel:text-is('Run All Cells')").click()
+    page.wait_for_function(  # a prompt shows [*] or [1]: the cells are running
+        "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => /\\[[*0-9]+\\]/.test(e.innerText))",
+        timeout=60_000, polling=250)
 
 
 def _wait_output(page, text, timeout_ms):
@@ -95,60 +114,44 @@ def _wait_output(page, text, timeout_ms):
 
 def test_simulator_explorer_redraws_in_jupyterlab(lab):
     """Lesson 06's explorer: the widgets render, and moving the dp slider redraws the prediction."""
-    from playwright.sync_api import sync_playwright
-
     url, token = lab
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            _open_and_run_all(page, url, token, "explorer.ipynb")
-            html = page.locator(".widget-html-content").first
-            html.wait_for(timeout=120_000)
-            _wait_output(page, " on 8 x ", 60_000)
-            assert page.locator(".jp-OutputArea-output img").count() >= 1
-            before = html.inner_text()
-            dp_slider = page.locator(".widget-slider", has_text="dp").first
-            dp_slider.locator(".noUi-handle").focus()
-            page.keyboard.press("ArrowRight")  # dp 8 -> 16
-            _wait_output(page, " on 16 x ", 60_000)
-            assert html.inner_text() != before
-            assert page.locator(".jp-OutputArea-output img").count() >= 1
-        finally:
-            page.screenshot(path=str(ROOT / "artifacts" / "browser_explorer.png"))
-            browser.close()
+    with _page("browser_explorer.png") as page:
+        _open_and_run_all(page, url, token, "explorer.ipynb")
+        html = page.locator(".widget-html-content").first
+        html.wait_for(timeout=120_000)
+        _wait_output(page, " on 8 x ", 60_000)
+        assert page.locator(".jp-OutputArea-output img").count() >= 1
+        before = html.inner_text()
+        dp_slider = page.locator(".widget-slider", has_text="dp").first
+        dp_slider.locator(".noUi-handle").focus()
+        page.keyboard.press("ArrowRight")  # dp 8 -> 16
+        _wait_output(page, " on 16 x ", 60_000)
+        assert html.inner_text() != before
+        assert page.locator(".jp-OutputArea-output img").count() >= 1
 
 
 def test_interrupting_the_kernel_stops_every_worker(lab):
     """The kernel's interrupt (Kernel > Interrupt Kernel) during a long call: workers stopped, none left."""
     import re
 
-    from playwright.sync_api import sync_playwright
-
     url, token = lab
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            _open_and_run_all(page, url, token, "interrupt.ipynb")
-            _wait_output(page, "sleeping on every rank", 120_000)
-            outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
-            pids = [int(x) for x in re.search(r"worker pids ([\d ]+)", outputs).group(1).split()]
-            assert len(pids) == 2 and all(_alive(pid) for pid in pids)
-            time.sleep(1.0)
-            page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").first.click()
-            page.locator(".lm-Menu-itemLabel:text-is('Interrupt Kernel')").click()
-            t0 = time.time()
-            _wait_output(page, "stopped all 2 workers", 30_000)
-            assert time.time() - t0 < 15
-            assert "KeyboardInterrupt" in page.inner_text(".jp-Notebook")
-            deadline = time.time() + 10
-            while any(_alive(pid) for pid in pids) and time.time() < deadline:
-                time.sleep(0.2)
-            assert not any(_alive(pid) for pid in pids)
-        finally:
-            page.screenshot(path=str(ROOT / "artifacts" / "browser_interrupt.png"))
-            browser.close()
+    with _page("browser_interrupt.png") as page:
+        _open_and_run_all(page, url, token, "interrupt.ipynb")
+        _wait_output(page, "sleeping on every rank", 120_000)
+        outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+        pids = [int(x) for x in re.search(r"worker pids ([\d ]+)", outputs).group(1).split()]
+        assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+        time.sleep(1.0)
+        page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").first.click()
+        page.locator(".lm-Menu-itemLabel:text-is('Interrupt Kernel')").click()
+        t0 = time.time()
+        _wait_output(page, "stopped all 2 workers", 30_000)
+        assert time.time() - t0 < 15
+        assert "KeyboardInterrupt" in page.inner_text(".jp-Notebook")
+        deadline = time.time() + 10
+        while any(_alive(pid) for pid in pids) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in pids)
 
 
 def _alive(pid):
@@ -160,29 +163,17 @@ def _alive(pid):
 
 
 def test_notebook_00_runs_in_jupyterlab(lab):
-    from playwright.sync_api import sync_playwright
-
     url, token = lab
-    artifacts = ROOT / "artifacts"
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            _open_and_run_all(page, url, token, "00_getting_started.ipynb")
-            page.wait_for_function(
-                "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => /\\[[*0-9]+\\]/.test(e.innerText))",
-                timeout=60_000, polling=500)
-            output = page.locator(".jp-OutputArea-output")
-            _wait_output(page, "At 2 processes,", 240_000)
-            text = "\n".join(output.all_inner_texts())
-            assert "[rank0] hello from rank 0 of 2" in text and "[rank1] hello from rank 1 of 2" in text
-            assert "both ranks hold the sum: [3.0, 3.0]" in text
-            assert "Traceback" not in text and "Error" not in text
-            images = page.locator(".jp-OutputArea-output img")
-            assert images.count() >= 2  # the scaling figure and the timeline
-            assert images.first.evaluate("img => img.naturalWidth") > 400
-            images.first.scroll_into_view_if_needed()
-            assert output.count() > 5
-        finally:
-            page.screenshot(path=str(artifacts / "browser_notebook_00.png"), full_page=False)
-            browser.close()
+    with _page("browser_notebook_00.png") as page:
+        _open_and_run_all(page, url, token, "00_getting_started.ipynb")
+        output = page.locator(".jp-OutputArea-output")
+        _wait_output(page, "At 2 processes,", 240_000)
+        text = "\n".join(output.all_inner_texts())
+        assert "[rank0] hello from rank 0 of 2" in text and "[rank1] hello from rank 1 of 2" in text
+        assert "both ranks hold the sum: [3.0, 3.0]" in text
+        assert "Traceback" not in text and "Error" not in text
+        images = page.locator(".jp-OutputArea-output img")
+        assert images.count() >= 2  # the scaling figure and the timeline
+        assert images.first.evaluate("img => img.naturalWidth") > 400
+        images.first.scroll_into_view_if_needed()
+        assert output.count() > 5
