@@ -43,7 +43,7 @@ def _scaling(args) -> int:
     meta = dict(table.attrs)
     (out / f"{stem}.json").write_text(json.dumps({"config": meta, "rows": json.loads(table.to_json(orient="records"))},
                                                  indent=2))
-    fig = plots.scaling_figure(table, out / f"{stem}.png")
+    plots.scaling_figure(table, out / f"{stem}.png")
     biggest = max(w for w in timelines if w > 1) if len(timelines) > 1 else 1
     ax = plots.gantt(timelines[biggest], title=f"one step at world size {biggest}")
     ax.figure.savefig(out / f"{stem}_timeline.png", dpi=110, bbox_inches="tight")
@@ -53,7 +53,6 @@ def _scaling(args) -> int:
         print(table[cols].to_string(index=False))
     print(f"\nwrote {out / stem}.png, {stem}_timeline.png, {stem}.csv, {stem}.json"
           f"  ({meta['cores']} cores; speedup is against 1 process x {args.threads} thread(s))")
-    del fig
     return 0
 
 
@@ -124,8 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "global_batch", None) is not None:
-        pass
     try:
         return args.func(args)
     except ValueError as exc:

@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from . import env
-from .launch import Cluster, OversubscribedWarning
+from .launch import OversubscribedWarning, launch
+from .timeline import step_times, summarize
 
 MODES = ("strong", "weak")
 
@@ -64,21 +65,15 @@ def dp_train(width: int = 1024, depth: int = 4, local_batch: int = 256, steps: i
 
 def measure(world_size: int, threads: int | None = 1, timeout: float = 120.0, **train_kwargs):
     """Run :func:`dp_train` on ``world_size`` fresh processes; return (summary dict, timeline table)."""
-    from .timeline import summarize
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OversubscribedWarning)  # the table marks it instead
-        cluster = Cluster(world_size, threads=threads, call_timeout=timeout)
-    try:
-        out = cluster.run(dp_train, **train_kwargs)
-    finally:
-        cluster.close()
+        out = launch(dp_train, world_size, threads=threads, call_timeout=timeout, **train_kwargs)
     timeline = out[0]["timeline"]
     return summarize(timeline), timeline
 
 
 def _row(summary, timeline, world_size, threads, global_batch, local_batch, baseline=None):
-    times = _step_times(timeline)
+    times = step_times(timeline).to_numpy()
     return dict(world_size=world_size, threads=threads, global_batch=global_batch, local_batch=local_batch,
                 step_time=summary["step_time"], step_time_p25=float(np.percentile(times, 25)),
                 step_time_p75=float(np.percentile(times, 75)), step_time_iqr=summary["step_time_iqr"],
@@ -87,11 +82,6 @@ def _row(summary, timeline, world_size, threads, global_batch, local_batch, base
                 optimizer_time=summary["optimizer_time"], comm_fraction=summary["comm_fraction"],
                 exposed_comm_fraction=summary["exposed_comm_fraction"],
                 throughput=global_batch / summary["step_time"], baseline=baseline)
-
-
-def _step_times(timeline):
-    from .timeline import step_times
-    return step_times(timeline).to_numpy()
 
 
 def scaling(world_sizes=(1, 2, 4), mode: str = "strong", global_batch: int = 1024,

@@ -132,6 +132,7 @@ class Cluster:
         self._queue: queue.Queue = queue.Queue()
         self._call_id = 0
         self._broken = False
+        self._checking = False
         self._closed = True
         self._agent = None
         _live_clusters.add(self)
@@ -315,15 +316,12 @@ class Cluster:
         if not callable(fn):
             raise ValueError(f"fn must be callable, got {fn!r}")
         timeout = _check_positive("timeout", timeout if timeout is not None else self.call_timeout)
-        if self._closed or self._broken:
-            was_broken = self._broken or self.restarts or self.last_start_seconds
-            self._kill() if not self._closed else None
+        if self._broken:
+            self.restart()
+            print(f"simlib: started {self.world_size} fresh workers ({self.last_start_seconds:.1f} s) "
+                  "after the failure of the previous call", file=sys.stderr)
+        elif self._closed:  # closed by the user: reopen
             self._start()
-            self._broken = False
-            if was_broken:
-                self.restarts += 1
-                print(f"simlib: started {self.world_size} fresh workers ({self.last_start_seconds:.1f} s) "
-                      "after the failure of the previous call", file=sys.stderr)
         payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
         self._call_id += 1
         call_id = self._call_id
@@ -373,7 +371,6 @@ class Cluster:
 
     def _fail(self, results, failures, died, timeout, first_failure):
         pending = [r for r in range(self.world_size) if r not in results and r not in failures]
-        lines = []
         if pending and first_failure is None:
             msg = (f"call timed out after {timeout:g} s: rank(s) {pending} did not finish "
                    f"(ranks {sorted(results)} did). A hang or a collective that only some ranks called.")
@@ -392,10 +389,9 @@ class Cluster:
                         "different order")
             if pending:
                 msg += f"; rank(s) {pending} were still running {self.grace:g} s later and were stopped"
-        for failure in sorted(failures.values(), key=lambda f: f.rank):
-            lines.append(failure.summary())
-        detail = "\n".join(f"--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}"
-                           for f in sorted(failures.values(), key=lambda f: f.rank) if f.traceback)
+        by_rank = [failures[r] for r in sorted(failures)]
+        lines = [f.summary() for f in by_rank]
+        detail = "\n".join(f"--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}" for f in by_rank if f.traceback)
         restart_needed = bool(pending or died or error_type is WorkerTimeout) or not self._healthy()
         if restart_needed:
             self._kill()
@@ -406,7 +402,7 @@ class Cluster:
 
     def _healthy(self) -> bool:
         """After a call in which every rank reported: do the ranks still meet at a barrier?"""
-        if getattr(self, "_checking", False):
+        if self._checking:  # the barrier call itself failed: do not check again
             return False
         self._checking = True
         try:

@@ -170,8 +170,8 @@ def summarize(df) -> dict:
     for kind in KINDS[1:]:
         out[f"{kind}_time"] = float(per.loc[kind].mean()) if kind in per.index.get_level_values(0) else 0.0
     out["comm_fraction"] = out["comm_time"] / out["step_time"] if out["step_time"] > 0 else 0.0
-    exposed = [exposed_time(g) for _, g in body.groupby(["rank", "step"])]
-    per_rank = pd.Series(exposed, index=[k[0] for k, _ in body.groupby(["rank", "step"])], dtype=float)
+    groups = list(body.groupby(["rank", "step"]))
+    per_rank = pd.Series([exposed_time(g) for _, g in groups], index=[rank for (rank, _), _ in groups], dtype=float)
     out["exposed_comm_time"] = float(per_rank.groupby(level=0).median().mean()) if len(per_rank) else 0.0
     out["exposed_comm_fraction"] = out["exposed_comm_time"] / out["step_time"] if out["step_time"] > 0 else 0.0
     return out
@@ -189,8 +189,11 @@ def _union(intervals):
 
 def exposed_time(spans, hidden_by=("forward", "backward", "optimizer"), kind="comm") -> float:
     """Seconds of ``kind`` spans (of one rank and step) that no ``hidden_by`` span overlaps."""
-    comm = _union(zip(spans[spans["kind"] == kind]["start"], spans[spans["kind"] == kind]["end"]))
-    compute = _union(zip(spans[spans["kind"].isin(hidden_by)]["start"], spans[spans["kind"].isin(hidden_by)]["end"]))
+    def intervals(mask):
+        return _union(zip(spans.loc[mask, "start"], spans.loc[mask, "end"]))
+
+    comm = intervals(spans["kind"] == kind)
+    compute = intervals(spans["kind"].isin(hidden_by))
     total = 0.0
     for c0, c1 in comm:
         covered = sum(max(0.0, min(c1, b) - max(c0, a)) for a, b in compute)

@@ -3,6 +3,25 @@ import os
 
 import pytest
 
+
+def _alive(pid: int) -> bool:
+    """Is ``pid`` a running process (a zombie counts as dead)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def alive():
+    """``alive(pid)``: whether a worker process is still running (for the no-orphan checks)."""
+    return _alive
+
 os.environ.setdefault("SIMLIB_QUICK", "1")
 
 

@@ -130,7 +130,7 @@ def test_simulator_explorer_redraws_in_jupyterlab(lab):
         assert page.locator(".jp-OutputArea-output img").count() >= 1
 
 
-def test_interrupting_the_kernel_stops_every_worker(lab):
+def test_interrupting_the_kernel_stops_every_worker(lab, alive):
     """The kernel's interrupt (Kernel > Interrupt Kernel) during a long call: workers stopped, none left."""
     import re
 
@@ -140,7 +140,7 @@ def test_interrupting_the_kernel_stops_every_worker(lab):
         _wait_output(page, "sleeping on every rank", 120_000)
         outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
         pids = [int(x) for x in re.search(r"worker pids ([\d ]+)", outputs).group(1).split()]
-        assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+        assert len(pids) == 2 and all(alive(pid) for pid in pids)
         time.sleep(1.0)
         page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").first.click()
         page.locator(".lm-Menu-itemLabel:text-is('Interrupt Kernel')").click()
@@ -149,17 +149,9 @@ def test_interrupting_the_kernel_stops_every_worker(lab):
         assert time.time() - t0 < 15
         assert "KeyboardInterrupt" in page.inner_text(".jp-Notebook")
         deadline = time.time() + 10
-        while any(_alive(pid) for pid in pids) and time.time() < deadline:
+        while any(alive(pid) for pid in pids) and time.time() < deadline:
             time.sleep(0.2)
-        assert not any(_alive(pid) for pid in pids)
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
+        assert not any(alive(pid) for pid in pids)
 
 
 def test_notebook_00_runs_in_jupyterlab(lab):

@@ -101,26 +101,14 @@ def test_mismatched_collective_times_out_clearly():
         assert cluster.run(lambda: "alive") == ["alive", "alive"]
 
 
-def test_call_timeout_stops_a_hang_and_leaves_no_orphan(cluster2):
+def test_call_timeout_stops_a_hang_and_leaves_no_orphan(cluster2, alive):
     pids = cluster2.pids
     with pytest.raises(simlib.WorkerTimeout) as info:
         cluster2.call(time.sleep, (60,), timeout=2)
     assert "did not finish" in str(info.value)
     time.sleep(0.5)
-    assert not [p for p in pids if _alive(p)]
+    assert not [p for p in pids if alive(p)]
     assert cluster2.run(lambda: 1) == [1, 1]
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, "2", True, None])
@@ -143,6 +131,8 @@ def test_bad_timeout_and_fn():
     with simlib.Cluster(1) as cluster:
         with pytest.raises(ValueError, match="callable"):
             cluster.run(42)
+    assert cluster.run(lambda: 7) == [7]  # a closed cluster starts its workers again on the next call
+    cluster.close()
 
 
 SCRIPT = textwrap.dedent("""
@@ -174,21 +164,21 @@ def _start_script(tmp_path):
     return proc, [int(p) for p in pidfile.read_text().split()]
 
 
-def test_ctrl_c_stops_every_worker(tmp_path):
+def test_ctrl_c_stops_every_worker(tmp_path, alive):
     proc, pids = _start_script(tmp_path)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 3, err
     assert "interrupted cleanly" in out and "stopped all 2 workers" in err
     time.sleep(0.5)
-    assert not [p for p in pids if _alive(p)]
+    assert not [p for p in pids if alive(p)]
 
 
-def test_killed_caller_leaves_no_orphan(tmp_path):
+def test_killed_caller_leaves_no_orphan(tmp_path, alive):
     proc, pids = _start_script(tmp_path)
     proc.kill()
     proc.wait(timeout=10)
     deadline = time.time() + 10
-    while [p for p in pids if _alive(p)] and time.time() < deadline:
+    while [p for p in pids if alive(p)] and time.time() < deadline:
         time.sleep(0.2)
-    assert not [p for p in pids if _alive(p)]
+    assert not [p for p in pids if alive(p)]
