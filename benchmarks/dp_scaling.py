@@ -5,19 +5,17 @@ ceiling here). Beside it, the honest rival: one process with 2 threads. Every va
 the same kind (simlib.Cluster), simlib's bucketed wrapper for the 2-worker run. Run:
 `python benchmarks/dp_scaling.py` (a few minutes); writes benchmarks/results/dp_scaling.json.
 """
-import json
 import os
-import platform
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
-import torch
 
 import simlib
 from simlib.parallel import data as dp
 from simlib.timeline import step_times
+
+import report  # benchmarks/report.py: machine info and the JSON file
 
 TARGET = 1.6
 CONFIG = dict(width=1024, depth=4, global_batch=4096, steps=6, warmup=2, bucket_cap_mb=25.0)
@@ -49,11 +47,10 @@ def main(rounds: int = 3) -> dict:
                config=dict(CONFIG, optimizer="SGD", mode="simlib DataParallelBucket (2 workers); plain model (1)"),
                method=f"{rounds} interleaved rounds of {CONFIG['steps']} timed steps ({CONFIG['warmup']} warm-up); "
                       "medians; FLOPs = 6 x batch x params",
-               machine=dict(cores=simlib.cpu_count(), torch=torch.__version__, python=platform.python_version(),
-                            loadavg_before=load, loadavg_after=os.getloadavg()),
+               machine=report.machine(load),
                note="the machine is shared with other engineers running tests: timings may include their load",
                seconds=round(time.time() - started, 1))
-    Path(__file__).parent.joinpath("results", "dp_scaling.json").write_text(json.dumps(out, indent=2) + "\n")
+    report.write(out)
     return out
 
 

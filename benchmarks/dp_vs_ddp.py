@@ -3,20 +3,18 @@
 Target: simlib / DDP step time <= 1.10. Run: `python benchmarks/dp_vs_ddp.py` (a few minutes); writes
 benchmarks/results/dp_vs_ddp.json.
 """
-import json
 import os
-import platform
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
-import torch
 
 import simlib
 from simlib.parallel import data as dp
 from simlib.timeline import step_times
+
+import report  # benchmarks/report.py: machine info and the JSON file
 
 TARGET = 1.10
 CONFIG = dict(width=1024, depth=4, steps=12, warmup=3, bucket_cap_mb=25.0)
@@ -50,12 +48,11 @@ def main(rounds: int = 3) -> dict:
                config=dict(CONFIG, local_batch=LOCAL_BATCH, threads_per_worker=1, optimizer="SGD"),
                method=f"{rounds} interleaved rounds of {CONFIG['steps']} timed steps ({CONFIG['warmup']} warm-up) per "
                       "variant; step time = first rank's start to last rank's end; medians",
-               machine=dict(cores=simlib.cpu_count(), torch=torch.__version__, python=platform.python_version(),
-                            loadavg_before=load, loadavg_after=os.getloadavg()),
+               machine=report.machine(load),
                note="the machine is shared with other engineers running tests: timings may include their load; "
                     "4 ranks on 2 cores are oversubscribed",
                seconds=round(time.time() - started, 1))
-    Path(__file__).parent.joinpath("results", "dp_vs_ddp.json").write_text(json.dumps(out, indent=2) + "\n")
+    report.write(out)
     return out
 
 

@@ -12,7 +12,6 @@ Targets (issue 2): simlib.launch within 1.2x of torchrun cold; a warm call >= 10
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -22,12 +21,13 @@ import tempfile
 import time
 import warnings
 
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import simlib
 from simlib import env
+
+import report  # benchmarks/report.py: machine info and the JSON file
 
 NOOP_SCRIPT = """
 import torch.distributed as dist
@@ -67,6 +67,7 @@ def main(argv=None):
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "launch_overhead.json"))
     args = parser.parse_args(argv)
+    load = os.getloadavg()
     warnings.simplefilter("ignore", simlib.OversubscribedWarning)
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     bench_dir = os.path.dirname(os.path.abspath(__file__))
@@ -74,7 +75,8 @@ def main(argv=None):
         script = os.path.join(tmp, "noop.py")
         with open(script, "w") as f:
             f.write(NOOP_SCRIPT)
-        results = {"import_torch_s": _timed(lambda: _run([sys.executable, "-c", "import torch"]), args.repeats)}
+        results = {"benchmark": "launch_overhead",
+                   "import_torch_s": _timed(lambda: _run([sys.executable, "-c", "import torch"]), args.repeats)}
         per_size = {}
         for n in args.world_sizes:
             row = {}
@@ -106,13 +108,9 @@ def main(argv=None):
         "launch_fresh_within_1.2x_of_torchrun": all(r["ratio_launch_fresh_vs_torchrun"] <= 1.2 for r in per_size.values()),
         "warm_call_10x_faster_than_cold": all(r["warm_speedup_vs_cold_launch"] >= 10 for r in per_size.values()),
     }
-    results["machine"] = dict(cores=env.cpu_count(), torch=torch.__version__, repeats=args.repeats,
-                              date=datetime.datetime.now().isoformat(timespec="seconds"),
-                              note="2-core box; other jobs may have been running: medians, not means")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(json.dumps(results["targets"]), "->", args.out)
+    results["machine"] = report.machine(load, repeats=args.repeats,
+                                        note="2-core box; other jobs may have been running: medians, not means")
+    print(json.dumps(results["targets"]), "->", report.write(results, args.out))
 
 
 if __name__ == "__main__":

@@ -12,15 +12,14 @@ milliseconds over Gloo on a shared 2-core machine; p = 4 runs 4 processes on 2 c
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import warnings
 
 import simlib
-from simlib import env
 from simlib.parallel import pipeline_experiments as experiments
 from simlib.parallel import schedules
+
+import report  # benchmarks/report.py: machine info and the JSON file
 
 
 def main(argv=None):
@@ -30,6 +29,7 @@ def main(argv=None):
     parser.add_argument("--micro-batch", type=int, default=64)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "pipeline_bubble.json"))
     args = parser.parse_args(argv)
+    load = os.getloadavg()
     sizes = dict(width=args.width, depth=8, micro_batch=args.micro_batch, steps=args.steps, warmup=2)
     rows = []
     for p in (2, 4):
@@ -47,16 +47,12 @@ def main(argv=None):
                           f"formula {row['formula']:.3f}, step {row['step_time'] * 1e3:.1f} ms", flush=True)
         finally:
             cluster.close()
-    result = dict(benchmark="pipeline_bubble", date=datetime.datetime.now().isoformat(timespec="seconds"),
-                  machine=dict(cores=env.cpu_count(), torch=env.describe()["torch"]), sizes=sizes,
+    result = dict(benchmark="pipeline_bubble", machine=report.machine(load), sizes=sizes,
                   note=("measured on a 2-core machine shared with other jobs: timings may be loaded and noisy. "
                         "p = 4 runs 4 single-thread processes on 2 cores (oversubscribed). The formula assumes "
                         "equal stages and free communication; each Gloo message here costs ~0.1-5 ms."),
                   rows=rows)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print("wrote", args.out)
+    print("wrote", report.write(result, args.out))
 
 
 if __name__ == "__main__":

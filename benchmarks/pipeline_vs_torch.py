@@ -9,15 +9,14 @@ over rounds of the per-round median step time. Also records both losses (they mu
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import statistics
 
 import simlib
-from simlib import env
 from simlib.parallel import pipeline_experiments as experiments
 from simlib.timeline import summarize
+
+import report  # benchmarks/report.py: machine info and the JSON file
 
 
 def main(argv=None):
@@ -26,6 +25,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "pipeline_vs_torch.json"))
     args = parser.parse_args(argv)
+    load = os.getloadavg()
     sizes = dict(width=512, depth=8, micro_batch=64, steps=args.steps, warmup=2)
     rows = []
     cluster = simlib.Cluster(2, timeout=120)
@@ -47,14 +47,10 @@ def main(argv=None):
                       f"{row['torch_step_s'] * 1e3:.1f} ms, ratio {row['ratio']:.2f}; losses {losses}", flush=True)
     finally:
         cluster.close()
-    result = dict(benchmark="pipeline_vs_torch", date=datetime.datetime.now().isoformat(timespec="seconds"),
-                  machine=dict(cores=env.cpu_count(), torch=env.describe()["torch"]), sizes=sizes,
+    result = dict(benchmark="pipeline_vs_torch", machine=report.machine(load), sizes=sizes,
                   note="2-core machine shared with other jobs: timings may be loaded and noisy (medians over rounds).",
                   rows=rows)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print("wrote", args.out)
+    print("wrote", report.write(result, args.out))
 
 
 if __name__ == "__main__":

@@ -3,18 +3,16 @@
 Target: ring / dist.all_reduce bus bandwidth >= 0.7 at 16 MB. Run: `python benchmarks/ring_allreduce.py`
 (about a minute); writes benchmarks/results/ring_allreduce.json.
 """
-import json
 import os
-import platform
 import sys
 import time
 import warnings
-from pathlib import Path
 
-import torch
 
 import simlib
 from simlib import collectives
+
+import report  # benchmarks/report.py: machine info and the JSON file
 
 SIZES = [2 ** 20, 2 ** 24, 2 ** 26]  # 1, 16, 64 MB
 TARGET = 0.7
@@ -49,12 +47,11 @@ def main(repeats: int = 20, rounds: int = 3) -> dict:
                met={str(r["world_size"]): bool(r["ratio"] >= TARGET) for r in at16}, results=results,
                method=f"median over {rounds} rounds of the per-round median of {repeats} timed calls (3 warm-up), "
                       "each call after a barrier, slowest rank's time; float32 tensors; bus bw = S/t * 2(n-1)/n",
-               machine=dict(cores=simlib.cpu_count(), torch=torch.__version__, python=platform.python_version(),
-                            loadavg_before=load, loadavg_after=os.getloadavg()),
+               machine=report.machine(load),
                note="the machine is shared with other engineers running tests: timings may include their load; "
                     "4 ranks on 2 cores are oversubscribed",
                seconds=round(time.time() - started, 1))
-    Path(__file__).parent.joinpath("results", "ring_allreduce.json").write_text(json.dumps(out, indent=2) + "\n")
+    report.write(out)
     return out
 
 

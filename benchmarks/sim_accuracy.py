@@ -7,14 +7,13 @@ Writes benchmarks/results/sim_accuracy.json. Each of ``repeats`` rounds calibrat
 table keeps each config's median over rounds. Target: median absolute error of step time <= 15 %. The same
 function (simlib.sim.validate.validation_table) makes the table in notebook 06.
 """
-import json
 import os
-import platform
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
+
+import report  # benchmarks/report.py: machine info and the JSON file
 
 TARGET = 0.15
 
@@ -56,9 +55,8 @@ def main(repeats: int = 3) -> dict:
         "benchmark": "sim_accuracy",
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "quick": simlib.quick(),
-        "machine": {"cores": simlib.cpu_count(), "python": platform.python_version(),
-                    "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-                    "note": "shared box: other jobs may have been running; world 4 is oversubscribed (2 cores)"},
+        "machine": report.machine(load_before, note="shared box: other jobs may have been running; world 4 is "
+                                                    "oversubscribed (2 cores)"),
         "target_median_abs_error": TARGET,
         "median_abs_error": error,
         "target_met": bool(error <= TARGET),
@@ -72,8 +70,7 @@ def main(repeats: int = 3) -> dict:
         "rows": table.to_dict(orient="records"),
         "per_round_median_abs_error": [median_abs_error(r) for r in rounds],
     }
-    out = Path(__file__).parent / "results" / "sim_accuracy.json"
-    out.write_text(json.dumps(result, indent=1))
+    out = report.write(result)
     print(table[["config", "predicted", "measured", "error"]].to_string())
     print(f"median absolute error {error:.1%} (target {TARGET:.0%}) -> {out}")
     return result

@@ -9,13 +9,12 @@ bytes all-reduced per step against the formula 2·B·S·H·4 and the time those 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 
 import simlib
-from simlib import env
 from simlib.parallel import tensor_experiments as experiments
+
+import report  # benchmarks/report.py: machine info and the JSON file
 
 
 def main(argv=None):
@@ -23,6 +22,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "tp_layer.json"))
     args = parser.parse_args(argv)
+    load = os.getloadavg()
     configs = [dict(hidden=512, batch=4, seq=128, steps=10), dict(hidden=1024, batch=4, seq=128, steps=6)]
     results = []
     cluster = simlib.Cluster(2, timeout=120)
@@ -39,14 +39,10 @@ def main(argv=None):
                   f"all-reduce time {tp['comm_seconds'] * 1e3:.1f} ms of {tp['median'] * 1e3:.1f} ms", flush=True)
     finally:
         cluster.close()
-    out = dict(benchmark="tp_layer", date=datetime.datetime.now().isoformat(timespec="seconds"),
-               machine=dict(cores=env.cpu_count(), torch=env.describe()["torch"]),
+    out = dict(benchmark="tp_layer", machine=report.machine(load),
                note="2-core machine shared with other jobs: timings may be loaded and noisy (medians over rounds).",
                results=results)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    print("wrote", args.out)
+    print("wrote", report.write(out, args.out))
 
 
 if __name__ == "__main__":
