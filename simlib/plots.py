@@ -168,7 +168,6 @@ def collective_grid(demos, title=None):
 
     ``demos`` maps a collective's name to the per-rank dicts of ``simlib.collectives.collective_demo``.
     """
-    import numpy as np
 
     ops = list(demos)
     fig, axes = plt.subplots(len(ops), 2, figsize=(10, 1.0 + 1.05 * len(ops) * max(len(d) for d in demos.values()) / 2),
