@@ -564,15 +564,20 @@ def tp_figure(batch: int, seq: int, hidden: int, tp_size: int, hardware="cpu", d
     return fig, caption
 
 
-def tp_explorer(measured=None):
+def tp_explorer(measured=None, batch: int = 8, seq: int = 128, hidden: int = 1024):
     """Batch, sequence, hidden size, t, dtype and hardware -> all-reduce volume and its share of a block's time;
-    ``measured`` (the lesson's volume table) is marked."""
+    ``measured`` (the lesson's volume table) is marked; ``batch``, ``seq``, ``hidden`` set where the sliders start."""
     import ipywidgets as W
 
-    controls = dict(batch=W.SelectionSlider(options=[1, 2, 4, 8, 16, 32], value=8, description="batch B"),
-                    seq=W.SelectionSlider(options=[2 ** i for i in range(5, 13)], value=128, description="seq S"),
-                    hidden=W.SelectionSlider(options=[256, 512, 1024, 2048, 4096, 8192], value=1024,
-                                             description="hidden H"),
+    def options(values, value):
+        return sorted(set(values) | {value})
+
+    controls = dict(batch=W.SelectionSlider(options=options([1, 2, 4, 8, 16, 32], batch), value=batch,
+                                            description="batch B"),
+                    seq=W.SelectionSlider(options=options([2 ** i for i in range(5, 13)], seq), value=seq,
+                                          description="seq S"),
+                    hidden=W.SelectionSlider(options=options([256, 512, 1024, 2048, 4096, 8192], hidden),
+                                             value=hidden, description="hidden H"),
                     tp_size=W.SelectionSlider(options=[2, 4, 8], value=2, description="t"),
                     hardware=W.Dropdown(options=[("CPU box (this course's)", "cpu"), ("DGX A100", "a100"),
                                                  ("DGX H100", "h100")], description="hardware"),
