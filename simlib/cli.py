@@ -1,4 +1,5 @@
-"""Command line: ``simlib scaling`` (the main job), ``simlib doctor``, ``simlib run module:function``."""
+"""Command line: ``simlib scaling`` (the main job), ``simlib doctor``, ``simlib run module:function``,
+``simlib grade SUBMISSIONS...`` (grade a class's exercise notebooks)."""
 from __future__ import annotations
 
 import argparse
@@ -91,6 +92,21 @@ def _run(args) -> int:
     return 0
 
 
+def _grade(args) -> int:
+    from .grading import batch
+
+    rows = batch.grade(args.submissions, timeout=args.timeout, check_timeout=args.check_timeout,
+                       reuse=args.reuse_workers)
+    if not rows:
+        print("simlib grade: no notebooks found", file=sys.stderr)
+        return 2
+    paths = batch.write(rows, args.out)
+    print(batch.format_summary(rows))
+    print(f"\nwrote {paths['csv']} ({len(rows)} rows: one per submission and check), {paths['json']}, "
+          f"{paths['summary']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="simlib", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -118,6 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait")
     p.set_defaults(func=_run)
+
+    p = sub.add_parser("grade", help="grade submitted exercise notebooks; write CSV, JSON and a summary")
+    p.add_argument("submissions", nargs="+", help="exercise notebooks, or folders searched for *.ipynb")
+    p.add_argument("--out", default="grades.csv", help="CSV of every row (default grades.csv; .json and "
+                   "_summary.csv beside it)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds each notebook may run (default 300)")
+    p.add_argument("--check-timeout", type=float, default=30.0, help="seconds each multi-process check may take")
+    p.add_argument("--reuse-workers", action="store_true",
+                   help="one set of worker processes for every submission (faster; default: fresh per submission)")
+    p.set_defaults(func=_grade)
     return parser
 
 
