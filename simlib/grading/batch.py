@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import secrets
 import sys
 import tempfile
@@ -131,10 +132,14 @@ def _execute(nb, names: list[str], timeout: float, kernel_name: str, workdir: Pa
                 if remaining <= 0:
                     result.update(status="timeout", error=f"the notebook did not finish within {timeout:g} s")
                     break
-                client.timeout = max(1, int(remaining))
+                client.timeout = max(1, math.ceil(remaining))
+                stopped = False
                 try:
                     client.execute_cell(cell, index)
                 except CellTimeoutError:
+                    stopped = True
+                stopped = stopped or time.monotonic() >= deadline - 0.5  # nbclient interrupted it at the limit
+                if stopped:
                     result.update(status="timeout", error=f"the notebook did not finish within {timeout:g} s "
                                                           f"(stopped in code cell {index}: {_first_line(cell)})")
                     break
