@@ -288,6 +288,14 @@ def alpha_beta_explorer(measured=None, fits=None):
 
 
 # ── lesson 02: bucket size -> messages and overlap ───────────────────────────────────────────────────────
+def _preset_dropdown():
+    """Every hardware preset of ``simlib.sim.hardware.PRESETS`` (a new preset shows up here by itself)."""
+    import ipywidgets as W
+
+    from .sim.hardware import PRESETS
+    return W.Dropdown(options=[(make().name, key) for key, make in PRESETS.items()], description="hardware")
+
+
 def _hardware(name_or_hw):
     from . import sim
     return sim.preset(name_or_hw) if isinstance(name_or_hw, str) else name_or_hw
@@ -358,8 +366,7 @@ def bucket_explorer(measured=None, width: int = 1024, depth: int = 4, global_bat
 
     controls = dict(bucket_cap_mb=_log_slider("cap (MB)", 4.0, 0.01, 100.0),
                     world_size=W.SelectionSlider(options=[2, 4, 8], value=2, description="ranks"),
-                    hardware=W.Dropdown(options=[("CPU box (this course's)", "cpu"), ("DGX A100", "a100"),
-                                                 ("DGX H100", "h100")], description="hardware"))
+                    hardware=_preset_dropdown())
 
     def draw(bucket_cap_mb, world_size, hardware):
         return bucket_figure(bucket_cap_mb, width, depth, global_batch, world_size, hardware,
@@ -579,7 +586,6 @@ def tp_explorer(measured=None, batch: int = 8, seq: int = 128, hidden: int = 102
                     hidden=W.SelectionSlider(options=options([256, 512, 1024, 2048, 4096, 8192], hidden),
                                              value=hidden, description="hidden H"),
                     tp_size=W.SelectionSlider(options=[2, 4, 8], value=2, description="t"),
-                    hardware=W.Dropdown(options=[("CPU box (this course's)", "cpu"), ("DGX A100", "a100"),
-                                                 ("DGX H100", "h100")], description="hardware"),
+                    hardware=_preset_dropdown(),
                     dtype=W.Dropdown(options=["fp32", "bf16"], description="dtype"))
     return _wire(controls, lambda **v: tp_figure(measured=measured, **v))
