@@ -43,9 +43,9 @@ def _from_exercise(path, replace_stub=None, replace_checks=None, extra=None, nam
     return path
 
 
-def _planted_source(bug, answer):
-    """A learner's cell holding a planted wrong version under the exercise's name."""
-    return inspect.getsource(inspect.getmodule(bug)) + f"\n{answer} = {bug.__name__}\n"
+def _planted_source(module, name, answer):
+    """A learner's cell holding planted wrong version ``name`` of ``module`` under the exercise's name."""
+    return inspect.getsource(module) + f"\n{answer} = {name}\n"
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def graded(tmp_path_factory, cluster2):
     (folder / "alice").mkdir()
     (folder / "alice" / EXERCISE).write_text((ROOT / "solutions" / EXERCISE).read_text())
     (folder / f"bob_{EXERCISE}").write_text((ROOT / "exercises" / EXERCISE).read_text())
-    _from_exercise(folder / f"carol_{EXERCISE}", replace_stub=_planted_source(planted.gpipe_order, "one_f_one_b_order"))
+    _from_exercise(folder / f"carol_{EXERCISE}", replace_stub=_planted_source(planted, "gpipe_order", "one_f_one_b_order"))
     _from_exercise(folder / f"mallory_{EXERCISE}", replace_checks=FAKE)
     _from_exercise(folder / f"crash_{EXERCISE}", extra=["import os\nos._exit(3)"])
     (folder / f"notes_{EXERCISE}").write_text("this is not a notebook")
@@ -147,17 +147,18 @@ def test_cli_grade_refuses_a_missing_path(tmp_path):
                     "~14 kernels plus the checks, a few minutes; set SIMLIB_FULL_GRADE=1")
 def test_every_solution_passes_and_no_exercise_or_planted_version_does(tmp_path, cluster2, cluster4):
     import importlib
-    planted = {"ring_all_reduce": "ring", "average_gradients": "average", "bucket_data_parallel": "bucket",
-               "accumulate_no_sync": "accumulate", "one_f_one_b": "one_f_one_b", "pipeline_stage": "pipeline_stage",
-               "tp_linear": "tp_linear"}
+
+    from planted import PLANTED_IN
     for path in sorted((ROOT / "solutions").glob("[0-9]*.ipynb")):
         (tmp_path / f"solution_{path.name}").write_text(path.read_text())
         (tmp_path / f"exercise_{path.name}").write_text((ROOT / "exercises" / path.name).read_text())
         entry = exercises_of(nbformat.read(str(path), as_version=4))[0]
-        module = importlib.import_module(f"planted.{planted[entry['exercise']]}")
-        bugs = module.PLANTED if isinstance(module.PLANTED, list) else list(module.PLANTED.values())
-        _from_exercise(tmp_path / f"planted_{path.name}", replace_stub=_planted_source(bugs[0], entry["answer"]),
-                       name=path.name)
+        module_name, attribute = PLANTED_IN[entry["exercise"]]
+        module = importlib.import_module(f"planted.{module_name}")
+        bugs = getattr(module, attribute)
+        first = next(iter(bugs)) if isinstance(bugs, dict) else bugs[0].__name__
+        _from_exercise(tmp_path / f"planted_{path.name}", name=path.name,
+                       replace_stub=_planted_source(module, first, entry["answer"]))
     rows = batch.grade([tmp_path], timeout=300, clusters={2: cluster2, 4: cluster4}, progress=print)
     for who, want in (("solution_", True), ("exercise_", False), ("planted_", False)):
         by_sub = {}
