@@ -9,8 +9,6 @@ import csv
 import inspect
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
@@ -137,10 +135,10 @@ def test_written_files_and_summary(graded, tmp_path):
     assert "one_f_one_b" in batch.format_summary(rows)
 
 
-def test_cli_grade_refuses_a_missing_path(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "simlib", "grade", str(tmp_path / "nowhere")],
-                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert result.returncode == 2 and "no such file or folder" in result.stderr
+def test_cli_grade_refuses_a_missing_path(tmp_path, capsys):
+    from simlib.cli import main
+    assert main(["grade", str(tmp_path / "nowhere"), "--out", str(tmp_path / "g.csv")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err and not (tmp_path / "g.csv").exists()
 
 
 @pytest.mark.skipif(not os.environ.get("SIMLIB_FULL_GRADE"), reason="every exercise through the batch grader: "
