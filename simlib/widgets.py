@@ -29,7 +29,7 @@ def _figure(ncols=2, figsize=(11, 3.6)):
 
 
 def _wire(controls: dict, draw, columns: int = 3, width: str = "330px"):
-    """Controls in a grid above an output that ``draw(**values)`` fills; ``draw`` returns a figure or a text."""
+    """Controls in a grid above an output that ``draw(**values)`` fills; ``draw`` returns (figure, caption)."""
     import ipywidgets as W
     import matplotlib.pyplot as plt
     from IPython.display import display
