@@ -126,8 +126,16 @@ def _execute(nb, names: list[str], timeout: float, kernel_name: str, workdir: Pa
     t0 = time.monotonic()
     try:
         with client.setup_kernel():
-            deadline = time.monotonic() + timeout  # from a started kernel: a slow start is not the learner's
+            client.timeout = 120  # the grader's own preparation (it imports simlib): not the learner's time
+            client.execute_cell(run.cells[0], 0)
+            failed = next((o for o in run.cells[0].get("outputs", []) if o.get("output_type") == "error"), None)
+            if failed is not None:
+                raise RuntimeError(f"the grader could not prepare the kernel (is simlib installed for it?): "
+                                   f"{failed.get('ename')}: {failed.get('evalue')}")
+            deadline = time.monotonic() + timeout
             for index, cell in enumerate(run.cells[:-1]):
+                if index == 0:
+                    continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     result.update(status="timeout", error=f"the notebook did not finish within {timeout:g} s")
