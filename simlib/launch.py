@@ -21,6 +21,12 @@ Failure rules: an exception on a rank is raised here as :class:`WorkerError` nam
 do not finish within ``grace`` seconds of the first failure are stopped (and the cluster restarts on its next
 call); a collective that waits longer than ``timeout`` fails on its rank; Ctrl-C stops every worker. Workers
 die with the caller (``PR_SET_PDEATHSIG`` plus a watchdog), so nothing is left orphaned.
+
+Restarts (``max_restarts=k``, as ``torchrun --max-restarts``): after a failure the elastic agent restarts every
+worker (a rank that died, an exception, a collective that timed out, a call past its time limit) and the call runs
+again on the fresh workers, up to k times; each worker reads its attempt in ``TORCHELASTIC_RESTART_COUNT``
+(``simlib.init().restart_count``). One line per restart is printed here; when the restarts are spent, the
+:class:`WorkerError` lists every attempt's cause.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import atexit
 import logging
 import os
 import queue
+import re
 import shutil
 import signal
 import sys
@@ -76,7 +83,7 @@ def _close_all() -> None:
 class _quiet_elastic:
     """The elastic agent logs each start and each stopped worker; simlib reports those itself."""
 
-    names = ("torch.distributed.elastic", "torch.distributed.launcher")
+    names = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 
     def __enter__(self):
         self.levels = {n: logging.getLogger(n).level for n in self.names}
@@ -104,11 +111,14 @@ class Cluster:
         grace: seconds the other ranks get to finish after one rank fails, before they are stopped.
         start_timeout: seconds to wait for the workers to start and join the process group.
         relay_output: send workers' stdout/stderr here, whole lines prefixed ``[rank r]``.
+        max_restarts: restarts the elastic agent may make after failures over this set of workers' life (as
+            ``torchrun --max-restarts``); a failed call is then run again on the restarted workers.
     """
 
     def __init__(self, world_size: int, backend: str = "auto", timeout: float = env.DEFAULT_TIMEOUT,
                  threads: int | None = None, device: str = "auto", call_timeout: float | None = None,
-                 grace: float = 3.0, start_timeout: float = 120.0, relay_output: bool = True):
+                 grace: float = 3.0, start_timeout: float = 120.0, relay_output: bool = True,
+                 max_restarts: int = 0):
         self.world_size = _check_world_size(world_size)
         self.backend = env.pick_backend(backend, world_size)  # raises ValueError for bad names
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -121,6 +131,10 @@ class Cluster:
         self.threads = threads or env.threads_per_worker(world_size, self.cores)
         self.device = device
         self.relay_output = relay_output
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(f"max_restarts must be an int >= 0 (restarts after failures), got {max_restarts!r}")
+        self.max_restarts = max_restarts
+        self.attempt = 0  # TORCHELASTIC_RESTART_COUNT of the current workers
         self.restarts = 0
         self.last_start_seconds = None
         if self.backend == "gloo" and world_size > self.cores:
@@ -146,18 +160,22 @@ class Cluster:
 
         self._queue = queue.Queue()
         self._pids, self._conns = {}, {}
+        self._stash = []
         authkey = os.urandom(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        self._listener = listener  # open while the agent lives: restarted workers connect to it too
         self._log_dir = tempfile.mkdtemp(prefix="simlib-")
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=self.world_size, run_id=uuid.uuid4().hex,
             rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{env.free_port()}", local_addr="127.0.0.1",
-            max_restarts=0, monitor_interval=0.1, start_method="spawn",
+            max_restarts=self.max_restarts, monitor_interval=0.1, start_method="spawn",
             logs_specs=DefaultLogsSpecs(log_dir=self._log_dir),
         )
         spec = dict(backend=self.backend, timeout=self.timeout, threads=self.threads, device=self.device,
                     relay_output=self.relay_output, loopback=True)
         self._agent_error = None
+        self._run_id = config.run_id
+        _track_agents()
 
         def agent():
             try:
@@ -170,7 +188,7 @@ class Cluster:
 
         def accept():
             try:
-                for _ in range(self.world_size):
+                while True:
                     conn = listener.accept()
                     self._queue.put(("conn", conn))
             except OSError:
@@ -180,10 +198,21 @@ class Cluster:
         self._agent = threading.Thread(target=agent, daemon=True, name="simlib-agent")
         self._agent.start()
         threading.Thread(target=accept, daemon=True, name="simlib-accept").start()
+        try:
+            self._await_workers()
+        except BaseException:
+            self._kill()
+            raise
+        self.last_start_seconds = time.perf_counter() - t0
+
+    def _await_workers(self) -> None:
+        """Wait until ``world_size`` (new) workers have connected and joined the process group."""
         ready: set[int] = set()
         deadline = time.monotonic() + self.start_timeout
-        try:
-            while len(ready) < self.world_size:
+        while len(ready) < self.world_size:
+            if self._stash:
+                msg = self._stash.pop(0)
+            else:
                 try:
                     msg = self._queue.get(timeout=0.05)
                 except queue.Empty:
@@ -191,42 +220,42 @@ class Cluster:
                         raise WorkerTimeout(f"the {self.world_size} workers did not start within "
                                             f"{self.start_timeout:.0f} s") from None
                     continue
-                kind = msg[0]
-                if kind == "conn":
-                    conn = msg[1]
-                    hello = conn.recv()
-                    rank = hello[1]
-                    self._conns[rank], self._pids[rank] = Channel(conn), hello[2]
-                    threading.Thread(target=self._read, args=(rank, conn), daemon=True).start()
-                elif kind == "ready":
-                    ready.add(msg[1])
-                elif kind == "fatal":
-                    failure = msg[2]
-                    raise WorkerError(f"rank {msg[1]} could not join the process group: "
-                                      f"{failure.type_name}: {failure.message}\n{failure.traceback}",
-                                      {msg[1]: failure})
-                elif kind == "out":
-                    self._print(msg)
-                elif kind == "agent-exit":
-                    raise WorkerError(f"the workers ended while starting:\n{self._agent_error}")
-        except BaseException:
-            listener.close()
-            self._kill()
-            raise
-        listener.close()
-        self.last_start_seconds = time.perf_counter() - t0
+            kind = msg[0]
+            if kind == "conn":
+                conn = msg[1]
+                hello = conn.recv()
+                rank = hello[1]
+                self.attempt = hello[3] if len(hello) > 3 else 0
+                self._conns[rank], self._pids[rank] = Channel(conn), hello[2]
+                threading.Thread(target=self._read, args=(rank, conn), daemon=True).start()
+            elif kind == "ready" and msg[1] in self._conns:
+                ready.add(msg[1])
+            elif kind == "fatal":
+                failure = msg[2]
+                raise WorkerError(f"rank {msg[1]} could not join the process group: "
+                                  f"{failure.type_name}: {failure.message}\n{failure.traceback}",
+                                  {msg[1]: failure})
+            elif kind == "out":
+                self._print(msg)
+            elif kind == "agent-exit":
+                raise WorkerError(f"the workers ended while starting:\n{self._agent_error}")
 
     def _read(self, rank, conn) -> None:
         while True:
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
-                self._queue.put(("eof", rank))
+                self._queue.put(("eof", rank, conn))
                 return
             self._queue.put(msg)
 
     def _kill(self) -> None:
         """Stop every worker now (SIGKILL to each worker's process group) and wait for the agent."""
+        _no_more_restarts(getattr(self, "_run_id", None))
+        self._kill_workers()
+        self._finish()
+
+    def _kill_workers(self) -> None:
         for pid in self._pids.values():
             for kill in (os.killpg, os.kill):
                 try:
@@ -234,7 +263,6 @@ class Cluster:
                     break
                 except (ProcessLookupError, PermissionError, OSError):
                     continue
-        self._finish()
 
     def _finish(self, wait: float = 15.0) -> None:
         if self._agent is not None:
@@ -245,6 +273,11 @@ class Cluster:
             except OSError:
                 pass
         self._conns, self._pids = {}, {}
+        listener = getattr(self, "_listener", None)
+        if listener is not None:
+            listener.close()
+            self._listener = None
+        _agents.pop(getattr(self, "_run_id", None), None)
         shutil.rmtree(getattr(self, "_log_dir", ""), ignore_errors=True)
         self._closed = True
 
@@ -323,6 +356,45 @@ class Cluster:
         elif self._closed:  # closed by the user: reopen
             self._start()
         payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+        attempts = []  # one WorkerError per failed attempt of this call
+        while True:
+            try:
+                return self._call_once(fn, payload, timeout, restartable=self._restarts_left() > 0)
+            except WorkerError as err:
+                if self._restarts_left() <= 0 or self._agent is None or not self._agent.is_alive():
+                    if attempts:
+                        raise _exhausted(attempts + [err], self.max_restarts) from None
+                    raise
+                attempts.append(err)
+                self._restart_workers(err)
+
+    def _restarts_left(self) -> int:
+        return self.max_restarts - self.attempt
+
+    def _restart_workers(self, err: WorkerError) -> None:
+        """The elastic agent restarts every worker after a failure: stop the old ones, wait for the new ones."""
+        t0 = time.perf_counter()
+        done = self.attempt + 1
+        print(f"simlib: {_cause(err)}. Restarting all {self.world_size} workers: restart {done} of "
+              f"max_restarts={self.max_restarts}", file=sys.stderr, flush=True)
+        self._kill_workers()  # the agent sees them fail and starts new ones (TORCHELASTIC_RESTART_COUNT + 1)
+        for chan in self._conns.values():
+            try:
+                chan.conn.close()
+            except OSError:
+                pass
+        self._conns, self._pids = {}, {}
+        try:
+            self._await_workers()
+        except BaseException:
+            self._kill()
+            self._broken = True
+            raise
+        print(f"simlib: {self.world_size} workers restarted in {time.perf_counter() - t0:.1f} s "
+              f"(attempt {self.attempt + 1} of {self.max_restarts + 1}); running the call again",
+              file=sys.stderr, flush=True)
+
+    def _call_once(self, fn, payload, timeout, restartable=False) -> list:
         self._call_id += 1
         call_id = self._call_id
         for chan in self._conns.values():
@@ -344,6 +416,8 @@ class Cluster:
                 kind = msg[0]
                 if kind == "out":
                     self._print(msg)
+                elif kind in ("conn", "ready", "fatal"):  # workers restarted by the agent: for _await_workers
+                    self._stash.append(msg)
                 elif kind == "result" and msg[2] == call_id:
                     _, rank, _, ok, data = msg
                     value = cloudpickle.loads(data)
@@ -353,7 +427,8 @@ class Cluster:
                         value.traceback = restore_filenames(value.traceback, fn)
                         failures[rank] = value
                         first_failure = first_failure or time.monotonic()
-                elif kind == "eof" and msg[1] not in results and msg[1] not in failures:
+                elif (kind == "eof" and msg[1] not in results and msg[1] not in failures
+                      and msg[1] in self._conns and self._conns[msg[1]].conn is msg[2]):
                     died.add(msg[1])
                     failures[msg[1]] = RemoteFailure(msg[1], "WorkerDied", "the worker process ended without "
                                                      "reporting (killed, crashed, or it called os._exit)", "")
@@ -367,9 +442,9 @@ class Cluster:
         self._drain()
         if not failures and len(results) == self.world_size:
             return [results[r] for r in range(self.world_size)]
-        return self._fail(results, failures, died, timeout, first_failure)
+        return self._fail(results, failures, died, timeout, first_failure, restartable)
 
-    def _fail(self, results, failures, died, timeout, first_failure):
+    def _fail(self, results, failures, died, timeout, first_failure, restartable=False):
         pending = [r for r in range(self.world_size) if r not in results and r not in failures]
         if pending and first_failure is None:
             msg = (f"call timed out after {timeout:g} s: rank(s) {pending} did not finish "
@@ -392,6 +467,8 @@ class Cluster:
         by_rank = [failures[r] for r in sorted(failures)]
         lines = [f.summary() for f in by_rank]
         detail = "\n".join(f"--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}" for f in by_rank if f.traceback)
+        if restartable:  # the caller restarts every worker anyway
+            raise error_type(msg + "\n" + "\n".join(lines) + ("\n" + detail if detail else ""), failures, results)
         restart_needed = bool(pending or died or error_type is WorkerTimeout) or not self._healthy()
         if restart_needed:
             self._kill()
@@ -406,12 +483,63 @@ class Cluster:
             return False
         self._checking = True
         try:
-            self.call(_barrier, timeout=5.0)
+            self._call_once(_barrier, cloudpickle.dumps((_barrier, (), {})), 5.0)
             return True
         except WorkerError:
             return False
         finally:
             self._checking = False
+
+
+def _cause(err: WorkerError) -> str:
+    """One line: which rank(s) failed and why (a rank that died first; its peers' lost-connection errors after)."""
+    fails = [err.failures[r] for r in sorted(err.failures)]
+    died = [f.rank for f in fails if f.type_name == "WorkerDied"]
+    parts = [f"rank {', '.join(map(str, died))} died (killed, crashed, or os._exit)"] if died else []
+    for f in fails:
+        if f.type_name != "WorkerDied":
+            why = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", f.summary().split(": ", 1)[1])  # Gloo's file:line
+            why = why if len(why) <= 90 else why[:87] + "..."
+            parts.append(f"rank {f.rank} then failed: {why}" if died else f"rank {f.rank} failed: {why}")
+    return "; ".join(parts) or str(err).splitlines()[0]
+
+
+def _exhausted(attempts: list, max_restarts: int) -> WorkerError:
+    """The error once every restart is spent: every attempt's cause, then the last attempt's detail."""
+    lines = [f"attempt {i + 1}: {_cause(e)}" for i, e in enumerate(attempts)]
+    last = attempts[-1]
+    text = (f"failed on all {len(attempts)} attempts (max_restarts={max_restarts} spent):\n" + "\n".join(lines)
+            + "\n--- last attempt ---\n" + str(last))
+    error = type(last)(text, last.failures, last.results)
+    error.attempts = attempts
+    return error
+
+
+_agents: dict = {}  # run_id -> the elastic agent of a Cluster (so that closing it can stop its restarts)
+
+
+def _track_agents() -> None:
+    """Have torch's launcher register its LocalElasticAgent here: a Cluster that stops its workers for good must
+    first set the agent's remaining restarts to 0, or the agent would start new workers."""
+    from torch.distributed.launcher import api
+    if getattr(api.LocalElasticAgent, "_simlib_tracked", False):
+        return
+    base = api.LocalElasticAgent
+
+    class TrackedAgent(base):
+        _simlib_tracked = True
+
+        def __init__(self, spec, *args, **kwargs):
+            super().__init__(spec, *args, **kwargs)
+            _agents[spec.rdzv_handler.get_run_id()] = self
+
+    api.LocalElasticAgent = TrackedAgent
+
+
+def _no_more_restarts(run_id) -> None:
+    agent = _agents.get(run_id)
+    if agent is not None and hasattr(agent, "_remaining_restarts"):
+        agent._remaining_restarts = 0
 
 
 def _barrier():
@@ -420,16 +548,18 @@ def _barrier():
 
 
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = env.DEFAULT_TIMEOUT,
-           threads: int | None = None, device: str = "auto", call_timeout: float | None = None, **kwargs) -> list:
+           threads: int | None = None, device: str = "auto", call_timeout: float | None = None,
+           max_restarts: int = 0, **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh processes; return the results by rank.
 
     One-shot: the workers start, run ``fn`` once and exit. Use :class:`Cluster` to keep them warm.
     ``backend``, ``timeout``, ``threads``, ``device`` are as for :class:`Cluster`; ``call_timeout``
-    limits the whole call. In a script, call it under ``if __name__ == "__main__":`` (workers are
+    limits the whole call; ``max_restarts=k`` reruns ``fn`` on restarted workers after a failure, up to k
+    times (as ``torchrun --max-restarts``). In a script, call it under ``if __name__ == "__main__":`` (workers are
     started with "spawn", which re-imports the main module).
     """
     cluster = Cluster(world_size, backend=backend, timeout=timeout, threads=threads, device=device,
-                      call_timeout=call_timeout)
+                      call_timeout=call_timeout, max_restarts=max_restarts)
     try:
         return cluster.call(fn, args, kwargs)
     finally:

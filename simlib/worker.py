@@ -108,7 +108,7 @@ def worker_main(address, authkey: bytes, spec: dict) -> None:
     _die_with_parent()
     rank = int(os.environ["RANK"])
     chan = Channel(Client(address, authkey=authkey))
-    chan.send(("hello", rank, os.getpid()))
+    chan.send(("hello", rank, os.getpid(), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))))
     relays = []
     if spec["relay_output"]:
         sys.stdout.flush()
