@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import linecache
+import os
 import re
 import traceback
 from dataclasses import dataclass
@@ -41,6 +42,18 @@ class WorkerError(RuntimeError):
     @property
     def ranks(self) -> list[int]:
         return sorted(self.failures)
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of the caller-side frames (simlib's own): what failed, then the ranks'
+        tracebacks in the learner's terms (``Cell In[n], line k``)."""
+        return [f"{type(self).__name__}: {self}"]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or the kernel's interrupt button) stopped a launch or a call; every worker was stopped."""
+
+    def _render_traceback_(self) -> list[str]:
+        return ["KeyboardInterrupt"]  # simlib has already said what it stopped, in one line
 
 
 class WorkerTimeout(WorkerError, TimeoutError):
@@ -89,3 +102,71 @@ def restore_filenames(text: str, fn) -> str:
         return match.group(0)
 
     return _DYNAMIC.sub(fix, text)
+
+
+_SIMLIB = os.path.dirname(os.path.abspath(__file__))
+_PLUMBING = {os.path.join(_SIMLIB, name) for name in ("worker.py", "magic.py")}
+_FRAME = re.compile(r'^  File "([^"]+)", line (\d+)(.*)$')
+
+
+def _cell_name(filename: str) -> str | None:
+    """``Cell In[n]`` for a notebook cell's file (as IPython numbers it), else None."""
+    try:
+        from IPython import get_ipython
+        ip = get_ipython()
+        label = ip.compile.format_code_name(filename) if ip is not None else None
+    except Exception:  # noqa: BLE001 - not in IPython, or an older one
+        return None
+    return f"{label[0]} {label[1]}" if label else None
+
+
+def learner_traceback(text: str) -> str:
+    """A remote traceback in the learner's terms: simlib's own plumbing frames (the worker loop that called
+    the learner's function) dropped, and notebook cells named as IPython names them (``Cell In[3], line 4``)."""
+    out, skip = [], False
+    for line in text.splitlines():
+        m = _FRAME.match(line)
+        if m:
+            skip = os.path.abspath(m.group(1)) in _PLUMBING
+            if not skip:
+                cell = _cell_name(m.group(1))
+                if cell:
+                    line = f"  {cell}, line {m.group(2)}{m.group(3)}"
+        elif not line.startswith("    "):
+            skip = False
+        if not skip:
+            out.append(line)
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
+def unpicklable(fn, args, kwargs, error: Exception) -> str:
+    """Say which object that ``fn`` captures (or which argument) cannot travel to the workers, and what to do."""
+    import cloudpickle
+
+    candidates = []
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+            try:
+                candidates.append((f"the variable `{name}` it captures", cell.cell_contents))
+            except ValueError:  # an empty cell
+                pass
+        names, stack = set(), [code]
+        while stack:
+            c = stack.pop()
+            names.update(c.co_names)
+            stack.extend(k for k in c.co_consts if hasattr(k, "co_code"))
+        glob = getattr(fn, "__globals__", {})
+        candidates += [(f"the global `{n}` it uses", glob[n]) for n in sorted(names) if n in glob]
+    candidates += [(f"argument {i}", a) for i, a in enumerate(args)]
+    candidates += [(f"keyword argument `{k}`", v) for k, v in kwargs.items()]
+    name = getattr(fn, "__qualname__", repr(fn))
+    for what, value in candidates:
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001
+            return (f"cannot send `{name}` to the workers: {what} (a {type(value).__name__}) cannot be pickled "
+                    f"({type(exc).__name__}: {exc}). Each worker is a separate process: create such objects "
+                    "inside the function, on each rank, or pass plain values (numbers, tensors, dicts) as arguments.")
+    return (f"cannot send `{name}` and its arguments to the workers: {type(error).__name__}: {error}. Each worker "
+            "is a separate process: create unpicklable objects (locks, open files, clusters) inside the function.")

@@ -26,11 +26,12 @@ Restarts (``max_restarts=k``, as ``torchrun --max-restarts``): after a failure t
 worker (a rank that died, an exception, a collective that timed out, a call past its time limit) and the call runs
 again on the fresh workers, up to k times; each worker reads its attempt in ``TORCHELASTIC_RESTART_COUNT``
 (``simlib.init().restart_count``). One line per restart is printed here; when the restarts are spent, the
-:class:`WorkerError` lists every attempt's cause.
+:class:`WorkerError` lists every attempt's cause (``error.attempts``).
 """
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import queue
@@ -49,10 +50,12 @@ from multiprocessing.connection import Listener
 import cloudpickle
 
 from . import env
-from .errors import OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, restore_filenames
-from .worker import Channel, worker_main
+from .errors import (Interrupted, OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, learner_traceback,
+                     restore_filenames, unpicklable)
+from .worker import BOOTSTRAP, Channel
 
-__all__ = ["launch", "Cluster", "WorkerError", "WorkerTimeout", "RemoteFailure", "OversubscribedWarning"]
+__all__ = ["launch", "Cluster", "cluster", "WorkerError", "WorkerTimeout", "RemoteFailure", "OversubscribedWarning",
+           "Interrupted"]
 
 
 def _check_world_size(world_size) -> int:
@@ -72,6 +75,55 @@ def _check_positive(name, value, allow_none=True):
 
 
 _live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+
+
+def _read(q: queue.Queue, rank: int, conn) -> None:
+    """Forward one worker's messages to the caller's queue (holds no Cluster reference)."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            q.put(("eof", rank, conn))
+            return
+        q.put(msg)
+
+
+def _last_lines(log_dir: str, local_rank: int, n: int = 6) -> str:
+    """The last lines a worker wrote to stderr (then stdout) before it connected, from the agent's log files."""
+    import glob
+    for stream in ("stderr", "stdout"):
+        for path in glob.glob(os.path.join(log_dir, "**", str(local_rank), f"{stream}.log"), recursive=True):
+            try:
+                text = open(path, errors="replace").read().strip()
+            except OSError:
+                continue
+            if text:
+                return "\n".join(text.splitlines()[-n:])
+    return ""
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+def _cell_origin():
+    """Where a Cluster is created, if that is a notebook/IPython cell: (cell file, line, execution count).
+
+    ipykernel names a cell's file after a hash of its source, so re-running a cell gives the same file."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    ip = get_ipython()
+    if ip is None:
+        return None
+    frame = sys._getframe(1)
+    here = os.path.dirname(os.path.abspath(__file__))
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here + os.sep):
+        frame = frame.f_back
+    if frame is None or ip.compile.format_code_name(frame.f_code.co_filename) is None:
+        return None
+    return frame.f_code.co_filename, frame.f_lineno, ip.execution_count
 
 
 @atexit.register
@@ -111,8 +163,8 @@ class Cluster:
         grace: seconds the other ranks get to finish after one rank fails, before they are stopped.
         start_timeout: seconds to wait for the workers to start and join the process group.
         relay_output: send workers' stdout/stderr here, whole lines prefixed ``[rank r]``.
-        max_restarts: restarts the elastic agent may make after failures over this set of workers' life (as
-            ``torchrun --max-restarts``); a failed call is then run again on the restarted workers.
+        max_restarts: restarts the elastic agent may make after failures over these workers' life (as
+            ``torchrun --max-restarts``); a failed call then runs again on the restarted workers.
     """
 
     def __init__(self, world_size: int, backend: str = "auto", timeout: float = env.DEFAULT_TIMEOUT,
@@ -149,48 +201,83 @@ class Cluster:
         self._checking = False
         self._closed = True
         self._agent = None
+        self._key = None  # set by cluster() for the process's shared cluster
+        self._origin = _cell_origin()
+        self._close_previous_from_this_cell()
         _live_clusters.add(self)
         self._start()
 
+    def _close_previous_from_this_cell(self) -> None:
+        """Re-running a notebook cell that creates a Cluster closes the one its previous run created (which
+        ``Out[n]`` or a variable may still hold), so re-runs never pile up idle workers."""
+        if self._origin is None:
+            return
+        for other in list(_live_clusters):
+            origin = other._origin
+            if (other is not self and origin is not None and origin[:2] == self._origin[:2]
+                    and origin[2] != self._origin[2] and not other._closed):
+                other.close()
+                print(f"simlib: closed the {other.world_size}-worker cluster this cell created when it last ran",
+                      file=sys.stderr)
+
+    def __reduce__(self):
+        raise TypeError(f"a Cluster of {self.world_size} worker(s) lives in the calling process and cannot be sent "
+                        "to its workers; inside a worker, use torch.distributed directly")
+
     # ── life cycle ──
     def _start(self) -> None:
+        try:
+            self._start_workers()
+        except KeyboardInterrupt:
+            self._kill()
+            print(f"simlib: interrupted while {self.world_size} workers were starting; stopped them all",
+                  file=sys.stderr, flush=True)
+            raise Interrupted(f"stopped all {self.world_size} workers") from None
+
+    def _start_workers(self) -> None:
         t0 = time.perf_counter()
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-        self._queue = queue.Queue()
+        self._queue = q = queue.Queue()
         self._pids, self._conns = {}, {}
         self._stash = []
         authkey = os.urandom(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
         self._listener = listener  # open while the agent lives: restarted workers connect to it too
-        self._log_dir = tempfile.mkdtemp(prefix="simlib-")
+        self._log_dir = tempfile.mkdtemp(prefix="simlib-")  # mode 0700: the key below stays private
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=self.world_size, run_id=uuid.uuid4().hex,
             rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{env.free_port()}", local_addr="127.0.0.1",
-            max_restarts=self.max_restarts, monitor_interval=0.1, start_method="spawn",
-            logs_specs=DefaultLogsSpecs(log_dir=self._log_dir),
+            max_restarts=self.max_restarts, monitor_interval=0.1,
+            # a worker's output before it connects (start-up errors) goes to files we read on failure
+            logs_specs=DefaultLogsSpecs(log_dir=self._log_dir,
+                                        redirects=Std.ALL if self.relay_output else Std.NONE),
         )
         spec = dict(backend=self.backend, timeout=self.timeout, threads=self.threads, device=self.device,
-                    relay_output=self.relay_output, loopback=True)
-        self._agent_error = None
+                    relay_output=self.relay_output, loopback=True, address=list(listener.address),
+                    authkey=authkey.hex(), path=[p for p in sys.path if isinstance(p, str)])
+        spec_file = os.path.join(self._log_dir, "spec.json")
+        with open(os.open(spec_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            json.dump(spec, f)
+        self._agent_error = agent_error = []
         self._run_id = config.run_id
         _track_agents()
 
-        def agent():
+        def agent():  # references no Cluster, so a dropped Cluster is collected (and its workers stopped)
             try:
                 with _quiet_elastic():
-                    elastic_launch(config, worker_main)(listener.address, authkey, spec)
+                    # a command, as torchrun starts: the workers never re-import the caller's __main__
+                    elastic_launch(config, sys.executable)("-c", BOOTSTRAP, spec_file)
             except BaseException as exc:  # noqa: BLE001 - workers stopped by us end up here too
-                self._agent_error = exc
+                agent_error.append(exc)
             finally:
-                self._queue.put(("agent-exit", None))
+                q.put(("agent-exit", None))
 
         def accept():
             try:
                 while True:
-                    conn = listener.accept()
-                    self._queue.put(("conn", conn))
+                    q.put(("conn", listener.accept()))
             except OSError:
                 pass
 
@@ -207,14 +294,14 @@ class Cluster:
 
     def _await_workers(self) -> None:
         """Wait until ``world_size`` (new) workers have connected and joined the process group."""
-        ready: set[int] = set()
+        q, ready = self._queue, set()
         deadline = time.monotonic() + self.start_timeout
         while len(ready) < self.world_size:
             if self._stash:
                 msg = self._stash.pop(0)
             else:
                 try:
-                    msg = self._queue.get(timeout=0.05)
+                    msg = q.get(timeout=0.05)
                 except queue.Empty:
                     if time.monotonic() > deadline:
                         raise WorkerTimeout(f"the {self.world_size} workers did not start within "
@@ -227,7 +314,8 @@ class Cluster:
                 rank = hello[1]
                 self.attempt = hello[3] if len(hello) > 3 else 0
                 self._conns[rank], self._pids[rank] = Channel(conn), hello[2]
-                threading.Thread(target=self._read, args=(rank, conn), daemon=True).start()
+                threading.Thread(target=_read, args=(q, rank, conn), daemon=True,
+                                 name=f"simlib-read-{rank}").start()
             elif kind == "ready" and msg[1] in self._conns:
                 ready.add(msg[1])
             elif kind == "fatal":
@@ -238,16 +326,21 @@ class Cluster:
             elif kind == "out":
                 self._print(msg)
             elif kind == "agent-exit":
-                raise WorkerError(f"the workers ended while starting:\n{self._agent_error}")
+                raise self._start_failure(self._agent_error[0] if self._agent_error else None)
 
-    def _read(self, rank, conn) -> None:
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                self._queue.put(("eof", rank, conn))
-                return
-            self._queue.put(msg)
+    def _start_failure(self, error) -> WorkerError:
+        """One short message for workers that ended while starting: rank, exit code, the last lines they wrote."""
+        failures = getattr(error, "failures", None) or {}
+        lines, by_rank = [], {}
+        for rank, failure in sorted(failures.items()):
+            code = getattr(failure, "exitcode", None)
+            how = f"exit code {code}" if code is None or code >= 0 else f"signal {signal.Signals(-code).name}"
+            tail = _last_lines(self._log_dir, getattr(failure, "local_rank", rank))
+            by_rank[rank] = RemoteFailure(rank, "StartupError", f"ended while starting ({how})", tail)
+            lines.append(f"rank {rank} ended while starting ({how})" + (":\n" + _indent(tail) if tail else ""))
+        if not lines:
+            lines.append(f"{type(error).__name__}: {error}" if error is not None else "no reason given")
+        return WorkerError(f"the {self.world_size} workers could not start:\n" + "\n".join(lines), by_rank)
 
     def _kill(self) -> None:
         """Stop every worker now (SIGKILL to each worker's process group) and wait for the agent."""
@@ -355,7 +448,10 @@ class Cluster:
                   "after the failure of the previous call", file=sys.stderr)
         elif self._closed:  # closed by the user: reopen
             self._start()
-        payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+        try:
+            payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+        except Exception as exc:  # noqa: BLE001 - say which captured object could not travel
+            raise TypeError(unpicklable(fn, args, kwargs or {}, exc)) from None
         attempts = []  # one WorkerError per failed attempt of this call
         while True:
             try:
@@ -374,8 +470,7 @@ class Cluster:
     def _restart_workers(self, err: WorkerError) -> None:
         """The elastic agent restarts every worker after a failure: stop the old ones, wait for the new ones."""
         t0 = time.perf_counter()
-        done = self.attempt + 1
-        print(f"simlib: {_cause(err)}. Restarting all {self.world_size} workers: restart {done} of "
+        print(f"simlib: {_cause(err)}. Restarting all {self.world_size} workers: restart {self.attempt + 1} of "
               f"max_restarts={self.max_restarts}", file=sys.stderr, flush=True)
         self._kill_workers()  # the agent sees them fail and starts new ones (TORCHELASTIC_RESTART_COUNT + 1)
         for chan in self._conns.values():
@@ -424,7 +519,7 @@ class Cluster:
                     if ok:
                         results[rank] = value
                     else:
-                        value.traceback = restore_filenames(value.traceback, fn)
+                        value.traceback = learner_traceback(restore_filenames(value.traceback, fn))
                         failures[rank] = value
                         first_failure = first_failure or time.monotonic()
                 elif (kind == "eof" and msg[1] not in results and msg[1] not in failures
@@ -436,15 +531,15 @@ class Cluster:
         except KeyboardInterrupt:
             self._kill()
             self._broken = True
-            print(f"simlib: interrupted; stopped all {self.world_size} workers (the next call starts fresh "
-                  "ones)", file=sys.stderr)
-            raise KeyboardInterrupt(f"simlib stopped all {self.world_size} workers") from None  # short traceback
+            print(f"simlib: interrupted; stopped all {self.world_size} workers (the next call starts fresh ones)",
+                  file=sys.stderr, flush=True)
+            raise Interrupted(f"stopped all {self.world_size} workers") from None  # one line in a notebook
         self._drain()
         if not failures and len(results) == self.world_size:
             return [results[r] for r in range(self.world_size)]
-        return self._fail(results, failures, died, timeout, first_failure, restartable)
+        raise self._fail(results, failures, died, timeout, first_failure, restartable) from None
 
-    def _fail(self, results, failures, died, timeout, first_failure, restartable=False):
+    def _fail(self, results, failures, died, timeout, first_failure, restartable=False) -> WorkerError:
         pending = [r for r in range(self.world_size) if r not in results and r not in failures]
         if pending and first_failure is None:
             msg = (f"call timed out after {timeout:g} s: rank(s) {pending} did not finish "
@@ -468,14 +563,14 @@ class Cluster:
         lines = [f.summary() for f in by_rank]
         detail = "\n".join(f"--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}" for f in by_rank if f.traceback)
         if restartable:  # the caller restarts every worker anyway
-            raise error_type(msg + "\n" + "\n".join(lines) + ("\n" + detail if detail else ""), failures, results)
+            return error_type(msg + "\n" + "\n".join(lines) + ("\n" + detail if detail else ""), failures, results)
         restart_needed = bool(pending or died or error_type is WorkerTimeout) or not self._healthy()
         if restart_needed:
             self._kill()
             self._broken = True
             msg += ". The workers were stopped; the next call starts fresh ones"
         text = msg + "\n" + "\n".join(lines) + ("\n" + detail if detail else "")
-        raise error_type(text, failures, results)
+        return error_type(text, failures, results)
 
     def _healthy(self) -> bool:
         """After a call in which every rank reported: do the ranks still meet at a barrier?"""
@@ -554,9 +649,10 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = e
 
     One-shot: the workers start, run ``fn`` once and exit. Use :class:`Cluster` to keep them warm.
     ``backend``, ``timeout``, ``threads``, ``device`` are as for :class:`Cluster`; ``call_timeout``
-    limits the whole call; ``max_restarts=k`` reruns ``fn`` on restarted workers after a failure, up to k
-    times (as ``torchrun --max-restarts``). In a script, call it under ``if __name__ == "__main__":`` (workers are
-    started with "spawn", which re-imports the main module).
+    limits the whole call; ``max_restarts=k`` runs ``fn`` again on restarted workers after a failure, up to k
+    times (as ``torchrun --max-restarts``). Works from a notebook, IPython, a script (with or without the
+    ``if __name__ == "__main__":`` guard), ``python -c`` and a script on standard input: the workers are
+    started as a command and never re-import the caller's ``__main__``.
     """
     cluster = Cluster(world_size, backend=backend, timeout=timeout, threads=threads, device=device,
                       call_timeout=call_timeout, max_restarts=max_restarts)
@@ -564,3 +660,24 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = e
         return cluster.call(fn, args, kwargs)
     finally:
         cluster.close()
+
+
+_shared: Cluster | None = None
+
+
+def cluster(world_size: int, **options) -> Cluster:
+    """This process's warm cluster of ``world_size`` workers: started on first use, then returned again.
+
+    A notebook cell ``cluster = simlib.cluster(2)`` can be re-run at no cost (the same workers come back).
+    Asking for another size or other options closes the previous shared cluster first, so one kernel holds
+    at most one of them. ``options`` are :class:`Cluster`'s.
+    """
+    global _shared
+    key = (world_size, sorted(options.items()))
+    if _shared is not None and _shared._key == key:
+        return _shared
+    if _shared is not None:
+        _shared.close()
+    _shared = Cluster(world_size, **options)
+    _shared._key = key
+    return _shared
