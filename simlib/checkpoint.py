@@ -207,19 +207,34 @@ def _flat_keys(sd: dict, prefix: str = "") -> set[str]:
     return keys
 
 
-def load(path, state) -> Saved:
-    """Load the checkpoint folder ``path`` into ``state`` (every rank calls it)."""
+def load(path, state, skip=()) -> Saved:
+    """Load the checkpoint folder ``path`` into ``state`` (every rank calls it).
+
+    ``skip``: top-level parts (e.g. ``"optimizer"``, ``"rng"``, ``"data"``) left out of the load, as if they had
+    not been saved: lesson 08 shows what each omission does to the loss curve."""
     t0 = time.perf_counter()
     path = Path(path)
     if not (path / ".metadata").is_file():
         raise FileNotFoundError(f"{path} is not a whole checkpoint (no .metadata): it was not committed")
+    optimizer = getattr(state, "optimizer", None)
+    if isinstance(optimizer, torch.optim.Optimizer) and not optimizer.state and "optimizer" not in skip:
+        # a fresh optimizer has no state (Adam's moments) until its first step, and DCP loads only what the target
+        # holds: create it first, as torch.distributed.checkpoint.state_dict does (a step with zero lr and grads)
+        from torch.distributed.checkpoint.state_dict import _init_optim_state
+        _init_optim_state(optimizer)
     sd = _state_dict(state)
+    unknown = [k for k in skip if k not in sd]
+    if unknown:
+        raise ValueError(f"skip={list(skip)}: {unknown} not in the state (its parts: {sorted(sd)})")
+    for k in skip:
+        del sd[k]
     per_rank = PER_RANK_KEY in sd
     if per_rank:
         sd[PER_RANK_KEY] = {"by_rank": b"", "world_size": 0}
     saved_keys = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
     wanted = _flat_keys(sd)
-    extra = sorted(k for k in saved_keys - wanted if not k.startswith(PER_RANK_KEY + "."))
+    extra = sorted(k for k in saved_keys - wanted if not k.startswith(PER_RANK_KEY + ".")
+                   and k.split(".")[0] not in skip)
     if extra:  # DCP loads only what the target asks for: the rest would be silently dropped
         shown = ", ".join(extra[:5]) + (" ..." if len(extra) > 5 else "")
         raise ValueError(
@@ -244,7 +259,7 @@ def load(path, state) -> Saved:
                  _folder_bytes(path) if _rank() == 0 else 0)
 
 
-def load_latest(directory, state) -> Saved | None:
+def load_latest(directory, state, skip=()) -> Saved | None:
     """Restore the newest whole checkpoint in ``directory`` into ``state``; None (and ``state`` untouched) when
     there is none. Every rank calls it; rank 0 picks the folder so that all ranks load the same one."""
     if directory is None:
@@ -256,4 +271,4 @@ def load_latest(directory, state) -> Saved | None:
         path = Path(box[0]) if box[0] is not None else None
     if path is None:
         return None
-    return load(path, state)
+    return load(path, state, skip)

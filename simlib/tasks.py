@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .models import MLP
+
 
 @dataclass
 class RegressionTask:
@@ -23,6 +25,7 @@ class RegressionTask:
     num_samples: int = 4096
     eval_samples: int = 512
     seed: int = 0
+    dropout: float = 0.0   # on the input features while training: the run then draws random numbers every step
 
     def __post_init__(self):
         from .models import make_regression
@@ -35,9 +38,8 @@ class RegressionTask:
         return 6 * (self.depth * self.width * self.width + self.width)
 
     def build_model(self) -> nn.Module:
-        from .models import MLP
         torch.manual_seed(self.seed)
-        return MLP(self.width, self.depth)
+        return DropoutMLP(self.width, self.depth, self.dropout) if self.dropout else MLP(self.width, self.depth)
 
     def batch(self, step: int):
         """Global batch ``step``: consecutive rows of the training set, wrapping around (same for every plan)."""
@@ -65,3 +67,15 @@ class RegressionTask:
         blocks = self.depth + 1
         if plan.pp > blocks:
             raise ValueError(f"the MLP has {blocks} blocks (depth {self.depth} + head): use pp <= {blocks}")
+
+
+
+class DropoutMLP(MLP):
+    """The MLP with dropout on its input features while training (so every step draws random numbers)."""
+
+    def __init__(self, width: int, depth: int, p: float):
+        super().__init__(width, depth)
+        self.p = p
+
+    def forward(self, x):
+        return self.net(nn.functional.dropout(x, self.p, self.training))

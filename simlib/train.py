@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .checkpoint import rng_state, set_rng_state  # noqa: F401 - every generator a step may use
 from .parallel.data import MODES as DP_VARIANTS
 from .parallel.mesh import Mesh
 from .parallelize import ParallelModel, build_optimizer, clip_grad_norm, parallelize  # noqa: F401
@@ -166,51 +166,51 @@ class OptimConfig:
             raise ValueError(f"OptimConfig.lr must be > 0, got {self.lr!r}")
 
 
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 @dataclass
 class TrainState:
     """Everything a resumed run needs: model, optimizer, schedule, step, RNG and data position.
 
-    The data position is the next step's index (``task.batch(step)`` is a pure function of it), plus the
-    samples and tokens seen; a resumed run continues with the very next global batch.
+    The data position is the index of the next global batch (``task.batch(index)`` is a pure function of it;
+    it moves with ``step`` unless a checkpoint restored one without the other), plus the samples and tokens
+    seen; a resumed run continues with the very next global batch. A part missing from a loaded state dict
+    (``checkpoint.load_latest(..., skip=...)``, lesson 08's bugs) stays as it is.
     """
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: object
     step: int = 0
+    data_step: int = 0        # the data position: index of the next global batch
     samples: int = 0
     tokens: int = 0
     train_time: float = 0.0   # seconds of training so far (evaluation and checkpoints left out)
+    shard: str = ""           # which part of the model this rank holds when ranks differ (TP/PP/ZeRO), e.g. "pp1"
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        model, optimizer = self.model.state_dict(), self.optimizer.state_dict()
+        if self.shard:  # ranks hold different tensors under the same names: keep each part apart in the checkpoint
+            model, optimizer = {self.shard: model}, {self.shard: optimizer}
+        return {"model": model, "optimizer": optimizer,
                 "scheduler": self.scheduler.state_dict(), "step": self.step,
-                "data": {"next_step": self.step, "samples": self.samples, "tokens": self.tokens},
+                "data": {"next_step": self.data_step, "samples": self.samples, "tokens": self.tokens},
                 "train_time": self.train_time, "rng": rng_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step = int(state["data"]["next_step"])
-        self.samples, self.tokens = int(state["data"]["samples"]), int(state["data"]["tokens"])
-        self.train_time = float(state.get("train_time", 0.0))
-        set_rng_state(state["rng"])
+        part = (lambda d: d[self.shard]) if self.shard else (lambda d: d)
+        if "model" in state:
+            self.model.load_state_dict(part(state["model"]))
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(part(state["optimizer"]))
+        if "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if "step" in state:
+            self.step = int(state["step"])
+        if "data" in state:
+            self.data_step = int(state["data"]["next_step"])
+            self.samples, self.tokens = int(state["data"]["samples"]), int(state["data"]["tokens"])
+        self.train_time = float(state.get("train_time", self.train_time))
+        if "rng" in state:
+            set_rng_state(state["rng"])
 
 
 def _budget_steps(task, steps, tokens, samples, seconds) -> int | None:
@@ -231,7 +231,8 @@ def _budget_steps(task, steps, tokens, samples, seconds) -> int | None:
 
 def _matmul_rate(device, size: int = 512, repeats: int = 5) -> float:
     """FLOP/s of a size^3 fp32 matmul on this process (its threads), median of ``repeats``: MFU's yardstick."""
-    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    g = torch.Generator(device=device).manual_seed(0)  # its own generator: the run's random stream stays as it was
+    a, b = (torch.randn(size, size, device=device, generator=g) for _ in range(2))
     a @ b
     times = []
     for _ in range(repeats):
@@ -262,7 +263,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     tl = Timeline(rank=ctx.rank, warmup=warmup, device=ctx.device)
     pm = parallelize(task.build_model().to(ctx.device), groups, plan, task, ctx.device, tl)
     optimizer, scheduler = build_optimizer(pm, plan, optim, total_steps)
-    state = TrainState(pm.module, optimizer, scheduler)
+    state = TrainState(pm.module, optimizer, scheduler, shard=_shard_name(plan, groups))
     if plan.checkpoint_dir:
         from . import checkpoint  # issue-11: torch.distributed.checkpoint, atomic
         checkpoint.load_latest(plan.checkpoint_dir, state)
@@ -289,7 +290,8 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
             break
         if seconds is not None and _agree_stop(state.train_time >= seconds):
             break
-        x, y = (task.batch(step, part=groups.dp_rank, parts=plan.dp) if shardable else pm.shard(*task.batch(step)))
+        index = state.data_step  # the data position (equal to step unless a checkpoint was restored in part)
+        x, y = (task.batch(index, part=groups.dp_rank, parts=plan.dp) if shardable else pm.shard(*task.batch(index)))
         if shardable:
             x, y = x.to(ctx.device), y.to(ctx.device)
         lr = scheduler.get_last_lr()[0]
@@ -305,6 +307,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
         step_time = time.perf_counter() - t0
         state.train_time += step_time
         state.step += 1
+        state.data_step += 1
         state.samples += task.global_batch
         state.tokens += task.global_batch * tokens_per_sample
         last = (total_steps is not None and state.step >= total_steps)
@@ -334,6 +337,13 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
                             matmul_rate, time.perf_counter() - t_start)
     writer.finish(summary)
     return RunRecord(rows=rows, evals=evals, summary=summary, timeline=timeline, model=pm)
+
+
+def _shard_name(plan, groups) -> str:
+    """The part of the model and optimizer this rank holds, when ranks hold different ones (checkpoint keys)."""
+    parts = [f"pp{groups.pp_rank}"] * (plan.pp > 1) + [f"tp{groups.tp_rank}"] * (plan.tp > 1)
+    parts += [f"dp{groups.dp_rank}"] * (plan.zero_stage > 0)  # sharded optimizer state: no resharding over dp
+    return ".".join(parts)
 
 
 def _accepts_part(task) -> bool:
