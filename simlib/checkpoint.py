@@ -20,6 +20,7 @@ batch ``step`` of the Task, whatever the world size.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
@@ -34,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-__all__ = ["save", "load_latest", "load", "latest", "list_checkpoints", "rng_state", "set_rng_state",
+__all__ = ["save", "load_latest", "load", "latest", "leaving_out", "list_checkpoints", "rng_state", "set_rng_state",
            "Saved", "PER_RANK_KEY"]
 
 PER_RANK_KEY = "rng"  # a top-level key of the state dict whose value differs by rank
@@ -259,9 +260,26 @@ def load(path, state, skip=()) -> Saved:
                  _folder_bytes(path) if _rank() == 0 else 0)
 
 
-def load_latest(directory, state, skip=()) -> Saved | None:
+_leave_out: tuple = ()
+
+
+@contextlib.contextmanager
+def leaving_out(*parts: str):
+    """Inside the block, :func:`load_latest` restores everything but ``parts`` (e.g. ``"optimizer"``, ``"rng"``,
+    ``"data"``), as if they had never been saved: lesson 08's classic bugs, shown through the real trainer."""
+    global _leave_out
+    before, _leave_out = _leave_out, tuple(parts)
+    try:
+        yield
+    finally:
+        _leave_out = before
+
+
+def load_latest(directory, state, skip=None) -> Saved | None:
     """Restore the newest whole checkpoint in ``directory`` into ``state``; None (and ``state`` untouched) when
-    there is none. Every rank calls it; rank 0 picks the folder so that all ranks load the same one."""
+    there is none. Every rank calls it; rank 0 picks the folder so that all ranks load the same one.
+    ``skip``: parts left out (default: none, or those of an enclosing :func:`leaving_out`)."""
+    skip = _leave_out if skip is None else tuple(skip)
     if directory is None:
         return None
     path = latest(directory)
