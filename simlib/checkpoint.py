@@ -217,8 +217,10 @@ def load(path, state, skip=()) -> Saved:
     path = Path(path)
     if not (path / ".metadata").is_file():
         raise FileNotFoundError(f"{path} is not a whole checkpoint (no .metadata): it was not committed")
+    saved_keys = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
     optimizer = getattr(state, "optimizer", None)
-    if isinstance(optimizer, torch.optim.Optimizer) and not optimizer.state and "optimizer" not in skip:
+    if (isinstance(optimizer, torch.optim.Optimizer) and not optimizer.state and "optimizer" not in skip
+            and any(k.startswith("optimizer.") and ".state." in k for k in saved_keys)):
         # a fresh optimizer has no state (Adam's moments) until its first step, and DCP loads only what the target
         # holds: create it first, as torch.distributed.checkpoint.state_dict does (a step with zero lr and grads)
         from torch.distributed.checkpoint.state_dict import _init_optim_state
@@ -232,7 +234,6 @@ def load(path, state, skip=()) -> Saved:
     per_rank = PER_RANK_KEY in sd
     if per_rank:
         sd[PER_RANK_KEY] = {"by_rank": b"", "world_size": 0}
-    saved_keys = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
     wanted = _flat_keys(sd)
     extra = sorted(k for k in saved_keys - wanted if not k.startswith(PER_RANK_KEY + ".")
                    and k.split(".")[0] not in skip)

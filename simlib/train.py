@@ -245,13 +245,14 @@ def _matmul_rate(device, size: int = 512, repeats: int = 5) -> float:
 def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, seconds=None,
           optim: OptimConfig = OptimConfig(), eval_every: int = 0, log_every: int = 10, out_dir=None,
           target: dict | None = None, warmup: int = 2, measure_memory: bool = True, verbose: bool = True,
-          live_plot: bool = False) -> RunRecord:
+          live_plot: bool = False, state_type: type | None = None) -> RunRecord:
     """Train ``task`` under ``plan`` for one budget (``steps``, ``tokens``, ``samples`` or ``seconds``).
 
     Call on every rank. ``eval_every``: evaluate every k steps (and at the end) if > 0. ``target``: e.g.
     ``{"eval_loss": 4.0}``; the summary records the training time and tokens at the first evaluation that
     reaches it. ``warmup``: first steps left out of throughput. ``live_plot``: in a one-process notebook
-    run, redraw the loss curve while training.
+    run, redraw the loss curve while training. ``state_type``: the class that holds what a checkpoint saves
+    (default :class:`TrainState`; lesson 08's exercise passes its own).
     """
     from . import env
     from .timeline import Timeline
@@ -263,7 +264,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     tl = Timeline(rank=ctx.rank, warmup=warmup, device=ctx.device)
     pm = parallelize(task.build_model().to(ctx.device), groups, plan, task, ctx.device, tl)
     optimizer, scheduler = build_optimizer(pm, plan, optim, total_steps)
-    state = TrainState(pm.module, optimizer, scheduler, shard=_shard_name(plan, groups))
+    state = (state_type or TrainState)(pm.module, optimizer, scheduler, shard=_shard_name(plan, groups))
     if plan.checkpoint_dir:
         from . import checkpoint  # issue-11: torch.distributed.checkpoint, atomic
         checkpoint.load_latest(plan.checkpoint_dir, state)
