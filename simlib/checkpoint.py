@@ -21,6 +21,7 @@ batch ``step`` of the Task, whatever the world size.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pickle
 import random
@@ -36,7 +37,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 __all__ = ["save", "load_latest", "load", "latest", "leaving_out", "list_checkpoints", "rng_state", "set_rng_state",
-           "Saved", "PER_RANK_KEY"]
+           "Saved", "PER_RANK_KEY", "checkpoint_interval", "wasted_fraction"]
 
 PER_RANK_KEY = "rng"  # a top-level key of the state dict whose value differs by rank
 _NAME = re.compile(r"^step_(\d{8})$")
@@ -291,3 +292,24 @@ def load_latest(directory, state, skip=None) -> Saved | None:
     if path is None:
         return None
     return load(path, state, skip)
+
+
+# ── how often to checkpoint ──
+def checkpoint_interval(save_seconds: float, mtbf_seconds: float) -> float:
+    """Compute time between checkpoints that wastes the least, by Daly's formula (Daly 2006, "A higher order
+    estimate of the optimum checkpoint interval for restart dumps", FGCS 22(3)); its first term is Young's
+    ``sqrt(2 * save * MTBF)`` (Young 1974, CACM 17(9)). ``mtbf_seconds``: mean time between failures of the whole
+    job (one node's MTBF / number of nodes)."""
+    d, m = float(save_seconds), float(mtbf_seconds)
+    if d <= 0 or m <= 0:
+        raise ValueError(f"save_seconds and mtbf_seconds must be > 0, got {save_seconds!r}, {mtbf_seconds!r}")
+    if d >= 2 * m:
+        return m
+    r = d / (2 * m)
+    return math.sqrt(2 * d * m) * (1 + math.sqrt(r) / 3 + r / 9) - d
+
+
+def wasted_fraction(interval: float, save_seconds: float, mtbf_seconds: float, restart_seconds: float = 0.0) -> float:
+    """First-order share of the time lost to failures (Young 1974): saving (``save / interval``), the work
+    redone after a failure (half an interval plus a save, on average) and the restart, each per MTBF."""
+    return save_seconds / interval + ((interval + save_seconds) / 2 + restart_seconds) / mtbf_seconds
