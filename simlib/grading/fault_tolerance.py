@@ -77,6 +77,23 @@ def _first_gap(curve: dict, reference: dict) -> str:
     return ""
 
 
+def _contents(directory) -> Result:
+    """What the learner's last checkpoint holds, read from DCP's metadata (the names of every saved entry)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from .. import checkpoint
+    path = checkpoint.latest(directory)
+    keys = list(FileSystemReader(str(path)).read_metadata().state_dict_metadata) if path else []
+    wanted = {"the model's weights": lambda k: k.endswith("net.0.weight"),
+              "the optimizer's moments (exp_avg)": lambda k: k.endswith("exp_avg"),
+              "the step": lambda k: k == "step",
+              "every rank's RNG state (key 'rng')": lambda k: k.startswith("rng.")}
+    missing = [name for name, found in wanted.items() if not any(found(k) for k in keys)]
+    return Result("the checkpoint holds the weights, the optimizer's moments, the step and the RNG states",
+                  not missing, "state_dict() should return them all: missing " + ", ".join(missing),
+                  f"{len(keys)} entries" if not missing else "missing " + ", ".join(missing))
+
+
 @exercise("full_state")
 def _check_full_state(answer, grader):
     from ..train import TrainState
@@ -94,6 +111,7 @@ def _check_full_state(answer, grader):
                      "the run did not continue from its checkpoint: load_state_dict must restore self.step (the "
                      "optimizer steps done) and the data position, so the loop starts at step 4, not 0",
                      f"first step after the restart: {starts}")
+        yield _contents(os.path.join(work, "yours"))
         equal = all(out == {s: reference[s] for s in range(_EVERY, _STEPS)} for out in resumed)
         hint = ("the resumed curve leaves the uninterrupted one; " + _first_gap(resumed[0], reference)
                 + ". Save and restore the model, the optimizer, the LR scheduler, the step, the data position and "
