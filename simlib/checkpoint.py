@@ -251,7 +251,7 @@ def load(path, state, skip=()) -> Saved:
         saved_world, rank, world = len(by_rank), _rank(), _world()
         if saved_world != world and rank == 0:
             warnings.warn(f"checkpoint {path.name} was saved by {saved_world} rank(s), loaded by {world}: rank r "
-                          f"takes the RNG state of saved rank r mod {saved_world}", stacklevel=2)
+                          f"takes the RNG state of saved rank r mod {saved_world}", stacklevel=3)
         sd[PER_RANK_KEY] = by_rank[rank % saved_world]
     if hasattr(state, "load_state_dict"):
         state.load_state_dict(sd)

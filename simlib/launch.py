@@ -492,10 +492,16 @@ class Cluster:
     def _call_once(self, fn, payload, timeout, restartable=False) -> list:
         self._call_id += 1
         call_id = self._call_id
-        for chan in self._conns.values():
-            chan.send(("call", call_id, payload))
         results, failures, died = {}, {}, set()
         first_failure = None
+        for rank, chan in self._conns.items():
+            try:
+                chan.send(("call", call_id, payload))
+            except OSError:  # the worker ended between calls (and the agent may have restarted it)
+                died.add(rank)
+                failures[rank] = RemoteFailure(rank, "WorkerDied", "the worker process had ended before the call "
+                                               "(killed, crashed, or it called os._exit)", "")
+                first_failure = first_failure or time.monotonic()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while len(results) + len(failures) < self.world_size:
@@ -594,7 +600,8 @@ def _cause(err: WorkerError) -> str:
     for f in fails:
         if f.type_name != "WorkerDied":
             why = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", f.summary().split(": ", 1)[1])  # Gloo's file:line
-            why = why if len(why) <= 90 else why[:87] + "..."
+            if len(why) > 90:  # the first sentence is enough here; the error at the end has the whole text
+                why = why.split(". ")[0] + "." if len(why.split(". ")[0]) <= 90 else why[:87] + "..."
             parts.append(f"rank {f.rank} then failed: {why}" if died else f"rank {f.rank} failed: {why}")
     return "; ".join(parts) or str(err).splitlines()[0]
 
