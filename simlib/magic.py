@@ -16,7 +16,8 @@
 
 Each rank keeps one namespace between cells, holding at first ``torch``, ``dist``, ``simlib``, ``ctx``
 (:class:`simlib.Context`), ``rank`` and ``world_size``. The engine is :func:`simlib.cluster` (the kernel's warm
-cluster), so errors, output and interrupts behave as for :func:`simlib.launch`: a failure raises
+cluster: one made with ``simlib.cluster(n, timeout=...)`` in the notebook is used as it is), so errors, output and
+interrupts behave as for :func:`simlib.launch`: a failure raises
 :class:`simlib.WorkerError` with the rank and the cell's line (``Cell In[n], line k``); the interrupt button
 stops every worker, and the next cell starts fresh ones (with empty namespaces, as simlib then says).
 The function style (``simlib.launch(fn, n)``) stays the way for scripts; this is for exploring in a notebook.
@@ -108,6 +109,10 @@ def _make_magics():
 
         def _cluster(self, world_size=None):
             import simlib
+            shared = importlib.import_module("simlib.launch")._shared
+            if shared is not None and world_size in (None, shared.world_size):
+                self.world_size = shared.world_size  # the kernel's warm cluster, whatever its options
+                return shared
             if world_size is not None and world_size != self.world_size:
                 if self._pids is not None:
                     print(f"simlib: {world_size} ranks instead of {self.world_size}: starting new workers "
