@@ -4,6 +4,7 @@ from __future__ import annotations
 import linecache
 import os
 import re
+import sys
 import traceback
 from dataclasses import dataclass
 
@@ -118,9 +119,10 @@ _FRAME = re.compile(r'^  File "([^"]+)", line (\d+)(.*)$')
 
 def _cell_name(filename: str) -> str | None:
     """``Cell In[n]`` for a notebook cell's file (as IPython numbers it), else None."""
+    if "IPython" not in sys.modules:
+        return None
     try:
-        from IPython import get_ipython
-        ip = get_ipython()
+        ip = sys.modules["IPython"].get_ipython()
         label = ip.compile.format_code_name(filename) if ip is not None else None
     except Exception:  # noqa: BLE001 - not in IPython, or an older one
         return None

@@ -3,7 +3,10 @@
 ``launch(fn, world_size, *args, **kwargs)`` starts ``world_size`` workers with PyTorch's elastic agent (the
 engine behind ``torchrun``), so each worker sees torchrun's environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), joins the process group, runs ``fn`` and sends back its
-return value. ``fn`` travels as cloudpickle bytes, so a function defined in a notebook cell works.
+return value. ``fn`` travels as cloudpickle bytes, so a function defined in a notebook cell works. The agent
+starts each worker as a command (``python -c`` + :data:`simlib.worker.BOOTSTRAP`), as torchrun does, never by
+re-importing the caller's ``__main__``: a notebook, IPython, a script with or without the ``__main__`` guard,
+``python -c`` and a script on standard input all work.
 
 ``Cluster(world_size)`` keeps the same workers and their process group warm between calls: importing torch
 costs seconds per process, a call on a warm cluster costs milliseconds.
@@ -19,8 +22,10 @@ How the pieces talk:
 
 Failure rules: an exception on a rank is raised here as :class:`WorkerError` naming the rank(s); ranks that
 do not finish within ``grace`` seconds of the first failure are stopped (and the cluster restarts on its next
-call); a collective that waits longer than ``timeout`` fails on its rank; Ctrl-C stops every worker. Workers
-die with the caller (``PR_SET_PDEATHSIG`` plus a watchdog), so nothing is left orphaned.
+call); a collective that waits longer than ``timeout`` fails on its rank; Ctrl-C stops every worker, at any
+moment, with one line. Workers die with the caller (``PR_SET_PDEATHSIG`` plus a watchdog) and with their
+``Cluster`` (no thread holds one; re-running the notebook cell that made one closes the old one), so nothing is
+left orphaned or idle.
 """
 from __future__ import annotations
 
@@ -103,11 +108,9 @@ def _cell_origin():
     """Where a Cluster is created, if that is a notebook/IPython cell: (cell file, line, execution count).
 
     ipykernel names a cell's file after a hash of its source, so re-running a cell gives the same file."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
+    if "IPython" not in sys.modules:  # not in IPython (and importing it would cost a script time)
         return None
-    ip = get_ipython()
+    ip = sys.modules["IPython"].get_ipython()
     if ip is None:
         return None
     frame = sys._getframe(1)

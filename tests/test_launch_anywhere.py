@@ -79,7 +79,8 @@ def test_unpicklable_capture_names_the_variable(cluster2):
     assert "the variable `lock` it captures (a lock) cannot be pickled" in str(info.value)
     with pytest.raises(TypeError) as info:
         cluster2.run(lambda: cluster2.world_size)  # the cluster itself
-    assert "`cluster2`" in str(info.value) and "a Cluster of 2 worker(s) lives in the calling process" in str(info.value)
+    text = str(info.value)
+    assert "`cluster2`" in text and "a Cluster of 2 worker(s) lives in the calling process" in text
     with pytest.raises(TypeError, match="argument 0 .a lock."):
         cluster2.run(print, lock)
     assert cluster2.run(lambda: 1) == [1, 1]  # nothing was sent, the cluster is as it was
