@@ -413,9 +413,10 @@ class Cluster:
             raise ValueError(f"fn must be callable, got {fn!r}")
         timeout = _check_positive("timeout", timeout if timeout is not None else self.call_timeout)
         if self._broken:
+            why = self._broken if isinstance(self._broken, str) else "the failure of the previous call"
             self.restart()
             print(f"simlib: started {self.world_size} fresh workers ({self.last_start_seconds:.1f} s) "
-                  "after the failure of the previous call", file=sys.stderr)
+                  f"after {why}", file=sys.stderr)
         elif self._closed:  # closed by the user: reopen
             self._start()
         try:
@@ -459,7 +460,7 @@ class Cluster:
                     first_failure = first_failure or time.monotonic()
         except KeyboardInterrupt:
             self._kill()
-            self._broken = True
+            self._broken = "the interrupt"
             print(f"simlib: interrupted; stopped all {self.world_size} workers (the next call starts fresh ones)",
                   file=sys.stderr, flush=True)
             raise Interrupted(f"stopped all {self.world_size} workers") from None  # one line in a notebook
