@@ -4,6 +4,7 @@ from __future__ import annotations
 import linecache
 import os
 import re
+import sys
 import traceback
 from dataclasses import dataclass
 
@@ -81,6 +82,13 @@ def _code_objects(fn, seen=None):
             other = getattr(fn, "__globals__", {}).get(name)
             if callable(other) and hasattr(other, "__code__"):
                 yield from _code_objects(other, seen)
+    for cell in getattr(fn, "__closure__", None) or ():  # functions it captures (a helper defined beside it)
+        try:
+            other = cell.cell_contents
+        except ValueError:
+            continue
+        if callable(other) and hasattr(other, "__code__"):
+            yield from _code_objects(other, seen)
 
 
 def restore_filenames(text: str, fn) -> str:
@@ -111,9 +119,10 @@ _FRAME = re.compile(r'^  File "([^"]+)", line (\d+)(.*)$')
 
 def _cell_name(filename: str) -> str | None:
     """``Cell In[n]`` for a notebook cell's file (as IPython numbers it), else None."""
+    if "IPython" not in sys.modules:
+        return None
     try:
-        from IPython import get_ipython
-        ip = get_ipython()
+        ip = sys.modules["IPython"].get_ipython()
         label = ip.compile.format_code_name(filename) if ip is not None else None
     except Exception:  # noqa: BLE001 - not in IPython, or an older one
         return None
@@ -122,16 +131,25 @@ def _cell_name(filename: str) -> str | None:
 
 def learner_traceback(text: str) -> str:
     """A remote traceback in the learner's terms: simlib's own plumbing frames (the worker loop that called
-    the learner's function) dropped, and notebook cells named as IPython names them (``Cell In[3], line 4``)."""
+    the learner's function) dropped, notebook cells named as IPython names them (``Cell In[3], line 4``), and
+    source lines the worker could not read (a cell exists only in the kernel) filled in from here."""
     out, skip = [], False
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         m = _FRAME.match(line)
         if m:
             skip = os.path.abspath(m.group(1)) in _PLUMBING
             if not skip:
-                cell = _cell_name(m.group(1))
+                filename, lineno = m.group(1), int(m.group(2))
+                cell = _cell_name(filename)
                 if cell:
-                    line = f"  {cell}, line {m.group(2)}{m.group(3)}"
+                    line = f"  {cell}, line {lineno}{m.group(3)}"
+                out.append(line)
+                has_source = i + 1 < len(lines) and lines[i + 1].startswith("    ")
+                source = linecache.getline(filename, lineno).strip()
+                if not has_source and source:
+                    out.append(f"    {source}")
+                continue
         elif not line.startswith("    "):
             skip = False
         if not skip:

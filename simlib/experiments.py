@@ -91,7 +91,8 @@ def scaling(world_sizes=(1, 2, 4), mode: str = "strong", global_batch: int = 102
     """Measure data-parallel training over ``world_sizes``; one row per world size (+ a baseline row).
 
     Columns: world_size, threads, global_batch, local_batch, step_time (median s), step_time_p25/p75,
-    throughput (samples/s), speedup (with speedup_lo/hi from the step-time quartiles), efficiency,
+    throughput (samples/s), speedup (with speedup_lo/hi from the step-time quartiles), efficiency
+    (speedup per core used: processes x threads),
     comm_fraction, per-kind times, oversubscribed, and ``baseline`` (None for the sweep; a label for the
     one-process-all-cores row). ``table.attrs`` holds cores, mode and the configuration.
     With ``keep_timelines=True`` returns ``(table, {world_size: timeline})``.
@@ -134,8 +135,9 @@ def scaling(world_sizes=(1, 2, 4), mode: str = "strong", global_batch: int = 102
         table["speedup"] = table["throughput"] / ref["throughput"]
         table["speedup_lo"] = table["speedup"] * table["step_time"] / table["step_time_p75"]
         table["speedup_hi"] = table["speedup"] * table["step_time"] / table["step_time_p25"]
-    procs = table["world_size"].where(table["baseline"].isna(), 1)
-    table["efficiency"] = table["speedup"] / procs
+    # efficiency = speedup / the cores a setup uses (processes x threads, against the reference's threads), so
+    # "1 process x 2 threads" is judged on 2 cores, not on 1 process
+    table["efficiency"] = table["speedup"] * ref["threads"] / (table["world_size"] * table["threads"])
     table["oversubscribed"] = table["world_size"] * table["threads"] > cores
     table.attrs.update(cores=cores, mode=mode, width=width, depth=depth, steps=steps, warmup=warmup,
                        device="cuda" if env.gpu_count() else "cpu")

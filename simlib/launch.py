@@ -3,7 +3,10 @@
 ``launch(fn, world_size, *args, **kwargs)`` starts ``world_size`` workers with PyTorch's elastic agent (the
 engine behind ``torchrun``), so each worker sees torchrun's environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), joins the process group, runs ``fn`` and sends back its
-return value. ``fn`` travels as cloudpickle bytes, so a function defined in a notebook cell works.
+return value. ``fn`` travels as cloudpickle bytes, so a function defined in a notebook cell works. The agent
+starts each worker as a command (``python -c`` + :data:`simlib.worker.BOOTSTRAP`), as torchrun does, never by
+re-importing the caller's ``__main__``: a notebook, IPython, a script with or without the ``__main__`` guard,
+``python -c`` and a script on standard input all work.
 
 ``Cluster(world_size)`` keeps the same workers and their process group warm between calls: importing torch
 costs seconds per process, a call on a warm cluster costs milliseconds.
@@ -19,8 +22,10 @@ How the pieces talk:
 
 Failure rules: an exception on a rank is raised here as :class:`WorkerError` naming the rank(s); ranks that
 do not finish within ``grace`` seconds of the first failure are stopped (and the cluster restarts on its next
-call); a collective that waits longer than ``timeout`` fails on its rank; Ctrl-C stops every worker. Workers
-die with the caller (``PR_SET_PDEATHSIG`` plus a watchdog), so nothing is left orphaned.
+call); a collective that waits longer than ``timeout`` fails on its rank; Ctrl-C stops every worker, at any
+moment, with one line. Workers die with the caller (``PR_SET_PDEATHSIG`` plus a watchdog) and with their
+``Cluster`` (no thread holds one; re-running the notebook cell that made one closes the old one), so nothing is
+left orphaned or idle.
 
 Restarts (``max_restarts=k``, as ``torchrun --max-restarts``): after a failure the elastic agent restarts every
 worker (a rank that died, an exception, a collective that timed out, a call past its time limit) and the call runs
@@ -110,11 +115,9 @@ def _cell_origin():
     """Where a Cluster is created, if that is a notebook/IPython cell: (cell file, line, execution count).
 
     ipykernel names a cell's file after a hash of its source, so re-running a cell gives the same file."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
+    if "IPython" not in sys.modules:  # not in IPython (and importing it would cost a script time)
         return None
-    ip = get_ipython()
+    ip = sys.modules["IPython"].get_ipython()
     if ip is None:
         return None
     frame = sys._getframe(1)
@@ -443,9 +446,10 @@ class Cluster:
             raise ValueError(f"fn must be callable, got {fn!r}")
         timeout = _check_positive("timeout", timeout if timeout is not None else self.call_timeout)
         if self._broken:
+            why = self._broken if isinstance(self._broken, str) else "the failure of the previous call"
             self.restart()
             print(f"simlib: started {self.world_size} fresh workers ({self.last_start_seconds:.1f} s) "
-                  "after the failure of the previous call", file=sys.stderr)
+                  f"after {why}", file=sys.stderr)
         elif self._closed:  # closed by the user: reopen
             self._start()
         try:
@@ -536,7 +540,7 @@ class Cluster:
                     first_failure = first_failure or time.monotonic()
         except KeyboardInterrupt:
             self._kill()
-            self._broken = True
+            self._broken = "the interrupt"
             print(f"simlib: interrupted; stopped all {self.world_size} workers (the next call starts fresh ones)",
                   file=sys.stderr, flush=True)
             raise Interrupted(f"stopped all {self.world_size} workers") from None  # one line in a notebook

@@ -115,12 +115,19 @@ class Grader:
     def run(self, world_size: int, harness, *args, what: str | None = None, **kwargs) -> list:
         """``harness(*args, **kwargs)`` on every rank -> per-rank results; a failure ends the exercise."""
         from ..launch import WorkerError, WorkerTimeout
+        import time
         what = what or f"your code on {world_size} ranks"
+        cluster_ = self.cluster(world_size)
+        t0 = time.monotonic()
         try:
-            return self.cluster(world_size).call(harness, args, kwargs, timeout=self.timeout)
+            return cluster_.call(harness, args, kwargs, timeout=self.timeout)
         except WorkerTimeout as exc:
+            elapsed = time.monotonic() - t0
+            why = (f"no answer within {self.timeout:g} s" if exc.failures and all(
+                       f.type_name == "Timeout" for f in exc.failures.values()) else
+                   f"a send/recv or collective waited longer than {cluster_.timeout:g} s for its peer")
             raise _Stop(Result(f"{what} finished", False, status=HANG,
-                               detail=f"no answer within {self.timeout:g} s (a hang or a deadlock)",
+                               detail=f"stopped after {elapsed:.0f} s: {why} (a hang or a deadlock)",
                                hint="every send needs a matching recv on the other rank, and every rank must "
                                     "call the same collectives in the same order. A blocking send on every rank "
                                     "at once can deadlock: post isend/irecv first, then wait. (The workers were "
@@ -177,13 +184,22 @@ def check(name: str, answer, clusters: dict | None = None, timeout: float = 30.0
         return report
     say(f"checking {name} ...")
     grader = Grader(clusters, timeout)
+    shown = set()
+
+    def show(result):  # a hint already shown is not repeated: "same hint as above"
+        line = result.line()
+        if not result.passed and result.hint and result.hint in shown:
+            line = Result(result.name, False, "same as above", result.detail, result.status).line()
+        shown.add(result.hint)
+        say(line)
+
     try:
         for result in EXERCISES[name](answer, grader):
             report.results.append(result)
-            say(result.line())
+            show(result)
     except _Stop as stop:
         report.results.append(stop.result)
-        say(stop.result.line())
+        show(stop.result)
     except KeyboardInterrupt:
         raise
     except NotImplementedError:

@@ -142,10 +142,14 @@ def _ring_hint(cases_by_rank, world_size) -> str:
              for r in range(world_size)}
     numel = want.numel()
     tail = numel // world_size * world_size
-    if numel % world_size and all(_close(g[:tail], want[:tail]) for g in got):
+    if 0 < tail < numel and all(_close(g[:tail], want[:tail]) for g in got):
         return (f"the last {numel - tail} element(s) are wrong: with {numel} elements on {world_size} ranks the "
                 "chunks cannot all be numel // world_size long; cover every element (e.g. "
                 "simlib.collectives.chunk_bounds or torch.tensor_split)")
+    if numel < world_size:  # some chunks are empty: a different bug from a dropped remainder
+        return (f"with {numel} element(s) on {world_size} ranks some chunks are empty "
+                f"({[e - s for s, e in bounds]} elements): every rank must still take part in each step, sending "
+                "and receiving its (possibly empty) chunk, so that both sides of every send/recv agree")
     if numel % world_size:
         sizes_hint = (f". With {numel} elements the chunks are uneven ({[e - s for s, e in bounds]}): both sides of a "
                       "send/recv must agree on each chunk's length.")
