@@ -21,9 +21,9 @@ def settings(quick: bool = False) -> dict:
     Quick: 0.17 M parameters, 120 steps of 512 tokens (it only starts to leave the unigram plateau)."""
     from .gpt_task import GPTTask
     if quick:
-        return dict(task=GPTTask.quick(), steps=120, eval_every=20, log_every=10, target={"eval_loss": 5.85},
+        return dict(task=GPTTask.quick(), steps=120, eval_every=20, log_every=10, target={"eval_loss": 6.0},
                     optim=OptimConfig(lr=1e-2, warmup_steps=10, weight_decay=0.1, grad_clip=1.0))
-    return dict(task=GPTTask(), steps=600, eval_every=50, log_every=10, target={"eval_loss": 4.0},
+    return dict(task=GPTTask(), steps=600, eval_every=50, log_every=10, target={"eval_loss": 4.5},
                 optim=OptimConfig(lr=3e-3, warmup_steps=30, weight_decay=0.1, grad_clip=1.0))
 
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from .parallel.data import MODES as DP_VARIANTS
 from .parallel.mesh import Mesh
 from .parallelize import ParallelModel, build_optimizer, clip_grad_norm, parallelize  # noqa: F401
-from .record import RunRecord, build_summary, step_row
+from .record import RunRecord, build_summary, step_row, time_to_target
 
 SCHEDULES = ("gpipe", "1f1b")
 PRECISIONS = (None, "bf16", "fp16")
@@ -243,13 +243,13 @@ def _matmul_rate(device, size: int = 512, repeats: int = 5) -> float:
 
 def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, seconds=None,
           optim: OptimConfig = OptimConfig(), eval_every: int = 0, log_every: int = 10, out_dir=None,
-          target: dict | None = None, warmup: int = 2, measure_memory: bool = True, verbose: bool = True,
-          live_plot: bool = False) -> RunRecord:
+          target: dict | None = None, stop_at_target: bool = False, warmup: int = 2, measure_memory: bool = True,
+          verbose: bool = True, live_plot: bool = False) -> RunRecord:
     """Train ``task`` under ``plan`` for one budget (``steps``, ``tokens``, ``samples`` or ``seconds``).
 
     Call on every rank. ``eval_every``: evaluate every k steps (and at the end) if > 0. ``target``: e.g.
     ``{"eval_loss": 4.0}``; the summary records the training time and tokens at the first evaluation that
-    reaches it. ``warmup``: first steps left out of throughput. ``live_plot``: in a one-process notebook
+    reaches it (``stop_at_target``: and the run ends there). ``warmup``: first steps left out of throughput. ``live_plot``: in a one-process notebook
     run, redraw the loss curve while training.
     """
     from . import env
@@ -322,6 +322,8 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
                 plotter.update(rows, evals)
         if eval_every and (state.step % eval_every == 0 or last):
             _evaluate(task, pm, state, evals, writer, verbose and ctx.rank == 0)
+            if stop_at_target and _agree_stop(bool(time_to_target(evals, target).get("target_reached"))):
+                break
         if plan.checkpoint_dir and plan.checkpoint_every and state.step % plan.checkpoint_every == 0:
             from . import checkpoint
             checkpoint.save(plan.checkpoint_dir, state)
