@@ -110,8 +110,9 @@ def _train(args) -> int:
         records[name] = project_gpt.run(plan, plan.world_size, quick=is_quick, out_dir=folder,
                                         threads=args.threads)
         s = records[name].summary
+        reached = f"reached after {s['time_to_target']:.1f} s" if s.get("target_reached") else "not reached"
         print(f"  {s['tokens_per_s']:,.0f} tokens/s, final eval loss {s['final_eval']['eval_loss']:.3f}, "
-              f"target {s['target']} {'reached after %.1f s' % s['time_to_target'] if s.get('target_reached') else 'not reached'}")
+              f"target {s['target']} {reached}")
         print("  sample: " + repr(s["samples_text"][0]))
     target = next(iter(project_gpt.settings(is_quick)["target"].values()))
     project_gpt.plot_runs(records, out / "loss.png", target=target)

@@ -122,7 +122,7 @@ def plot_runs(records: dict, path=None, target: float | None = None):
     ax_tokens.set_xlabel("tokens seen")
     ax_tokens.set_title("loss vs tokens (faint: training loss)")
     ax_time.set_xlabel("training time (s)")
-    ax_time.set_title("eval loss vs wall time")
+    ax_time.set_title("eval loss vs training time")
     ax_tokens.legend(fontsize=8)
     ax_time.legend(fontsize=8)
     fig.tight_layout()
