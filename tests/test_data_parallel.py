@@ -69,3 +69,31 @@ def test_bucket_reports_unused_parameters(cluster2):
 def test_unknown_mode():
     with pytest.raises(ValueError, match="unknown mode"):
         D.wrap(torch.nn.Linear(2, 2), "magic")
+
+
+def _dp_in_mesh(mode, width=8, batch=12, steps=2):
+    """Data parallelism over the dp groups {0, 2} and {1, 3} of a dp=2 x tp=2 mesh (as when composed with TP)."""
+    from simlib.models import MLP, make_regression, shard
+    from simlib.parallel.mesh import Mesh
+    groups = Mesh(dp=2, tp=2).build()
+    # the group's first member holds the weights to keep; the other starts from junk that broadcast must replace
+    torch.manual_seed(10 + groups.tp_rank if groups.dp_rank == 0 else 999)
+    model = MLP(width, 2)
+    x, y = make_regression(batch, width, seed=1)
+    dp = D.wrap(model, mode, bucket_cap_mb=1e-9, group=groups.dp_group)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    D.train_steps(dp, opt, shard(x, groups.dp_rank, 2), shard(y, groups.dp_rank, 2), steps)
+    return groups.tp_rank, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("mode", D.MODES)
+def test_group_aware_inside_a_mesh(cluster4, mode):
+    from simlib.models import MLP, make_regression
+    outs = cluster4.call(_dp_in_mesh, (mode,), timeout=60)
+    for tp_rank, state in outs:
+        torch.manual_seed(10 + tp_rank)
+        model = MLP(8, 2)
+        x, y = make_regression(12, 8, seed=1)
+        D.train_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y, 2)
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(state[name], value, **TOL, msg=f"{mode} tp_rank {tp_rank} {name}")
