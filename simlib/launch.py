@@ -55,8 +55,8 @@ from multiprocessing.connection import Listener
 import cloudpickle
 
 from . import env
-from .errors import (Interrupted, OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, learner_traceback,
-                     restore_filenames, unpicklable)
+from .errors import (Interrupted, OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, describe_exit,
+                     learner_traceback, restore_filenames, unpicklable)
 from .worker import BOOTSTRAP, Channel
 
 __all__ = ["launch", "Cluster", "cluster", "WorkerError", "WorkerTimeout", "RemoteFailure", "OversubscribedWarning",
@@ -345,6 +345,24 @@ class Cluster:
             lines.append(f"{type(error).__name__}: {error}" if error is not None else "no reason given")
         return WorkerError(f"the {self.world_size} workers could not start:\n" + "\n".join(lines), by_rank)
 
+    def _exit_code(self, rank, wait: float = 1.0):
+        """A dead worker's exit code (negative: the signal), peeked without reaping it (the agent reaps)."""
+        pid, deadline = self._pids.get(rank), time.monotonic() + wait
+        while pid is not None and hasattr(os, "waitid"):
+            try:
+                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+            except (ChildProcessError, OSError):  # already reaped by the agent, or not our child
+                break
+            if info is not None:
+                return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        agent_error = self._agent_error[0] if self._agent_error else None
+        failures = getattr(agent_error, "failures", None) or {}  # the agent's ChildFailedError
+        failure = failures.get(rank)
+        return getattr(failure, "exitcode", None)
+
     def _kill(self) -> None:
         """Stop every worker now (SIGKILL to each worker's process group) and wait for the agent."""
         _no_more_restarts(getattr(self, "_run_id", None))
@@ -535,8 +553,8 @@ class Cluster:
                 elif (kind == "eof" and msg[1] not in results and msg[1] not in failures
                       and msg[1] in self._conns and self._conns[msg[1]].conn is msg[2]):
                     died.add(msg[1])
-                    failures[msg[1]] = RemoteFailure(msg[1], "WorkerDied", "the worker process ended without "
-                                                     "reporting (killed, crashed, or it called os._exit)", "")
+                    failures[msg[1]] = RemoteFailure(msg[1], "WorkerDied", describe_exit(self._exit_code(msg[1])),
+                                                     "")
                     first_failure = first_failure or time.monotonic()
         except KeyboardInterrupt:
             self._kill()
@@ -600,7 +618,7 @@ def _cause(err: WorkerError) -> str:
     """One line: which rank(s) failed and why (a rank that died first; its peers' lost-connection errors after)."""
     fails = [err.failures[r] for r in sorted(err.failures)]
     died = [f.rank for f in fails if f.type_name == "WorkerDied"]
-    parts = [f"rank {', '.join(map(str, died))} died (killed, crashed, or os._exit)"] if died else []
+    parts = [f"rank {f.rank} died ({f.message})" for f in fails if f.type_name == "WorkerDied"]
     for f in fails:
         if f.type_name != "WorkerDied":
             why = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", f.summary().split(": ", 1)[1])  # Gloo's file:line
