@@ -201,8 +201,7 @@ class TrainState:
             self.optimizer.load_state_dict(part(state["optimizer"]))
         if "scheduler" in state:
             self.scheduler.load_state_dict(state["scheduler"])
-        if "step" in state:
-            self.step = int(state["step"])
+        self.step = int(state.get("step", self.step))
         if "data" in state:
             self.data_step = int(state["data"]["next_step"])
             self.samples, self.tokens = int(state["data"]["samples"]), int(state["data"]["tokens"])
@@ -342,9 +341,8 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
 
 def _shard_name(plan, groups) -> str:
     """The part of the model and optimizer this rank holds, when ranks hold different ones (checkpoint keys)."""
-    parts = [f"pp{groups.pp_rank}"] * (plan.pp > 1) + [f"tp{groups.tp_rank}"] * (plan.tp > 1)
-    parts += [f"dp{groups.dp_rank}"] * (plan.zero_stage > 0)  # sharded optimizer state: no resharding over dp
-    return ".".join(parts)
+    return ".".join([f"pp{groups.pp_rank}"] * (plan.pp > 1) + [f"tp{groups.tp_rank}"] * (plan.tp > 1)
+                    + [f"dp{groups.dp_rank}"] * (plan.zero_stage > 0))  # ZeRO: optimizer sharded over dp
 
 
 def _accepts_part(task) -> bool:
