@@ -247,7 +247,8 @@ class Cluster:
         spec_file = os.path.join(self._log_dir, "spec.json")
         with open(os.open(spec_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             json.dump(spec, f)
-        world_size, agent_error = self.world_size, []
+        world_size = self.world_size
+        agent_error = self._agent_errors = []  # the agent thread appends here: it holds the list, not the Cluster
 
         def agent():  # references no Cluster, so a dropped Cluster is collected (and its workers stopped)
             try:
@@ -306,6 +307,12 @@ class Cluster:
             raise
         listener.close()
         self.last_start_seconds = time.perf_counter() - t0
+
+    @property
+    def _agent_error(self):
+        """What the agent raised when it ended (its ChildFailedError names each worker's exit code), or None."""
+        errors = getattr(self, "_agent_errors", None)
+        return errors[0] if errors else None
 
     def _start_failure(self, error) -> WorkerError:
         """One short message for workers that ended while starting: rank, exit code, the last lines they wrote."""
