@@ -263,7 +263,7 @@ class Cluster:
         spec_file = os.path.join(self._log_dir, "spec.json")
         with open(os.open(spec_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             json.dump(spec, f)
-        self._agent_error = agent_error = []
+        agent_error = self._agent_errors = []  # the agent thread appends here: it holds the list, not the Cluster
         self._run_id = config.run_id
         _track_agents()
 
@@ -329,7 +329,13 @@ class Cluster:
             elif kind == "out":
                 self._print(msg)
             elif kind == "agent-exit":
-                raise self._start_failure(self._agent_error[0] if self._agent_error else None)
+                raise self._start_failure(self._agent_error)
+
+    @property
+    def _agent_error(self):
+        """What the agent raised when it ended (its ChildFailedError names each worker's exit code), or None."""
+        errors = getattr(self, "_agent_errors", None)
+        return errors[0] if errors else None
 
     def _start_failure(self, error) -> WorkerError:
         """One short message for workers that ended while starting: rank, exit code, the last lines they wrote."""
@@ -358,8 +364,7 @@ class Cluster:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.01)
-        agent_error = self._agent_error[0] if self._agent_error else None
-        failures = getattr(agent_error, "failures", None) or {}  # the agent's ChildFailedError
+        failures = getattr(self._agent_error, "failures", None) or {}  # the agent's ChildFailedError
         failure = failures.get(rank)
         return getattr(failure, "exitcode", None)
 
