@@ -142,9 +142,17 @@ def _hang_then_die(pid_dir):
     dist.barrier()
 
 
+def _attempt():
+    return simlib.init().restart_count
+
+
 def test_restarts_exhausted_list_every_cause_and_leave_no_orphan(tmp_path, alive, capsys):
+    cluster = simlib.Cluster(2, max_restarts=1, timeout=3)
     with pytest.raises(simlib.WorkerError) as info:
-        simlib.launch(_hang_then_die, 2, str(tmp_path), max_restarts=1, timeout=3)
+        cluster.run(_hang_then_die, str(tmp_path))
+    assert cluster.run(_attempt) == [0, 0]  # the next call starts fresh workers, with a fresh restart budget
+    fresh = cluster.pids
+    cluster.close()
     text = str(info.value)
     assert "failed on all 2 attempts (max_restarts=1 spent)" in text
     assert "attempt 1: rank 0 failed" in text and "attempt 2: rank 1 died" in text
@@ -152,6 +160,7 @@ def test_restarts_exhausted_list_every_cause_and_leave_no_orphan(tmp_path, alive
     err = capsys.readouterr().err
     assert "Restarting all 2 workers: restart 1 of max_restarts=1" in err
     assert len(os.listdir(tmp_path)) == 4 and not any(alive(int(p)) for p in os.listdir(tmp_path))
+    assert len(fresh) == 2 and not any(alive(p) for p in fresh)
 
 
 def test_bad_max_restarts():
