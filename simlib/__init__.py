@@ -4,8 +4,15 @@ The few names most lessons need are here; the rest lives in one module per conce
 (``simlib.collectives``, ``simlib.parallel.data``, ``simlib.sim``, ...).
 """
 from .env import Context, context, cpu_count, init, quick, shutdown
-from .launch import Cluster, OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, launch
+from .launch import (Cluster, Interrupted, OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, cluster,
+                     launch)
 
 __version__ = "0.1.0"
-__all__ = ["launch", "Cluster", "init", "context", "quick", "cpu_count", "shutdown", "Context", "WorkerError", "WorkerTimeout",
+__all__ = ["launch", "Cluster", "cluster", "Interrupted", "init", "context", "quick", "cpu_count", "shutdown", "Context", "WorkerError", "WorkerTimeout",
            "RemoteFailure", "OversubscribedWarning"]
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext simlib``: the ``%%distributed`` cell magic and its companions (see :mod:`simlib.magic`)."""
+    from .magic import load_ipython_extension as load
+    load(ipython)

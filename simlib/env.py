@@ -84,6 +84,7 @@ class Context:
     backend: str
     device: torch.device
     launcher: str  # "simlib", "torchrun", "slurm" or "single"
+    restart_count: int = 0  # which restart this worker belongs to (TORCHELASTIC_RESTART_COUNT; 0 = first attempt)
 
     @property
     def is_main(self) -> bool:
@@ -146,6 +147,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _attempt_store(restart_count: int, rank: int, world_size: int, timeout: float) -> dict:
+    """After an elastic restart, a store of this attempt's own.
+
+    The agent's store outlives its workers, and ``env://`` uses it without a per-attempt prefix: the new workers
+    then find the addresses the dead ones published, and Gloo fails with "Connection refused" (seen here on the
+    first restart, about one time in two). A prefix per attempt keeps each attempt's keys apart.
+    """
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    return dict(init_method=None, store=dist.PrefixStore(f"simlib/attempt_{restart_count}", store), rank=rank,
+                world_size=world_size)
+
+
 def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT, device: str = "auto") -> Context:
     """Join (or describe) the process group and return this rank's :class:`Context`.
 
@@ -171,12 +185,15 @@ def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT, device: str = 
     dev = pick_device(backend, local_rank, device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     if not dist.is_initialized():
         kwargs = dict(backend=backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout))
+        if restart_count > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            kwargs.update(_attempt_store(restart_count, rank, world_size, timeout))
         if dev.type == "cuda" and backend == "nccl":
             kwargs["device_id"] = dev
         dist.init_process_group(**kwargs)
-    _context = Context(rank, world_size, local_rank, local_world_size, backend, dev, launcher)
+    _context = Context(rank, world_size, local_rank, local_world_size, backend, dev, launcher, restart_count)
     return _context
 
 

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import linecache
+import os
 import re
+import sys
 import traceback
 from dataclasses import dataclass
 
@@ -30,6 +32,35 @@ class RemoteFailure:
         return f"rank {self.rank}: {self.type_name}: {first}" if first else f"rank {self.rank}: {self.type_name}"
 
 
+_SIGNAL_CAUSES = {
+    "SIGSEGV": "a segmentation fault: a crash in native code (C/C++ extension, bad memory access)",
+    "SIGKILL": "often the out-of-memory killer (`dmesg` says); or someone ran kill -9",
+    "SIGABRT": "an abort, e.g. a failed assertion in native code",
+    "SIGBUS": "a bus error: a crash in native code (often memory-mapped files or shared memory)",
+    "SIGFPE": "an arithmetic fault in native code",
+    "SIGTERM": "asked to stop by another process",
+}
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """Why a worker process ended, from its exit code (negative: killed by that signal, as in subprocess).
+
+    >>> describe_exit(-11)
+    'killed by SIGSEGV (a segmentation fault: a crash in native code (C/C++ extension, bad memory access))'
+    """
+    import signal
+    if exitcode is None:
+        return "the worker process ended without reporting (killed, crashed, or it called os._exit)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        cause = _SIGNAL_CAUSES.get(name)
+        return f"killed by {name}" + (f" ({cause})" if cause else "")
+    return f"the worker process exited with code {exitcode} without reporting (it called os._exit or sys.exit?)"
+
+
 class WorkerError(RuntimeError):
     """One or more ranks failed. ``failures`` maps rank -> :class:`RemoteFailure`."""
 
@@ -41,6 +72,18 @@ class WorkerError(RuntimeError):
     @property
     def ranks(self) -> list[int]:
         return sorted(self.failures)
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of the caller-side frames (simlib's own): what failed, then the ranks'
+        tracebacks in the learner's terms (``Cell In[n], line k``)."""
+        return [f"{type(self).__name__}: {self}"]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or the kernel's interrupt button) stopped a launch or a call; every worker was stopped."""
+
+    def _render_traceback_(self) -> list[str]:
+        return ["KeyboardInterrupt"]  # simlib has already said what it stopped, in one line
 
 
 class WorkerTimeout(WorkerError, TimeoutError):
@@ -68,6 +111,13 @@ def _code_objects(fn, seen=None):
             other = getattr(fn, "__globals__", {}).get(name)
             if callable(other) and hasattr(other, "__code__"):
                 yield from _code_objects(other, seen)
+    for cell in getattr(fn, "__closure__", None) or ():  # functions it captures (a helper defined beside it)
+        try:
+            other = cell.cell_contents
+        except ValueError:
+            continue
+        if callable(other) and hasattr(other, "__code__"):
+            yield from _code_objects(other, seen)
 
 
 def restore_filenames(text: str, fn) -> str:
@@ -89,3 +139,81 @@ def restore_filenames(text: str, fn) -> str:
         return match.group(0)
 
     return _DYNAMIC.sub(fix, text)
+
+
+_SIMLIB = os.path.dirname(os.path.abspath(__file__))
+_PLUMBING = {os.path.join(_SIMLIB, name) for name in ("worker.py", "magic.py")}
+_FRAME = re.compile(r'^  File "([^"]+)", line (\d+)(.*)$')
+
+
+def _cell_name(filename: str) -> str | None:
+    """``Cell In[n]`` for a notebook cell's file (as IPython numbers it), else None."""
+    if "IPython" not in sys.modules:
+        return None
+    try:
+        ip = sys.modules["IPython"].get_ipython()
+        label = ip.compile.format_code_name(filename) if ip is not None else None
+    except Exception:  # noqa: BLE001 - not in IPython, or an older one
+        return None
+    return f"{label[0]} {label[1]}" if label else None
+
+
+def learner_traceback(text: str) -> str:
+    """A remote traceback in the learner's terms: simlib's own plumbing frames (the worker loop that called
+    the learner's function) dropped, notebook cells named as IPython names them (``Cell In[3], line 4``), and
+    source lines the worker could not read (a cell exists only in the kernel) filled in from here."""
+    out, skip = [], False
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _FRAME.match(line)
+        if m:
+            skip = os.path.abspath(m.group(1)) in _PLUMBING
+            if not skip:
+                filename, lineno = m.group(1), int(m.group(2))
+                cell = _cell_name(filename)
+                if cell:
+                    line = f"  {cell}, line {lineno}{m.group(3)}"
+                out.append(line)
+                has_source = i + 1 < len(lines) and lines[i + 1].startswith("    ")
+                source = linecache.getline(filename, lineno).strip()
+                if not has_source and source:
+                    out.append(f"    {source}")
+                continue
+        elif not line.startswith("    "):
+            skip = False
+        if not skip:
+            out.append(line)
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
+def unpicklable(fn, args, kwargs, error: Exception) -> str:
+    """Say which object that ``fn`` captures (or which argument) cannot travel to the workers, and what to do."""
+    import cloudpickle
+
+    candidates = []
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+            try:
+                candidates.append((f"the variable `{name}` it captures", cell.cell_contents))
+            except ValueError:  # an empty cell
+                pass
+        names, stack = set(), [code]
+        while stack:
+            c = stack.pop()
+            names.update(c.co_names)
+            stack.extend(k for k in c.co_consts if hasattr(k, "co_code"))
+        glob = getattr(fn, "__globals__", {})
+        candidates += [(f"the global `{n}` it uses", glob[n]) for n in sorted(names) if n in glob]
+    candidates += [(f"argument {i}", a) for i, a in enumerate(args)]
+    candidates += [(f"keyword argument `{k}`", v) for k, v in kwargs.items()]
+    name = getattr(fn, "__qualname__", repr(fn))
+    for what, value in candidates:
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001
+            return (f"cannot send `{name}` to the workers: {what} (a {type(value).__name__}) cannot be pickled "
+                    f"({type(exc).__name__}: {exc}). Each worker is a separate process: create such objects "
+                    "inside the function, on each rank, or pass plain values (numbers, tensors, dicts) as arguments.")
+    return (f"cannot send `{name}` and its arguments to the workers: {type(error).__name__}: {error}. Each worker "
+            "is a separate process: create unpicklable objects (locks, open files, clusters) inside the function.")

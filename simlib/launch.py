@@ -3,7 +3,10 @@
 ``launch(fn, world_size, *args, **kwargs)`` starts ``world_size`` workers with PyTorch's elastic agent (the
 engine behind ``torchrun``), so each worker sees torchrun's environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), joins the process group, runs ``fn`` and sends back its
-return value. ``fn`` travels as cloudpickle bytes, so a function defined in a notebook cell works.
+return value. ``fn`` travels as cloudpickle bytes, so a function defined in a notebook cell works. The agent
+starts each worker as a command (``python -c`` + :data:`simlib.worker.BOOTSTRAP`), as torchrun does, never by
+re-importing the caller's ``__main__``: a notebook, IPython, a script with or without the ``__main__`` guard,
+``python -c`` and a script on standard input all work.
 
 ``Cluster(world_size)`` keeps the same workers and their process group warm between calls: importing torch
 costs seconds per process, a call on a warm cluster costs milliseconds.
@@ -19,15 +22,25 @@ How the pieces talk:
 
 Failure rules: an exception on a rank is raised here as :class:`WorkerError` naming the rank(s); ranks that
 do not finish within ``grace`` seconds of the first failure are stopped (and the cluster restarts on its next
-call); a collective that waits longer than ``timeout`` fails on its rank; Ctrl-C stops every worker. Workers
-die with the caller (``PR_SET_PDEATHSIG`` plus a watchdog), so nothing is left orphaned.
+call); a collective that waits longer than ``timeout`` fails on its rank; Ctrl-C stops every worker, at any
+moment, with one line. Workers die with the caller (``PR_SET_PDEATHSIG`` plus a watchdog) and with their
+``Cluster`` (no thread holds one; re-running the notebook cell that made one closes the old one), so nothing is
+left orphaned or idle.
+
+Restarts (``max_restarts=k``, as ``torchrun --max-restarts``): after a failure the elastic agent restarts every
+worker (a rank that died, an exception, a collective that timed out, a call past its time limit) and the call runs
+again on the fresh workers, up to k times; each worker reads its attempt in ``TORCHELASTIC_RESTART_COUNT``
+(``simlib.init().restart_count``). One line per restart is printed here; when the restarts are spent, the
+:class:`WorkerError` lists every attempt's cause (``error.attempts``).
 """
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import queue
+import re
 import shutil
 import signal
 import sys
@@ -42,10 +55,12 @@ from multiprocessing.connection import Listener
 import cloudpickle
 
 from . import env
-from .errors import OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, restore_filenames
-from .worker import Channel, worker_main
+from .errors import (Interrupted, OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, describe_exit,
+                     learner_traceback, restore_filenames, unpicklable)
+from .worker import BOOTSTRAP, Channel
 
-__all__ = ["launch", "Cluster", "WorkerError", "WorkerTimeout", "RemoteFailure", "OversubscribedWarning"]
+__all__ = ["launch", "Cluster", "cluster", "WorkerError", "WorkerTimeout", "RemoteFailure", "OversubscribedWarning",
+           "Interrupted"]
 
 
 def _check_world_size(world_size) -> int:
@@ -67,6 +82,53 @@ def _check_positive(name, value, allow_none=True):
 _live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
 
+def _read(q: queue.Queue, rank: int, conn) -> None:
+    """Forward one worker's messages to the caller's queue (holds no Cluster reference)."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            q.put(("eof", rank, conn))
+            return
+        q.put(msg)
+
+
+def _last_lines(log_dir: str, local_rank: int, n: int = 6) -> str:
+    """The last lines a worker wrote to stderr (then stdout) before it connected, from the agent's log files."""
+    import glob
+    for stream in ("stderr", "stdout"):
+        for path in glob.glob(os.path.join(log_dir, "**", str(local_rank), f"{stream}.log"), recursive=True):
+            try:
+                text = open(path, errors="replace").read().strip()
+            except OSError:
+                continue
+            if text:
+                return "\n".join(text.splitlines()[-n:])
+    return ""
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+def _cell_origin():
+    """Where a Cluster is created, if that is a notebook/IPython cell: (cell file, line, execution count).
+
+    ipykernel names a cell's file after a hash of its source, so re-running a cell gives the same file."""
+    if "IPython" not in sys.modules:  # not in IPython (and importing it would cost a script time)
+        return None
+    ip = sys.modules["IPython"].get_ipython()
+    if ip is None:
+        return None
+    frame = sys._getframe(1)
+    here = os.path.dirname(os.path.abspath(__file__))
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here + os.sep):
+        frame = frame.f_back
+    if frame is None or ip.compile.format_code_name(frame.f_code.co_filename) is None:
+        return None
+    return frame.f_code.co_filename, frame.f_lineno, ip.execution_count
+
+
 @atexit.register
 def _close_all() -> None:
     for cluster in list(_live_clusters):
@@ -76,7 +138,7 @@ def _close_all() -> None:
 class _quiet_elastic:
     """The elastic agent logs each start and each stopped worker; simlib reports those itself."""
 
-    names = ("torch.distributed.elastic", "torch.distributed.launcher")
+    names = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 
     def __enter__(self):
         self.levels = {n: logging.getLogger(n).level for n in self.names}
@@ -104,11 +166,14 @@ class Cluster:
         grace: seconds the other ranks get to finish after one rank fails, before they are stopped.
         start_timeout: seconds to wait for the workers to start and join the process group.
         relay_output: send workers' stdout/stderr here, whole lines prefixed ``[rank r]``.
+        max_restarts: restarts the elastic agent may make after failures over these workers' life (as
+            ``torchrun --max-restarts``); a failed call then runs again on the restarted workers.
     """
 
     def __init__(self, world_size: int, backend: str = "auto", timeout: float = env.DEFAULT_TIMEOUT,
                  threads: int | None = None, device: str = "auto", call_timeout: float | None = None,
-                 grace: float = 3.0, start_timeout: float = 120.0, relay_output: bool = True):
+                 grace: float = 3.0, start_timeout: float = 120.0, relay_output: bool = True,
+                 max_restarts: int = 0):
         self.world_size = _check_world_size(world_size)
         self.backend = env.pick_backend(backend, world_size)  # raises ValueError for bad names
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -121,6 +186,10 @@ class Cluster:
         self.threads = threads or env.threads_per_worker(world_size, self.cores)
         self.device = device
         self.relay_output = relay_output
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(f"max_restarts must be an int >= 0 (restarts after failures), got {max_restarts!r}")
+        self.max_restarts = max_restarts
+        self.attempt = 0  # TORCHELASTIC_RESTART_COUNT of the current workers
         self.restarts = 0
         self.last_start_seconds = None
         if self.backend == "gloo" and world_size > self.cores:
@@ -135,44 +204,83 @@ class Cluster:
         self._checking = False
         self._closed = True
         self._agent = None
+        self._key = None  # set by cluster() for the process's shared cluster
+        self._origin = _cell_origin()
+        self._close_previous_from_this_cell()
         _live_clusters.add(self)
         self._start()
 
+    def _close_previous_from_this_cell(self) -> None:
+        """Re-running a notebook cell that creates a Cluster closes the one its previous run created (which
+        ``Out[n]`` or a variable may still hold), so re-runs never pile up idle workers."""
+        if self._origin is None:
+            return
+        for other in list(_live_clusters):
+            origin = other._origin
+            if (other is not self and origin is not None and origin[:2] == self._origin[:2]
+                    and origin[2] != self._origin[2] and not other._closed):
+                other.close()
+                print(f"simlib: closed the {other.world_size}-worker cluster this cell created when it last ran",
+                      file=sys.stderr)
+
+    def __reduce__(self):
+        raise TypeError(f"a Cluster of {self.world_size} worker(s) lives in the calling process and cannot be sent "
+                        "to its workers; inside a worker, use torch.distributed directly")
+
     # ── life cycle ──
     def _start(self) -> None:
+        try:
+            self._start_workers()
+        except KeyboardInterrupt:
+            self._kill()
+            print(f"simlib: interrupted while {self.world_size} workers were starting; stopped them all",
+                  file=sys.stderr, flush=True)
+            raise Interrupted(f"stopped all {self.world_size} workers") from None
+
+    def _start_workers(self) -> None:
         t0 = time.perf_counter()
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-        self._queue = queue.Queue()
+        self._queue = q = queue.Queue()
         self._pids, self._conns = {}, {}
+        self._stash = []
         authkey = os.urandom(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
-        self._log_dir = tempfile.mkdtemp(prefix="simlib-")
+        self._listener = listener  # open while the agent lives: restarted workers connect to it too
+        self._log_dir = tempfile.mkdtemp(prefix="simlib-")  # mode 0700: the key below stays private
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=self.world_size, run_id=uuid.uuid4().hex,
             rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{env.free_port()}", local_addr="127.0.0.1",
-            max_restarts=0, monitor_interval=0.1, start_method="spawn",
-            logs_specs=DefaultLogsSpecs(log_dir=self._log_dir),
+            max_restarts=self.max_restarts, monitor_interval=0.1,
+            # a worker's output before it connects (start-up errors) goes to files we read on failure
+            logs_specs=DefaultLogsSpecs(log_dir=self._log_dir,
+                                        redirects=Std.ALL if self.relay_output else Std.NONE),
         )
         spec = dict(backend=self.backend, timeout=self.timeout, threads=self.threads, device=self.device,
-                    relay_output=self.relay_output, loopback=True)
-        self._agent_error = None
+                    relay_output=self.relay_output, loopback=True, address=list(listener.address),
+                    authkey=authkey.hex(), path=[p for p in sys.path if isinstance(p, str)])
+        spec_file = os.path.join(self._log_dir, "spec.json")
+        with open(os.open(spec_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            json.dump(spec, f)
+        agent_error = self._agent_errors = []  # the agent thread appends here: it holds the list, not the Cluster
+        self._run_id = config.run_id
+        _track_agents()
 
-        def agent():
+        def agent():  # references no Cluster, so a dropped Cluster is collected (and its workers stopped)
             try:
                 with _quiet_elastic():
-                    elastic_launch(config, worker_main)(listener.address, authkey, spec)
+                    # a command, as torchrun starts: the workers never re-import the caller's __main__
+                    elastic_launch(config, sys.executable)("-c", BOOTSTRAP, spec_file)
             except BaseException as exc:  # noqa: BLE001 - workers stopped by us end up here too
-                self._agent_error = exc
+                agent_error.append(exc)
             finally:
-                self._queue.put(("agent-exit", None))
+                q.put(("agent-exit", None))
 
         def accept():
             try:
-                for _ in range(self.world_size):
-                    conn = listener.accept()
-                    self._queue.put(("conn", conn))
+                while True:
+                    q.put(("conn", listener.accept()))
             except OSError:
                 pass
 
@@ -180,53 +288,93 @@ class Cluster:
         self._agent = threading.Thread(target=agent, daemon=True, name="simlib-agent")
         self._agent.start()
         threading.Thread(target=accept, daemon=True, name="simlib-accept").start()
-        ready: set[int] = set()
-        deadline = time.monotonic() + self.start_timeout
         try:
-            while len(ready) < self.world_size:
+            self._await_workers()
+        except BaseException:
+            self._kill()
+            raise
+        self.last_start_seconds = time.perf_counter() - t0
+
+    def _await_workers(self) -> None:
+        """Wait until ``world_size`` (new) workers have connected and joined the process group."""
+        q, ready = self._queue, set()
+        deadline = time.monotonic() + self.start_timeout
+        while len(ready) < self.world_size:
+            if self._stash:
+                msg = self._stash.pop(0)
+            else:
                 try:
-                    msg = self._queue.get(timeout=0.05)
+                    msg = q.get(timeout=0.05)
                 except queue.Empty:
                     if time.monotonic() > deadline:
                         raise WorkerTimeout(f"the {self.world_size} workers did not start within "
                                             f"{self.start_timeout:.0f} s") from None
                     continue
-                kind = msg[0]
-                if kind == "conn":
-                    conn = msg[1]
-                    hello = conn.recv()
-                    rank = hello[1]
-                    self._conns[rank], self._pids[rank] = Channel(conn), hello[2]
-                    threading.Thread(target=self._read, args=(rank, conn), daemon=True).start()
-                elif kind == "ready":
-                    ready.add(msg[1])
-                elif kind == "fatal":
-                    failure = msg[2]
-                    raise WorkerError(f"rank {msg[1]} could not join the process group: "
-                                      f"{failure.type_name}: {failure.message}\n{failure.traceback}",
-                                      {msg[1]: failure})
-                elif kind == "out":
-                    self._print(msg)
-                elif kind == "agent-exit":
-                    raise WorkerError(f"the workers ended while starting:\n{self._agent_error}")
-        except BaseException:
-            listener.close()
-            self._kill()
-            raise
-        listener.close()
-        self.last_start_seconds = time.perf_counter() - t0
+            kind = msg[0]
+            if kind == "conn":
+                conn = msg[1]
+                hello = conn.recv()
+                rank = hello[1]
+                self.attempt = hello[3] if len(hello) > 3 else 0
+                self._conns[rank], self._pids[rank] = Channel(conn), hello[2]
+                threading.Thread(target=_read, args=(q, rank, conn), daemon=True,
+                                 name=f"simlib-read-{rank}").start()
+            elif kind == "ready" and msg[1] in self._conns:
+                ready.add(msg[1])
+            elif kind == "fatal":
+                failure = msg[2]
+                raise WorkerError(f"rank {msg[1]} could not join the process group: "
+                                  f"{failure.type_name}: {failure.message}\n{failure.traceback}",
+                                  {msg[1]: failure})
+            elif kind == "out":
+                self._print(msg)
+            elif kind == "agent-exit":
+                raise self._start_failure(self._agent_error)
 
-    def _read(self, rank, conn) -> None:
-        while True:
+    @property
+    def _agent_error(self):
+        """What the agent raised when it ended (its ChildFailedError names each worker's exit code), or None."""
+        errors = getattr(self, "_agent_errors", None)
+        return errors[0] if errors else None
+
+    def _start_failure(self, error) -> WorkerError:
+        """One short message for workers that ended while starting: rank, exit code, the last lines they wrote."""
+        failures = getattr(error, "failures", None) or {}
+        lines, by_rank = [], {}
+        for rank, failure in sorted(failures.items()):
+            code = getattr(failure, "exitcode", None)
+            how = f"exit code {code}" if code is None or code >= 0 else f"signal {signal.Signals(-code).name}"
+            tail = _last_lines(self._log_dir, getattr(failure, "local_rank", rank))
+            by_rank[rank] = RemoteFailure(rank, "StartupError", f"ended while starting ({how})", tail)
+            lines.append(f"rank {rank} ended while starting ({how})" + (":\n" + _indent(tail) if tail else ""))
+        if not lines:
+            lines.append(f"{type(error).__name__}: {error}" if error is not None else "no reason given")
+        return WorkerError(f"the {self.world_size} workers could not start:\n" + "\n".join(lines), by_rank)
+
+    def _exit_code(self, rank, wait: float = 1.0):
+        """A dead worker's exit code (negative: the signal), peeked without reaping it (the agent reaps)."""
+        pid, deadline = self._pids.get(rank), time.monotonic() + wait
+        while pid is not None and hasattr(os, "waitid"):
             try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                self._queue.put(("eof", rank))
-                return
-            self._queue.put(msg)
+                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+            except (ChildProcessError, OSError):  # already reaped by the agent, or not our child
+                break
+            if info is not None:
+                return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        failures = getattr(self._agent_error, "failures", None) or {}  # the agent's ChildFailedError
+        failure = failures.get(rank)
+        return getattr(failure, "exitcode", None)
 
     def _kill(self) -> None:
         """Stop every worker now (SIGKILL to each worker's process group) and wait for the agent."""
+        _no_more_restarts(getattr(self, "_run_id", None))
+        self._kill_workers()
+        self._finish()
+
+    def _kill_workers(self) -> None:
         for pid in self._pids.values():
             for kill in (os.killpg, os.kill):
                 try:
@@ -234,7 +382,6 @@ class Cluster:
                     break
                 except (ProcessLookupError, PermissionError, OSError):
                     continue
-        self._finish()
 
     def _finish(self, wait: float = 15.0) -> None:
         if self._agent is not None:
@@ -245,6 +392,11 @@ class Cluster:
             except OSError:
                 pass
         self._conns, self._pids = {}, {}
+        listener = getattr(self, "_listener", None)
+        if listener is not None:
+            listener.close()
+            self._listener = None
+        _agents.pop(getattr(self, "_run_id", None), None)
         shutil.rmtree(getattr(self, "_log_dir", ""), ignore_errors=True)
         self._closed = True
 
@@ -317,18 +469,66 @@ class Cluster:
             raise ValueError(f"fn must be callable, got {fn!r}")
         timeout = _check_positive("timeout", timeout if timeout is not None else self.call_timeout)
         if self._broken:
+            why = self._broken if isinstance(self._broken, str) else "the failure of the previous call"
             self.restart()
             print(f"simlib: started {self.world_size} fresh workers ({self.last_start_seconds:.1f} s) "
-                  "after the failure of the previous call", file=sys.stderr)
+                  f"after {why}", file=sys.stderr)
         elif self._closed:  # closed by the user: reopen
             self._start()
-        payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+        try:
+            payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+        except Exception as exc:  # noqa: BLE001 - say which captured object could not travel
+            raise TypeError(unpicklable(fn, args, kwargs or {}, exc)) from None
+        attempts = []  # one WorkerError per failed attempt of this call
+        while True:
+            try:
+                return self._call_once(fn, payload, timeout, restartable=self._restarts_left() > 0)
+            except WorkerError as err:
+                if self._restarts_left() <= 0 or self._agent is None or not self._agent.is_alive():
+                    if attempts:
+                        raise _exhausted(attempts + [err], self.max_restarts) from None
+                    raise
+                attempts.append(err)
+                self._restart_workers(err)
+
+    def _restarts_left(self) -> int:
+        return self.max_restarts - self.attempt
+
+    def _restart_workers(self, err: WorkerError) -> None:
+        """The elastic agent restarts every worker after a failure: stop the old ones, wait for the new ones."""
+        t0 = time.perf_counter()
+        print(f"simlib: {_cause(err)}. Restarting all {self.world_size} workers: restart {self.attempt + 1} of "
+              f"max_restarts={self.max_restarts}", file=sys.stderr, flush=True)
+        self._kill_workers()  # the agent sees them fail and starts new ones (TORCHELASTIC_RESTART_COUNT + 1)
+        for chan in self._conns.values():
+            try:
+                chan.conn.close()
+            except OSError:
+                pass
+        self._conns, self._pids = {}, {}
+        try:
+            self._await_workers()
+        except BaseException:
+            self._kill()
+            self._broken = True
+            raise
+        print(f"simlib: {self.world_size} workers restarted in {time.perf_counter() - t0:.1f} s "
+              f"(attempt {self.attempt + 1} of {self.max_restarts + 1}); running the call again",
+              file=sys.stderr, flush=True)
+
+    def _call_once(self, fn, payload, timeout, restartable=False) -> list:
         self._call_id += 1
         call_id = self._call_id
-        for chan in self._conns.values():
-            chan.send(("call", call_id, payload))
         results, failures, died = {}, {}, set()
         first_failure = None
+        for rank, chan in self._conns.items():
+            try:
+                chan.send(("call", call_id, payload))
+            except OSError:  # the worker ended between calls (and the agent may have restarted it)
+                died.add(rank)
+                failures[rank] = RemoteFailure(rank, "WorkerDied", "the worker process had ended before the call "
+                                               "(killed, crashed, or it called os._exit)", "")
+                first_failure = first_failure or time.monotonic()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while len(results) + len(failures) < self.world_size:
@@ -344,32 +544,35 @@ class Cluster:
                 kind = msg[0]
                 if kind == "out":
                     self._print(msg)
+                elif kind in ("conn", "ready", "fatal"):  # workers restarted by the agent: for _await_workers
+                    self._stash.append(msg)
                 elif kind == "result" and msg[2] == call_id:
                     _, rank, _, ok, data = msg
                     value = cloudpickle.loads(data)
                     if ok:
                         results[rank] = value
                     else:
-                        value.traceback = restore_filenames(value.traceback, fn)
+                        value.traceback = learner_traceback(restore_filenames(value.traceback, fn))
                         failures[rank] = value
                         first_failure = first_failure or time.monotonic()
-                elif kind == "eof" and msg[1] not in results and msg[1] not in failures:
+                elif (kind == "eof" and msg[1] not in results and msg[1] not in failures
+                      and msg[1] in self._conns and self._conns[msg[1]].conn is msg[2]):
                     died.add(msg[1])
-                    failures[msg[1]] = RemoteFailure(msg[1], "WorkerDied", "the worker process ended without "
-                                                     "reporting (killed, crashed, or it called os._exit)", "")
+                    failures[msg[1]] = RemoteFailure(msg[1], "WorkerDied", describe_exit(self._exit_code(msg[1])),
+                                                     "")
                     first_failure = first_failure or time.monotonic()
         except KeyboardInterrupt:
             self._kill()
-            self._broken = True
-            print(f"simlib: interrupted; stopped all {self.world_size} workers (the next call starts fresh "
-                  "ones)", file=sys.stderr)
-            raise KeyboardInterrupt(f"simlib stopped all {self.world_size} workers") from None  # short traceback
+            self._broken = "the interrupt"
+            print(f"simlib: interrupted; stopped all {self.world_size} workers (the next call starts fresh ones)",
+                  file=sys.stderr, flush=True)
+            raise Interrupted(f"stopped all {self.world_size} workers") from None  # one line in a notebook
         self._drain()
         if not failures and len(results) == self.world_size:
             return [results[r] for r in range(self.world_size)]
-        return self._fail(results, failures, died, timeout, first_failure)
+        raise self._fail(results, failures, died, timeout, first_failure, restartable) from None
 
-    def _fail(self, results, failures, died, timeout, first_failure):
+    def _fail(self, results, failures, died, timeout, first_failure, restartable=False) -> WorkerError:
         pending = [r for r in range(self.world_size) if r not in results and r not in failures]
         if pending and first_failure is None:
             msg = (f"call timed out after {timeout:g} s: rank(s) {pending} did not finish "
@@ -392,13 +595,15 @@ class Cluster:
         by_rank = [failures[r] for r in sorted(failures)]
         lines = [f.summary() for f in by_rank]
         detail = "\n".join(f"--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}" for f in by_rank if f.traceback)
+        if restartable:  # the caller restarts every worker anyway
+            return error_type(msg + "\n" + "\n".join(lines) + ("\n" + detail if detail else ""), failures, results)
         restart_needed = bool(pending or died or error_type is WorkerTimeout) or not self._healthy()
         if restart_needed:
             self._kill()
             self._broken = True
             msg += ". The workers were stopped; the next call starts fresh ones"
         text = msg + "\n" + "\n".join(lines) + ("\n" + detail if detail else "")
-        raise error_type(text, failures, results)
+        return error_type(text, failures, results)
 
     def _healthy(self) -> bool:
         """After a call in which every rank reported: do the ranks still meet at a barrier?"""
@@ -406,12 +611,64 @@ class Cluster:
             return False
         self._checking = True
         try:
-            self.call(_barrier, timeout=5.0)
+            self._call_once(_barrier, cloudpickle.dumps((_barrier, (), {})), 5.0)
             return True
         except WorkerError:
             return False
         finally:
             self._checking = False
+
+
+def _cause(err: WorkerError) -> str:
+    """One line: which rank(s) failed and why (a rank that died first; its peers' lost-connection errors after)."""
+    fails = [err.failures[r] for r in sorted(err.failures)]
+    died = [f.rank for f in fails if f.type_name == "WorkerDied"]
+    parts = [f"rank {f.rank} died ({f.message})" for f in fails if f.type_name == "WorkerDied"]
+    for f in fails:
+        if f.type_name != "WorkerDied":
+            why = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", f.summary().split(": ", 1)[1])  # Gloo's file:line
+            if len(why) > 90:  # the first sentence is enough here; the error at the end has the whole text
+                why = why.split(". ")[0] + "." if len(why.split(". ")[0]) <= 90 else why[:87] + "..."
+            parts.append(f"rank {f.rank} then failed: {why}" if died else f"rank {f.rank} failed: {why}")
+    return "; ".join(parts) or str(err).splitlines()[0]
+
+
+def _exhausted(attempts: list, max_restarts: int) -> WorkerError:
+    """The error once every restart is spent: every attempt's cause, then the last attempt's detail."""
+    lines = [f"attempt {i + 1}: {_cause(e)}" for i, e in enumerate(attempts)]
+    last = attempts[-1]
+    text = (f"failed on all {len(attempts)} attempts (max_restarts={max_restarts} spent):\n" + "\n".join(lines)
+            + "\n--- last attempt ---\n" + str(last))
+    error = type(last)(text, last.failures, last.results)
+    error.attempts = attempts
+    return error
+
+
+_agents: dict = {}  # run_id -> the elastic agent of a Cluster (so that closing it can stop its restarts)
+
+
+def _track_agents() -> None:
+    """Have torch's launcher register its LocalElasticAgent here: a Cluster that stops its workers for good must
+    first set the agent's remaining restarts to 0, or the agent would start new workers."""
+    from torch.distributed.launcher import api
+    if getattr(api.LocalElasticAgent, "_simlib_tracked", False):
+        return
+    base = api.LocalElasticAgent
+
+    class TrackedAgent(base):
+        _simlib_tracked = True
+
+        def __init__(self, spec, *args, **kwargs):
+            super().__init__(spec, *args, **kwargs)
+            _agents[spec.rdzv_handler.get_run_id()] = self
+
+    api.LocalElasticAgent = TrackedAgent
+
+
+def _no_more_restarts(run_id) -> None:
+    agent = _agents.get(run_id)
+    if agent is not None and hasattr(agent, "_remaining_restarts"):
+        agent._remaining_restarts = 0
 
 
 def _barrier():
@@ -420,17 +677,41 @@ def _barrier():
 
 
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = env.DEFAULT_TIMEOUT,
-           threads: int | None = None, device: str = "auto", call_timeout: float | None = None, **kwargs) -> list:
+           threads: int | None = None, device: str = "auto", call_timeout: float | None = None,
+           max_restarts: int = 0, **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh processes; return the results by rank.
 
     One-shot: the workers start, run ``fn`` once and exit. Use :class:`Cluster` to keep them warm.
     ``backend``, ``timeout``, ``threads``, ``device`` are as for :class:`Cluster`; ``call_timeout``
-    limits the whole call. In a script, call it under ``if __name__ == "__main__":`` (workers are
-    started with "spawn", which re-imports the main module).
+    limits the whole call; ``max_restarts=k`` runs ``fn`` again on restarted workers after a failure, up to k
+    times (as ``torchrun --max-restarts``). Works from a notebook, IPython, a script (with or without the
+    ``if __name__ == "__main__":`` guard), ``python -c`` and a script on standard input: the workers are
+    started as a command and never re-import the caller's ``__main__``.
     """
     cluster = Cluster(world_size, backend=backend, timeout=timeout, threads=threads, device=device,
-                      call_timeout=call_timeout)
+                      call_timeout=call_timeout, max_restarts=max_restarts)
     try:
         return cluster.call(fn, args, kwargs)
     finally:
         cluster.close()
+
+
+_shared: Cluster | None = None
+
+
+def cluster(world_size: int, **options) -> Cluster:
+    """This process's warm cluster of ``world_size`` workers: started on first use, then returned again.
+
+    A notebook cell ``cluster = simlib.cluster(2)`` can be re-run at no cost (the same workers come back).
+    Asking for another size or other options closes the previous shared cluster first, so one kernel holds
+    at most one of them. ``options`` are :class:`Cluster`'s.
+    """
+    global _shared
+    key = (world_size, sorted(options.items()))
+    if _shared is not None and _shared._key == key:
+        return _shared
+    if _shared is not None:
+        _shared.close()
+    _shared = Cluster(world_size, **options)
+    _shared._key = key
+    return _shared

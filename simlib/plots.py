@@ -57,7 +57,7 @@ def speedup(table, ax=None, cores=None, label="measured", title=None):
 
 
 def efficiency(table, ax=None, cores=None, title=None):
-    """Parallel efficiency (speedup / world size, or t1/tN for weak scaling) and communication fraction."""
+    """Parallel efficiency (speedup per core used: processes x threads) and communication fraction."""
     ax = _ax(ax)
     cores = table.attrs.get("cores") if cores is None else cores
     runs = table[table["baseline"].isna()] if "baseline" in table else table

@@ -98,17 +98,31 @@ def _die_with_parent() -> None:
     threading.Thread(target=watchdog, daemon=True, name="simlib-watchdog").start()
 
 
+BOOTSTRAP = ("import json, sys; spec = json.load(open(sys.argv[1])); "
+             "sys.path[:] = spec['path'] + [p for p in sys.path if p not in spec['path']]; "
+             "from simlib.worker import main; main(spec)")
+"""What each worker runs (``python -c BOOTSTRAP spec.json``): the elastic agent starts a command, as torchrun
+does, so a worker never re-imports the caller's ``__main__`` (a script without the ``__main__`` guard, a script
+on standard input and ``python -c`` all work). The caller's ``sys.path`` comes first, so functions that
+cloudpickle sends by reference (a module next to the caller's script) import in the worker too."""
+
+
+def main(spec: dict) -> None:
+    """Command entry point: ``spec`` holds the caller's address, the connection key and the settings."""
+    worker_main(tuple(spec["address"]), bytes.fromhex(spec["authkey"]), spec)
+
+
 def worker_main(address, authkey: bytes, spec: dict) -> None:
-    """Entry point of every worker (module level, so the elastic agent can start it by reference)."""
+    """Connect to the caller, join the process group, run what the caller sends until told to stop."""
     os.environ["SIMLIB_WORKER"] = "1"
     try:
-        os.setpgrp()  # our own process group: the caller can stop us and our children in one signal
+        os.setpgrp()  # own process group (the agent already starts us in a new session; then this is a no-op)
     except OSError:
         pass
     _die_with_parent()
     rank = int(os.environ["RANK"])
     chan = Channel(Client(address, authkey=authkey))
-    chan.send(("hello", rank, os.getpid()))
+    chan.send(("hello", rank, os.getpid(), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))))
     relays = []
     if spec["relay_output"]:
         sys.stdout.flush()

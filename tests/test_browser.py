@@ -200,3 +200,27 @@ def test_notebook_00_runs_in_jupyterlab(lab):
         assert images.first.evaluate("img => img.naturalWidth") > 400
         images.first.scroll_into_view_if_needed()
         assert output.count() > 5
+
+
+def test_distributed_cell_magic_in_jupyterlab(lab, tmp_path):
+    """``%load_ext simlib`` and ``%%distributed`` cells in JupyterLab: each rank keeps its variables between
+    cells, output arrives rank-prefixed in the cell, and ``%dist_pull`` brings the values to the notebook."""
+    import nbformat
+
+    url, token = lab
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
+        "%load_ext simlib",
+        "%%distributed -n 2\nx = torch.ones(1) * (rank + 1)\nprint('rank', rank, 'holds', x.item())",
+        "%%distributed\ndist.all_reduce(x)  # x is still there: each rank keeps its variables\nx.item()",
+        "%dist_pull x\nprint('pulled to the notebook:', [t.item() for t in x])",
+        "%dist_close")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "course" / "distributed.ipynb")
+    with _page("browser_distributed.png") as page:
+        _open_and_run_all(page, url, token, "distributed.ipynb")
+        _wait_output(page, "pulled to the notebook:", 180_000)
+        text = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+        assert "[rank0] rank 0 holds 1.0" in text and "[rank1] rank 1 holds 2.0" in text
+        assert "[rank0] Out: 3.0" in text and "[rank1] Out: 3.0" in text
+        assert "pulled to the notebook: [3.0, 3.0]" in text
+        assert "Traceback" not in text and "Error" not in text

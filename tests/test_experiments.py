@@ -23,6 +23,10 @@ def test_scaling_cli_quick(tmp_path, capsys):
     assert runs["global_batch"].nunique() == 1 and runs["local_batch"].tolist() == [256, 128]
     baseline = table[table["baseline"].notna()]
     assert len(baseline) == 1 and baseline["threads"].iloc[0] >= 2
+    # efficiency divides by the cores a setup uses: the 1-process x N-threads rival is judged on N cores
+    b = baseline.iloc[0]
+    assert b["efficiency"] == pytest.approx(b["speedup"] / b["threads"])
+    assert runs["efficiency"].tolist() == pytest.approx((runs["speedup"] / runs["world_size"]).tolist())
     meta = json.loads((tmp_path / "scaling_strong.json").read_text())
     assert meta["config"]["mode"] == "strong" and len(meta["rows"]) == len(table)
 

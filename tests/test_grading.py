@@ -34,8 +34,8 @@ HINTS = {"mean_instead_of_sum": "do not divide", "off_by_one_chunk": "all-gather
 
 
 @pytest.fixture(scope="module")
-def clusters(cluster2, cluster4):
-    return {2: cluster2, 4: cluster4}
+def clusters(cluster2, cluster3, cluster4):
+    return {2: cluster2, 3: cluster3, 4: cluster4}
 
 
 def _entries(path):
@@ -102,3 +102,30 @@ def test_result_lines():
     bad = grading.Result("sums", False, hint="divide", detail="max error 1")
     assert ok.line().startswith("✔") and "hint" not in ok.line()
     assert bad.line().startswith("✘") and "hint: divide" in bad.line()
+
+
+def test_ring_hints_fit_the_case_and_are_not_repeated(clusters, capsys):
+    """Fewer elements than ranks is its own case (not "the last N elements are wrong"), and a hint already shown
+    is not printed again for the next case."""
+    report = grading.check("ring_all_reduce", planted_ring.off_by_one_chunk, clusters=clusters)
+    out = capsys.readouterr().out
+    tiny = [r for r in report.results if "(3,)" in r.name and not r.passed]
+    assert tiny and all("the last" not in r.hint for r in tiny)
+    assert "same as above" in out
+    hints = [line for line in out.splitlines() if "hint:" in line and "same as above" not in line]
+    assert len(hints) == len(set(hints))
+
+
+def test_hang_reports_the_time_it_took():
+    """A deadlock caught by the collectives' own timeout (3 s here) says so, not "no answer within 30 s"."""
+    import time
+
+    import simlib
+    with simlib.Cluster(2, timeout=3, threads=1) as quick_timeout:
+        t0 = time.monotonic()
+        report = grading.check("ring_all_reduce", planted_ring.deadlock, clusters={2: quick_timeout}, timeout=30,
+                               quiet=True)
+        elapsed = time.monotonic() - t0
+    detail = report.results[-1].detail
+    said = int(detail.split("stopped after ")[1].split(" s")[0])
+    assert said <= elapsed + 1 and "waited longer than" in detail  # the collective's timeout fired first

@@ -1,0 +1,143 @@
+"""Checks for lesson 08's exercise: save and restore the full training state (``full_state``).
+
+The learner writes a :class:`simlib.train.TrainState` subclass whose ``state_dict()`` / ``load_state_dict()`` hold
+everything a resumed run needs. The checks train the lessons' MLP with dropout (so the run draws random numbers
+every step) through the one training loop on 2 ranks, stop at step 6, start again from the step-4 checkpoint and
+compare the losses with the uninterrupted run, bit for bit (same world size, same operations in the same order).
+A curve that leaves the uninterrupted one is compared with the runs that restore everything but one part (the
+optimizer state, the RNG state, the data position): the hint names the part whose omission gives that curve.
+The last check kills rank 1 for real (SIGKILL) and lets the elastic agent restart both ranks.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from . import Result, exercise
+
+_STEPS, _EVERY, _STOP, _KILL = 12, 4, 6, 6
+PARTS = ("optimizer", "rng", "data")
+HINTS = {
+    "optimizer": "your curve is the one of a run that restored everything but the OPTIMIZER STATE: AdamW's moments "
+                 "(exp_avg, exp_avg_sq) and its step count start from zero again, so the steps after the restart "
+                 "differ. Save self.optimizer.state_dict() and load it back with self.optimizer.load_state_dict()",
+    "rng": "your curve is the one of a run that restored everything but the RNG STATE: after the restart dropout draws "
+           "its masks from a generator seeded as at step 0, not where the uninterrupted run was. Save "
+           "checkpoint.rng_state() under the key 'rng' (simlib gathers one per rank) and restore it with "
+           "checkpoint.set_rng_state()",
+    "data": "your curve is the one of a run that restored everything but the DATA POSITION: the restarted run reads the "
+            "global batches from index 0 again (samples repeated, the ones after them skipped) while its step and "
+            "learning rate go on. Save self.data_step (the index of the next global batch) and restore it",
+}
+
+
+def _task():
+    from ..tasks import RegressionTask
+    return RegressionTask(width=32, depth=2, global_batch=32, num_samples=512, dropout=0.2)
+
+
+def _optim():
+    from ..train import OptimConfig
+    return OptimConfig(lr=1e-2, weight_decay=0.1, warmup_steps=2, decay_steps=_STEPS, grad_clip=1.0)
+
+
+def _losses(state_type, directory, steps, leave_out=(), task=None, out_dir=None) -> dict:
+    """Train on every rank (from ``directory``'s latest checkpoint if any); the losses by step."""
+    import torch.distributed as dist
+
+    from .. import checkpoint
+    from ..train import Plan, train
+    plan = Plan(dp=dist.get_world_size(), checkpoint_dir=directory, checkpoint_every=_EVERY if directory else 0)
+    with checkpoint.leaving_out(*leave_out):
+        record = train(task or _task(), plan, steps=steps, optim=_optim(), log_every=1, verbose=False,
+                       measure_memory=False, state_type=state_type, out_dir=out_dir)
+    return {r["step"]: r["loss"] for r in record.rows}
+
+
+def _resume_harness(state_type, directory, leave_out=()):
+    """Stop at step 6, then a fresh run (new model, optimizer, generators) resumes from the step-4 checkpoint."""
+    _losses(state_type, directory, _STOP)
+    return _losses(state_type, directory, _STEPS, leave_out)
+
+
+def _reference_harness():
+    return _losses(None, None, _STEPS)
+
+
+def _kill_harness(state_type, directory, out_dir):
+    from ..faults import KillAt
+    return _losses(state_type, directory, _STEPS, task=KillAt(_task(), step=_KILL, rank=1), out_dir=out_dir)
+
+
+def _first_gap(curve: dict, reference: dict) -> str:
+    for step in sorted(reference):
+        if step in curve and curve[step] != reference[step]:
+            return f"first different at step {step}: {curve[step]:.6f} instead of {reference[step]:.6f}"
+    return ""
+
+
+def _contents(directory) -> Result:
+    """What the learner's last checkpoint holds, read from DCP's metadata (the names of every saved entry)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from .. import checkpoint
+    path = checkpoint.latest(directory)
+    keys = list(FileSystemReader(str(path)).read_metadata().state_dict_metadata) if path else []
+    wanted = {"the model's weights": lambda k: k.endswith("net.0.weight"),
+              "the optimizer's moments (exp_avg)": lambda k: k.endswith("exp_avg"),
+              "the step": lambda k: k == "step",
+              "every rank's RNG state (key 'rng')": lambda k: k.startswith("rng.")}
+    missing = [name for name, found in wanted.items() if not any(found(k) for k in keys)]
+    return Result("the checkpoint holds the weights, the optimizer's moments, the step and the RNG states",
+                  not missing, "state_dict() should return them all: missing " + ", ".join(missing),
+                  f"{len(keys)} entries" if not missing else "missing " + ", ".join(missing))
+
+
+@exercise("full_state")
+def _check_full_state(answer, grader):
+    from ..train import TrainState
+    if not (isinstance(answer, type) and issubclass(answer, TrainState)):
+        yield Result("the answer is a TrainState subclass", False,
+                     "define `class FullState(TrainState)` with state_dict() and load_state_dict(), then pass the "
+                     "class itself (not an instance) to grading.check")
+        return
+    work = tempfile.mkdtemp(prefix="simlib-grade-08-")
+    try:
+        reference = grader.run(2, _reference_harness, what="the uninterrupted run on 2 ranks")[0]
+        resumed = grader.run(2, _resume_harness, answer, os.path.join(work, "yours"), what="your state on 2 ranks")
+        starts = min(resumed[0]) if resumed[0] else None
+        yield Result("a fresh run resumes from the step-4 checkpoint", starts == _EVERY,
+                     "the run did not continue from its checkpoint: load_state_dict must restore self.step (the "
+                     "optimizer steps done) and the data position, so the loop starts at step 4, not 0",
+                     f"first step after the restart: {starts}")
+        yield _contents(os.path.join(work, "yours"))
+        equal = all(out == {s: reference[s] for s in range(_EVERY, _STEPS)} for out in resumed)
+        hint = ("the resumed curve leaves the uninterrupted one; " + _first_gap(resumed[0], reference)
+                + ". Save and restore the model, the optimizer, the LR scheduler, the step, the data position and "
+                  "the RNG state")
+        if not equal and starts == _EVERY:
+            for part in PARTS:
+                bug = grader.run(2, _resume_harness, None, os.path.join(work, part), (part,),
+                                 what=f"the run without the {part} state")[0]
+                if bug == resumed[0]:
+                    hint = HINTS[part]
+                    break
+        yield Result("2 ranks: the resumed curve equals the uninterrupted one, bit for bit", equal, hint,
+                     "" if not equal else f"steps {_EVERY}-{_STEPS - 1} equal")
+        if not equal:
+            return
+        from ..faults import read_run
+        from ..launch import launch
+        print(f"now rank 1 is killed (SIGKILL) at step {_KILL}; the elastic agent restarts both ranks:", flush=True)
+        out = launch(_kill_harness, 2, answer, os.path.join(work, "killed"), os.path.join(work, "run"),
+                     max_restarts=1, timeout=20, threads=1)
+        attempts = read_run(os.path.join(work, "run"))
+        killed_ok = len(attempts) == 2 and min(out[0]) == _EVERY and all(
+            o == {s: reference[s] for s in range(_EVERY, _STEPS)} for o in out)
+        yield Result(f"rank 1 killed at step {_KILL}, restarted: the curve continues bit-equal", killed_ok,
+                     "after the real restart the curve differs: is anything in your state kept only in memory "
+                     "(a Python attribute set during training and not saved)?",
+                     f"{len(attempts)} attempts; resumed at step {min(out[0]) if out[0] else None}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
