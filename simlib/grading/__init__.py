@@ -8,6 +8,11 @@ line as it finishes (``✔`` / ``✘`` and a hint) and ``check`` returns a :clas
 - An untouched exercise (``raise NotImplementedError()``, the stub the generator writes) is reported as
   "not implemented yet", not as an error.
 - Nothing the learner does makes ``check`` raise (except Ctrl-C, which stops it).
+- Every check starts from healthy workers: a learner's code that destroys the process group, exits or kills
+  its worker is named, with the rank that did it (not another rank's echo of it), and the workers restart.
+- Each exercise runs on 2, 3 and 4 ranks (and several sizes), so code right only for one world size, a power
+  of two or a hard-coded constant fails; rules such as "send/recv only" are checked where a renamed call
+  cannot slip past (torch's dispatcher) and by the volume the ring must send.
 
 Adding checks for a new exercise (lessons 04+ do the same): write a generator decorated with
 :func:`exercise` that takes ``(answer, grader)`` and yields :class:`Result` values. ``grader.run(world_size,
