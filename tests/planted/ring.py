@@ -138,5 +138,6 @@ def deadlock(tensor):
 
 
 PLANTED = [mean_instead_of_sum, off_by_one_chunk, drops_the_remainder, reduce_scatter_only, calls_all_reduce,
-           returns_a_copy, calls_all_reduce_by_another_name, calls_the_process_group, bitmask_instead_of_modulo,
-           destroys_process_group, kills_its_worker]
+           returns_a_copy, calls_all_reduce_by_another_name, calls_the_process_group, bitmask_instead_of_modulo]
+# destroys_process_group and kills_its_worker break the workers: tests/test_grading.py checks them on their own
+# (the hint names rank 1, and the next check of a solution passes)
