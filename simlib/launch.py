@@ -364,6 +364,8 @@ class Cluster:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.01)
+        if self._agent is not None:  # reaped by the agent: it reports the status when it ends, right after
+            self._agent.join(2 * wait)
         failures = getattr(self._agent_error, "failures", None) or {}  # the agent's ChildFailedError
         failure = failures.get(rank)
         return getattr(failure, "exitcode", None)

@@ -30,7 +30,13 @@ HINTS = {"mean_instead_of_sum": "do not divide", "off_by_one_chunk": "all-gather
          "AllReduceAfterBackward": "after backward had finished", "NoDivide": "divide by world_size",
          "NoReset": "reset", "loss_not_divided_by_k": "too large", "no_sync_left_on_at_last_step": "outside no_sync",
          "never_no_sync": "every micro-batch", "step_every_micro_batch": "one optimizer.step()",
-         "forgets_zero_grad": "zero_grad()"}
+         "forgets_zero_grad": "zero_grad()",
+         # issue 8: aliases of collectives, world size 3, what breaks the workers, two classic slips
+         "calls_all_reduce_by_another_name": "under any name", "calls_the_process_group": "under any name",
+         "bitmask_instead_of_modulo": "disagree on the message size", "divides_twice": "divided by world_size twice",
+         "reduce_to_rank_zero": "right on rank 0 only", "power_of_two_world_size": "exactly dist.get_world_size()",
+         "DividesTwice": "divided by world_size twice", "PowerOfTwoWorldSize": "exactly dist.get_world_size()",
+         "hard_coded_k": "number written into your code"}
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +135,18 @@ def test_hang_reports_the_time_it_took():
     detail = report.results[-1].detail
     said = int(detail.split("stopped after ")[1].split(" s")[0])
     assert said <= elapsed + 1 and "waited longer than" in detail  # the collective's timeout fired first
+
+
+@pytest.mark.parametrize("bug", [planted_ring.destroys_process_group, planted_ring.kills_its_worker],
+                         ids=lambda b: b.__name__)
+def test_check_after_broken_workers_starts_healthy(bug, clusters):
+    """Issue 8, item 10: a learner's code that breaks its worker is named (rank 1), and the next check of a
+    correct solution passes on the same clusters."""
+    report = grading.check("ring_all_reduce", bug, clusters=clusters, quiet=True)
+    hint = report.failed()[0].hint
+    assert report.status == "error", "\n".join(r.line() for r in report.results)
+    assert ("destroy_process_group() on rank 1" in hint if bug is planted_ring.destroys_process_group
+            else "rank 1's worker process ended" in hint and "os._exit()" in hint), hint
+    solution = load_answers(ROOT / "solutions" / "01_ring_all_reduce.ipynb")["ring_all_reduce"]
+    good = grading.check("ring_all_reduce", solution, clusters=clusters, quiet=True)
+    assert good.passed, "\n".join(r.line() for r in good.results)

@@ -8,6 +8,11 @@ line as it finishes (``✔`` / ``✘`` and a hint) and ``check`` returns a :clas
 - An untouched exercise (``raise NotImplementedError()``, the stub the generator writes) is reported as
   "not implemented yet", not as an error.
 - Nothing the learner does makes ``check`` raise (except Ctrl-C, which stops it).
+- Every check starts from healthy workers: a learner's code that destroys the process group, exits or kills
+  its worker is named, with the rank that did it (not another rank's echo of it), and the workers restart.
+- Each exercise runs on 2, 3 and 4 ranks (and several sizes), so code right only for one world size, a power
+  of two or a hard-coded constant fails; rules such as "send/recv only" are checked where a renamed call
+  cannot slip past (torch's dispatcher) and by the volume the ring must send.
 
 Adding checks for a new exercise (lessons 04+ do the same): write a generator decorated with
 :func:`exercise` that takes ``(answer, grader)`` and yields :class:`Result` values. ``grader.run(world_size,
@@ -151,16 +156,17 @@ def _primary(failures):
     def rank_of(f):
         if f.type_name == "ProcessGroupBroken":
             return 0
-        if f.type_name == "WorkerDied" and "SIGTERM" not in f.message:
-            return 1  # SIGTERM: the agent stopping the others after the first death
+        if f.type_name == "WorkerDied" and "SIGTERM" not in f.message and "without reporting" not in f.message:
+            return 1  # a known cause; SIGTERM or no status: most likely stopped after another rank's death
         if f.type_name == "SystemExit":
             return 2
         if f.type_name == "WorkerDied":
-            return 4
+            return 5 if "SIGTERM" in f.message else 4  # SIGTERM: the agent stops the others after a death
         if any(word in f.message.lower() for word in _ECHO) or f.type_name in ("DistBackendError", "Timeout"):
-            return 5
+            return 6
         return 3
-    return min(failures, key=lambda f: (rank_of(f), f.rank)) if failures else None
+    order = {id(f): i for i, f in enumerate(failures)}  # the order they arrived in: the first death is the cause
+    return min(failures, key=lambda f: (rank_of(f), order[id(f)])) if failures else None
 
 
 _BROKE = ("ProcessGroupBroken", "SystemExit", "WorkerDied")
@@ -176,6 +182,12 @@ def _broke_hint(failure) -> tuple[str, str]:
     if failure.type_name == "SystemExit":
         return (f"rank {failure.rank}: your code called sys.exit()",
                 f"your code called sys.exit() (or exit()) on rank {failure.rank}: return a value instead. " + shared)
+    if "SIGABRT" in failure.message:  # Gloo aborts when a send and its recv disagree on the size
+        return (f"rank {failure.rank}: the worker process ended: {failure.message}",
+                f"rank {failure.rank}'s worker process was aborted while running your code: Gloo aborts a process "
+                "when a send and the matching recv disagree on the message size (or a collective's tensors differ "
+                "across ranks). Both sides of each send/recv must agree on every chunk's length; print them per "
+                "rank and step. (The workers were restarted.)")
     return (f"rank {failure.rank}: the worker process ended: {failure.message}",
             f"rank {failure.rank}'s worker process ended while running your code ({failure.message}). Did your "
             "code call os._exit(), kill the process, or crash native code (a segfault)? " + shared)

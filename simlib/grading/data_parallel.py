@@ -47,6 +47,24 @@ def _all_close(got, want, **tol) -> bool:
         g is not None and _close(g, w, **tol) for g, w in zip(got, want))
 
 
+def _uniform_ratio(got, want):
+    """c when every tensor of ``got`` is c times the one in ``want`` (one c for all), else None."""
+    import torch
+    flat_got = torch.cat([g.reshape(-1).double() for g in got])
+    flat_want = torch.cat([w.reshape(-1).double() for w in want])
+    c = float(flat_got @ flat_want / (flat_want @ flat_want)) if float(flat_want @ flat_want) else 0.0
+    return c if c and abs(c - 1) > 1e-3 and _close(flat_got, c * flat_want) else None
+
+
+def only_some_sizes(passed: list, size_words: str) -> str:
+    """A note for a check that passed on other sizes: the code holds only for some (hard-coded? powers of two?)."""
+    if not passed:
+        return ""
+    return (f" It passed with {', '.join(passed)} but not with {size_words}: look for a number written into your "
+            "code (a world size, k, an index) or arithmetic that holds only for powers of two, e.g. `x & (n - 1)` "
+            "for `x % n`")
+
+
 def _diagnose_grads(outs, ref, key="grads") -> tuple[bool, str, str]:
     """(passed, detail, hint) for per-rank gradient lists against the global-batch gradient."""
     world_size = len(outs)
@@ -73,6 +91,11 @@ def _diagnose_grads(outs, ref, key="grads") -> tuple[bool, str, str]:
     if "local" in outs[0] and _all_close(got, outs[bad_ranks[0]]["local"], rtol=0, atol=0):
         return False, detail, ("the gradients did not change: all_reduce works in place on the tensor you pass, "
                                "so pass p.grad itself (not a copy) and divide it in place")
+    ratio = _uniform_ratio(got, want)
+    if ratio is not None:
+        return False, detail, (f"your gradients are {ratio:.3g}x the right ones on {world_size} ranks: divide the sum "
+                               f"by exactly dist.get_world_size() (here {world_size}); a fixed number, or a power of "
+                               "two, is right only for some world sizes")
     wrong = [ref["names"][i] for i, (g, w) in enumerate(zip(got, want)) if not _close(g, w)]
     if len(wrong) < len(want):
         return False, detail, f"only some parameters are wrong: {', '.join(wrong)}. Average every parameter's gradient"
@@ -205,6 +228,7 @@ def _ring_hint(cases_by_rank, world_size) -> str:
 
 @exercise("ring_all_reduce")
 def _check_ring(answer, grader):
+    passed = []
     for world_size, shapes in _RING_CASES.items():
         outs = grader.run(world_size, _ring_harness, answer, shapes)
         for i, shape in enumerate(shapes):
@@ -217,6 +241,10 @@ def _check_ring(answer, grader):
             hint = "" if ok else _ring_hint(per_rank, world_size)
             if not ok and len(shape) > 1 and all(c["result"].shape != c["expected"].shape for c in per_rank):
                 hint = "work on tensor.view(-1) (a view: writes land in the tensor) and return the tensor itself"
+            if not ok:
+                hint += only_some_sizes(passed, f"{world_size} ranks")
+            elif f"{world_size} ranks" not in passed:
+                passed.append(f"{world_size} ranks")
             yield Result(f"{world_size} ranks, shape {shape} ({kind}): equals dist.all_reduce", ok, hint, detail)
         used = sorted({u for per in outs for c in per for u in c["used"]})
         yield Result(f"{world_size} ranks: built from send/recv only", not used,
@@ -283,9 +311,12 @@ def _check_training(outs, ref, world_size, steps, extra_hint=""):
 @exercise("average_gradients")
 def _check_average_gradients(answer, grader):
     ref = _reference(_DP_STEPS, _DP_LR)
+    passed = []
     for world_size in _WORLD_SIZES:
         outs = grader.run(world_size, _average_gradients_harness, answer, _DP_STEPS, _DP_LR)
         ok, detail, hint = _diagnose_grads(outs, ref)
+        hint += "" if ok else only_some_sizes(passed, f"{world_size} ranks")
+        passed += [f"{world_size} ranks"] if ok else []
         yield Result(f"{world_size} ranks: gradients equal the global-batch gradient", ok, hint, detail)
         yield _check_training(outs, ref, world_size, _DP_STEPS)
 
@@ -329,9 +360,12 @@ def _bucket_harness(answer_cls, steps, lr, bucket_cap_mb):
 @exercise("bucket_data_parallel")
 def _check_bucket(answer, grader):
     ref = _reference(_DP_STEPS, _DP_LR)
+    passed = []
     for world_size in _WORLD_SIZES:
         outs = grader.run(world_size, _bucket_harness, answer, _DP_STEPS, _DP_LR, _BUCKET_CAP_MB)
         ok, detail, hint = _diagnose_grads(outs, ref)
+        hint += "" if ok else only_some_sizes(passed, f"{world_size} ranks")
+        passed += [f"{world_size} ranks"] if ok else []
         yield Result(f"{world_size} ranks: gradients after finish_gradient_synchronization equal the global-batch "
                      "gradient", ok, hint, detail)
         yield _check_training(outs, ref, world_size, _DP_STEPS, extra_hint=(
@@ -391,7 +425,7 @@ def _accumulation_harness(answer, k, steps, lr):
 @exercise("accumulate_no_sync")
 def _check_accumulation(answer, grader):
     ref = _reference(_ACC_STEPS, _ACC_LR)
-    comm = []
+    comm, passed = [], []
     for world_size, k in _ACC_CASES:
         unscaled = _reference(_ACC_STEPS, _ACC_LR * k)  # loss not divided by k: k times the step
         outs = grader.run(world_size, _accumulation_harness, answer, k, _ACC_STEPS, _ACC_LR)
@@ -411,6 +445,10 @@ def _check_accumulation(answer, grader):
             result.hint += (f". Check: one optimizer.step() and one optimizer.zero_grad() per call, after the loop "
                             f"over the micro-batches, and each loss divided by k = len(micro_batches) (here {k}; "
                             "other checks use other k: do not hard-code it)")
+        if not result.passed:
+            result.hint += only_some_sizes(passed, f"k = {k} on {world_size} ranks")
+        else:
+            passed.append(f"k = {k} on {world_size} ranks")
         yield result
         yield Result(f"{world_size} ranks, k = {k}: the replicas stay identical", not drifted,
                      "the ranks' weights differ: some optimizer step used gradients that were not all-reduced "

@@ -46,5 +46,14 @@ def forgets_zero_grad(model, optimizer, micro_batches, loss_fn):
     optimizer.step()
 
 
+def hard_coded_k(model, optimizer, micro_batches, loss_fn):
+    """Written for k = 3: divides by 3 and syncs at index 2, whatever len(micro_batches) is."""
+    for i, (x, y) in enumerate(micro_batches):
+        with contextlib.nullcontext() if i == 2 else model.no_sync():
+            (loss_fn(model(x), y) / 3).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
 PLANTED = [loss_not_divided_by_k, no_sync_left_on_at_last_step, never_no_sync, step_every_micro_batch,
-           forgets_zero_grad]
+           forgets_zero_grad, hard_coded_k]

@@ -90,4 +90,22 @@ class NoReset(_Skeleton):
         self._copy_back()
 
 
-PLANTED = [PerParameterBlocking, AllReduceAfterBackward, NoDivide, NoReset]
+class DividesTwice(_Skeleton):
+    def finish_gradient_synchronization(self):
+        for buffer, handle in zip(self.buffers, self.handles):
+            handle.wait()
+            buffer /= self.world_size  # once here, once more in _copy_back
+        self._copy_back()
+        self.reset()
+
+
+class PowerOfTwoWorldSize(_Skeleton):
+    """Divides by the largest power of two <= world size: right on 2 and 4 ranks, not on 3."""
+
+    def finish_gradient_synchronization(self):
+        self.world_size = 1 << (dist.get_world_size().bit_length() - 1)
+        self._copy_back()
+        self.reset()
+
+
+PLANTED = [PerParameterBlocking, AllReduceAfterBackward, NoDivide, NoReset, DividesTwice, PowerOfTwoWorldSize]

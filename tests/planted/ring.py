@@ -76,6 +76,59 @@ def returns_a_copy(tensor):
     return out
 
 
+def calls_all_reduce_by_another_name(tensor):
+    """The collective through a name the old spy did not replace (bound before the check started)."""
+    from torch.distributed import distributed_c10d
+    distributed_c10d.all_reduce(tensor)
+    return tensor
+
+
+def calls_the_process_group(tensor):
+    """The collective straight on the process group object."""
+    dist.group.WORLD.allreduce([tensor]).wait()
+    return tensor
+
+
+def bitmask_instead_of_modulo(tensor):
+    """Chunk indices with `& (n - 1)` for `% n`: right only when n is a power of two (2 and 4, not 3)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    chunks = torch.tensor_split(tensor.view(-1), n)
+    scratch = torch.empty_like(chunks[0])
+    for step in range(n - 1):
+        incoming = chunks[(rank - step - 1) & (n - 1)]
+        received = scratch[: incoming.numel()]
+        _exchange(chunks[(rank - step) & (n - 1)], received, right, left)
+        incoming += received
+    for step in range(n - 1):
+        _exchange(chunks[(rank + 1 - step) & (n - 1)], chunks[(rank - step) & (n - 1)], right, left)
+    return tensor
+
+
+def _ring(tensor):
+    rank, n, right, left, chunks = _setup(tensor)
+    _reduce_scatter(chunks, rank, n, right, left)
+    for step in range(n - 1):
+        _exchange(chunks[(rank + 1 - step) % n], chunks[(rank - step) % n], right, left)
+    return tensor
+
+
+def destroys_process_group(tensor):
+    """Right numbers, then tears down the process group the grader's workers share (on rank 1)."""
+    _ring(tensor)
+    if dist.get_rank() == 1:
+        dist.destroy_process_group()
+    return tensor
+
+
+def kills_its_worker(tensor):
+    """Right numbers on rank 0; rank 1's process exits in the middle of the check."""
+    import os
+    if dist.get_rank() == 1:
+        os._exit(3)
+    return _ring(tensor)
+
+
 def deadlock(tensor):
     """Every rank waits to receive before anyone sends."""
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -85,4 +138,6 @@ def deadlock(tensor):
 
 
 PLANTED = [mean_instead_of_sum, off_by_one_chunk, drops_the_remainder, reduce_scatter_only, calls_all_reduce,
-           returns_a_copy]
+           returns_a_copy, calls_all_reduce_by_another_name, calls_the_process_group, bitmask_instead_of_modulo]
+# destroys_process_group and kills_its_worker break the workers: tests/test_grading.py checks them on their own
+# (the hint names rank 1, and the next check of a solution passes)
