@@ -70,6 +70,21 @@ def overhead_rounds(rounds: int = ROUNDS) -> dict:
     return {"bare_step_s": bare, "trainer_step_s": trainer}
 
 
+def overhead_verdict(rounds: dict, max_drift: float = 1.2) -> dict:
+    """The median trainer/bare ratio over rounds, and whether it can be trusted: when the bare loop's own step
+    time moved by more than ``max_drift`` between rounds (a loaded machine), a 5 % effect cannot be seen."""
+    ratios = [t / b for t, b in zip(rounds["trainer_step_s"], rounds["bare_step_s"])]
+    ratio = statistics.median(ratios)
+    drift = max(rounds["bare_step_s"]) / min(rounds["bare_step_s"])
+    out = {**rounds, "ratios": ratios, "trainer_over_bare_median": ratio, "bare_drift": drift, "target": "<= 1.05"}
+    if drift > max_drift:
+        out.update(met=None, verdict=f"inconclusive: the bare loop's step time itself varied {drift:.2f}x between "
+                                     "rounds (machine load), more than the 5 % to be resolved")
+    else:
+        out.update(met=ratio <= 1.05, verdict="met" if ratio <= 1.05 else "missed")
+    return out
+
+
 def to_target(plan) -> dict:
     s = trainer_run(plan, steps=600, eval_every=10, target=TARGET, stop_at_target=True)
     return {k: s.get(k) for k in ("time_to_target", "tokens_to_target", "step_to_target", "target_reached",
@@ -91,8 +106,8 @@ def main() -> dict:
         print(f"{label:12s} {s['tokens_per_s']:8.0f} tokens/s  (step {s['step_time'] * 1e3:.0f} ms, "
               f"IQR {s['step_time_iqr'] * 1e3:.0f} ms)", flush=True)
     rounds = simlib.launch(overhead_rounds, 1, threads=1)[0]
-    ratio = statistics.median(t / b for t, b in zip(rounds["trainer_step_s"], rounds["bare_step_s"]))
-    out["overhead"] = {**rounds, "trainer_over_bare_median": ratio, "target": "<= 1.05", "met": ratio <= 1.05}
+    out["overhead"] = overhead_verdict(rounds)
+    ratio = out["overhead"]["trainer_over_bare_median"]
     print(f"trainer / bare loop: {ratio:.3f} (rounds {rounds})", flush=True)
     ttt = {}
     for label, (plan, threads) in {"1x1 thread": (Plan(), 1), "2-proc DP": (Plan(dp=2), 1),
@@ -106,6 +121,10 @@ def main() -> dict:
         out["speedup_target"] = ">= 1.6 (2-proc DP vs 1x1 thread)"
         out["speedup_met"] = out["speedup_to_target"]["2-proc DP"] >= 1.6
     out["machine"] = report.machine(load_before)
+    load = max(load_before[0], out["machine"]["loadavg_after"][0])
+    if load > 2 * out["machine"]["cores"]:
+        out["note"] = (f"load average {load:.0f} on {out['machine']['cores']} cores while measuring (other jobs): "
+                       "timings are dominated by contention and do not test the targets; rerun on an idle machine")
     path = report.write(out)
     print(f"wrote {path}; load average before {load_before[0]:.1f}, after {out['machine']['loadavg_after'][0]:.1f}")
     return out
