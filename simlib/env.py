@@ -180,6 +180,17 @@ def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT, device: str = 
     return _context
 
 
+def device() -> torch.device:
+    """This rank's device inside a process group (``ctx.device``), the CPU outside one (a plain reference run)."""
+    return context().device if dist.is_available() and dist.is_initialized() else torch.device("cpu")
+
+
+def synchronize(dev) -> None:
+    """Wait for ``dev``'s queued work before reading a host clock (a no-op on the CPU)."""
+    if torch.device(dev).type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def context() -> Context:
     """The current rank's context (calls :func:`init` with defaults if needed)."""
     return _context if (_context is not None and dist.is_initialized()) else init()

@@ -5,7 +5,7 @@ silently trains on the CPU of a GPU machine. :func:`guarded` runs a runner in *t
 pretend 2-rank job whose device is ``meta`` (shapes, no data): a model, batch or buffer that the runner does not
 move to ``ctx.device`` stays on the CPU and meets a meta tensor (torch raises), and every tensor handed to a
 collective is checked to be on ``ctx.device``. Collectives do nothing (rank 0 talks to itself), and reading a
-meta tensor's value (``float(loss)``) gives 0.0, so a whole run goes through in milliseconds.
+meta tensor's value (``float(loss)``) gives 1.0, so a whole run goes through in milliseconds.
 """
 from __future__ import annotations
 
@@ -75,9 +75,15 @@ def guarded(world_size: int = 2, rank: int = 0):
     for name in ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                  "reduce_scatter_tensor", "send", "recv", "isend", "irecv", "reduce", "all_to_all_single"):
         patches.append(mock.patch.object(dist, name, _collective(name)))
-    real_float, real_item = torch.Tensor.__float__, torch.Tensor.item
-    patches += [mock.patch.object(torch.Tensor, "__float__", lambda t: 0.0 if t.is_meta else real_float(t)),
-                mock.patch.object(torch.Tensor, "item", lambda t: 0.0 if t.is_meta else real_item(t))]
+    # Reading a meta tensor (a loss printed, a time, a state sent home): 1.0 for a scalar, zeros of its shape.
+    real = {name: getattr(torch.Tensor, name) for name in ("__float__", "item", "tolist", "cpu")}
+    fake = {"__float__": lambda t: 1.0, "item": lambda t: 1.0,  # 1, not 0: runners divide by times
+            "tolist": lambda t: torch.zeros(t.shape, dtype=t.dtype).tolist(),
+            "cpu": lambda t, *a, **k: torch.zeros(t.shape, dtype=t.dtype)}
+    for name in real:
+        patches.append(mock.patch.object(
+            torch.Tensor, name,
+            (lambda name: lambda t, *a, **k: fake[name](t, *a, **k) if t.is_meta else real[name](t, *a, **k))(name)))
     with contextlib.ExitStack() as stack:
         for p in patches:
             stack.enter_context(p)
