@@ -16,7 +16,10 @@ def _doctor(args) -> int:
     info = env.describe()
     width = max(len(k) for k in info)
     for key, value in info.items():
-        print(f"{key:<{width}}  {value}")
+        if isinstance(value, str) and "\n" in value:  # the nvidia-smi matrix: print it under its key
+            print(f"{key}:\n" + "\n".join("    " + line for line in value.splitlines()))
+        else:
+            print(f"{key:<{width}}  {value}")
     if info["launcher"] == "single":
         print(f"\nready: simlib.launch(fn, n) runs n local processes over "
               f"{info['default_backend']}; {info['cores']} core(s) -> {env.threads_per_worker(2, info['cores'])} "

@@ -152,9 +152,10 @@ def collective_demo(op: str, numel: int | None = None) -> dict:
     Rank r starts with ``[10r, 10r + 1, ...]`` so each number says where it came from. Run it on every
     rank (``cluster.run(collective_demo, "all_reduce")``).
     """
+    from .env import device
     rank, world_size = dist.get_rank(), dist.get_world_size()
     numel = world_size if numel is None else numel
-    x = torch.arange(numel, dtype=torch.float32) + 10 * rank
+    x = torch.arange(numel, dtype=torch.float32, device=device()) + 10 * rank
     before = x.tolist()
     if op == "broadcast":
         dist.broadcast(x, src=0)
@@ -172,7 +173,7 @@ def collective_demo(op: str, numel: int | None = None) -> dict:
     elif op == "reduce_scatter":
         if numel % world_size:
             raise ValueError("reduce_scatter needs numel divisible by world_size")
-        after = torch.empty(numel // world_size)
+        after = torch.empty(numel // world_size, device=x.device)
         dist.reduce_scatter(after, list(x.chunk(world_size)))  # Gloo: emulated (see notebook 01)
     else:
         raise ValueError(f"unknown collective {op!r}: use one of {COLLECTIVES}")
@@ -198,10 +199,10 @@ def _runner(op: str, x: torch.Tensor):
     if op == "ring_all_reduce":
         return lambda: ring_all_reduce(x)
     if op == "all_gather":  # S = the gathered size, as in nccl-tests
-        part, out = x[: x.numel() // world_size], [torch.empty(x.numel() // world_size) for _ in range(world_size)]
+        part, out = x[: x.numel() // world_size], [torch.empty_like(x[: x.numel() // world_size]) for _ in range(world_size)]
         return lambda: dist.all_gather(out, part)
     if op == "reduce_scatter":
-        out, ins = torch.empty(x.numel() // world_size), list(x.chunk(world_size))
+        out, ins = torch.empty_like(x[: x.numel() // world_size]), list(x.chunk(world_size))
         return lambda: dist.reduce_scatter(out, ins)
     raise ValueError(f"unknown op {op!r}")
 
@@ -214,19 +215,21 @@ def bandwidth_sweep(sizes_bytes, ops=("all_reduce", "ring_all_reduce"), repeats:
     the collective's time (max over ranks), and the median over ``repeats`` is reported with the
     quartiles. Returns rows: op, world_size, bytes, time (s), time_q1, time_q3, algbw, busbw (bytes/s).
     """
-    world_size = dist.get_world_size()
+    from .env import device, synchronize
+    world_size, dev = dist.get_world_size(), device()
     rows = []
     for op in ops:
         for size in sizes_bytes:
             numel = max(world_size, int(size) // 4 // world_size * world_size)
-            x = torch.ones(numel)
+            x = torch.ones(numel, device=dev)
             run = _runner(op, x)
             times = []
             for i in range(warmup + repeats):
                 dist.barrier()
                 t0 = time.perf_counter()
                 run()
-                elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                synchronize(dev)  # on a GPU the call only queues the work
+                elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=dev)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 if i >= warmup:
                     times.append(float(elapsed))

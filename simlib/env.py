@@ -197,6 +197,17 @@ def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT, device: str = 
     return _context
 
 
+def device() -> torch.device:
+    """This rank's device inside a process group (``ctx.device``), the CPU outside one (a plain reference run)."""
+    return context().device if dist.is_available() and dist.is_initialized() else torch.device("cpu")
+
+
+def synchronize(dev) -> None:
+    """Wait for ``dev``'s queued work before reading a host clock (a no-op on the CPU)."""
+    if torch.device(dev).type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def context() -> Context:
     """The current rank's context (calls :func:`init` with defaults if needed)."""
     return _context if (_context is not None and dist.is_initialized()) else init()
@@ -211,7 +222,7 @@ def shutdown() -> None:
 
 
 def describe() -> dict:
-    """What ``simlib doctor`` prints: versions, backends, cores, GPUs, launcher."""
+    """What ``simlib doctor`` prints: versions, backends, cores, GPUs (memory, interconnect), launcher."""
     import platform
     gpus = gpu_count()
     return {
@@ -221,11 +232,42 @@ def describe() -> dict:
         "cores": cpu_count(),
         "gloo_available": dist.is_gloo_available(),
         "nccl_available": dist.is_nccl_available(),
+        "nccl_version": nccl_version(),
         "cuda_available": torch.cuda.is_available(),
+        "cuda_version": torch.version.cuda,
         "gpus": gpus,
         "gpu_names": [torch.cuda.get_device_name(i) for i in range(gpus)],
+        "gpu_memory_gib": [round(torch.cuda.get_device_properties(i).total_memory / 2 ** 30, 1) for i in range(gpus)],
+        "interconnect": gpu_topology() if gpus else None,
         "launcher": detect_launcher(),
         "slurm_job": os.environ.get("SLURM_JOB_ID"),
         "colab": "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ,
         "default_backend": pick_backend("auto", max(1, gpus)),
     }
+
+
+def nccl_version() -> str | None:
+    """NCCL's version as torch was built with it (``"2.21.5"``), or None without CUDA/NCCL."""
+    if not (torch.cuda.is_available() and dist.is_nccl_available()):
+        return None
+    try:
+        v = torch.cuda.nccl.version()
+    except (RuntimeError, AttributeError):
+        return None
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def gpu_topology(run=subprocess.run) -> str | None:
+    """How the GPUs are linked, from ``nvidia-smi topo -m`` (NV# = NVLink lanes, SYS/PHB/PIX = PCIe paths).
+
+    Returns the matrix as text, or a sentence saying why there is none (no nvidia-smi, or it failed).
+    """
+    try:
+        out = run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20)
+    except FileNotFoundError:
+        return "nvidia-smi not found: interconnect unknown"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"nvidia-smi topo -m failed: {exc}"
+    if out.returncode != 0:
+        return f"nvidia-smi topo -m failed: {(out.stderr or out.stdout).strip()[:200]}"
+    return out.stdout.rstrip()

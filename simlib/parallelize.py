@@ -172,7 +172,7 @@ class ParallelModel:
         """The step's loss over the global batch (a collective: every rank calls it)."""
         g = self.groups
         holder = loss is not None and g.tp_rank == 0 and g.pp_is_last_stage
-        t = torch.tensor([loss if holder else 0.0], dtype=torch.float64)
+        t = torch.tensor([loss if holder else 0.0], dtype=torch.float64, device=self.device)  # NCCL: on the GPU
         if dist.get_world_size() > 1:
             dist.all_reduce(t)
         return float(t) / self.plan.dp

@@ -108,3 +108,33 @@ def test_init_in_a_plain_process_makes_a_one_rank_group(tmp_path):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["single", "0", "1", "1.0"]
+
+
+def test_gpu_topology_reports_the_matrix_or_why_not():
+    import subprocess
+    from types import SimpleNamespace
+
+    from simlib import env
+
+    matrix = "\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X \n"
+    ok = lambda *a, **k: SimpleNamespace(returncode=0, stdout=matrix, stderr="")  # noqa: E731
+    assert "NV18" in env.gpu_topology(run=ok)
+
+    def missing(*a, **k):
+        raise FileNotFoundError("nvidia-smi")
+    assert env.gpu_topology(run=missing) == "nvidia-smi not found: interconnect unknown"
+    failed = lambda *a, **k: SimpleNamespace(returncode=9, stdout="", stderr="NVML: driver not loaded")  # noqa: E731
+    assert "driver not loaded" in env.gpu_topology(run=failed)
+
+    def hangs(*a, **k):
+        raise subprocess.TimeoutExpired("nvidia-smi", 20)
+    assert env.gpu_topology(run=hangs).startswith("nvidia-smi topo -m failed")
+
+
+def test_doctor_prints_gpu_fields(capsys):
+    from simlib import cli
+
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    for key in ("nccl_version", "gpu_memory_gib", "interconnect", "default_backend"):
+        assert key in out

@@ -153,9 +153,12 @@ def run_accumulation(accumulation_steps: int = 4, steps: int = 3, global_batch: 
     from .data import _setup, wrap
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    from ..env import device as _device
+    dev = _device()
     model, x, y = _setup(width, depth, global_batch, seed)
-    x, y = shard(x, rank, world_size), shard(y, rank, world_size)
-    tl = Timeline(warmup=warmup) if timeline else None
+    model = model.to(dev)
+    x, y = shard(x, rank, world_size).to(dev), shard(y, rank, world_size).to(dev)
+    tl = Timeline(warmup=warmup, device=dev) if timeline else None
     dp_model = wrap(model, mode, bucket_cap_mb, tl) if distributed else model
     counter = count_all_reduces(dp_model, tl) if mode == "ddp" and distributed else None
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -165,7 +168,7 @@ def run_accumulation(accumulation_steps: int = 4, steps: int = 3, global_batch: 
         with tl.step(step) if tl is not None else nullcontext():
             losses.append(accumulation_step(dp_model, opt, micro_batches, scale_loss=scale_loss,
                                             use_no_sync=use_no_sync, timeline=tl))
-    out = {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses,
+    out = {"state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, "losses": losses,
            "all_reduce_calls": counter["calls"] if counter else None,
            "all_reduce_bytes": counter["bytes"] if counter else None}
     if timeline:

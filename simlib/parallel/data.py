@@ -431,15 +431,18 @@ def run_data_parallel(mode: str = "bucket", steps: int = 3, global_batch: int = 
     from ..timeline import Timeline, summarize
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    from ..env import device as _device
+    dev = _device()
     model, x, y = _setup(width, depth, global_batch, seed)
-    tl = Timeline(rank=rank, warmup=warmup) if timeline else None
+    model, x, y = model.to(dev), x.to(dev), y.to(dev)
+    tl = Timeline(rank=rank, warmup=warmup, device=dev) if timeline else None
     dp_model = wrap(model, mode, bucket_cap_mb, tl) if distributed else model
     if distributed and mode == "ddp" and tl is not None:  # DDP is opaque: a comm hook shows its buckets on the timeline
         from .accumulate import count_all_reduces
         count_all_reduces(dp_model, tl)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = train_steps(dp_model, opt, shard(x, rank, world_size), shard(y, rank, world_size), steps, tl)
-    out = {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses}
+    out = {"state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, "losses": losses}
     if timeline:
         df = tl.gather()
         out["timeline"], out["summary"] = df, summarize(df)

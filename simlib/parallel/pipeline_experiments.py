@@ -16,13 +16,14 @@ def _setup(width, depth, micro_batch, num_microbatches, num_chunks, seed):
     import torch
     import torch.distributed as dist
 
+    from ..env import device
     from ..models import MLP, make_regression
     from .pipeline import build_stages
 
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size, dev = dist.get_rank(), dist.get_world_size(), device()
     torch.manual_seed(seed)
-    model = MLP(width=width, depth=depth, in_features=width, out_features=1)
-    x, y = make_regression(micro_batch * num_microbatches, width, 1, seed=seed)
+    model = MLP(width=width, depth=depth, in_features=width, out_features=1).to(dev)
+    x, y = (t.to(dev) for t in make_regression(micro_batch * num_microbatches, width, 1, seed=seed))
     return rank, world_size, model, build_stages(model.net, rank, world_size, num_chunks), x, y
 
 
@@ -43,7 +44,7 @@ def simlib_steps(schedule_name="1f1b", num_microbatches=4, micro_batch=32, width
 
     rank, world_size, model, stages, x, y = _setup(width, depth, micro_batch, num_microbatches, num_chunks, seed)
     schedule = make_schedule(schedule_name, world_size, num_microbatches, num_chunks)
-    tl = Timeline(warmup=warmup)
+    tl = Timeline(warmup=warmup, device=x.device)
     for step in range(steps):
         model.zero_grad(set_to_none=True)
         dist.barrier()

@@ -153,6 +153,7 @@ class ColumnParallelLinear(nn.Module):
         """Shard a full Linear: this rank keeps output rows ``rows`` (default: its equal block)."""
         tp_rank, tp_size = _tp(group)
         layer = cls(linear.in_features, linear.out_features, group, linear.bias is not None, log)
+        layer.to(linear.weight.device)  # the shard lives where the full layer was (ctx.device)
         rows = rows if rows is not None else slice(tp_rank * layer.weight.shape[0], (tp_rank + 1) * layer.weight.shape[0])
         with torch.no_grad():
             layer.weight.copy_(linear.weight[rows])
@@ -179,6 +180,7 @@ class RowParallelLinear(nn.Module):
     def from_linear(cls, linear: nn.Linear, group=None, log=None):
         tp_rank, tp_size = _tp(group)
         layer = cls(linear.in_features, linear.out_features, group, linear.bias is not None, log)
+        layer.to(linear.weight.device)  # the shard lives where the full layer was (ctx.device)
         local = layer.weight.shape[1]
         with torch.no_grad():
             layer.weight.copy_(linear.weight[:, tp_rank * local:(tp_rank + 1) * local])

@@ -53,15 +53,18 @@ def tp_steps(kind="mlp", hidden=512, batch=8, seq=128, num_heads=8, steps=10, wa
     import torch
     import torch.distributed as dist
 
+    from ..env import device, synchronize
     from . import tensor
-    block = _block(kind, hidden, num_heads, seed)
+    dev = device()
+    block = _block(kind, hidden, num_heads, seed).to(dev)
     log = tensor.CommLog()
     tp = (tensor.TensorParallelMLP if kind == "mlp" else tensor.TensorParallelAttention).from_dense(block, log=log)
-    x = torch.randn(batch, seq, hidden, requires_grad=True)  # as inside a model: dL/dx is needed
+    x = torch.randn(batch, seq, hidden, device=dev, requires_grad=True)  # as inside a model: dL/dx is needed
 
     def step():
         tp.zero_grad(set_to_none=True)
         tp(x).sum().backward()
+        synchronize(dev)
     dist.barrier()
     timing = _times(step, steps, warmup)
     calls = log.calls[-2:]  # one step's all-reduces

@@ -59,6 +59,7 @@ def dp_workload(config: RunConfig, steps: int, warmup: int, seed: int = 0):
     import torch
     import torch.distributed as dist
 
+    from ..env import device
     from ..models import MLP, make_regression
     from ..parallel.data import all_reduce_mean_flat, make_buckets
     from ..timeline import Timeline
@@ -74,13 +75,15 @@ def dp_workload(config: RunConfig, steps: int, warmup: int, seed: int = 0):
     old_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        dev = device()
         torch.manual_seed(seed)
-        model = MLP(config.width, config.depth)
+        model = MLP(config.width, config.depth).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        x, y = make_regression(config.micro_batch * config.accumulation, config.width, seed=seed + 1 + rank)
+        x, y = (t.to(dev) for t in make_regression(config.micro_batch * config.accumulation, config.width,
+                                                   seed=seed + 1 + rank))
         xs, ys = x.chunk(config.accumulation), y.chunk(config.accumulation)
         buckets = make_buckets(model.parameters(), config.bucket_mb)
-        tl = Timeline(rank=rank, warmup=warmup)
+        tl = Timeline(rank=rank, warmup=warmup, device=dev)
         if w > 1:
             dist.barrier(group=group)
         for step in range(warmup + steps):
@@ -102,10 +105,10 @@ def dp_workload(config: RunConfig, steps: int, warmup: int, seed: int = 0):
         torch.set_num_threads(old_threads)
 
 
-def _pipeline_stages(config, rank):
+def _pipeline_stages(config, rank, device="cpu"):
     from ..models import MLP
     from ..parallel.pipeline import build_stages
-    return build_stages(MLP(config.width, config.depth).net, rank, config.world_size)
+    return build_stages(MLP(config.width, config.depth).to(device).net, rank, config.world_size)
 
 
 def _pipeline_workload(config, steps, warmup, seed, group):
@@ -113,6 +116,7 @@ def _pipeline_workload(config, steps, warmup, seed, group):
     import torch
     import torch.distributed as dist
 
+    from ..env import device
     from ..models import make_regression
     from ..parallel import schedules
     from ..parallel.pipeline import run_schedule
@@ -123,12 +127,14 @@ def _pipeline_workload(config, steps, warmup, seed, group):
     torch.set_num_threads(1)
     try:
         torch.manual_seed(seed)
-        stages = _pipeline_stages(config, rank)
+        dev = device()
+        stages = _pipeline_stages(config, rank, dev)
         opt = torch.optim.SGD([p for s in stages for p in s.parameters()], lr=1e-3)
-        x, y = make_regression(config.micro_batch * m, config.width, seed=seed + 1)
+        x, y = (t.to(dev) for t in make_regression(config.micro_batch * m, config.width, seed=seed + 1))
         actions = getattr(schedules, {"1f1b": "one_f_one_b", "gpipe": "gpipe"}[config.pipeline])(
             config.world_size, m)[rank]
-        tl = Timeline(rank=dist.get_global_rank(group, rank) if group is not None else rank, warmup=warmup)
+        tl = Timeline(rank=dist.get_global_rank(group, rank) if group is not None else rank, warmup=warmup,
+                      device=dev)
         dist.barrier(group=group)
         for step in range(warmup + steps):
             with tl.step(step):

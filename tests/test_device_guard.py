@@ -1,0 +1,97 @@
+"""Same code, bigger machine: every runner a lesson, a project, the CLI or the simulator calls keeps its model,
+data and buffers on ``ctx.device`` (checked on CPU with a fake accelerator; see tests/device_guard.py).
+
+A runner that builds anything on the CPU by default fails here, where on a real GPU machine it would silently
+train on the CPU or crash at its first collective under NCCL. Torch's own DDP and pipelining are left out: they
+need a real process group, and they are torch's to get right.
+"""
+import pytest
+
+from device_guard import OffDevice, guarded
+
+
+def _train(task_name, **plan):
+    def run():
+        from simlib.train import Plan, train
+        if task_name == "gpt":
+            from simlib.gpt_task import GPTTask
+            task = GPTTask.quick()
+        else:
+            from simlib.tasks import RegressionTask
+            task = RegressionTask()
+        return train(task, Plan(**plan), steps=3, eval_every=3, log_every=1, verbose=False)
+    return run
+
+
+def _lesson(name):
+    def run():
+        from simlib import collectives, experiments
+        from simlib.parallel import accumulate, data
+        from simlib.parallel import pipeline_experiments as pe
+        from simlib.parallel import tensor_experiments as te
+        from simlib.sim import validate
+        return {
+            "experiments.dp_train": lambda: experiments.dp_train(width=32, depth=2, local_batch=8, steps=2, warmup=1),
+            "data.run_data_parallel bucket": lambda: data.run_data_parallel("bucket", steps=2, timeline=True),
+            "data.run_data_parallel naive": lambda: data.run_data_parallel("naive", steps=2),
+            "data.run_data_parallel flat": lambda: data.run_data_parallel("flat", steps=2),
+            "accumulate.run_accumulation": lambda: accumulate.run_accumulation(steps=2, mode="bucket"),
+            "collectives.bandwidth_sweep": lambda: collectives.bandwidth_sweep([1024, 4096], repeats=2),
+            "collectives.collective_demo": lambda: collectives.collective_demo("all_reduce"),
+            "pipeline.simlib_steps": lambda: pe.simlib_steps(steps=2, width=32, depth=4, micro_batch=4),
+            "tensor.tp_steps": lambda: te.tp_steps(hidden=32, batch=2, seq=8, steps=2, warmup=1),
+            "tensor.dense_steps": lambda: te.dense_steps(hidden=32, batch=2, seq=8, steps=2, warmup=1),
+            "validate.dp_workload": lambda: validate.dp_workload(
+                validate.RunConfig(2, 8, accumulation=2, bucket_mb=0.01, width=32, depth=2), steps=2, warmup=1),
+            "validate.pipeline": lambda: validate.dp_workload(
+                validate.RunConfig(2, 8, accumulation=2, width=32, depth=2, pipeline="1f1b"), steps=2, warmup=1),
+        }[name]()
+    return run
+
+
+RUNNERS = {
+    "train mlp single": (_train("mlp"), 1),
+    "train mlp dp bucket": (_train("mlp", dp=2), 2),
+    "train mlp dp naive + accumulation": (_train("mlp", dp=2, dp_variant="naive", accumulation=2), 2),
+    "train mlp dp flat": (_train("mlp", dp=2, dp_variant="flat"), 2),
+    "train gpt dp": (_train("gpt", dp=2), 2),
+    "train gpt tp": (_train("gpt", tp=2), 2),
+    "train gpt pp 1f1b": (_train("gpt", pp=2, accumulation=2), 2),
+    "train gpt dp x tp": (_train("gpt", dp=2, tp=2), 4),
+    "train gpt recompute": (_train("gpt", dp=2, activation_checkpointing=True), 2),
+}
+RUNNERS.update({name: (_lesson(name), 2) for name in [
+    "experiments.dp_train", "data.run_data_parallel bucket", "data.run_data_parallel naive",
+    "data.run_data_parallel flat", "accumulate.run_accumulation", "collectives.bandwidth_sweep",
+    "collectives.collective_demo", "pipeline.simlib_steps", "tensor.tp_steps", "tensor.dense_steps",
+    "validate.dp_workload", "validate.pipeline"]})
+
+
+@pytest.mark.parametrize("name", list(RUNNERS))
+def test_runner_keeps_everything_on_ctx_device(name):
+    fn, world_size = RUNNERS[name]
+    with guarded(world_size=world_size):
+        fn()
+
+
+def test_the_guard_catches_a_runner_that_hard_codes_the_cpu():
+    import torch
+    import torch.distributed as dist
+
+    import simlib
+
+    def careless():
+        ctx = simlib.context()
+        model = torch.nn.Linear(4, 4)             # forgot .to(ctx.device)
+        dist.all_reduce(model.weight.data)
+
+    def careful():
+        ctx = simlib.context()
+        model = torch.nn.Linear(4, 4).to(ctx.device)
+        dist.all_reduce(model.weight.data)
+        return float(model(torch.ones(2, 4, device=ctx.device)).sum())
+
+    with guarded():
+        with pytest.raises(OffDevice, match="not on ctx.device"):
+            careless()
+        assert careful() == 1.0  # a meta scalar reads as 1.0
