@@ -10,7 +10,7 @@ never hides the others:
     device_guard  tests/test_device_guard.py: every runner keeps its tensors on ctx.device
     notebooks     every lesson notebook in quick mode (nbval; needs nbval, nbformat, nbclient, ipykernel)
     scaling       `simlib scaling --quick` on the GPU(s)
-    trainer       project 1's trainer for a few hundred steps on one GPU (`simlib train gpt --quick`)
+    trainer       project 1's trainer, 600 steps at full size on one GPU (`simlib train gpt --plan single`)
     calibration   GEMM rate by shape (bf16, CUDA events) and HBM bandwidth (x.add_(y)) beside the
                   presets' figures (`sim.dgx_h100()`; an H200 has the H100's compute and 4.8 TB/s HBM3e)
 
@@ -107,7 +107,6 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"))
     parser.add_argument("--skip", nargs="*", default=[], help="sections to leave out")
-    parser.add_argument("--trainer-steps", type=int, default=300)
     args = parser.parse_args(argv)
 
     import torch
@@ -124,8 +123,8 @@ def main(argv=None) -> int:
         "notebooks": lambda: _run([py, "-m", "pytest", "notebooks", "--nbval-lax", "--nbval-current-env", "-q",
                                    "-o", "addopts=", "-p", "no:cacheprovider"], 1500, quick),
         "scaling": lambda: _run([py, "-m", "simlib", "scaling", "--quick", "--out", "/tmp/gpu_check_scaling"], 600),
-        "trainer": lambda: _run([py, "-m", "simlib", "train", "gpt", "--quick", "--world-size", "1",
-                                 "--steps", str(args.trainer_steps), "--out", "/tmp/gpu_check_gpt"], 900),
+        "trainer": lambda: _run([py, "-m", "simlib", "train", "gpt", "--world-size", "1", "--plan", "single",
+                                 "--out", "/tmp/gpu_check_gpt"], 900),  # full size: 600 steps
     }
     load_before = os.getloadavg()
     result = {"benchmark": "gpu_check", "cuda": torch.cuda.is_available(),

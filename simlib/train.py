@@ -286,7 +286,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
         step = state.step
         if total_steps is not None and step >= total_steps:
             break
-        if seconds is not None and _agree_stop(state.train_time >= seconds):
+        if seconds is not None and _agree_stop(state.train_time >= seconds, ctx.device):
             break
         index = state.data_step  # the data position (equal to step unless a checkpoint was restored in part)
         x, y = (task.batch(index, part=groups.dp_rank, parts=plan.dp) if shardable else pm.shard(*task.batch(index)))
@@ -321,7 +321,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
                       flush=True)
         if eval_every and (state.step % eval_every == 0 or last):
             _evaluate(task, pm, state, evals, writer, verbose and ctx.rank == 0)
-            if stop_at_target and _agree_stop(bool(time_to_target(evals, target).get("target_reached"))):
+            if stop_at_target and _agree_stop(bool(time_to_target(evals, target).get("target_reached")), ctx.device):
                 break
         if plan.checkpoint_dir and plan.checkpoint_every and state.step % plan.checkpoint_every == 0:
             from . import checkpoint
@@ -351,9 +351,9 @@ def _accepts_part(task) -> bool:
         return False
 
 
-def _agree_stop(mine: bool) -> bool:
+def _agree_stop(mine: bool, device=None) -> bool:
     """Rank 0's clock decides, so every rank stops after the same step."""
-    flag = torch.tensor([1.0 if mine else 0.0])
+    flag = torch.tensor([1.0 if mine else 0.0], device=device)  # NCCL: on the GPU
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast(flag, src=0)
     return bool(flag.item())

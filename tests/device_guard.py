@@ -84,6 +84,8 @@ def guarded(world_size: int = 2, rank: int = 0):
         patches.append(mock.patch.object(
             torch.Tensor, name,
             (lambda name: lambda t, *a, **k: fake[name](t, *a, **k) if t.is_meta else real[name](t, *a, **k))(name)))
+    # The trainer's MFU yardstick seeds a generator on ctx.device; meta has no generators (CUDA has).
+    patches.append(mock.patch("simlib.train._matmul_rate", lambda device, *a, **k: 1.0))
     with contextlib.ExitStack() as stack:
         for p in patches:
             stack.enter_context(p)

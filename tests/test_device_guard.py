@@ -10,7 +10,7 @@ import pytest
 from device_guard import OffDevice, guarded
 
 
-def _train(task_name, **plan):
+def _train(task_name, budget=None, **plan):
     def run():
         from simlib.train import Plan, train
         if task_name == "gpt":
@@ -19,7 +19,7 @@ def _train(task_name, **plan):
         else:
             from simlib.tasks import RegressionTask
             task = RegressionTask()
-        return train(task, Plan(**plan), steps=3, eval_every=3, log_every=1, verbose=False)
+        return train(task, Plan(**plan), **(budget or dict(steps=3)), eval_every=3, log_every=1, verbose=False)
     return run
 
 
@@ -52,6 +52,7 @@ def _lesson(name):
 RUNNERS = {
     "train mlp single": (_train("mlp"), 1),
     "train mlp dp bucket": (_train("mlp", dp=2), 2),
+    "train mlp dp, a time budget": (_train("mlp", budget=dict(seconds=0.2), dp=2), 2),
     "train mlp dp naive + accumulation": (_train("mlp", dp=2, dp_variant="naive", accumulation=2), 2),
     "train mlp dp flat": (_train("mlp", dp=2, dp_variant="flat"), 2),
     "train gpt dp": (_train("gpt", dp=2), 2),

@@ -96,7 +96,8 @@ class _DataParallel(nn.Module):
         nowhere = [j for j, c in enumerate(counts) if c == self.world_size] if what == "bucket" else []
         if self.find_unused_parameters or not (partly or nowhere):
             return
-        mine = torch.tensor(missing, dtype=torch.uint8)
+        device = self.params[0].device if self.params else torch.device("cpu")
+        mine = torch.tensor(missing, dtype=torch.uint8, device=device)  # NCCL: on the GPU
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(gathered, mine, group=self.group)
         ranks = [dist.get_global_rank(self.group, r) if self.group is not None else r for r in range(self.world_size)]
@@ -139,9 +140,11 @@ class DataParallelNaive(_DataParallel):
         if not self.require_backward_grad_sync:
             return
         missing = self._missing()
-        counts = torch.tensor(missing, dtype=torch.float32)
+        device = self.params[0].device if self.params else torch.device("cpu")
+        counts = torch.tensor(missing, dtype=torch.float32, device=device)  # NCCL: on the GPU
         with _span(self.timeline, "comm", "all_reduce which grads are None"):
             dist.all_reduce(counts, group=self.group)
+        counts = counts.cpu()  # read once here, not one device sync per parameter
         self._check_agreement(counts, missing, "naive")
         for i, p in enumerate(self.params):
             if counts[i] == self.world_size:
