@@ -193,28 +193,35 @@ class ZeroDataParallel(nn.Module):
     where the update happens. A reduce to each owner is one reduce-scatter cut along tensor boundaries.
     """
 
-    def __init__(self, module: nn.Module, optimizer: ShardedOptimizer, stage: int = 2, group=None,
+    def __init__(self, module: nn.Module, optimizer: ShardedOptimizer | None = None, stage: int = 2, group=None,
                  comm_counter=None):
         super().__init__()
         if stage not in (1, 2):
             raise ValueError(f"ZeroDataParallel implements stages 1 and 2, got {stage!r} (stage 3: Zero3)")
-        if not isinstance(optimizer, ShardedOptimizer):
-            raise TypeError("ZeroDataParallel needs the ShardedOptimizer over the same parameters (it decides "
-                            f"which rank owns each gradient), got {type(optimizer).__name__}")
-        self.module, self.optimizer, self.stage = module, optimizer, stage
+        self.module, self.stage = module, stage
         self.group, self.rank, self.world_size = _group_info(group)
         self.comm_counter = comm_counter
         self.require_backward_grad_sync = True
-        missing = [n for n, p in module.named_parameters() if p.requires_grad and p not in optimizer.owner]
+        self.optimizer = None
+        self._to_average: set = set()
+        for p in list(module.parameters()) + list(module.buffers()):  # every replica starts equal
+            dist.broadcast(p.data, src=_global_rank(self.group, 0), group=self.group)
+        self._handles = [p.register_post_accumulate_grad_hook(self._reduce) for p in module.parameters()
+                         if p.requires_grad]
+        if optimizer is not None:
+            self.attach(optimizer)
+
+    def attach(self, optimizer: ShardedOptimizer) -> None:
+        """Reduce each gradient to the rank that ``optimizer`` (a ShardedOptimizer) says owns it."""
+        if not isinstance(optimizer, ShardedOptimizer):
+            raise TypeError("ZeroDataParallel needs the ShardedOptimizer over the same parameters (it decides "
+                            f"which rank owns each gradient), got {type(optimizer).__name__}")
+        missing = [n for n, p in self.module.named_parameters() if p.requires_grad and p not in optimizer.owner]
         if missing:
             raise ValueError(f"rank {self.rank}: parameters {missing[:3]} need gradients but are not in the "
                              "ShardedOptimizer: build it over model.parameters() (frozen ones may be left out)")
-        for p in list(module.parameters()) + list(module.buffers()):  # every replica starts equal
-            dist.broadcast(p.data, src=_global_rank(self.group, 0), group=self.group)
-        self._to_average: set = set()
+        self.optimizer = optimizer
         optimizer.before_step.append(self.finish_gradient_synchronization)
-        self._handles = [p.register_post_accumulate_grad_hook(self._reduce) for p in module.parameters()
-                         if p.requires_grad]
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -232,6 +239,9 @@ class ZeroDataParallel(nn.Module):
     def _reduce(self, p: nn.Parameter) -> None:
         if not self.require_backward_grad_sync:
             return
+        if self.optimizer is None:
+            raise RuntimeError(f"rank {self.rank}: ZeroDataParallel has no optimizer yet: pass the ShardedOptimizer "
+                               "(or call .attach(optimizer)) before the first backward")
         owner = self.optimizer.owner[p]
         _count(self.comm_counter, "reduce", p.grad)
         dist.reduce(p.grad, dst=_global_rank(self.group, owner), group=self.group)
@@ -274,40 +284,45 @@ def clip_grad_norm_(parameters, max_norm: float, group=None) -> torch.Tensor:
 
 # ---------------------------------------------------------------- stage 3: sharded parameters per block
 
-class _Unit:
-    """One block's trainable parameters as a flat buffer: a 1/N shard kept, the full buffer only while in use."""
+def shard_key(p: nn.Parameter) -> tuple:
+    """Parameters that share a flat shard: same dtype, and both decayed (matrices) or both not (biases, norms)."""
+    return (p.dtype, p.dim() >= 2)
 
-    def __init__(self, name, module, group, rank, world_size, comm_counter):
-        self.name, self.module = name, module
+
+class _Unit:
+    """One block's trainable parameters of one ``key`` as a flat buffer: a 1/N shard kept, the whole only in use."""
+
+    def __init__(self, name, module, key, group, rank, world_size, comm_counter):
+        self.name, self.module, self.key = name, module, key
         self.group, self.rank, self.world_size = group, rank, world_size
         self.comm_counter = comm_counter
-        self.slots = []  # (submodule, attribute, shape, numel)
+        self.slots = []  # (submodule, attribute, index of its tensor, qualified name)
         tensors = []
         for mod_name, mod in module.named_modules():
             for attr, p in list(mod._parameters.items()):
-                if p is None or not p.requires_grad:
+                if p is None or not p.requires_grad or shard_key(p) != key:
                     continue  # frozen parameters stay whole on every rank
-                if getattr(p, "_zero3_claimed", False):
-                    raise ValueError(f"rank {rank}: parameter {mod_name}.{attr} is shared with another module (tied "
-                                     "weights); this ZeRO-3 keeps one owner per tensor. Untie it, or put both users "
-                                     "in one block")
-                p._zero3_claimed = True
-                self.slots.append((mod, attr, tuple(p.shape), p.numel(), f"{mod_name}.{attr}".lstrip(".")))
-                tensors.append(p)
+                index = next((i for i, t in enumerate(tensors) if t is p), None)
+                if index is None and getattr(p, "_zero3_claimed", False):
+                    raise ValueError(f"rank {rank}: parameter {mod_name}.{attr} is shared with a module of another "
+                                     "block (tied weights across blocks); this ZeRO-3 keeps a tied tensor in one "
+                                     "unit. Pass blocks that keep both users together (or leave them to the root)")
+                if index is None:
+                    index = len(tensors)
+                    tensors.append(p)
+                self.slots.append((mod, attr, index, f"{mod_name}.{attr}".lstrip(".")))
+        for t in tensors:
+            t._zero3_claimed = True
+        self.originals = tensors
+        self.shapes = [tuple(t.shape) for t in tensors]
         if not tensors:
             self.shard = None
             return
-        dtypes = {t.dtype for t in tensors}
-        if len(dtypes) > 1:
-            names = ", ".join(f"{s[4]} ({t.dtype})" for s, t in zip(self.slots, tensors))
-            raise ValueError(f"rank {rank}: block {name!r} mixes dtypes ({names}); ZeRO-3 keeps one flat buffer per "
-                             "block. Cast the model to one dtype (model.float()) or freeze the odd parameters")
-        self.numels = [s[3] for s in self.slots]
+        self.numels = [t.numel() for t in tensors]
         total = sum(self.numels)
-        self.chunk = math.ceil(total / world_size)
+        self.chunk = math.ceil(total / world_size)  # padded: any parameter count, any world size
         self.padding = self.chunk * world_size - total
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors] +
-                         [tensors[0].new_zeros(self.padding)])
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors] + [tensors[0].new_zeros(self.padding)])
         # every rank keeps its slice of rank 0's values, so all start equal (as DDP's broadcast does)
         dist.broadcast(flat, src=_global_rank(group, 0), group=group)
         self.shard = nn.Parameter(flat[rank * self.chunk:(rank + 1) * self.chunk].clone())
@@ -315,7 +330,8 @@ class _Unit:
         del flat
         self.free()
         for mod, attr, *_ in self.slots:
-            del mod._parameters[attr]
+            if attr in mod._parameters:
+                del mod._parameters[attr]
             setattr(mod, attr, None)
 
     # the full buffer's storage is resized, not reallocated: autograd's saved views of it stay valid
@@ -335,8 +351,9 @@ class _Unit:
     def attach(self) -> None:
         """All-gather, and point the block's parameter attributes at views of the full buffer (with autograd)."""
         full = _GatherParams.apply(self.shard, self)
-        for (mod, attr, shape, *_), piece in zip(self.slots, full.split(self.numels + [self.padding])):
-            setattr(mod, attr, piece.view(shape))
+        pieces = [piece.view(shape) for piece, shape in zip(full.split(self.numels + [self.padding]), self.shapes)]
+        for mod, attr, index, _ in self.slots:
+            setattr(mod, attr, pieces[index])  # tied attributes get the same view
 
 
 class _GatherParams(torch.autograd.Function):
@@ -375,10 +392,18 @@ class Zero3(nn.Module):
         blocks = list(blocks) if blocks is not None else blocks_of(module)
         self.comm_counter = comm_counter
         names = {id(m): n for n, m in module.named_modules()}
-        if any(id(b) not in names for b in blocks):
-            raise ValueError(f"rank {self.rank}: a block passed to Zero3 is not a submodule of the model")
-        self.units = [_Unit(names[id(b)], b, self.group, self.rank, self.world_size, comm_counter) for b in blocks]
-        self.units.append(_Unit("(rest of the model)", module, self.group, self.rank, self.world_size, comm_counter))
+        units = []
+        for b in blocks:  # a block may be a grouping made on the fly (e.g. Sequential(Linear, ReLU)): use its parts
+            parts = [b] if id(b) in names else [m for m in b.modules() if id(m) in names and m._parameters]
+            if not parts:
+                raise ValueError(f"rank {self.rank}: block {type(b).__name__} is not part of the model passed to "
+                                 "Zero3: pass submodules of it (task.blocks(model) on the same model)")
+            units += [m for m in parts if all(m is not u for u in units)]
+        blocks = units
+        keys = sorted({shard_key(p) for p in module.parameters() if p.requires_grad}, key=str)
+        self.units = [_Unit(names[id(b)], b, k, self.group, self.rank, self.world_size, comm_counter)
+                      for b in blocks for k in keys]
+        self.units += [_Unit("", module, k, self.group, self.rank, self.world_size, comm_counter) for k in keys]
         self.units = [u for u in self.units if u.shard is not None]
         self.shards = nn.ParameterList([u.shard for u in self.units])
         for b in module.buffers():
@@ -386,6 +411,13 @@ class Zero3(nn.Module):
         for unit in self.units:
             unit.module.register_forward_pre_hook(_pre_forward(unit))
             unit.module.register_forward_hook(_post_forward(unit))
+
+    def param_groups(self, weight_decay: float = 0.0, **hyper) -> list[dict]:
+        """Optimizer groups over the shards: matrices decay, 1-D parameters (biases, norms) do not."""
+        decay = [u.shard for u in self.units if u.key[1]]
+        rest = [u.shard for u in self.units if not u.key[1]]
+        return [g for g in (dict(params=decay, weight_decay=weight_decay, **hyper),
+                            dict(params=rest, weight_decay=0.0, **hyper)) if g["params"]]
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -396,9 +428,9 @@ class Zero3(nn.Module):
         out = {}
         for unit in self.units:
             unit.gather()
-            for (mod, attr, shape, numel, name), piece in zip(unit.slots, unit.full.split(unit.numels + [unit.padding])):
-                prefix = "" if unit.module is self.module else unit.name + "."
-                out[prefix + name] = piece.view(shape).clone()
+            pieces = unit.full.split(unit.numels + [unit.padding])
+            for _, _, index, name in unit.slots:
+                out[f"{unit.name}.{name}".lstrip(".")] = pieces[index].view(unit.shapes[index]).clone()
             unit.free()
         for name, t in self.module.state_dict().items():
             out.setdefault(name, t)
@@ -473,3 +505,38 @@ def _inner_optimizers(optimizer):
     while optimizer is not None:
         yield optimizer
         optimizer = getattr(optimizer, "local", None) or getattr(optimizer, "inner", None)
+
+
+# ---------------------------------------------------------------- the training loop's entry points (simlib.train)
+
+def parallelize(model: nn.Module, groups, plan, task=None, timeline=None) -> nn.Module:
+    """The DP wrapper for ``plan.zero_stage`` over the data-parallel group (called by simlib.parallelize)."""
+    rank = dist.get_rank()
+    if plan.tp > 1 or plan.pp > 1:
+        raise ValueError(f"rank {rank}: zero_stage={plan.zero_stage} with tp={plan.tp}, pp={plan.pp} is not built "
+                         "here: ZeRO shards over data parallelism only. Use tp = pp = 1, or zero_stage=0")
+    if plan.zero_stage in (1, 2):
+        return ZeroDataParallel(model, stage=plan.zero_stage, group=groups.dp_group)
+    blocks = task.blocks(model) if task is not None and hasattr(task, "blocks") else None
+    return Zero3(model, blocks=blocks, group=groups.dp_group)
+
+
+def build_optimizer(pm, plan, optim, param_groups) -> torch.optim.Optimizer:
+    """ZeRO-1/2: a ShardedOptimizer over the trainer's groups; ZeRO-3: the optimizer over this rank's shards."""
+    if optim.name == "adamw":
+        cls, hyper = torch.optim.AdamW, dict(lr=optim.lr, betas=optim.betas)
+    else:
+        cls, hyper = torch.optim.SGD, dict(lr=optim.lr, momentum=optim.momentum)
+    if plan.zero_stage in (1, 2):
+        optimizer = ShardedOptimizer([g for g in param_groups if g["params"]], cls, group=pm.groups.dp_group,
+                                     **hyper)
+        pm.wrapped.attach(optimizer)
+        return optimizer
+    check_elementwise(cls, dist.get_rank())
+    return cls(pm.wrapped.param_groups(weight_decay=optim.weight_decay), **hyper)
+
+
+def clip_grad_norm(pm, max_norm: float) -> float:
+    """The global gradient norm when gradients are sharded (ZeRO-1/2: owners; ZeRO-3: shards), clipped."""
+    module = pm.wrapped if pm.wrapped is not None else pm.module
+    return float(clip_grad_norm_(list(module.parameters()), max_norm, group=pm.groups.dp_group))
