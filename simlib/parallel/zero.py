@@ -313,7 +313,6 @@ class _Unit:
                 self.slots.append((mod, attr, index, f"{mod_name}.{attr}".lstrip(".")))
         for t in tensors:
             t._zero3_claimed = True
-        self.originals = tensors
         self.shapes = [tuple(t.shape) for t in tensors]
         if not tensors:
             self.shard = None
@@ -368,11 +367,11 @@ class _GatherParams(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_full):
         unit = ctx.unit
+        unit.free()  # the block's backward is done: its weights can go before the gradient is reduced
         grad_shard = torch.empty_like(unit.shard)
         _count(unit.comm_counter, "reduce_scatter", grad_full)
         dist.reduce_scatter_single(grad_shard, grad_full.contiguous(), group=unit.group)
         grad_shard.div_(unit.world_size)
-        unit.free()
         return grad_shard, None
 
 

@@ -53,9 +53,8 @@ def _build(variant, model, lr, group, counter, layout):
     if variant == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        from .accumulate import count_all_reduces
         wrapped = DDP(model, process_group=group)
-        ddp_counter = count_all_reduces(wrapped)
+        ddp_counter = _count_all_reduces(wrapped, group)
         return wrapped, inner(wrapped.parameters(), lr=lr), ddp_counter
     if variant in ("zero1", "zero2"):
         opt = zero.ShardedOptimizer(model.parameters(), inner, group=group, comm_counter=counter, lr=lr)
@@ -73,6 +72,21 @@ def _build(variant, model, lr, group, counter, layout):
         fully_shard(model, mesh=mesh)
         return model, inner(model.parameters(), lr=lr), None
     raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+
+
+def _count_all_reduces(ddp_model, group) -> dict:
+    """DDP's default communication (mean all-reduce of each bucket, over ``group``), counting the bytes."""
+    counter = {"calls": 0, "bytes": 0}
+    n = dist.get_world_size(group)
+
+    def hook(state, bucket):
+        counter["calls"] += 1
+        counter["bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
+        work = dist.all_reduce(bucket.buffer().div_(n), group=group, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    ddp_model.register_comm_hook(None, hook)
+    return counter
 
 
 def _full_params(variant, wrapped, model):
@@ -256,3 +270,30 @@ def measure_collectives(size_bytes=4 << 20, repeats=10, group=None) -> dict:
             samples.append(time.perf_counter() - start)
         times[name] = statistics.median(samples)
     return times
+
+
+def sweep(variants=VARIANTS, world_sizes=(1, 2, 4), options=None, **kwargs) -> list[dict]:
+    """Run on every rank of one cluster: each variant at each world size, on the sub-group of the first ranks.
+
+    One warm cluster of max(world_sizes) ranks serves every size (the other ranks wait at the next collective).
+    ``options``: {label: extra kwargs for run_memory}. Returns rank 0's rows: one per (world size, variant,
+    option), the state bytes as the maximum over the ranks of the sub-group.
+    """
+    options = options or {"fp32": {}}
+    rank = dist.get_rank()
+    rows = []
+    for world in world_sizes:
+        group = dist.new_group(list(range(world)))
+        for label, extra in options.items():
+            for variant in variants:
+                if rank < world:
+                    r = run_memory(variant, group=group, **dict(kwargs, **extra))
+                    mine = dict(states=r["states"], peak=r["peak"] if "peak" in r else None,
+                                step_time=r["step_time"], comm=r["comm_bytes"], numel=r["numel"],
+                                losses=r["losses"], params=r["params"] if rank == 0 else None)
+                    gathered = [None] * world
+                    dist.all_gather_object(gathered, mine, group=group)
+                    if rank == 0:
+                        rows.append(dict(world_size=world, variant=variant, option=label, ranks=gathered))
+                dist.barrier()
+    return rows
