@@ -35,6 +35,11 @@ ELEMENTWISE_OPTIMIZERS = ("SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax
                           "ASGD", "Rprop", "MasterWeightsOptimizer")
 
 
+# torch 2.13 renamed the tensor-in/tensor-out collectives; older torch (>= 2.4) has the first names only
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _group_info(group):
     group = group or dist.group.WORLD
     return group, dist.get_rank(group), dist.get_world_size(group)
@@ -342,7 +347,7 @@ class _Unit:
             return
         self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
         _count(self.comm_counter, "all_gather", self.full)
-        dist.all_gather_single(self.full, self.shard.detach(), group=self.group)
+        _all_gather(self.full, self.shard.detach(), group=self.group)
 
     def free(self) -> None:
         self.full.untyped_storage().resize_(0)
@@ -370,7 +375,7 @@ class _GatherParams(torch.autograd.Function):
         unit.free()  # the block's backward is done: its weights can go before the gradient is reduced
         grad_shard = torch.empty_like(unit.shard)
         _count(unit.comm_counter, "reduce_scatter", grad_full)
-        dist.reduce_scatter_single(grad_shard, grad_full.contiguous(), group=unit.group)
+        _reduce_scatter(grad_shard, grad_full.contiguous(), group=unit.group)
         grad_shard.div_(unit.world_size)
         return grad_shard, None
 

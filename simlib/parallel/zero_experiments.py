@@ -257,8 +257,8 @@ def measure_collectives(size_bytes=4 << 20, repeats=10, group=None) -> dict:
     numel = size_bytes // 4 // n * n
     full, part = torch.ones(numel), torch.empty(numel // n)
     ops = {"all_reduce": lambda: dist.all_reduce(full, group=group),
-           "reduce_scatter": lambda: dist.reduce_scatter_single(part, full, group=group),
-           "all_gather": lambda: dist.all_gather_single(full, part, group=group)}
+           "reduce_scatter": lambda: zero._reduce_scatter(part, full, group=group),
+           "all_gather": lambda: zero._all_gather(full, part, group=group)}
     times = {}
     for name, op in ops.items():
         op()

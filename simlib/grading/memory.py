@@ -1,0 +1,197 @@
+"""Checks for lesson 07: the sharded optimizer (ZeRO-1) and a ZeRO-3 Linear (gather, free, reduce-scatter)."""
+from __future__ import annotations
+
+from . import Result, _close, exercise, max_error
+
+# ---- ZeRO-1: ShardedOptimizer(params, optimizer_cls, **kwargs) ----
+
+_SO = dict(steps=3, width=12, depth=2, global_batch=24, lr=1e-2)
+
+
+def _optimizer_state_bytes(opt) -> int:
+    """Bytes of optimizer state tensors held by ``opt`` and any optimizer it keeps in its attributes."""
+    import torch
+    seen, total, stack = set(), 0, [opt]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.optim.Optimizer):
+            for st in o.state.values():
+                total += sum(v.numel() * v.element_size() for v in st.values()
+                             if isinstance(v, torch.Tensor) and v.dim() > 0)
+        for v in vars(o).values():
+            items = v if isinstance(v, (list, tuple)) else v.values() if isinstance(v, dict) else [v]
+            stack += [i for i in items if isinstance(i, torch.optim.Optimizer)]
+    return total
+
+
+def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr):
+    import torch
+    import torch.distributed as dist
+
+    from ..parallel.zero_experiments import _problem
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model, x, y = _problem(width, depth, global_batch, 0)  # seeded: the same weights on every rank
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = answer_cls(model.parameters(), torch.optim.AdamW, lr=lr)
+    b = global_batch // n
+    for _ in range(steps):
+        torch.nn.functional.mse_loss(model(x[rank * b:(rank + 1) * b]), y[rank * b:(rank + 1) * b]).backward()
+        for p in model.parameters():  # data parallelism (what DDP does): average the gradients
+            dist.all_reduce(p.grad)
+            p.grad /= n
+        opt.step()
+        opt.zero_grad()
+    return dict(params={k: v.detach().clone() for k, v in model.state_dict().items()}, initial=initial,
+                state_bytes=_optimizer_state_bytes(opt), numel=sum(p.numel() for p in model.parameters()))
+
+
+@exercise("sharded_optimizer")
+def _check_sharded_optimizer(answer, grader):
+    from ..parallel.zero_experiments import reference
+    ref = reference(**_SO)
+    for world_size in (2, 4):
+        outs = grader.run(world_size, _sharded_optimizer_harness, answer, *_SO.values())
+        same = all(_close(o["params"][k], outs[0]["params"][k], rtol=0, atol=0) for o in outs for k in ref["params"])
+        bad = [k for k in ref["params"] if not _close(outs[0]["params"][k], ref["params"][k], rtol=1e-5, atol=2e-6)]
+        stale = [k for k in bad if _close(outs[0]["params"][k], outs[0]["initial"][k], rtol=0, atol=0)]
+        if not same:
+            hint = ("the ranks' parameters differ: after stepping its shard, each owner must send its updated "
+                    "parameters to every rank (dist.broadcast(p.data, src=owner) for each parameter)")
+        elif stale:
+            hint = ("some parameters never change on any rank: they were broadcast from a rank that did not update "
+                    "them. The src of each broadcast is that parameter's owner, not rank 0")
+        else:
+            hint = ("the update differs from AdamW on one process: step the optimizer over the owned parameters "
+                    "only, once per step, with the kwargs you were given")
+        worst = max((max_error(outs[0]["params"][k], ref["params"][k]) for k in bad), default=0.0)
+        yield Result(f"{world_size} ranks: equal to AdamW in one process (atol 2e-6, rtol 1e-5)", not bad and same,
+                     hint, f"{len(bad)} tensors differ, max error {worst:.1e}" if bad else "")
+        full = 8 * outs[0]["numel"]  # AdamW: two fp32 states per parameter
+        per_rank = [o["state_bytes"] for o in outs]
+        sharded = max(per_rank) <= 1.5 * full / world_size and sum(per_rank) <= 1.05 * full
+        yield Result(f"{world_size} ranks: each rank keeps optimizer state for its own shard only", sharded,
+                     "build the inner optimizer over the parameters this rank owns, not all of them: that is the "
+                     "memory ZeRO-1 saves (each parameter's Adam state lives on exactly one rank)",
+                     f"state bytes per rank {per_rank}; all of it is {full}")
+
+
+# ---- ZeRO-3: a Linear whose weight lives as row shards ----
+
+_Z3 = dict(out_features=8, in_features=6, batch=8)
+
+
+def _spy_collectives(counts: dict):
+    """Wrap the collectives a ZeRO-3 layer might call, counting each; returns the function that undoes it."""
+    import torch.distributed as dist
+    names = [n for n in ("all_gather_into_tensor", "all_gather_single", "all_gather", "reduce_scatter_tensor",
+                         "reduce_scatter_single", "reduce_scatter", "all_reduce", "broadcast") if hasattr(dist, n)]
+    originals = {n: getattr(dist, n) for n in names}
+
+    def spy(name):
+        def call(*args, **kwargs):
+            kind = "all_gather" if name.startswith("all_gather") else \
+                "reduce_scatter" if name.startswith("reduce_scatter") else name
+            counts[kind] = counts.get(kind, 0) + 1
+            return originals[name](*args, **kwargs)
+        return call
+
+    for n in names:
+        setattr(dist, n, spy(n))
+
+    def restore():
+        for n, f in originals.items():
+            setattr(dist, n, f)
+    return restore
+
+
+def _zero3_problem(world_size, out_features, in_features, batch):
+    import torch
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(out_features, in_features, generator=g)
+    x = torch.randn(batch, in_features, generator=g)
+    return weight, x
+
+
+def _zero3_harness(answer, out_features, in_features, batch):
+    import torch
+    import torch.distributed as dist
+    rank, n = dist.get_rank(), dist.get_world_size()
+    weight, x = _zero3_problem(n, out_features, in_features, batch)
+    b = batch // n
+    xr = x[rank * b:(rank + 1) * b].clone().requires_grad_(True)
+    shard = weight.chunk(n)[rank].clone().requires_grad_(True)
+    counts: dict = {}
+    restore = _spy_collectives(counts)
+    try:
+        y = answer(xr, shard)
+        forward_counts = dict(counts)
+        saved = [t.numel() for t in getattr(y.grad_fn, "saved_tensors", ()) if t is not None]
+        (y.pow(2).sum() / batch).backward()  # the mean over the GLOBAL batch of sum_j y_j^2
+    finally:
+        restore()
+    return dict(y=y.detach(), grad_x=xr.grad, grad_shard=shard.grad, saved=saved, counts=counts,
+                forward_counts=forward_counts)
+
+
+def _zero3_reference(world_size, out_features, in_features, batch):
+    weight, x = _zero3_problem(world_size, out_features, in_features, batch)
+    weight = weight.clone().requires_grad_(True)
+    x = x.clone().requires_grad_(True)
+    y = x @ weight.T
+    (y.pow(2).sum() / batch).backward()
+    return y.detach(), x.grad, weight.grad
+
+
+@exercise("zero3_linear")
+def _check_zero3_linear(answer, grader):
+    for world_size in (2, 4):
+        outs = grader.run(world_size, _zero3_harness, answer, *_Z3.values())
+        y, gx, gw = _zero3_reference(world_size, *_Z3.values())
+        b = _Z3["batch"] // world_size
+        rows = _Z3["out_features"] // world_size
+        y_ok = all(_close(o["y"], y[r * b:(r + 1) * b]) for r, o in enumerate(outs))
+        yield Result(f"{world_size} ranks: forward equals x @ W.T with the whole weight", y_ok,
+                     "all-gather the shards (rank r holds rows r*out/N .. (r+1)*out/N of W) into the full weight, "
+                     "in rank order, before the matmul")
+        if not y_ok:
+            return
+        gx_ok = all(_close(o["grad_x"], gx[r * b:(r + 1) * b]) for r, o in enumerate(outs))
+        yield Result(f"{world_size} ranks: gradient of the input", gx_ok,
+                     "grad_x = grad_y @ W with the WHOLE weight: gather it again in backward")
+        got = [o["grad_shard"] for o in outs]
+        want = [gw[r * rows:(r + 1) * rows] for r in range(world_size)]
+        ok = all(g is not None and _close(g, w) for g, w in zip(got, want))
+        if ok:
+            hint = ""
+        elif all(g is not None and _close(g, w * world_size) for g, w in zip(got, want)):
+            hint = (f"your shard's gradient is {world_size}x too large: reduce-scatter SUMS the ranks' gradients; "
+                    "divide by the world size to average them, as data parallelism does")
+        elif all(g is not None and _close(g, w) for g, w in zip(reversed(got), want)) or any(
+                g is not None and any(_close(g, w) for w in want if w is not want[r]) for r, g in enumerate(got)):
+            hint = "a rank got another rank's rows: rank r's shard is chunk r of the full gradient (in rank order)"
+        else:
+            hint = ("grad_W = grad_y.T @ x on each rank, then reduce-scatter it (sum over ranks, each rank keeps its "
+                    "own rows) and divide by the world size")
+        yield Result(f"{world_size} ranks: each rank's shard gets its rows of the averaged weight gradient", ok, hint)
+    full = _Z3["out_features"] * _Z3["in_features"]
+    kept = max((max(o["saved"], default=0) for o in outs), default=0)
+    yield Result("the whole weight is freed after forward (not saved for backward)", kept < full,
+                 "save the input and the shard (ctx.save_for_backward(x, shard)), not the gathered weight: keeping "
+                 "it is exactly the memory ZeRO-3 saves. Gather it again in backward",
+                 f"largest saved tensor {kept} elements; the whole weight has {full}")
+    counts, fwd = outs[0]["counts"], outs[0]["forward_counts"]
+    want_counts = {"all_gather": 2, "reduce_scatter": 1}
+    if counts == want_counts and fwd == {"all_gather": 1}:
+        hint = ""
+    elif counts.get("all_reduce"):
+        hint = ("an all-reduce gives every rank the whole gradient and moves twice the bytes: a reduce-scatter "
+                "gives each rank just its rows")
+    elif counts.get("all_gather", 0) < 2:
+        hint = "gather the weight once in forward and once again in backward (it was freed in between)"
+    else:
+        hint = "one all-gather in forward, one all-gather and one reduce-scatter in backward"
+    yield Result("communication: all-gather in forward; all-gather and reduce-scatter in backward",
+                 not hint, hint, f"forward {fwd}, in all {counts}")
