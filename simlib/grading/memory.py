@@ -129,7 +129,7 @@ def _zero3_harness(answer, out_features, in_features, batch):
         y = answer(xr, shard)
         forward_counts = dict(counts)
         saved = [t.numel() for t in getattr(y.grad_fn, "saved_tensors", ()) if t is not None]
-        (y.pow(2).sum() / batch).backward()  # the mean over the GLOBAL batch of sum_j y_j^2
+        (y.pow(2).sum() / b).backward()  # this rank's mean; the mean over ranks is the global batch's mean
     finally:
         restore()
     return dict(y=y.detach(), grad_x=xr.grad, grad_shard=shard.grad, saved=saved, counts=counts,
@@ -158,7 +158,8 @@ def _check_zero3_linear(answer, grader):
                      "in rank order, before the matmul")
         if not y_ok:
             return
-        gx_ok = all(_close(o["grad_x"], gx[r * b:(r + 1) * b]) for r, o in enumerate(outs))
+        # each rank's loss is the mean over its b samples: its input gradient is N times the global batch's
+        gx_ok = all(_close(o["grad_x"], world_size * gx[r * b:(r + 1) * b]) for r, o in enumerate(outs))
         yield Result(f"{world_size} ranks: gradient of the input", gx_ok,
                      "grad_x = grad_y @ W with the WHOLE weight: gather it again in backward")
         got = [o["grad_shard"] for o in outs]
