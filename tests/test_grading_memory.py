@@ -1,19 +1,16 @@
-"""Lesson 07 graders: solutions pass, stubs report "not implemented yet", every planted bug is caught with its hint."""
-from pathlib import Path
+"""Lesson 07 graders: every planted bug is caught, with a hint that points at it.
 
+(Solutions passing and stubs reporting "not implemented yet" are checked for every solution in tests/test_grading.py.)
+"""
 import cloudpickle
 import pytest
 
 from simlib import grading
-from simlib.exercises import load_answers
 
 from planted import memory as planted  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 cloudpickle.register_pickle_by_value(planted)
 
-NOTEBOOKS = {"sharded_optimizer": ("07_sharded_optimizer", "ShardedOptimizer"),
-             "zero3_linear": ("07_zero3_layer", "zero3_linear")}
 PLANTED = {"sharded_optimizer": {f.__name__: f for f in planted.SHARDED_OPTIMIZER},
            "zero3_linear": {f.__name__: f for f in planted.ZERO3_LINEAR}}
 HINTS = {"not_sharded": "owns", "no_broadcast": "dist.broadcast", "broadcast_from_rank_zero": "not rank 0",
@@ -31,17 +28,6 @@ def test_planted_bugs_are_listed():
     assert all(len(bugs) >= 3 for bugs in PLANTED.values())
     assert set(HINTS) == {name for bugs in PLANTED.values() for name in bugs}
     assert set(PLANTED) <= set(grading.EXERCISES)
-
-
-@pytest.mark.parametrize("exercise", sorted(NOTEBOOKS))
-def test_solution_passes_and_stub_is_not_implemented(exercise, clusters):
-    notebook, answer = NOTEBOOKS[exercise]
-    report = grading.check(exercise, load_answers(ROOT / "solutions" / f"{notebook}.ipynb")[answer],
-                           clusters=clusters, quiet=True)
-    assert report.passed, "\n".join(r.line() for r in report.results)
-    stub = grading.check(exercise, load_answers(ROOT / "exercises" / f"{notebook}.ipynb")[answer],
-                         clusters=clusters, quiet=True)
-    assert stub.status == "not implemented"
 
 
 @pytest.mark.parametrize("exercise,bug", [(e, b) for e, bugs in PLANTED.items() for b in bugs])

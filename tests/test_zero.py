@@ -249,13 +249,13 @@ def test_master_weights_layout_is_2_2_12():
     assert state_bytes(model, opt) == dict(weights=2 * n, gradients=2 * n, optimizer=12 * n)
 
 
-def test_recomputation_same_gradients_less_memory():
+def _recompute_peaks():
     from simlib.models import BlockMLP
     from simlib.parallel.recompute import checkpoint_blocks, uncheckpoint
     from simlib.parallel.zero_experiments import peak_bytes
     torch.manual_seed(0)
     model = BlockMLP(64, 4)
-    x = torch.randn(512, 64)
+    x = torch.randn(2048, 64)  # activations (~2.6 MB a block) well above the states (~0.7 MB)
 
     def grads():
         model.zero_grad(set_to_none=True)
@@ -264,11 +264,24 @@ def test_recomputation_same_gradients_less_memory():
 
     plain = grads()
     peak_bytes(grads)  # the first call sets glibc to return freed blocks; blocks freed before it may be reused
-    peak_plain = peak_bytes(grads)
+    peak_plain = min(peak_bytes(grads) for _ in range(2))
     chosen = checkpoint_blocks(model.blocks)
     again = grads()
-    peak_ckpt = peak_bytes(grads)
+    peak_ckpt = min(peak_bytes(grads) for _ in range(2))
     uncheckpoint(chosen)
-    for a, b in zip(plain, again):
-        torch.testing.assert_close(a, b, atol=0, rtol=0)
-    assert peak_ckpt < 0.6 * peak_plain, (peak_ckpt, peak_plain)  # measured here: 1.7 MB vs 4.6 MB
+    same = all(torch.equal(a, b) for a, b in zip(plain, again))
+    return dict(same=same, plain=peak_plain, ckpt=peak_ckpt)
+
+
+def test_recomputation_same_gradients_less_memory():
+    """In a fresh process: the resident high-water mark depends on what the process allocated before."""
+    import json
+    import os
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = "import json, test_zero; print(json.dumps(test_zero._recompute_peaks()))"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
+    out = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                    check=True, timeout=120).stdout.strip().splitlines()[-1])
+    assert out["same"]  # bit-identical gradients: the recomputed forward is the same forward
+    assert out["ckpt"] < 0.75 * out["plain"], out  # measured here: 8.3 MB vs 14.5 MB
