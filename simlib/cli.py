@@ -1,4 +1,5 @@
-"""Command line: ``simlib scaling`` (the main job), ``simlib doctor``, ``simlib run module:function``."""
+"""Command line: ``simlib scaling`` (the main job), ``simlib doctor``, ``simlib run module:function``,
+``simlib train gpt`` (hands-on project 1)."""
 from __future__ import annotations
 
 import argparse
@@ -91,6 +92,34 @@ def _run(args) -> int:
     return 0
 
 
+def _train(args) -> int:
+    """Train the project's model under one or more plans; write the run records and a PNG of the loss curves."""
+    from . import project_gpt
+    from .env import quick
+
+    is_quick = args.quick or quick()
+    out = Path(args.out)
+    several = len(args.plan) > 1
+    records = {}
+    for name in args.plan:
+        plan = project_gpt.plan_for(name, args.world_size)
+        plan.validate(plan.world_size, project_gpt.settings(is_quick)["task"])
+        folder = out / name if several else out
+        print(f"simlib train {args.project}: plan {name} ({plan.label}) on {plan.world_size} process(es)"
+              f"{' (quick)' if is_quick else ''} -> {folder}", flush=True)
+        records[name] = project_gpt.run(plan, plan.world_size, quick=is_quick, out_dir=folder,
+                                        threads=args.threads)
+        s = records[name].summary
+        reached = f"reached after {s['time_to_target']:.1f} s" if s.get("target_reached") else "not reached"
+        print(f"  {s['tokens_per_s']:,.0f} tokens/s, final eval loss {s['final_eval']['eval_loss']:.3f}, "
+              f"target {s['target']} {reached}")
+        print("  sample: " + repr(s["samples_text"][0]))
+    target = next(iter(project_gpt.settings(is_quick)["target"].values()))
+    project_gpt.plot_runs(records, out / "loss.png", target=target)
+    print(f"wrote {out / 'loss.png'}" + ("" if several else f", {out / 'run.jsonl'}, {out / 'summary.json'}"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="simlib", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -118,6 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait")
     p.set_defaults(func=_run)
+
+    p = sub.add_parser("train", help="hands-on project: train a small GPT on real text under a parallel plan")
+    p.add_argument("project", choices=["gpt"])
+    p.add_argument("--world-size", type=int, default=2, help="processes (default 2)")
+    p.add_argument("--plan", nargs="+", default=["dp"], choices=["single", "dp", "dp+acc", "tp", "pp"],
+                   help="one or more plans (default dp); several write one folder each under --out")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per process (default cores // world)")
+    p.add_argument("--quick", action="store_true", help="a small model and few steps (also SIMLIB_QUICK=1)")
+    p.add_argument("--out", default="results/gpt", help="output folder (default results/gpt)")
+    p.set_defaults(func=_train)
     return parser
 
 

@@ -12,12 +12,10 @@ per logged step and per evaluation) and ``out_dir/summary.json``; every rank get
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -27,7 +25,7 @@ import torch.distributed as dist
 from .parallel.data import MODES as DP_VARIANTS
 from .parallel.mesh import Mesh
 from .parallelize import ParallelModel, build_optimizer, clip_grad_norm, parallelize  # noqa: F401
-from .record import RunRecord, build_summary, step_row
+from .record import RecordWriter, RunRecord, build_summary, step_row, time_to_target
 
 SCHEDULES = ("gpipe", "1f1b")
 PRECISIONS = (None, "bf16", "fp16")
@@ -243,14 +241,14 @@ def _matmul_rate(device, size: int = 512, repeats: int = 5) -> float:
 
 def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, seconds=None,
           optim: OptimConfig = OptimConfig(), eval_every: int = 0, log_every: int = 10, out_dir=None,
-          target: dict | None = None, warmup: int = 2, measure_memory: bool = True, verbose: bool = True,
-          live_plot: bool = False) -> RunRecord:
+          target: dict | None = None, stop_at_target: bool = False, warmup: int = 2, measure_memory: bool = True,
+          verbose: bool = True) -> RunRecord:
     """Train ``task`` under ``plan`` for one budget (``steps``, ``tokens``, ``samples`` or ``seconds``).
 
     Call on every rank. ``eval_every``: evaluate every k steps (and at the end) if > 0. ``target``: e.g.
     ``{"eval_loss": 4.0}``; the summary records the training time and tokens at the first evaluation that
-    reaches it. ``warmup``: first steps left out of throughput. ``live_plot``: in a one-process notebook
-    run, redraw the loss curve while training.
+    reaches it (``stop_at_target``: and the run ends there). ``warmup``: first steps left out of throughput.
+    ``measure_memory``: on CPU, profile the second step's allocations for its peak (that step is warm-up).
     """
     from . import env
     from .timeline import Timeline
@@ -268,11 +266,10 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
         checkpoint.load_latest(plan.checkpoint_dir, state)
     tokens_per_sample = getattr(task, "tokens_per_sample", 0) or 0
     matmul_rate = _matmul_rate(ctx.device)
-    writer = _Writer(out_dir if ctx.rank == 0 else None, append=state.step > 0)
+    writer = RecordWriter(out_dir if ctx.rank == 0 else None, append=state.step > 0)
     rows, evals, peak_memory = [], [], None
     first_step, t_start = state.step, time.perf_counter()
     shardable = _accepts_part(task)
-    plotter = _LivePlot() if live_plot and ctx.rank == 0 else None
 
     def one_step(x, y):
         optimizer.zero_grad(set_to_none=True)
@@ -318,10 +315,10 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
                 print(f"step {step:5d}  loss {row['loss']:.4f}  lr {lr:.2e}  {step_time * 1e3:6.0f} ms/step"
                       f"  {state.tokens or state.samples:,} {'tokens' if tokens_per_sample else 'samples'}",
                       flush=True)
-            if plotter is not None:
-                plotter.update(rows, evals)
         if eval_every and (state.step % eval_every == 0 or last):
             _evaluate(task, pm, state, evals, writer, verbose and ctx.rank == 0)
+            if stop_at_target and _agree_stop(bool(time_to_target(evals, target).get("target_reached"))):
+                break
         if plan.checkpoint_dir and plan.checkpoint_every and state.step % plan.checkpoint_every == 0:
             from . import checkpoint
             checkpoint.save(plan.checkpoint_dir, state)
@@ -366,47 +363,6 @@ def _evaluate(task, pm, state, evals, writer, verbose) -> None:
     writer.write(row)
     if verbose:
         print(f"eval at step {state.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)
-
-
-class _Writer:
-    """Rank 0's run record on disk: JSON lines as they come (a killed run keeps them), the summary at the end."""
-
-    def __init__(self, out_dir, append: bool = False):
-        self.dir = Path(out_dir) if out_dir is not None else None
-        self.file = None
-        if self.dir is not None:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self.file = open(self.dir / "run.jsonl", "a" if append else "w")
-
-    def write(self, row: dict) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps(row) + "\n")
-            self.file.flush()
-
-    def finish(self, summary: dict) -> None:
-        if self.file is not None:
-            self.file.close()
-            (self.dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-
-
-class _LivePlot:
-    """Loss against step, redrawn in place in a notebook (one-process runs: a worker has no display)."""
-
-    def __init__(self):
-        from IPython.display import display
-        import matplotlib.pyplot as plt
-        self.fig, self.ax = plt.subplots(figsize=(6, 3))
-        plt.close(self.fig)
-        self.handle = display(self.fig, display_id=True)
-
-    def update(self, rows, evals) -> None:
-        self.ax.clear()
-        self.ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="train loss")
-        if evals and "eval_loss" in evals[0]["eval"]:
-            self.ax.plot([e["step"] for e in evals], [e["eval"]["eval_loss"] for e in evals], "o-", label="eval loss")
-        self.ax.set_xlabel("step")
-        self.ax.legend()
-        self.handle.update(self.fig)
 
 
 __all__ = ["Plan", "OptimConfig", "Task", "TrainState", "RunRecord", "train", "parallelize", "build_optimizer"]
