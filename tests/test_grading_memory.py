@@ -12,11 +12,14 @@ from planted import memory as planted  # noqa: E402
 cloudpickle.register_pickle_by_value(planted)
 
 PLANTED = {"sharded_optimizer": {f.__name__: f for f in planted.SHARDED_OPTIMIZER},
-           "zero3_linear": {f.__name__: f for f in planted.ZERO3_LINEAR}}
+           "zero3_linear": {f.__name__: f for f in planted.ZERO3_LINEAR},
+           "checkpoint_placement": {f.__name__: f for f in planted.CHECKPOINT_PLACEMENT}}
 HINTS = {"not_sharded": "owns", "no_broadcast": "dist.broadcast", "broadcast_from_rank_zero": "not rank 0",
          "saves_the_gathered_weight": "save the input and the shard",
          "all_reduce_instead_of_reduce_scatter": "reduce-scatter gives each rank just its rows",
-         "gradient_not_averaged": "divide by the world size", "takes_the_next_ranks_rows": "another rank's rows"}
+         "gradient_not_averaged": "divide by the world size", "takes_the_next_ranks_rows": "another rank's rows",
+         "checkpoint_everything": "recomputes the whole forward", "largest_first": "largest blocks first",
+         "forgets_the_kept_inputs": "still keeps its input", "ignores_the_budget": "checkpoint more blocks"}
 
 
 @pytest.fixture(scope="module")

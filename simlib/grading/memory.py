@@ -196,3 +196,114 @@ def _check_zero3_linear(answer, grader):
         hint = "one all-gather in forward, one all-gather and one reduce-scatter in backward"
     yield Result("communication: all-gather in forward; all-gather and reduce-scatter in backward",
                  not hint, hint, f"forward {fwd}, in all {counts}")
+
+
+# ---- activation checkpoints under a memory budget (measured with autograd's saved-tensor hooks) ----
+
+_CK = dict(width=16, ffns=(64, 16, 48, 96, 32, 80), batch=32)
+
+
+def checkpoint_problem():
+    """The exercise's model (residual blocks of different widths), its batch, and what each block costs.
+
+    ``activation_bytes[i]``: bytes block i's forward leaves for backward (measured); ``input_bytes[i]``: what it
+    keeps when checkpointed (its input); ``recompute_flops[i]``: its forward, done again in backward.
+    """
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, width, ffn):
+            super().__init__()
+            self.up, self.down = nn.Linear(width, ffn), nn.Linear(ffn, width)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Block(_CK["width"], f) for f in _CK["ffns"]])
+    x = torch.randn(_CK["batch"], _CK["width"], requires_grad=True)
+    per_block = []
+    h = x
+    for block in model:
+        kept, h = kept_activation_bytes(block, h)
+        per_block.append(kept)
+    inputs = [x.numel() * x.element_size()] * len(model)
+    flops = [4 * _CK["batch"] * _CK["width"] * f for f in _CK["ffns"]]
+    return model, x, per_block, inputs, flops
+
+
+def kept_activation_bytes(module, *inputs):
+    """Run ``module(*inputs)``; return (bytes autograd saved for backward, parameters excluded; output)."""
+    import torch
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: dict = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = module(*inputs)
+    return sum(seen.values()), out
+
+
+def _measure_choice(chosen):
+    """Bytes the model keeps for backward with ``chosen`` blocks checkpointed (measured: a checkpointed block's
+    input is what autograd still saves for it)."""
+    from ..parallel.recompute import checkpoint_blocks, uncheckpoint
+    model, x, *_ = checkpoint_problem()
+    blocks = checkpoint_blocks(list(model), chosen)
+    try:
+        kept, _ = kept_activation_bytes(model, x)
+    finally:
+        uncheckpoint(blocks)
+    return kept
+
+
+def _best_cost(acts, inputs, flops, budget):
+    from itertools import combinations
+    n = len(acts)
+    best = None
+    for k in range(n + 1):
+        for s in combinations(range(n), k):
+            if sum(inputs[i] if i in s else acts[i] for i in range(n)) <= budget:
+                cost = sum(flops[i] for i in s)
+                best = cost if best is None else min(best, cost)
+    return best
+
+
+@exercise("checkpoint_placement")
+def _check_checkpoint_placement(answer, grader):
+    _, _, acts, inputs, flops = checkpoint_problem()
+    total, floor = sum(acts), sum(inputs)
+    # budgets where taking the biggest blocks first saves more than needed (14,336 B = 12,288 + 2,048 exactly)
+    budgets = [total, total - 14336, total - 20480, int(total * 0.45), floor]
+    for budget in budgets:
+        chosen = answer(list(acts), list(inputs), list(flops), budget)
+        chosen = sorted(set(int(i) for i in chosen))
+        if any(not 0 <= i < len(acts) for i in chosen):
+            yield Result(f"budget {budget:,} B: valid block indices", False,
+                         f"return indices of blocks, 0 .. {len(acts) - 1}", f"got {chosen}")
+            return
+        kept = _measure_choice(chosen)
+        fits = kept <= budget
+        predicted = sum(inputs[i] if i in chosen else acts[i] for i in range(len(acts)))
+        hint = ("a checkpointed block still keeps its input (input_bytes[i]): count it, not zero"
+                if predicted != sum(acts[i] for i in range(len(acts)) if i not in chosen) and
+                sum(acts[i] for i in range(len(acts)) if i not in chosen) <= budget < predicted else
+                "checkpoint more blocks: what stays is activation_bytes of the others plus input_bytes of the "
+                "checkpointed ones, and it must be <= budget")
+        yield Result(f"budget {budget:,} B: measured activations fit", fits, hint,
+                     f"measured {kept:,} B kept for backward with blocks {chosen} checkpointed")
+        if not fits:
+            return
+        cost, best = sum(flops[i] for i in chosen), _best_cost(acts, inputs, flops, budget)
+        hint = ("checkpointing every block fits any budget, but recomputes the whole forward: checkpoint only what "
+                "the budget needs" if len(chosen) == len(acts) else
+                "another set of blocks fits with fewer FLOPs recomputed: the largest blocks first can save "
+                "more bytes than needed. Try every subset (there are only 2^6), or think knapsack")
+        yield Result(f"budget {budget:,} B: no more recomputation than needed", cost == best, hint,
+                     f"your blocks recompute {cost:,} FLOPs; the least that fits is {best:,}")

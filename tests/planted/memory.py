@@ -128,3 +128,40 @@ def takes_the_next_ranks_rows(x, shard):
 
 ZERO3_LINEAR = [saves_the_gathered_weight, all_reduce_instead_of_reduce_scatter, gradient_not_averaged,
                 takes_the_next_ranks_rows]
+
+
+def _kept(acts, inputs, chosen):
+    return sum(inputs[i] if i in chosen else acts[i] for i in range(len(acts)))
+
+
+def checkpoint_everything(activation_bytes, input_bytes, recompute_flops, budget):
+    return list(range(len(activation_bytes)))
+
+
+def largest_first(activation_bytes, input_bytes, recompute_flops, budget):
+    order = sorted(range(len(activation_bytes)), key=lambda i: -activation_bytes[i])
+    chosen = []
+    for i in order:
+        if _kept(activation_bytes, input_bytes, chosen) <= budget:
+            break
+        chosen.append(i)
+    return chosen
+
+
+def forgets_the_kept_inputs(activation_bytes, input_bytes, recompute_flops, budget):
+    from itertools import combinations
+    n = len(activation_bytes)
+    for k in range(n + 1):
+        best = min(combinations(range(n), k), key=lambda s: sum(recompute_flops[i] for i in s), default=None)
+        fits = [s for s in combinations(range(n), k)
+                if sum(activation_bytes[i] for i in range(n) if i not in s) <= budget]
+        if fits:
+            return list(min(fits, key=lambda s: sum(recompute_flops[i] for i in s)))
+    return list(range(n)) if best is None else list(best)
+
+
+def ignores_the_budget(activation_bytes, input_bytes, recompute_flops, budget):
+    return []
+
+
+CHECKPOINT_PLACEMENT = [checkpoint_everything, largest_first, forgets_the_kept_inputs, ignores_the_budget]
