@@ -189,6 +189,14 @@ def peak_bytes(fn, device=None) -> int:
         fn()
         torch.cuda.synchronize()
         return int(torch.cuda.max_memory_allocated() - base)
+    import os
+    if not os.path.exists("/proc/self/clear_refs"):  # not Linux (macOS, Windows): torch's profiler instead
+        import warnings
+
+        from .accumulate import peak_memory
+        warnings.warn("no /proc here: peak memory comes from torch's profiler, which over-counts under ZeRO-3 and "
+                      "FSDP2 (it misses frees done by resizing storage)", stacklevel=2)
+        return peak_memory(fn)
     _return_freed_memory()
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:
@@ -200,7 +208,10 @@ def peak_bytes(fn, device=None) -> int:
 
 def _return_freed_memory():
     import ctypes
-    libc = ctypes.CDLL("libc.so.6")
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return
     libc.mallopt(-1, 0)          # M_TRIM_THRESHOLD: trim the heap top at once
     libc.mallopt(-3, 16 * 1024)  # M_MMAP_THRESHOLD: blocks >= 16 KB are mmapped, so free() unmaps them
     libc.malloc_trim(0)
