@@ -84,3 +84,26 @@ def attend(qkv: torch.Tensor, num_heads: int, causal: bool = True) -> torch.Tens
     q, k, v = qkv.view(b, s, 3, num_heads, three_hd // (3 * num_heads)).permute(2, 0, 3, 1, 4)  # (B, h, S, d)
     y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return y.transpose(1, 2).reshape(b, s, -1)
+
+
+class BlockMLP(nn.Module):
+    """``depth`` residual blocks x + W2·relu(W1·x) (width -> ffn -> width) between an input and an output Linear.
+
+    The memory lesson's model: repeated blocks (``model.blocks``) for ZeRO-3's per-block sharding and for
+    activation checkpoints, and activations that grow with the batch while the states do not.
+    """
+
+    def __init__(self, width: int = 256, depth: int = 4, ffn: int | None = None, in_features: int | None = None,
+                 out_features: int = 1):
+        super().__init__()
+        ffn = ffn or 4 * width
+        self.embed = nn.Linear(in_features or width, width)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, ffn), nn.ReLU(), nn.Linear(ffn, width))
+                                    for _ in range(depth))
+        self.head = nn.Linear(width, out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, in_features) -> (B, out_features)
+        x = self.embed(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)

@@ -1,0 +1,41 @@
+"""Lesson 07 graders: every planted bug is caught, with a hint that points at it.
+
+(Solutions passing and stubs reporting "not implemented yet" are checked for every solution in tests/test_grading.py.)
+"""
+import cloudpickle
+import pytest
+
+from simlib import grading
+
+from planted import memory as planted  # noqa: E402
+
+cloudpickle.register_pickle_by_value(planted)
+
+PLANTED = {"sharded_optimizer": {f.__name__: f for f in planted.SHARDED_OPTIMIZER},
+           "zero3_linear": {f.__name__: f for f in planted.ZERO3_LINEAR},
+           "checkpoint_placement": {f.__name__: f for f in planted.CHECKPOINT_PLACEMENT}}
+HINTS = {"not_sharded": "owns", "no_broadcast": "dist.broadcast", "broadcast_from_rank_zero": "not rank 0",
+         "saves_the_gathered_weight": "save the input and the shard",
+         "all_reduce_instead_of_reduce_scatter": "reduce-scatter gives each rank just its rows",
+         "gradient_not_averaged": "divide by the world size", "takes_the_next_ranks_rows": "another rank's rows",
+         "checkpoint_everything": "recomputes the whole forward", "largest_first": "largest blocks first",
+         "forgets_the_kept_inputs": "still keeps its input", "ignores_the_budget": "checkpoint more blocks"}
+
+
+@pytest.fixture(scope="module")
+def clusters(cluster2, cluster4):
+    return {2: cluster2, 4: cluster4}
+
+
+def test_planted_bugs_are_listed():
+    assert all(len(bugs) >= 3 for bugs in PLANTED.values())
+    assert set(HINTS) == {name for bugs in PLANTED.values() for name in bugs}
+    assert set(PLANTED) <= set(grading.EXERCISES)
+
+
+@pytest.mark.parametrize("exercise,bug", [(e, b) for e, bugs in PLANTED.items() for b in bugs])
+def test_planted_bug_is_caught(exercise, bug, clusters):
+    report = grading.check(exercise, PLANTED[exercise][bug], clusters=clusters, quiet=True)
+    assert not report.passed and report.status in ("fail", "error"), report
+    hints = " ".join(r.hint for r in report.failed())
+    assert HINTS[bug] in hints, "\n".join(r.line() for r in report.results)
