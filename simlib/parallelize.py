@@ -180,7 +180,14 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
         from .parallel.tensor import CommLog
         model = task.tensor_parallel(model, groups.tp_group, log=CommLog(timeline=timeline)).to(device)
     if plan.activation_checkpointing:
-        checkpoint_blocks(task.blocks(model))
+        blocks = task.blocks(model)
+        inside = {id(m) for m in model.modules()}
+        stray = [type(b).__name__ for b in blocks if id(b) not in inside]
+        if stray:  # recomputing a module the forward never calls would silently save nothing
+            raise ValueError(f"{type(task).__name__}.blocks() returned {len(stray)} module(s) that are not part of "
+                             "the model (new containers?): return the model's own block modules so that "
+                             "activation checkpointing wraps what the forward runs")
+        checkpoint_blocks(blocks)
     pm = ParallelModel(model, groups, plan, task, device, full_model, timeline=timeline)
     if plan.pp > 1:
         first = task.pipeline_stages(model, 0, plan.pp)[0]

@@ -56,8 +56,12 @@ class RegressionTask:
         return {"eval_loss": float(self.loss(model(x.to(device)), y.to(device)))}
 
     def blocks(self, model) -> list[nn.Module]:
+        """Linear + ReLU pairs, as modules the model really calls: ``model.net`` is regrouped in place (the same
+        parameters), so that recomputing a block recomputes what the forward runs."""
         from .parallel.pipeline import blocks_of
-        return blocks_of(model.net)
+        if not all(isinstance(m, nn.Sequential) for m in model.net):
+            model.net = nn.Sequential(*blocks_of(model.net))
+        return list(model.net)
 
     def pipeline_stages(self, model, pp_rank: int, pp_size: int) -> list[nn.Module]:
         from .parallel.pipeline import build_stages

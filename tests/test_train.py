@@ -146,3 +146,39 @@ def test_a_failing_rank_is_named(cluster2):
         cluster2.call(_train_failing, timeout=60)
     text = str(info.value)
     assert "rank 1" in text and "lost its data shard at step 2" in text
+
+
+def test_activation_checkpointing_recomputes_what_the_forward_runs():
+    """A block list of new containers would be checkpointed and never called: nothing recomputed, no error."""
+    import sys
+    from pathlib import Path
+
+    from simlib.parallel.recompute import checkpoint_blocks
+    from simlib.tasks import RegressionTask
+
+    task = RegressionTask()
+    model = task.build_model()
+    blocks = task.blocks(model)
+    assert all(any(b is m for m in model.modules()) for b in blocks)
+    calls = []
+    for block in blocks:
+        block[0].register_forward_hook(lambda *a: calls.append(1))
+    checkpoint_blocks(blocks)
+    x, y = task.batch(0)
+    task.loss(model(x), y).backward()
+    assert len(calls) > len(blocks)  # the forward, then recomputation in backward
+
+    class StrayBlocks(RegressionTask):
+        def blocks(self, model):
+            from simlib.parallel.pipeline import blocks_of
+            return blocks_of(model.net)  # new Sequentials the model never calls
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from device_guard import guarded
+
+    from simlib.parallelize import parallelize
+    from simlib.train import Plan
+    plan = Plan(activation_checkpointing=True)
+    bad = StrayBlocks()
+    with guarded(world_size=1), pytest.raises(ValueError, match="not part of the model"):
+        parallelize(bad.build_model(), plan.mesh.build(), plan, bad, "cpu")
