@@ -203,6 +203,17 @@ class HedgingTask:
     def loss(self, output, target):
         return torch.mean((output - target) ** 2)
 
+    def sim_spec(self):
+        """The model for ``simlib.sim``: the hedging MLP runs once per day of each path (``days`` rows)."""
+        from ..sim import ModelSpec
+
+        model = self.build_model()
+        linears = tuple((m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear))
+        return ModelSpec(f"HedgeNet {self.hidden}x{self.depth}, {self.days} days",
+                         sum(p.numel() for p in model.parameters()), len(linears), self.hidden, linears=linears,
+                         rows=(self.days,) * len(linears), activation_width=self.hidden * self.depth * self.days,
+                         param_numels=tuple(p.numel() for p in model.parameters()))
+
     def test_paths(self, n: int = 4096) -> torch.Tensor:
         """Held-out simulated paths: a stream (seed, 7) that training never draws from."""
         return self.simulate(n, (self.seed, 7))

@@ -227,6 +227,20 @@ class DigitsTask:
         """Forward + backward FLOPs per sample (3 x forward; convolutions and the head as GEMMs)."""
         return 3 * conv_gemm_flops(self.build_model(), self.image_size)
 
+    def sim_spec(self):
+        """The model for ``simlib.sim``: each convolution as its im2col GEMM (one row per output pixel);
+        BatchNorm, ReLU and the residual add as element-wise work on every convolution's output."""
+        from ..sim import ModelSpec
+
+        model = self.build_model()
+        gemms = conv_gemms(model, self.image_size)
+        outputs = sum(m * n for m, _, n in gemms[:-1])          # conv output elements per sample
+        return ModelSpec(f"ResNet-{self.width} on {self.image_size}x{self.image_size}",
+                         sum(p.numel() for p in model.parameters()), len(gemms), max(n for _, _, n in gemms),
+                         linears=tuple((k, n) for _, k, n in gemms), rows=tuple(m for m, _, _ in gemms),
+                         activation_width=3 * outputs,            # BN, ReLU (and add): ~3 passes per output
+                         param_numels=tuple(p.numel() for p in model.parameters()))
+
 
 def _unwrap(model: nn.Module) -> nn.Module:
     while hasattr(model, "module") and isinstance(model.module, nn.Module):
