@@ -27,10 +27,14 @@ __all__ = ["broadcast_parameters", "DataParallelNaive", "DataParallelFlat", "Dat
            "make_buckets", "MODES", "wrap", "train_steps", "run_data_parallel", "reference_run"]
 
 
-def broadcast_parameters(module: nn.Module, src: int = 0) -> None:
-    """Copy rank ``src``'s parameters and buffers to every rank, so all replicas start equal."""
+def broadcast_parameters(module: nn.Module, src: int = 0, group=None) -> None:
+    """Copy rank ``src``'s parameters and buffers to every rank, so all replicas start equal.
+
+    ``src`` is a rank within ``group`` (default: the world).
+    """
+    src = dist.get_global_rank(group, src) if group is not None else src
     for tensor in list(module.parameters()) + list(module.buffers()):
-        dist.broadcast(tensor.data, src=src)
+        dist.broadcast(tensor.data, src=src, group=group)
 
 
 def _span(timeline, kind, name=None):
@@ -40,13 +44,14 @@ def _span(timeline, kind, name=None):
 class _DataParallel(nn.Module):
     """What the three wrappers share: the module, the sync switch, ``no_sync``."""
 
-    def __init__(self, module: nn.Module, timeline=None):
+    def __init__(self, module: nn.Module, timeline=None, group=None):
         super().__init__()
         self.module = module
         self.timeline = timeline
-        self.world_size = dist.get_world_size()
+        self.group = group  # the data-parallel process group (default: the world)
+        self.world_size = dist.get_world_size(group)
         self.require_backward_grad_sync = True  # DDP's name for the same switch
-        broadcast_parameters(module)
+        broadcast_parameters(module, group=group)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -73,7 +78,7 @@ class DataParallelNaive(_DataParallel):
             return
         for i, grad in enumerate(self.grads()):
             with _span(self.timeline, "comm", f"all_reduce grad {i}"):
-                dist.all_reduce(grad)  # sum over ranks ...
+                dist.all_reduce(grad, group=self.group)  # sum over ranks ...
                 grad /= self.world_size  # ... so divide: the mean gradient of the global batch
 
 
@@ -95,7 +100,7 @@ class DataParallelFlat(_DataParallel):
         if not self.require_backward_grad_sync:
             return
         with _span(self.timeline, "comm", "all_reduce flat"):
-            all_reduce_mean_flat(self.grads())
+            all_reduce_mean_flat(self.grads(), group=self.group)
 
 
 def make_buckets(params, bucket_cap_mb: float = 25.0) -> list[list[nn.Parameter]]:
@@ -130,8 +135,8 @@ class DataParallelBucket(_DataParallel):
     Every parameter must receive a gradient each step (as DDP without ``find_unused_parameters``).
     """
 
-    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, timeline=None):
-        super().__init__(module, timeline)
+    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, timeline=None, group=None):
+        super().__init__(module, timeline, group)
         self.buckets = make_buckets(module.parameters(), bucket_cap_mb)
         self.buffers_ = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device)
                          for b in self.buckets]
@@ -159,7 +164,7 @@ class DataParallelBucket(_DataParallel):
 
     def _launch(self, i: int):
         start = time.perf_counter()
-        work = dist.all_reduce(self.buffers_[i], async_op=True)
+        work = dist.all_reduce(self.buffers_[i], group=self.group, async_op=True)
         if self.timeline is not None:
             timeline, step = self.timeline, self.timeline.current_step
 
@@ -195,16 +200,16 @@ class DataParallelBucket(_DataParallel):
 MODES = ("naive", "flat", "bucket", "ddp")
 
 
-def wrap(model: nn.Module, mode: str, bucket_cap_mb: float = 25.0, timeline=None) -> nn.Module:
-    """The data-parallel wrapper called ``mode`` (one of :data:`MODES`)."""
+def wrap(model: nn.Module, mode: str, bucket_cap_mb: float = 25.0, timeline=None, group=None) -> nn.Module:
+    """The data-parallel wrapper called ``mode`` (one of :data:`MODES`) over ``group`` (default: the world)."""
     if mode == "naive":
-        return DataParallelNaive(model, timeline)
+        return DataParallelNaive(model, timeline, group)
     if mode == "flat":
-        return DataParallelFlat(model, timeline)
+        return DataParallelFlat(model, timeline, group)
     if mode == "bucket":
-        return DataParallelBucket(model, bucket_cap_mb, timeline)
+        return DataParallelBucket(model, bucket_cap_mb, timeline, group)
     if mode == "ddp":
-        return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+        return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb, process_group=group)
     raise ValueError(f"unknown mode {mode!r}: use one of {MODES}")
 
 

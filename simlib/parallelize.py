@@ -1,0 +1,268 @@
+"""``parallelize``: the one place that reads a :class:`simlib.train.Plan` and applies it to a model.
+
+In torchtitan's spirit (``parallelize_llama``): the library holds mechanisms, this function composes them
+in a fixed order, and the training loop never asks which were applied.
+
+    1. tensor parallelism     ``task.tensor_parallel(model, tp_group, log)``   (simlib.parallel.tensor)
+    2. activation checkpoint  ``torch.utils.checkpoint`` around each of ``task.blocks(model)``
+    3. pipeline parallelism   ``task.pipeline_stages(model, pp_rank, pp)`` run by the schedules-as-data
+                              executor (simlib.parallel.pipeline); gradients all-reduced over the DP group
+                              once after the pipeline flush
+    4. data parallelism       a ``simlib.parallel.data`` wrapper (or torch DDP) over the DP group, with
+                              ``no_sync`` on every micro-batch but the last; ZeRO (``plan.zero_stage``) instead
+                              goes through ``simlib.parallel.zero``
+
+It returns a :class:`ParallelModel`: the local module the optimizer updates, and one method,
+``forward_backward(x, y)``, that runs one step's forward and backward on this rank's share of the batch
+whatever the plan. Mixed precision is ``torch.autocast`` around the forward (and the loss).
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .parallel import data as dp_lib
+from .parallel import pipeline as pp_lib
+from .parallel import schedules
+
+
+def _span(timeline, kind, name=None):
+    return timeline.span(kind, name=name) if timeline is not None else nullcontext()
+
+
+def autocast(plan, device: torch.device):
+    """The autocast context of ``plan.mixed_precision`` (None: full precision)."""
+    if plan.mixed_precision is None:
+        return nullcontext()
+    dtype = torch.bfloat16 if plan.mixed_precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def checkpoint_blocks(blocks) -> None:
+    """Recompute each block's activations in backward instead of keeping them (``torch.utils.checkpoint``)."""
+    from torch.utils.checkpoint import checkpoint
+
+    for block in blocks:
+        forward = block.forward
+
+        def checkpointed(*args, _forward=forward, **kwargs):
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        block.forward = checkpointed  # an instance attribute: nn.Module.__call__ finds it first
+
+
+def tensor_parallel_sharded(module: nn.Module) -> set[int]:
+    """ids of the parameters split over the tensor-parallel group (the rest are replicated)."""
+    from .parallel.tensor import ColumnParallelLinear, RowParallelLinear
+
+    ids = set()
+    for m in module.modules():
+        if isinstance(m, ColumnParallelLinear):
+            ids.update(id(p) for p in m.parameters())
+        elif isinstance(m, RowParallelLinear):
+            ids.add(id(m.weight))  # its bias is replicated: added once, after the all-reduce
+    return ids
+
+
+def unique_parameters(module: nn.Module) -> list[nn.Parameter]:
+    return list({id(p): p for p in module.parameters()}.values())
+
+
+@dataclass
+class ParallelModel:
+    """One rank's part of the model under a plan, and how to run a step on it."""
+
+    module: nn.Module            # the local parameters (the optimizer updates these)
+    groups: object               # simlib.parallel.mesh.MeshGroups
+    plan: object                 # simlib.train.Plan
+    task: object
+    device: torch.device
+    full_model: nn.Module        # the model as built (for evaluation under PP)
+    wrapped: nn.Module | None = None   # the DP wrapper, when there is one
+    stages: list = field(default_factory=list)     # pipeline stages of this rank (pp > 1)
+    tied: list = field(default_factory=list)       # parameters held by the first and last pipeline stage
+    activation: tuple | None = None                # (shape after the micro-batch dim, dtype) between stages
+    timeline: object = None
+
+    # ── data ──
+    def shard(self, x, y):
+        """This rank's contiguous share of the global batch: block ``dp_rank`` of ``dp``."""
+        dp, r = self.plan.dp, self.groups.dp_rank
+        n = x.shape[0] // dp
+        return x[r * n:(r + 1) * n].to(self.device), y[r * n:(r + 1) * n].to(self.device)
+
+    # ── one step ──
+    def forward_backward(self, x, y):
+        """Forward and backward of this rank's share (x, y); gradients end up averaged over the DP group.
+
+        Returns this rank's mean loss (a float), or None on pipeline ranks without the last stage.
+        """
+        if self.plan.pp > 1:
+            return self._pipeline_step(x, y)
+        return self._accumulation_step(x, y)
+
+    def _accumulation_step(self, x, y):
+        k = self.plan.accumulation
+        model = self.wrapped if self.wrapped is not None else self.module
+        finish = getattr(model, "finish_gradient_synchronization", None)
+        total = 0.0
+        for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k))):
+            last = i == k - 1
+            sync = nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+            with sync:
+                with _span(self.timeline, "forward"), autocast(self.plan, self.device):
+                    loss = self.task.loss(model(xm), ym)
+                with _span(self.timeline, "backward"):
+                    (loss / k).backward()  # the mean over k micro-batches is the mean of their means
+                if last and finish is not None:
+                    finish()  # simlib's wrappers: wait for (or run) the all-reduce of the gradients
+            total += float(loss.detach())
+        return total / k
+
+    def _pipeline_step(self, x, y):
+        plan, g = self.plan, self.groups
+        m = plan.accumulation
+        make = schedules.one_f_one_b if plan.schedule == "1f1b" else schedules.gpipe
+        actions = make(plan.pp, m)[g.pp_rank]
+        xs, ys = list(x.chunk(m)), list(y.chunk(m))
+        shape, dtype = self.activation
+        with autocast(self.plan, self.device):
+            out = pp_lib.run_schedule(actions, self.stages, xs, ys, activation_shape=(xs[0].shape[0], *shape),
+                                      loss_fn=self.task.loss, group=g.pp_group, timeline=self.timeline,
+                                      dtype=dtype)
+        with _span(self.timeline, "comm", "tied + data-parallel grads"):
+            self._sync_tied()
+            if plan.dp > 1:
+                grads = [p.grad for p in unique_parameters(self.module) if p.grad is not None]
+                dp_lib.all_reduce_mean_flat(grads, group=g.dp_group)
+        return out["loss"]
+
+    def _sync_tied(self) -> None:
+        """Sum the gradients of parameters held by both the first and the last stage (a tied head)."""
+        mine = {id(p) for p in self.module.parameters()}
+        for p in self.tied:
+            held = id(p) in mine and p.grad is not None
+            grad = p.grad if held else torch.zeros_like(p, device=self.device)
+            dist.all_reduce(grad, group=self.groups.pp_group)
+            if held:
+                p.grad = grad
+
+    # ── what evaluation sees ──
+    def eval_model(self) -> nn.Module:
+        """A module whose forward gives the whole model's output on this rank (a collective under TP / PP).
+
+        TP: the split model itself (its forward all-reduces). PP: every stage's parameters are broadcast
+        into this rank's full copy of the model, which then runs locally.
+        """
+        if self.plan.pp == 1:
+            return self.module
+        g, mesh = self.groups, self.plan.mesh
+        pipeline = [int(r) for r in mesh.grid[g.dp_rank, :, g.tp_rank]]
+        for stage in range(self.plan.pp):
+            owned = unique_parameters(nn.ModuleList(self.task.pipeline_stages(self.full_model, stage, self.plan.pp)))
+            for p in owned:
+                dist.broadcast(p.data, src=pipeline[stage], group=g.pp_group)
+        return self.full_model
+
+    def global_loss(self, loss) -> float:
+        """The step's loss over the global batch (a collective: every rank calls it)."""
+        g = self.groups
+        holder = loss is not None and g.tp_rank == 0 and g.pp_is_last_stage
+        t = torch.tensor([loss if holder else 0.0], dtype=torch.float64)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(t)
+        return float(t) / self.plan.dp
+
+
+def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None) -> ParallelModel:
+    """Apply ``plan`` to ``model`` (built identically on every rank); see the module docstring for the order."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    full_model = model
+    if plan.tp > 1:
+        from .parallel.tensor import CommLog
+        model = task.tensor_parallel(model, groups.tp_group, log=CommLog(timeline=timeline)).to(device)
+    if plan.activation_checkpointing:
+        checkpoint_blocks(task.blocks(model))
+    pm = ParallelModel(model, groups, plan, task, device, full_model, timeline=timeline)
+    if plan.pp > 1:
+        first = task.pipeline_stages(model, 0, plan.pp)[0]
+        x, _ = task.batch(0)
+        with torch.no_grad(), autocast(plan, device):
+            probe = first(x[:1].to(device))
+        pm.activation = (tuple(probe.shape[1:]), probe.dtype)
+        pm.stages = task.pipeline_stages(model, groups.pp_rank, plan.pp)
+        pm.module = nn.ModuleList(pm.stages)
+        pm.tied = list(getattr(task, "tied_parameters", lambda m: [])(model))
+        if plan.dp > 1:
+            dp_lib.broadcast_parameters(pm.module, group=groups.dp_group)
+        return pm
+    if plan.zero_stage:
+        from .parallel import zero  # issue-10: sharded data parallelism (ZeRO 1-3)
+        pm.wrapped = zero.parallelize(model, groups, plan, timeline=timeline)
+    elif plan.dp > 1:
+        pm.wrapped = dp_lib.wrap(model, plan.dp_variant, plan.bucket_cap_mb, timeline, group=groups.dp_group)
+    return pm
+
+
+def build_optimizer(pm: ParallelModel, plan, optim, total_steps: int | None):
+    """The optimizer over this rank's parameters and its learning-rate schedule (warm-up, then cosine)."""
+    import math
+
+    params = unique_parameters(pm.module)
+    decay = [p for p in params if p.dim() >= 2]   # weights decay; biases and LayerNorm gains do not
+    no_decay = [p for p in params if p.dim() < 2]
+    param_groups = [dict(params=decay, weight_decay=optim.weight_decay), dict(params=no_decay, weight_decay=0.0)]
+    if plan.zero_stage:
+        from .parallel import zero  # issue-10: each DP rank steps its shard of the optimizer state
+        optimizer = zero.build_optimizer(pm, plan, optim, param_groups)
+    elif optim.name == "adamw":
+        optimizer = torch.optim.AdamW(param_groups, lr=optim.lr, betas=optim.betas)
+    else:
+        optimizer = torch.optim.SGD(param_groups, lr=optim.lr, momentum=optim.momentum)
+    horizon = optim.decay_steps or total_steps
+
+    def factor(step: int) -> float:
+        if optim.warmup_steps and step < optim.warmup_steps:
+            return (step + 1) / optim.warmup_steps
+        if optim.schedule != "cosine" or not horizon:
+            return 1.0
+        progress = min(1.0, (step - optim.warmup_steps) / max(1, horizon - optim.warmup_steps))
+        return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def clip_grad_norm(pm: ParallelModel, max_norm: float) -> float:
+    """Clip the gradient norm of the WHOLE model (all stages, all TP shards) to ``max_norm``; return it.
+
+    Squares of TP-split parameters are summed over the TP group, replicated ones counted once; stages
+    add up over the pipeline group; a tied parameter counts on the first stage only. So the norm (and the
+    clipping) equals ``torch.nn.utils.clip_grad_norm_`` on the unsplit model.
+    """
+    g, plan = pm.groups, pm.plan
+    sharded = tensor_parallel_sharded(pm.module) if plan.tp > 1 else set()
+    tied = {id(p) for p in pm.tied} if not g.pp_is_first_stage else set()
+    params = [p for p in unique_parameters(pm.module) if p.grad is not None]
+    split = torch.zeros((), dtype=torch.float64, device=pm.device)
+    rest = torch.zeros((), dtype=torch.float64, device=pm.device)
+    for p in params:
+        sq = p.grad.detach().double().pow(2).sum()
+        if id(p) in sharded:
+            split += sq
+        elif id(p) not in tied:
+            rest += sq
+    if plan.tp > 1:
+        dist.all_reduce(split, group=g.tp_group)
+    total = split + rest
+    if plan.pp > 1:
+        dist.all_reduce(total, group=g.pp_group)
+    norm = float(total.sqrt())
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1:
+        for p in params:
+            p.grad.mul_(coef)
+    return norm

@@ -1,0 +1,67 @@
+"""Tasks for :func:`simlib.train.train`: what to learn, as small dataclasses.
+
+``RegressionTask`` is the lessons' MLP regression (``y = tanh(x W) + noise``, ``simlib.models``) made a
+task: a fixed training set walked through in global batches, a held-out set for the eval loss. The GPT
+project's task is :class:`simlib.gpt_task.GPTTask`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class RegressionTask:
+    """The lessons' MLP on synthetic regression data; global batch ``global_batch`` of ``num_samples``."""
+
+    name: str = "mlp_regression"
+    width: int = 64
+    depth: int = 3
+    global_batch: int = 64
+    num_samples: int = 4096
+    eval_samples: int = 512
+    seed: int = 0
+
+    def __post_init__(self):
+        from .models import make_regression
+        x, y = make_regression(self.num_samples + self.eval_samples, self.width, seed=self.seed + 1)
+        self._x, self._y = x[:self.num_samples], y[:self.num_samples]
+        self._eval = x[self.num_samples:], y[self.num_samples:]
+
+    @property
+    def flops_per_sample(self) -> float:  # forward + backward: 6 FLOPs per weight per sample
+        return 6 * (self.depth * self.width * self.width + self.width)
+
+    def build_model(self) -> nn.Module:
+        from .models import MLP
+        torch.manual_seed(self.seed)
+        return MLP(self.width, self.depth)
+
+    def batch(self, step: int):
+        """Global batch ``step``: consecutive rows of the training set, wrapping around (same for every plan)."""
+        n = self.num_samples
+        idx = (torch.arange(self.global_batch) + step * self.global_batch) % n
+        return self._x[idx], self._y[idx]
+
+    def loss(self, output, target):
+        return nn.functional.mse_loss(output, target)
+
+    def evaluate(self, model) -> dict:
+        device = next(model.parameters()).device
+        x, y = self._eval
+        return {"eval_loss": float(self.loss(model(x.to(device)), y.to(device)))}
+
+    def blocks(self, model) -> list[nn.Module]:
+        from .parallel.pipeline import blocks_of
+        return blocks_of(model.net)
+
+    def pipeline_stages(self, model, pp_rank: int, pp_size: int) -> list[nn.Module]:
+        from .parallel.pipeline import build_stages
+        return build_stages(model.net, pp_rank, pp_size)
+
+    def check_plan(self, plan) -> None:
+        blocks = self.depth + 1
+        if plan.pp > blocks:
+            raise ValueError(f"the MLP has {blocks} blocks (depth {self.depth} + head): use pp <= {blocks}")

@@ -1,0 +1,412 @@
+"""THE training loop: a Task, a Plan and a budget in, a run record out. Every run that trains uses it.
+
+    from simlib.train import Plan, OptimConfig, train
+    record = train(task, Plan(dp=2, accumulation=2), steps=200, optim=OptimConfig(lr=3e-4),
+                   eval_every=50, out_dir="results/gpt/dp2")      # on every rank (simlib.launch, torchrun, ...)
+
+A :class:`Task` says what to learn (model, global batches, loss, evaluation); a :class:`Plan` says how to split
+the work over the ranks; :func:`simlib.parallelize.parallelize` is the one place that reads the plan; the
+loop below is the same for every plan. Global batches come from ``task.batch(step)``, identical for every
+world size and plan, so runs compare step for step. Rank 0 writes ``out_dir/run.jsonl`` (one JSON object
+per logged step and per evaluation) and ``out_dir/summary.json``; every rank gets the :class:`RunRecord`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .parallel.data import MODES as DP_VARIANTS
+from .parallel.mesh import Mesh
+from .parallelize import ParallelModel, build_optimizer, clip_grad_norm, parallelize  # noqa: F401
+from .record import RunRecord, build_summary, step_row
+
+SCHEDULES = ("gpipe", "1f1b")
+PRECISIONS = (None, "bf16", "fp16")
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What a project provides (see ``simlib.tasks``). Optional: ``tensor_parallel(model, tp_group, log)``,
+    ``pipeline_stages(model, pp_rank, pp_size)``, ``blocks(model)``, ``tied_parameters(model)``,
+    ``tokens_per_sample`` and ``flops_per_sample`` (for tokens/s and MFU), ``check_plan(plan)``."""
+
+    name: str
+    global_batch: int
+
+    def build_model(self): ...            # seeded: the same weights whatever the world size
+    def batch(self, step: int): ...       # the GLOBAL batch (x, y) of ``step``, deterministic
+    def loss(self, output, target): ...   # mean over the samples given
+    def evaluate(self, model) -> dict: ...  # held-out metrics, e.g. {"eval_loss": 2.1}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How the work is split: ``Mesh(dp, pp, tp)`` plus how each part runs. Validated on construction
+    (types) and by :meth:`validate` (against the world size and the task)."""
+
+    dp: int = 1                          # data-parallel degree
+    tp: int = 1                          # tensor-parallel degree (attention by heads, MLP by columns)
+    pp: int = 1                          # pipeline stages
+    dp_variant: str = "bucket"           # "bucket" | "flat" | "naive" (simlib.parallel.data) | "ddp" (torch)
+    accumulation: int = 1                # micro-batches per step per DP rank (pipeline micro-batches if pp > 1)
+    schedule: str = "1f1b"               # pipeline schedule when pp > 1: "gpipe" | "1f1b"
+    mixed_precision: str | None = None   # None | "bf16" (autocast, CPU or GPU) | "fp16" (GPU, GradScaler)
+    activation_checkpointing: bool = False  # recompute each block's activations in backward
+    zero_stage: int = 0                  # 0: plain DP; 1-3: simlib.parallel.zero
+    checkpoint_dir: str | None = None    # simlib.checkpoint: resume from here if a checkpoint exists
+    checkpoint_every: int = 0            # save every k steps (0: never)
+    bucket_cap_mb: float = 25.0          # gradient bucket size of the bucketed / DDP wrappers
+
+    def __post_init__(self):
+        for name in ("dp", "tp", "pp", "accumulation"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"Plan.{name} must be an int >= 1, got {v!r}")
+        if self.dp_variant not in DP_VARIANTS:
+            raise ValueError(f"Plan.dp_variant {self.dp_variant!r} is unknown: use one of {DP_VARIANTS}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"Plan.schedule {self.schedule!r} is unknown: use one of {SCHEDULES}")
+        if self.mixed_precision not in PRECISIONS:
+            raise ValueError(f"Plan.mixed_precision {self.mixed_precision!r} is unknown: use one of {PRECISIONS}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"Plan.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ValueError("Plan.checkpoint_every needs a checkpoint_dir to save into")
+
+    @property
+    def mesh(self) -> Mesh:
+        return Mesh(dp=self.dp, pp=self.pp, tp=self.tp)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def label(self) -> str:
+        """A short name for tables and plots, e.g. ``dp2 acc4`` or ``pp2 1f1b m4``."""
+        parts = [f"{axis}{n}" for axis, n in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)) if n > 1]
+        if self.pp > 1:
+            parts.append(f"{self.schedule} m{self.accumulation}")
+        elif self.accumulation > 1:
+            parts.append(f"acc{self.accumulation}")
+        if self.mixed_precision:
+            parts.append(self.mixed_precision)
+        if self.zero_stage:
+            parts.append(f"zero{self.zero_stage}")
+        return " ".join(parts) or "1 process"
+
+    def validate(self, world_size: int, task=None) -> None:
+        """Raise ``ValueError`` saying what would work if this plan cannot run ``task`` on ``world_size`` ranks."""
+        if self.world_size != world_size:
+            options = ", ".join(f"dp={world_size // (t * p)} tp={t} pp={p}" for t in _divisors(world_size)
+                                for p in _divisors(world_size // t))
+            raise ValueError(f"plan dp={self.dp} x tp={self.tp} x pp={self.pp} needs {self.world_size} ranks but the "
+                             f"world has {world_size}: use one of {options}")
+        if self.tp > 1 and self.pp > 1:
+            raise ValueError("tensor and pipeline parallelism together are not supported by this trainer yet: "
+                             "use tp > 1 or pp > 1 (each composes with dp)")
+        if self.mixed_precision == "fp16" and not torch.cuda.is_available():
+            raise ValueError("fp16 needs a GPU (a GradScaler on CUDA); on CPU use mixed_precision='bf16'")
+        if self.zero_stage and self.pp > 1:
+            raise ValueError("ZeRO with pipeline parallelism is not supported: use zero_stage=0 with pp > 1")
+        if task is None:
+            return
+        per_rank = self.dp * self.accumulation
+        if task.global_batch % per_rank:
+            ok = [k for k in range(1, task.global_batch + 1) if task.global_batch % (self.dp * k) == 0]
+            what = "pipeline micro-batches" if self.pp > 1 else "accumulation steps"
+            raise ValueError(f"global batch {task.global_batch} does not split into dp={self.dp} ranks x "
+                             f"{self.accumulation} {what}: with dp={self.dp} use accumulation in {ok[:8]}"
+                             f"{' ...' if len(ok) > 8 else ''}, or a global batch that is a multiple of "
+                             f"{per_rank}")
+        for degree, method in ((self.tp, "tensor_parallel"), (self.pp, "pipeline_stages")):
+            if degree > 1 and not hasattr(task, method):
+                raise ValueError(f"task {task.name!r} has no {method}(): it cannot be split that way; "
+                                 "use data parallelism (dp) only, or a task that implements it (the GPT)")
+        if self.activation_checkpointing and not hasattr(task, "blocks"):
+            raise ValueError(f"task {task.name!r} has no blocks(): activation checkpointing needs them")
+        if hasattr(task, "check_plan"):
+            task.check_plan(self)  # the model's own limits: heads, layers, widths
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer and learning-rate schedule (linear warm-up, then cosine decay to ``min_lr_ratio`` x lr)."""
+
+    name: str = "adamw"            # "adamw" | "sgd"
+    lr: float = 3e-4
+    weight_decay: float = 0.0      # on matrices only (not biases, not LayerNorm gains)
+    betas: tuple = (0.9, 0.95)
+    momentum: float = 0.0          # sgd
+    warmup_steps: int = 0
+    schedule: str = "cosine"       # "cosine" | "constant"
+    decay_steps: int | None = None  # cosine horizon (default: the step budget)
+    min_lr_ratio: float = 0.1
+    grad_clip: float | None = None  # max global gradient norm (None: no clipping)
+
+    def __post_init__(self):
+        if self.name not in ("adamw", "sgd"):
+            raise ValueError(f"OptimConfig.name {self.name!r} is unknown: use 'adamw' or 'sgd'")
+        if self.schedule not in ("cosine", "constant"):
+            raise ValueError(f"OptimConfig.schedule {self.schedule!r} is unknown: use 'cosine' or 'constant'")
+        if not self.lr > 0:
+            raise ValueError(f"OptimConfig.lr must be > 0, got {self.lr!r}")
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class TrainState:
+    """Everything a resumed run needs: model, optimizer, schedule, step, RNG and data position.
+
+    The data position is the next step's index (``task.batch(step)`` is a pure function of it), plus the
+    samples and tokens seen; a resumed run continues with the very next global batch.
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    step: int = 0
+    samples: int = 0
+    tokens: int = 0
+    train_time: float = 0.0   # seconds of training so far (evaluation and checkpoints left out)
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "step": self.step,
+                "data": {"next_step": self.step, "samples": self.samples, "tokens": self.tokens},
+                "train_time": self.train_time, "rng": rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["data"]["next_step"])
+        self.samples, self.tokens = int(state["data"]["samples"]), int(state["data"]["tokens"])
+        self.train_time = float(state.get("train_time", 0.0))
+        set_rng_state(state["rng"])
+
+
+def _budget_steps(task, steps, tokens, samples, seconds) -> int | None:
+    given = [b for b in (steps, tokens, samples, seconds) if b is not None]
+    if len(given) != 1:
+        raise ValueError("give exactly one budget: steps=, tokens=, samples= or seconds=")
+    if steps is not None:
+        return int(steps)
+    if samples is not None:
+        return math.ceil(samples / task.global_batch)
+    if tokens is not None:
+        per_sample = getattr(task, "tokens_per_sample", None)
+        if not per_sample:
+            raise ValueError(f"task {task.name!r} has no tokens_per_sample: give steps= or samples= instead")
+        return math.ceil(tokens / (task.global_batch * per_sample))
+    return None  # seconds: decided while running
+
+
+def _matmul_rate(device, size: int = 512, repeats: int = 5) -> float:
+    """FLOP/s of a size^3 fp32 matmul on this process (its threads), median of ``repeats``: MFU's yardstick."""
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        (a @ b).sum().item()
+        times.append(time.perf_counter() - t0)
+    return 2 * size ** 3 / float(np.median(times))
+
+
+def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, seconds=None,
+          optim: OptimConfig = OptimConfig(), eval_every: int = 0, log_every: int = 10, out_dir=None,
+          target: dict | None = None, warmup: int = 2, measure_memory: bool = True, verbose: bool = True,
+          live_plot: bool = False) -> RunRecord:
+    """Train ``task`` under ``plan`` for one budget (``steps``, ``tokens``, ``samples`` or ``seconds``).
+
+    Call on every rank. ``eval_every``: evaluate every k steps (and at the end) if > 0. ``target``: e.g.
+    ``{"eval_loss": 4.0}``; the summary records the training time and tokens at the first evaluation that
+    reaches it. ``warmup``: first steps left out of throughput. ``live_plot``: in a one-process notebook
+    run, redraw the loss curve while training.
+    """
+    from . import env
+    from .timeline import Timeline
+
+    ctx = env.init()
+    plan.validate(ctx.world_size, task)
+    total_steps = _budget_steps(task, steps, tokens, samples, seconds)
+    groups = plan.mesh.build()
+    tl = Timeline(rank=ctx.rank, warmup=warmup, device=ctx.device)
+    pm = parallelize(task.build_model().to(ctx.device), groups, plan, task, ctx.device, tl)
+    optimizer, scheduler = build_optimizer(pm, plan, optim, total_steps)
+    state = TrainState(pm.module, optimizer, scheduler)
+    if plan.checkpoint_dir:
+        from . import checkpoint  # issue-11: torch.distributed.checkpoint, atomic
+        checkpoint.load_latest(plan.checkpoint_dir, state)
+    tokens_per_sample = getattr(task, "tokens_per_sample", 0) or 0
+    matmul_rate = _matmul_rate(ctx.device)
+    writer = _Writer(out_dir if ctx.rank == 0 else None, append=state.step > 0)
+    rows, evals, peak_memory = [], [], None
+    first_step, t_start = state.step, time.perf_counter()
+    shardable = _accepts_part(task)
+    plotter = _LivePlot() if live_plot and ctx.rank == 0 else None
+
+    def one_step(x, y):
+        optimizer.zero_grad(set_to_none=True)
+        loss = pm.forward_backward(x, y)
+        with tl.span("optimizer"):
+            norm = clip_grad_norm(pm, optim.grad_clip) if optim.grad_clip else None
+            optimizer.step()
+            scheduler.step()
+        return loss, norm
+
+    while True:
+        step = state.step
+        if total_steps is not None and step >= total_steps:
+            break
+        if seconds is not None and _agree_stop(state.train_time >= seconds):
+            break
+        x, y = (task.batch(step, part=groups.dp_rank, parts=plan.dp) if shardable else pm.shard(*task.batch(step)))
+        if shardable:
+            x, y = x.to(ctx.device), y.to(ctx.device)
+        lr = scheduler.get_last_lr()[0]
+        t0 = time.perf_counter()
+        with tl.step(step):
+            if measure_memory and step == first_step + 1 and ctx.device.type == "cpu":
+                from .parallel.accumulate import peak_memory as measure
+                box = {}
+                peak_memory = measure(lambda: box.update(out=one_step(x, y)))
+                loss, norm = box["out"]
+            else:
+                loss, norm = one_step(x, y)
+        step_time = time.perf_counter() - t0
+        state.train_time += step_time
+        state.step += 1
+        state.samples += task.global_batch
+        state.tokens += task.global_batch * tokens_per_sample
+        last = (total_steps is not None and state.step >= total_steps)
+        if log_every and (step % log_every == 0 or last):
+            row = step_row(step, pm.global_loss(loss), state, lr, step_time, tl, norm, tokens_per_sample)
+            if peak_memory is not None and step == first_step + 1:
+                row["peak_memory"] = peak_memory
+            rows.append(row)
+            writer.write(row)
+            if verbose and ctx.rank == 0:
+                print(f"step {step:5d}  loss {row['loss']:.4f}  lr {lr:.2e}  {step_time * 1e3:6.0f} ms/step"
+                      f"  {state.tokens or state.samples:,} {'tokens' if tokens_per_sample else 'samples'}",
+                      flush=True)
+            if plotter is not None:
+                plotter.update(rows, evals)
+        if eval_every and (state.step % eval_every == 0 or last):
+            _evaluate(task, pm, state, evals, writer, verbose and ctx.rank == 0)
+        if plan.checkpoint_dir and plan.checkpoint_every and state.step % plan.checkpoint_every == 0:
+            from . import checkpoint
+            checkpoint.save(plan.checkpoint_dir, state)
+    if eval_every and (not evals or evals[-1]["step"] != state.step):
+        _evaluate(task, pm, state, evals, writer, verbose and ctx.rank == 0)
+    if ctx.device.type == "cuda":
+        peak_memory = torch.cuda.max_memory_allocated(ctx.device)
+    timeline = tl.gather()
+    summary = build_summary(task, plan, ctx, state, timeline, rows, evals, target, peak_memory,
+                            matmul_rate, time.perf_counter() - t_start)
+    writer.finish(summary)
+    return RunRecord(rows=rows, evals=evals, summary=summary, timeline=timeline, model=pm)
+
+
+def _accepts_part(task) -> bool:
+    import inspect
+    try:
+        return "part" in inspect.signature(task.batch).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _agree_stop(mine: bool) -> bool:
+    """Rank 0's clock decides, so every rank stops after the same step."""
+    flag = torch.tensor([1.0 if mine else 0.0])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def _evaluate(task, pm, state, evals, writer, verbose) -> None:
+    was_training = pm.module.training
+    model = pm.eval_model()
+    model.eval()
+    with torch.no_grad():
+        metrics = {k: float(v) for k, v in task.evaluate(model).items()}
+    model.train(was_training)
+    pm.module.train(was_training)
+    row = {"step": state.step, "eval": metrics, "tokens": state.tokens, "samples": state.samples,
+           "train_time": state.train_time}
+    evals.append(row)
+    writer.write(row)
+    if verbose:
+        print(f"eval at step {state.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)
+
+
+class _Writer:
+    """Rank 0's run record on disk: JSON lines as they come (a killed run keeps them), the summary at the end."""
+
+    def __init__(self, out_dir, append: bool = False):
+        self.dir = Path(out_dir) if out_dir is not None else None
+        self.file = None
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.dir / "run.jsonl", "a" if append else "w")
+
+    def write(self, row: dict) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+
+    def finish(self, summary: dict) -> None:
+        if self.file is not None:
+            self.file.close()
+            (self.dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+
+
+class _LivePlot:
+    """Loss against step, redrawn in place in a notebook (one-process runs: a worker has no display)."""
+
+    def __init__(self):
+        from IPython.display import display
+        import matplotlib.pyplot as plt
+        self.fig, self.ax = plt.subplots(figsize=(6, 3))
+        plt.close(self.fig)
+        self.handle = display(self.fig, display_id=True)
+
+    def update(self, rows, evals) -> None:
+        self.ax.clear()
+        self.ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="train loss")
+        if evals and "eval_loss" in evals[0]["eval"]:
+            self.ax.plot([e["step"] for e in evals], [e["eval"]["eval_loss"] for e in evals], "o-", label="eval loss")
+        self.ax.set_xlabel("step")
+        self.ax.legend()
+        self.handle.update(self.fig)
+
+
+__all__ = ["Plan", "OptimConfig", "Task", "TrainState", "RunRecord", "train", "parallelize", "build_optimizer"]
