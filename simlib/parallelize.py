@@ -185,6 +185,9 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
     if plan.tp > 1:
         from .parallel.tensor import CommLog
         model = task.tensor_parallel(model, groups.tp_group, log=CommLog(timeline=timeline)).to(device)
+    if getattr(plan, "sync_batchnorm", False) and plan.dp > 1:
+        from .parallel.batchnorm import convert_sync_batchnorm
+        model = convert_sync_batchnorm(model, groups.dp_group)
     if plan.activation_checkpointing:
         checkpoint_blocks(task.blocks(model))
     pm = ParallelModel(model, groups, plan, task, device, full_model, timeline=timeline)

@@ -203,6 +203,12 @@ class HedgingTask:
     def loss(self, output, target):
         return torch.mean((output - target) ** 2)
 
+    @property
+    def flops_per_sample(self) -> float:
+        """Forward + backward FLOPs per path: the MLP's GEMMs once per day, x 3."""
+        widths = [3] + [self.hidden] * self.depth + [1]
+        return 3 * 2 * self.days * sum(a * b for a, b in zip(widths, widths[1:]))
+
     def sim_spec(self):
         """The model for ``simlib.sim``: the hedging MLP runs once per day of each path (``days`` rows)."""
         from ..sim import ModelSpec

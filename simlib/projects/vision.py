@@ -118,6 +118,7 @@ class DigitsTask:
     seed: int = 0
     holdout: float = 0.25
     name: str = field(default="vision", init=False)
+    _data: tuple = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for key in ("global_batch", "image_size", "width", "blocks_per_stage"):
@@ -134,7 +135,10 @@ class DigitsTask:
     # ---- data ----
     @property
     def data(self):
-        return load_digits_split(self.holdout)
+        """(x_train, y_train, x_test, y_test), loaded once and kept: it travels with the task to the workers."""
+        if self._data is None:
+            self._data = load_digits_split(self.holdout)
+        return self._data
 
     @property
     def num_train(self) -> int:
@@ -223,9 +227,10 @@ class DigitsTask:
         return {"accuracy": float((logits.argmax(1) == y).float().mean()),
                 "eval_loss": float(F.cross_entropy(logits, y))}
 
+    @property
     def flops_per_sample(self) -> float:
         """Forward + backward FLOPs per sample (3 x forward; convolutions and the head as GEMMs)."""
-        return 3 * conv_gemm_flops(self.build_model(), self.image_size)
+        return 3 * conv_gemm_flops(ResNet(self.width, self.blocks_per_stage), self.image_size)
 
     def sim_spec(self):
         """The model for ``simlib.sim``: each convolution as its im2col GEMM (one row per output pixel);
