@@ -1,0 +1,167 @@
+"""A small GPT, in one file: token + position embedding, pre-LayerNorm blocks, causal attention, MLP, tied head.
+
+GPT-2's layout (Radford et al. 2019), as in nanoGPT; no dropout, so every plan computes the same function.
+Shapes: B batch, T sequence, H hidden, V vocabulary, nh heads.
+
+    model = GPT(GPTConfig(vocab_size=1024, seq_len=64, hidden=128, num_layers=4, num_heads=4))
+    logits = model(idx)                       # (B, T) token ids -> (B, T, V)
+
+How the project splits it (``simlib.parallelize`` calls these through ``simlib.gpt_task.GPTTask``):
+
+    tensor_parallel(model, group)     attention by heads and the MLP by columns (``simlib.parallel.tensor``,
+                                      Megatron's f and g): two all-reduces of (B, T, H) per block in forward,
+                                      two in backward; embeddings, LayerNorms and the tied head are replicated
+    pipeline_stages(model, r, p)      stage r of p: contiguous blocks, the embedding on the first stage, the
+                                      final LayerNorm and the head on the last; the tied embedding matrix is on
+                                      both, and its two gradients are summed after the pipeline flush (Megatron's
+                                      "embedding group")
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .models import FeedForward, SelfAttention
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 1024
+    seq_len: int = 64        # context length T
+    hidden: int = 128        # H
+    num_layers: int = 4
+    num_heads: int = 4       # nh; head size H / nh
+    ffn: int | None = None   # MLP width (default 4 H)
+    seed: int = 0            # initial weights: the same on every rank
+
+    def num_parameters(self) -> int:
+        h, f = self.hidden, self.ffn or 4 * self.hidden
+        block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
+        return self.vocab_size * h + self.seq_len * h + self.num_layers * block + 2 * h
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token: 6 per weight (forward 2, backward 4) plus attention's scores and mixing,
+        12·L·T·H, halved by the causal mask (Kaplan et al. 2020 count it the same way)."""
+        weights = self.num_parameters() - self.seq_len * self.hidden  # the position table is a lookup
+        return 6 * weights + 6 * self.num_layers * self.seq_len * self.hidden
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(x)). (B, T, H) -> (B, T, H)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.attn = SelfAttention(cfg.hidden, cfg.num_heads, causal=True)   # fused qkv, out projection
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.mlp = FeedForward(cfg.hidden, cfg.ffn)                        # fc1, GELU, fc2
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Embedding(nn.Module):
+    """Token plus learned position embedding: (B, T) ids -> (B, T, H)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
+
+    def forward(self, idx):
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        return self.wte(idx) + self.wpe(positions)  # (B, T, H) + (T, H)
+
+
+class Head(nn.Module):
+    """Final LayerNorm and the output layer tied to the token embedding: (B, T, H) -> (B, T, V)."""
+
+    def __init__(self, cfg: GPTConfig, wte: nn.Embedding):
+        super().__init__()
+        self.ln_f = nn.LayerNorm(cfg.hidden)
+        self.wte = [wte]  # a plain list: the tied matrix is registered once, in the embedding
+
+    def forward(self, x):
+        return self.ln_f(x) @ self.wte[0].weight.T  # (B, T, H) @ (H, V)
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        torch.manual_seed(cfg.seed)
+        self.embed = Embedding(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.head = Head(cfg, self.embed.wte)
+        self.apply(self._init)
+        for block in self.blocks:  # GPT-2: residual projections scaled by 1/sqrt(2 L)
+            for proj in (block.attn.out, block.mlp.fc2):
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.num_layers))
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, idx):                 # (B, T) token ids
+        x = self.embed(idx)                 # (B, T, H)
+        for block in self.blocks:
+            x = block(x)                    # (B, T, H)
+        return self.head(x)                 # (B, T, V) logits
+
+    @torch.no_grad()
+    def generate(self, idx, new_tokens: int, temperature: float = 0.8, top_k: int | None = 40, seed: int = 0):
+        """Sample ``new_tokens`` tokens after ``idx`` (B, T0); the context is cut to the last ``seq_len``."""
+        g = torch.Generator(device=idx.device).manual_seed(seed)
+        for _ in range(new_tokens):
+            logits = self(idx[:, -self.cfg.seq_len:])[:, -1, :] / temperature  # (B, V)
+            if top_k:
+                kth = torch.topk(logits, top_k).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=g)  # (B, 1)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx
+
+
+# ── how the model splits ─────────────────────────────────────────────────────────────────────────────────
+def tensor_parallel(model: GPT, group, log=None) -> GPT:
+    """Split every block's attention (by heads) and MLP (by columns) over ``group``, in place."""
+    from .parallel.tensor import TensorParallelAttention, TensorParallelMLP
+
+    for block in model.blocks:
+        block.attn = TensorParallelAttention.from_dense(block.attn, group, log)
+        block.mlp = TensorParallelMLP.from_dense(block.mlp, group, log)
+    return model
+
+
+class Stage(nn.Module):
+    """Pipeline stage: [embedding] -> blocks -> [head]. The first takes ids, the last returns logits."""
+
+    def __init__(self, model: GPT, blocks: range, first: bool, last: bool):
+        super().__init__()
+        self.embed = model.embed if first else None
+        self.blocks = nn.ModuleList(model.blocks[i] for i in blocks)
+        self.wte = model.embed.wte if last and not first else None  # the tied matrix, held here too
+        self.head = model.head if last else None
+
+    def forward(self, x):
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x) if self.head is not None else x
+
+
+def pipeline_stages(model: GPT, pp_rank: int, pp_size: int) -> list[nn.Module]:
+    """This rank's stage (modules shared with ``model``, not copies)."""
+    from .parallel.pipeline import split_blocks
+
+    ranges = split_blocks(len(model.blocks), pp_size)
+    return [Stage(model, ranges[pp_rank], first=pp_rank == 0, last=pp_rank == pp_size - 1)]

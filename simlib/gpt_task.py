@@ -1,0 +1,103 @@
+"""The GPT project as a :class:`simlib.train.Task`: model, text batches, loss, held-out loss, how to split.
+
+    task = GPTTask()                 # full size: learns visibly in ~5 min on a 2-core laptop
+    task = GPTTask.quick()           # a few seconds: tests and SIMLIB_QUICK=1 notebooks
+    record = simlib.train.train(task, Plan(dp=2), tokens=task.full_tokens, eval_every=50)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from . import gpt, text
+
+
+@dataclass
+class GPTTask:
+    """A small GPT on the Python docs corpus (byte-level BPE, 1,024 tokens)."""
+
+    name: str = "gpt"
+    seq_len: int = 64
+    hidden: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    global_batch: int = 32           # windows of seq_len tokens per optimizer step, over all ranks
+    eval_windows: int = 64           # held-out windows the eval loss averages over
+    seed: int = 0
+    data: text.TextData = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.data = text.TextData(self.seq_len, self.seed, self.eval_windows)
+
+    @classmethod
+    def quick(cls, **overrides) -> "GPTTask":
+        """A model small enough for tests: 2 layers, hidden 64, context 32."""
+        sizes = dict(seq_len=32, hidden=64, num_layers=2, num_heads=4, global_batch=16, eval_windows=16)
+        return cls(**{**sizes, **overrides})
+
+    @property
+    def config(self) -> gpt.GPTConfig:
+        return gpt.GPTConfig(self.data.vocab_size, self.seq_len, self.hidden, self.num_layers, self.num_heads,
+                             seed=self.seed)
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.seq_len
+
+    @property
+    def flops_per_sample(self) -> float:
+        return self.config.flops_per_token() * self.seq_len
+
+    # ── the Task protocol ──
+    def build_model(self) -> gpt.GPT:
+        return gpt.GPT(self.config)
+
+    def batch(self, step: int, part: int = 0, parts: int = 1):
+        return self.data.batch(step, self.global_batch, part, parts)
+
+    def loss(self, logits, targets):
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+    def evaluate(self, model) -> dict:
+        """Mean next-token cross-entropy (nats) over the held-out windows."""
+        device = next(model.parameters()).device
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for x, y in self.data.eval_batches():
+                total += float(self.loss(model(x.to(device)), y.to(device))) * y.numel()
+                count += y.numel()
+        return {"eval_loss": total / count}
+
+    # ── how it splits ──
+    def tensor_parallel(self, model, tp_group, log=None):
+        return gpt.tensor_parallel(model, tp_group, log)
+
+    def pipeline_stages(self, model, pp_rank: int, pp_size: int):
+        return gpt.pipeline_stages(model, pp_rank, pp_size)
+
+    def tied_parameters(self, model):
+        return [model.embed.wte.weight]
+
+    def blocks(self, model):
+        return list(model.blocks)
+
+    def check_plan(self, plan) -> None:
+        if self.num_heads % plan.tp:
+            ok = [t for t in range(1, self.num_heads + 1) if self.num_heads % t == 0]
+            raise ValueError(f"tp={plan.tp} does not divide the model's {self.num_heads} attention heads: "
+                             f"use tp in {ok}")
+        if plan.pp > self.num_layers:
+            raise ValueError(f"pp={plan.pp} stages but the model has {self.num_layers} blocks: "
+                             f"use pp <= {self.num_layers}")
+
+    # ── for people ──
+    def sample(self, model, prompt: str = "The ", new_tokens: int = 60, seed: int = 0, **kw) -> str:
+        device = next(model.parameters()).device
+        idx = text.encode(prompt).unsqueeze(0).to(device)
+        was = model.training
+        model.eval()
+        out = gpt.GPT.generate(model, idx, new_tokens, seed=seed, **kw)
+        model.train(was)
+        return text.decode(out[0])

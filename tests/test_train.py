@@ -1,0 +1,138 @@
+"""The one training loop: every plan equals one process on the same global batches; bad plans and failing
+ranks are reported, not hidden.
+
+The reference is a bare hand-written loop (no simlib): the quick GPT, AdamW with weight decay on matrices,
+global gradient-norm clipping, the whole global batch each step, in one process.
+
+Tolerance (fp32): rtol 2e-4 / atol 2e-5 on the losses and on the eval loss after the last step. Each plan
+computes the same mathematics with sums in another order (two half-batch means averaged by DP, k
+micro-batch means by accumulation, matmul reductions split over TP ranks, micro-batches through a
+pipeline), which differ by ~1e-7 relative per operation. AdamW divides by sqrt(v) + eps, so a gradient
+element near zero can turn such a difference into a step of up to lr in that element; after 3 steps at
+lr 1e-3 the losses (~7 nats) agree to ~1e-6..1e-5 in practice, and a real bug (a missing 1/k, a gradient
+not averaged, a stage's tied gradient lost) moves them by 1e-2 or more.
+"""
+import sys
+
+import cloudpickle
+import pytest
+import torch
+
+from simlib.train import OptimConfig, Plan
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+STEPS = 3
+OPTIM = OptimConfig(name="adamw", lr=1e-3, weight_decay=0.1, schedule="constant", grad_clip=0.5)
+TOL = dict(rtol=2e-4, atol=2e-5)
+
+
+def _task():
+    from simlib.gpt_task import GPTTask
+    return GPTTask.quick()
+
+
+def bare_reference(steps=STEPS):
+    """One process, no simlib loop: the losses per step and the final eval loss."""
+    torch.manual_seed(0)
+    task = _task()
+    model = task.build_model()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([dict(params=[p for p in params if p.dim() >= 2], weight_decay=OPTIM.weight_decay),
+                             dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)],
+                            lr=OPTIM.lr, betas=OPTIM.betas)
+    losses = []
+    for step in range(steps):
+        x, y = task.batch(step)
+        opt.zero_grad()
+        loss = task.loss(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, OPTIM.grad_clip)
+        opt.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses, task.evaluate(model)["eval_loss"]
+
+
+def run_plan(plan, steps=STEPS):
+    from simlib.train import train
+    record = train(_task(), plan, steps=steps, optim=OPTIM, log_every=1, eval_every=steps, verbose=False,
+                   measure_memory=False)
+    return [r["loss"] for r in record.rows], record.evals[-1]["eval"]["eval_loss"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return bare_reference()
+
+
+PLANS2 = [Plan(dp=2), Plan(dp=2, accumulation=2), Plan(dp=2, accumulation=2, dp_variant="ddp"),
+          Plan(tp=2), Plan(pp=2, accumulation=2), Plan(pp=2, accumulation=4, schedule="gpipe")]
+PLANS4 = [Plan(dp=2, tp=2), Plan(dp=2, pp=2, accumulation=2)]
+
+
+@pytest.mark.parametrize("world, plans", [(2, PLANS2), (4, PLANS4)], ids=["2 ranks", "4 ranks"])
+def test_every_plan_equals_one_process(request, reference, world, plans):
+    cluster = request.getfixturevalue(f"cluster{world}")
+    ref_losses, ref_eval = reference
+    for plan in plans:
+        outs = cluster.call(run_plan, (plan,), timeout=120)
+        for rank, (losses, eval_loss) in enumerate(outs):
+            torch.testing.assert_close(losses, ref_losses, **TOL, msg=f"{plan.label}, rank {rank}: losses")
+            torch.testing.assert_close(eval_loss, ref_eval, **TOL, msg=f"{plan.label}, rank {rank}: eval loss")
+
+
+@pytest.mark.parametrize("plan, world, words", [
+    (Plan(dp=3), 2, "needs 3 ranks"),
+    (Plan(tp=3), 3, "does not divide the model's 4 attention heads"),
+    (Plan(pp=3), 3, "use pp <= 2"),
+    (Plan(dp=2, accumulation=3), 2, "does not split into dp=2 ranks x 3 accumulation steps"),
+    (Plan(tp=2, pp=2), 4, "not supported"),
+])
+def test_bad_plans_say_what_would_work(plan, world, words):
+    with pytest.raises(ValueError, match=words):
+        plan.validate(world, _task())
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(dp=0), "Plan.dp must be an int >= 1"), (dict(dp_variant="allreduce"), "use one of"),
+    (dict(schedule="zb"), "use one of"), (dict(mixed_precision="fp8"), "use one of"),
+    (dict(checkpoint_every=5), "needs a checkpoint_dir"),
+])
+def test_bad_plan_fields(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        Plan(**kwargs)
+
+
+def test_regression_task_cannot_be_tensor_parallel():
+    from simlib.tasks import RegressionTask
+    with pytest.raises(ValueError, match="no tensor_parallel"):
+        Plan(tp=2).validate(2, RegressionTask())
+
+
+class _FailingTask:
+    """The MLP regression task, except that rank 1 cannot read its batch at step 2."""
+
+    def __new__(cls):
+        from simlib.tasks import RegressionTask
+
+        class Failing(RegressionTask):
+            def batch(self, step):
+                import torch.distributed as dist
+                if step == 2 and dist.get_rank() == 1:
+                    raise OSError("rank 1 lost its data shard at step 2")
+                return super().batch(step)
+        return Failing()
+
+
+def _train_failing():
+    from simlib.train import train
+    return train(_FailingTask(), Plan(dp=2), steps=5, verbose=False, measure_memory=False).summary["steps"]
+
+
+def test_a_failing_rank_is_named(cluster2):
+    import simlib
+    with pytest.raises(simlib.WorkerError) as info:
+        cluster2.call(_train_failing, timeout=60)
+    text = str(info.value)
+    assert "rank 1" in text and "lost its data shard at step 2" in text
