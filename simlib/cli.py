@@ -91,6 +91,23 @@ def _run(args) -> int:
     return 0
 
 
+def _train_project(args) -> int:
+    """``simlib train vision|finance``: the project's standard run through simlib.train; the run record in --out."""
+    from .env import quick
+    from .projects.runner import run_project
+
+    out = Path(args.out) / args.project / f"dp{args.world_size}"
+    record, _ = run_project(args.project, args.world_size, quick=args.quick or quick(), out_dir=out,
+                            threads=args.threads)
+    s = record.summary
+    final = ", ".join(f"{k} {v:.4g}" for k, v in (s.get("final_eval") or {}).items())
+    reached = (f"target {s['target']} reached after {s['time_to_target']:.1f} s of training"
+               if s.get("target_reached") else f"target {s['target']} not reached")
+    print(f"\n{args.project} on {s['world_size']} process(es): {s['samples_per_s']:.0f} samples/s; held-out: {final}"
+          f"\n{reached}; run record in {out}/ (run.jsonl, summary.json)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="simlib", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -110,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes (also SIMLIB_QUICK=1)")
     p.add_argument("--out", default="results", help="output folder (default ./results)")
     p.set_defaults(func=_scaling)
+
+    p = sub.add_parser("train", help="train a hands-on project through simlib.train; write its run record")
+    p.add_argument("project", choices=["vision", "finance"])
+    p.add_argument("--world-size", type=int, default=1, help="data-parallel processes (default 1)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per process (default cores // N)")
+    p.add_argument("--quick", action="store_true", help="small sizes (also SIMLIB_QUICK=1)")
+    p.add_argument("--out", default="results", help="output folder (default ./results)")
+    p.set_defaults(func=_train_project)
 
     p = sub.add_parser("run", help="run module:function on every rank (local, torchrun or srun)")
     p.add_argument("target", help="module:function, e.g. my_train:main")
