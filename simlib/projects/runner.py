@@ -54,7 +54,7 @@ def vision_run(quick: bool = False) -> dict:
     from ..train import OptimConfig
     from .vision import DigitsTask
     if quick:
-        task, steps, every, target = DigitsTask(global_batch=64, image_size=12, width=8), 60, 15, 0.90
+        task, steps, every, target = DigitsTask(global_batch=64, image_size=12, width=8), 100, 20, 0.92
     else:
         task, steps, every, target = DigitsTask(global_batch=128, image_size=16, width=16), 300, 25, 0.97
     optim = OptimConfig(name="sgd", lr=0.1, momentum=0.9, weight_decay=5e-4, warmup_steps=steps // 20)
