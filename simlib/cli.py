@@ -1,4 +1,5 @@
-"""Command line: ``simlib scaling`` (the main job), ``simlib doctor``, ``simlib run module:function``."""
+"""Command line: ``simlib scaling`` (the main job), ``simlib doctor``, ``simlib run module:function``,
+``simlib train gpt|vision|finance`` (the hands-on projects)."""
 from __future__ import annotations
 
 import argparse
@@ -96,7 +97,7 @@ def _train_project(args) -> int:
     from .env import quick
     from .projects.runner import run_project
 
-    out = Path(args.out) / args.project / f"dp{args.world_size}"
+    out = Path(args.out or "results") / args.project / f"dp{args.world_size}"
     record, _ = run_project(args.project, args.world_size, quick=args.quick or quick(), out_dir=out,
                             threads=args.threads)
     s = record.summary
@@ -105,6 +106,36 @@ def _train_project(args) -> int:
                if s.get("target_reached") else f"target {s['target']} not reached")
     print(f"\n{args.project} on {s['world_size']} process(es): {s['samples_per_s']:.0f} samples/s; held-out: {final}"
           f"\n{reached}; run record in {out}/ (run.jsonl, summary.json)")
+    return 0
+
+
+def _train(args) -> int:
+    """Train the project's model under one or more plans; write the run records and a PNG of the loss curves."""
+    if args.project in ("vision", "finance"):
+        return _train_project(args)
+    from . import project_gpt
+    from .env import quick
+
+    is_quick = args.quick or quick()
+    out = Path(args.out or "results/gpt")
+    several = len(args.plan) > 1
+    records = {}
+    for name in args.plan:
+        plan = project_gpt.plan_for(name, args.world_size)
+        plan.validate(plan.world_size, project_gpt.settings(is_quick)["task"])
+        folder = out / name if several else out
+        print(f"simlib train {args.project}: plan {name} ({plan.label}) on {plan.world_size} process(es)"
+              f"{' (quick)' if is_quick else ''} -> {folder}", flush=True)
+        records[name] = project_gpt.run(plan, plan.world_size, quick=is_quick, out_dir=folder,
+                                        threads=args.threads)
+        s = records[name].summary
+        reached = f"reached after {s['time_to_target']:.1f} s" if s.get("target_reached") else "not reached"
+        print(f"  {s['tokens_per_s']:,.0f} tokens/s, final eval loss {s['final_eval']['eval_loss']:.3f}, "
+              f"target {s['target']} {reached}")
+        print("  sample: " + repr(s["samples_text"][0]))
+    target = next(iter(project_gpt.settings(is_quick)["target"].values()))
+    project_gpt.plot_runs(records, out / "loss.png", target=target)
+    print(f"wrote {out / 'loss.png'}" + ("" if several else f", {out / 'run.jsonl'}, {out / 'summary.json'}"))
     return 0
 
 
@@ -128,14 +159,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results", help="output folder (default ./results)")
     p.set_defaults(func=_scaling)
 
-    p = sub.add_parser("train", help="train a hands-on project through simlib.train; write its run record")
-    p.add_argument("project", choices=["vision", "finance"])
-    p.add_argument("--world-size", type=int, default=1, help="data-parallel processes (default 1)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads per process (default cores // N)")
-    p.add_argument("--quick", action="store_true", help="small sizes (also SIMLIB_QUICK=1)")
-    p.add_argument("--out", default="results", help="output folder (default ./results)")
-    p.set_defaults(func=_train_project)
-
     p = sub.add_parser("run", help="run module:function on every rank (local, torchrun or srun)")
     p.add_argument("target", help="module:function, e.g. my_train:main")
     p.add_argument("args", nargs="*", help="string arguments passed to the function")
@@ -143,6 +166,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait")
     p.set_defaults(func=_run)
+
+    p = sub.add_parser("train", help="hands-on project: GPT (text), vision (digits) or finance (hedging), "
+                                     "trained through simlib.train; writes the run record")
+    p.add_argument("project", choices=["gpt", "vision", "finance"])
+    p.add_argument("--world-size", type=int, default=2, help="processes (default 2)")
+    p.add_argument("--plan", nargs="+", default=["dp"], choices=["single", "dp", "dp+acc", "tp", "pp"],
+                   help="gpt: one or more plans (default dp); several write one folder each under --out; "
+                        "vision and finance run data-parallel (SyncBatchNorm for vision)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per process (default cores // world)")
+    p.add_argument("--quick", action="store_true", help="a small model and few steps (also SIMLIB_QUICK=1)")
+    p.add_argument("--out", default=None, help="output folder (default results/gpt; results/<project>/dp<N>)")
+    p.set_defaults(func=_train)
     return parser
 
 

@@ -104,6 +104,9 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.
     """
     if op not in ("sum", "avg"):
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
+    if op == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):  # check before touching data
+        raise ValueError(f"op='avg' needs a floating-point tensor, got {tensor.dtype} (an integer mean would be "
+                         "truncated): convert first, e.g. t = t.float(), or use op='sum'")
     world_size = dist.get_world_size(group)
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     flat = work.view(-1)

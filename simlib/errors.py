@@ -30,6 +30,35 @@ class RemoteFailure:
         return f"rank {self.rank}: {self.type_name}: {first}" if first else f"rank {self.rank}: {self.type_name}"
 
 
+_SIGNAL_CAUSES = {
+    "SIGSEGV": "a segmentation fault: a crash in native code (C/C++ extension, bad memory access)",
+    "SIGKILL": "often the out-of-memory killer (`dmesg` says); or someone ran kill -9",
+    "SIGABRT": "an abort, e.g. a failed assertion in native code",
+    "SIGBUS": "a bus error: a crash in native code (often memory-mapped files or shared memory)",
+    "SIGFPE": "an arithmetic fault in native code",
+    "SIGTERM": "asked to stop by another process",
+}
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """Why a worker process ended, from its exit code (negative: killed by that signal, as in subprocess).
+
+    >>> describe_exit(-11)
+    'killed by SIGSEGV (a segmentation fault: a crash in native code (C/C++ extension, bad memory access))'
+    """
+    import signal
+    if exitcode is None:
+        return "the worker process ended without reporting (killed, crashed, or it called os._exit)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        cause = _SIGNAL_CAUSES.get(name)
+        return f"killed by {name}" + (f" ({cause})" if cause else "")
+    return f"the worker process exited with code {exitcode} without reporting (it called os._exit or sys.exit?)"
+
+
 class WorkerError(RuntimeError):
     """One or more ranks failed. ``failures`` maps rank -> :class:`RemoteFailure`."""
 

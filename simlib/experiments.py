@@ -1,8 +1,8 @@
 """Scaling sweeps: the same data-parallel training step over several world sizes, measured.
 
 ``scaling()`` runs, for each world size, fresh processes that train the built-in MLP with data
-parallelism (forward, backward, one flat all-reduce of the gradients, optimizer step), records every
-span with :class:`simlib.timeline.Timeline`, and returns one row per world size: step time (median and
+parallelism through the one training loop, ``simlib.train`` (forward, backward, one flat all-reduce of the
+gradients, optimizer step), records every span with :class:`simlib.timeline.Timeline`, and returns one row per world size: step time (median and
 spread), throughput, speedup, efficiency and communication fraction.
 
 Strong scaling keeps the global batch fixed (each rank gets ``global_batch / world_size`` samples);
@@ -27,40 +27,24 @@ MODES = ("strong", "weak")
 
 def dp_train(width: int = 1024, depth: int = 4, local_batch: int = 256, steps: int = 20, warmup: int = 3,
              lr: float = 1e-3, seed: int = 0):
-    """One rank of a data-parallel run; returns the gathered timeline (on rank 0) and the final loss.
+    """One rank of a data-parallel run through the one training loop; returns the gathered timeline (on rank
+    0) and the final loss.
 
-    Every rank starts from the same weights (same seed), trains on its own samples, and averages the
+    ``simlib.train.train`` on the lessons' MLP regression task with ``Plan(dp=world_size, dp_variant="flat")``:
+    every rank starts from the same weights, trains on its shard of the global batch, and averages the
     gradients with one all-reduce of a flat buffer, so the ranks stay identical step after step.
     """
-    import torch
+    from .tasks import RegressionTask
+    from .train import OptimConfig, Plan, train
 
-    from .models import MLP, make_regression
-    from .parallel.data import all_reduce_mean_flat
-    from .timeline import Timeline
-
-    ctx = env.context()
-    torch.manual_seed(seed)
-    model = MLP(width, depth).to(ctx.device)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    x, y = make_regression(local_batch, width, seed=seed + 1 + ctx.rank)
-    x, y = x.to(ctx.device), y.to(ctx.device)
-    params = [p for p in model.parameters()]
-    tl = Timeline(warmup=warmup, device=ctx.device)
-    loss = None
-    for step in range(warmup + steps):
-        with tl.step(step):
-            opt.zero_grad(set_to_none=False)
-            with tl.span("forward"):
-                loss = torch.nn.functional.mse_loss(model(x), y)
-            with tl.span("backward"):
-                loss.backward()
-            if ctx.world_size > 1:
-                with tl.span("comm", name="all_reduce grads"):
-                    all_reduce_mean_flat([p.grad for p in params])
-            with tl.span("optimizer"):
-                opt.step()
-    table = tl.gather()
-    return {"timeline": table if ctx.is_main else None, "loss": float(loss.detach())}
+    ctx = env.init()
+    global_batch = local_batch * ctx.world_size
+    task = RegressionTask(width=width, depth=depth, global_batch=global_batch, num_samples=global_batch,
+                          eval_samples=1, seed=seed)
+    record = train(task, Plan(dp=ctx.world_size, dp_variant="flat"), steps=warmup + steps,
+                   optim=OptimConfig(name="sgd", lr=lr, schedule="constant"), log_every=warmup + steps,
+                   warmup=warmup, measure_memory=False, verbose=False)
+    return {"timeline": record.timeline if ctx.is_main else None, "loss": record.rows[-1]["loss"]}
 
 
 def measure(world_size: int, threads: int | None = 1, timeout: float = 120.0, **train_kwargs):

@@ -165,3 +165,38 @@ def pipeline_stages(model: GPT, pp_rank: int, pp_size: int) -> list[nn.Module]:
 
     ranges = split_blocks(len(model.blocks), pp_size)
     return [Stage(model, ranges[pp_rank], first=pp_rank == 0, last=pp_rank == pp_size - 1)]
+
+
+def dense_state_dict(model: GPT, tp_group=None) -> dict:
+    """The unsplit model's weights from a tensor-parallel one (a collective over ``tp_group``), or a copy.
+
+    Column-parallel weights are gathered along their output rows (qkv's rows are laid out (3, heads, head
+    size), so each of q, k, v is put back head by head); row-parallel weights along their input columns.
+    """
+    import torch.distributed as dist
+
+    from .parallel.tensor import TensorParallelAttention
+
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if tp_group is None or dist.get_world_size(tp_group) == 1:
+        return state
+    tp = dist.get_world_size(tp_group)
+
+    def gather(t, dim):
+        parts = [torch.empty_like(t) for _ in range(tp)]
+        dist.all_gather(parts, t.contiguous(), group=tp_group)
+        return torch.cat(parts, dim)
+
+    for i, block in enumerate(model.blocks):
+        if not isinstance(block.attn, TensorParallelAttention):
+            continue
+        p = f"blocks.{i}."
+        for suffix in ("weight", "bias"):
+            local = state[p + "attn.qkv." + suffix]                       # (3 * lh * hd[, H])
+            parts = gather(local.unsqueeze(0), 0)                         # (tp, 3 * lh * hd[, H])
+            parts = parts.view(tp, 3, -1, *local.shape[1:])               # (tp, 3, lh * hd[, H])
+            state[p + "attn.qkv." + suffix] = parts.transpose(0, 1).reshape(-1, *local.shape[1:])
+            state[p + "mlp.fc1." + suffix] = gather(state[p + "mlp.fc1." + suffix], 0)
+        state[p + "attn.out.weight"] = gather(state[p + "attn.out.weight"], 1)
+        state[p + "mlp.fc2.weight"] = gather(state[p + "mlp.fc2.weight"], 1)
+    return state

@@ -42,7 +42,8 @@ from multiprocessing.connection import Listener
 import cloudpickle
 
 from . import env
-from .errors import OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, restore_filenames
+from .errors import (OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, describe_exit,
+                     restore_filenames)
 from .worker import Channel, worker_main
 
 __all__ = ["launch", "Cluster", "WorkerError", "WorkerTimeout", "RemoteFailure", "OversubscribedWarning"]
@@ -225,6 +226,23 @@ class Cluster:
                 return
             self._queue.put(msg)
 
+    def _exit_code(self, rank, wait: float = 1.0):
+        """A dead worker's exit code (negative: the signal), peeked without reaping it (the agent reaps)."""
+        pid, deadline = self._pids.get(rank), time.monotonic() + wait
+        while pid is not None and hasattr(os, "waitid"):
+            try:
+                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+            except (ChildProcessError, OSError):  # already reaped by the agent, or not our child
+                break
+            if info is not None:
+                return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        failures = getattr(self._agent_error, "failures", None) or {}  # the agent's ChildFailedError
+        failure = failures.get(rank)
+        return getattr(failure, "exitcode", None)
+
     def _kill(self) -> None:
         """Stop every worker now (SIGKILL to each worker's process group) and wait for the agent."""
         for pid in self._pids.values():
@@ -355,8 +373,8 @@ class Cluster:
                         first_failure = first_failure or time.monotonic()
                 elif kind == "eof" and msg[1] not in results and msg[1] not in failures:
                     died.add(msg[1])
-                    failures[msg[1]] = RemoteFailure(msg[1], "WorkerDied", "the worker process ended without "
-                                                     "reporting (killed, crashed, or it called os._exit)", "")
+                    failures[msg[1]] = RemoteFailure(msg[1], "WorkerDied", describe_exit(self._exit_code(msg[1])),
+                                                     "")
                     first_failure = first_failure or time.monotonic()
         except KeyboardInterrupt:
             self._kill()

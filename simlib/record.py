@@ -90,6 +90,27 @@ def build_summary(task, plan, ctx, state, timeline, rows, evals, target, peak_me
     return summary
 
 
+class RecordWriter:
+    """Rank 0's run record on disk: JSON lines as they come (a killed run keeps them), the summary at the end."""
+
+    def __init__(self, out_dir, append: bool = False):
+        self.dir = Path(out_dir) if out_dir is not None else None
+        self.file = None
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.dir / "run.jsonl", "a" if append else "w")
+
+    def write(self, row: dict) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+
+    def finish(self, summary: dict) -> None:
+        if self.file is not None:
+            self.file.close()
+            (self.dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+
+
 @dataclass
 class RunRecord:
     """What a run produced: logged steps, evaluations, summary (and, in the process that trained, the

@@ -12,12 +12,10 @@ per logged step and per evaluation) and ``out_dir/summary.json``; every rank get
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -27,7 +25,7 @@ import torch.distributed as dist
 from .parallel.data import MODES as DP_VARIANTS
 from .parallel.mesh import Mesh
 from .parallelize import ParallelModel, build_optimizer, clip_grad_norm, parallelize  # noqa: F401
-from .record import RunRecord, build_summary, step_row
+from .record import RecordWriter, RunRecord, build_summary, step_row, time_to_target
 
 SCHEDULES = ("gpipe", "1f1b")
 PRECISIONS = (None, "bf16", "fp16")
@@ -244,14 +242,14 @@ def _matmul_rate(device, size: int = 512, repeats: int = 5) -> float:
 
 def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, seconds=None,
           optim: OptimConfig = OptimConfig(), eval_every: int = 0, log_every: int = 10, out_dir=None,
-          target: dict | None = None, warmup: int = 2, measure_memory: bool = True, verbose: bool = True,
-          live_plot: bool = False) -> RunRecord:
+          target: dict | None = None, stop_at_target: bool = False, warmup: int = 2, measure_memory: bool = True,
+          verbose: bool = True, live_plot: bool = False) -> RunRecord:
     """Train ``task`` under ``plan`` for one budget (``steps``, ``tokens``, ``samples`` or ``seconds``).
 
     Call on every rank. ``eval_every``: evaluate every k steps (and at the end) if > 0. ``target``: e.g.
     ``{"eval_loss": 4.0}``; the summary records the training time and tokens at the first evaluation that
-    reaches it. ``warmup``: first steps left out of throughput. ``live_plot``: in a one-process notebook
-    run, redraw the loss curve while training.
+    reaches it (``stop_at_target``: and the run ends there). ``warmup``: first steps left out of throughput.
+    ``live_plot``: in a one-process notebook run, redraw the loss curve while training.
     """
     from . import env
     from .timeline import Timeline
@@ -269,7 +267,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
         checkpoint.load_latest(plan.checkpoint_dir, state)
     tokens_per_sample = getattr(task, "tokens_per_sample", 0) or 0
     matmul_rate = _matmul_rate(ctx.device)
-    writer = _Writer(out_dir if ctx.rank == 0 else None, append=state.step > 0)
+    writer = RecordWriter(out_dir if ctx.rank == 0 else None, append=state.step > 0)
     rows, evals, peak_memory = [], [], None
     first_step, t_start = state.step, time.perf_counter()
     shardable = _accepts_part(task)
@@ -323,6 +321,8 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
                 plotter.update(rows, evals)
         if eval_every and (state.step % eval_every == 0 or last):
             _evaluate(task, pm, state, evals, writer, verbose and ctx.rank == 0)
+            if stop_at_target and _agree_stop(bool(time_to_target(evals, target).get("target_reached"))):
+                break
         if plan.checkpoint_dir and plan.checkpoint_every and state.step % plan.checkpoint_every == 0:
             from . import checkpoint
             checkpoint.save(plan.checkpoint_dir, state)
@@ -367,27 +367,6 @@ def _evaluate(task, pm, state, evals, writer, verbose) -> None:
     writer.write(row)
     if verbose:
         print(f"eval at step {state.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)
-
-
-class _Writer:
-    """Rank 0's run record on disk: JSON lines as they come (a killed run keeps them), the summary at the end."""
-
-    def __init__(self, out_dir, append: bool = False):
-        self.dir = Path(out_dir) if out_dir is not None else None
-        self.file = None
-        if self.dir is not None:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self.file = open(self.dir / "run.jsonl", "a" if append else "w")
-
-    def write(self, row: dict) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps(row) + "\n")
-            self.file.flush()
-
-    def finish(self, summary: dict) -> None:
-        if self.file is not None:
-            self.file.close()
-            (self.dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
 
 
 class _LivePlot:

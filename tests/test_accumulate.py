@@ -63,3 +63,30 @@ def test_split_micro_batches():
     assert len(parts) == 3 and torch.equal(torch.cat([p[0] for p in parts]), x)
     with pytest.raises(ValueError):
         A.split_micro_batches(x, y, 4)
+
+
+def test_unequal_micro_batches_weighted_by_size():
+    """Micro-batches of 3 and 7 samples give the gradient of the mean over all 10 (not 20-40 % off)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(10, 8), torch.randn(10, 1)
+    model = torch.nn.Linear(8, 1)
+    reference = torch.nn.Linear(8, 1)
+    reference.load_state_dict(model.state_dict())
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the gradient stays readable after the step
+    grads = {}
+    opt.step = lambda: grads.update({n: p.grad.clone() for n, p in model.named_parameters()})
+    loss = A.accumulation_step(model, opt, [(x[:3], y[:3]), (x[3:], y[3:])])
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, msg=name)
+    assert loss == pytest.approx(float(torch.nn.functional.mse_loss(reference(x), y).detach()), rel=1e-5)
+
+
+def test_zero_or_empty_micro_batches_raise_value_error():
+    model, opt = torch.nn.Linear(2, 1), None
+    with pytest.raises(ValueError, match="at least one"):
+        A.accumulation_step(model, opt, [])
+    with pytest.raises(ValueError, match="empty"):
+        A.accumulation_step(model, opt, [(torch.ones(2, 2), torch.ones(2, 1)), (torch.ones(0, 2), torch.ones(0, 1))])
+    with pytest.raises(ValueError, match="int >= 1"):
+        A.split_micro_batches(torch.ones(4, 2), torch.ones(4), 0)

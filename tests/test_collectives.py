@@ -94,3 +94,20 @@ def test_bus_factor():
     assert C.bus_factor("all_reduce", 4) == 1.5
     assert C.bus_factor("all_gather", 4) == 0.75
     assert C.bus_factor("broadcast", 4) == 1.0
+
+
+def _ring_avg_on_ints():
+    import torch.distributed as dist
+    t = torch.arange(5) + 10 * dist.get_rank()
+    before = t.clone()
+    try:
+        C.ring_all_reduce(t, op="avg")
+    except ValueError as exc:
+        return str(exc), torch.equal(t, before)
+    return None, torch.equal(t, before)
+
+
+def test_ring_avg_on_integers_refuses_before_touching_data(cluster2):
+    for message, untouched in cluster2.run(_ring_avg_on_ints):
+        assert message and "floating-point" in message and "int64" in message
+        assert untouched  # validated first: the input is not left holding the sum

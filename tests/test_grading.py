@@ -34,8 +34,8 @@ HINTS = {"mean_instead_of_sum": "do not divide", "off_by_one_chunk": "all-gather
 
 
 @pytest.fixture(scope="module")
-def clusters(cluster2, cluster4):
-    return {2: cluster2, 4: cluster4}
+def clusters(cluster2, cluster3, cluster4):
+    return {2: cluster2, 3: cluster3, 4: cluster4}
 
 
 def _entries(path):

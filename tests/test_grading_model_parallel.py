@@ -34,8 +34,8 @@ HINTS = {"gpipe_order": "GPipe", "warmup_off_by_one": "p - r - 1", "warmup_from_
 
 
 @pytest.fixture(scope="module")
-def clusters(cluster2, cluster4):
-    return {2: cluster2, 4: cluster4}
+def clusters(cluster2, cluster3, cluster4):
+    return {2: cluster2, 3: cluster3, 4: cluster4}
 
 
 def test_planted_bugs_are_listed():

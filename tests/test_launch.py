@@ -76,6 +76,31 @@ def test_exception_names_rank_and_traceback_and_cluster_recovers(cluster2):
     assert cluster2.run(lambda: dist.get_rank()) == [0, 1]  # restarted on demand
 
 
+@pytest.mark.parametrize("signame, words", [("SIGSEGV", "segmentation fault"), ("SIGKILL", "out-of-memory killer")])
+def test_worker_killed_by_a_signal_names_it(cluster2, signame, words):
+    def die(name):
+        import os
+        import signal
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), getattr(signal, name))  # a crash in native code, or the OOM killer
+        time.sleep(0.5)  # rank 0 stays alive; it is the dead rank that must be named
+
+    with pytest.raises(simlib.WorkerError) as info:
+        cluster2.run(die, signame)
+    failure = info.value.failures[1]
+    assert failure.type_name == "WorkerDied"
+    assert f"killed by {signame}" in failure.message and words in failure.message
+    assert f"rank 1: WorkerDied: killed by {signame}" in str(info.value)
+    assert cluster2.run(lambda: 3) == [3, 3]
+
+
+def test_describe_exit():
+    from simlib.errors import describe_exit
+    assert describe_exit(-11).startswith("killed by SIGSEGV")
+    assert "out-of-memory" in describe_exit(-9)
+    assert "code 3" in describe_exit(3) and "without reporting" in describe_exit(None)
+
+
 def test_exception_on_every_rank_keeps_cluster_warm(cluster2):
     pids = cluster2.pids
     with pytest.raises(simlib.WorkerError) as info:

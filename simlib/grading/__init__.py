@@ -26,7 +26,8 @@ import traceback
 import warnings
 from dataclasses import dataclass, field
 
-__all__ = ["check", "exercise", "Result", "Report", "Grader", "EXERCISES", "close", "cluster", "max_error"]
+__all__ = ["check", "exercise", "Result", "Report", "Grader", "EXERCISES", "close", "cluster", "max_error",
+           "ProcessGroupBroken"]
 
 PASS, FAIL, TODO, ERROR, HANG = "pass", "fail", "not implemented", "error", "timeout"
 _MARK = {PASS: "✔", FAIL: "✘", TODO: "…", ERROR: "✘", HANG: "✘"}
@@ -102,23 +103,122 @@ def _last_line(tb: str) -> str:
 _TODO_HINT = "replace `raise NotImplementedError()` in the exercise cell with your code, run that cell, then this one"
 
 
+class ProcessGroupBroken(RuntimeError):
+    """The learner's code destroyed or replaced the process group the grader's workers share."""
+
+
+def _what_broke(world) -> str:
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        return "called dist.destroy_process_group()"
+    if dist.group.WORLD is not world:
+        return "replaced the process group (dist.init_process_group again)"
+    return ""
+
+
+def _guarded(harness, args, kwargs):
+    """Run ``harness`` on this rank, then check that the learner's code left the process group alone."""
+    import torch.distributed as dist
+    world = dist.group.WORLD
+    try:
+        out = harness(*args, **kwargs)
+    except BaseException as exc:
+        broke = _what_broke(world)
+        if broke:
+            raise ProcessGroupBroken(broke) from exc
+        raise
+    broke = _what_broke(world)
+    if broke:
+        raise ProcessGroupBroken(broke)
+    return out
+
+
+def _probe():
+    """A healthy worker: its process group is up and every rank meets at a barrier."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        raise ProcessGroupBroken("no process group")
+    dist.barrier()
+
+
+# failures that are only the echo of another rank's problem (its peer died, left, or never came)
+_ECHO = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "peer", "socket",
+         "default process group has not been initialized")
+
+
+def _primary(failures):
+    """The failure that says what the learner's code did, on the rank that did it (not another rank's echo)."""
+    def rank_of(f):
+        if f.type_name == "ProcessGroupBroken":
+            return 0
+        if f.type_name == "WorkerDied" and "SIGTERM" not in f.message:
+            return 1  # SIGTERM: the agent stopping the others after the first death
+        if f.type_name == "SystemExit":
+            return 2
+        if f.type_name == "WorkerDied":
+            return 4
+        if any(word in f.message.lower() for word in _ECHO) or f.type_name in ("DistBackendError", "Timeout"):
+            return 5
+        return 3
+    return min(failures, key=lambda f: (rank_of(f), f.rank)) if failures else None
+
+
+_BROKE = ("ProcessGroupBroken", "SystemExit", "WorkerDied")
+
+
+def _broke_hint(failure) -> tuple[str, str]:
+    """(detail, hint) for a learner's code that broke its worker or the process group."""
+    shared = ("the grader's workers are shared by every check: leave the process group to the grader and let "
+              "your function return. (The workers were restarted.)")
+    if failure.type_name == "ProcessGroupBroken":
+        return (f"rank {failure.rank}: your code {failure.message}",
+                f"your code {failure.message} on rank {failure.rank}: " + shared)
+    if failure.type_name == "SystemExit":
+        return (f"rank {failure.rank}: your code called sys.exit()",
+                f"your code called sys.exit() (or exit()) on rank {failure.rank}: return a value instead. " + shared)
+    return (f"rank {failure.rank}: the worker process ended: {failure.message}",
+            f"rank {failure.rank}'s worker process ended while running your code ({failure.message}). Did your "
+            "code call os._exit(), kill the process, or crash native code (a segfault)? " + shared)
+
+
 class Grader:
-    """Runs harnesses for an exercise on warm clusters (one per world size), with a time limit."""
+    """Runs harnesses for an exercise on warm clusters (one per world size), with a time limit.
+
+    Every check starts from healthy workers: the first run on each world size probes its cluster (process
+    group up, a barrier) and restarts it when a learner's earlier code broke it.
+    """
 
     def __init__(self, clusters: dict | None = None, timeout: float = 30.0):
         self.clusters = clusters or {}
         self.timeout = timeout
+        self.probed = set()
 
     def cluster(self, world_size: int):
-        return self.clusters.get(world_size) or cluster(world_size)
+        c = self.clusters.get(world_size) or cluster(world_size)
+        if world_size not in self.probed:
+            self.probed.add(world_size)
+            self.ensure_healthy(c)
+        return c
+
+    @staticmethod
+    def ensure_healthy(c) -> None:
+        from ..launch import WorkerError
+        try:
+            c.call(_probe, timeout=10.0)
+        except WorkerError:
+            c.restart()
 
     def run(self, world_size: int, harness, *args, what: str | None = None, **kwargs) -> list:
         """``harness(*args, **kwargs)`` on every rank -> per-rank results; a failure ends the exercise."""
         from ..launch import WorkerError, WorkerTimeout
         what = what or f"your code on {world_size} ranks"
         try:
-            return self.cluster(world_size).call(harness, args, kwargs, timeout=self.timeout)
+            return self.cluster(world_size).call(_guarded, (harness, args, kwargs), timeout=self.timeout)
         except WorkerTimeout as exc:
+            broke = _primary([f for f in exc.failures.values() if f.type_name != "Timeout"])
+            if broke is not None and broke.type_name in _BROKE:
+                detail, hint = _broke_hint(broke)
+                raise _Stop(Result(f"{what} finished", False, status=ERROR, detail=detail, hint=hint)) from None
             raise _Stop(Result(f"{what} finished", False, status=HANG,
                                detail=f"no answer within {self.timeout:g} s (a hang or a deadlock)",
                                hint="every send needs a matching recv on the other rank, and every rank must "
@@ -130,9 +230,13 @@ class Grader:
             if failures and all(_not_implemented(f.type_name) for f in failures):
                 raise _Stop(Result("implemented", False, status=TODO, hint=_TODO_HINT)) from None
             todo = [f for f in failures if _not_implemented(f.type_name)]
-            failure = todo[0] if todo else min(failures, key=lambda f: f.rank) if failures else None
             if todo:
                 raise _Stop(Result("implemented", False, status=TODO, hint=_TODO_HINT)) from None
+            failure = _primary(failures)
+            if failure is not None and failure.type_name in _BROKE:  # the cluster restarts on its next call
+                detail, hint = _broke_hint(failure)
+                raise _Stop(Result(f"{what} ran without breaking its worker", False, status=ERROR, detail=detail,
+                                   hint=hint)) from None
             detail = failure.summary() if failure else str(exc).splitlines()[0]
             raise _Stop(Result(f"{what} ran without an exception", False, status=ERROR, detail=detail,
                                hint=_last_line(failure.traceback) if failure else "")) from None
@@ -244,4 +348,4 @@ def _close(actual, expected, rtol=1e-5, atol=1e-6) -> bool:
 
 
 # The exercises register themselves with @exercise when their modules are imported.
-from . import data_parallel, model_parallel, vision_finance  # noqa: E402,F401
+from . import data_parallel, model_parallel, projects, vision_finance  # noqa: E402,F401

@@ -5,7 +5,8 @@ from . import Result, _close, exercise, max_error
 
 # ---- shared by lessons 01-03: a tiny regression problem and its single-process reference ----
 
-_PROBLEM = dict(width=16, depth=2, in_features=8, global_batch=24, seed=0)
+_PROBLEM = dict(width=16, depth=2, in_features=8, global_batch=24, seed=0)  # 24: splits over 2, 3 and 4 ranks
+_WORLD_SIZES = (2, 3, 4)  # 3 catches code right only for powers of two or a hard-coded world size
 
 
 def _tiny_problem():
@@ -61,6 +62,14 @@ def _diagnose_grads(outs, ref, key="grads") -> tuple[bool, str, str]:
     if _all_close(got, [w * world_size for w in want]):
         return False, detail, (f"your gradients are {world_size}x the right ones: all_reduce sums over the ranks, "
                                "so divide by world_size to get the mean")
+    if _all_close(got, [w / world_size for w in want]):
+        return False, detail, (f"your gradients are 1/{world_size} of the right ones: you divided by world_size "
+                               "twice (all_reduce with SUM then one division gives the mean; ReduceOp.AVG needs "
+                               "no division at all)")
+    if bad_ranks == list(range(1, world_size)):
+        return False, detail, ("right on rank 0 only: the other ranks do not end with the mean. Use "
+                               "dist.all_reduce (every rank receives the sum), not dist.reduce(dst=0), and "
+                               "divide on every rank, not only under `if rank == 0`")
     if "local" in outs[0] and _all_close(got, outs[bad_ranks[0]]["local"], rtol=0, atol=0):
         return False, detail, ("the gradients did not change: all_reduce works in place on the tensor you pass, "
                                "so pass p.grad itself (not a copy) and divide it in place")
@@ -90,7 +99,36 @@ def _spy_all_reduce(calls: list, flags: dict):
 
 # ---- lesson 01: ring all-reduce from send/recv ----
 
-_RING_CASES = {2: [(8,), (7,)], 4: [(16,), (10,), (3,), (3, 4)]}
+# world sizes 2, 3 and 4 (not only powers of two), lengths that do and do not divide, fewer elements than ranks
+_RING_CASES = {2: [(8,), (7,)], 3: [(9,), (10,), (2,)], 4: [(16,), (10,), (3,), (3, 4)]}
+
+
+def _message_recorder():
+    """A dispatch mode that sees every c10d operation this thread runs, whatever name it was called by.
+
+    Collectives reach torch's dispatcher as ``c10d.allreduce_``, ``c10d.broadcast_``, ... and point-to-point
+    messages as ``c10d.send`` / ``c10d.recv_``, whether called as ``dist.all_reduce``, through an alias bound
+    earlier, through ``torch.distributed.distributed_c10d`` or on a ProcessGroup object: a rule checked here
+    cannot be bypassed by renaming, as one that replaces ``dist.all_reduce`` can.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.collectives, self.sent = [], 0  # collective op names; elements sent point-to-point
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func.overloadpacket)
+            if name.startswith("c10d."):
+                op = name.split(".", 1)[1]
+                if op == "send":
+                    self.sent += sum(t.numel() for t in args[0])
+                elif op not in ("recv_", "recv_any_source_", "barrier", "monitored_barrier_"):
+                    self.collectives.append(op.rstrip("_"))
+            return func(*args, **(kwargs or {}))
+
+    return Recorder()
 
 
 def _ring_harness(answer, shapes):
@@ -103,29 +141,22 @@ def _ring_harness(answer, shapes):
         x = torch.randn(*shape, generator=g)
         expected = x.clone()
         dist.all_reduce(expected)
-        used = []
-        names = ("all_reduce", "reduce_scatter", "all_gather", "reduce", "broadcast", "reduce_scatter_tensor",
-                 "all_gather_into_tensor")
-        originals = {n: getattr(dist, n) for n in names}
-
-        def spy(name):
-            def call(*a, **kw):
-                used.append(name)
-                return originals[name](*a, **kw)
-            return call
-        for n in names:
-            setattr(dist, n, spy(n))
-        try:
-            given = x.clone()
+        given = x.clone()
+        with _message_recorder() as recorder:
             returned = answer(given)
-        finally:
-            for n, f in originals.items():
-                setattr(dist, n, f)
         result = returned if isinstance(returned, torch.Tensor) else given
         out.append(dict(shape=tuple(shape), result=result.detach().clone(), expected=expected,
                         in_place=torch.equal(given, result) if given.shape == result.shape else False,
-                        used=sorted(set(used))))
+                        used=sorted(set(recorder.collectives)), sent=recorder.sent))
     return out
+
+
+def _ring_volume(shape, world_size) -> tuple[int, int]:
+    """Elements all ranks together send in a ring all-reduce: exactly, and with chunks padded to equal length."""
+    import math
+    numel = math.prod(shape)
+    steps = 2 * (world_size - 1)
+    return steps * numel, steps * world_size * -(-numel // world_size)
 
 
 def _ring_hint(cases_by_rank, world_size) -> str:
@@ -137,6 +168,9 @@ def _ring_hint(cases_by_rank, world_size) -> str:
         return f"the result has {got[0].numel()} elements, the input {want.numel()}: keep the tensor's size"
     if all(_close(g, want / world_size) for g in got):
         return "you returned the mean: all_reduce's default (ReduceOp.SUM) is the sum; do not divide"
+    if _close(got[0], want) and not any(_close(g, want) for g in got[1:]):
+        return (f"right on rank 0 only: ranks 1..{world_size - 1} do not end with the sum. Every rank must run both "
+                "phases and the all-gather must pass the finished chunks all the way around the ring")
     bounds = chunk_bounds(want.numel(), world_size)
     wrong = {r: [i for i, (s, e) in enumerate(bounds) if e > s and not _close(got[r][s:e], want[s:e])]
              for r in range(world_size)}
@@ -180,10 +214,23 @@ def _check_ring(answer, grader):
             if not ok and len(shape) > 1 and all(c["result"].shape != c["expected"].shape for c in per_rank):
                 hint = "work on tensor.view(-1) (a view: writes land in the tensor) and return the tensor itself"
             yield Result(f"{world_size} ranks, shape {shape} ({kind}): equals dist.all_reduce", ok, hint, detail)
-        used = sorted({u for c in outs[0] for u in c["used"]})
+        used = sorted({u for per in outs for c in per for u in c["used"]})
         yield Result(f"{world_size} ranks: built from send/recv only", not used,
                      "the exercise is to build all-reduce from point-to-point messages: use dist.isend/irecv "
-                     "(or send/recv), not a collective", f"called dist.{', dist.'.join(used)}" if used else "")
+                     "(or send/recv), not a collective (under any name)",
+                     f"ran the collective(s) {', '.join(used)}" if used else "")
+        volume = [(sum(outs[r][i]["sent"] for r in range(world_size)), _ring_volume(shape, world_size))
+                  for i, shape in enumerate(shapes)]
+        low = [(shape, sent, want) for shape, (sent, want) in zip(shapes, volume) if sent < want[0]]
+        high = [(shape, sent, want) for shape, (sent, want) in zip(shapes, volume) if sent > want[1]]
+        detail = "; ".join(f"shape {sh}: {sent} elements sent in all, a ring sends {want[0]}" for sh, sent, want
+                           in low + high)
+        yield Result(f"{world_size} ranks: sends what a ring sends (2(n-1)/n of the tensor per rank)",
+                     not low and not high,
+                     "too little went through send/recv for the ranks to have shared their data: the values must "
+                     "travel as point-to-point messages, chunk by chunk around the ring" if low else
+                     "more data went through send/recv than a ring needs: each step sends one chunk (about numel/n "
+                     "elements) to the right neighbour, not the whole tensor", detail)
         in_place = all(c["in_place"] for per in outs for c in per)
         yield Result(f"{world_size} ranks: works in place and returns the tensor", in_place,
                      "like dist.all_reduce, work in place: write the result into the tensor you were given (tensor.view(-1) and "
@@ -218,9 +265,13 @@ def _check_training(outs, ref, world_size, steps, extra_hint=""):
     same = all(_all_close(out["state"], outs[0]["state"], rtol=0, atol=0) for out in outs)
     detail = "" if ok else "max error %.2g" % max(max_error(a, b) for out in outs
                                                   for a, b in zip(out["state"], ref["state"]))
-    hint = ("the ranks' weights differ from each other: the replicas drifted apart, so some gradients were not "
-            "averaged across ranks" if not same else "the replicas agree with each other but not with the "
-                                                        "single-process run on the global batch") + extra_hint
+    rank0_only = not ok and _all_close(outs[0]["state"], ref["state"]) and not any(
+        _all_close(out["state"], ref["state"]) for out in outs[1:])
+    hint = ("right on rank 0 only: the other ranks' weights differ from the single-process run, so their gradients "
+            "were not averaged (a reduce to rank 0 instead of an all-reduce? a step under `if rank == 0`?)"
+            if rank0_only else "the ranks' weights differ from each other: the replicas drifted apart, so some "
+            "gradients were not averaged across ranks" if not same else "the replicas agree with each other but "
+            "not with the single-process run on the global batch") + extra_hint
     return Result(f"{world_size} ranks: weights after {steps} steps equal the "
                   "single-process run on the global batch", ok, hint, detail)
 
@@ -228,7 +279,7 @@ def _check_training(outs, ref, world_size, steps, extra_hint=""):
 @exercise("average_gradients")
 def _check_average_gradients(answer, grader):
     ref = _reference(_DP_STEPS, _DP_LR)
-    for world_size in (2, 4):
+    for world_size in _WORLD_SIZES:
         outs = grader.run(world_size, _average_gradients_harness, answer, _DP_STEPS, _DP_LR)
         ok, detail, hint = _diagnose_grads(outs, ref)
         yield Result(f"{world_size} ranks: gradients equal the global-batch gradient", ok, hint, detail)
@@ -274,7 +325,7 @@ def _bucket_harness(answer_cls, steps, lr, bucket_cap_mb):
 @exercise("bucket_data_parallel")
 def _check_bucket(answer, grader):
     ref = _reference(_DP_STEPS, _DP_LR)
-    for world_size in (2, 4):
+    for world_size in _WORLD_SIZES:
         outs = grader.run(world_size, _bucket_harness, answer, _DP_STEPS, _DP_LR, _BUCKET_CAP_MB)
         ok, detail, hint = _diagnose_grads(outs, ref)
         yield Result(f"{world_size} ranks: gradients after finish_gradient_synchronization equal the global-batch "
@@ -308,7 +359,8 @@ def _check_bucket(answer, grader):
 
 # ---- lesson 03: gradient accumulation with no_sync ----
 
-_ACC_STEPS, _ACC_K, _ACC_LR = 2, 3, 0.1
+_ACC_STEPS, _ACC_LR = 2, 0.1
+_ACC_CASES = ((2, 3), (3, 4), (4, 2))  # (world size, k): each rank's 24 / world samples split into k micro-batches
 
 
 def _accumulation_harness(answer, k, steps, lr):
@@ -335,34 +387,41 @@ def _accumulation_harness(answer, k, steps, lr):
 @exercise("accumulate_no_sync")
 def _check_accumulation(answer, grader):
     ref = _reference(_ACC_STEPS, _ACC_LR)
-    unscaled = _reference(_ACC_STEPS, _ACC_LR * _ACC_K)  # loss not divided by k: k times the step
-    for world_size in (2, 4):
-        outs = grader.run(world_size, _accumulation_harness, answer, _ACC_K, _ACC_STEPS, _ACC_LR)
+    comm = []
+    for world_size, k in _ACC_CASES:
+        unscaled = _reference(_ACC_STEPS, _ACC_LR * k)  # loss not divided by k: k times the step
+        outs = grader.run(world_size, _accumulation_harness, answer, k, _ACC_STEPS, _ACC_LR)
         result = _check_training(outs, ref, world_size, _ACC_STEPS)
+        result.name = result.name.replace(f"{world_size} ranks:", f"{world_size} ranks, k = {k} micro-batches:")
         drifted = not all(_all_close(o["state"], outs[0]["state"], rtol=0, atol=0) for o in outs)
         if result.passed:
             pass
         elif all(_all_close(o["state"], unscaled["state"]) for o in outs):
-            result.hint = (f"your update is {_ACC_K}x too large: the {_ACC_K} micro-batch gradients add up, so "
-                           f"divide each micro-batch's loss by k = {_ACC_K} (a mean of means)")
+            result.hint = (f"your update is {k}x too large: the {k} micro-batch gradients add up, so "
+                           f"divide each micro-batch's loss by k = {k} (a mean of means)")
         elif drifted:
             result.hint += (". Is the last micro-batch's backward outside no_sync()? Only that backward "
                             "all-reduces the accumulated gradients. And is there one optimizer.step() after the "
                             "loop? A step inside it uses gradients no rank has shared yet")
         else:
-            result.hint += (". Check: one optimizer.step() and one optimizer.zero_grad() per call, after the loop "
-                            "over the micro-batches, and each loss divided by k")
+            result.hint += (f". Check: one optimizer.step() and one optimizer.zero_grad() per call, after the loop "
+                            f"over the micro-batches, and each loss divided by k = len(micro_batches) (here {k}; "
+                            "other checks use other k: do not hard-code it)")
         yield result
-        yield Result(f"{world_size} ranks: the replicas stay identical", not drifted,
+        yield Result(f"{world_size} ranks, k = {k}: the replicas stay identical", not drifted,
                      "the ranks' weights differ: some optimizer step used gradients that were not all-reduced "
                      "(the last backward inside no_sync(), or a step inside the loop)")
-    out = outs[0]
-    want = _ACC_STEPS * out["per_sync"]
-    if out["calls"] == _ACC_K * want:
-        hint = f"you all-reduced on every micro-batch: run backward inside ddp.no_sync() for all but the last of the {_ACC_K}"
-    elif out["calls"] == 0:
+        comm.append((world_size, k, outs[0]["calls"], _ACC_STEPS * outs[0]["per_sync"]))
+    bad = [(w, k, calls, want) for w, k, calls, want in comm if calls != want]
+    if not bad:
+        hint = ""
+    elif all(calls == k * want for _, k, calls, want in bad):
+        hint = "you all-reduced on every micro-batch: run backward inside ddp.no_sync() for all but the last one"
+    elif all(calls == 0 for _, _, calls, _ in bad):
         hint = "no all-reduce at all: the last micro-batch's backward must run outside no_sync()"
     else:
-        hint = f"expected {out['per_sync']} all-reduce(s) per optimizer step"
-    yield Result("communicates once per optimizer step (no_sync on all micro-batches but the last)",
-                 out["calls"] == want, hint, f"{out['calls']} all-reduce calls in {_ACC_STEPS} steps, expected {want}")
+        hint = ("expected one synced backward per optimizer step: no_sync() on every micro-batch but the last, "
+                "i == len(micro_batches) - 1 (do not hard-code k)")
+    yield Result("communicates once per optimizer step (no_sync on all micro-batches but the last)", not bad, hint,
+                 "; ".join(f"{w} ranks, k = {k}: {calls} all-reduce calls in {_ACC_STEPS} steps, expected {want}"
+                           for w, k, calls, want in bad))

@@ -22,19 +22,37 @@ __all__ = ["split_micro_batches", "accumulation_step", "peak_memory", "run_accum
 
 def split_micro_batches(x: torch.Tensor, y: torch.Tensor, accumulation_steps: int):
     """``accumulation_steps`` equal micro-batches of (x, y), in order."""
+    _check_k(accumulation_steps)
     if x.shape[0] % accumulation_steps:
         raise ValueError(f"a batch of {x.shape[0]} does not split into {accumulation_steps} equal micro-batches")
     return list(zip(x.chunk(accumulation_steps), y.chunk(accumulation_steps)))
 
 
+def _check_k(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"the number of micro-batches (accumulation steps) must be an int >= 1, got {k!r}")
+    return k
+
+
 def accumulation_step(model, optimizer, micro_batches, loss_fn=nn.functional.mse_loss, scale_loss: bool = True,
                       use_no_sync: bool = True, timeline=None) -> float:
-    """One optimizer step over ``micro_batches``; returns the mean loss.
+    """One optimizer step over ``micro_batches``; returns the mean loss over all their samples.
 
+    Each micro-batch's loss is weighted by its share of the samples, n_i / N (1/k when they are equal), so
+    micro-batches of unequal sizes (the last one of an epoch, say) still give the gradient of the mean over
+    the whole batch; ``loss_fn`` must average over the samples of a batch (``reduction="mean"``).
     ``scale_loss=False`` reproduces the missing-1/k bug; ``use_no_sync=False`` communicates on every
     micro-batch (same result, k times the messages). Works for a plain module, DDP, or simlib's wrappers.
     """
+    micro_batches = list(micro_batches)
     k = len(micro_batches)
+    if k == 0:
+        raise ValueError("no micro-batches: pass at least one (x, y) pair")
+    sizes = [len(x) for x, _ in micro_batches]
+    if 0 in sizes:
+        raise ValueError(f"micro-batch {sizes.index(0)} is empty (sizes {sizes}): its mean loss would be nan; "
+                         "drop it or split the batch into fewer micro-batches")
+    total_size = sum(sizes)
     finish = getattr(model, "finish_gradient_synchronization", None)
     total = 0.0
     for i, (x, y) in enumerate(micro_batches):
@@ -44,14 +62,15 @@ def accumulation_step(model, optimizer, micro_batches, loss_fn=nn.functional.mse
             with timeline.span("forward") if timeline is not None else nullcontext():
                 loss = loss_fn(model(x), y)
             with timeline.span("backward") if timeline is not None else nullcontext():
-                (loss / k if scale_loss else loss).backward()
+                weight = sizes[i] / total_size  # = 1/k for equal micro-batches
+                (loss * weight if scale_loss else loss).backward()
             if finish is not None and (last or not use_no_sync):
                 finish()  # simlib wrappers: waits for / runs the all-reduce; inside no_sync a no-op
-        total += float(loss.detach())
+        total += float(loss.detach()) * sizes[i]
     with timeline.span("optimizer") if timeline is not None else nullcontext():
         optimizer.step()
     optimizer.zero_grad(set_to_none=False)
-    return total / k
+    return total / total_size
 
 
 def peak_memory(fn, *args, **kwargs) -> int:
