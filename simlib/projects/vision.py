@@ -187,7 +187,7 @@ class DigitsTask:
         else:
             keys = (self.seed, 3, step, part) if self.loader == "per_rank" else (self.seed, 3, step)
             gen = generator(*keys)
-            idx = self._indices(step, b, keys)
+            idx = self._indices(step, b, keys + (1,))  # its own stream, apart from the augmentations
             theta = self._augment_params(b, gen)
         return self._images(x_tr[idx], theta), y_tr[idx]
 
