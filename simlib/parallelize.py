@@ -11,6 +11,8 @@ in a fixed order, and the training loop never asks which were applied.
     4. data parallelism       a ``simlib.parallel.data`` wrapper (or torch DDP) over the DP group, with
                               ``no_sync`` on every micro-batch but the last; ZeRO (``plan.zero_stage``) instead
                               goes through ``simlib.parallel.zero``
+    (``plan.sync_batchnorm``: first, every BatchNorm becomes ``simlib.parallel.batchnorm.SyncBatchNorm`` over the
+    DP group, so its statistics cover the global batch)
 
 It returns a :class:`ParallelModel`: the local module the optimizer updates, and one method,
 ``forward_backward(x, y)``, that runs one step's forward and backward on this rank's share of the batch
