@@ -243,13 +243,13 @@ def _matmul_rate(device, size: int = 512, repeats: int = 5) -> float:
 def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, seconds=None,
           optim: OptimConfig = OptimConfig(), eval_every: int = 0, log_every: int = 10, out_dir=None,
           target: dict | None = None, stop_at_target: bool = False, warmup: int = 2, measure_memory: bool = True,
-          verbose: bool = True, live_plot: bool = False) -> RunRecord:
+          verbose: bool = True) -> RunRecord:
     """Train ``task`` under ``plan`` for one budget (``steps``, ``tokens``, ``samples`` or ``seconds``).
 
     Call on every rank. ``eval_every``: evaluate every k steps (and at the end) if > 0. ``target``: e.g.
     ``{"eval_loss": 4.0}``; the summary records the training time and tokens at the first evaluation that
     reaches it (``stop_at_target``: and the run ends there). ``warmup``: first steps left out of throughput.
-    ``live_plot``: in a one-process notebook run, redraw the loss curve while training.
+    ``measure_memory``: on CPU, profile the second step's allocations for its peak (that step is warm-up).
     """
     from . import env
     from .timeline import Timeline
@@ -271,7 +271,6 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     rows, evals, peak_memory = [], [], None
     first_step, t_start = state.step, time.perf_counter()
     shardable = _accepts_part(task)
-    plotter = _LivePlot() if live_plot and ctx.rank == 0 else None
 
     def one_step(x, y):
         optimizer.zero_grad(set_to_none=True)
@@ -317,8 +316,6 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
                 print(f"step {step:5d}  loss {row['loss']:.4f}  lr {lr:.2e}  {step_time * 1e3:6.0f} ms/step"
                       f"  {state.tokens or state.samples:,} {'tokens' if tokens_per_sample else 'samples'}",
                       flush=True)
-            if plotter is not None:
-                plotter.update(rows, evals)
         if eval_every and (state.step % eval_every == 0 or last):
             _evaluate(task, pm, state, evals, writer, verbose and ctx.rank == 0)
             if stop_at_target and _agree_stop(bool(time_to_target(evals, target).get("target_reached"))):
@@ -367,26 +364,6 @@ def _evaluate(task, pm, state, evals, writer, verbose) -> None:
     writer.write(row)
     if verbose:
         print(f"eval at step {state.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)
-
-
-class _LivePlot:
-    """Loss against step, redrawn in place in a notebook (one-process runs: a worker has no display)."""
-
-    def __init__(self):
-        from IPython.display import display
-        import matplotlib.pyplot as plt
-        self.fig, self.ax = plt.subplots(figsize=(6, 3))
-        plt.close(self.fig)
-        self.handle = display(self.fig, display_id=True)
-
-    def update(self, rows, evals) -> None:
-        self.ax.clear()
-        self.ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="train loss")
-        if evals and "eval_loss" in evals[0]["eval"]:
-            self.ax.plot([e["step"] for e in evals], [e["eval"]["eval_loss"] for e in evals], "o-", label="eval loss")
-        self.ax.set_xlabel("step")
-        self.ax.legend()
-        self.handle.update(self.fig)
 
 
 __all__ = ["Plan", "OptimConfig", "Task", "TrainState", "RunRecord", "train", "parallelize", "build_optimizer"]

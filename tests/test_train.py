@@ -67,7 +67,8 @@ def reference():
 
 
 PLANS2 = [Plan(dp=2), Plan(dp=2, accumulation=2), Plan(dp=2, accumulation=2, dp_variant="ddp"),
-          Plan(tp=2), Plan(pp=2, accumulation=2), Plan(pp=2, accumulation=4, schedule="gpipe")]
+          Plan(dp=2, activation_checkpointing=True), Plan(tp=2), Plan(pp=2, accumulation=2),
+          Plan(pp=2, accumulation=4, schedule="gpipe")]
 PLANS4 = [Plan(dp=2, tp=2), Plan(dp=2, pp=2, accumulation=2)]
 
 
@@ -80,6 +81,12 @@ def test_every_plan_equals_one_process(request, reference, world, plans):
         for rank, (losses, eval_loss) in enumerate(outs):
             torch.testing.assert_close(losses, ref_losses, **TOL, msg=f"{plan.label}, rank {rank}: losses")
             torch.testing.assert_close(eval_loss, ref_eval, **TOL, msg=f"{plan.label}, rank {rank}: eval loss")
+
+
+def test_bf16_autocast_stays_close(cluster2, reference):
+    """bf16 autocast (CPU): the same run to bf16's precision (8 bits of mantissa: ~1e-2 on a loss of ~7)."""
+    outs = cluster2.call(run_plan, (Plan(dp=2, mixed_precision="bf16"),), timeout=120)
+    torch.testing.assert_close(outs[0][0], reference[0], rtol=0, atol=5e-2)
 
 
 @pytest.mark.parametrize("plan, world, words", [
