@@ -1,5 +1,5 @@
 """Command line: ``simlib scaling`` (the main job), ``simlib doctor``, ``simlib run module:function``,
-``simlib train gpt`` (hands-on project 1)."""
+``simlib train gpt|vision|finance`` (the hands-on projects)."""
 from __future__ import annotations
 
 import argparse
@@ -110,13 +110,32 @@ def _run(args) -> int:
     return 0
 
 
+def _train_project(args) -> int:
+    """``simlib train vision|finance``: the project's standard run through simlib.train; the run record in --out."""
+    from .env import quick
+    from .projects.runner import run_project
+
+    out = Path(args.out or "results") / args.project / f"dp{args.world_size}"
+    record, _ = run_project(args.project, args.world_size, quick=args.quick or quick(), out_dir=out,
+                            threads=args.threads)
+    s = record.summary
+    final = ", ".join(f"{k} {v:.4g}" for k, v in (s.get("final_eval") or {}).items())
+    reached = (f"target {s['target']} reached after {s['time_to_target']:.1f} s of training"
+               if s.get("target_reached") else f"target {s['target']} not reached")
+    print(f"\n{args.project} on {s['world_size']} process(es): {s['samples_per_s']:.0f} samples/s; held-out: {final}"
+          f"\n{reached}; run record in {out}/ (run.jsonl, summary.json)")
+    return 0
+
+
 def _train(args) -> int:
     """Train the project's model under one or more plans; write the run records and a PNG of the loss curves."""
+    if args.project in ("vision", "finance"):
+        return _train_project(args)
     from . import project_gpt
     from .env import quick
 
     is_quick = args.quick or quick()
-    out = Path(args.out)
+    out = Path(args.out or "results/gpt")
     several = len(args.plan) > 1
     records = {}
     for name in args.plan:
@@ -176,14 +195,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait")
     p.set_defaults(func=_run)
 
-    p = sub.add_parser("train", help="hands-on project: train a small GPT on real text under a parallel plan")
-    p.add_argument("project", choices=["gpt"])
+    p = sub.add_parser("train", help="hands-on project: GPT (text), vision (digits) or finance (hedging), "
+                                     "trained through simlib.train; writes the run record")
+    p.add_argument("project", choices=["gpt", "vision", "finance"])
     p.add_argument("--world-size", type=int, default=2, help="processes (default 2)")
     p.add_argument("--plan", nargs="+", default=["dp"], choices=["single", "dp", "dp+acc", "tp", "pp"],
-                   help="one or more plans (default dp); several write one folder each under --out")
+                   help="gpt: one or more plans (default dp); several write one folder each under --out; "
+                        "vision and finance run data-parallel (SyncBatchNorm for vision)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per process (default cores // world)")
     p.add_argument("--quick", action="store_true", help="a small model and few steps (also SIMLIB_QUICK=1)")
-    p.add_argument("--out", default="results/gpt", help="output folder (default results/gpt)")
+    p.add_argument("--out", default=None, help="output folder (default results/gpt; results/<project>/dp<N>)")
     p.set_defaults(func=_train)
     return parser
 

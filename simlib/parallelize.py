@@ -11,6 +11,8 @@ in a fixed order, and the training loop never asks which were applied.
     4. data parallelism       a ``simlib.parallel.data`` wrapper (or torch DDP) over the DP group, with
                               ``no_sync`` on every micro-batch but the last; ZeRO (``plan.zero_stage``) instead
                               goes through ``simlib.parallel.zero``
+    (``plan.sync_batchnorm``: first, every BatchNorm becomes ``simlib.parallel.batchnorm.SyncBatchNorm`` over the
+    DP group, so its statistics cover the global batch)
 
 It returns a :class:`ParallelModel`: the local module the optimizer updates, and one method,
 ``forward_backward(x, y)``, that runs one step's forward and backward on this rank's share of the batch
@@ -179,6 +181,9 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
     if plan.tp > 1:
         from .parallel.tensor import CommLog
         model = task.tensor_parallel(model, groups.tp_group, log=CommLog(timeline=timeline)).to(device)
+    if getattr(plan, "sync_batchnorm", False) and plan.dp > 1:
+        from .parallel.batchnorm import convert_sync_batchnorm
+        model = convert_sync_batchnorm(model, groups.dp_group)
     if plan.activation_checkpointing:
         blocks = task.blocks(model)
         inside = {id(m) for m in model.modules()}

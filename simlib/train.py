@@ -63,6 +63,7 @@ class Plan:
     checkpoint_dir: str | None = None    # simlib.checkpoint: resume from here if a checkpoint exists
     checkpoint_every: int = 0            # save every k steps (0: never)
     bucket_cap_mb: float = 25.0          # gradient bucket size of the bucketed / DDP wrappers
+    sync_batchnorm: bool = False         # BatchNorm statistics over the whole DP group (simlib.parallel.batchnorm)
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "accumulation"):

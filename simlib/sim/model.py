@@ -26,6 +26,8 @@ class ModelSpec:
     kind: str = "mlp"            # "mlp" | "gpt"
     activation_width: int = 0    # MLP: sum of widths of element-wise (ReLU) outputs per sample
     param_numels: tuple = ()     # MLP: numel of each parameter in registration order (for bucket plans)
+    rows: tuple = ()             # MLP: GEMM rows per sample of each entry of ``linears`` (default 1 each; a
+                                 # convolution as im2col GEMM has one row per output pixel)
 
     def __post_init__(self):
         for name in ("params", "layers", "hidden", "seq_len", "heads"):
@@ -45,7 +47,8 @@ class ModelSpec:
             raise ValueError(f"micro_batch and tp must be >= 1, got {micro_batch}, {tp}")
         layers = self.layers if layers is None else layers
         if self.kind == "mlp":
-            per_layer = [(micro_batch, i, o, 1) for i, o in self.linears]
+            rows = self.rows or (1,) * len(self.linears)
+            per_layer = [(micro_batch * r, i, o, 1) for (i, o), r in zip(self.linears, rows)]
             return per_layer if layers == self.layers else per_layer[:layers]
         t, h, s, a = micro_batch * self.seq_len, self.hidden, self.seq_len, self.heads
         heads_here = max(a // tp, 1)

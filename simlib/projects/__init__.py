@@ -1,0 +1,8 @@
+"""Hands-on projects trained on the one training loop (``simlib.train``): each is a ``Task``.
+
+    vision.DigitsTask    project 2: a small ResNet with BatchNorm on scikit-learn's real handwritten digits,
+                         upscaled and augmented on the fly (per-sample seeds)
+    finance.HedgingTask  project 3: deep hedging of an option on Monte-Carlo paths calibrated to the S&P 500
+                         series that ships inside the ``arch`` package; tested on the later, real years
+    seeding              per-sample seeds, and the check that catches the same seed on every rank
+"""
