@@ -138,19 +138,25 @@ def embedding_ops(model, micro_batch: int, tp: int = 1, width: int = 2) -> dict:
                 backward=[Op("embedding grad", "memory", (2 * width + 1) * t * h + 2 * table)])
 
 
+def gemm_parts(op: Op, hardware, strategy=None, processes: int = 1, threads=None):
+    """(math, memory) seconds of a GEMM: its FLOPs at the GEMM efficiency for its size, and its own bytes at
+    the achievable bandwidth for one GEMM of the batch."""
+    from .cost import gemm_time
+
+    m, k, n = op.shape
+    dtype = strategy.dtype if strategy is not None else "bf16"
+    if hardware.peak_flops:   # a GPU: the whole batched call sets the efficiency
+        math = op.flops / hardware.gemm_rate(op.flops / 1e9, dtype)
+    else:                     # a calibrated CPU box: its measured table per GEMM
+        math = op.count * gemm_time(m, k, n, hardware, dtype, processes, threads)
+    return math, op.bytes / hardware.achievable_bandwidth(op.bytes / op.count, processes)
+
+
 def op_time(op: Op, hardware, strategy=None, processes: int = 1, threads=None) -> float:
     """Seconds of one operator: a GEMM's roofline, a kernel's bytes at achievable bandwidth, a collective on
     the tensor-parallel group's placement."""
-    from .cost import gemm_time
-
     if op.kind == "gemm":
-        m, k, n = op.shape
-        dtype = strategy.dtype if strategy is not None else "bf16"
-        if hardware.peak_flops:   # a GPU: the whole batched call sets the efficiency
-            math = op.flops / hardware.gemm_rate(op.flops / 1e9, dtype)
-        else:                     # a calibrated CPU box: its measured table per GEMM
-            math = op.count * gemm_time(m, k, n, hardware, dtype, processes, threads)
-        memory = op.bytes / hardware.achievable_bandwidth(op.bytes / op.count, processes)
+        math, memory = gemm_parts(op, hardware, strategy, processes, threads)
         return math + memory if hardware.processing == "no_overlap" else max(math, memory)
     if op.kind == "memory":
         return op.bytes / hardware.achievable_bandwidth(op.bytes, processes)
@@ -191,9 +197,9 @@ def operator_table(model, hardware, strategy, processes: int = 1):
         for op in items:
             t = op_time(op, hardware, s, processes, s.threads)
             bound = ""
-            if op.kind == "gemm":
-                math = op.flops / hardware.gemm_rate(op.flops / 1e9, s.dtype) if hardware.peak_flops else t
-                bound = "math" if math >= t / 2 else "memory"  # the larger share of the GEMM's time
+            if op.kind == "gemm":  # whichever of the GEMM's math and its own memory traffic takes longer
+                math, memory = gemm_parts(op, hardware, s, processes, s.threads)
+                bound = "math" if math >= memory else "memory"
             rows.append(dict(phase=phase, op=op.name, kind=op.kind, gflops=op.flops / 1e9, mb=op.bytes / 1e6,
                              ms=t * 1e3, tflops=op.flops / t / 1e12 if t and op.flops else 0.0,
                              bound=bound or {"memory": "memory", "comm": "link"}[op.kind]))
