@@ -246,3 +246,20 @@ def test_the_explorer_refuses_impossible_plans():
     controls = {c.description: c for c in grid.children}
     controls["tp"].value = 16                                                          # beyond a node
     assert "not a valid configuration" in html.value and out.outputs == ()
+
+
+def test_selective_recomputation_and_the_embedding_sync_by_hand():
+    hw = gpu()
+    s = sim.Strategy(tp=2, micro_batch=2)
+    core = [op for op in layer.layer_ops(TINY, 2, 2)["forward"]
+            if op.name.startswith(("scores", "scale+mask", "attention dropout", "context P"))]
+    extra = cost.gpt_stage(TINY, hw, s.replace(recompute="selective"))["backward"] - cost.gpt_stage(TINY, hw, s)["backward"]
+    assert extra == pytest.approx(TINY.layers * layer.ops_time(core, hw, s))
+    # tied embeddings: first and last stage all-reduce V/tp × h gradients once per step (2 ranks)
+    model = sim.gpt(4, 64, 4, seq_len=16, vocab=1024)
+    across = sim.Strategy(tp=8, pp=2)                                        # stages on two nodes: InfiniBand
+    size = 1024 / 8 * 64 * 2
+    assert cost.embedding_sync_time(model, hw, across) == pytest.approx(2 * 1 / 2 * size / 10e9)
+    size_tp2 = 1024 / 2 * 64 * 2                                             # one node: NVLink
+    assert cost.embedding_sync_time(model, hw, sim.Strategy(tp=2, pp=2)) == pytest.approx(size_tp2 / 100e9)
+    assert cost.embedding_sync_time(model, hw, sim.Strategy(tp=2)) == 0.0

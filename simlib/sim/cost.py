@@ -1,12 +1,18 @@
 """The cost model: α-β collectives, GEMM-size-aware compute, and a training step's time.
 
+A GPT is priced operator by operator (``layer``: GEMMs, memory-bound kernels, tensor-parallel collectives) and
+each process group on the links it crosses on the rank grid (``topology``); an MLP by its GEMMs and the terms
+a calibrated CPU box measured (below).
+
 Collectives (S bytes, n ranks, per-step latency α, bus bandwidth B; Thakur et al. 2005; nccl-tests PERFORMANCE.md):
     ring all-reduce      2(n−1)·α + 2(n−1)/n · S/B
     tree all-reduce      2·⌈log2 n⌉·α + 2·S/B        (pipelined double binary tree: latency grows with log n)
     all-gather, reduce-scatter   (n−1)·α + (n−1)/n · S/B   (S: the full, gathered size)
     hierarchical all-reduce      reduce-scatter in the node, all-reduce of S/g between nodes, all-gather in the node
-Step time = compute + exposed communication + pipeline bubble, where the bubble of 1F1B / GPipe is
-(pp−1)·(t_f + t_b) per stage, divided by v for interleaved stages (Narayanan et al. 2021, §2.2).
+Step time = compute + exposed communication + pipeline bubble + optimizer, where the bubble of 1F1B / GPipe is
+(pp−1)·(t_f + t_b) per stage, divided by v for interleaved stages (Narayanan et al. 2021, §2.2), and
+interleaving multiplies the pipeline messages by v (2·m·v per step: an activation forward and a gradient back
+per micro-batch per model chunk).
 
 Terms a calibrated CPU box adds (``Hardware.overheads``, measured by ``calibrate()``; presets have none, so
 their factors are 1 and their extra terms 0):
@@ -139,7 +145,9 @@ class Prediction:
     breakdown: dict = field(default_factory=dict)
 
     def as_row(self) -> dict:
-        row = {k: v for k, v in self.__dict__.items() if k not in ("memory", "breakdown")}
+        """A flat dict for a table (a plan that does not fit gets NaN throughput: no number, not zero)."""
+        row = {k: (float("nan") if v is None else v) for k, v in self.__dict__.items()
+               if k not in ("memory", "breakdown")}
         row.update({f"mem_{k}": v for k, v in self.memory.items()})
         row.update(self.breakdown)
         return row
