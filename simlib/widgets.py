@@ -110,21 +110,23 @@ def simulator_explorer(hardware_presets=None, model_sizes=None):
     def redraw(_=None):
         v = {k: c.value for k, c in controls.items()}
         model, hardware = model_sizes[v["size"]], hardware_presets[v["hw"]]
-        out.clear_output()  # at once, not at the next output: an invalid plan leaves no stale chart behind
         try:
             strategy = sim.Strategy(dp=v["dp"], tp=v["tp"], pp=v["pp"], micro_batch=v["micro_batch"],
                                     num_micro_batches=v["num_micro_batches"], zero_stage=v["zero"],
                                     recompute=v["recompute"], overlap=True)
+            caption, prediction = explorer_view(model, hardware, strategy)
         except ValueError as exc:
-            text.value = f"<b>not a valid configuration:</b> {exc}"
-            return
-        text.value, prediction = explorer_view(model, hardware, strategy)
+            caption, prediction = f"<b>not a valid configuration:</b> {exc}", None
         if prediction is None:
+            out.clear_output()  # at once: an impossible plan leaves no stale chart behind
+            text.value = caption
             return
         with out:
+            out.clear_output(wait=True)  # the old chart stays until the new one replaces it (no flicker)
             draw_prediction(model, hardware, strategy)
             plt.tight_layout()
             plt.show()
+        text.value = caption  # after the chart: when the text changes, the chart already has
 
     for control in controls.values():
         control.observe(redraw, names="value")
