@@ -1,7 +1,10 @@
 """How a job is split: data, tensor and pipeline degrees, micro-batches, ZeRO, buckets, overlap, recomputation.
 
 The rank grid is ``arange(world_size).view(dp, pp, tp)`` (tensor-parallel ranks adjacent, so they share a
-node, as in Megatron-LM and picotron); :class:`Strategy` validates the degrees instead of keeping globals.
+node, as in Megatron-LM and picotron); :class:`Strategy` validates the degrees instead of keeping globals, and
+against a machine: a tensor-parallel group must sit inside one node (tp divides the node's devices) unless
+``tp_across_nodes=True`` asks for it (then it is priced on the inter-node link). ``simlib.sim.topology`` places
+every group of the grid on the nodes.
 """
 from __future__ import annotations
 
