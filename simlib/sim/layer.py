@@ -77,8 +77,12 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
     # Megatron's conjugate operators (Shoeybi et al. 2019; with sequence parallelism Korthikanti et al. 2022):
     # f before a column-parallel GEMM: identity forward, all-reduce backward (SP: all-gather / reduce-scatter);
     # g after a row-parallel GEMM: all-reduce forward, identity backward (SP: reduce-scatter / all-gather).
+    # With SP the input of a column-parallel GEMM is kept sequence-sharded, so backward all-gathers it again for
+    # the weight gradient (Korthikanti et al. 2022 §4.2.2) before f's reduce-scatter.
     if sequence_parallel:
-        f_fwd, f_bwd = collective("f all-gather", "all_gather"), collective("f backward reduce-scatter", "reduce_scatter")
+        f_fwd = collective("f all-gather", "all_gather")
+        f_bwd = collective("input all-gather again (for wgrad)", "all_gather") + \
+            collective("f backward reduce-scatter", "reduce_scatter")
         g_fwd, g_bwd = collective("g reduce-scatter", "reduce_scatter"), collective("g backward all-gather", "all_gather")
     else:
         f_fwd, f_bwd = [], collective("f backward all-reduce", "all_reduce")

@@ -136,3 +136,72 @@ def nccl_points(hardware=None, world_size: int = 8):
         rows.append(dict(size_bytes=size, published_busbw_GBps=busbw, model_busbw_GBps=curve,
                          alpha_beta_fit_busbw_GBps=line, fit_error=line / busbw - 1))
     return pd.DataFrame(rows)
+
+
+# ───────────────────────── an independent check: Korthikanti et al. 2022 ─────────────────────────
+
+@dataclass(frozen=True)
+class KorthikantiRun:
+    """Iteration time of one run of Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models" (arXiv 2205.05198): A100s, one data-parallel replica, fp16, sequence 2048.
+
+    The times (seconds per iteration) are the paper's as quoted by Calculon (calculon-ai/calculon,
+    ``calculon/megatron/validation.py``); the parallel layouts and batch sizes are Calculon's
+    ``validation/<model>_full.json`` and ``_seqsel.json``, the shapes its ``examples/<model>.json``.
+    ``mode``: "full" — full recomputation, no sequence parallelism; "seqsel" — selective recomputation with
+    sequence parallelism (the all-gather redone in backward). Vocabulary 51,200 is assumed (not in those files).
+    """
+
+    label: str
+    layers: int
+    hidden: int
+    heads: int
+    tp: int
+    pp: int
+    global_batch: int
+    micro_batch: int
+    virtual_stages: int
+    mode: str
+    seconds: float
+
+    def model(self):
+        from .model import gpt
+        return gpt(self.layers, self.hidden, self.heads, seq_len=2048, vocab=51200, name=f"GPT {self.label}")
+
+    def strategy(self):
+        from .strategy import Strategy
+        v = self.virtual_stages
+        return Strategy(tp=self.tp, pp=self.pp, micro_batch=self.micro_batch,
+                        num_micro_batches=self.global_batch // self.micro_batch, dtype="fp16",
+                        recompute="full" if self.mode == "full" else "selective",
+                        sequence_parallel=self.mode == "seqsel",
+                        schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v)
+
+
+KORTHIKANTI_2022 = [
+    KorthikantiRun(label, L, h, a, tp, pp, B, mb, v, mode, t)
+    for label, L, h, a, tp, pp, B, mb, v, times in [
+        ("22B", 48, 6144, 64, 8, 1, 4, 4, 1, (1.42, 1.10)),
+        ("175B", 96, 12288, 96, 8, 8, 64, 1, 3, (18.13, 13.75)),
+        ("530B", 105, 20480, 128, 8, 35, 280, 1, 3, (49.05, 37.83)),
+        ("1T", 128, 25600, 160, 8, 64, 512, 1, 1, (94.42, 71.49))]
+    for mode, t in zip(("full", "seqsel"), times)]
+
+
+def korthikanti_table(hardware=None):
+    """Korthikanti et al. 2022's iteration times beside the predicted ones (nothing fitted to them)."""
+    import pandas as pd
+
+    from .cost import predict
+    from .hardware import dgx_a100
+
+    hardware = hardware or dgx_a100()
+    rows = []
+    for run in KORTHIKANTI_2022:
+        p = predict(run.model(), hardware, run.strategy())
+        rows.append(dict(model=run.label, mode=run.mode, tp=run.tp, pp=run.pp, gpus=run.tp * run.pp,
+                         global_batch=run.global_batch, virtual_stages=run.virtual_stages,
+                         published_s=run.seconds, predicted_s=p.step_time if p.fits else None,
+                         error=(p.step_time / run.seconds - 1) if p.fits else None,
+                         memory_gb=p.memory["total"] / 1e9, fits=p.fits))
+    return pd.DataFrame(rows)
