@@ -273,3 +273,15 @@ def test_an_independent_set_of_published_runs_is_predicted_too():
     full, seqsel = table[table["mode"] == "full"], table[table["mode"] == "seqsel"]
     assert (seqsel.predicted_s.to_numpy() < full.predicted_s.to_numpy()).all()  # as published: SP + selective wins
     assert table.error.abs().mean() <= 0.10
+
+
+def test_recomputation_working_set_and_logits_memory_by_hand():
+    g = sim.gpt(4, 64, 4, seq_len=16, vocab=1024)
+    s, b, h = 16, 2, 64
+    st = sim.Strategy(micro_batch=b, recompute="full")
+    full_layer = s * b * h * (34 + 5 * 4 * s / h)                           # Korthikanti et al.: one whole layer
+    logits = 4 * b * s * 1024                                               # fp32 logits, pp = 1
+    expected = 2 * s * b * h * 4 + full_layer + logits                     # inputs of 4 layers + working set
+    assert memory.memory_per_device(g, st)["activations"] == pytest.approx(expected)
+    none = memory.memory_per_device(g, st.replace(recompute="none"))["activations"]
+    assert none == pytest.approx(full_layer * 4 + logits)
