@@ -83,7 +83,8 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         f_fwd = collective("f all-gather", "all_gather")
         f_bwd = collective("input all-gather again (for wgrad)", "all_gather") + \
             collective("f backward reduce-scatter", "reduce_scatter")
-        g_fwd, g_bwd = collective("g reduce-scatter", "reduce_scatter"), collective("g backward all-gather", "all_gather")
+        g_fwd = collective("g reduce-scatter", "reduce_scatter")
+        g_bwd = collective("g backward all-gather", "all_gather")
     else:
         f_fwd, f_bwd = [], collective("f backward all-reduce", "all_reduce")
         g_fwd, g_bwd = collective("g all-reduce", "all_reduce"), []
