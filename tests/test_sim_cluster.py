@@ -1,8 +1,6 @@
 """The cluster terms of the simulator: operators of a layer, groups on the rank grid, the nccl-tests curve,
 recomputation, interleaving, ZeRO-3, validation against the hardware — by hand, by monotonicity, and against
 the published Megatron-LM runs (Narayanan et al. 2021, Table 1)."""
-import math
-
 import pytest
 
 from simlib import sim
@@ -230,7 +228,7 @@ def test_every_published_row_is_expressible_and_within_target():
         assert run.dp * run.micro_batch * run.num_micro_batches == run.global_batch
     mae = table.error.abs().mean()
     assert mae <= 0.10, f"mean |error| {mae:.1%} against Narayanan et al. 2021 Table 1"
-    assert math.isclose(table.error.abs().max(), table.error.abs().max())    # every row has a number
+    assert table.error.notna().all()                                         # every row has a number
 
 
 def test_the_explorer_refuses_impossible_plans():

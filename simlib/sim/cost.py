@@ -97,10 +97,6 @@ def all_reduce(size, n, hardware, algorithm: str = "ring") -> float:
     return hierarchical_all_reduce(size, n // g, g, hardware.intra, hardware.inter)
 
 
-def collective_link(n, hardware):
-    return hardware.intra if n <= hardware.devices_per_node else hardware.inter
-
-
 # ───────────────────────── compute ─────────────────────────
 
 def gemm_time(m, k, n, hardware, dtype="bf16", processes=1, threads=None) -> float:
