@@ -86,7 +86,8 @@ def test_gemm_efficiency_table_interpolates_in_log_size():
     assert interpolate(table, 4) == pytest.approx(0.75)  # halfway in log2 between 1 and 16
     assert interpolate(table, 0.01) == 0.6 and interpolate(table, 1e6) == 0.9
     a100 = sim.dgx_a100()
-    assert a100.gemm_rate(128) == pytest.approx(0.95 * 312e12)
+    # Calculon's curve anchored at the measured 230 TFLOP/s of a large fp16 matmul on an A100 80GB
+    assert a100.gemm_rate(128) == pytest.approx(230e12)
     assert a100.gemm_rate(0.01) < a100.gemm_rate(1) < a100.gemm_rate(100)  # small GEMMs run below peak
 
 

@@ -4,17 +4,23 @@
     model = sim.from_module(MLP(1024, 4))             # or sim.gpt_size("7B")
     p = sim.predict(model, hw, sim.Strategy(dp=2, micro_batch=128, dtype="fp32", optimizer="sgd"))
     p.step_time, p.compute, p.exposed_comm, p.bubble, p.mfu, p.memory
+    sim.operator_table(sim.gpt_size("7B"), sim.dgx_a100(), strategy)   # a layer, operator by operator
+    sim.published.published_table()                                    # Megatron-LM's published runs, predicted
 """
 from .cost import (Prediction, all_gather, all_reduce, hierarchical_all_reduce, p2p, predict, reduce_scatter,
                    ring_all_reduce, scaling, tree_all_reduce)
 from .hardware import Hardware, Link, calibrate, cpu_box, dgx_a100, dgx_h100, fit_alpha_beta, preset
+from .layer import Op, layer_ops, operator_table
 from .memory import DoesNotFit, check_fits, memory_per_device, min_devices_to_fit
 from .model import GPT_SIZES, ModelSpec, from_module, gpt, gpt_size
 from .replay import replay_data_parallel, replay_pipeline, replay_pipeline_model
+from . import published
 from .strategy import Strategy
+from .topology import Placement, group_collective, placement
 
 __all__ = ["Hardware", "Link", "calibrate", "cpu_box", "dgx_a100", "dgx_h100", "preset", "fit_alpha_beta",
            "ModelSpec", "from_module", "gpt", "gpt_size", "Strategy", "predict", "scaling", "Prediction",
            "memory_per_device", "check_fits", "min_devices_to_fit", "DoesNotFit", "ring_all_reduce",
            "tree_all_reduce", "all_gather", "reduce_scatter", "all_reduce", "hierarchical_all_reduce", "p2p",
-           "GPT_SIZES", "replay_data_parallel", "replay_pipeline", "replay_pipeline_model"]
+           "GPT_SIZES", "replay_data_parallel", "replay_pipeline", "replay_pipeline_model", "Op", "layer_ops",
+           "operator_table", "Placement", "placement", "group_collective", "published"]

@@ -1,12 +1,18 @@
 """The cost model: α-β collectives, GEMM-size-aware compute, and a training step's time.
 
+A GPT is priced operator by operator (``layer``: GEMMs, memory-bound kernels, tensor-parallel collectives) and
+each process group on the links it crosses on the rank grid (``topology``); an MLP by its GEMMs and the terms
+a calibrated CPU box measured (below).
+
 Collectives (S bytes, n ranks, per-step latency α, bus bandwidth B; Thakur et al. 2005; nccl-tests PERFORMANCE.md):
     ring all-reduce      2(n−1)·α + 2(n−1)/n · S/B
     tree all-reduce      2·⌈log2 n⌉·α + 2·S/B        (pipelined double binary tree: latency grows with log n)
     all-gather, reduce-scatter   (n−1)·α + (n−1)/n · S/B   (S: the full, gathered size)
     hierarchical all-reduce      reduce-scatter in the node, all-reduce of S/g between nodes, all-gather in the node
-Step time = compute + exposed communication + pipeline bubble, where the bubble of 1F1B / GPipe is
-(pp−1)·(t_f + t_b) per stage, divided by v for interleaved stages (Narayanan et al. 2021, §2.2).
+Step time = compute + exposed communication + pipeline bubble + optimizer, where the bubble of 1F1B / GPipe is
+(pp−1)·(t_f + t_b) per stage, divided by v for interleaved stages (Narayanan et al. 2021, §2.2), and
+interleaving multiplies the pipeline messages by v (2·m·v per step: an activation forward and a gradient back
+per micro-batch per model chunk).
 
 Terms a calibrated CPU box adds (``Hardware.overheads``, measured by ``calibrate()``; presets have none, so
 their factors are 1 and their extra terms 0):
@@ -29,7 +35,11 @@ def _check(size, n):
         raise ValueError(f"number of ranks must be an int >= 1, got {n!r}")
 
 
-def _ab(link, n):
+def _ab(link, n, size=None):
+    """(α, B) of a link for n ranks; with a published bus-bandwidth curve, (0, busbw(size)): nccl-tests' bus
+    bandwidth already includes the latency at that size, so no α is added on top."""
+    if size is not None and getattr(link, "busbw_points", ()):
+        return 0.0, link.bus_bandwidth(size)
     return link.at(n) if hasattr(link, "at") else link
 
 
@@ -37,7 +47,7 @@ def ring_all_reduce(size, n, link) -> float:
     _check(size, n)
     if n == 1:
         return 0.0
-    alpha, bw = _ab(link, n)
+    alpha, bw = _ab(link, n, size)
     return 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / bw
 
 
@@ -45,7 +55,7 @@ def tree_all_reduce(size, n, link) -> float:
     _check(size, n)
     if n == 1:
         return 0.0
-    alpha, bw = _ab(link, n)
+    alpha, bw = _ab(link, n, size)
     return 2 * math.ceil(math.log2(n)) * alpha + 2 * size / bw
 
 
@@ -53,7 +63,7 @@ def all_gather(size, n, link) -> float:
     _check(size, n)
     if n == 1:
         return 0.0
-    alpha, bw = _ab(link, n)
+    alpha, bw = _ab(link, n, size)
     return (n - 1) * alpha + (n - 1) / n * size / bw
 
 
@@ -62,7 +72,7 @@ reduce_scatter = all_gather  # the same traffic, reversed
 
 def p2p(size, link) -> float:
     _check(size, 2)
-    alpha, bw = _ab(link, 2)
+    alpha, bw = _ab(link, 2, size)
     return alpha + size / bw
 
 
@@ -85,10 +95,6 @@ def all_reduce(size, n, hardware, algorithm: str = "ring") -> float:
     if n % g:
         raise ValueError(f"{n} ranks do not fill whole nodes of {g}")
     return hierarchical_all_reduce(size, n // g, g, hardware.intra, hardware.inter)
-
-
-def collective_link(n, hardware):
-    return hardware.intra if n <= hardware.devices_per_node else hardware.inter
 
 
 # ───────────────────────── compute ─────────────────────────
@@ -127,23 +133,62 @@ class Prediction:
     exposed_comm: float
     bubble: float
     optimizer: float
-    throughput: float            # samples per second
-    tokens_per_s: float
-    mfu: float
+    throughput: float | None     # samples per second (None: the plan does not fit in memory)
+    tokens_per_s: float | None
+    mfu: float | None
     memory: dict
     fits: bool
     breakdown: dict = field(default_factory=dict)
 
     def as_row(self) -> dict:
-        row = {k: v for k, v in self.__dict__.items() if k not in ("memory", "breakdown")}
+        """A flat dict for a table (a plan that does not fit gets NaN throughput: no number, not zero)."""
+        row = {k: (float("nan") if v is None else v) for k, v in self.__dict__.items()
+               if k not in ("memory", "breakdown")}
         row.update({f"mem_{k}": v for k, v in self.memory.items()})
         row.update(self.breakdown)
         return row
 
 
-def stage_times(model, hardware, strategy, processes=1):
-    """(forward, backward) seconds of one micro-batch on one pipeline stage of one device."""
+def gpt_stage(model, hardware, strategy, processes=1) -> dict:
+    """Seconds of one micro-batch on the slowest pipeline rank of a GPT, from its operators (``layer``).
+
+    A rank holds L/pp layers (in v chunks when interleaved: the same layers in all); the first rank also the
+    embedding, the last the logits and the loss — the slower of the two sets the pipeline's pace. Returns
+    forward / backward compute (GEMMs + memory-bound kernels; backward includes the recomputed forward) and
+    forward_comm / backward_comm (the tensor-parallel collectives, exposed: Megatron does not overlap them).
+    """
+    from .layer import embedding_ops, head_ops, layer_ops, ops_time, recompute_ops
+
     s = strategy
+    w = 2 if s.mixed_precision else 4
+    ops = layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, w)
+    again = recompute_ops(ops["forward"], s.recompute)
+    layers = model.layers / s.pp
+
+    def t(items, kind):
+        return sum(ops_time(items, hardware, s, processes, s.threads, k) for k in kind)
+
+    compute, comm = ("gemm", "memory"), ("comm",)
+    out = dict(forward=layers * t(ops["forward"], compute), backward=layers * t(again + ops["backward"], compute),
+               forward_comm=layers * t(ops["forward"], comm), backward_comm=layers * t(again + ops["backward"], comm))
+    ends = [embedding_ops(model, s.micro_batch, s.tp, w), head_ops(model, s.micro_batch, s.tp, w)]
+    if s.pp == 1:
+        ends = [{k: ends[0][k] + ends[1][k] for k in ("forward", "backward")}]
+    extra = max(ends, key=lambda e: t(e["forward"] + e["backward"], compute))
+    out["forward"] += t(extra["forward"], compute)
+    out["backward"] += t(extra["backward"], compute)
+    return out
+
+
+def stage_times(model, hardware, strategy, processes=1):
+    """(forward, backward) seconds of one micro-batch on one pipeline stage of one device.
+
+    GPT: the operator model (:func:`gpt_stage`, tensor-parallel collectives included). MLP: its GEMMs, the
+    element-wise bytes and the calibrated CPU terms."""
+    s = strategy
+    if model.kind == "gpt":
+        st = gpt_stage(model, hardware, s, processes)
+        return st["forward"] + st["forward_comm"], st["backward"] + st["backward_comm"]
     fwd = model.forward_gemms(s.micro_batch, s.tp, layers=model.layers)
     layer = hardware.layer_factor(processes, s.threads)  # autograd layers vs bare GEMMs (calibrated CPU box; else 1)
     t_fwd = layer * gemms_time(fwd, hardware, s.dtype, processes, s.threads) / s.pp  # even split over stages
@@ -226,19 +271,16 @@ def gradient_buckets(model, strategy) -> list[float]:
 def dp_comm_time(model, hardware, strategy, processes=1) -> tuple[float, float]:
     """(total, last bucket) seconds of the data-parallel gradient sync, bucket by bucket.
 
-    ZeRO 1/2 replace the all-reduce by reduce-scatter + all-gather (the same traffic); ZeRO-3 also all-gathers
-    the weights before forward and before backward (1.5× the traffic, Rajbhandari et al. 2020 §7).
-    Each bucket is packed flat, divided and unpacked (6 bytes moved per byte, at memory bandwidth).
+    ZeRO 1/2 replace the all-reduce by reduce-scatter + all-gather (the same traffic); ZeRO-3 reduce-scatters
+    the gradients and all-gathers the weights before forward and again before backward: 1.5× the traffic of
+    the all-reduce (Rajbhandari et al. 2020 §7). Every collective runs on the data-parallel group's placement
+    on the rank grid (``topology``). Each bucket is packed flat, divided and unpacked (6 bytes moved per byte).
     """
     s = strategy
     if s.dp == 1:
         return 0.0, 0.0
     times = bucket_comm_times(model, hardware, s, processes)
-    buckets = gradient_buckets(model, s)
     total = sum(times)
-    if s.zero_stage == 3:
-        link = collective_link(s.dp, hardware)
-        total += 2 * sum(all_gather(b, s.dp, link) for b in buckets)
     return total, times[-1]
 
 
@@ -250,12 +292,22 @@ def bucket_comm_times(model, hardware, strategy, processes=1) -> list[float]:
     an all-reduce that follows compute is slower than the back-to-back ones a sweep times (Gloo's threads
     wake up, caches are cold, and the cores are the same ones compute just used), measured by calibrate().
     """
+    from .topology import group_collective, placement
+
     s = strategy
     if s.dp == 1:
         return []
     pack = 6.0 / hardware.mem_rate(processes)
     factor = hardware.comm_in_situ(processes)
-    return [all_reduce(b, s.dp, hardware) * factor + pack * b for b in gradient_buckets(model, s)]
+    place = placement(s, hardware, "dp")
+
+    def sync(b):
+        if s.zero_stage == 3:  # reduce-scatter the gradients; all-gather the weights for forward and backward
+            return (group_collective("reduce_scatter", b, place, hardware)
+                    + 2 * group_collective("all_gather", b, place, hardware))
+        return group_collective("all_reduce", b, place, hardware)
+
+    return [sync(b) * factor + pack * b for b in gradient_buckets(model, s)]
 
 
 def optimizer_time(model, hardware, strategy, processes=1) -> float:
@@ -264,35 +316,59 @@ def optimizer_time(model, hardware, strategy, processes=1) -> float:
     params_here = model.params / (s.tp * s.pp) / (s.dp if s.zero_stage >= 1 else 1)
     moved = {"sgd": 12.0, "sgd_momentum": 20.0, "adam": 36.0}[s.optimizer]  # fp32 reads + writes per param
     zero_grad = 4.0  # zero_grad(set_to_none=False) writes the gradients
-    return params_here * (moved + zero_grad) / hardware.mem_rate(processes)
+    total = params_here * (moved + zero_grad)
+    return total / hardware.achievable_bandwidth(total, processes)
+
+
+def embedding_sync_time(model, hardware, strategy) -> float:
+    """Pipelines tie the input embedding (first stage) to the logits (last stage): their V/tp × h gradients are
+    all-reduced between the two once per step (Megatron-LM). 0 without a pipeline or a vocabulary."""
+    from .topology import Placement, group_collective
+
+    s = strategy
+    if s.pp == 1 or model.kind != "gpt" or not model.vocab:
+        return 0.0
+    size = model.vocab / s.tp * model.hidden * (2 if s.mixed_precision else 4)
+    same = (s.pp - 1) * s.tp < hardware.devices_per_node  # ranks 0 and (pp−1)·tp of the grid share node 0
+    ends = Placement("embedding", 2, 2, 1) if same else Placement("embedding", 2, 1, 2)
+    return group_collective("all_reduce", size, ends, hardware)
 
 
 def predict(model, hardware, strategy, processes: int | None = None, require_fit: bool = False) -> Prediction:
     """Predict one optimizer step of ``model`` split by ``strategy`` on ``hardware``.
 
+    step = compute + exposed communication + bubble + optimizer, where (per micro-batch, slowest pipeline rank)
+    compute is the operators' time (``layer``: GEMMs and memory-bound kernels, recomputation included), the
+    exposed communication is the tensor-parallel collectives, 2·v pipeline messages (forward activation and
+    backward gradient per model chunk), and the data-parallel sync (overlapped with the last backward when
+    ``overlap``), and the 1F1B bubble is (pp − 1)/v stage times. A plan that does not fit in memory reports
+    no throughput (``throughput``, ``tokens_per_s``, ``mfu`` are None): it would not run.
+
     ``processes``: processes sharing one node's cores (CPU box; default: the world size, capped at one node).
     """
     from .memory import check_fits, memory_per_device
+    from .topology import p2p_time
 
-    s = strategy.validate(model=model)
+    s = strategy.validate(model=model, hardware=hardware)
     processes = processes or min(s.world_size, hardware.devices_per_node)
-    t_fwd, t_bwd = stage_times(model, hardware, s, processes)
-    m = s.num_micro_batches
-    compute = m * (t_fwd + t_bwd)
-    bubble = 0.0
-    if s.pp > 1:
-        bubble = (s.pp - 1) * (t_fwd + t_bwd) / s.virtual_stages
+    m, v = s.num_micro_batches, s.virtual_stages
     act_bytes = s.micro_batch * model.seq_len * model.hidden * (2 if s.mixed_precision else 4)
-    tp_comm = pp_comm = 0.0
-    if s.tp > 1:  # Megatron: 2 all-reduces forward + 2 backward per layer (or RS+AG with sequence parallel)
-        per_layer = 4 * ring_all_reduce(act_bytes, s.tp, hardware.intra)
-        tp_comm = m * per_layer * model.layers / s.pp
-    if s.pp > 1:  # one activation forward and one gradient back per micro-batch per boundary
-        link = hardware.intra if s.world_size <= hardware.devices_per_node else hardware.inter
-        pp_comm = 2 * m * p2p(act_bytes / s.tp, link)
+    if model.kind == "gpt":
+        st = gpt_stage(model, hardware, s, processes)
+        t_fwd, t_bwd = st["forward"], st["backward"]
+        tp_per_mb = st["forward_comm"] + st["backward_comm"]
+    else:
+        t_fwd, t_bwd = stage_times(model, hardware, s, processes)
+        tp_per_mb = 4 * ring_all_reduce(act_bytes, s.tp, hardware.intra) * model.layers / s.pp if s.tp > 1 else 0
+    compute = m * (t_fwd + t_bwd)
+    tp_comm = m * tp_per_mb
+    bubble = (s.pp - 1) * (t_fwd + t_bwd + tp_per_mb) / v if s.pp > 1 else 0.0
+    pp_messages = 2 * m * v if s.pp > 1 else 0
+    pp_comm = pp_messages * p2p_time(act_bytes, s, hardware)
     dp_total, dp_last = dp_comm_time(model, hardware, s, processes)
     dp_exposed = max(dp_last, dp_total - t_bwd) if s.overlap else dp_total
-    exposed = tp_comm + pp_comm + dp_exposed
+    embed = embedding_sync_time(model, hardware, s)
+    exposed = tp_comm + pp_comm + dp_exposed + embed
     opt = optimizer_time(model, hardware, s, processes)
     step = compute + bubble + exposed + opt
     mem = memory_per_device(model, s)
@@ -302,9 +378,13 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
     samples = s.global_batch
     model_flops = model.flops_per_sample() * samples
     mfu = model_flops / (step * s.world_size * hardware.peak(s.dtype, processes))
-    return Prediction(step, compute, exposed, bubble, opt, samples / step, samples * model.seq_len / step, mfu,
-                      mem, fits, dict(forward=t_fwd * m, backward=t_bwd * m, tp_comm=tp_comm, pp_comm=pp_comm,
-                                      dp_comm=dp_total, dp_exposed=dp_exposed))
+    throughput, tokens = samples / step, samples * model.seq_len / step
+    if not fits:
+        throughput = tokens = mfu = None
+    return Prediction(step, compute, exposed, bubble, opt, throughput, tokens, mfu, mem, fits,
+                      dict(forward=t_fwd * m, backward=t_bwd * m, tp_comm=tp_comm, pp_comm=pp_comm,
+                           pp_messages=pp_messages, dp_comm=dp_total, dp_exposed=dp_exposed,
+                           embedding_sync=embed))
 
 
 def scaling(model, hardware, strategies, processes=None):

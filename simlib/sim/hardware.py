@@ -75,6 +75,24 @@ class Link:
     by_world: dict = field(default_factory=dict)
     source: str = ""
     measured: dict = field(default_factory=dict)  # {world_size: [(bytes, seconds)]} all-reduce times measured
+    # published nccl-tests bus bandwidth by message size, ((bytes, B/s), ...): where present, a collective's time
+    # is its bus-bandwidth factor × S / busbw(S) read off this curve (see :meth:`bus_bandwidth`)
+    busbw_points: tuple = ()
+
+    def bus_bandwidth(self, size: float):
+        """Bus bandwidth (B/s) for a ``size``-byte message, read off the published curve, or None without one.
+
+        Between published sizes: linear in log(size); above the largest: flat (the link is saturated). Below the
+        smallest size a message is latency-bound, so its *time* stays that of the smallest size: the bandwidth
+        returned falls in proportion to the size.
+        """
+        if not self.busbw_points:
+            return None
+        pts = sorted(self.busbw_points)
+        smallest, bw_small = pts[0]
+        if size < smallest:
+            return bw_small * max(size, 1.0) / smallest
+        return interpolate(pts, size)
 
     def all_reduce_time(self, size: float, world_size: int):
         """The measured all-reduce time for ``size`` bytes (log-log interpolation), or None if not measured.
@@ -103,13 +121,19 @@ class Link:
         return self.by_world.get(int(world_size), (self.alpha, self.bandwidth))
 
     @classmethod
-    def from_busbw(cls, points, world_size: int, source: str = "") -> "Link":
-        """A link from published all-reduce points [(bytes, bus GB/s), ...] (nccl-tests output)."""
+    def from_busbw(cls, points, world_size: int, source: str = "", keep_curve: bool = False) -> "Link":
+        """A link from published all-reduce points [(bytes, bus GB/s), ...] (nccl-tests output).
+
+        α and B are a fit through the points; ``keep_curve`` also keeps the points themselves, so that a
+        collective of any size is priced at the bus bandwidth measured for that size (a straight α-β line
+        through 1 MB .. 1 GB misses the large sizes by ~15 %: NCCL changes protocol and algorithm with size).
+        """
         n = world_size
         sizes = [p[0] for p in points]
         times = [p[0] * 2 * (n - 1) / n / (p[1] * GB) for p in points]
         alpha, bw = fit_alpha_beta(sizes, times, n)
-        return cls(alpha, bw, {}, source)
+        curve = tuple((float(a), float(b) * GB) for a, b in points) if keep_curve else ()
+        return cls(alpha, bw, {}, source, busbw_points=curve)
 
 
 @dataclass(frozen=True)
@@ -132,6 +156,12 @@ class Hardware:
     cores: int | None = None     # CPU boxes: cores shared by the processes of a node
     source: str = ""
     measurements: object = None  # calibrate(): the raw numbers behind the tables
+    # achievable fraction of ``memory_bandwidth`` against the bytes one kernel moves, [(MB, efficiency)]
+    # (GPU presets: Calculon's table); None: the full bandwidth for every size (CPU boxes measure theirs)
+    mem_efficiency: object = None
+    # how a GEMM's math and its own memory traffic combine: "roofline" (the longer of the two: loads hidden
+    # behind math) or "no_overlap" (their sum: Calculon's processing_mode, the one its A100/H100 files use)
+    processing: str = "roofline"
     # calibrate(): measured terms of a real multi-process CPU step (empty for presets: no such terms):
     # {"straggler": {w: f}, "layer_factor": {(w, threads): f}, "comm_in_situ": {w: f},
     #  "accumulate_grad_Bps": {w: B/s}, "gemm_shapes": {(w, threads): {(m, k, n): FLOP/s}}, "p2p": (α, B)}
@@ -218,6 +248,18 @@ class Hardware:
             return bw.get(processes) or bw[min(bw, key=lambda k: abs(k - processes))]
         return float(bw)
 
+    def __post_init__(self):
+        if self.processing not in ("roofline", "no_overlap"):
+            raise ValueError(f"processing must be 'roofline' or 'no_overlap', got {self.processing!r}")
+
+    def achievable_bandwidth(self, nbytes: float, processes: int = 1) -> float:
+        """B/s a memory-bound kernel moving ``nbytes`` reaches: the memory bandwidth × the efficiency for that
+        size (small kernels do not fill the memory system: Calculon's ``MB_efficiency`` table)."""
+        rate = self.mem_rate(processes)
+        if not self.mem_efficiency:
+            return rate
+        return rate * interpolate(self.mem_efficiency, max(nbytes, 1.0) / 1e6)
+
     def peak(self, dtype: str = "bf16", processes: int = 1) -> float:
         """Peak FLOP/s of one device (CPU box: the best rate calibrated for this process count)."""
         if self.peak_flops:
@@ -234,6 +276,25 @@ class Hardware:
 # Calculon's GEMM efficiency table for A100/H100 float16 (calculon-ai/calculon, systems/a100_80g.json and
 # h100_80g_nvl8.json): GFLOPs of one GEMM -> fraction of peak. Calculon's own validation tunes these per system.
 CALCULON_GEMM_EFFICIENCY = [(128, 0.95), (16, 0.9), (1, 0.6), (0.001, 0.1)]
+# Calculon's achievable memory bandwidth (systems/a100_80g.json "mem1" MB_efficiency): MB one kernel moves ->
+# fraction of the HBM bandwidth. Memory-bound operators (layer norm, softmax, dropout, GeLU, residual adds) and
+# the memory side of every GEMM are priced with it.
+CALCULON_MEM_EFFICIENCY = [(100, 0.90), (10, 0.75), (1, 0.6), (0.001, 0.3)]
+
+
+def anchored(table, measured_efficiency):
+    """Calculon's curve (how GEMM efficiency falls with size), its height set by one measured large GEMM:
+    every point scaled so that the largest reaches ``measured_efficiency``."""
+    top = max(e for _, e in table)
+    return [(x, e * measured_efficiency / top) for x, e in table]
+
+
+# Measured large fp16 matmuls (the GEMM rate a preset can actually reach, where Calculon's 95 % is idealised):
+# A100 80GB, n = 8192 square (1,100 GFLOPs): 230 TFLOP/s = 73.7 % of 312 (mli/transformers-benchmarks README,
+# micro_bench.ipynb); H100 SXM, 4224×8192×2048 bf16 (142 GFLOPs): 780 TFLOP/s = 78.9 % of 989, with
+# max-autotune kernels and vboost (a public gist by H. He, "H100 peak matmul FLOPS").
+A100_GEMM_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 230 / 312)
+H100_GEMM_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 780 / 989)
 
 # Azure's published nccl-tests all-reduce bus bandwidth, 8 GPUs in one node, (bytes, GB/s).
 AZURE_A100_80GB_ALLREDUCE = [(1 << 20, 36), (16 << 20, 109), (128 << 20, 174), (1 << 30, 228)]
@@ -244,18 +305,23 @@ def dgx_a100() -> Hardware:
     """DGX A100 80 GB: 8 GPUs per node on NVSwitch, one 200 Gb/s HDR InfiniBand NIC per GPU.
 
     Peak 312 TFLOP/s bf16/fp16 dense, 156 tf32, 19.5 fp32; 80 GB HBM2e at 2.039 TB/s (NVIDIA A100 datasheet).
-    Inside a node: α and B fitted to Azure's nccl-tests all-reduce on 8× A100-SXM4-80GB (36 GB/s at 1 MB …
-    228 GB/s at 1 GB). Between nodes: ~23 GB/s per NIC, half of the ~46–48 GB/s measured on NDR 400 Gb/s
-    (nccl-tests issue 290) since HDR is 200 Gb/s; 5 µs per step is an assumption (not measured).
-    GEMM efficiency: Calculon's table.
+    Inside a node: Azure's nccl-tests all-reduce bus bandwidth on 8× A100-SXM4-80GB (36 GB/s at 1 MB …
+    228 GB/s at 1 GB), used as a curve (bus bandwidth by message size); α and B are also fitted to it.
+    Between nodes: one 200 Gb/s HDR NIC per GPU (eight per node, as on the DGX A100 and Selene), ~23 GB/s per
+    NIC, half of the ~46–48 GB/s measured on NDR 400 Gb/s (nccl-tests issue 290); 5 µs per step is an
+    assumption (not measured). GEMM efficiency: Calculon's curve, anchored at a measured 230 TFLOP/s for a
+    large fp16 matmul (:data:`A100_GEMM_EFFICIENCY`); a GEMM takes the longer of its math and its own memory
+    traffic (roofline: that measurement already includes the GEMM's own loads). Achievable memory bandwidth for
+    memory-bound kernels: Calculon's table (systems/a100_80g.json).
     """
     return Hardware(
         name="DGX A100 80GB", peak_flops={"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
         memory_bytes=80e9, memory_bandwidth=2.039e12,
-        intra=Link.from_busbw(AZURE_A100_80GB_ALLREDUCE, 8, "Azure nccl-tests, 8x A100-SXM4-80GB"),
+        intra=Link.from_busbw(AZURE_A100_80GB_ALLREDUCE, 8, "Azure nccl-tests, 8x A100-SXM4-80GB", keep_curve=True),
         inter=Link(5e-6, 23e9, {}, "HDR 200 Gb/s per GPU: half of NDR's ~47 GB/s (nccl-tests #290); α assumed"),
-        devices_per_node=8, gemm_table={"bf16": CALCULON_GEMM_EFFICIENCY},
-        source="NVIDIA A100 datasheet; Azure nccl-tests; Calculon systems/a100_80g.json")
+        devices_per_node=8, gemm_table={"bf16": A100_GEMM_EFFICIENCY}, mem_efficiency=CALCULON_MEM_EFFICIENCY,
+        source="NVIDIA A100 datasheet; Azure nccl-tests; Calculon systems/a100_80g.json; "
+               "mli/transformers-benchmarks (A100 matmul)")
 
 
 def dgx_h100() -> Hardware:
@@ -266,6 +332,8 @@ def dgx_h100() -> Hardware:
     (nccl-tests issue 212); we cap the bandwidth at 370 GB/s and take α from a fit to Azure's 8× H200
     nccl-tests (same NVLink 4 generation; 53 GB/s at 1 MB … 468 at 1 GB with NVLink SHARP, which beats a ring).
     Between nodes: 47 GB/s per NIC measured on NDR (nccl-tests issue 290); α = 5 µs assumed.
+    GEMM efficiency: Calculon's curve anchored at a measured 780 TFLOP/s bf16 matmul (:data:`H100_GEMM_EFFICIENCY`);
+    achievable memory bandwidth: Calculon's table.
     """
     h200 = Link.from_busbw(AZURE_H200_ALLREDUCE, 8)
     return Hardware(
@@ -273,7 +341,7 @@ def dgx_h100() -> Hardware:
         memory_bytes=80e9, memory_bandwidth=3.35e12,
         intra=Link(h200.alpha, 370e9, {}, "ring busbw 370 GB/s (nccl-tests #212); α fitted to Azure H200"),
         inter=Link(5e-6, 47e9, {}, "NDR 400 Gb/s: ~46-48 GB/s per NIC (nccl-tests #290); α assumed"),
-        devices_per_node=8, gemm_table={"bf16": CALCULON_GEMM_EFFICIENCY},
+        devices_per_node=8, gemm_table={"bf16": H100_GEMM_EFFICIENCY}, mem_efficiency=CALCULON_MEM_EFFICIENCY,
         source="NVIDIA H100 datasheet; nccl-tests #212, #290; Azure nccl-tests (H200); Calculon")
 
 

@@ -7,7 +7,11 @@
   sequence parallelism all of it is divided by t; selective recomputation drops the 5·a·s/h (attention) term;
   full recomputation keeps only the layer input, 2·s·b·h (Korthikanti et al. 2022, Table 2).
 - 1F1B keeps at most pp micro-batches in flight on the first stage, so it holds L layers' worth; GPipe keeps
-  all m micro-batches (Narayanan et al. 2021; Korthikanti et al. 2022 §4.2).
+  all m micro-batches (Narayanan et al. 2021; Korthikanti et al. 2022 §4.2). Interleaving v chunks per rank
+  makes the first stage hold 1 + (p − 1)/(p·v) times that (Korthikanti et al. 2022 §4.2.3).
+- Full recomputation keeps each layer's input, but backward rebuilds one layer's activations at a time: that
+  one layer's full set is added on top (the working set of the recomputation).
+- With pp = 1 the same device also holds the loss's fp32 logits, 4·b·s·V/tp bytes.
 """
 from __future__ import annotations
 
@@ -53,6 +57,12 @@ def in_flight_micro_batches(strategy) -> int:
     return min(strategy.pp, strategy.num_micro_batches)
 
 
+def interleave_factor(strategy) -> float:
+    """Extra activation memory of the interleaved schedule on the first stage: 1 + (p − 1)/(p·v) for v > 1."""
+    p, v = strategy.pp, strategy.virtual_stages
+    return 1.0 + (p - 1) / (p * v) if v > 1 and p > 1 else 1.0
+
+
 def memory_per_device(model, strategy) -> dict:
     """Bytes per device: weights, gradients, optimizer, activations and total (first pipeline stage)."""
     w_b, g_b, o_b = param_bytes(strategy)
@@ -64,7 +74,12 @@ def memory_per_device(model, strategy) -> dict:
     layers_here = model.layers / strategy.pp
     per_layer = activation_bytes_per_layer(model, strategy.micro_batch, strategy.tp, strategy.recompute,
                                            strategy.sequence_parallel)
-    activations = per_layer * layers_here * in_flight_micro_batches(strategy)
+    activations = per_layer * layers_here * in_flight_micro_batches(strategy) * interleave_factor(strategy)
+    if strategy.recompute == "full" and model.kind == "gpt":
+        activations += activation_bytes_per_layer(model, strategy.micro_batch, strategy.tp, "none",
+                                                  strategy.sequence_parallel)
+    if model.kind == "gpt" and model.vocab and strategy.pp == 1:
+        activations += 4.0 * strategy.micro_batch * model.seq_len * model.vocab / strategy.tp
     total = weights + grads + optimizer + activations
     return dict(weights=weights, gradients=grads, optimizer=optimizer, activations=activations, total=total)
 

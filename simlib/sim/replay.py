@@ -115,10 +115,12 @@ def replay_pipeline(schedule, t_forward: float, t_backward: float, t_p2p: float 
 
 def replay_pipeline_model(schedule, model, hardware, strategy, steps: int = 1):
     """A pipeline schedule replayed with the cost model's stage times for ``model`` split by ``strategy``."""
-    from .cost import p2p, stage_times
+    from .cost import stage_times
+    from .topology import p2p_time
 
-    s = strategy.validate(model=model)
+    s = strategy.validate(model=model, hardware=hardware)
     t_f, t_b = stage_times(model, hardware, s, min(s.world_size, hardware.devices_per_node))
     v = s.virtual_stages
-    act = s.micro_batch * model.seq_len * model.hidden * (2 if s.mixed_precision else 4) / s.tp
-    return replay_pipeline(schedule, t_f / v, t_b / v, p2p(act, hardware.intra), steps=steps)
+    act = s.micro_batch * model.seq_len * model.hidden * (2 if s.mixed_precision else 4)
+    # the message crosses NVLink or InfiniBand depending on where the stages sit on the rank grid
+    return replay_pipeline(schedule, t_f / v, t_b / v, p2p_time(act, s, hardware), steps=steps)

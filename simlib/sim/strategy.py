@@ -1,7 +1,10 @@
 """How a job is split: data, tensor and pipeline degrees, micro-batches, ZeRO, buckets, overlap, recomputation.
 
 The rank grid is ``arange(world_size).view(dp, pp, tp)`` (tensor-parallel ranks adjacent, so they share a
-node, as in Megatron-LM and picotron); :class:`Strategy` validates the degrees instead of keeping globals.
+node, as in Megatron-LM and picotron); :class:`Strategy` validates the degrees instead of keeping globals, and
+against a machine: a tensor-parallel group must sit inside one node (tp divides the node's devices) unless
+``tp_across_nodes=True`` asks for it (then it is priced on the inter-node link). ``simlib.sim.topology`` places
+every group of the grid on the nodes.
 """
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ class Strategy:
     recompute: str = "none"          # activation recomputation: none | selective | full
     schedule: str = "1f1b"           # pipeline schedule: 1f1b | gpipe | interleaved
     virtual_stages: int = 1          # model chunks per pipeline rank (interleaved 1F1B)
-    sequence_parallel: bool = True   # with tp > 1: shard layer norms/dropout along the sequence (Korthikanti)
+    sequence_parallel: bool = False  # with tp > 1: shard layer norms/dropout along the sequence (Korthikanti)
+    tp_across_nodes: bool = False    # allow a tensor-parallel group to span nodes (priced on the inter-node link)
     dtype: str = "bf16"              # compute dtype; bf16/fp16 mean mixed precision with fp32 master weights
     optimizer: str = "adam"
     threads: int | None = None       # CPU only: torch threads per process (None: cores // processes)
@@ -92,9 +96,17 @@ class Strategy:
             elif self.tp > 1:
                 if any(o % self.tp for _, o in model.linears):
                     raise ValueError(f"a Linear's width does not split over tp = {self.tp}")
-        if hardware is not None and self.tp > hardware.devices_per_node:
-            raise ValueError(f"tp = {self.tp} spans more than one node ({hardware.devices_per_node} devices "
-                             "per node): tensor parallelism needs the fast intra-node links")
+        if hardware is not None and not self.tp_across_nodes:
+            g = hardware.devices_per_node
+            if self.tp > g:
+                raise ValueError(f"tp = {self.tp} spans more than one node ({g} devices per node on "
+                                 f"{hardware.name}): tensor parallelism all-reduces every layer and needs the "
+                                 f"intra-node links. Use tp <= {g} (and pp or dp for the rest), or pass "
+                                 "tp_across_nodes=True to price it on the inter-node link")
+            if g % self.tp:
+                raise ValueError(f"tp = {self.tp} does not divide the {g} devices of a node, so some "
+                                 "tensor-parallel groups would straddle two nodes. Use a divisor of "
+                                 f"{g}, or pass tp_across_nodes=True")
         return self
 
     def replace(self, **changes) -> "Strategy":

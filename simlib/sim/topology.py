@@ -1,0 +1,104 @@
+"""Where each process group sits on the machine, and what its collectives cost there.
+
+The rank grid is ``arange(world_size).view(dp, pp, tp)`` (Megatron-LM's and picotron's order: tensor-parallel
+ranks adjacent, then pipeline stages, then replicas), and nodes hold ``devices_per_node`` consecutive ranks.
+So a tensor-parallel group is ``tp`` neighbours (one node when tp divides the node), a pipeline boundary joins
+ranks ``tp`` apart, and a data-parallel group takes every ``tp·pp``-th rank — it spans nodes as soon as
+tp·pp ≥ the node size. Each group is priced on the links it crosses:
+
+- inside one node: the intra-node link (NVLink/NVSwitch; the published nccl-tests curve where the preset has one);
+- across nodes with one member per node: a ring over the inter-node link, each member on its own NIC
+  (a DGX A100 has one HDR NIC per GPU);
+- across nodes with k > 1 members per node: hierarchical — reduce-scatter inside each node, the 1/k shards
+  all-reduced between nodes (k rings side by side, one per NIC), all-gather inside the node.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import cost
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How one group of ``size`` ranks lies on the nodes: ``per_node`` members share a node, over ``nodes``."""
+
+    kind: str
+    size: int
+    per_node: int
+    nodes: int
+
+    @property
+    def intra_node(self) -> bool:
+        return self.nodes == 1
+
+
+def group_ranks(strategy, kind: str, index: int = 0) -> list[int]:
+    """Global ranks of the ``index``-th member set of a group ("tp", "pp" or "dp") of the grid view(dp, pp, tp).
+
+    Group 0 of each kind starts at rank 0 (every group of a kind has the same shape on whole nodes)."""
+    s = strategy
+    stride = {"tp": 1, "pp": s.tp, "dp": s.tp * s.pp}.get(kind)
+    if stride is None:
+        raise ValueError(f"group kind must be 'tp', 'pp' or 'dp', got {kind!r}")
+    size = {"tp": s.tp, "pp": s.pp, "dp": s.dp}[kind]
+    return [index + i * stride for i in range(size)]
+
+
+def placement(strategy, hardware, kind: str) -> Placement:
+    """The nodes a group of the rank grid spans, and how many of its members share each node."""
+    ranks = group_ranks(strategy, kind)
+    g = hardware.devices_per_node
+    counts: dict[int, int] = {}
+    for r in ranks:
+        counts[r // g] = counts.get(r // g, 0) + 1
+    return Placement(kind, len(ranks), max(counts.values()), len(counts))
+
+
+def _ring(kind, size, n, link):
+    if kind == "all_reduce":
+        return cost.ring_all_reduce(size, n, link)
+    return cost.all_gather(size, n, link)  # all-gather and reduce-scatter move the same bytes
+
+
+def group_collective(kind: str, size: float, place: Placement, hardware) -> float:
+    """Seconds of an all-reduce / reduce-scatter / all-gather of ``size`` bytes (the full tensor) over a group
+    placed as ``place``: intra-node ring, inter-node ring (one member per node), or hierarchical."""
+    if kind not in ("all_reduce", "reduce_scatter", "all_gather"):
+        raise ValueError(f"collective must be all_reduce, reduce_scatter or all_gather, got {kind!r}")
+    n, k, nodes = place.size, place.per_node, place.nodes
+    if n == 1:
+        return 0.0
+    if nodes == 1:
+        if kind == "all_reduce":
+            return cost.all_reduce(size, n, hardware)  # the calibrated curve where measured, else the ring
+        return _ring(kind, size, n, hardware.intra)
+    if k == 1:
+        return _ring(kind, size, nodes, hardware.inter)
+    inside = cost.reduce_scatter(size, k, hardware.intra)      # = all_gather(size, k, intra)
+    between = _ring(kind, size / k, nodes, hardware.inter)     # k rings side by side, one NIC each
+    if kind == "all_reduce":
+        return inside + between + inside
+    return inside + between
+
+
+def p2p_time(size: float, strategy, hardware) -> float:
+    """One pipeline message of ``size`` bytes (the whole activation of a micro-batch) between adjacent stages.
+
+    As Megatron-LM does (Narayanan et al. 2021 §4.1, scatter/gather), each of the tp ranks of a stage sends
+    1/tp of the tensor to its peer in the next stage, and the receiving stage all-gathers it inside its node.
+    The send crosses NVLink when the neighbours share a node (tp·pp within a node), else InfiniBand (one NIC
+    per GPU); if any boundary of the grid crosses nodes, that slowest boundary sets the pace."""
+    s = strategy
+    if s.pp == 1:
+        return 0.0
+    link = hardware.intra if same_node(s, hardware) else hardware.inter
+    gather = cost.all_gather(size, s.tp, hardware.intra) if s.tp > 1 else 0.0
+    return cost.p2p(size / s.tp, link) + gather
+
+
+def same_node(strategy, hardware) -> bool:
+    """Do all pipeline neighbours (ranks tp apart, in every replica) share a node?"""
+    g, s = hardware.devices_per_node, strategy
+    return all(r // g == (r + s.tp) // g
+               for d in range(s.dp) for p in range(s.pp - 1) for r in [(d * s.pp + p) * s.tp])
