@@ -14,4 +14,10 @@ PLANTED_IN = {
     "one_f_one_b": ("one_f_one_b", "PLANTED"),
     "pipeline_stage": ("pipeline_stage", "PLANTED"),
     "tp_linear": ("tp_linear", "PLANTED"),
+    "sharded_optimizer": ("memory", "SHARDED_OPTIMIZER"),
+    "zero3_linear": ("memory", "ZERO3_LINEAR"),
+    "checkpoint_placement": ("memory", "CHECKPOINT_PLACEMENT"),
+    "full_state": ("full_state", "PLANTED"),
+    "vision_milestone": ("projects", "VISION"),
+    "finance_milestone": ("projects", "FINANCE"),
 }
