@@ -23,6 +23,21 @@ def _doctor(args) -> int:
     return 0
 
 
+def _grade(args) -> int:
+    from .grading import batch
+
+    rows = batch.grade(args.submissions, timeout=args.timeout, check_timeout=args.check_timeout,
+                       reuse=args.reuse_workers)
+    if not rows:
+        print("simlib grade: no notebooks found", file=sys.stderr)
+        return 2
+    paths = batch.write(rows, args.out)
+    print(batch.format_summary(rows))
+    print(f"\nwrote {paths['csv']} ({len(rows)} rows: one per submission and check), {paths['json']}, "
+          f"{paths['summary']}")
+    return 0
+
+
 def _scaling(args) -> int:
     from . import experiments, plots
     from .env import quick
@@ -97,6 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="torch version, backends, cores, GPUs, launcher detected")
     p.set_defaults(func=_doctor)
+
+    p = sub.add_parser("grade", help="grade submitted exercise notebooks; write CSV, JSON and a summary")
+    p.add_argument("submissions", nargs="+", help="exercise notebooks, or folders searched for *.ipynb")
+    p.add_argument("--out", default="grades.csv", help="CSV of every row (default grades.csv; .json and "
+                   "_summary.csv beside it)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds each notebook may run (default 300)")
+    p.add_argument("--check-timeout", type=float, default=30.0, help="seconds each multi-process check may take")
+    p.add_argument("--reuse-workers", action="store_true",
+                   help="one set of worker processes for every submission (faster; default: fresh per submission)")
+    p.set_defaults(func=_grade)
 
     p = sub.add_parser("scaling", help="run a data-parallel scaling sweep; write PNG, CSV and JSON")
     p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])

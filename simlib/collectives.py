@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["ring_neighbors", "sendrecv", "chunk_bounds", "ring_reduce_scatter_", "ring_all_gather_",
+__all__ = ["ring_neighbors", "sendrecv", "chunk_bounds", "ring_chunks", "ring_reduce_scatter_", "ring_all_gather_",
            "ring_all_reduce", "bus_factor", "bandwidth_sweep", "fit_alpha_beta", "alpha_beta_time",
            "collective_demo", "COLLECTIVES"]
 
@@ -69,6 +69,21 @@ def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
 
 # ───────────────────────── ring all-reduce ─────────────────────────
 
+def ring_chunks(phase: str, rank: int, world_size: int, step: int) -> tuple[int, int]:
+    """(chunk rank sends right, chunk it receives from the left) at ``step`` of a ring phase.
+
+    reduce_scatter: send (r - s) mod n, add the received partial sum into (r - s - 1) mod n;
+    all_gather: send the finished (r + 1 - s) mod n, receive the finished (r - s) mod n.
+    (Pure: ``simlib.widgets.ring_trace`` steps the same indices to draw the ring.)
+    """
+    n = world_size
+    if phase == "reduce_scatter":
+        return (rank - step) % n, (rank - step - 1) % n
+    if phase == "all_gather":
+        return (rank + 1 - step) % n, (rank - step) % n
+    raise ValueError(f"phase must be 'reduce_scatter' or 'all_gather', got {phase!r}")
+
+
 def ring_reduce_scatter_(flat: torch.Tensor, group=None) -> int:
     """Phase 1, in place on a 1-D tensor: return the index of the chunk this rank now holds summed."""
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
@@ -77,8 +92,9 @@ def ring_reduce_scatter_(flat: torch.Tensor, group=None) -> int:
     bounds = chunk_bounds(flat.numel(), world_size)
     recv = torch.empty(max(e - s for s, e in bounds), dtype=flat.dtype, device=flat.device)
     for step in range(world_size - 1):
-        s_lo, s_hi = bounds[(rank - step) % world_size]        # the partial sum we pass on
-        r_lo, r_hi = bounds[(rank - step - 1) % world_size]    # the one we add our part to
+        send, recv_chunk = ring_chunks("reduce_scatter", rank, world_size, step)
+        s_lo, s_hi = bounds[send]          # the partial sum we pass on
+        r_lo, r_hi = bounds[recv_chunk]    # the one we add our part to
         buf = recv[: r_hi - r_lo]
         sendrecv(flat[s_lo:s_hi], right, buf, left)
         flat[r_lo:r_hi] += buf
@@ -92,8 +108,9 @@ def ring_all_gather_(flat: torch.Tensor, group=None) -> None:
     left, right = _global(left, group), _global(right, group)
     bounds = chunk_bounds(flat.numel(), world_size)
     for step in range(world_size - 1):
-        s_lo, s_hi = bounds[(rank + 1 - step) % world_size]    # a finished chunk we pass on
-        r_lo, r_hi = bounds[(rank - step) % world_size]        # a finished chunk we receive
+        send, recv_chunk = ring_chunks("all_gather", rank, world_size, step)
+        s_lo, s_hi = bounds[send]          # a finished chunk we pass on
+        r_lo, r_hi = bounds[recv_chunk]    # a finished chunk we receive
         sendrecv(flat[s_lo:s_hi], right, flat[r_lo:r_hi], left)
 
 

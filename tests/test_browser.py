@@ -130,6 +130,37 @@ def test_simulator_explorer_redraws_in_jupyterlab(lab):
         assert page.locator(".jp-OutputArea-output img").count() >= 1
 
 
+def test_lesson_explorers_redraw_in_jupyterlab(lab, tmp_path):
+    """Lesson 04's schedule explorer and lesson 01's ring stepper render, and redraw when a slider moves."""
+    import nbformat
+
+    url, token = lab
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
+        "from simlib import widgets\nwidgets.pipeline_explorer()", "widgets.ring_explorer()")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "course" / "lesson_explorers.ipynb")
+    with _page("browser_lesson_explorers.png") as page:
+        _open_and_run_all(page, url, token, "lesson_explorers.ipynb")
+        _wait_output(page, "micro-batches in flight per rank [2, 1]", 120_000)  # 1F1B, p = 2, m = 4
+        _wait_output(page, "before the first step", 60_000)
+        page.wait_for_function("() => document.querySelectorAll('.jp-OutputArea-output img').length >= 2",
+                               timeout=60_000, polling=250)
+        images = "() => [...document.querySelectorAll('.jp-OutputArea-output img')].map(e => e.src)"
+        redrawn = "([old, i]) => { const now = (%s)(); return now.length > i && now[i] !== old[i]; }" % images
+        before = page.evaluate(images)
+        stages = page.locator(".widget-slider", has_text="stages p").first
+        stages.locator(".noUi-handle").focus()
+        page.keyboard.press("ArrowRight")  # p 2 -> 3
+        _wait_output(page, "micro-batches in flight per rank [3, 2, 1]", 60_000)
+        page.wait_for_function(redrawn, arg=[before, 0], timeout=60_000, polling=250)  # a new Gantt chart
+        before = page.evaluate(images)
+        step = page.locator(".widget-slider", has_text="step").first
+        step.locator(".noUi-handle").focus()
+        page.keyboard.press("ArrowRight")  # step 0 -> 1
+        _wait_output(page, "reduce-scatter, step 1 of 3", 60_000)
+        page.wait_for_function(redrawn, arg=[before, 1], timeout=60_000, polling=250)  # a new ring picture
+        assert "Traceback" not in page.inner_text(".jp-Notebook")
+
 def test_interrupting_the_kernel_stops_every_worker(lab, alive):
     """The kernel's interrupt (Kernel > Interrupt Kernel) during a long call: workers stopped, none left."""
     import re

@@ -1,4 +1,17 @@
 """Wrong implementations planted for the grader's tests: each must be caught by some check.
 
 One module per exercise; every function or class is a classic mistake, named for it.
+
+``PLANTED_IN`` says where each exercise's planted versions are: exercise name -> (module, attribute). The
+attribute is a list of the wrong versions, or a dict of them by name. ``tests/test_planted.py`` requires
+every exercise (every ``metadata.simlib`` entry of ``solutions/``) to be here with at least three.
 """
+PLANTED_IN = {
+    "ring_all_reduce": ("ring", "PLANTED"),
+    "average_gradients": ("average", "PLANTED"),
+    "bucket_data_parallel": ("bucket", "PLANTED"),
+    "accumulate_no_sync": ("accumulate", "PLANTED"),
+    "one_f_one_b": ("one_f_one_b", "PLANTED"),
+    "pipeline_stage": ("pipeline_stage", "PLANTED"),
+    "tp_linear": ("tp_linear", "PLANTED"),
+}

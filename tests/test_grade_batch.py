@@ -1,0 +1,167 @@
+"""`simlib grade`: a class's notebooks, each in its own kernel; the library's checks, not the notebook's, decide.
+
+CI grades a representative subset on one exercise (04_one_f_one_b: the cheapest to check): the solution (passes),
+the generated exercise (not implemented), a planted wrong version (fails, with the hint), a submission that fakes
+its checks, one that hangs, one that kills its kernel, and two that are not gradable. Each kernel costs seconds,
+so every solution, every exercise and one planted version per exercise run only with SIMLIB_FULL_GRADE=1.
+"""
+import csv
+import inspect
+import json
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from simlib.exercises import STUB, exercises_of
+from simlib.grading import batch
+
+ROOT = Path(__file__).resolve().parent.parent
+EXERCISE = "04_one_f_one_b.ipynb"
+
+FAKE = '''from simlib import grading
+grading.EXERCISES["one_f_one_b"] = lambda answer, grader: iter([grading.Result("all good", True)])
+grading.check = lambda *args, **kwargs: print("✔ all 6 checks passed")
+print("✔ all 6 checks passed")'''
+
+
+def _from_exercise(path, replace_stub=None, replace_checks=None, extra=None, name=EXERCISE):
+    """The generated exercise with its stub cell and/or its check cell replaced, and extra cells appended."""
+    nb = nbformat.read(str(ROOT / "exercises" / name), as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if replace_stub is not None and STUB[1] in cell.source:
+            cell.source = replace_stub
+        elif replace_checks is not None and "grading.check(" in cell.source:
+            cell.source = replace_checks
+    nb.cells += [nbformat.v4.new_code_cell(src) for src in (extra or [])]
+    nbformat.write(nb, str(path))
+    return path
+
+
+def _planted_source(module, name, answer):
+    """A learner's cell holding planted wrong version ``name`` of ``module`` under the exercise's name."""
+    return inspect.getsource(module) + f"\n{answer} = {name}\n"
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory, cluster2):
+    from planted import one_f_one_b as planted
+    folder = tmp_path_factory.mktemp("class")
+    (folder / "alice").mkdir()
+    (folder / "alice" / EXERCISE).write_text((ROOT / "solutions" / EXERCISE).read_text())
+    (folder / f"bob_{EXERCISE}").write_text((ROOT / "exercises" / EXERCISE).read_text())
+    _from_exercise(folder / f"carol_{EXERCISE}", replace_stub=_planted_source(planted, "gpipe_order", "one_f_one_b_order"))
+    _from_exercise(folder / f"mallory_{EXERCISE}", replace_checks=FAKE)
+    _from_exercise(folder / f"crash_{EXERCISE}", extra=["import os\nos._exit(3)"])
+    (folder / f"notes_{EXERCISE}").write_text("this is not a notebook")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    nbformat.write(nb, str(folder / "99_unknown.ipynb"))
+    rows = batch.grade([folder], timeout=60, clusters={2: cluster2}, progress=lambda text: None)
+    return folder, rows
+
+
+def _of(rows, who):
+    return [r for r in rows if who in r.submission]
+
+
+def test_the_solution_passes_every_check(graded):
+    _, rows = graded
+    mine = _of(rows, "alice")
+    checks = [r for r in mine if r.kind == "check"]
+    assert len(checks) >= 5 and all(r.passed for r in mine), [(r.check, r.detail) for r in mine if not r.passed]
+
+
+def test_the_generated_exercise_is_not_implemented(graded):
+    _, rows = graded
+    checks = [r for r in _of(rows, "bob") if r.kind == "check"]
+    assert [r.status for r in checks] == ["not implemented"]
+    assert "NotImplementedError" in checks[0].hint
+
+
+def test_a_planted_wrong_version_fails_with_its_hint(graded):
+    _, rows = graded
+    failed = [r for r in _of(rows, "carol") if not r.passed]
+    assert failed and all(r.kind == "check" for r in failed)
+    assert "GPipe" in " ".join(r.hint for r in failed)
+
+
+def test_faked_checks_earn_nothing(graded):
+    _, rows = graded
+    mine = _of(rows, "mallory")
+    assert not any(r.passed for r in mine if r.kind == "check")
+    assert [r.status for r in mine if r.kind == "check"] == ["not implemented"]
+
+
+def test_a_crashing_kernel_is_a_failed_row_not_a_stopped_grader(graded):
+    _, rows = graded
+    mine = _of(rows, "crash")
+    run = [r for r in mine if r.kind == "run"][0]
+    assert not run.passed and run.status == "error" and "kernel died" in run.detail
+    assert not any(r.passed for r in mine if r.kind == "check")
+
+
+def test_unreadable_and_unknown_submissions_are_rows(graded):
+    _, rows = graded
+    assert _of(rows, "notes")[0].check == "the submission is a notebook"
+    unknown = _of(rows, "99_unknown")[0]
+    assert unknown.check == "the submission names a known exercise" and "04_one_f_one_b.ipynb" in unknown.hint
+
+
+def test_a_hanging_notebook_is_stopped_at_the_time_limit(tmp_path, cluster2):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
+        "def one_f_one_b_order(rank, num_stages, num_microbatches):\n    raise NotImplementedError()",
+        "import time\ntime.sleep(600)")])
+    nbformat.write(nb, str(tmp_path / f"sleepy_{EXERCISE}"))
+    rows = batch.grade_notebook(tmp_path / f"sleepy_{EXERCISE}", timeout=15, pool=batch.WorkerPool({2: cluster2}))
+    run = [r for r in rows if r.kind == "run"][0]
+    assert run.status == "timeout" and "did not finish within 15 s" in run.detail and run.seconds < 90
+    assert [r.status for r in rows if r.kind == "check"] == ["not implemented"]  # the objects came back anyway
+
+
+def test_written_files_and_summary(graded, tmp_path):
+    _, rows = graded
+    paths = batch.write(rows, tmp_path / "out" / "grades.csv")
+    table = list(csv.DictReader(open(paths["csv"])))
+    assert len(table) == len(rows) and set(table[0]) == set(batch.FIELDS)
+    data = json.loads(paths["json"].read_text())
+    summary = {s["exercise"]: s for s in data["summary"]}
+    one = summary["one_f_one_b"]
+    assert (one["submissions"], one["passed"], one["not_implemented"], one["errors"]) == (5, 1, 2, 1)
+    assert one["failed"] == 1  # carol
+    assert "exercise,submissions,passed" in paths["summary"].read_text().splitlines()[0]
+    assert "one_f_one_b" in batch.format_summary(rows)
+
+
+def test_cli_grade_refuses_a_missing_path(tmp_path, capsys):
+    from simlib.cli import main
+    assert main(["grade", str(tmp_path / "nowhere"), "--out", str(tmp_path / "g.csv")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err and not (tmp_path / "g.csv").exists()
+
+
+@pytest.mark.skipif(not os.environ.get("SIMLIB_FULL_GRADE"), reason="every exercise through the batch grader: "
+                    "~14 kernels plus the checks, a few minutes; set SIMLIB_FULL_GRADE=1")
+def test_every_solution_passes_and_no_exercise_or_planted_version_does(tmp_path, cluster2, cluster4):
+    import importlib
+
+    from planted import PLANTED_IN
+    for path in sorted((ROOT / "solutions").glob("[0-9]*.ipynb")):
+        (tmp_path / f"solution_{path.name}").write_text(path.read_text())
+        (tmp_path / f"exercise_{path.name}").write_text((ROOT / "exercises" / path.name).read_text())
+        entry = exercises_of(nbformat.read(str(path), as_version=4))[0]
+        module_name, attribute = PLANTED_IN[entry["exercise"]]
+        module = importlib.import_module(f"planted.{module_name}")
+        bugs = getattr(module, attribute)
+        first = next(iter(bugs)) if isinstance(bugs, dict) else bugs[0].__name__
+        _from_exercise(tmp_path / f"planted_{path.name}", name=path.name,
+                       replace_stub=_planted_source(module, first, entry["answer"]))
+    rows = batch.grade([tmp_path], timeout=300, clusters={2: cluster2, 4: cluster4}, progress=print)
+    for who, want in (("solution_", True), ("exercise_", False), ("planted_", False)):
+        by_sub = {}
+        for r in rows:
+            if Path(r.submission).name.startswith(who) and r.kind == "check":
+                by_sub.setdefault(r.submission, []).append(r.passed)
+        assert len(by_sub) == 7
+        assert all(all(v) == want for v in by_sub.values()), {k: v for k, v in by_sub.items() if all(v) != want}
