@@ -341,9 +341,12 @@ class Cluster:
         """One short message for workers that ended while starting: rank, exit code, the last lines they wrote."""
         failures = getattr(error, "failures", None) or {}
         lines, by_rank = [], {}
+        first = [r for r, f in sorted(failures.items()) if (getattr(f, "exitcode", None) or 0) > 0]
         for rank, failure in sorted(failures.items()):
             code = getattr(failure, "exitcode", None)
             how = f"exit code {code}" if code is None or code >= 0 else f"signal {signal.Signals(-code).name}"
+            if code == -signal.SIGTERM and first:  # the agent stops the others when one rank fails
+                how += f", stopped by the agent when rank {first[0]} failed"
             tail = _last_lines(self._log_dir, getattr(failure, "local_rank", rank))
             by_rank[rank] = RemoteFailure(rank, "StartupError", f"ended while starting ({how})", tail)
             lines.append(f"rank {rank} ended while starting ({how})" + (":\n" + _indent(tail) if tail else ""))
