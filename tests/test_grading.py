@@ -88,7 +88,8 @@ def test_exception_in_learner_code_is_reported(clusters, capsys):
     report = grading.check("average_gradients", planted_average.raises, clusters=clusters)
     assert report.status == "error"
     out = capsys.readouterr().out
-    assert "ValueError" in out and "oops" in out and "rank 0" in out
+    # every rank raises; whichever rank's report arrives first is named
+    assert "ValueError" in out and "oops" in out and ("rank 0" in out or "rank 1" in out)
 
 
 def test_hang_is_reported_and_the_workers_recover(cluster2):
