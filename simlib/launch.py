@@ -291,6 +291,7 @@ class Cluster:
         try:
             self._await_workers()
         except BaseException:
+            listener.close()  # workers still starting cannot connect, so they exit (none is known to kill yet)
             self._kill()
             raise
         self.last_start_seconds = time.perf_counter() - t0
