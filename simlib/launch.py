@@ -389,15 +389,19 @@ class Cluster:
                 except (ProcessLookupError, PermissionError, OSError):
                     continue
 
-    def _finish(self, wait: float = 15.0) -> None:
-        if self._agent is not None:
-            self._agent.join(wait)
+    def _drop_connections(self) -> None:
+        """Close the channels to the current workers and forget them (their PIDs too)."""
         for chan in self._conns.values():
             try:
                 chan.conn.close()
             except OSError:
                 pass
         self._conns, self._pids = {}, {}
+
+    def _finish(self, wait: float = 15.0) -> None:
+        if self._agent is not None:
+            self._agent.join(wait)
+        self._drop_connections()
         listener = getattr(self, "_listener", None)
         if listener is not None:
             listener.close()
@@ -506,12 +510,7 @@ class Cluster:
         print(f"simlib: {_cause(err)}. Restarting all {self.world_size} workers: restart {self.attempt + 1} of "
               f"max_restarts={self.max_restarts}", file=sys.stderr, flush=True)
         self._kill_workers()  # the agent sees them fail and starts new ones (TORCHELASTIC_RESTART_COUNT + 1)
-        for chan in self._conns.values():
-            try:
-                chan.conn.close()
-            except OSError:
-                pass
-        self._conns, self._pids = {}, {}
+        self._drop_connections()
         try:
             self._await_workers()
         except BaseException:
