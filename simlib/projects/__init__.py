@@ -6,3 +6,9 @@
                          series that ships inside the ``arch`` package; tested on the later, real years
     seeding              per-sample seeds, and the check that catches the same seed on every rank
 """
+
+
+def positive_int(name, value):
+    """Raise ``ValueError`` unless ``value`` is an int >= 1 (a bool is not): the projects' argument check."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")

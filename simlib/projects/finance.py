@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import positive_int
 from .seeding import generator
 
 __all__ = ["HedgingTask", "HedgeNet", "load_sp500", "calibrate", "bs_call_price", "bs_delta", "real_windows",
@@ -137,11 +138,6 @@ class HedgeNet(nn.Module):
         return hedge_pnl(paths, self.holdings(paths), self.premium, self.strike, self.cost)
 
 
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 @dataclass
 class HedgingTask:
     """The finance project as a ``Task`` for ``simlib.train``: batch = Monte-Carlo GBM paths, y = payoff."""
@@ -159,7 +155,7 @@ class HedgingTask:
 
     def __post_init__(self):
         for key in ("global_batch", "days", "block", "hidden", "depth"):
-            _positive_int(key, getattr(self, key))
+            positive_int(key, getattr(self, key))
         if self.global_batch % self.block:
             raise ValueError(f"global_batch {self.global_batch} must be a multiple of block {self.block}")
         if not 0 <= self.cost < 0.1:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import positive_int
 from .seeding import generator
 
 __all__ = ["DigitsTask", "ResNet", "BasicBlock", "load_digits_split", "baseline_logistic", "LOADERS"]
@@ -98,11 +99,6 @@ class ResNet(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 @dataclass
 class DigitsTask:
     """The vision project as a ``Task`` for ``simlib.train`` (see TRAIN_API: build_model, batch, loss, evaluate)."""
@@ -122,7 +118,7 @@ class DigitsTask:
 
     def __post_init__(self):
         for key in ("global_batch", "image_size", "width", "blocks_per_stage"):
-            _positive_int(key, getattr(self, key))
+            positive_int(key, getattr(self, key))
         if self.image_size < 8:
             raise ValueError(f"image_size must be >= 8 (the digits are 8x8), got {self.image_size}")
         if self.loader not in LOADERS:
