@@ -9,7 +9,8 @@
 """
 from .cost import (Prediction, all_gather, all_reduce, hierarchical_all_reduce, p2p, predict, reduce_scatter,
                    ring_all_reduce, scaling, tree_all_reduce)
-from .hardware import Hardware, Link, calibrate, cpu_box, dgx_a100, dgx_h100, fit_alpha_beta, preset
+from .calibrate import calibrate
+from .hardware import Hardware, Link, cpu_box, dgx_a100, dgx_h100, fit_alpha_beta, preset
 from .layer import Op, layer_ops, operator_table
 from .memory import DoesNotFit, check_fits, memory_per_device, min_devices_to_fit
 from .model import GPT_SIZES, ModelSpec, from_module, gpt, gpt_size

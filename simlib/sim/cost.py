@@ -24,94 +24,17 @@ their factors are 1 and their extra terms 0):
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-
-def _check(size, n):
-    if size < 0:
-        raise ValueError(f"message size must be >= 0 bytes, got {size}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"number of ranks must be an int >= 1, got {n!r}")
-
-
-def _ab(link, n, size=None):
-    """(α, B) of a link for n ranks; with a published bus-bandwidth curve, (0, busbw(size)): nccl-tests' bus
-    bandwidth already includes the latency at that size, so no α is added on top."""
-    if size is not None and getattr(link, "busbw_points", ()):
-        return 0.0, link.bus_bandwidth(size)
-    return link.at(n) if hasattr(link, "at") else link
-
-
-def ring_all_reduce(size, n, link) -> float:
-    _check(size, n)
-    if n == 1:
-        return 0.0
-    alpha, bw = _ab(link, n, size)
-    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / bw
-
-
-def tree_all_reduce(size, n, link) -> float:
-    _check(size, n)
-    if n == 1:
-        return 0.0
-    alpha, bw = _ab(link, n, size)
-    return 2 * math.ceil(math.log2(n)) * alpha + 2 * size / bw
-
-
-def all_gather(size, n, link) -> float:
-    _check(size, n)
-    if n == 1:
-        return 0.0
-    alpha, bw = _ab(link, n, size)
-    return (n - 1) * alpha + (n - 1) / n * size / bw
-
-
-reduce_scatter = all_gather  # the same traffic, reversed
-
-
-def p2p(size, link) -> float:
-    _check(size, 2)
-    alpha, bw = _ab(link, 2, size)
-    return alpha + size / bw
-
-
-def hierarchical_all_reduce(size, nodes, per_node, intra, inter) -> float:
-    """Reduce-scatter inside each node, ring all-reduce of the 1/g shards between nodes, all-gather inside."""
-    return (reduce_scatter(size, per_node, intra) + ring_all_reduce(size / per_node, nodes, inter)
-            + all_gather(size, per_node, intra))
-
-
-def all_reduce(size, n, hardware, algorithm: str = "ring") -> float:
-    """All-reduce over n ranks laid out node by node: one node -> ring/tree; several -> hierarchical."""
-    if algorithm not in ("ring", "tree"):
-        raise ValueError(f"algorithm must be 'ring' or 'tree', got {algorithm!r}")
-    g = hardware.devices_per_node
-    if n <= g:
-        measured = hardware.intra.all_reduce_time(size, n) if n > 1 else None
-        if measured is not None:  # a calibrated machine: its own curve beats the α-β line
-            return measured
-        return (ring_all_reduce if algorithm == "ring" else tree_all_reduce)(size, n, hardware.intra)
-    if n % g:
-        raise ValueError(f"{n} ranks do not fill whole nodes of {g}")
-    return hierarchical_all_reduce(size, n // g, g, hardware.intra, hardware.inter)
+from .collectives import (all_gather, all_reduce, hierarchical_all_reduce, p2p, reduce_scatter,  # noqa: F401
+                          ring_all_reduce, tree_all_reduce)
+from .compute import gemm_time, gemms_time  # noqa: F401
+from .layer import embedding_ops, head_ops, layer_ops, ops_time, recompute_ops
+from .memory import activation_bytes_per_layer, check_fits, memory_per_device
+from .topology import Placement, group_collective, p2p_time, placement
 
 
 # ───────────────────────── compute ─────────────────────────
-
-def gemm_time(m, k, n, hardware, dtype="bf16", processes=1, threads=None) -> float:
-    """Seconds of one (m×k)·(k×n) GEMM: the rate measured for this exact shape if calibrate() timed it,
-    else the GFLOPs-keyed table (efficiency against size)."""
-    flops = 2.0 * m * k * n
-    if flops == 0:
-        return 0.0
-    rate = hardware.gemm_shape_rate(m, k, n, processes, threads) if hasattr(hardware, "gemm_shape_rate") else None
-    return flops / (rate or hardware.gemm_rate(flops / 1e9, dtype, processes, threads))
-
-
-def gemms_time(gemms, hardware, dtype="bf16", processes=1, threads=None) -> float:
-    return sum(c * gemm_time(m, k, n, hardware, dtype, processes, threads) for m, k, n, c in gemms)
-
 
 def backward_gemms(model, forward):
     """Each forward GEMM x·W has two backward GEMMs (grad input, grad weight) of the same size; an MLP's first
@@ -157,7 +80,6 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
     forward / backward compute (GEMMs + memory-bound kernels; backward includes the recomputed forward) and
     forward_comm / backward_comm (the tensor-parallel collectives, exposed: Megatron does not overlap them).
     """
-    from .layer import embedding_ops, head_ops, layer_ops, ops_time, recompute_ops
 
     s = strategy
     w = 2 if s.mixed_precision else 4
@@ -227,8 +149,6 @@ def elementwise_bytes(model, strategy) -> float:
     Korthikanti et al. count as stored (layer norms, softmax, dropout, GeLU) is written and read about five
     times over forward and backward; this is the term that keeps a GPT layer below its GEMMs' speed.
     """
-    from .memory import activation_bytes_per_layer
-
     s = strategy
     if model.kind == "mlp":
         return model.elementwise_bytes(s.micro_batch)
@@ -292,8 +212,6 @@ def bucket_comm_times(model, hardware, strategy, processes=1) -> list[float]:
     an all-reduce that follows compute is slower than the back-to-back ones a sweep times (Gloo's threads
     wake up, caches are cold, and the cores are the same ones compute just used), measured by calibrate().
     """
-    from .topology import group_collective, placement
-
     s = strategy
     if s.dp == 1:
         return []
@@ -323,8 +241,6 @@ def optimizer_time(model, hardware, strategy, processes=1) -> float:
 def embedding_sync_time(model, hardware, strategy) -> float:
     """Pipelines tie the input embedding (first stage) to the logits (last stage): their V/tp × h gradients are
     all-reduced between the two once per step (Megatron-LM). 0 without a pipeline or a vocabulary."""
-    from .topology import Placement, group_collective
-
     s = strategy
     if s.pp == 1 or model.kind != "gpt" or not model.vocab:
         return 0.0
@@ -346,9 +262,6 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
 
     ``processes``: processes sharing one node's cores (CPU box; default: the world size, capped at one node).
     """
-    from .memory import check_fits, memory_per_device
-    from .topology import p2p_time
-
     s = strategy.validate(model=model, hardware=hardware)
     processes = processes or min(s.world_size, hardware.devices_per_node)
     m, v = s.num_micro_batches, s.virtual_stages

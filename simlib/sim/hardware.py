@@ -374,5 +374,3 @@ def preset(name: str) -> Hardware:
     except KeyError:
         raise ValueError(f"unknown hardware preset {name!r}: use one of {sorted(PRESETS)}") from None
 
-
-from .calibrate import calibrate  # noqa: E402,F401  (re-exported: hardware.calibrate() measures this machine)

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .compute import gemm_time
+from .topology import group_collective, placement
+
 
 @dataclass(frozen=True)
 class Op:
@@ -146,8 +149,6 @@ def embedding_ops(model, micro_batch: int, tp: int = 1, width: int = 2) -> dict:
 def gemm_parts(op: Op, hardware, strategy=None, processes: int = 1, threads=None):
     """(math, memory) seconds of a GEMM: its FLOPs at the GEMM efficiency for its size, and its own bytes at
     the achievable bandwidth for one GEMM of the batch."""
-    from .cost import gemm_time
-
     m, k, n = op.shape
     dtype = strategy.dtype if strategy is not None else "bf16"
     if hardware.peak_flops:   # a GPU: the whole batched call sets the efficiency
@@ -165,8 +166,6 @@ def op_time(op: Op, hardware, strategy=None, processes: int = 1, threads=None) -
         return math + memory if hardware.processing == "no_overlap" else max(math, memory)
     if op.kind == "memory":
         return op.bytes / hardware.achievable_bandwidth(op.bytes, processes)
-    from .topology import group_collective, placement
-
     if strategy is None:
         raise ValueError("a collective needs the strategy (its group's placement)")
     return group_collective(op.collective, op.bytes, placement(strategy, hardware, "tp"), hardware)

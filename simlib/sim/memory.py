@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+from .strategy import Strategy
+
 # bytes per parameter: (weights, gradients, optimizer states)
 BYTES_PER_PARAM = {
     ("mixed", "adam"): (2, 2, 12), ("mixed", "sgd"): (2, 2, 4), ("mixed", "sgd_momentum"): (2, 2, 8),
@@ -99,7 +101,6 @@ def check_fits(model, strategy, hardware, headroom: float = 0.9) -> dict:
 
 def min_devices_to_fit(model, hardware, strategy=None, headroom: float = 0.9) -> int:
     """Smallest world size (ZeRO-3 data parallelism) whose weights+grads+optimizer fit: the memory wall."""
-    from .strategy import Strategy
 
     strategy = strategy or Strategy()
     w_b, g_b, o_b = param_bytes(strategy)
