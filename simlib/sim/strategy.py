@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "every_other", "full")
+ATTENTION = ("unfused", "flash", "flash1")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
 OPTIMIZERS = ("adam", "sgd", "sgd_momentum")
@@ -31,7 +32,9 @@ class Strategy:
     zero_stage: int = 0              # 0: replicate; 1: shard optimizer states; 2: + gradients; 3: + weights
     bucket_bytes: float = 25e6       # gradient bucket (PyTorch DDP's default is 25 MB)
     overlap: bool = False            # all-reduce buckets while backward still runs
-    recompute: str = "none"          # activation recomputation: none | selective | full
+    recompute: str = "none"          # activation recomputation: none | selective | op | every_other | full
+    attention: str = "unfused"       # "flash": one fused kernel (FlashAttention-2), no s×s scores in memory;
+                                     # "flash1": FlashAttention-1 / the Triton kernel (slower)
     schedule: str = "1f1b"           # pipeline schedule: 1f1b | gpipe | interleaved
     virtual_stages: int = 1          # model chunks per pipeline rank (interleaved 1F1B)
     sequence_parallel: bool = False  # with tp > 1: shard layer norms/dropout along the sequence (Korthikanti)
@@ -39,6 +42,11 @@ class Strategy:
     dtype: str = "bf16"              # compute dtype; bf16/fp16 mean mixed precision with fp32 master weights
     optimizer: str = "adam"
     threads: int | None = None       # CPU only: torch threads per process (None: cores // processes)
+    fsdp: bool = False               # shard as PyTorch FSDP does: zero_stage 3 = FULL_SHARD, 2 = SHARD_GRAD_OP;
+                                     # per layer all-gather / reduce-scatter every micro-batch, prefetched
+    shard_size: int = 0              # FSDP hybrid sharding: shard over groups of this many ranks, replicate
+                                     # across them (0: shard over all dp ranks)
+    reduce_dtype: str = ""           # dtype of gradient reduction ("fp32": FSDP's fp32 reduce; "": as dtype)
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "micro_batch", "num_micro_batches", "virtual_stages"):
@@ -62,6 +70,17 @@ class Strategy:
             raise ValueError("virtual_stages > 1 only makes sense with schedule='interleaved'")
         if self.threads is not None:
             _positive_int("threads", self.threads)
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
+        if self.shard_size:
+            _positive_int("shard_size", self.shard_size)
+            if not self.fsdp or self.dp % self.shard_size:
+                raise ValueError(f"shard_size ({self.shard_size}) is FSDP hybrid sharding: it needs fsdp=True and "
+                                 f"must divide dp ({self.dp})")
+        if self.fsdp and self.zero_stage not in (2, 3):
+            raise ValueError("fsdp=True shards as FSDP does: use zero_stage=3 (FULL_SHARD) or 2 (SHARD_GRAD_OP)")
+        if self.reduce_dtype not in ("",) + DTYPES:
+            raise ValueError(f"reduce_dtype must be '' or one of {DTYPES}, got {self.reduce_dtype!r}")
 
     @property
     def world_size(self) -> int:
@@ -71,6 +90,11 @@ class Strategy:
     def global_batch(self) -> int:
         """Samples per optimizer step over all replicas: dp × micro_batch × num_micro_batches."""
         return self.dp * self.micro_batch * self.num_micro_batches
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks each parameter/gradient/optimizer state is sharded over under ZeRO/FSDP."""
+        return self.shard_size or self.dp
 
     @property
     def mixed_precision(self) -> bool:
