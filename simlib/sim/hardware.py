@@ -300,6 +300,12 @@ def anchored(table, measured_efficiency):
 # max-autotune kernels and vboost (a public gist by H. He, "H100 peak matmul FLOPS").
 A100_GEMM_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 230 / 312)
 H100_GEMM_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 780 / 989)
+# The H100's GEMMs in the software of 2023 (PyTorch 2.0/2.1 on cuBLAS 12.0-12.1, what the earliest published H100
+# training runs used) ran far below that: a bf16 (2·2048)×8192×8192 matmul in PyTorch measured 549.5 TFLOP/s with
+# cuBLAS 12.0.2 on an H100 SXM (pytorch/pytorch issue 100850, May 2023; 742.7 for the 2048-row one, 543 for 4 ×
+# 2048 rows). ``dgx_h100(software="2023")`` anchors the curve there.
+H100_MATMUL_2023_TFLOPS = 549.5
+H100_GEMM_EFFICIENCY_2023 = anchored(CALCULON_GEMM_EFFICIENCY, H100_MATMUL_2023_TFLOPS / 989)
 
 # Azure's published nccl-tests all-reduce bus bandwidth, 8 GPUs in one node, (bytes, GB/s).
 AZURE_A100_80GB_ALLREDUCE = [(1 << 20, 36), (16 << 20, 109), (128 << 20, 174), (1 << 30, 228)]
@@ -349,7 +355,7 @@ def dgx_a100(memory_gb: int = 80) -> Hardware:
                "mli/transformers-benchmarks (A100 matmul)")
 
 
-def dgx_h100() -> Hardware:
+def dgx_h100(software: str = "today") -> Hardware:
     """DGX H100: 8 H100 SXM per node on NVLink 4 / NVSwitch, one 400 Gb/s NDR NIC per GPU.
 
     Peak 989 TFLOP/s bf16 dense, 1979 fp8, 67 fp32; 80 GB HBM3 at 3.35 TB/s (NVIDIA H100 datasheet).
@@ -361,15 +367,21 @@ def dgx_h100() -> Hardware:
     achievable memory bandwidth: Calculon's table. Fused attention: FlashAttention-2 on H100
     (:data:`H100_FLASH_ATTENTION`). FP8 GEMMs: the FP8 peak with the bf16 GEMM-efficiency curve (an assumption:
     no public FP8 GEMM sweep is encoded here).
+    ``software="2023"``: the GEMM curve anchored at the 549.5 TFLOP/s PyTorch measured on H100 with cuBLAS 12.0
+    (:data:`H100_GEMM_EFFICIENCY_2023`), for runs made with the software of 2023.
     """
+    if software not in ("today", "2023"):
+        raise ValueError(f"software must be 'today' or '2023', got {software!r}")
+    table = H100_GEMM_EFFICIENCY if software == "today" else H100_GEMM_EFFICIENCY_2023
     h200 = Link.from_busbw(AZURE_H200_ALLREDUCE, 8)
     return Hardware(
-        name="DGX H100", peak_flops={"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
+        name="DGX H100" + (" (2023 software)" if software == "2023" else ""), peak_flops={"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
         memory_bytes=80 * GiB, memory_bandwidth=3.35e12, attention_efficiency=H100_FLASH_ATTENTION,
         intra=Link(h200.alpha, 370e9, {}, "ring busbw 370 GB/s (nccl-tests #212); α fitted to Azure H200"),
         inter=Link(5e-6, 47e9, {}, "NDR 400 Gb/s: ~46-48 GB/s per NIC (nccl-tests #290); α assumed"),
-        devices_per_node=8, gemm_table={"bf16": H100_GEMM_EFFICIENCY}, mem_efficiency=CALCULON_MEM_EFFICIENCY,
-        source="NVIDIA H100 datasheet; nccl-tests #212, #290; Azure nccl-tests (H200); Calculon")
+        devices_per_node=8, gemm_table={"bf16": table}, mem_efficiency=CALCULON_MEM_EFFICIENCY,
+        source="NVIDIA H100 datasheet; nccl-tests #212, #290; Azure nccl-tests (H200); Calculon"
+               + ("; pytorch/pytorch#100850 (2023 matmul)" if software == "2023" else ""))
 
 
 def cpu_box() -> Hardware:
@@ -391,11 +403,12 @@ def cpu_box() -> Hardware:
         source="shared course notes (measured on this box for planning)")
 
 
-PRESETS = {"cpu": cpu_box, "a100": dgx_a100, "a100-40gb": lambda: dgx_a100(40), "h100": dgx_h100}
+PRESETS = {"cpu": cpu_box, "a100": dgx_a100, "a100-40gb": lambda: dgx_a100(40), "h100": dgx_h100,
+           "h100-2023": lambda: dgx_h100("2023")}
 
 
 def preset(name: str) -> Hardware:
-    """``"cpu"``, ``"a100"``, ``"a100-40gb"`` or ``"h100"``."""
+    """``"cpu"``, ``"a100"``, ``"a100-40gb"``, ``"h100"`` or ``"h100-2023"``."""
     try:
         return PRESETS[name]()
     except KeyError:

@@ -34,6 +34,9 @@ KORTHIKANTI_SOURCE = ("Korthikanti et al. 2022 (arXiv 2205.05198) Table 5 as quo
                       "calculon/megatron/validation.py")
 
 HARDWARE = {"a100_80gb": lambda: dgx_a100(80), "a100_40gb": lambda: dgx_a100(40), "h100_80gb": dgx_h100}
+# which software generation a source's H100 rows ran on: llm-foundry's H100 tables were made Oct 2023 - Jan 2024
+# (the README's history) with PyTorch 2.x on cuBLAS 12.0/12.1
+H100_SOFTWARE = {"llm-foundry": "2023"}
 PRECISION = {"amp_bf16": "bf16", "bf16": "bf16", "amp_fp8": "fp8", "fp8": "fp8"}
 SHARDING = {"FULL_SHARD": 3, "FULL_SHARD (FSDP2)": 3, "SHARD_GRAD_OP": 2}
 # torchtitan's names: "selective op" is its per-op policy, "selective layer" (ac_freq 2) every other layer
@@ -105,6 +108,8 @@ def predict_row(row: dict, hardware=None) -> dict:
     if reason:
         return out
     model, s = model_of(row), strategy_of(row)
+    if hardware is None and row["gpu"] == "h100_80gb":
+        hardware = dgx_h100(H100_SOFTWARE.get(row["source"], "today"))
     hw = hardware or HARDWARE[row["gpu"]]()
     p = predict(model, hw, s)
     tokens_per_gpu = s.global_batch * model.seq_len / p.step_time / row["gpus"]
