@@ -83,7 +83,7 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
 
     s = strategy
     w = 2 if s.mixed_precision else 4
-    ops = layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, w, s.attention, s.dtype == "fp8")
+    ops = layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, w, s.attention, s.dtype == "fp8", s.kernels)
     layers = model.layers / s.pp
     if s.recompute == "every_other":   # torchtitan's layer-level selective AC: every second layer in full
         again_layers, again = layers / 2, recompute_ops(ops["forward"], "full")

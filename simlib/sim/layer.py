@@ -64,7 +64,7 @@ def _backward_gemms(op: Op, skip_dgrad: bool = False):
 
 
 def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = False, width: int = 2,
-              attention: str = "unfused", fp8: bool = False) -> dict:
+              attention: str = "unfused", fp8: bool = False, kernels: str = "fused") -> dict:
     """Forward and backward operators of one GPT layer for one micro-batch on one tensor-parallel rank.
 
     ``width``: bytes per activation element (2 for fp16/bf16). With sequence parallelism the layer norms and
@@ -79,6 +79,13 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
     (``model.kv``), the MLP width and gate (SwiGLU's element-wise silu·up), RMSNorm or LayerNorm, rotary
     embeddings applied to Q and K, and dropout only where the model has it. ``fp8``: Transformer Engine-style
     FP8 GEMMs, whose inputs are cast to FP8 (and transposed for the weight gradient) by memory-bound kernels.
+
+    ``kernels="eager"``: the element-wise parts run as separate PyTorch ops, as torchtitan's Llama does without
+    torch.compile (``models/norms.py``, ``models/llama/model.py``), each op reading and writing its tensor:
+    RMSNorm through fp32 (``x.float()``, ``pow``, ``mean``, ``x·rsqrt``, ``type_as``, ``·weight``: ≈36 bytes per
+    element forward, ≈60 backward, where a fused kernel moves 4 and 16), rotary embeddings through complex fp32
+    (≈20 bytes per element each way), SwiGLU as ``silu`` then ``·`` (10 forward, 18 backward), grouped-query K and V
+    repeated to all heads before attention, and the attention output transposed back to contiguous.
     """
     if model.kind != "gpt":
         raise ValueError("layer_ops describes a GPT layer; an MLP is priced by its GEMMs (cost.stage_times)")
@@ -149,7 +156,22 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         m, _, n = gemm.shape
         return [Op(f"{name} grad FP8 cast + transpose", "memory", (w + 2) * m * n)] if fp8 else []
 
+    eager_fwd, eager_bwd = [], []
+    if kernels == "eager":   # the extra traffic of running the element-wise parts op by op (see docstring)
+        qk = t * (h + model.kv * d) / tp
+        pairs = [(f"{norm}s op by op (fp32)", 2 * (36 - 2 * w) * local, 2 * (60 - 8 * w) * local)]
+        if rope:
+            pairs.append(("rotary op by op (complex fp32)", (20 - 2 * w) * qk, (20 - 2 * w) * qk))
+        if model.gated_mlp:
+            pairs.append(("silu, then multiply", (10 - 3 * w) * f_tp, (18 - 5 * w) * f_tp))
+        if model.kv != model.heads:
+            repeat = 2 * w * (t * model.kv * d / tp + th_tp)
+            pairs.append(("K, V repeated to all heads", repeat, repeat))
+        pairs.append(("attention output made contiguous", 2 * w * th_tp, 2 * w * th_tp))
+        eager_fwd = [Op(name, "memory", fwd) for name, fwd, _ in pairs]
+        eager_bwd = [Op(f"{name} backward", "memory", bwd) for name, _, bwd in pairs]
     forward = [
+        *eager_fwd,
         Op(f"{norm} 1", "memory", 2 * w * local), *f_fwd, *cast("QKV", qkv), qkv, *core_fwd,
         *cast("attention out", proj), proj, *g_fwd,
         Op(add, "memory", (3 * w + mask) * local),
@@ -166,6 +188,7 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         Op("Q,K,V grads gathered (+ bias grad)", "memory", 3 * w * qkv_tp),
         *cast_bwd("QKV", qkv), *_backward_gemms(qkv), *f_bwd,
         Op(f"{norm} 1 backward (+ residual grad)", "memory", 8 * w * local),
+        *eager_bwd,
     ]
     return dict(forward=forward, backward=backward)
 
@@ -285,7 +308,8 @@ def operator_table(model, hardware, strategy, processes: int = 1):
 
     s = strategy
     width = 2 if s.mixed_precision else 4
-    ops = layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, width, s.attention, s.dtype == "fp8")
+    ops = layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, width, s.attention, s.dtype == "fp8",
+                    s.kernels)
     rows = []
     again = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model)
     for phase, items in (("forward", ops["forward"]), ("recompute", again),

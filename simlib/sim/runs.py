@@ -45,6 +45,9 @@ RECOMPUTE = {"none": "none", "full": "full", "selective": "op", "selective_layer
 # llm-foundry's attn_impl: "triton" (its submit script's default when the tables were made) is the Triton
 # FlashAttention kernel of the FlashAttention-1 generation; "flash" is flash-attn 2 (FlashAttention-2)
 ATTENTION = {"triton": "flash1", "flash": "flash", "flash1": "flash1", "unfused": "unfused"}
+# torchtitan's Llama without torch.compile runs its norms, rotary embeddings and SwiGLU op by op (its configs of
+# the time: norm_type = "rmsnorm", compile = false); llm-foundry's MPT uses fused LayerNorm and GeLU kernels
+KERNELS = {"torchtitan": "eager"}
 REDUCE = {"DEFAULT": "fp32", "PURE": "", "param bf16, reduce fp32": "fp32"}
 
 
@@ -93,6 +96,7 @@ def strategy_of(row: dict) -> Strategy:
                     zero_stage=SHARDING[row["sharding"]], fsdp=True, recompute=RECOMPUTE[row["recompute"]],
                     attention=ATTENTION[row["attention"]], dtype=PRECISION[row["precision"]],
                     reduce_dtype=REDUCE.get(row["fsdp_mixed_precision"], ""), overlap=True,
+                    kernels=KERNELS.get(row["source"], "fused"),
                     schedule=row["schedule"] if row["pp"] > 1 else "1f1b", tp_across_nodes=False)
 
 

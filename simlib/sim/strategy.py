@@ -47,6 +47,7 @@ class Strategy:
     shard_size: int = 0              # FSDP hybrid sharding: shard over groups of this many ranks, replicate
                                      # across them (0: shard over all dp ranks)
     reduce_dtype: str = ""           # dtype of gradient reduction ("fp32": FSDP's fp32 reduce; "": as dtype)
+    kernels: str = "fused"           # "eager": norms, rotary, SwiGLU as separate PyTorch ops (no torch.compile)
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "micro_batch", "num_micro_batches", "virtual_stages"):
@@ -79,6 +80,8 @@ class Strategy:
                                  f"must divide dp ({self.dp})")
         if self.fsdp and self.zero_stage not in (2, 3):
             raise ValueError("fsdp=True shards as FSDP does: use zero_stage=3 (FULL_SHARD) or 2 (SHARD_GRAD_OP)")
+        if self.kernels not in ("fused", "eager"):
+            raise ValueError(f"kernels must be 'fused' or 'eager', got {self.kernels!r}")
         if self.reduce_dtype not in ("",) + DTYPES:
             raise ValueError(f"reduce_dtype must be '' or one of {DTYPES}, got {self.reduce_dtype!r}")
 
