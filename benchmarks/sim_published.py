@@ -1,4 +1,4 @@
-"""The simulator against published GPU-cluster runs: the broad validation (254 runs, four sources) and, in
+"""The simulator against published GPU-cluster runs: the broad validation (every run of four sources) and, in
 detail, Narayanan et al. 2021 (Megatron-LM), Table 1.
 
     .venv/bin/python benchmarks/sim_published.py          # a few seconds: pure arithmetic, no GPU needed

@@ -6,7 +6,7 @@
     p.step_time, p.compute, p.exposed_comm, p.bubble, p.mfu, p.memory
     sim.operator_table(sim.gpt_size("7B"), sim.dgx_a100(), strategy)   # a layer, operator by operator
     sim.published.published_table()                                    # Megatron-LM's published runs, predicted
-    sim.runs.validation_table()            # 254 published runs from four sources (MPT, Llama, Megatron), predicted
+    sim.runs.validation_table()            # every published run of four sources (MPT, Llama, Megatron), predicted
     sim.llama_size("llama3-8b"); sim.Strategy(..., attention="flash", fsdp=True, zero_stage=3)
 """
 from .cost import (Prediction, all_gather, all_reduce, hierarchical_all_reduce, p2p, predict, reduce_scatter,

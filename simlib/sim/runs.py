@@ -66,20 +66,22 @@ def load_rows(path: Path = DATA) -> list[dict]:
 
 
 def why_inexpressible(row: dict) -> str:
-    """'' if the simulator can state the run, else the reason it cannot."""
+    """'' if the simulator can state the run, else every reason it cannot ("; "-joined)."""
+    reasons = []
     if row["gpu"] not in HARDWARE:
-        return (f"hardware {row['gpu']!r} has no preset (the source: H100 at a 500 W limit with HBM2e, whose "
-                "peak FLOP/s it says it does not know)" if row["gpu"].startswith("h100_96") else
-                f"hardware {row['gpu']!r} has no preset")
+        reasons.append(f"hardware {row['gpu']!r} has no preset" + (
+            " (the source: H100 at a 500 W limit with HBM2e, whose peak FLOP/s it says it does not know)"
+            if row["gpu"].startswith("h100_96") else ""))
     if row["cp"] > 1:
-        return "context parallelism is not in the cost model"
+        reasons.append("context parallelism is not in the cost model")
     if "compile" in row["note"]:
-        return "torch.compile's kernel fusion is not in the cost model"
+        reasons.append("torch.compile's kernel fusion is not in the cost model")
     if row["cpu_offload"] == "True":
-        return "activation CPU offload is not in the cost model"
+        reasons.append("activation CPU offload is not in the cost model")
     if row["precision"] not in PRECISION or row["sharding"] not in SHARDING or row["recompute"] not in RECOMPUTE:
-        return f"precision/sharding/recompute {row['precision']}/{row['sharding']}/{row['recompute']} not modelled"
-    return ""
+        reasons.append(f"precision/sharding/recompute {row['precision']}/{row['sharding']}/{row['recompute']} "
+                       "not modelled")
+    return "; ".join(reasons)
 
 
 def model_of(row: dict):
