@@ -112,3 +112,13 @@ def test_h100_presets_and_fp8():
     assert 0.5 < fp8 / bf16 < 1.0                                    # GEMMs faster, casts and attention not
     with pytest.raises(ValueError, match="software"):
         sim.dgx_h100("2030")
+
+
+def test_tp_comm_overlap_hides_collectives_behind_gemms():
+    m = sim.gpt(8, 8192, 64, seq_len=2048)
+    s = sim.Strategy(tp=8, micro_batch=1, sequence_parallel=True, recompute="selective")
+    plain, overlapped = gpt_stage(m, sim.dgx_h100(), s), gpt_stage(m, sim.dgx_h100(), s.replace(tp_overlap=True))
+    assert 0 <= overlapped["forward_comm"] < plain["forward_comm"]
+    assert overlapped["forward"] == plain["forward"]                # compute unchanged, only exposure
+    with pytest.raises(ValueError, match="sequence_parallel"):
+        sim.Strategy(tp=8, tp_overlap=True)

@@ -96,9 +96,18 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
     compute, comm = ("gemm", "memory", "attention"), ("comm",)
     layer_fwd, layer_bwd = t(ops["forward"], compute), t(ops["backward"], compute)
     layer_again = again_layers / layers * t(again, compute) if layers else 0.0
+    forward_comm = layers * t(ops["forward"], comm)
+    backward_comm = layers * t(ops["backward"], comm) + again_layers * t(again, comm)
+    if s.tp_overlap:
+        # Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers): each tensor-parallel all-gather /
+        # reduce-scatter is split into chunks pipelined with the GEMM it feeds or follows, so per layer only
+        # what exceeds the layer's GEMM time stays exposed (an upper bound on the overlap, not validated here)
+        gemms = ("gemm",)
+        forward_comm = layers * max(0.0, t(ops["forward"], comm) - t(ops["forward"], gemms))
+        backward_comm = layers * max(0.0, t(ops["backward"], comm) - t(ops["backward"], gemms)) + \
+            again_layers * max(0.0, t(again, comm) - t(again, gemms))
     out = dict(forward=layers * layer_fwd, backward=layers * layer_bwd + again_layers * t(again, compute),
-               forward_comm=layers * t(ops["forward"], comm),
-               backward_comm=layers * t(ops["backward"], comm) + again_layers * t(again, comm),
+               forward_comm=forward_comm, backward_comm=backward_comm,
                layer_forward=layer_fwd, layer_backward=layer_bwd + layer_again)
     # the logits GEMM stays in 16 bits under FP8 training (Transformer Engine converts the layers' Linears)
     ends_strategy = s.replace(dtype="bf16") if s.dtype == "fp8" else s

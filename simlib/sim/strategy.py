@@ -48,6 +48,7 @@ class Strategy:
                                      # across them (0: shard over all dp ranks)
     reduce_dtype: str = ""           # dtype of gradient reduction ("fp32": FSDP's fp32 reduce; "": as dtype)
     kernels: str = "fused"           # "eager": norms, rotary, SwiGLU as separate PyTorch ops (no torch.compile)
+    tp_overlap: bool = False         # Megatron's --tp-comm-overlap: TP collectives pipelined with their GEMMs
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "micro_batch", "num_micro_batches", "virtual_stages"):
@@ -80,6 +81,10 @@ class Strategy:
                                  f"must divide dp ({self.dp})")
         if self.fsdp and self.zero_stage not in (2, 3):
             raise ValueError("fsdp=True shards as FSDP does: use zero_stage=3 (FULL_SHARD) or 2 (SHARD_GRAD_OP)")
+        if self.tp_overlap and not (self.sequence_parallel and self.tp > 1):
+            raise ValueError("tp_overlap overlaps sequence parallelism's all-gathers and reduce-scatters with the "
+                             "GEMMs (Megatron's --tp-comm-overlap needs --sequence-parallel): set "
+                             "sequence_parallel=True and tp > 1")
         if self.kernels not in ("fused", "eager"):
             raise ValueError(f"kernels must be 'fused' or 'eager', got {self.kernels!r}")
         if self.reduce_dtype not in ("",) + DTYPES:
@@ -118,8 +123,9 @@ class Strategy:
             if model.kind == "gpt":
                 if model.heads % self.tp:
                     raise ValueError(f"{model.heads} attention heads do not split over tp = {self.tp}")
-                if (4 * model.hidden) % self.tp or model.hidden % self.tp:
-                    raise ValueError(f"hidden {model.hidden} does not split over tp = {self.tp}")
+                if model.ffn % self.tp or model.hidden % self.tp:
+                    raise ValueError(f"hidden {model.hidden} or MLP width {model.ffn} does not split over "
+                                     f"tp = {self.tp}")
             elif self.tp > 1:
                 if any(o % self.tp for _, o in model.linears):
                     raise ValueError(f"a Linear's width does not split over tp = {self.tp}")
