@@ -29,7 +29,7 @@ def bare_steps(steps: int) -> list[float]:
     """A hand-written loop on the project's model: no trainer, no timeline, no logging. Step times (s)."""
     import torch
 
-    from simlib import project_gpt
+    from simlib.projects.gpt import run as project_gpt
     cfg = project_gpt.settings(quick=False)
     task, optim = cfg["task"], cfg["optim"]
     model = task.build_model()
@@ -52,7 +52,7 @@ def bare_steps(steps: int) -> list[float]:
 
 def trainer_run(plan, steps=STEPS, **kwargs) -> dict:
     """The project's settings through ``simlib.train`` (call on every rank); returns the summary."""
-    from simlib import project_gpt
+    from simlib.projects.gpt import run as project_gpt
     from simlib.train import train
     cfg = {**project_gpt.settings(quick=False), "steps": steps, "eval_every": 0, "log_every": 10,
            "verbose": False, "measure_memory": False, "warmup": WARMUP, **kwargs}

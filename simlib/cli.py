@@ -43,7 +43,8 @@ def _grade(args) -> int:
 
 
 def _scaling(args) -> int:
-    from . import experiments, plots
+    from . import plots
+    from .lessons import data_parallel as experiments
     from .env import quick
 
     if args.quick or quick():
@@ -131,7 +132,7 @@ def _train(args) -> int:
     """Train the project's model under one or more plans; write the run records and a PNG of the loss curves."""
     if args.project in ("vision", "finance"):
         return _train_project(args)
-    from . import project_gpt
+    from .projects.gpt import run as project_gpt
     from .env import quick
 
     is_quick = args.quick or quick()

@@ -2,7 +2,7 @@
 
 ``RegressionTask`` is the lessons' MLP regression (``y = tanh(x W) + noise``, ``simlib.models``) made a
 task: a fixed training set walked through in global batches, a held-out set for the eval loss. The GPT
-project's task is :class:`simlib.gpt_task.GPTTask`.
+project's task is :class:`simlib.projects.gpt.GPTTask`.
 """
 from __future__ import annotations
 

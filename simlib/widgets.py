@@ -361,14 +361,14 @@ def pipeline_figure(schedule: str = "1f1b", num_stages: int = 4, num_microbatche
                     backward_ratio: float = 2.0, p2p_ratio: float = 0.0, measured=None):
     """Build ``schedule`` with ``parallel.schedules``, check it, replay it (``sim.replay_pipeline``: a forward of
     the whole stage takes 1, a backward ``backward_ratio``, a message ``p2p_ratio``) -> Gantt chart; beside it the
-    bubble (``pipeline_experiments.bubble`` on the replay) against m, the formula, and ``measured`` (rows
+    bubble (``lessons.pipeline.bubble`` on the replay) against m, the formula, and ``measured`` (rows
     ``microbatches``, ``bubble``, ``bubble_iqr``, measured at ``measured_stages`` = 2) when p = 2.
     Returns (figure, caption)."""
     import matplotlib.pyplot as plt
 
     from . import plots
     from .parallel import schedules
-    from .parallel.pipeline_experiments import bubble, make_schedule
+    from .lessons.pipeline import bubble, make_schedule
     from .sim import replay_pipeline
 
     v = num_chunks if schedule == "interleaved_1f1b" else 1

@@ -14,7 +14,7 @@ def _train(task_name, budget=None, **plan):
     def run():
         from simlib.train import Plan, train
         if task_name == "gpt":
-            from simlib.gpt_task import GPTTask
+            from simlib.projects.gpt import GPTTask
             task = GPTTask.quick()
         else:
             from simlib.tasks import RegressionTask
@@ -25,10 +25,11 @@ def _train(task_name, budget=None, **plan):
 
 def _lesson(name):
     def run():
-        from simlib import collectives, experiments
+        from simlib import collectives
+        from simlib.lessons import data_parallel as experiments
         from simlib.parallel import accumulate, data
-        from simlib.parallel import pipeline_experiments as pe
-        from simlib.parallel import tensor_experiments as te
+        from simlib.lessons import pipeline as pe
+        from simlib.lessons import tensor as te
         from simlib.sim import validate
         return {
             "experiments.dp_train": lambda: experiments.dp_train(width=32, depth=2, local_batch=8, steps=2, warmup=1),

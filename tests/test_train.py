@@ -29,7 +29,7 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def _task():
-    from simlib.gpt_task import GPTTask
+    from simlib.projects.gpt import GPTTask
     return GPTTask.quick()
 
 

@@ -11,7 +11,7 @@ import cloudpickle
 import pytest
 import torch
 
-from simlib.parallel import zero_experiments as ze
+from simlib.lessons import memory as ze
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -252,7 +252,7 @@ def test_master_weights_layout_is_2_2_12():
 def _recompute_peaks():
     from simlib.models import BlockMLP
     from simlib.parallel.recompute import checkpoint_blocks, uncheckpoint
-    from simlib.parallel.zero_experiments import peak_bytes
+    from simlib.lessons.memory import peak_bytes
     torch.manual_seed(0)
     model = BlockMLP(64, 4)
     x = torch.randn(2048, 64)  # activations (~2.6 MB a block) well above the states (~0.7 MB)

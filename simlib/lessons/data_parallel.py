@@ -18,9 +18,9 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from . import env
-from .launch import OversubscribedWarning, launch
-from .timeline import step_times, summarize
+from .. import env
+from ..launch import OversubscribedWarning, launch
+from ..timeline import step_times, summarize
 
 MODES = ("strong", "weak")
 
@@ -34,8 +34,8 @@ def dp_train(width: int = 1024, depth: int = 4, local_batch: int = 256, steps: i
     every rank starts from the same weights, trains on its shard of the global batch, and averages the
     gradients with one all-reduce of a flat buffer, so the ranks stay identical step after step.
     """
-    from .tasks import RegressionTask
-    from .train import OptimConfig, Plan, train
+    from ..tasks import RegressionTask
+    from ..train import OptimConfig, Plan, train
 
     ctx = env.init()
     global_batch = local_batch * ctx.world_size

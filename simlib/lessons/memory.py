@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..models import BlockMLP, make_regression
-from . import precision as prec
-from . import recompute, zero
+from ..parallel import precision as prec
+from ..parallel import recompute, zero
 
 __all__ = ["VARIANTS", "run_memory", "reference", "formula", "comm_volume", "volume_formula", "measure_collectives"]
 
@@ -193,7 +193,7 @@ def peak_bytes(fn, device=None) -> int:
     if not os.path.exists("/proc/self/clear_refs"):  # not Linux (macOS, Windows): torch's profiler instead
         import warnings
 
-        from .accumulate import peak_memory
+        from ..parallel.accumulate import peak_memory
         warnings.warn("no /proc here: peak memory comes from torch's profiler, which over-counts under ZeRO-3 and "
                       "FSDP2 (it misses frees done by resizing storage)", stacklevel=2)
         return peak_memory(fn)

@@ -1,0 +1,11 @@
+"""The lessons' runners: one module per lesson, each a demonstration that calls the building blocks.
+
+The building blocks (what ``simlib.parallelize`` composes) live in ``simlib.parallel``; the one training loop is
+``simlib.train``. A module here sets up a lesson's experiment (sizes, timings, a reference to compare with) and
+returns rows a notebook prints or plots; it never holds a second copy of a technique.
+
+    data_parallel  lessons 00 and 02: the scaling sweep behind ``simlib scaling`` (DP through the one loop)
+    pipeline       lesson 04: pipeline schedules run for real, against ``torch.distributed.pipelining``
+    tensor         lesson 05: Megatron tensor parallelism against the unsplit layer and DTensor
+    memory         lesson 07: DDP, ZeRO-1/2/3 and FSDP2 side by side: peak bytes, step time, bytes moved
+"""
