@@ -44,7 +44,7 @@ def _grade(args) -> int:
 
 def _scaling(args) -> int:
     from . import plots
-    from .lessons import data_parallel as experiments
+    from .lessons import scaling as experiments
     from .env import quick
 
     if args.quick or quick():

@@ -26,8 +26,9 @@ def _train(task_name, budget=None, **plan):
 def _lesson(name):
     def run():
         from simlib import collectives
-        from simlib.lessons import data_parallel as experiments
-        from simlib.parallel import accumulate, data
+        from simlib.lessons import scaling as experiments
+        from simlib.lessons import accumulation as accumulate
+        from simlib.lessons import data_parallel as data
         from simlib.lessons import pipeline as pe
         from simlib.lessons import tensor as te
         from simlib.sim import validate

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from simlib import cli
-from simlib.lessons import data_parallel as experiments
+from simlib.lessons import scaling as experiments
 
 
 def test_scaling_cli_quick(tmp_path, capsys):

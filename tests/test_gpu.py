@@ -55,7 +55,7 @@ def test_timeline_times_gpu_work_with_cuda_events():
 
 
 def test_scaling_sweep_runs_on_gpus():
-    from simlib.lessons import data_parallel as experiments
+    from simlib.lessons import scaling as experiments
 
     sizes = [w for w in (1, 2, 4, 8) if w <= torch.cuda.device_count()]
     table = experiments.scaling(sizes, width=512, depth=2, global_batch=512, steps=5, warmup=2, progress=False)

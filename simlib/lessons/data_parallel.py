@@ -1,128 +1,115 @@
-"""Scaling sweeps: the same data-parallel training step over several world sizes, measured.
+"""Lesson 02's runs: each data-parallel wrapper of ``simlib.parallel.data`` against the one-process reference.
 
-``scaling()`` runs, for each world size, fresh processes that train the built-in MLP with data
-parallelism through the one training loop, ``simlib.train`` (forward, backward, one flat all-reduce of the
-gradients, optimizer step), records every span with :class:`simlib.timeline.Timeline`, and returns one row per world size: step time (median and
-spread), throughput, speedup, efficiency and communication fraction.
+    reference = reference_run(steps=3)                          # one process, the whole global batch
+    outs = cluster.run(run_data_parallel, "bucket", steps=3)    # every rank: its shard, the same final weights
 
-Strong scaling keeps the global batch fixed (each rank gets ``global_batch / world_size`` samples);
-weak scaling keeps the per-rank batch fixed (the global batch grows with the world). The reference is one
-process with the same threads per worker as each worker of the sweep (one by default), so speedup
-measures what more *processes* buy. Beside it the table has the honest rival: one process using every
-core (``baseline`` row), which on a 2-core laptop is usually the fastest set-up of all.
+``count_all_reduces`` makes DDP's communication visible (a comm hook that counts calls and bytes and puts each
+bucket on the timeline); lessons 03 and 07 use it too.
 """
 from __future__ import annotations
 
-import warnings
+from contextlib import nullcontext
 
-import numpy as np
-import pandas as pd
+import torch
+import torch.distributed as dist
+from torch import nn
 
-from .. import env
-from ..launch import OversubscribedWarning, launch
-from ..timeline import step_times, summarize
+from ..parallel.data import MODES, wrap  # noqa: F401 - MODES: the variants a lesson loops over
 
-MODES = ("strong", "weak")
+__all__ = ["MODES", "train_steps", "reference_run", "run_data_parallel", "count_all_reduces"]
 
 
-def dp_train(width: int = 1024, depth: int = 4, local_batch: int = 256, steps: int = 20, warmup: int = 3,
-             lr: float = 1e-3, seed: int = 0):
-    """One rank of a data-parallel run through the one training loop; returns the gathered timeline (on rank
-    0) and the final loss.
+def _span(timeline, kind, name=None):
+    return timeline.span(kind, name=name) if timeline is not None else nullcontext()
 
-    ``simlib.train.train`` on the lessons' MLP regression task with ``Plan(dp=world_size, dp_variant="flat")``:
-    every rank starts from the same weights, trains on its shard of the global batch, and averages the
-    gradients with one all-reduce of a flat buffer, so the ranks stay identical step after step.
+
+def train_steps(model, optimizer, x, y, steps: int, timeline=None, loss_fn=nn.functional.mse_loss):
+    """``steps`` plain steps on this rank's (x, y); returns the losses. Works for any wrapper or none."""
+    finish = getattr(model, "finish_gradient_synchronization", None)
+    losses = []
+    for step in range(steps):
+        with timeline.step(step) if timeline is not None else nullcontext():
+            optimizer.zero_grad(set_to_none=False)
+            with _span(timeline, "forward"):
+                loss = loss_fn(model(x), y)
+            with _span(timeline, "backward"):
+                loss.backward()
+            if finish is not None:
+                finish()
+            with _span(timeline, "optimizer"):
+                optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def _setup(width, depth, global_batch, seed):
+    from ..models import MLP, make_regression
+    torch.manual_seed(seed)
+    model = MLP(width, depth)
+    x, y = make_regression(global_batch, width, seed=seed + 1)
+    return model, x, y
+
+
+def reference_run(steps: int = 3, global_batch: int = 64, width: int = 64, depth: int = 3, lr: float = 0.05,
+                  seed: int = 0) -> dict:
+    """The single-process run on the whole global batch that every data-parallel run must equal."""
+    model, x, y = _setup(width, depth, global_batch, seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = train_steps(model, opt, x, y, steps)
+    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses}
+
+
+def run_data_parallel(mode: str = "bucket", steps: int = 3, global_batch: int = 64, width: int = 64,
+                      depth: int = 3, lr: float = 0.05, seed: int = 0, bucket_cap_mb: float = 25.0,
+                      warmup: int = 0, timeline: bool = False) -> dict:
+    """One rank of a data-parallel run (call on every rank): same model and data as :func:`reference_run`.
+
+    Rank r trains on the r-th contiguous shard of the global batch. Returns this rank's final state,
+    its losses, and with ``timeline=True`` the gathered timeline (every rank) and its summary.
+    Outside a process group (or with one rank) it trains the plain model: the one-process measurement.
     """
-    from ..tasks import RegressionTask
-    from ..train import OptimConfig, Plan, train
-
-    ctx = env.init()
-    global_batch = local_batch * ctx.world_size
-    task = RegressionTask(width=width, depth=depth, global_batch=global_batch, num_samples=global_batch,
-                          eval_samples=1, seed=seed)
-    record = train(task, Plan(dp=ctx.world_size, dp_variant="flat"), steps=warmup + steps,
-                   optim=OptimConfig(name="sgd", lr=lr, schedule="constant"), log_every=warmup + steps,
-                   warmup=warmup, measure_memory=False, verbose=False)
-    return {"timeline": record.timeline if ctx.is_main else None, "loss": record.rows[-1]["loss"]}
-
-
-def measure(world_size: int, threads: int | None = 1, timeout: float = 120.0, **train_kwargs):
-    """Run :func:`dp_train` on ``world_size`` fresh processes; return (summary dict, timeline table)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", OversubscribedWarning)  # the table marks it instead
-        out = launch(dp_train, world_size, threads=threads, call_timeout=timeout, **train_kwargs)
-    timeline = out[0]["timeline"]
-    return summarize(timeline), timeline
-
-
-def _row(summary, timeline, world_size, threads, global_batch, local_batch, baseline=None):
-    times = step_times(timeline).to_numpy()
-    return dict(world_size=world_size, threads=threads, global_batch=global_batch, local_batch=local_batch,
-                step_time=summary["step_time"], step_time_p25=float(np.percentile(times, 25)),
-                step_time_p75=float(np.percentile(times, 75)), step_time_iqr=summary["step_time_iqr"],
-                steps=summary["steps"], forward_time=summary["forward_time"],
-                backward_time=summary["backward_time"], comm_time=summary["comm_time"],
-                optimizer_time=summary["optimizer_time"], comm_fraction=summary["comm_fraction"],
-                exposed_comm_fraction=summary["exposed_comm_fraction"],
-                throughput=global_batch / summary["step_time"], baseline=baseline)
+    from ..models import shard
+    from ..timeline import Timeline, summarize
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    from ..env import device as _device
+    dev = _device()
+    model, x, y = _setup(width, depth, global_batch, seed)
+    model, x, y = model.to(dev), x.to(dev), y.to(dev)
+    tl = Timeline(rank=rank, warmup=warmup, device=dev) if timeline else None
+    dp_model = wrap(model, mode, bucket_cap_mb, tl) if distributed else model
+    if distributed and mode == "ddp" and tl is not None:  # DDP is opaque: a comm hook shows its buckets on the timeline
+        count_all_reduces(dp_model, tl)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = train_steps(dp_model, opt, shard(x, rank, world_size), shard(y, rank, world_size), steps, tl)
+    out = {"state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, "losses": losses}
+    if timeline:
+        df = tl.gather()
+        out["timeline"], out["summary"] = df, summarize(df)
+    return out
 
 
-def scaling(world_sizes=(1, 2, 4), mode: str = "strong", global_batch: int = 1024,
-            batch_per_rank: int | None = None, width: int = 1024, depth: int = 4, steps: int = 20,
-            warmup: int = 3, threads_per_worker: int = 1, all_cores_baseline: bool = True,
-            progress: bool = True, keep_timelines: bool = False):
-    """Measure data-parallel training over ``world_sizes``; one row per world size (+ a baseline row).
+def count_all_reduces(ddp_model, timeline=None, group=None) -> dict:
+    """Register a DDP comm hook that counts all-reduce calls and bytes; returns the live counter dict.
 
-    Columns: world_size, threads, global_batch, local_batch, step_time (median s), step_time_p25/p75,
-    throughput (samples/s), speedup (with speedup_lo/hi from the step-time quartiles), efficiency
-    (speedup per core used: processes x threads),
-    comm_fraction, per-kind times, oversubscribed, and ``baseline`` (None for the sweep; a label for the
-    one-process-all-cores row). ``table.attrs`` holds cores, mode and the configuration.
-    With ``keep_timelines=True`` returns ``(table, {world_size: timeline})``.
+    The hook does what DDP's default does (divide by the size of ``group``, all-reduce the bucket over it); with
+    a timeline, each bucket's all-reduce is a comm span from launch to completion.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    world_sizes = sorted({int(w) for w in world_sizes})
-    if not world_sizes or world_sizes[0] < 1:
-        raise ValueError(f"world_sizes must be positive ints, got {world_sizes!r}")
-    if 1 not in world_sizes:
-        world_sizes = [1] + world_sizes  # speedup needs the one-process reference
-    if mode == "weak" and batch_per_rank is None:
-        batch_per_rank = max(1, global_batch // max(world_sizes))
-    if mode == "strong":
-        bad = [w for w in world_sizes if global_batch % w]
-        if bad:
-            raise ValueError(f"global_batch={global_batch} does not split evenly over world sizes {bad}")
-    cores = env.cpu_count()
-    from tqdm.auto import tqdm
+    import time
+    counter = {"calls": 0, "bytes": 0}
 
-    jobs = [(w, threads_per_worker, None) for w in world_sizes]
-    if all_cores_baseline and cores > threads_per_worker and env.gpu_count() == 0:
-        jobs.append((1, cores, f"1 process x {cores} threads"))
-    rows, timelines = [], {}
-    for world_size, threads, baseline in tqdm(jobs, desc=f"{mode} scaling", disable=not progress):
-        local_batch = global_batch // world_size if mode == "strong" else batch_per_rank
-        gb = local_batch * world_size
-        summary, timeline = measure(world_size, threads=threads, width=width, depth=depth,
-                                    local_batch=local_batch, steps=steps, warmup=warmup)
-        rows.append(_row(summary, timeline, world_size, threads, gb, local_batch, baseline))
-        if baseline is None:
-            timelines[world_size] = timeline
-    table = pd.DataFrame(rows)
-    ref = table[(table["world_size"] == 1) & table["baseline"].isna()].iloc[0]
-    if mode == "strong":  # same work: speedup = t1 / tN
-        table["speedup"] = ref["step_time"] / table["step_time"]
-        table["speedup_lo"] = ref["step_time"] / table["step_time_p75"]
-        table["speedup_hi"] = ref["step_time"] / table["step_time_p25"]
-    else:  # N times the work: speedup = throughput_N / throughput_1 ("scaled speedup")
-        table["speedup"] = table["throughput"] / ref["throughput"]
-        table["speedup_lo"] = table["speedup"] * table["step_time"] / table["step_time_p75"]
-        table["speedup_hi"] = table["speedup"] * table["step_time"] / table["step_time_p25"]
-    # efficiency = speedup / the cores a setup uses (processes x threads, against the reference's threads), so
-    # "1 process x 2 threads" is judged on 2 cores, not on 1 process
-    table["efficiency"] = table["speedup"] * ref["threads"] / (table["world_size"] * table["threads"])
-    table["oversubscribed"] = table["world_size"] * table["threads"] > cores
-    table.attrs.update(cores=cores, mode=mode, width=width, depth=depth, steps=steps, warmup=warmup,
-                       device="cuda" if env.gpu_count() else "cpu")
-    return (table, timelines) if keep_timelines else table
+    def hook(state, bucket):
+        counter["calls"] += 1
+        counter["bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
+        tensor = bucket.buffer().div_(dist.get_world_size(group))
+        start, step = time.perf_counter(), timeline.current_step if timeline is not None else None
+
+        def done(fut):
+            if timeline is not None:
+                timeline.add("comm", start, time.perf_counter(), name=f"bucket {bucket.index()}", step=step)
+            return fut.value()[0]
+
+        return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(done)
+
+    ddp_model.register_comm_hook(None, hook)
+    return counter

@@ -18,6 +18,7 @@ from torch import nn
 from ..models import BlockMLP, make_regression
 from ..parallel import precision as prec
 from ..parallel import recompute, zero
+from .data_parallel import count_all_reduces
 
 __all__ = ["VARIANTS", "run_memory", "reference", "formula", "comm_volume", "volume_formula", "measure_collectives"]
 
@@ -54,7 +55,7 @@ def _build(variant, model, lr, group, counter, layout):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         wrapped = DDP(model, process_group=group)
-        ddp_counter = _count_all_reduces(wrapped, group)
+        ddp_counter = count_all_reduces(wrapped, group=group)
         return wrapped, inner(wrapped.parameters(), lr=lr), ddp_counter
     if variant in ("zero1", "zero2"):
         opt = zero.ShardedOptimizer(model.parameters(), inner, group=group, comm_counter=counter, lr=lr)
@@ -72,21 +73,6 @@ def _build(variant, model, lr, group, counter, layout):
         fully_shard(model, mesh=mesh)
         return model, inner(model.parameters(), lr=lr), None
     raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-
-
-def _count_all_reduces(ddp_model, group) -> dict:
-    """DDP's default communication (mean all-reduce of each bucket, over ``group``), counting the bytes."""
-    counter = {"calls": 0, "bytes": 0}
-    n = dist.get_world_size(group)
-
-    def hook(state, bucket):
-        counter["calls"] += 1
-        counter["bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
-        work = dist.all_reduce(bucket.buffer().div_(n), group=group, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
-
-    ddp_model.register_comm_hook(None, hook)
-    return counter
 
 
 def _full_params(variant, wrapped, model):

@@ -1,0 +1,128 @@
+"""Scaling sweeps: the same data-parallel training step over several world sizes, measured.
+
+``scaling()`` runs, for each world size, fresh processes that train the built-in MLP with data
+parallelism through the one training loop, ``simlib.train`` (forward, backward, one flat all-reduce of the
+gradients, optimizer step), records every span with :class:`simlib.timeline.Timeline`, and returns one row per world size: step time (median and
+spread), throughput, speedup, efficiency and communication fraction.
+
+Strong scaling keeps the global batch fixed (each rank gets ``global_batch / world_size`` samples);
+weak scaling keeps the per-rank batch fixed (the global batch grows with the world). The reference is one
+process with the same threads per worker as each worker of the sweep (one by default), so speedup
+measures what more *processes* buy. Beside it the table has the honest rival: one process using every
+core (``baseline`` row), which on a 2-core laptop is usually the fastest set-up of all.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from .. import env
+from ..launch import OversubscribedWarning, launch
+from ..timeline import step_times, summarize
+
+MODES = ("strong", "weak")
+
+
+def dp_train(width: int = 1024, depth: int = 4, local_batch: int = 256, steps: int = 20, warmup: int = 3,
+             lr: float = 1e-3, seed: int = 0):
+    """One rank of a data-parallel run through the one training loop; returns the gathered timeline (on rank
+    0) and the final loss.
+
+    ``simlib.train.train`` on the lessons' MLP regression task with ``Plan(dp=world_size, dp_variant="flat")``:
+    every rank starts from the same weights, trains on its shard of the global batch, and averages the
+    gradients with one all-reduce of a flat buffer, so the ranks stay identical step after step.
+    """
+    from ..tasks import RegressionTask
+    from ..train import OptimConfig, Plan, train
+
+    ctx = env.init()
+    global_batch = local_batch * ctx.world_size
+    task = RegressionTask(width=width, depth=depth, global_batch=global_batch, num_samples=global_batch,
+                          eval_samples=1, seed=seed)
+    record = train(task, Plan(dp=ctx.world_size, dp_variant="flat"), steps=warmup + steps,
+                   optim=OptimConfig(name="sgd", lr=lr, schedule="constant"), log_every=warmup + steps,
+                   warmup=warmup, measure_memory=False, verbose=False)
+    return {"timeline": record.timeline if ctx.is_main else None, "loss": record.rows[-1]["loss"]}
+
+
+def measure(world_size: int, threads: int | None = 1, timeout: float = 120.0, **train_kwargs):
+    """Run :func:`dp_train` on ``world_size`` fresh processes; return (summary dict, timeline table)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OversubscribedWarning)  # the table marks it instead
+        out = launch(dp_train, world_size, threads=threads, call_timeout=timeout, **train_kwargs)
+    timeline = out[0]["timeline"]
+    return summarize(timeline), timeline
+
+
+def _row(summary, timeline, world_size, threads, global_batch, local_batch, baseline=None):
+    times = step_times(timeline).to_numpy()
+    return dict(world_size=world_size, threads=threads, global_batch=global_batch, local_batch=local_batch,
+                step_time=summary["step_time"], step_time_p25=float(np.percentile(times, 25)),
+                step_time_p75=float(np.percentile(times, 75)), step_time_iqr=summary["step_time_iqr"],
+                steps=summary["steps"], forward_time=summary["forward_time"],
+                backward_time=summary["backward_time"], comm_time=summary["comm_time"],
+                optimizer_time=summary["optimizer_time"], comm_fraction=summary["comm_fraction"],
+                exposed_comm_fraction=summary["exposed_comm_fraction"],
+                throughput=global_batch / summary["step_time"], baseline=baseline)
+
+
+def scaling(world_sizes=(1, 2, 4), mode: str = "strong", global_batch: int = 1024,
+            batch_per_rank: int | None = None, width: int = 1024, depth: int = 4, steps: int = 20,
+            warmup: int = 3, threads_per_worker: int = 1, all_cores_baseline: bool = True,
+            progress: bool = True, keep_timelines: bool = False):
+    """Measure data-parallel training over ``world_sizes``; one row per world size (+ a baseline row).
+
+    Columns: world_size, threads, global_batch, local_batch, step_time (median s), step_time_p25/p75,
+    throughput (samples/s), speedup (with speedup_lo/hi from the step-time quartiles), efficiency
+    (speedup per core used: processes x threads),
+    comm_fraction, per-kind times, oversubscribed, and ``baseline`` (None for the sweep; a label for the
+    one-process-all-cores row). ``table.attrs`` holds cores, mode and the configuration.
+    With ``keep_timelines=True`` returns ``(table, {world_size: timeline})``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    world_sizes = sorted({int(w) for w in world_sizes})
+    if not world_sizes or world_sizes[0] < 1:
+        raise ValueError(f"world_sizes must be positive ints, got {world_sizes!r}")
+    if 1 not in world_sizes:
+        world_sizes = [1] + world_sizes  # speedup needs the one-process reference
+    if mode == "weak" and batch_per_rank is None:
+        batch_per_rank = max(1, global_batch // max(world_sizes))
+    if mode == "strong":
+        bad = [w for w in world_sizes if global_batch % w]
+        if bad:
+            raise ValueError(f"global_batch={global_batch} does not split evenly over world sizes {bad}")
+    cores = env.cpu_count()
+    from tqdm.auto import tqdm
+
+    jobs = [(w, threads_per_worker, None) for w in world_sizes]
+    if all_cores_baseline and cores > threads_per_worker and env.gpu_count() == 0:
+        jobs.append((1, cores, f"1 process x {cores} threads"))
+    rows, timelines = [], {}
+    for world_size, threads, baseline in tqdm(jobs, desc=f"{mode} scaling", disable=not progress):
+        local_batch = global_batch // world_size if mode == "strong" else batch_per_rank
+        gb = local_batch * world_size
+        summary, timeline = measure(world_size, threads=threads, width=width, depth=depth,
+                                    local_batch=local_batch, steps=steps, warmup=warmup)
+        rows.append(_row(summary, timeline, world_size, threads, gb, local_batch, baseline))
+        if baseline is None:
+            timelines[world_size] = timeline
+    table = pd.DataFrame(rows)
+    ref = table[(table["world_size"] == 1) & table["baseline"].isna()].iloc[0]
+    if mode == "strong":  # same work: speedup = t1 / tN
+        table["speedup"] = ref["step_time"] / table["step_time"]
+        table["speedup_lo"] = ref["step_time"] / table["step_time_p75"]
+        table["speedup_hi"] = ref["step_time"] / table["step_time_p25"]
+    else:  # N times the work: speedup = throughput_N / throughput_1 ("scaled speedup")
+        table["speedup"] = table["throughput"] / ref["throughput"]
+        table["speedup_lo"] = table["speedup"] * table["step_time"] / table["step_time_p75"]
+        table["speedup_hi"] = table["speedup"] * table["step_time"] / table["step_time_p25"]
+    # efficiency = speedup / the cores a setup uses (processes x threads, against the reference's threads), so
+    # "1 process x 2 threads" is judged on 2 cores, not on 1 process
+    table["efficiency"] = table["speedup"] * ref["threads"] / (table["world_size"] * table["threads"])
+    table["oversubscribed"] = table["world_size"] * table["threads"] > cores
+    table.attrs.update(cores=cores, mode=mode, width=width, depth=depth, steps=steps, warmup=warmup,
+                       device="cuda" if env.gpu_count() else "cpu")
+    return (table, timelines) if keep_timelines else table
