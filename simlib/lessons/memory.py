@@ -17,7 +17,8 @@ from torch import nn
 
 from ..models import BlockMLP, make_regression
 from ..parallel import precision as prec
-from ..parallel import recompute, zero
+from ..parallel import recompute, zero, zero3
+from ..parallelize import apply_zero
 from .data_parallel import count_all_reduces
 
 __all__ = ["VARIANTS", "run_memory", "reference", "formula", "comm_volume", "volume_formula", "measure_collectives"]
@@ -57,12 +58,14 @@ def _build(variant, model, lr, group, counter, layout):
         wrapped = DDP(model, process_group=group)
         ddp_counter = count_all_reduces(wrapped, group=group)
         return wrapped, inner(wrapped.parameters(), lr=lr), ddp_counter
-    if variant in ("zero1", "zero2"):
+    if variant in ("zero1", "zero2"):  # the trainer's own wrapping (simlib.parallelize.apply_zero)
+        wrapped = apply_zero(model, _STAGE[variant], group, comm_counter=counter)
         opt = zero.ShardedOptimizer(model.parameters(), inner, group=group, comm_counter=counter, lr=lr)
-        return zero.ZeroDataParallel(model, opt, stage=_STAGE[variant], group=group, comm_counter=counter), opt, None
+        wrapped.attach(opt)
+        return wrapped, opt, None
     if variant == "zero3":
-        zero.check_elementwise(inner)
-        wrapped = zero.Zero3(model, group=group, comm_counter=counter)
+        zero3.check_elementwise(inner)
+        wrapped = apply_zero(model, 3, group, comm_counter=counter)
         return wrapped, inner(wrapped.parameters(), lr=lr), None
     if variant == "fsdp2":
         from torch.distributed.device_mesh import DeviceMesh
