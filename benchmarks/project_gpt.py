@@ -98,7 +98,7 @@ def main() -> dict:
     load_before = os.getloadavg()
     out = {"benchmark": "project_gpt", "target": TARGET, "steps": STEPS, "warmup": WARMUP}
     runs = {"1x1 thread": (Plan(), 1), "1x2 threads": (Plan(), 2), "2-proc DP": (Plan(dp=2), 1),
-            "2-way TP": (Plan(tp=2), 1), "2-stage PP": (Plan(pp=2, accumulation=4), 1)}
+            "2-way TP": (Plan(tp=2), 1), "2-stage PP": (Plan(pp=2, pp_microbatches=4), 1)}
     out["tokens_per_s"], out["step_time_iqr_s"] = {}, {}
     for label, (plan, threads) in runs.items():
         s = simlib.launch(trainer_run, plan.world_size, plan, threads=threads)[0]

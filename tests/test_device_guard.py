@@ -59,7 +59,7 @@ RUNNERS = {
     "train mlp dp flat": (_train("mlp", dp=2, dp_variant="flat"), 2),
     "train gpt dp": (_train("gpt", dp=2), 2),
     "train gpt tp": (_train("gpt", tp=2), 2),
-    "train gpt pp 1f1b": (_train("gpt", pp=2, accumulation=2), 2),
+    "train gpt pp 1f1b": (_train("gpt", pp=2, pp_microbatches=2), 2),
     "train gpt dp x tp": (_train("gpt", dp=2, tp=2), 4),
     "train gpt recompute": (_train("gpt", dp=2, activation_checkpointing=True), 2),
 }

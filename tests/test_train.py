@@ -69,9 +69,10 @@ def reference():
 
 
 PLANS2 = [Plan(dp=2), Plan(dp=2, accumulation=2), Plan(dp=2, accumulation=2, dp_variant="ddp"),
-          Plan(dp=2, activation_checkpointing=True), Plan(tp=2), Plan(pp=2, accumulation=2),
-          Plan(pp=2, accumulation=4, schedule="gpipe")]
-PLANS4 = [Plan(dp=2, tp=2), Plan(dp=2, pp=2, accumulation=2)]
+          Plan(dp=2, activation_checkpointing=True), Plan(tp=2), Plan(pp=2, pp_microbatches=2),
+          Plan(pp=2, pp_microbatches=2, accumulation=2, schedule="gpipe"),
+          Plan(dp=2, accumulation=2, loss_scaling=True)]  # fp16's loss scaling, GPU-free: exact in fp32
+PLANS4 = [Plan(dp=2, tp=2), Plan(dp=2, pp=2, pp_microbatches=2, accumulation=2, loss_scaling=True)]
 
 
 @pytest.mark.parametrize("world, plans", [(2, PLANS2), (4, PLANS4)], ids=["2 ranks", "4 ranks"])
@@ -98,6 +99,8 @@ def test_bf16_autocast_stays_close(cluster2, reference):
     (Plan(pp=3), 3, "use pp <= 2"),
     (Plan(dp=2, accumulation=3), 2, "does not split into dp=2 ranks x 3 accumulation steps"),
     (Plan(tp=2, pp=2), 4, "not supported"),
+    (Plan(dp=1, tp=2, zero_stage=1), 2, "ZeRO here shards over data parallelism only"),
+    (Plan(pp=2, pp_microbatches=3), 2, "x 3 pipeline micro-batches"),
 ])
 def test_bad_plans_say_what_would_work(plan, world, words):
     with pytest.raises(ValueError, match=words):

@@ -34,7 +34,7 @@ def _check_k(k) -> int:
 
 
 def accumulation_step(model, optimizer, micro_batches, loss_fn=nn.functional.mse_loss, scale_loss: bool = True,
-                      use_no_sync: bool = True, timeline=None) -> float:
+                      use_no_sync: bool = True, timeline=None, autocast=nullcontext, loss_scale: float = 1.0) -> float:
     """One optimizer step over ``micro_batches``; returns the mean loss over all their samples.
 
     Each micro-batch's loss is weighted by its share of the samples, n_i / N (1/k when they are equal), so
@@ -42,6 +42,9 @@ def accumulation_step(model, optimizer, micro_batches, loss_fn=nn.functional.mse
     the whole batch; ``loss_fn`` must average over the samples of a batch (``reduction="mean"``).
     ``scale_loss=False`` reproduces the missing-1/k bug; ``use_no_sync=False`` communicates on every
     micro-batch (same result, k times the messages). Works for a plain module, DDP, or simlib's wrappers.
+    ``optimizer=None``: gradients only (``simlib.train`` steps itself, after unscaling and clipping);
+    ``autocast``: the context of each forward (mixed precision); ``loss_scale``: multiplies each loss before
+    backward (fp16 loss scaling; the returned loss is unscaled).
     """
     micro_batches = list(micro_batches)
     k = len(micro_batches)
@@ -58,17 +61,19 @@ def accumulation_step(model, optimizer, micro_batches, loss_fn=nn.functional.mse
         last = i == k - 1
         skip_sync = use_no_sync and not last and hasattr(model, "no_sync")
         with model.no_sync() if skip_sync else nullcontext():
-            with timeline.span("forward") if timeline is not None else nullcontext():
+            with timeline.span("forward") if timeline is not None else nullcontext(), autocast():
                 loss = loss_fn(model(x), y)
             with timeline.span("backward") if timeline is not None else nullcontext():
                 weight = sizes[i] / total_size  # = 1/k for equal micro-batches
-                (loss * weight if scale_loss else loss).backward()
+                scaled = loss * weight if scale_loss else loss
+                (scaled * loss_scale if loss_scale != 1 else scaled).backward()
             if finish is not None and (last or not use_no_sync):
                 finish()  # simlib wrappers: waits for / runs the all-reduce; inside no_sync a no-op
         total += float(loss.detach()) * sizes[i]
-    with timeline.span("optimizer") if timeline is not None else nullcontext():
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=False)
+    if optimizer is not None:
+        with timeline.span("optimizer") if timeline is not None else nullcontext():
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
     return total / total_size
 
 

@@ -34,7 +34,7 @@ def plan_for(name: str, world_size: int, micro_batches: int = 4) -> Plan:
             raise ValueError(f"unknown plan {name!r}: use one of {PLAN_NAMES}")
         return Plan()
     plans = {"dp": Plan(dp=world_size), "dp+acc": Plan(dp=world_size, accumulation=micro_batches),
-             "tp": Plan(tp=world_size), "pp": Plan(pp=world_size, accumulation=max(micro_batches, world_size))}
+             "tp": Plan(tp=world_size), "pp": Plan(pp=world_size, pp_microbatches=max(micro_batches, world_size))}
     if name not in plans:
         raise ValueError(f"unknown plan {name!r}: use one of {PLAN_NAMES}")
     return plans[name]
