@@ -198,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="hands-on project: GPT (text), vision (digits) or finance (hedging), "
                                      "trained through simlib.train; writes the run record")
-    p.add_argument("project", choices=["gpt", "vision", "finance"])
+    from .projects.runner import PROJECTS
+    p.add_argument("project", choices=list(PROJECTS))
     p.add_argument("--world-size", type=int, default=2, help="processes (default 2)")
     p.add_argument("--plan", nargs="+", default=["dp"], choices=["single", "dp", "dp+acc", "tp", "pp"],
                    help="gpt: one or more plans (default dp); several write one folder each under --out; "
