@@ -139,7 +139,8 @@ class Plan:
             raise ValueError("tensor and pipeline parallelism together are not supported by this trainer yet: "
                              "use tp > 1 or pp > 1 (each composes with dp)")
         if self.mixed_precision == "fp16" and not torch.cuda.is_available():
-            raise ValueError("fp16 needs a GPU (a GradScaler on CUDA); on CPU use mixed_precision='bf16'")
+            raise ValueError("fp16 needs a GPU (autocast to fp16 and loss scaling); on CPU use mixed_precision='bf16' "
+                             "(fp32's range, no scaling), or Plan(loss_scaling=True) to run the scaling path in fp32")
         if self.zero_stage and (self.pp > 1 or self.tp > 1):
             raise ValueError(f"zero_stage={self.zero_stage} with tp={self.tp}, pp={self.pp} is not supported: ZeRO here "
                              "shards over data parallelism only. Use tp = pp = 1 with ZeRO, or zero_stage=0")
