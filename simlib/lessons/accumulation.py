@@ -11,7 +11,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from ..parallel.accumulate import accumulation_step, peak_memory, split_micro_batches  # noqa: F401 - the lesson's mechanism
+from ..parallel.accumulate import accumulation_step, peak_memory, split_micro_batches  # noqa: F401 - taught here
 from .data_parallel import _setup, count_all_reduces
 
 __all__ = ["run_accumulation", "accumulation_step", "split_micro_batches", "peak_memory"]
