@@ -185,3 +185,17 @@ def test_activation_checkpointing_recomputes_what_the_forward_runs():
     bad = StrayBlocks()
     with guarded(world_size=1), pytest.raises(ValueError, match="not part of the model"):
         parallelize(bad.build_model(), plan.mesh.build(), plan, bad, "cpu")
+
+
+def test_the_simulator_reads_the_same_plan():
+    """sim.Strategy.from_plan: the trainer's plan priced as it runs, and refused where the trainer refuses it."""
+    from simlib import sim
+    s = sim.Strategy.from_plan(Plan(dp=2, accumulation=4, zero_stage=1, activation_checkpointing=True), 64)
+    assert (s.dp, s.micro_batch, s.num_micro_batches, s.zero_stage, s.recompute, s.dtype) == (2, 8, 4, 1, "full",
+                                                                                               "fp32")
+    s = sim.Strategy.from_plan(Plan(pp=2, pp_microbatches=4, schedule="gpipe"), 32)
+    assert (s.pp, s.micro_batch, s.num_micro_batches, s.schedule) == (2, 8, 4, "gpipe")
+    with pytest.raises(ValueError, match="ZeRO here shards over data parallelism only"):
+        sim.Strategy.from_plan(Plan(tp=2, zero_stage=2), 64)
+    with pytest.raises(ValueError, match="one pipeline flush per step"):
+        sim.Strategy.from_plan(Plan(pp=2, accumulation=2), 64)
