@@ -43,7 +43,8 @@ def _grade(args) -> int:
 
 
 def _scaling(args) -> int:
-    from . import experiments, plots
+    from . import plots
+    from .lessons import scaling as experiments
     from .env import quick
 
     if args.quick or quick():
@@ -131,7 +132,7 @@ def _train(args) -> int:
     """Train the project's model under one or more plans; write the run records and a PNG of the loss curves."""
     if args.project in ("vision", "finance"):
         return _train_project(args)
-    from . import project_gpt
+    from .projects.gpt import run as project_gpt
     from .env import quick
 
     is_quick = args.quick or quick()
@@ -197,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="hands-on project: GPT (text), vision (digits) or finance (hedging), "
                                      "trained through simlib.train; writes the run record")
-    p.add_argument("project", choices=["gpt", "vision", "finance"])
+    from .projects.runner import PROJECTS
+    p.add_argument("project", choices=list(PROJECTS))
     p.add_argument("--world-size", type=int, default=2, help="processes (default 2)")
     p.add_argument("--plan", nargs="+", default=["dp"], choices=["single", "dp", "dp+acc", "tp", "pp"],
                    help="gpt: one or more plans (default dp); several write one folder each under --out; "

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from .checkpoint import rng_state, set_rng_state  # noqa: F401 - every generator a step may use
 from .parallel.data import MODES as DP_VARIANTS
 from .parallel.mesh import Mesh
-from .parallelize import ParallelModel, build_optimizer, clip_grad_norm, parallelize  # noqa: F401
+from .parallelize import ParallelModel, build_optimizer, clip_grad_norm, parallelize, unique_parameters  # noqa: F401
 from .record import RecordWriter, RunRecord, build_summary, step_row, time_to_target
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -55,9 +55,11 @@ class Plan:
     tp: int = 1                          # tensor-parallel degree (attention by heads, MLP by columns)
     pp: int = 1                          # pipeline stages
     dp_variant: str = "bucket"           # "bucket" | "flat" | "naive" (simlib.parallel.data) | "ddp" (torch)
-    accumulation: int = 1                # micro-batches per step per DP rank (pipeline micro-batches if pp > 1)
+    accumulation: int = 1                # gradient accumulation: forward+backward passes per step per DP rank
+    pp_microbatches: int | None = None   # pipeline micro-batches per pass when pp > 1 (None: pp of them)
     schedule: str = "1f1b"               # pipeline schedule when pp > 1: "gpipe" | "1f1b"
-    mixed_precision: str | None = None   # None | "bf16" (autocast, CPU or GPU) | "fp16" (GPU, GradScaler)
+    mixed_precision: str | None = None   # None | "bf16" (autocast, CPU or GPU) | "fp16" (GPU, loss scaling)
+    loss_scaling: bool | None = None     # dynamic loss scaling (None: on for fp16 only; True also works in fp32)
     activation_checkpointing: bool = False  # recompute each block's activations in backward
     zero_stage: int = 0                  # 0: plain DP; 1-3: simlib.parallel.zero
     checkpoint_dir: str | None = None    # simlib.checkpoint: resume from here if a checkpoint exists
@@ -70,6 +72,14 @@ class Plan:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"Plan.{name} must be an int >= 1, got {v!r}")
+        m = self.pp_microbatches
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise ValueError(f"Plan.pp_microbatches must be an int >= 1 or None, got {m!r}")
+        if m is not None and self.pp == 1:
+            raise ValueError(f"Plan.pp_microbatches={m} splits a pipeline's batch, but pp=1: for gradient "
+                             f"accumulation use Plan(accumulation={m})")
+        if self.loss_scaling not in (None, True, False):
+            raise ValueError(f"Plan.loss_scaling must be None, True or False, got {self.loss_scaling!r}")
         if self.dp_variant not in DP_VARIANTS:
             raise ValueError(f"Plan.dp_variant {self.dp_variant!r} is unknown: use one of {DP_VARIANTS}")
         if self.schedule not in SCHEDULES:
@@ -90,12 +100,22 @@ class Plan:
         return self.dp * self.tp * self.pp
 
     @property
+    def microbatches(self) -> int:
+        """Pipeline micro-batches per forward+backward pass (1 without pipeline parallelism)."""
+        return 1 if self.pp == 1 else (self.pp_microbatches or self.pp)
+
+    @property
+    def scales_loss(self) -> bool:
+        """Whether the loop scales the loss (``loss_scaling``, or fp16 when it is None)."""
+        return self.mixed_precision == "fp16" if self.loss_scaling is None else self.loss_scaling
+
+    @property
     def label(self) -> str:
         """A short name for tables and plots, e.g. ``dp2 acc4`` or ``pp2 1f1b m4``."""
         parts = [f"{axis}{n}" for axis, n in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)) if n > 1]
         if self.pp > 1:
-            parts.append(f"{self.schedule} m{self.accumulation}")
-        elif self.accumulation > 1:
+            parts.append(f"{self.schedule} m{self.microbatches}")
+        if self.accumulation > 1:
             parts.append(f"acc{self.accumulation}")
         if self.mixed_precision:
             parts.append(self.mixed_precision)
@@ -103,8 +123,13 @@ class Plan:
             parts.append(f"zero{self.zero_stage}")
         return " ".join(parts) or "1 process"
 
-    def validate(self, world_size: int, task=None) -> None:
-        """Raise ``ValueError`` saying what would work if this plan cannot run ``task`` on ``world_size`` ranks."""
+    def validate(self, world_size: int | None = None, task=None) -> None:
+        """Raise ``ValueError`` saying what would work if this plan cannot run ``task`` on ``world_size`` ranks.
+
+        The one check of every combination, before anything launches: the trainer, ``simlib train`` and
+        ``sim.Strategy.from_plan`` call it (torchtitan's ``ParallelDims``). ``world_size`` None: the plan's own.
+        """
+        world_size = self.world_size if world_size is None else world_size
         if self.world_size != world_size:
             options = ", ".join(f"dp={world_size // (t * p)} tp={t} pp={p}" for t in _divisors(world_size)
                                 for p in _divisors(world_size // t))
@@ -114,19 +139,13 @@ class Plan:
             raise ValueError("tensor and pipeline parallelism together are not supported by this trainer yet: "
                              "use tp > 1 or pp > 1 (each composes with dp)")
         if self.mixed_precision == "fp16" and not torch.cuda.is_available():
-            raise ValueError("fp16 needs a GPU (a GradScaler on CUDA); on CPU use mixed_precision='bf16'")
-        if self.zero_stage and self.pp > 1:
-            raise ValueError("ZeRO with pipeline parallelism is not supported: use zero_stage=0 with pp > 1")
+            raise ValueError("fp16 needs a GPU (autocast to fp16 and loss scaling); on CPU use mixed_precision='bf16' "
+                             "(fp32's range, no scaling), or Plan(loss_scaling=True) to run the scaling path in fp32")
+        if self.zero_stage and (self.pp > 1 or self.tp > 1):
+            raise ValueError(f"zero_stage={self.zero_stage} with tp={self.tp}, pp={self.pp} is not supported: ZeRO here "
+                             "shards over data parallelism only. Use tp = pp = 1 with ZeRO, or zero_stage=0")
         if task is None:
             return
-        per_rank = self.dp * self.accumulation
-        if task.global_batch % per_rank:
-            ok = [k for k in range(1, task.global_batch + 1) if task.global_batch % (self.dp * k) == 0]
-            what = "pipeline micro-batches" if self.pp > 1 else "accumulation steps"
-            raise ValueError(f"global batch {task.global_batch} does not split into dp={self.dp} ranks x "
-                             f"{self.accumulation} {what}: with dp={self.dp} use accumulation in {ok[:8]}"
-                             f"{' ...' if len(ok) > 8 else ''}, or a global batch that is a multiple of "
-                             f"{per_rank}")
         for degree, method in ((self.tp, "tensor_parallel"), (self.pp, "pipeline_stages")):
             if degree > 1 and not hasattr(task, method):
                 raise ValueError(f"task {task.name!r} has no {method}(): it cannot be split that way; "
@@ -135,6 +154,15 @@ class Plan:
             raise ValueError(f"task {task.name!r} has no blocks(): activation checkpointing needs them")
         if hasattr(task, "check_plan"):
             task.check_plan(self)  # the model's own limits: heads, layers, widths
+        per_rank = self.dp * self.accumulation * self.microbatches
+        if task.global_batch % per_rank:
+            m = self.microbatches
+            ok = [k for k in range(1, task.global_batch + 1) if task.global_batch % (self.dp * k * m) == 0]
+            pipe = f" x {m} pipeline micro-batches" if self.pp > 1 else ""
+            raise ValueError(f"global batch {task.global_batch} does not split into dp={self.dp} ranks x "
+                             f"{self.accumulation} accumulation steps{pipe}: use accumulation in {ok[:8]}"
+                             f"{' ...' if len(ok) > 8 else ''}, or a global batch that is a multiple of "
+                             f"{per_rank}")
 
 
 def _divisors(n: int) -> list[int]:
@@ -265,7 +293,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     optimizer, scheduler = build_optimizer(pm, plan, optim, total_steps)
     state = (state_type or TrainState)(pm.module, optimizer, scheduler, shard=_shard_name(plan, groups))
     if plan.checkpoint_dir:
-        from . import checkpoint  # issue-11: torch.distributed.checkpoint, atomic
+        from . import checkpoint  # torch.distributed.checkpoint, atomic
         checkpoint.load_latest(plan.checkpoint_dir, state)
     tokens_per_sample = getattr(task, "tokens_per_sample", 0) or 0
     matmul_rate = _matmul_rate(ctx.device)
@@ -278,8 +306,13 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
         optimizer.zero_grad(set_to_none=True)
         loss = pm.forward_backward(x, y)
         with tl.span("optimizer"):
-            norm = clip_grad_norm(pm, optim.grad_clip) if optim.grad_clip else None
-            optimizer.step()
+            # loss scaling (fp16): gradients back to their true size; a step with inf/NaN on any rank is skipped
+            finite = pm.scaler.unscale_(unique_parameters(pm.module)) if pm.scaler is not None else True
+            norm = clip_grad_norm(pm, optim.grad_clip) if optim.grad_clip and finite else None
+            if finite:
+                optimizer.step()
+            if pm.scaler is not None:
+                pm.scaler.update()
             scheduler.step()
         return loss, norm
 
@@ -314,6 +347,8 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
             row = step_row(step, pm.global_loss(loss), state, lr, step_time, tl, norm, tokens_per_sample)
             if peak_memory is not None and step == first_step + 1:
                 row["peak_memory"] = peak_memory
+            if pm.scaler is not None:
+                row["loss_scale"], row["skipped_steps"] = pm.scaler.scale, pm.scaler.skipped
             rows.append(row)
             writer.write(row)
             if verbose and ctx.rank == 0:

@@ -7,7 +7,7 @@
 """
 from __future__ import annotations
 
-__all__ = ["train_on", "load_state"]
+__all__ = ["train_on", "load_state", "run_project", "PROJECTS"]
 
 
 def _train_worker(task, plan, kwargs, threads):
@@ -31,6 +31,7 @@ def train_on(world_size: int, task, plan, cluster=None, threads: int | None = No
 
     if plan.world_size != world_size:
         raise ValueError(f"plan {plan.label!r} needs {plan.world_size} ranks, not {world_size}")
+    plan.validate(world_size, task)  # the trainer's own check, here before any process starts
     if cluster is not None:
         if cluster.world_size != world_size:
             raise ValueError(f"the cluster has {cluster.world_size} ranks; this run needs {world_size}")
@@ -48,7 +49,13 @@ def load_state(task, state):
     return model
 
 
-# ---- the projects' standard runs (``simlib train vision|finance``, the notebooks, the benchmarks) ----
+# ---- the projects' standard runs (``simlib train <name>``, the notebooks, the benchmarks, grading) ----
+def gpt_run(quick: bool = False) -> dict:
+    """Task, budget, optimizer and target of the GPT project's standard run (``simlib.projects.gpt.run``)."""
+    from .gpt.run import settings
+    return settings(quick)
+
+
 def vision_run(quick: bool = False) -> dict:
     """Task, step budget, optimizer and target of the vision project's standard run."""
     from ..train import OptimConfig
@@ -74,7 +81,7 @@ def finance_run(quick: bool = False) -> dict:
                 eval_every=every, target={"eval_loss": bs["bs_rmse_sim"] ** 2})
 
 
-PROJECTS = {"vision": vision_run, "finance": finance_run}
+PROJECTS = {"gpt": gpt_run, "vision": vision_run, "finance": finance_run}  # the one registry of projects
 
 
 def run_project(name: str, world_size: int = 1, quick: bool = False, out_dir=None, threads: int | None = None,

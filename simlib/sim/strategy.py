@@ -144,3 +144,24 @@ class Strategy:
 
     def replace(self, **changes) -> "Strategy":
         return replace(self, **changes)
+
+    @classmethod
+    def from_plan(cls, plan, global_batch: int, **overrides) -> "Strategy":
+        """The strategy a ``simlib.train.Plan`` runs for ``global_batch`` samples per step: the same degrees,
+        micro-batches, ZeRO stage, precision, recomputation and buckets. The plan is checked first by its own
+        ``validate`` (the trainer's check, so a plan the trainer refuses is refused here). ``overrides``: what a
+        plan does not say (``optimizer``, ``threads``, ``sequence_parallel``, ...)."""
+        plan.validate(plan.world_size)
+        per_step = plan.accumulation * plan.microbatches
+        if global_batch % (plan.dp * per_step):
+            raise ValueError(f"global batch {global_batch} does not split into dp={plan.dp} x {per_step} "
+                             "micro-batches: use a multiple of their product")
+        if plan.pp > 1 and plan.accumulation > 1:
+            raise ValueError(f"the simulator prices one pipeline flush per step; the plan runs {plan.accumulation}: "
+                             f"simulate pp_microbatches={per_step}, accumulation=1 (the same samples, one flush)")
+        fields = dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, micro_batch=global_batch // (plan.dp * per_step),
+                      num_micro_batches=per_step, zero_stage=plan.zero_stage, schedule=plan.schedule,
+                      bucket_bytes=plan.bucket_cap_mb * 2 ** 20, overlap=plan.dp_variant in ("bucket", "ddp"),
+                      recompute="full" if plan.activation_checkpointing else "none",
+                      dtype=plan.mixed_precision or "fp32")
+        return cls(**{**fields, **overrides})

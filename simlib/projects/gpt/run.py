@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .train import OptimConfig, Plan
+from ...train import OptimConfig, Plan
 
 PLAN_NAMES = ("single", "dp", "dp+acc", "tp", "pp")
 
@@ -19,7 +19,7 @@ PLAN_NAMES = ("single", "dp", "dp+acc", "tp", "pp")
 def settings(quick: bool = False) -> dict:
     """Task, budget and optimizer of the project. Full size: 0.93 M parameters, 600 steps of 2,048 tokens.
     Quick: 0.17 M parameters, 120 steps of 512 tokens (it only starts to leave the unigram plateau)."""
-    from .gpt_task import GPTTask
+    from .task import GPTTask
     if quick:
         return dict(task=GPTTask.quick(), steps=120, eval_every=20, log_every=10, target={"eval_loss": 6.0},
                     optim=OptimConfig(lr=1e-2, warmup_steps=10, weight_decay=0.1, grad_clip=1.0))
@@ -34,7 +34,7 @@ def plan_for(name: str, world_size: int, micro_batches: int = 4) -> Plan:
             raise ValueError(f"unknown plan {name!r}: use one of {PLAN_NAMES}")
         return Plan()
     plans = {"dp": Plan(dp=world_size), "dp+acc": Plan(dp=world_size, accumulation=micro_batches),
-             "tp": Plan(tp=world_size), "pp": Plan(pp=world_size, accumulation=max(micro_batches, world_size))}
+             "tp": Plan(tp=world_size), "pp": Plan(pp=world_size, pp_microbatches=max(micro_batches, world_size))}
     if name not in plans:
         raise ValueError(f"unknown plan {name!r}: use one of {PLAN_NAMES}")
     return plans[name]
@@ -45,8 +45,8 @@ def train_gpt(plan: Plan, out_dir=None, quick: bool = False, samples: int = 2, s
     """One rank's part of a project run (call on every rank): train, then generate ``samples`` texts."""
     import torch
 
-    from . import gpt
-    from .train import train
+    from . import model as gpt
+    from ...train import train
     config = {**settings(quick), **overrides}
     task = config.pop("task")
     record = train(task, plan, out_dir=out_dir, **config)
@@ -73,7 +73,7 @@ def load_final_model(out_dir):
     """The task and the unsplit trained model saved by a project run in ``out_dir``."""
     import torch
 
-    from .gpt_task import GPTTask
+    from .task import GPTTask
     saved = torch.load(Path(out_dir) / "final_model.pt", weights_only=True)
     task = GPTTask(**saved["task"])
     model = task.build_model()
@@ -92,8 +92,8 @@ def run(plan, world_size: int = 2, quick: bool | None = None, out_dir="results/g
 
     Returns rank 0's :class:`simlib.record.RunRecord` (with ``summary["samples_text"]``).
     """
-    from . import env
-    from .launch import launch
+    from ... import env
+    from ...launch import launch
     quick = env.quick() if quick is None else quick
     name = plan if isinstance(plan, str) else plan.label.replace(" ", "_")
     plan = plan_for(plan, world_size) if isinstance(plan, str) else plan
