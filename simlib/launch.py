@@ -36,6 +36,7 @@ again on the fresh workers, up to k times; each worker reads its attempt in ``TO
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -204,6 +205,7 @@ class Cluster:
         self._checking = False
         self._closed = True
         self._agent = None
+        self._lock = threading.RLock()  # one call at a time: a second thread waits for the first one's call
         self._key = None  # set by cluster() for the process's shared cluster
         self._origin = _cell_origin()
         self._close_previous_from_this_cell()
@@ -248,7 +250,9 @@ class Cluster:
         authkey = os.urandom(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
         self._listener = listener  # open while the agent lives: restarted workers connect to it too
-        self._log_dir = tempfile.mkdtemp(prefix="simlib-")  # mode 0700: the key below stays private
+        _remove_stale_dirs()
+        # mode 0700: the key below stays private; the pid in the name lets a later start remove it if we are killed
+        self._log_dir = tempfile.mkdtemp(prefix=f"simlib-{os.getpid()}-")
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=self.world_size, run_id=uuid.uuid4().hex,
             rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{env.free_port()}", local_addr="127.0.0.1",
@@ -294,6 +298,9 @@ class Cluster:
             listener.close()  # workers still starting cannot connect, so they exit (none is known to kill yet)
             self._kill()
             raise
+        if self.max_restarts == 0:  # no worker will read the spec again: the connection key leaves the disk now
+            with contextlib.suppress(OSError):
+                os.remove(spec_file)
         self.last_start_seconds = time.perf_counter() - t0
 
     def _await_workers(self) -> None:
@@ -330,7 +337,7 @@ class Cluster:
             elif kind == "out":
                 self._print(msg)
             elif kind == "agent-exit":
-                raise self._start_failure(self._agent_error)
+                raise self._start_failure(self._agent_error, self._late_messages())
 
     @property
     def _agent_error(self):
@@ -338,10 +345,28 @@ class Cluster:
         errors = getattr(self, "_agent_errors", None)
         return errors[0] if errors else None
 
-    def _start_failure(self, error) -> WorkerError:
+    def _late_messages(self, wait: float = 1.0) -> list:
+        """Messages still on their way when the agent ended (a worker's "fatal" races the agent's exit)."""
+        late, deadline = [], time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                late.append(self._queue.get(timeout=0.05))
+            except queue.Empty:
+                if late:
+                    break
+        return late
+
+    def _start_failure(self, error, late=()) -> WorkerError:
         """One short message for workers that ended while starting: rank, exit code, the last lines they wrote."""
         failures = getattr(error, "failures", None) or {}
         lines, by_rank = [], {}
+        for msg in late:  # a worker that could not join the process group said why before it ended
+            if msg[0] == "fatal":
+                f = msg[2]
+                by_rank[msg[1]] = f
+                lines.append(f"rank {msg[1]} could not join the process group: {f.type_name}: {f.message}")
+            elif msg[0] == "out":
+                self._print(msg)
         first = [r for r, f in sorted(failures.items()) if (getattr(f, "exitcode", None) or 0) > 0]
         for rank, failure in sorted(failures.items()):
             code = getattr(failure, "exitcode", None)
@@ -351,8 +376,13 @@ class Cluster:
             tail = _last_lines(self._log_dir, getattr(failure, "local_rank", rank))
             by_rank[rank] = RemoteFailure(rank, "StartupError", f"ended while starting ({how})", tail)
             lines.append(f"rank {rank} ended while starting ({how})" + (":\n" + _indent(tail) if tail else ""))
-        if not lines:
-            lines.append(f"{type(error).__name__}: {error}" if error is not None else "no reason given")
+        if not lines and error is not None:
+            lines.append(f"{type(error).__name__}: {error}")
+        if not lines:  # the agent ended without a failure: every worker exited (code 0) before joining
+            tails = {r: _last_lines(self._log_dir, r) for r in range(self.world_size)}
+            lines.append("the elastic agent ended without reporting a failure: the workers exited before they "
+                         "joined (their connection to this process closed, or they were stopped from outside)"
+                         + "".join(f"\n  rank {r} wrote:\n{_indent(t)}" for r, t in tails.items() if t))
         return WorkerError(f"the {self.world_size} workers could not start:\n" + "\n".join(lines), by_rank)
 
     def _exit_code(self, rank, wait: float = 1.0):
@@ -412,6 +442,10 @@ class Cluster:
 
     def close(self) -> None:
         """Stop the workers cleanly (they leave the process group and exit)."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         for chan in self._conns.values():
@@ -474,7 +508,16 @@ class Cluster:
         return self.call(fn, args, kwargs)
 
     def call(self, fn, args=(), kwargs=None, timeout: float | None = None) -> list:
-        """Like :meth:`run`, with a time limit for the whole call (``timeout`` seconds)."""
+        """Like :meth:`run`, with a time limit for the whole call (``timeout`` seconds).
+
+        Thread-safe: calls from several threads run one after the other (the workers run one function at a time).
+        """
+        if not callable(fn):
+            raise ValueError(f"fn must be callable, got {fn!r}")
+        with self._lock:
+            return self._call(fn, args, kwargs, timeout)
+
+    def _call(self, fn, args, kwargs, timeout) -> list:
         if not callable(fn):
             raise ValueError(f"fn must be callable, got {fn!r}")
         timeout = _check_positive("timeout", timeout if timeout is not None else self.call_timeout)
@@ -596,7 +639,9 @@ class Cluster:
                         "usually a collective (or send/recv) that not every rank called, or called in a "
                         "different order")
             if pending:
-                msg += f"; rank(s) {pending} were still running {self.grace:g} s later and were stopped"
+                silent = "; ".join(f"rank {r} {self._why_silent(r)}" for r in pending)
+                msg += (f"; rank(s) {pending} never answered ({silent}) and were stopped {self.grace:g} s after the "
+                        "first failure")
         by_rank = [failures[r] for r in sorted(failures)]
         lines = [f.summary() for f in by_rank]
         detail = "\n".join(f"--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}" for f in by_rank if f.traceback)
@@ -609,6 +654,18 @@ class Cluster:
             msg += ". The workers were stopped; the next call starts fresh ones"
         text = msg + "\n" + "\n".join(lines) + ("\n" + detail if detail else "")
         return error_type(text, failures, results)
+
+    def _why_silent(self, rank: int) -> str:
+        """What a rank that did not answer is doing, from its process state (Linux /proc)."""
+        pid = self._pids.get(rank)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError, TypeError):
+            return "did not answer"
+        return {"T": "was stopped (SIGSTOP or Ctrl-Z: its process is paused)", "t": "was paused by a debugger",
+                "Z": "had exited", "D": "was blocked in the kernel (disk or network I/O)"}.get(
+                    state, "was still running (a hang, or a collective it never reached)")
 
     def _healthy(self) -> bool:
         """After a call in which every rank reported: do the ranks still meet at a barrier?"""
@@ -647,6 +704,29 @@ def _exhausted(attempts: list, max_restarts: int) -> WorkerError:
     error = type(last)(text, last.failures, last.results)
     error.attempts = attempts
     return error
+
+
+def _remove_stale_dirs() -> None:
+    """Remove ``simlib-<pid>-*`` folders (logs and the workers' spec with its connection key) whose process is gone:
+    a caller killed with SIGKILL cannot remove its own."""
+    root, uid = tempfile.gettempdir(), os.getuid() if hasattr(os, "getuid") else None
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        m = re.match(r"^simlib-(\d+)-", name)
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        path = os.path.join(root, name)
+        try:
+            if uid is not None and os.stat(path).st_uid != uid:
+                continue
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
 
 
 _agents: dict = {}  # run_id -> the elastic agent of a Cluster (so that closing it can stop its restarts)
