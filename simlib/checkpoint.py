@@ -52,6 +52,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
 __all__ = ["save", "load_latest", "load", "latest", "leaving_out", "list_checkpoints", "rng_state", "set_rng_state",
            "Saved", "PER_RANK_KEY", "checkpoint_interval", "wasted_fraction", "verify", "preflight", "CheckpointError",
@@ -222,6 +223,9 @@ def _errno_of(exc) -> int | None:
     seen, todo = set(), [exc]
     while todo:
         e = todo.pop()
+        if isinstance(e, tuple):  # DCP's failures: (exception, traceback) by rank
+            todo += [x for x in e if isinstance(x, BaseException)]
+            continue
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
@@ -467,7 +471,7 @@ def save(directory, state, step: int | None = None, keep: int = 2, _before_commi
             problem = _structure_problem(partial)  # a load test of the layout before it counts
             if problem is None:
                 _write_manifest(partial)
-    except Exception as exc:  # noqa: BLE001 - disk full, read-only, ...: one line; DCP raises on every rank
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - disk full, read-only...: DCP raises on every rank
         if _rank() == 0:
             shutil.rmtree(partial, ignore_errors=True)
         raise _disk_error(exc, root, step, expected) from exc
@@ -625,7 +629,7 @@ def load_latest(directory, state, skip=None, allow_changes=()) -> Saved | None:
                 saved = load(candidate, state, skip, allow_changes)
             except (CheckpointMismatch, ValueError, FileNotFoundError):
                 raise  # the run's own settings are at fault, not the file: say so, do not fall back
-            except Exception as exc:  # noqa: BLE001 - DCP could not read it: try the previous one
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP could not read it: the previous one
                 problem = f"it cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
             problems = [p for p in _gather(problem) if p]  # every rank falls back together, or none does
             problem = problems[0] if problems else None
