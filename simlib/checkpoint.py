@@ -533,12 +533,14 @@ def load(path, state, skip=(), allow_changes=()) -> Saved:
     changes = _check_meta(path, state, allow_changes)
     saved_keys = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
     optimizer = getattr(state, "optimizer", None)
+    if isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "local"):
+        optimizer = optimizer.local  # ZeRO-1/2: the rank's inner optimizer holds the state (None: owns nothing)
     if (isinstance(optimizer, torch.optim.Optimizer) and not optimizer.state and "optimizer" not in skip
             and any(k.startswith("optimizer.") and ".state." in k for k in saved_keys)):
         # a fresh optimizer has no state (Adam's moments) until its first step, and DCP loads only what the target
         # holds: create it first, as torch.distributed.checkpoint.state_dict does (a step with zero lr and grads)
         from torch.distributed.checkpoint.state_dict import _init_optim_state
-        _init_optim_state(getattr(optimizer, "local", None) or optimizer)  # ZeRO: the rank's inner optimizer
+        _init_optim_state(optimizer)
     sd = _state_dict(state)
     unknown = [k for k in skip if k not in sd]
     if unknown:

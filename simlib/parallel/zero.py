@@ -159,8 +159,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for fn in self.before_step:
             fn()
         if self.local is not None:
-            for glob, loc in zip(self._local_groups, self.local.param_groups):  # schedulers write param_groups
-                loc.update({k: v for k, v in glob.items() if k != "params"})
+            self._sync_hyperparameters()
             self.local.step()
         self.synchronize_parameters()
         return loss
@@ -182,8 +181,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
 
+    def _sync_hyperparameters(self) -> None:
+        """The inner optimizer's groups take the outer ones' settings (schedulers write ``param_groups``)."""
+        for glob, loc in zip(self._local_groups, self.local.param_groups):
+            loc.update({k: v for k, v in glob.items() if k != "params"})
+
     def state_dict(self):
         """This rank's shard of the state (owned parameters only), tagged with rank and world size."""
+        if self.local is not None:
+            self._sync_hyperparameters()  # a fresh one's inner groups then hold what a saved one holds (initial_lr)
         return {"rank": self.rank, "world_size": self.world_size,
                 "local": self.local.state_dict() if self.local is not None else None,
                 "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}
