@@ -14,7 +14,6 @@ The full disk is a real one: a tmpfs mounted with a size limit (needs root; else
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import signal

@@ -193,12 +193,33 @@ def _write_manifest(path: Path) -> None:
     os.replace(tmp, path / MANIFEST)
 
 
+_verified: dict = {}  # folder -> the (name, size, mtime) of its files when it last verified: not hashed again
+
+
+def _stamp(path: Path) -> tuple:
+    try:
+        return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir()))
+    except OSError:
+        return ()
+
+
 def verify(path) -> str | None:
     """Check a committed checkpoint: None when it is whole, else one line saying what is wrong.
 
     The manifest (sizes and SHA-256 of every file, written before the commit) catches changed, truncated and
-    missing files; the structure check catches a ``.metadata`` that points outside its files."""
+    missing files; the structure check catches a ``.metadata`` that points outside its files. A folder whose files
+    have not changed (names, sizes, modification times) since it last verified in this process is not re-read."""
     path = Path(path)
+    stamp = _stamp(path)
+    if stamp and _verified.get(str(path)) == stamp:
+        return None
+    problem = _verify(path)
+    if problem is None and stamp:
+        _verified[str(path)] = stamp
+    return problem
+
+
+def _verify(path: Path) -> str | None:
     if not (path / ".metadata").is_file():
         return "it has no .metadata (it was never committed)"
     manifest = path / MANIFEST
@@ -494,6 +515,7 @@ def save(directory, state, step: int | None = None, keep: int = 2, _before_commi
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
         os.replace(partial, final)  # the commit: atomic rename
+        _verified[str(final)] = _stamp(final)  # its manifest was just written from these very files
         _fsync_dir(root)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
