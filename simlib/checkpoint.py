@@ -636,12 +636,17 @@ def load_latest(directory, state, skip=None, allow_changes=()) -> Saved | None:
     if directory is None:
         return None
     found = [str(p) for _, p in reversed(list_checkpoints(directory))]
+    newest = found[0] if found else ""
+    headless = sorted((p.name for p in Path(directory).glob("step_*") if _NAME.match(p.name) and p.is_dir()
+                       and not (p / ".metadata").is_file() and str(p) > newest), reverse=True) \
+        if Path(directory).is_dir() else []
     if _dist():  # rank 0's view decides, so that every rank tries the same folders
-        box = [found]
+        box = [found, headless]
         dist.broadcast_object_list(box, src=0)
-        found = box[0]
+        found, headless = box
     found = [Path(p) for p in found]
-    passed = []  # (name, why) of checkpoints that could not be read
+    # (name, why) of checkpoints that could not be read; a committed name without .metadata lost it afterwards
+    passed = [(name, "its .metadata is missing (deleted after the commit)") for name in headless]
     for i, candidate in enumerate(found):
         problem = verify(candidate) if _rank() == 0 else None
         if _dist():
