@@ -200,9 +200,14 @@ def _kill_during_save(base):
     return dict(resumed_at=min(resumed), bit_equal=resumed == {s: reference[s] for s in resumed})
 
 
-def _sigstop():
+def _sigstop(stamp):
+    import torch.distributed as dist
     ctx = simlib.init()
+    _losses(Plan(tp=2), 1)  # warm on both ranks
+    dist.barrier()
     if ctx.rank == 1:
+        with open(stamp, "w") as f:
+            f.write(str(time.time()))
         os.kill(os.getpid(), signal.SIGSTOP)
     return _losses(Plan(tp=2), 4)
 
@@ -323,16 +328,18 @@ def _p_kill_save(ctx):
 @probe("a rank stopped (SIGSTOP), timeout=5")
 def _p_stop(ctx):
     cluster = simlib.Cluster(2, timeout=5, grace=2)
-    t0 = time.monotonic()
+    stamp = Path(ctx.dir() + ".stopped_at")
     try:
-        cluster.call(_sigstop, timeout=300)
-        line, elapsed = None, time.monotonic() - t0
+        cluster.call(_sigstop, (str(stamp),), timeout=300)
+        line = None
     except simlib.WorkerError as exc:
-        line, elapsed = str(exc).splitlines()[0], time.monotonic() - t0
+        line = str(exc).splitlines()[0]
     finally:
         cluster.close()
+    elapsed = time.time() - float(stamp.read_text()) if stamp.exists() else float("nan")
     ok = line is not None and "rank 1 was stopped" in line
-    return _result(ok_error=ok, detail=f"after {elapsed:.1f} s: {line}", seconds_to_error=round(elapsed, 1))
+    return _result(ok_error=ok, detail=f"{elapsed:.1f} s after the SIGSTOP: {line}",
+                   seconds_to_error=round(elapsed, 1))
 
 
 PARENT = """

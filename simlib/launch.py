@@ -640,8 +640,12 @@ class Cluster:
                         "different order")
             if pending:
                 silent = "; ".join(f"rank {r} {self._why_silent(r)}" for r in pending)
-                msg += (f"; rank(s) {pending} never answered ({silent}) and were stopped {self.grace:g} s after the "
-                        "first failure")
+                if error_type is WorkerTimeout:  # the silent rank is the cause: name it first
+                    msg = (f"rank(s) {pending} did not answer ({silent}): rank(s) {sorted(failures)} timed out "
+                           f"waiting for them after timeout={self.timeout:g} s. The silent rank(s) were stopped")
+                else:
+                    msg += (f"; rank(s) {pending} never answered ({silent}) and were stopped {self.grace:g} s after "
+                            "the first failure")
         by_rank = [failures[r] for r in sorted(failures)]
         lines = [f.summary() for f in by_rank]
         detail = "\n".join(f"--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}" for f in by_rank if f.traceback)
