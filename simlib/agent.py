@@ -6,10 +6,12 @@ start, kill, finish); ``Cluster`` (``simlib/launch.py``) adds the calls, output 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import queue
+import re
 import shutil
 import signal
 import sys
@@ -71,6 +73,29 @@ class _quiet_elastic:
 _agents: dict = {}  # run_id -> the elastic agent of a Cluster (so that closing it can stop its restarts)
 
 
+def _remove_stale_dirs() -> None:
+    """Remove ``simlib-<pid>-*`` folders (logs and the workers' spec with its connection key) whose process is gone:
+    a caller killed with SIGKILL cannot remove its own."""
+    root, uid = tempfile.gettempdir(), os.getuid() if hasattr(os, "getuid") else None
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        m = re.match(r"^simlib-(\d+)-", name)
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        path = os.path.join(root, name)
+        try:
+            if uid is not None and os.stat(path).st_uid != uid:
+                continue
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
+
+
 def _track_agents() -> None:
     """Have torch's launcher register its LocalElasticAgent here: a Cluster that stops its workers for good must
     first set the agent's remaining restarts to 0, or the agent would start new workers."""
@@ -118,7 +143,9 @@ class ElasticWorkers:
         authkey = os.urandom(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
         self._listener = listener  # open while the agent lives: restarted workers connect to it too
-        self._log_dir = tempfile.mkdtemp(prefix="simlib-")  # mode 0700: the key below stays private
+        _remove_stale_dirs()
+        # mode 0700: the key below stays private; the pid in the name lets a later start remove it if we are killed
+        self._log_dir = tempfile.mkdtemp(prefix=f"simlib-{os.getpid()}-")
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=self.world_size, run_id=uuid.uuid4().hex,
             rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{env.free_port()}", local_addr="127.0.0.1",
@@ -164,6 +191,9 @@ class ElasticWorkers:
             listener.close()  # workers still starting cannot connect, so they exit (none is known to kill yet)
             self._kill()
             raise
+        if self.max_restarts == 0:  # no worker will read the spec again: the connection key leaves the disk now
+            with contextlib.suppress(OSError):
+                os.remove(spec_file)
         self.last_start_seconds = time.perf_counter() - t0
 
     def _await_workers(self) -> None:
@@ -200,7 +230,7 @@ class ElasticWorkers:
             elif kind == "out":
                 self._print(msg)
             elif kind == "agent-exit":
-                raise self._start_failure(self._agent_error)
+                raise self._start_failure(self._agent_error, self._late_messages())
 
     @property
     def _agent_error(self):
@@ -208,10 +238,28 @@ class ElasticWorkers:
         errors = getattr(self, "_agent_errors", None)
         return errors[0] if errors else None
 
-    def _start_failure(self, error) -> WorkerError:
+    def _late_messages(self, wait: float = 1.0) -> list:
+        """Messages still on their way when the agent ended (a worker's "fatal" races the agent's exit)."""
+        late, deadline = [], time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                late.append(self._queue.get(timeout=0.05))
+            except queue.Empty:
+                if late:
+                    break
+        return late
+
+    def _start_failure(self, error, late=()) -> WorkerError:
         """One short message for workers that ended while starting: rank, exit code, the last lines they wrote."""
         failures = getattr(error, "failures", None) or {}
         lines, by_rank = [], {}
+        for msg in late:  # a worker that could not join the process group said why before it ended
+            if msg[0] == "fatal":
+                f = msg[2]
+                by_rank[msg[1]] = f
+                lines.append(f"rank {msg[1]} could not join the process group: {f.type_name}: {f.message}")
+            elif msg[0] == "out":
+                self._print(msg)
         first = [r for r, f in sorted(failures.items()) if (getattr(f, "exitcode", None) or 0) > 0]
         for rank, failure in sorted(failures.items()):
             code = getattr(failure, "exitcode", None)
@@ -221,8 +269,13 @@ class ElasticWorkers:
             tail = _last_lines(self._log_dir, getattr(failure, "local_rank", rank))
             by_rank[rank] = RemoteFailure(rank, "StartupError", f"ended while starting ({how})", tail)
             lines.append(f"rank {rank} ended while starting ({how})" + (":\n" + _indent(tail) if tail else ""))
-        if not lines:
-            lines.append(f"{type(error).__name__}: {error}" if error is not None else "no reason given")
+        if not lines and error is not None:
+            lines.append(f"{type(error).__name__}: {error}")
+        if not lines:  # the agent ended without a failure: every worker exited (code 0) before joining
+            tails = {r: _last_lines(self._log_dir, r) for r in range(self.world_size)}
+            lines.append("the elastic agent ended without reporting a failure: the workers exited before they "
+                         "joined (their connection to this process closed, or they were stopped from outside)"
+                         + "".join(f"\n  rank {r} wrote:\n{_indent(t)}" for r, t in tails.items() if t))
         return WorkerError(f"the {self.world_size} workers could not start:\n" + "\n".join(lines), by_rank)
 
     def _exit_code(self, rank, wait: float = 1.0):

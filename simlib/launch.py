@@ -40,6 +40,7 @@ import os
 import queue
 import re
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -152,6 +153,7 @@ class Cluster(ElasticWorkers):
         self._checking = False
         self._closed = True
         self._agent = None
+        self._lock = threading.RLock()  # one call at a time: a second thread waits for the first one's call
         self._key = None  # set by cluster() for the process's shared cluster
         self._origin = _cell_origin()
         self._close_previous_from_this_cell()
@@ -178,6 +180,10 @@ class Cluster(ElasticWorkers):
     # ── life cycle (starting and stopping: simlib.agent.ElasticWorkers) ──
     def close(self) -> None:
         """Stop the workers cleanly (they leave the process group and exit)."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         for chan in self._conns.values():
@@ -240,9 +246,16 @@ class Cluster(ElasticWorkers):
         return self.call(fn, args, kwargs)
 
     def call(self, fn, args=(), kwargs=None, timeout: float | None = None) -> list:
-        """Like :meth:`run`, with a time limit for the whole call (``timeout`` seconds)."""
+        """Like :meth:`run`, with a time limit for the whole call (``timeout`` seconds).
+
+        Thread-safe: calls from several threads run one after the other (the workers run one function at a time).
+        """
         if not callable(fn):
             raise ValueError(f"fn must be callable, got {fn!r}")
+        with self._lock:
+            return self._call(fn, args, kwargs, timeout)
+
+    def _call(self, fn, args, kwargs, timeout) -> list:
         timeout = _check_positive("timeout", timeout if timeout is not None else self.call_timeout)
         if self._broken:
             why = self._broken if isinstance(self._broken, str) else "the failure of the previous call"
@@ -362,7 +375,13 @@ class Cluster(ElasticWorkers):
                         "usually a collective (or send/recv) that not every rank called, or called in a "
                         "different order")
             if pending:
-                msg += f"; rank(s) {pending} were still running {self.grace:g} s later and were stopped"
+                silent = "; ".join(f"rank {r} {self._why_silent(r)}" for r in pending)
+                if error_type is WorkerTimeout:  # the silent rank is the cause: name it first
+                    msg = (f"rank(s) {pending} did not answer ({silent}): rank(s) {sorted(failures)} timed out "
+                           f"waiting for them after timeout={self.timeout:g} s. The silent rank(s) were stopped")
+                else:
+                    msg += (f"; rank(s) {pending} never answered ({silent}) and were stopped {self.grace:g} s after "
+                            "the first failure")
         by_rank = [failures[r] for r in sorted(failures)]
         lines = [f.summary() for f in by_rank]
         detail = "\n".join(f"--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}" for f in by_rank if f.traceback)
@@ -375,6 +394,18 @@ class Cluster(ElasticWorkers):
             msg += ". The workers were stopped; the next call starts fresh ones"
         text = msg + "\n" + "\n".join(lines) + ("\n" + detail if detail else "")
         return error_type(text, failures, results)
+
+    def _why_silent(self, rank: int) -> str:
+        """What a rank that did not answer is doing, from its process state (Linux /proc)."""
+        pid = self._pids.get(rank)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError, TypeError):
+            return "did not answer"
+        return {"T": "was stopped (SIGSTOP or Ctrl-Z: its process is paused)", "t": "was paused by a debugger",
+                "Z": "had exited", "D": "was blocked in the kernel (disk or network I/O)"}.get(
+                    state, "was still running (a hang, or a collective it never reached)")
 
     def _healthy(self) -> bool:
         """After a call in which every rank reported: do the ranks still meet at a barrier?"""

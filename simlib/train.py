@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import guards
 from .checkpoint import rng_state, set_rng_state  # noqa: F401 - every generator a step may use
 from .parallel.data import MODES as DP_VARIANTS
 from .parallel.mesh import Mesh
@@ -90,6 +91,7 @@ class Plan:
             raise ValueError(f"Plan.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("Plan.checkpoint_every needs a checkpoint_dir to save into")
+        guards.check_plan_fields(self)  # issue-21: every other field
 
     @property
     def mesh(self) -> Mesh:
@@ -185,12 +187,7 @@ class OptimConfig:
     grad_clip: float | None = None  # max global gradient norm (None: no clipping)
 
     def __post_init__(self):
-        if self.name not in ("adamw", "sgd"):
-            raise ValueError(f"OptimConfig.name {self.name!r} is unknown: use 'adamw' or 'sgd'")
-        if self.schedule not in ("cosine", "constant"):
-            raise ValueError(f"OptimConfig.schedule {self.schedule!r} is unknown: use 'cosine' or 'constant'")
-        if not self.lr > 0:
-            raise ValueError(f"OptimConfig.lr must be > 0, got {self.lr!r}")
+        guards.check_optim(self)  # issue-21: every field, one line naming the wrong one
 
 
 @dataclass
@@ -240,9 +237,6 @@ class TrainState:
 
 
 def _budget_steps(task, steps, tokens, samples, seconds) -> int | None:
-    given = [b for b in (steps, tokens, samples, seconds) if b is not None]
-    if len(given) != 1:
-        raise ValueError("give exactly one budget: steps=, tokens=, samples= or seconds=")
     if steps is not None:
         return int(steps)
     if samples is not None:
@@ -271,7 +265,8 @@ def _matmul_rate(device, size: int = 512, repeats: int = 5) -> float:
 def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, seconds=None,
           optim: OptimConfig = OptimConfig(), eval_every: int = 0, log_every: int = 10, out_dir=None,
           target: dict | None = None, stop_at_target: bool = False, warmup: int = 2, measure_memory: bool = True,
-          verbose: bool = True, state_type: type | None = None) -> RunRecord:
+          verbose: bool = True, state_type: type | None = None, nonfinite: str = "stop",
+          allow_changes=()) -> RunRecord:
     """Train ``task`` under ``plan`` for one budget (``steps``, ``tokens``, ``samples`` or ``seconds``).
 
     Call on every rank. ``eval_every``: evaluate every k steps (and at the end) if > 0. ``target``: e.g.
@@ -279,11 +274,15 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     reaches it (``stop_at_target``: and the run ends there). ``warmup``: first steps left out of throughput.
     ``measure_memory``: on CPU, profile the second step's allocations for its peak (that step is warm-up).
     ``state_type``: the class that holds what a checkpoint saves (default :class:`TrainState`; lesson 08's exercise
-    passes its own).
+    passes its own). ``nonfinite``: at a step whose loss or gradients hold NaN/inf, ``"stop"`` (raise
+    :class:`simlib.guards.NonFiniteError` naming the step) or ``"skip"`` (skip its update; counted in
+    ``summary["skipped_steps"]``). ``allow_changes``: fields (``"optim.lr"``, ``"task.seed"``, ``"optim"``, ``"*"``)
+    allowed to differ from the checkpoint resumed from; any other difference is refused, naming the field.
     """
     from . import env
     from .timeline import Timeline
 
+    guards.check_run_args(steps, tokens, samples, seconds, eval_every, log_every, warmup, nonfinite, target)
     ctx = env.init()
     plan.validate(ctx.world_size, task)
     total_steps = _budget_steps(task, steps, tokens, samples, seconds)
@@ -294,27 +293,37 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     state = (state_type or TrainState)(pm.module, optimizer, scheduler, shard=_shard_name(plan, groups))
     if plan.checkpoint_dir:
         from . import checkpoint  # torch.distributed.checkpoint, atomic
-        checkpoint.load_latest(plan.checkpoint_dir, state)
+        state.meta = guards.run_meta(task, plan, optim, optim.decay_steps or total_steps)
+        state.free_changes = guards.free_changes(plan)
+        if plan.checkpoint_every:
+            checkpoint.preflight(plan.checkpoint_dir, state)  # writable, room for a checkpoint: before any step
+        if checkpoint.load_latest(plan.checkpoint_dir, state, allow_changes=allow_changes) and allow_changes:
+            guards.apply_optim(optimizer, scheduler, optim)
     tokens_per_sample = getattr(task, "tokens_per_sample", 0) or 0
     matmul_rate = _matmul_rate(ctx.device)
     writer = RecordWriter(out_dir if ctx.rank == 0 else None, append=state.step > 0)
     rows, evals, peak_memory = [], [], None
     first_step, t_start = state.step, time.perf_counter()
     shardable = _accepts_part(task)
+    skipped = 0  # steps whose update was skipped for NaN/inf (nonfinite="skip")
+    local_params = [p for g in optimizer.param_groups for p in g["params"]]
 
     def one_step(x, y):
         optimizer.zero_grad(set_to_none=True)
         loss = pm.forward_backward(x, y)
         with tl.span("optimizer"):
             # loss scaling (fp16): gradients back to their true size; a step with inf/NaN on any rank is skipped
+            # by the scaler (that is its job), so then only the loss is checked for divergence
             finite = pm.scaler.unscale_(unique_parameters(pm.module)) if pm.scaler is not None else True
             norm = clip_grad_norm(pm, optim.grad_clip) if optim.grad_clip and finite else None
-            if finite:
+            bad = guards.nonfinite(loss, local_params if finite else [], norm, ctx.device)  # same on every rank
+            if finite and not bad:
                 optimizer.step()
             if pm.scaler is not None:
                 pm.scaler.update()
-            scheduler.step()
-        return loss, norm
+            if not bad:
+                scheduler.step()
+        return loss, norm, bad
 
     while True:
         step = state.step
@@ -323,9 +332,14 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
         if seconds is not None and _agree_stop(state.train_time >= seconds, ctx.device):
             break
         index = state.data_step  # the data position (equal to step unless a checkpoint was restored in part)
-        x, y = (task.batch(index, part=groups.dp_rank, parts=plan.dp) if shardable else pm.shard(*task.batch(index)))
         if shardable:
+            x, y = task.batch(index, part=groups.dp_rank, parts=plan.dp)
+            guards.check_batch(x, y, task.global_batch // plan.dp, index, task.name, ctx.rank, "batch part")
             x, y = x.to(ctx.device), y.to(ctx.device)
+        else:
+            x, y = task.batch(index)
+            guards.check_batch(x, y, task.global_batch, index, task.name, ctx.rank)
+            x, y = pm.shard(x, y)
         lr = scheduler.get_last_lr()[0]
         t0 = time.perf_counter()
         with tl.step(step):
@@ -333,9 +347,15 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
                 from .parallel.accumulate import peak_memory as measure
                 box = {}
                 peak_memory = measure(lambda: box.update(out=one_step(x, y)))
-                loss, norm = box["out"]
+                loss, norm, bad = box["out"]
             else:
-                loss, norm = one_step(x, y)
+                loss, norm, bad = one_step(x, y)
+        if bad:
+            if nonfinite == "stop":
+                from .checkpoint import latest
+                newest = latest(plan.checkpoint_dir) if plan.checkpoint_dir else None
+                raise guards.NonFiniteError(guards.nonfinite_message(step, bad, lr, newest.name if newest else None))
+            skipped += 1
         step_time = time.perf_counter() - t0
         state.train_time += step_time
         state.step += 1
@@ -369,6 +389,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     timeline = tl.gather()
     summary = build_summary(task, plan, ctx, state, timeline, rows, evals, target, peak_memory,
                             matmul_rate, time.perf_counter() - t_start)
+    summary["skipped_steps"] = skipped
     writer.finish(summary)
     return RunRecord(rows=rows, evals=evals, summary=summary, timeline=timeline, model=pm)
 

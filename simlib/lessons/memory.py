@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import env
 from ..models import BlockMLP, make_regression
 from ..parallel import precision as prec
 from ..parallel import recompute, zero, zero3
@@ -283,7 +284,7 @@ def sweep(variants=VARIANTS, world_sizes=(1, 2, 4), options=None, **kwargs) -> l
     rank = dist.get_rank()
     rows = []
     for world in world_sizes:
-        group = dist.new_group(list(range(world)))
+        group = dist.new_group(list(range(world)), timeout=env.collective_timeout())  # the run's timeout
         for label, extra in options.items():
             for variant in variants:
                 if rank < world:

@@ -102,15 +102,30 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._assign()
 
     def add_param_group(self, param_group: dict) -> None:
+        """Add a group (e.g. a layer unfrozen mid-training) on every rank. The parameters already here keep their
+        owner and their state (Adam's moments and step counts); the new ones go to the least-loaded ranks."""
         super().add_param_group(param_group)
-        if self.local is not None or self.owner:  # a group added after construction: re-partition everything
-            self._assign()
+        if self.local is not None or self.owner:  # a group added after construction: owners of the rest stay
+            self._assign(keep=True)
 
-    def _assign(self) -> None:
+    def _assign(self, keep: bool = False) -> None:
         params = [p for g in self.param_groups for p in g["params"]]
         if len(set(map(id, params))) != len(params):
             raise ValueError(f"rank {self.rank}: a parameter appears twice in the optimizer's groups")
-        owners = partition([p.numel() for p in params], self.world_size)
+        old_owner, old_local = (self.owner, self.local) if keep else ({}, None)
+        if old_owner:
+            load = [0] * self.world_size
+            for p, r in old_owner.items():
+                load[r] += p.numel()
+            new = [p for p in params if p not in old_owner]
+            extra = {}
+            for p in sorted(new, key=lambda p: -p.numel()):  # largest first, to the least-loaded rank
+                r = min(range(self.world_size), key=lambda r: (load[r], r))
+                extra[p] = r
+                load[r] += p.numel()
+            owners = [old_owner.get(p, extra.get(p)) for p in params]
+        else:
+            owners = partition([p.numel() for p in params], self.world_size)
         self.owner = {p: r for p, r in zip(params, owners)}
         groups = []
         for g in self.param_groups:
@@ -118,6 +133,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if mine:
                 groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": mine})
         self.local = self.optimizer_cls(groups) if groups else None
+        if old_local is not None and self.local is not None:  # the moments and step counts carry over
+            for p, st in old_local.state.items():
+                self.local.state[p] = st
         self._local_groups = [g for g in self.param_groups
                               if any(self.owner[p] == self.rank for p in g["params"])]
         # one flat broadcast per (owner, dtype, device): few messages, whole tensors
@@ -138,8 +156,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for fn in self.before_step:
             fn()
         if self.local is not None:
-            for glob, loc in zip(self._local_groups, self.local.param_groups):  # schedulers write param_groups
-                loc.update({k: v for k, v in glob.items() if k != "params"})
+            self._sync_hyperparameters()
             self.local.step()
         self.synchronize_parameters()
         return loss
@@ -161,8 +178,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
 
+    def _sync_hyperparameters(self) -> None:
+        """The inner optimizer's groups take the outer ones' settings (schedulers write ``param_groups``)."""
+        for glob, loc in zip(self._local_groups, self.local.param_groups):
+            loc.update({k: v for k, v in glob.items() if k != "params"})
+
     def state_dict(self):
         """This rank's shard of the state (owned parameters only), tagged with rank and world size."""
+        if self.local is not None:
+            self._sync_hyperparameters()  # a fresh one's inner groups then hold what a saved one holds (initial_lr)
         return {"rank": self.rank, "world_size": self.world_size,
                 "local": self.local.state_dict() if self.local is not None else None,
                 "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}

@@ -25,8 +25,10 @@ def _train_worker(task, plan, kwargs, threads):
     return record, state
 
 
-def train_on(world_size: int, task, plan, cluster=None, threads: int | None = None, **train_kwargs):
-    """``train(task, plan, **train_kwargs)`` on ``world_size`` ranks -> (rank 0's RunRecord, its state_dict)."""
+def train_on(world_size: int, task, plan, cluster=None, threads: int | None = None, timeout: float | None = None,
+             **train_kwargs):
+    """``train(task, plan, **train_kwargs)`` on ``world_size`` ranks -> (rank 0's RunRecord, its state_dict).
+    ``timeout``: seconds a collective may wait for a peer on fresh workers (default simlib.launch's)."""
     from ..launch import launch
 
     if plan.world_size != world_size:
@@ -38,6 +40,8 @@ def train_on(world_size: int, task, plan, cluster=None, threads: int | None = No
         outs = cluster.run(_train_worker, task, plan, train_kwargs, threads)
     else:
         kw = {"threads": threads} if threads else {}
+        if timeout is not None:
+            kw["timeout"] = timeout
         outs = launch(_train_worker, world_size, task, plan, train_kwargs, None, **kw)
     return outs[0]
 
@@ -85,7 +89,7 @@ PROJECTS = {"gpt": gpt_run, "vision": vision_run, "finance": finance_run}  # the
 
 
 def run_project(name: str, world_size: int = 1, quick: bool = False, out_dir=None, threads: int | None = None,
-                cluster=None, verbose: bool = True, **overrides):
+                cluster=None, verbose: bool = True, timeout: float | None = None, **overrides):
     """The standard run of project ``name`` on ``world_size`` ranks (DP; SyncBatchNorm for vision)."""
     from ..train import Plan
     if name not in PROJECTS:
@@ -106,4 +110,4 @@ def run_project(name: str, world_size: int = 1, quick: bool = False, out_dir=Non
             torch.set_num_threads(previous)
         return record, {k: v.detach().clone() for k, v in record.model.module.state_dict().items()}
     return train_on(world_size, task, plan, cluster=cluster, threads=threads, out_dir=out_dir, verbose=verbose,
-                    **spec)
+                    timeout=timeout, **spec)

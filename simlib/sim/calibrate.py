@@ -30,7 +30,8 @@ def subgroup(world_size: int):
     if world_size == dist.get_world_size():
         return None  # the default group
     if world_size not in _GROUPS:
-        _GROUPS[world_size] = dist.new_group(list(range(world_size)))
+        from .. import env
+        _GROUPS[world_size] = dist.new_group(list(range(world_size)), timeout=env.collective_timeout())
     return _GROUPS[world_size]
 
 

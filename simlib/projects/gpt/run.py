@@ -32,6 +32,9 @@ def plan_for(name: str, world_size: int, micro_batches: int = 4) -> Plan:
     if name == "single" or world_size == 1:
         if name not in PLAN_NAMES:
             raise ValueError(f"unknown plan {name!r}: use one of {PLAN_NAMES}")
+        if name == "single" and world_size != 1:
+            raise ValueError(f"plan 'single' runs on 1 process, not {world_size}: use --world-size 1, or a plan that "
+                             f"splits the work ({', '.join(n for n in PLAN_NAMES if n != 'single')})")
         return Plan()
     plans = {"dp": Plan(dp=world_size), "dp+acc": Plan(dp=world_size, accumulation=micro_batches),
              "tp": Plan(tp=world_size), "pp": Plan(pp=world_size, pp_microbatches=max(micro_batches, world_size))}
@@ -87,8 +90,11 @@ def _is_rank0() -> bool:
 
 
 def run(plan, world_size: int = 2, quick: bool | None = None, out_dir="results/gpt/{name}", cluster=None,
-        threads: int | None = None, timeout: float | None = None, **overrides):
+        threads: int | None = None, timeout: float | None = None, collective_timeout: float | None = None,
+        **overrides):
     """Run a plan (a :class:`Plan` or a name from :data:`PLAN_NAMES`) on fresh processes, or on ``cluster``.
+    ``timeout``: limit of the whole run; ``collective_timeout``: how long a collective waits for a peer (fresh
+    processes; default simlib.launch's), so a stopped or lost rank ends the run in that time.
 
     Returns rank 0's :class:`simlib.record.RunRecord` (with ``summary["samples_text"]``).
     """
@@ -101,7 +107,8 @@ def run(plan, world_size: int = 2, quick: bool | None = None, out_dir="results/g
     kwargs = dict(out_dir=out, quick=quick, **overrides)
     if cluster is not None:
         return cluster.call(train_gpt, (plan,), kwargs, timeout=timeout)[0]
-    return launch(train_gpt, plan.world_size, plan, threads=threads, call_timeout=timeout, **kwargs)[0]
+    extra = {} if collective_timeout is None else {"timeout": collective_timeout}
+    return launch(train_gpt, plan.world_size, plan, threads=threads, call_timeout=timeout, **extra, **kwargs)[0]
 
 
 def plot_runs(records: dict, path=None, target: float | None = None):
