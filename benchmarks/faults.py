@@ -44,7 +44,7 @@ PLANS = {"dp2": Plan(dp=2), "tp2": Plan(tp=2), "pp2": Plan(pp=2, accumulation=2)
 
 
 def _gpt(**kw):
-    from simlib.gpt_task import GPTTask
+    from simlib.projects.gpt.task import GPTTask
     return GPTTask.quick(global_batch=8, eval_windows=4, **kw)
 
 

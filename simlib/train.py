@@ -91,7 +91,7 @@ class Plan:
             raise ValueError(f"Plan.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("Plan.checkpoint_every needs a checkpoint_dir to save into")
-        guards.check_plan_fields(self)  # issue-21: every other field
+        guards.check_plan_fields(self)  # every other field
 
     @property
     def mesh(self) -> Mesh:
@@ -187,7 +187,7 @@ class OptimConfig:
     grad_clip: float | None = None  # max global gradient norm (None: no clipping)
 
     def __post_init__(self):
-        guards.check_optim(self)  # issue-21: every field, one line naming the wrong one
+        guards.check_optim(self)  # every field, one line naming the wrong one
 
 
 @dataclass
@@ -313,10 +313,10 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
         loss = pm.forward_backward(x, y)
         with tl.span("optimizer"):
             # loss scaling (fp16): gradients back to their true size; a step with inf/NaN on any rank is skipped
-            # by the scaler (that is its job), so then only the loss is checked for divergence
+            # by the scaler (that is its job; every rank agrees on it), so the divergence check runs on the others
             finite = pm.scaler.unscale_(unique_parameters(pm.module)) if pm.scaler is not None else True
             norm = clip_grad_norm(pm, optim.grad_clip) if optim.grad_clip and finite else None
-            bad = guards.nonfinite(loss, local_params if finite else [], norm, ctx.device)  # same on every rank
+            bad = guards.nonfinite(loss, local_params, norm, ctx.device) if finite else []  # same on every rank
             if finite and not bad:
                 optimizer.step()
             if pm.scaler is not None:

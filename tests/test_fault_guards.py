@@ -30,7 +30,7 @@ OPTIM = OptimConfig(lr=1e-2, warmup_steps=2, decay_steps=STEPS, grad_clip=1.0, w
 
 
 def _gpt():
-    from simlib.gpt_task import GPTTask
+    from simlib.projects.gpt.task import GPTTask
     return GPTTask.quick(global_batch=8, eval_windows=4)
 
 
@@ -305,7 +305,7 @@ class _Rows17:
     (lambda: guards.check_run_args(steps=-5), "steps must be an int >= 1"),
     (lambda: guards.check_run_args(steps=5, eval_every=-1), "eval_every must be an int >= 0"),
     (lambda: guards.check_run_args(steps=5, nonfinite="ignore"), "nonfinite='ignore' is unknown"),
-    (lambda: __import__("simlib.project_gpt").project_gpt.plan_for("single", 5), "plan 'single' runs on 1 process"),
+    (lambda: __import__("simlib.projects.gpt.run", fromlist=["run"]).plan_for("single", 5), "plan 'single' runs on 1 process"),
 ])
 def test_bad_arguments_refused_in_one_line(make, words):
     with pytest.raises(ValueError, match=words) as info:
