@@ -13,6 +13,7 @@ function: its backward is the all-to-all with the splits swapped. Every call is 
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -68,7 +69,7 @@ def all_to_all(x: torch.Tensor, in_splits: list[int], out_splits: list[int], gro
                          f"{x.shape[0]}; split along dim 0")
     x = x.contiguous()
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
-    row = x[0].numel() * x.element_size() if x.dim() else x.element_size()
+    row = math.prod(x.shape[1:]) * x.element_size()
     start = time.perf_counter()
     if n == 1:
         out.copy_(x)

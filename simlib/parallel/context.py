@@ -229,6 +229,7 @@ class RingAttention(torch.autograd.Function):
                 buffers, requests = incoming
                 _wait(requests, log, t0)
                 kv, src = tuple(buffers), (src - 1) % n
+                del incoming, buffers, requests  # the requests hold the sent block: let it go now
         if stats is not None:
             stats.update(rank=rank, work=work, compute_s=compute)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -271,6 +272,7 @@ class RingAttention(torch.autograd.Function):
                 buffers, requests = incoming
                 _wait(requests, log, t0)
                 kv, src = tuple(buffers), (src - 1) % n
+                del incoming, buffers, requests
         return dq, dkv[0], dkv[1], None, None, None, None, None
 
 

@@ -41,13 +41,16 @@ def route(logits: torch.Tensor, top_k: int):
     return probs, gates, experts
 
 
-def queue_positions(experts: torch.Tensor, num_experts: int, group=None) -> tuple[torch.Tensor, torch.Tensor]:
+def queue_positions(experts: torch.Tensor, num_experts: int, group=None,
+                    distributed: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Each (token, choice)'s place in its expert's queue over the whole batch, and the global counts (k, E).
+
+    ``distributed=False``: this process holds the whole batch (even inside a worker of a process group).
 
     Order: every first choice before any second choice; within a choice, rank 0's tokens first, then rank 1's,
     each rank's in token order — the order of the whole batch in one process.
     """
-    rank, n = group_rank_size(group)
+    rank, n = group_rank_size(group) if distributed else (0, 1)
     tokens, k = experts.shape
     one_hot = nn.functional.one_hot(experts, num_experts).transpose(0, 1)   # (k, T, E)
     local = one_hot.sum(1)                                                   # (k, E)
@@ -100,7 +103,7 @@ class MoE(nn.Module):
     def forward(self, x):
         flat = x.reshape(-1, self.hidden)
         probs, gates, experts = route(self.router(flat), self.top_k)
-        pos, totals = queue_positions(experts, self.num_experts)
+        pos, totals = queue_positions(experts, self.num_experts, distributed=False)
         cap = capacity(flat.shape[0], self.num_experts, self.top_k, self.capacity_factor)
         keep = pos < cap
         y = torch.zeros_like(flat)
@@ -163,10 +166,9 @@ class ExpertParallelMoE(nn.Module):
         # the experts: received rows are grouped by source rank, then by expert
         local_expert = torch.repeat_interleave(torch.arange(self.local).repeat(ep), received.reshape(-1))
         out = torch.zeros_like(rows)
-        for e, module in enumerate(self.experts):
-            idx = torch.nonzero(local_expert == e, as_tuple=True)[0]
-            if idx.numel():
-                out = out.index_copy(0, idx, module(rows[idx]))
+        for e, module in enumerate(self.experts):  # every expert runs, on no rows too: backward must reach
+            idx = torch.nonzero(local_expert == e, as_tuple=True)[0]  # the dispatch on every rank (it is a collective)
+            out = out.index_copy(0, idx, module(rows[idx]))
         back = AllToAll.apply(out, recv_splits, send_splits, self.group, self.log, "combine", self.engine)
         y = torch.zeros_like(flat).index_add(0, token, back * gates[token, choice].unsqueeze(-1))
         stats = dict(rank=rank, capacity=cap, tokens_per_expert=received.sum(0).tolist(),
