@@ -63,8 +63,9 @@ def _check(outs, top_k, capacity_factor):
         assert o["aux"] == pytest.approx(ref["aux"], rel=1e-12)
         torch.testing.assert_close(o["router"], ref["grads"]["router.weight"])
         for name, g in o["experts"].items():
-            torch.testing.assert_close(g, ref["grads"][name])
-    assert sum(len(o["experts"]) for o in outs) == len([k for k in ref["grads"] if k.startswith("experts.")])
+            # an expert no token reached: no gradient in one process, zeros on its rank
+            torch.testing.assert_close(g, ref["grads"].get(name, torch.zeros_like(g)))
+    assert sum(len(o["experts"]) for o in outs) == 4 * EXPERTS  # every expert's fc1/fc2 weight and bias
     load = [t for o in outs for t in o["stats"]["tokens_per_expert"]]
     assert load == ref["stats"]["tokens_per_expert"]
     assert sum(o["stats"]["dropped"] for o in outs) == ref["stats"]["dropped"]
