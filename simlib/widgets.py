@@ -727,3 +727,4 @@ def memory_explorer(models=None, measured=None, measured_model=None):
 
     out = W.interactive_output(redraw, controls)
     return W.VBox([W.HBox(list(controls.values())[:3]), W.HBox(list(controls.values())[3:]), out])
+from .widgets_context import context_explorer, context_figure, moe_explorer, moe_figure  # noqa: E402,F401  (lesson 09)
