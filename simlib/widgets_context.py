@@ -23,7 +23,8 @@ def context_figure(seq: int = 4096, cp: int = 4, heads: int = 8, batch: int = 1,
     fig, (ax_m, ax_c, ax_w) = _figure(3, (14, 3.8))
     seqs = [s for s in (2 ** i for i in range(8, 18)) if s % 16 == 0]
     for degree, style in zip((1, 2, 4, 8), ("k-", "b-", "g-", "m-")):
-        mem = [context.memory_per_rank(batch, heads, s, head_dim, degree, "contiguous")["total"] / 2 ** 20 for s in seqs]
+        mem = [context.memory_per_rank(batch, heads, s, head_dim, degree, "contiguous")["total"] / 2 ** 20
+               for s in seqs]
         ax_m.loglog(seqs, mem, style, label=f"cp={degree} (formula)")
     rows = measured.to_dict("records") if hasattr(measured, "to_dict") else (measured or [])
     colours = {1: "k", 2: "b", 4: "g", 8: "m"}

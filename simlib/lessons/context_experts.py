@@ -118,7 +118,8 @@ def ring_vs_ulysses_run(batch=2, heads=8, seq=1024, head_dim=32, repeats=5, engi
     rank, n = dist.get_rank(), dist.get_world_size()
     out = dict(rank=rank)
     for kind, layout in (("ring", "zigzag"), ("ulysses", "contiguous")):
-        q, k, v = (context.shard_sequence(t, rank, n, layout).requires_grad_() for t in _qkv(batch, heads, seq, head_dim))
+        full = _qkv(batch, heads, seq, head_dim)
+        q, k, v = (context.shard_sequence(t, rank, n, layout).requires_grad_() for t in full)
         times, log = [], A2ALog()
         for i in range(repeats + 1):
             log.clear()

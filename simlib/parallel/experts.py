@@ -82,7 +82,8 @@ def _check(num_experts, top_k, capacity_factor, ep, rank):
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"rank {rank}: top_k must be between 1 and the number of experts ({num_experts}), got {top_k}")
     if capacity_factor <= 0:
-        raise ValueError(f"rank {rank}: capacity_factor must be > 0 (1.0: room for an even split), got {capacity_factor}")
+        raise ValueError(f"rank {rank}: capacity_factor must be > 0 (1.0: room for an even split), "
+                         f"got {capacity_factor}")
     if num_experts % ep:
         ok = [d for d in range(1, num_experts + 1) if num_experts % d == 0]
         raise ValueError(f"rank {rank}: {num_experts} experts do not split evenly over {ep} expert-parallel ranks: "
