@@ -73,7 +73,10 @@ def work_run(layout="contiguous", batch=2, heads=4, seq=1024, head_dim=32, repea
                 idle_s=statistics.median(waits), formula=context.causal_work(seq, n, layout)[rank])
 
 
-def memory_run(seq=1024, batch=1, heads=4, head_dim=32, layout="contiguous", group=None):
+_SOLO: dict = {}
+
+
+def memory_run(seq=1024, batch=1, heads=4, head_dim=32, layout="contiguous", group=None, solo=False):
     """Peak bytes of one ring-attention forward on this rank, against the formula.
 
     Measured as the process's resident high-water mark (:func:`simlib.parallel.zero_experiments.peak_bytes`:
@@ -84,6 +87,13 @@ def memory_run(seq=1024, batch=1, heads=4, head_dim=32, layout="contiguous", gro
     from ..parallel import context
     from ..parallel.zero_experiments import peak_bytes
     from ..parallel.all_to_all import group_rank_size
+    if solo:  # cp = 1 on rank 0 of a cluster (a group of its own), in a worker like the cp > 1 runs
+        import torch.distributed as dist
+        if "group" not in _SOLO:  # every rank must take part in making a group
+            _SOLO["group"] = dist.new_group([0])
+        if dist.get_rank() != 0:
+            return None
+        group = _SOLO["group"]
     rank, n = group_rank_size(group)
     q, k, v = (context.shard_sequence(t, rank, n, layout) for t in _qkv(batch, heads, seq, head_dim))
     with torch.no_grad():
@@ -96,11 +106,13 @@ def memory_run(seq=1024, batch=1, heads=4, head_dim=32, layout="contiguous", gro
 
 def memory_sweep(clusters: dict, seqs, **sizes) -> list[dict]:
     """Per-rank peak attention memory for each sequence length and cp (``clusters``: {cp: Cluster}; cp = 1 runs
-    here, in one process). One row per (cp, seq): the worst rank's measurement and the formula."""
+    on rank 0 of the smallest cluster, alone). One row per (cp, seq): the worst rank's measurement and the formula."""
     rows = []
+    smallest = clusters[min(clusters)]
     for cp in sorted({1, *clusters}):
         for seq in seqs:
-            outs = [memory_run(seq, **sizes)] if cp == 1 else clusters[cp].run(memory_run, seq, **sizes)
+            outs = ([smallest.run(memory_run, seq, solo=True, **sizes)[0]] if cp == 1 else
+                    clusters[cp].run(memory_run, seq, **sizes))
             worst = max(outs, key=lambda o: o["measured"])
             rows.append(dict(cp=cp, seq=seq, measured_MB=worst["measured"] / 2 ** 20,
                              formula_MB=worst["formula"] / 2 ** 20, scores_MB=worst["scores"] / 2 ** 20,
