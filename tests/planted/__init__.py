@@ -20,4 +20,6 @@ PLANTED_IN = {
     "full_state": ("full_state", "PLANTED"),
     "vision_milestone": ("projects", "VISION"),
     "finance_milestone": ("projects", "FINANCE"),
+    "ring_attention": ("context_experts", "RING"),
+    "moe_dispatch": ("context_experts", "MOE"),
 }

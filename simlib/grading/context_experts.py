@@ -1,0 +1,228 @@
+"""Checks for lesson 09: the ring-attention forward (online softmax, causal blocks) and the MoE dispatch/combine.
+
+Both run on 2, 3 and 4 ranks against one process on the whole batch; when an answer is wrong the grader
+recomputes the classic mistakes itself (a mask on every block, blocks merged without rescaling, experts placed
+round-robin, capacity ignored, gates left out) and names the one the answer matches.
+"""
+from __future__ import annotations
+
+from . import Result, _close, exercise, max_error
+
+# ---- ring attention: forward with the online softmax ----
+
+_RA = dict(batch=2, heads=3, local=4, head_dim=8, seed=0)  # 4 positions per rank: 8, 12, 16 on 2, 3, 4 ranks
+
+
+def _ra_problem(world_size):
+    import torch
+    g = torch.Generator().manual_seed(_RA["seed"] + world_size)
+    shape = (_RA["batch"], _RA["heads"], _RA["local"] * world_size, _RA["head_dim"])
+    return [torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def _ra_harness(answer, causal):
+    import torch.distributed as dist
+
+    from ..parallel.context import shard_sequence
+    rank, n = dist.get_rank(), dist.get_world_size()
+    q, k, v = (shard_sequence(t, rank, n) for t in _ra_problem(n))
+    out = answer(q.clone(), k.clone(), v.clone(), causal)
+    return out.detach().clone() if hasattr(out, "detach") else out
+
+
+def _attention(q, k, v, visible):
+    """Softmax attention with an explicit (S, S) mask of visible keys."""
+    import torch
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    return torch.softmax(scores.masked_fill(~visible, float("-inf")), -1) @ v
+
+
+def _ra_variants(world_size, causal):
+    """The right output, and what the classic mistakes give (whole sequence, one process)."""
+    import torch
+    q, k, v = _ra_problem(world_size)
+    s, local = q.shape[-2], _RA["local"]
+    pos = torch.arange(s)
+    block = pos // local
+    right = pos[:, None] >= pos[None, :] if causal else torch.ones(s, s, dtype=torch.bool)
+    out = dict(right=_attention(q, k, v, right))
+    if causal:
+        # the triangle applied to every block, not only the diagonal one
+        every = (block[:, None] >= block[None, :]) & ((pos % local)[:, None] >= (pos % local)[None, :])
+        out["mask_on_every_block"] = _attention(q, k, v, every)
+        # no mask on the diagonal block: later positions of one's own block leak in
+        out["diagonal_unmasked"] = _attention(q, k, v, block[:, None] >= block[None, :])
+    # blocks merged without the log-sum-exp rescaling: the plain mean (or sum) of per-block softmax outputs
+    blocks = []
+    for b in range(world_size):
+        keys = (block == b)[None, :] & right
+        part = _attention(q, k, v, keys)
+        blocks.append(torch.where(keys.any(-1)[..., None], part, torch.zeros_like(part)))
+    out["blocks_summed"] = sum(blocks)
+    counts = torch.stack([((block == b)[None, :] & right).any(-1) for b in range(world_size)]).sum(0)
+    out["blocks_averaged"] = sum(blocks) / counts[..., None]
+    return out
+
+
+def _which(got, variants):
+    for name, want in variants.items():
+        if name != "right" and _close(got, want, rtol=1e-6, atol=1e-8):
+            return name
+    return None
+
+
+_RA_HINTS = {
+    "blocks_summed": "the blocks' outputs were added without renormalising the softmax: each block's output is "
+                     "normalised over its own keys only. Keep a running log-sum-exp per query and merge with it: "
+                     "new = logaddexp(lse, block_lse); out = out·exp(lse − new) + block_out·exp(block_lse − new)",
+    "blocks_averaged": "the blocks' outputs were averaged, which is not the softmax over all keys: the blocks weigh "
+                       "by their share of the exponentials, not equally. Merge with the running log-sum-exp: "
+                       "out = out·exp(lse − new) + block_out·exp(block_lse − new), new = logaddexp(lse, block_lse)",
+    "mask_on_every_block": "the causal mask was applied to every block: blocks from earlier ranks hold only earlier "
+                           "positions, so every query sees all of their keys (no mask); only the diagonal block "
+                           "(your own K/V) needs the triangle, and blocks from later ranks are skipped",
+    "diagonal_unmasked": "your own block (the diagonal one) needs the causal triangle: without it each query sees "
+                         "the later positions of its own block",
+}
+
+
+def _run_ring(answer, grader, world_size, causal):
+    from ..parallel.context import unshard_sequence
+    outs = grader.run(world_size, _ra_harness, answer, causal, what=f"your ring attention on {world_size} ranks")
+    try:
+        import torch
+        return unshard_sequence([torch.as_tensor(o) for o in outs])
+    except Exception:  # noqa: BLE001 - wrong shapes: reported as a difference
+        return None
+
+
+@exercise("ring_attention")
+def _check_ring_attention(answer, grader):
+    for world_size in (2, 3, 4):  # 3: not a power of two, so the ring's hops must be counted, not assumed
+        for causal in (False, True):  # without the mask first: the merge alone, then the mask
+            variants = _ra_variants(world_size, causal)
+            got = _run_ring(answer, grader, world_size, causal)
+            ok = got is not None and _close(got, variants["right"], rtol=1e-6, atol=1e-8)
+            hint = ""
+            if not ok:
+                mistake = _which(got, variants) if got is not None else None
+                if mistake:
+                    hint = _RA_HINTS[mistake]
+                elif got is None or got.shape != variants["right"].shape:
+                    hint = "return this rank's output, shaped like its q: (batch, heads, local positions, head_dim)"
+                elif causal:
+                    hint = ("check which rank's K/V block you hold at each step: sending to rank + 1 and receiving "
+                            "from rank − 1, at step s you hold the block of rank (rank − step) mod n; blocks of "
+                            "earlier ranks are fully visible, the own block needs the triangle, later ones none")
+                else:
+                    hint = ("without a mask every query sees every key once: pass each K/V block on n − 1 times "
+                            "(to rank + 1, from rank − 1) and merge every block with the log-sum-exp rescaling")
+            what = "causal" if causal else "no mask"
+            yield Result(f"{world_size} ranks, {what}: output equal to attention over the whole sequence", ok, hint,
+                         "" if ok or got is None else f"max error {max_error(got, variants['right']):.2g}")
+            if not ok:
+                return
+
+
+# ---- MoE dispatch and combine over all-to-all ----
+
+_MOE = dict(hidden=8, num_experts=12, local_tokens=8, seed=0)  # 12 experts split over 2, 3 and 4 ranks
+
+
+def _moe_problem(world_size, skew):
+    import torch
+
+    from ..parallel.experts import MoE
+    torch.manual_seed(_MOE["seed"])
+    moe = MoE(_MOE["hidden"], _MOE["num_experts"], 1, 1.0, ffn=16).double()
+    g = torch.Generator().manual_seed(_MOE["seed"] + 10 * world_size)
+    x = torch.randn(_MOE["local_tokens"] * world_size, _MOE["hidden"], generator=g, dtype=torch.float64)
+    if skew:  # most tokens prefer expert 0, so its capacity overflows
+        with torch.no_grad():
+            moe.router.weight[0] += 3.0
+            x += 0.5
+    return moe, x
+
+
+def _moe_harness(answer, capacity_factor, skew):
+    import torch
+    import torch.distributed as dist
+
+    from ..models import shard
+    rank, n = dist.get_rank(), dist.get_world_size()
+    moe, x = _moe_problem(n, skew)
+    local = _MOE["num_experts"] // n
+    experts = torch.nn.ModuleList(moe.experts[rank * local:(rank + 1) * local])
+    with torch.no_grad():
+        y = answer(shard(x, rank, n).clone(), moe.router, experts, _MOE["num_experts"], capacity_factor)
+    return y.detach().clone() if hasattr(y, "detach") else y
+
+
+def _moe_reference(world_size, capacity_factor, skew, mistake=None):
+    """One process on the whole batch, top-1; ``mistake`` recomputes a classic wrong answer."""
+    import torch
+
+    from ..parallel.experts import capacity, queue_positions, route
+    moe, x = _moe_problem(world_size, skew)
+    e_count = _MOE["num_experts"]
+    with torch.no_grad():
+        _, gates, experts = route(moe.router(x), 1)
+        pos, _ = queue_positions(experts, e_count, distributed=False)
+        keep = (pos < capacity(x.shape[0], e_count, 1, capacity_factor)).squeeze(1)
+        if mistake == "capacity_ignored":
+            keep = torch.ones_like(keep)
+        gate = torch.ones_like(gates[:, 0]) if mistake == "gate_not_applied" else gates[:, 0]
+        local = e_count // world_size
+        y = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            e = int(experts[t, 0])
+            if mistake == "wrong_rank":  # sent to rank e % ep, run there by local expert e // ep
+                e = (e % world_size) * local + (e // world_size) % local
+            if keep[t]:
+                y[t] = moe.experts[e](x[t:t + 1])[0] * gate[t]
+    return y
+
+
+_MOE_HINTS = {
+    "wrong_rank": "tokens went to the wrong rank: experts are placed in blocks, so expert e lives on rank "
+                  "e // (E / ep) as its local expert e % (E / ep) — not on rank e % ep",
+    "capacity_ignored": "the capacity was ignored: an expert takes at most capacity(tokens of the whole batch, E, 1, "
+                        "capacity_factor) tokens, in the order queue_positions gives; drop the others (their output "
+                        "is 0: only the residual carries them)",
+    "gate_not_applied": "the combine must weigh each expert's output by its token's gate (the router probability of "
+                        "the chosen expert) before adding it at the token's position",
+}
+
+
+def _moe_check(answer, grader, world_size, capacity_factor, skew, label):
+    import torch
+    outs = grader.run(world_size, _moe_harness, answer, capacity_factor, skew,
+                      what=f"your MoE layer on {world_size} ranks")
+    want = _moe_reference(world_size, capacity_factor, skew)
+    try:
+        got = torch.cat([torch.as_tensor(o) for o in outs])
+    except Exception:  # noqa: BLE001
+        got = None
+    ok = got is not None and _close(got, want, rtol=1e-6, atol=1e-8)
+    hint = ""
+    if not ok:
+        for mistake in ("wrong_rank", "capacity_ignored", "gate_not_applied"):
+            if got is not None and _close(got, _moe_reference(world_size, capacity_factor, skew, mistake), 1e-6, 1e-8):
+                hint = _MOE_HINTS[mistake]
+                break
+        else:
+            hint = ("each rank's output must come back to its tokens' positions: send rows sorted by expert (hence by "
+                    "rank), exchange the counts first (all_to_all_single of E values), run each local expert on its "
+                    "rows, send the outputs back with the splits swapped, and add them at the tokens they came from")
+    yield Result(f"{world_size} ranks, {label}: output equal to the one-process MoE on the whole batch", ok, hint,
+                 "" if ok or got is None else f"max error {max_error(got, want):.2g}")
+
+
+@exercise("moe_dispatch")
+def _check_moe_dispatch(answer, grader):
+    for world_size in (2, 3, 4):
+        results = list(_moe_check(answer, grader, world_size, 12.0, False, "room for every token"))
+        results += list(_moe_check(answer, grader, world_size, 1.0, True, "a skewed router, tokens dropped"))
+        yield from results
+        if not all(r.passed for r in results):
+            return

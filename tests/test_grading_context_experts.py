@@ -1,0 +1,35 @@
+"""Lesson 09 graders: every planted bug is caught with a hint that names it (on 2, 3 and 4 ranks).
+
+(tests/test_grading.py runs every solution and every untouched exercise, these two included.)"""
+import cloudpickle
+import pytest
+
+from simlib import grading
+
+from planted import context_experts as planted  # noqa: E402
+
+cloudpickle.register_pickle_by_value(planted)
+
+PLANTED = {"ring_attention": planted.RING, "moe_dispatch": planted.MOE}
+HINTS = {"softmax_not_renormalised": "without renormalising", "causal_mask_on_every_block": "applied to every block",
+         "diagonal_block_unmasked": "the diagonal one", "wrong_source_block": "(rank − step) mod n",
+         "tokens_to_the_wrong_rank": "wrong rank", "capacity_ignored": "capacity was ignored",
+         "gate_not_applied": "by its token's gate"}
+
+
+@pytest.fixture(scope="module")
+def clusters(cluster2, cluster3, cluster4):
+    return {2: cluster2, 3: cluster3, 4: cluster4}
+
+
+def test_planted_bugs_are_listed():
+    assert all(len(bugs) >= 3 for bugs in PLANTED.values())
+    assert set(HINTS) == {name for bugs in PLANTED.values() for name in bugs}
+
+
+@pytest.mark.parametrize("exercise,bug", [(e, b) for e, bugs in PLANTED.items() for b in bugs])
+def test_planted_bug_is_caught(exercise, bug, clusters):
+    report = grading.check(exercise, PLANTED[exercise][bug], clusters=clusters, quiet=True)
+    assert not report.passed and report.status in ("fail", "error"), report
+    hints = " ".join(r.hint for r in report.failed())
+    assert HINTS[bug] in hints, "\n".join(r.line() for r in report.results)
