@@ -30,7 +30,6 @@ collectives bypass them (the course's own DP, ZeRO, TP and PP go through them). 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import sys
@@ -60,7 +59,7 @@ class _Log:
 
     def __init__(self, path: str | None, rank: int):
         self.path, self.rank = path, rank
-        self.records: list[dict] = []
+        self.records: list[tuple] = []  # _FIELDS; text, so that the file holds the same
         self.group_seq: dict = {}
         self.file = open(path, "w", buffering=1) if path else None  # line-buffered: each line reaches the file
         self.local = threading.local()
@@ -72,10 +71,27 @@ class _Log:
             self.file.seek(0)
             self.file.truncate()
 
-    def add(self, record: dict) -> None:
+    def add(self, record: tuple) -> None:
         self.records.append(record)
-        if self.file is not None:
-            self.file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        if self.file is not None:  # one tab-separated line (json.dumps would cost several times more)
+            self.file.write("\t".join(map(str, record)) + "\n")
+
+
+_FIELDS = ("n", "op", "group", "seq", "shape", "dtype", "site", "user", "root", "async", "t")
+
+
+def _as_dict(fields) -> dict:
+    r = dict(zip(_FIELDS, fields))
+    r["n"], r["seq"], r["t"] = int(r["n"]), int(r["seq"]), float(r["t"])
+    for key in ("shape", "dtype", "user", "root"):
+        if r[key] in ("", "None"):
+            r[key] = None
+    r["async"] = r["async"] == "True"
+    root = r.pop("root")
+    if root is not None:
+        name, value = root.split("=", 1)
+        r[name] = None if value == "None" else int(value)
+    return r
 
 
 _log: _Log | None = None
@@ -101,16 +117,23 @@ def _group_key(group) -> str:
     return key
 
 
+_DTYPES: dict = {}
+
+
 def _describe(value):
-    """Shape and dtype of a collective's payload: a tensor, a list of tensors (``[n x shape]``) or an object."""
+    """Shape and dtype of a collective's payload, as text: a tensor (``[1024]``), a list of tensors
+    (``2 x [1024]``) or objects."""
     if isinstance(value, torch.Tensor):
-        return list(value.shape), str(value.dtype).replace("torch.", "")
+        dtype = _DTYPES.get(value.dtype)
+        if dtype is None:
+            dtype = _DTYPES[value.dtype] = str(value.dtype).replace("torch.", "")
+        return str(list(value.shape)), dtype
     if isinstance(value, (list, tuple)):
         if value and isinstance(value[0], torch.Tensor):
             shape, dtype = _describe(value[0])
             return f"{len(value)} x {shape}", dtype
-        return f"{len(value)} objects", None
-    return None, None
+        return f"{len(value)} objects", ""
+    return "", ""
 
 
 def _site(frame):
@@ -147,8 +170,7 @@ def _wrap(name: str, fn):
         if log is None or getattr(log.local, "inside", False):  # a collective that another one calls: once
             return fn(*args, **kwargs)
         if name == "batch_isend_irecv":
-            payload = [(op.op.__name__, op.peer, list(op.tensor.shape)) for op in (args[0] if args else [])]
-            shape, dtype = f"{len(payload)} ops", None
+            shape, dtype = f"{len(args[0]) if args else 0} ops", ""
         else:
             first = args[0] if args else next(iter(kwargs.values()), None)
             if name in ("all_gather", "all_gather_object", "gather_object") and len(args) > 1:
@@ -157,15 +179,9 @@ def _wrap(name: str, fn):
         group = _group_key(arg(args, kwargs, "group"))
         seq = log.group_seq[group] = log.group_seq.get(group, -1) + 1
         site, user = _site(sys._getframe(1))
-        record = {"n": len(log.records), "op": name, "group": group, "seq": seq, "shape": shape, "dtype": dtype,
-                  "site": site, "t": time.time()}
-        if root_name is not None:
-            record[root_name] = arg(args, kwargs, root_name)
-        if user:
-            record["user"] = user
-        if arg(args, kwargs, "async_op"):
-            record["async"] = True
-        log.add(record)
+        root = f"{root_name}={arg(args, kwargs, root_name)}" if root_name is not None else ""
+        log.add((len(log.records), name, group, seq, shape, dtype, site, user or "", root,
+                 bool(arg(args, kwargs, "async_op")), time.time()))
         log.local.inside = True
         try:
             return fn(*args, **kwargs)
@@ -178,7 +194,7 @@ def _wrap(name: str, fn):
 
 def install(directory: str | None = None, rank: int | None = None) -> None:
     """Record this rank's collectives from now on (idempotent); with ``directory``, also to
-    ``directory/collectives-rank{rank}.jsonl`` (what :func:`diagnose` reads after a hang)."""
+    ``directory/collectives-rank{rank}.tsv`` (what :func:`diagnose` reads after a hang)."""
     global _log
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -187,7 +203,7 @@ def install(directory: str | None = None, rank: int | None = None) -> None:
     path = None
     if directory is not None:
         os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"collectives-rank{rank}.jsonl")
+        path = os.path.join(directory, f"collectives-rank{rank}.tsv")
     if _log is not None and _log.file is not None:
         _log.file.close()
     _log = _Log(path, rank)
@@ -229,7 +245,7 @@ def new_call() -> None:
 
 def history() -> list[dict]:
     """This rank's collectives since the current call began (a copy)."""
-    return [dict(r) for r in _log.records] if _log is not None else []
+    return [_as_dict(map(str, r)) for r in _log.records] if _log is not None else []
 
 
 # ── reading the logs ──
@@ -240,12 +256,11 @@ def read(directory: str, world_size: int) -> dict[int, list[dict]]:
     for rank in range(world_size):
         records = []
         try:
-            with open(os.path.join(directory, f"collectives-rank{rank}.jsonl")) as f:
+            with open(os.path.join(directory, f"collectives-rank{rank}.tsv")) as f:
                 for line in f:
-                    try:
-                        records.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        pass
+                    fields = line.rstrip("\n").split("\t")
+                    if line.endswith("\n") and len(fields) == len(_FIELDS):  # skip a half-written last line
+                        records.append(_as_dict(fields))
         except OSError:
             pass
         logs[rank] = records
@@ -254,7 +269,7 @@ def read(directory: str, world_size: int) -> dict[int, list[dict]]:
 
 def _signature(r: dict) -> tuple:
     """What must agree across the ranks of a group for the k-th collective to match."""
-    return (r["op"], json.dumps(r["shape"]), r["dtype"], r.get("src"), r.get("dst"))
+    return (r["op"], r["shape"], r["dtype"], r.get("src"), r.get("dst"))
 
 
 def _where(site: str | None, resolve) -> str:
@@ -271,7 +286,7 @@ def describe_call(r: dict, resolve=None) -> str:
     """``all_reduce(shape [1024], float32) at train.py:88 in step``."""
     parts = []
     if r.get("shape") is not None:
-        parts.append(f"shape {r['shape']}" if isinstance(r["shape"], list) else str(r["shape"]))
+        parts.append(f"shape {r['shape']}" if r["shape"].startswith("[") else r["shape"])
     if r.get("dtype"):
         parts.append(r["dtype"])
     for key in ("src", "dst"):
@@ -460,7 +475,7 @@ def main(argv=None) -> int:
         print(main.__doc__)
         return 2
     directory = argv[0]
-    world = int(argv[1]) if len(argv) > 1 else len(glob.glob(os.path.join(directory, "collectives-rank*.jsonl")))
+    world = int(argv[1]) if len(argv) > 1 else len(glob.glob(os.path.join(directory, "collectives-rank*.tsv")))
     text = report(directory, world)
     print(text or f"no collective logs in {directory}")
     return 0
