@@ -173,3 +173,20 @@ def compare(task, plan_a, plan_b, steps: int = 10, optim=None, task_b=None, perm
             diff, width = bands[name]
             result.parameter, result.parameter_ratio = name, (diff / width if width > 0 else float("inf"))
     return result
+
+
+def check_replicas(tensor, group=None) -> str:
+    """Whether a tensor that should be replicated (equal on every rank of ``group``) is: a collective. Returns
+    ``"replicas agree"`` or ``"replicas differ: ..."`` naming the ranks whose copy differs from rank 0's (of the
+    group) and by how much. For tensor-parallel activations, a dropout mask, parameters after a step."""
+    import torch
+    import torch.distributed as dist
+    n = dist.get_world_size(group)
+    copies = [torch.empty_like(tensor) for _ in range(n)]
+    dist.all_gather(copies, tensor.contiguous(), group=group)
+    diffs = {r: float((copies[r].double() - copies[0].double()).abs().max()) for r in range(1, n)}
+    bad = {r: d for r, d in diffs.items() if d > 0}
+    if not bad:
+        return f"replicas agree ({n} ranks, {tensor.numel()} values)"
+    return ("replicas differ: " + ", ".join(f"rank {r} by up to {d:.3g}" for r, d in bad.items())
+            + " from rank 0 (a random draw or an input that is not the same on every rank?)")

@@ -13,7 +13,8 @@ the course's own spans (:class:`simlib.timeline.Timeline`: step, forward, backwa
 annotation tracks, placed on the profiler's clock.
 
 :func:`exposed_comm` computes, from the trace alone, the communication no compute overlaps: per rank and step,
-the union of the communication tracks' slices minus the time the main thread was running operators. It is the
+the union of the communication tracks' slices minus the time the main thread was running operators (the
+innermost ones: an autograd function whose forward waits for an all-gather is not compute while it waits). It is the
 figure the run record reports as ``exposed_comm_time`` (there from the course's spans), now derived from
 torch's own record of the run: the two are compared in ``tests/test_trace.py`` and the lesson.
 
@@ -182,6 +183,13 @@ def _main_tid(events) -> int | None:
     return max(busy, key=busy.get) if busy else None
 
 
+def _leaves(events) -> list:
+    """Intervals of the operators that contain no other operator: the kernels that compute. (An enclosing slice,
+    such as an autograd function whose forward waits for an all-gather, would hide the wait as "compute".)"""
+    spans = sorted(((e["ts"], e["ts"] + e["dur"]) for e in events), key=lambda s: (s[0], -s[1]))
+    return [(a, b) for k, (a, b) in enumerate(spans) if k + 1 == len(spans) or spans[k + 1][0] >= b]
+
+
 def _union(intervals):
     merged = []
     for a, b in sorted(intervals):
@@ -222,9 +230,8 @@ def exposed_comm(trace) -> dict:
     for rank, evs in sorted(by_rank.items()):
         steps = [e for e in evs if e["tid"] == STEPS_TID and not e["args"].get("warmup")]
         comm = _union((e["ts"], e["ts"] + e["dur"]) for e in evs if e.get("cat") == "communication")
-        compute = _union((e["ts"], e["ts"] + e["dur"]) for e in evs
-                         if e["tid"] == COMPUTE_TID and e.get("cat") == "cpu_op"
-                         and not e["name"].startswith(ISSUE_PREFIXES + COMM_PREFIXES))
+        compute = _union(_leaves([e for e in evs if e["tid"] == COMPUTE_TID and e.get("cat") == "cpu_op"
+                                  and not e["name"].startswith(ISSUE_PREFIXES + COMM_PREFIXES)]))
         per_rank[rank], comm_per_rank[rank] = {}, {}
         for s in steps:
             lo, hi = s["ts"], s["ts"] + s["dur"]
