@@ -57,7 +57,6 @@ import cloudpickle
 from . import env
 from .errors import (Interrupted, OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, describe_exit,
                      learner_traceback, restore_filenames, unpicklable)
-from .debug import hangs
 from .worker import BOOTSTRAP, Channel
 
 __all__ = ["launch", "Cluster", "cluster", "WorkerError", "WorkerTimeout", "RemoteFailure", "OversubscribedWarning",
@@ -605,6 +604,7 @@ class Cluster:
                 msg += f"; rank(s) {pending} were still running {self.grace:g} s later and were stopped"
         by_rank = [failures[r] for r in sorted(failures)]
         lines = [f.summary() for f in by_rank]
+        from .debug import hangs
         finder = hangs.failure_report(os.path.join(self._log_dir, "collectives") if self.hang_finder else None,
                                       self.world_size, results, failures, pending, error_type is WorkerTimeout,
                                       getattr(self, "_fn", None))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -263,10 +262,20 @@ def check(path) -> dict:
             "events": sum(e["ph"] == "X" for e in events)}
 
 
-if __name__ == "__main__":  # python -m simlib.debug.trace DIR: merge DIR/rank*.json into DIR/trace.json
+def main(argv=None) -> int:
+    """``python -m simlib.debug.trace DIR``: merge ``DIR/rank*.json`` (written by :class:`profile`) into
+    ``DIR/trace.json`` and print the exposed communication per step."""
     import sys
-    d = Path(sys.argv[1])
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print(main.__doc__)
+        return 2
+    d = Path(argv[0])
     files = sorted(d.glob("rank*.json"), key=lambda p: int(p.stem[4:]))
     (d / "trace.json").write_text(json.dumps(merge(files)))
-    print(d / "trace.json", json.dumps(exposed_comm(d / "trace.json")["exposed_comm_time"]))
-    os.sys.exit(0)
+    print(d / "trace.json", "exposed communication per step (s):", exposed_comm(d / "trace.json")["exposed_comm_time"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
