@@ -14,6 +14,8 @@ prefetched and how many had to wait from scratch, and :mod:`simlib.debug.trace` 
 """
 from __future__ import annotations
 
+import time
+
 from torch import nn
 
 from .zero import Zero3, _all_gather, _count
@@ -42,7 +44,8 @@ def wait_gather(unit) -> bool:
 
 class Zero3Prefetch(Zero3):
     """:class:`Zero3` whose blocks prefetch their neighbour's parameters (forward: the next; backward: the
-    previous). ``counts``: ``{"prefetched": gathers found in flight, "waited": gathers started from scratch}``."""
+    previous). ``counts``: ``{"prefetched": gathers found in flight, "waited": gathers started from scratch}``;
+    ``blocked_s``: the time the main thread spent waiting for all-gathers (what prefetching is meant to cut)."""
 
     def __init__(self, module: nn.Module, blocks=None, group=None, comm_counter=None):
         super().__init__(module, blocks=blocks, group=group, comm_counter=comm_counter)
@@ -54,6 +57,7 @@ class Zero3Prefetch(Zero3):
             if u.name:
                 self.blocks[-1].append(u)
         self.counts = {"prefetched": 0, "waited": 0}
+        self.blocked_s = 0.0  # seconds this rank's main thread waited for all-gathers (exposed all-gather time)
         for unit in self.units:
             unit.work = None
             unit.gather = self._gather_of(unit, unit.gather)
@@ -70,11 +74,13 @@ class Zero3Prefetch(Zero3):
         counts = self.counts
 
         def gather_waiting_first():
+            t0 = time.perf_counter()
             if wait_gather(unit):
                 counts["prefetched"] += 1
             elif not unit.gathered():
                 counts["waited"] += 1
             gather()  # returns at once when the prefetch filled the buffer
+            self.blocked_s += time.perf_counter() - t0
         return gather_waiting_first
 
     def _hook_backward(self, output, i):
