@@ -156,7 +156,9 @@ class ElasticWorkers:
         )
         spec = dict(backend=self.backend, timeout=self.timeout, threads=self.threads, device=self.device,
                     relay_output=self.relay_output, loopback=True, address=list(listener.address),
-                    authkey=authkey.hex(), path=[p for p in sys.path if isinstance(p, str)])
+                    authkey=authkey.hex(), path=[p for p in sys.path if isinstance(p, str)],
+                    collective_log=(os.path.join(self._log_dir, "collectives")
+                                    if getattr(self, "hang_finder", False) else None))
         spec_file = os.path.join(self._log_dir, "spec.json")
         with open(os.open(spec_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             json.dump(spec, f)

@@ -142,7 +142,7 @@ def restore_filenames(text: str, fn) -> str:
 
 
 _SIMLIB = os.path.dirname(os.path.abspath(__file__))
-_PLUMBING = {os.path.join(_SIMLIB, name) for name in ("worker.py", "magic.py")}
+_PLUMBING = {os.path.join(_SIMLIB, name) for name in ("worker.py", "magic.py", os.path.join("debug", "hangs.py"))}
 _FRAME = re.compile(r'^  File "([^"]+)", line (\d+)(.*)$')
 
 

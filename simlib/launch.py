@@ -117,12 +117,14 @@ class Cluster(ElasticWorkers):
         relay_output: send workers' stdout/stderr here, whole lines prefixed ``[rank r]``.
         max_restarts: restarts the elastic agent may make after failures over these workers' life (as
             ``torchrun --max-restarts``); a failed call then runs again on the restarted workers.
+        hang_finder: note each rank's collectives, so that a timed-out call's error names the first collective
+            where the ranks differ and the rank behind (:mod:`simlib.debug.hangs`; a few microseconds each).
     """
 
     def __init__(self, world_size: int, backend: str = "auto", timeout: float = env.DEFAULT_TIMEOUT,
                  threads: int | None = None, device: str = "auto", call_timeout: float | None = None,
                  grace: float = 3.0, start_timeout: float = 120.0, relay_output: bool = True,
-                 max_restarts: int = 0):
+                 max_restarts: int = 0, hang_finder: bool = True):
         self.world_size = _check_world_size(world_size)
         self.backend = env.pick_backend(backend, world_size)  # raises ValueError for bad names
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -138,6 +140,7 @@ class Cluster(ElasticWorkers):
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"max_restarts must be an int >= 0 (restarts after failures), got {max_restarts!r}")
         self.max_restarts = max_restarts
+        self.hang_finder = bool(hang_finder)
         self.attempt = 0  # TORCHELASTIC_RESTART_COUNT of the current workers
         self.restarts = 0
         self.last_start_seconds = None
@@ -303,6 +306,7 @@ class Cluster(ElasticWorkers):
     def _call_once(self, fn, payload, timeout, restartable=False) -> list:
         self._call_id += 1
         call_id = self._call_id
+        self._fn = fn  # for the hang finder's report, in the learner's file names
         results, failures, died = {}, {}, set()
         first_failure = None
         for rank, chan in self._conns.items():
@@ -384,6 +388,12 @@ class Cluster(ElasticWorkers):
                             "the first failure")
         by_rank = [failures[r] for r in sorted(failures)]
         lines = [f.summary() for f in by_rank]
+        from .debug import hangs
+        finder = hangs.failure_report(os.path.join(self._log_dir, "collectives") if self.hang_finder else None,
+                                      self.world_size, results, failures, pending, error_type is WorkerTimeout,
+                                      getattr(self, "_fn", None))
+        if finder:
+            lines.append(finder)
         detail = "\n".join(f"--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}" for f in by_rank if f.traceback)
         if restartable:  # the caller restarts every worker anyway
             return error_type(msg + "\n" + "\n".join(lines) + ("\n" + detail if detail else ""), failures, results)

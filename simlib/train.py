@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -249,17 +248,11 @@ def _budget_steps(task, steps, tokens, samples, seconds) -> int | None:
     return None  # seconds: decided while running
 
 
-def _matmul_rate(device, size: int = 512, repeats: int = 5) -> float:
-    """FLOP/s of a size^3 fp32 matmul on this process (its threads), median of ``repeats``: MFU's yardstick."""
-    g = torch.Generator(device=device).manual_seed(0)  # its own generator: the run's random stream stays as it was
-    a, b = (torch.randn(size, size, device=device, generator=g) for _ in range(2))
-    a @ b
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        (a @ b).sum().item()
-        times.append(time.perf_counter() - t0)
-    return 2 * size ** 3 / float(np.median(times))
+def _matmul_rate(device, size: int = 512, repeats: int = 5, dtypes=("float32",)) -> float:
+    """FLOP/s of a size^3 matmul on this process (its threads), the best of ``repeats`` in each of ``dtypes``:
+    MFU's yardstick (:func:`simlib.debug.mfu.measured_peak`; the best, so that load cannot push MFU over 1)."""
+    from .debug.mfu import measured_peak
+    return measured_peak(device, dtypes, size, repeats)
 
 
 def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, seconds=None,
@@ -300,7 +293,8 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
         if checkpoint.load_latest(plan.checkpoint_dir, state, allow_changes=allow_changes) and allow_changes:
             guards.apply_optim(optimizer, scheduler, optim)
     tokens_per_sample = getattr(task, "tokens_per_sample", 0) or 0
-    matmul_rate = _matmul_rate(ctx.device)
+    matmul_rate = _matmul_rate(ctx.device, dtypes=("float32",) + ({"bf16": ("bfloat16",), "fp16": ("float16",)}
+                                                                    .get(plan.mixed_precision, ())))
     writer = RecordWriter(out_dir if ctx.rank == 0 else None, append=state.step > 0)
     rows, evals, peak_memory = [], [], None
     first_step, t_start = state.step, time.perf_counter()

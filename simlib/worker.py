@@ -153,6 +153,9 @@ def worker_main(address, authkey: bytes, spec: dict) -> None:
         flush_output()
         chan.send(("fatal", rank, RemoteFailure.from_exception(rank, exc)))
         sys.exit(1)  # a failure for the agent too (exit code 0 would read as "finished", with no reason given)
+    if spec.get("collective_log"):  # the hang finder (simlib.debug.hangs): each collective noted before it runs
+        from .debug import hangs
+        hangs.install(spec["collective_log"], rank)
     chan.send(("ready", rank))
     while True:
         try:
@@ -162,6 +165,8 @@ def worker_main(address, authkey: bytes, spec: dict) -> None:
         if msg[0] == "stop":
             break
         _, call_id, payload = msg
+        if spec.get("collective_log"):
+            hangs.new_call()
         try:
             fn, args, kwargs = cloudpickle.loads(payload)
             out = fn(*args, **kwargs)

@@ -379,3 +379,4 @@ def _close(actual, expected, rtol=1e-5, atol=1e-6) -> bool:
 from . import data_parallel, fault_tolerance, model_parallel, projects, vision_finance  # noqa: E402,F401
 from . import memory  # noqa: E402,F401  (lesson 07)
 from . import context_experts  # noqa: E402,F401  (lesson 09)
+from . import prefetch  # noqa: E402,F401  (lesson 09b)

@@ -22,4 +22,5 @@ PLANTED_IN = {
     "finance_milestone": ("projects", "FINANCE"),
     "ring_attention": ("context_experts", "RING"),
     "moe_dispatch": ("context_experts", "MOE"),
+    "zero3_prefetch": ("prefetch", "PLANTED"),
 }

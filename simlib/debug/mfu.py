@@ -1,0 +1,123 @@
+"""Honest MFU: the GPT's FLOPs from a stated formula (checked against torch's FLOP counter), over a stated peak.
+
+MFU = model FLOPs per second / peak FLOP/s. Two ways it goes wrong (both reported by users as "133 % MFU"):
+a FLOPs count that includes work the run does not do (or counts a matmul twice), and a peak below what the
+hardware really does (a slow measurement, or an fp32 peak for a bf16 run). Here:
+
+**FLOPs (per token, training = forward + backward).** Every weight matrix W (k x n) costs 2·k·n per token
+forward and 4·k·n backward (the gradients of the input and of W): 6 per matrix weight. Attention's two
+batched products (scores q·kᵀ, then mixing with v) cost 2·T·H each per token and layer forward, so 12·L·T·H
+for training; with a causal mask only half of the scores are needed, so the *model* FLOPs count 6·L·T·H
+(Kaplan et al. 2020 count it so; PaLM's MFU counts the full 12·L·T·H). Biases, LayerNorm, GELU and softmax are
+not matmuls and are left out (they are a few per cent of the work here, and memory-bound).
+
+    flops_per_token = 6 · (matmul weights) + 6 · L · T · H          (attention="causal", the default)
+
+:func:`count` checks both terms against ``torch.utils.flop_counter.FlopCounterMode`` on one forward and
+backward: the weight term equals the counter's ``mm``/``addmm`` total exactly; torch counts no FLOPs for the CPU
+flash-attention kernel, so attention is run through its textbook form (two ``bmm``, full T x T) for the count,
+which gives the full 12·L·T·H — twice the causal term. ``simlib.projects.gpt.model.GPTConfig.flops_per_token`` (what the run
+record's MFU uses) counts 6 per *parameter*, biases and LayerNorm included: about 1 % above this formula at the
+course's sizes, so the record's MFU errs high by that much, not more.
+
+**Peak.** Either this machine's measured matmul rate — the best of several fp32 (and, for a mixed-precision
+plan, low-precision) ``512³`` matmuls on each rank with its threads, summed over ranks: what the run record uses
+(``summary["mfu_peak"]`` says so) — or a GPU's datasheet peak from :data:`DATASHEET`.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+DATASHEET = {
+    # dense (no sparsity) peak FLOP/s from NVIDIA's datasheets; "fp32" is the non-tensor-core rate
+    "H100 SXM": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
+    "H200": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
+    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+}
+
+
+def matmul_weights(config) -> int:
+    """Weights that enter a matmul: the (tied) embedding as the output head, and per block qkv, out, fc1, fc2."""
+    h, f = config.hidden, config.ffn or 4 * config.hidden
+    return config.vocab_size * h + config.num_layers * (3 * h * h + h * h + h * f + f * h)
+
+
+def flops_per_token(config, attention: str = "causal") -> dict:
+    """Training FLOPs per token of the course's GPT, by term: ``weights``, ``attention`` and ``total``.
+    ``attention="causal"`` counts the half of the scores a causal mask needs; ``"full"`` all of them."""
+    if attention not in ("causal", "full"):
+        raise ValueError(f"attention must be 'causal' or 'full', got {attention!r}")
+    weights = 6 * matmul_weights(config)
+    attn = (6 if attention == "causal" else 12) * config.num_layers * config.seq_len * config.hidden
+    return {"weights": weights, "attention": attn, "total": weights + attn}
+
+
+def _textbook_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **_):
+    import math
+
+    import torch
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if is_causal:
+        t, s = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(t, s, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    if attn_mask is not None:
+        scores = scores + attn_mask
+    return torch.matmul(scores.softmax(-1), v)
+
+
+@contextmanager
+def textbook_attention():
+    """Route ``F.scaled_dot_product_attention`` through two explicit matmuls (so FLOP counters see them)."""
+    import torch.nn.functional as F
+    original = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = _textbook_attention
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def count(task, batch_index: int = 0) -> dict:
+    """torch's FLOP counter on one training forward + backward of ``task``'s model over one global batch, per
+    token: ``mm`` (weight matmuls: ``mm``/``addmm``), ``attention`` (the ``bmm`` of attention, full T x T),
+    ``total``, and the formula's terms beside them."""
+    from torch.utils.flop_counter import FlopCounterMode
+    model = task.build_model()
+    x, y = task.batch(batch_index)
+    with textbook_attention(), FlopCounterMode(display=False) as counter:
+        task.loss(model(x), y).backward()
+    by_op = {str(op).split(".")[-1]: n for op, n in counter.get_flop_counts()["Global"].items()}
+    tokens = y.numel()
+    mm = (by_op.get("mm", 0) + by_op.get("addmm", 0)) / tokens
+    attn = (by_op.get("bmm", 0) + by_op.get("baddbmm", 0)) / tokens
+    return {"mm": mm, "attention": attn, "total": counter.get_total_flops() / tokens, "by_op": by_op,
+            "formula": flops_per_token(task.config), "formula_full": flops_per_token(task.config, "full")}
+
+
+def measured_peak(device=None, dtypes=("float32",), size: int = 512, repeats: int = 5) -> float:
+    """The best FLOP/s of ``repeats`` ``size³`` matmuls in each of ``dtypes`` on this process (its threads): an
+    upper bound of what the run's matmuls can reach here (the best, not the median, so that a moment of load on
+    a shared machine cannot lower the yardstick and push MFU over 1)."""
+    import torch
+    device = torch.device(device or "cpu")
+    best = 0.0
+    g = torch.Generator(device=device).manual_seed(0)  # its own generator: the run's random stream is untouched
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        a, b = (torch.randn(size, size, device=device, generator=g).to(dtype) for _ in range(2))
+        (a @ b).sum().item()
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            (a @ b).sum().item()
+            best = max(best, 2 * size ** 3 / (time.perf_counter() - t0))
+    return best
+
+
+def datasheet_peak(gpu_name: str, dtype: str = "bf16") -> float | None:
+    """The datasheet's dense peak for a GPU whose name contains a key of :data:`DATASHEET` (None if unknown)."""
+    for key, peaks in DATASHEET.items():
+        if all(word in gpu_name for word in key.split()):
+            return peaks.get(dtype)
+    return None

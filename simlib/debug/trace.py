@@ -1,0 +1,281 @@
+"""Standard traces: torch.profiler on every rank, merged into one Chrome/Perfetto trace.
+
+    with trace.profile("results/trace") as prof:       # on every rank (a collective at exit)
+        record = train(task, plan, steps=8)
+    prof.path                                          # results/trace/trace.json on rank 0: open it in
+                                                       # https://ui.perfetto.dev or chrome://tracing
+    trace.exposed_comm(prof.path)                      # {"per_rank": {...}, "exposed_comm_time": s}
+
+The merged file has one process row per rank ("rank 0", "rank 1", ...). In each: the main thread's operators
+(the compute), one **communication** track per thread that moved data (Gloo runs a collective on its own
+threads; ``gloo:all_reduce`` is the time the data was in flight, including the wait for the slowest peer), and
+the course's own spans (:class:`simlib.timeline.Timeline`: step, forward, backward, comm, optimizer, wait) as
+annotation tracks, placed on the profiler's clock.
+
+:func:`exposed_comm` computes, from the trace alone, the communication no compute overlaps: per rank and step,
+the union of the communication tracks' slices minus the time the main thread was running operators (the
+innermost ones: an autograd function whose forward waits for an all-gather is not compute while it waits). It is the
+figure the run record reports as ``exposed_comm_time`` (there from the course's spans), now derived from
+torch's own record of the run: the two are compared in ``tests/test_trace.py`` and the lesson.
+
+Limits: one node (every rank's profiler uses the same clock); CUDA kernels appear when CUDA is used, but the
+exposed figure here reads CPU threads only.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import time
+from pathlib import Path
+
+COMM_PREFIXES = ("gloo:", "nccl:", "ncclDevKernel", "ncclKernel")  # slices that are data in flight
+ISSUE_PREFIXES = ("c10d::", "record_param_comms")  # the main thread handing a collective over (not compute)
+COMPUTE_TID, STEPS_TID, SPANS_TID, COMM_SPANS_TID = 0, 1, 2, 3
+COMM_TID0, MAIN_COMM_TID = 10, 9
+
+
+class profile:
+    """Profile this rank with ``torch.profiler`` while the block runs; at exit every rank writes
+    ``out_dir/rank{r}.json`` and rank 0 merges them into ``out_dir/trace.json`` (``self.path``).
+
+    The exit is collective (a barrier before the merge): every rank must use the block.
+    """
+
+    def __init__(self, out_dir, record_shapes: bool = False, with_stack: bool = False):
+        self.out_dir = Path(out_dir)
+        self.record_shapes, self.with_stack = record_shapes, with_stack
+        self.spans: list[dict] = []
+        self.path = None
+
+    def __enter__(self) -> "profile":
+        import torch
+        import torch.distributed as dist
+        from torch.profiler import ProfilerActivity, record_function
+
+        from ..timeline import Timeline
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self.prof = torch.profiler.profile(activities=activities, record_shapes=self.record_shapes,
+                                           with_stack=self.with_stack)
+        self.prof.__enter__()
+        self.clock = _clock_marks(record_function)
+        spans, original = self.spans, Timeline.add
+        self._original_add = original
+
+        def add(tl, kind, start, end, name=None, step=None):
+            original(tl, kind, start, end, name=name, step=step)
+            if isinstance(start, float):  # CPU spans (CUDA events are resolved later and not placed here)
+                row = tl._rows[-1]
+                spans.append({"kind": kind, "name": row["name"], "step": row["step"], "warmup": row["warmup"],
+                              "start": start, "end": end})
+
+        Timeline.add = add
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch.distributed as dist
+
+        from ..timeline import Timeline
+        Timeline.add = self._original_add
+        from torch.profiler import record_function
+        self.clock += _clock_marks(record_function)
+        self.prof.__exit__(*exc)
+        own = self.out_dir / f"rank{self.rank}.json"
+        self.prof.export_chrome_trace(str(own))
+        data = json.loads(own.read_text())
+        data["simlibSpans"] = {"clock": self.clock, "spans": self.spans}
+        own.write_text(json.dumps(data))
+        if exc[0] is not None:
+            return
+        if dist.is_initialized() and self.world_size > 1:
+            dist.barrier()
+        if self.rank == 0:
+            self.path = self.out_dir / "trace.json"
+            merged = merge([self.out_dir / f"rank{r}.json" for r in range(self.world_size)])
+            self.path.write_text(json.dumps(merged))
+
+
+def _clock_marks(record_function, n: int = 5) -> list[float]:
+    """perf_counter readings taken inside ``simlib.clock`` slices: each slice starts (profiler clock) just before
+    its reading, so the largest (slice start - reading) over several marks is the closest estimate of the offset
+    between the two clocks (a rank preempted between the two only makes that mark's estimate smaller)."""
+    marks = []
+    for _ in range(n):
+        with record_function("simlib.clock"):
+            marks.append(time.perf_counter())
+    return marks
+
+
+def _load(path) -> dict:
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def _base_us(data: dict) -> float:
+    return data.get("baseTimeNanoseconds", 0) / 1e3
+
+
+def merge(paths) -> dict:
+    """One Chrome trace from per-rank profiler traces (files written by :class:`profile`): process ``r`` is rank
+    ``r``; its main thread is "compute (main thread)", every other thread with data in flight becomes a
+    "communication" track, and the course's spans become the "simlib steps" / "simlib spans" / "simlib comm spans"
+    tracks. Times are on one clock, from the earliest event."""
+    per_rank = [_load(p) for p in paths]
+    events, t0 = [], None
+    for data in per_rank:
+        for e in data["traceEvents"]:
+            if e.get("ph") == "X":
+                ts = e["ts"] + _base_us(data)
+                t0 = ts if t0 is None else min(t0, ts)
+    for data in per_rank:
+        rank = (data.get("distributedInfo") or {}).get("rank", per_rank.index(data))
+        base = _base_us(data) - t0
+        xs = [e for e in data["traceEvents"] if e.get("ph") == "X" and isinstance(e.get("tid"), int)]
+        main = _main_tid(xs)
+        comm_threads = sorted({e["tid"] for e in xs if e["tid"] != main and e["name"].startswith(COMM_PREFIXES)})
+        tids = {main: COMPUTE_TID, **{t: COMM_TID0 + i for i, t in enumerate(comm_threads)}}
+        names = {COMPUTE_TID: "compute (main thread)", STEPS_TID: "simlib steps", SPANS_TID: "simlib spans",
+                 COMM_SPANS_TID: "simlib comm spans"}
+        names.update({COMM_TID0 + i: f"communication (thread {t})" for i, t in enumerate(comm_threads)})
+        clock_ts = sorted(e["ts"] for e in xs if e["name"] == "simlib.clock")
+        for e in xs:
+            if e["tid"] not in tids or e["name"] == "simlib.clock":
+                continue  # threads with neither compute nor communication (idle helpers)
+            out = {k: e[k] for k in ("ph", "name", "cat", "dur") if k in e}
+            out.update(pid=rank, tid=tids[e["tid"]], ts=e["ts"] + base, args=e.get("args", {}))
+            if e["tid"] == main and e["name"].startswith(COMM_PREFIXES):
+                out.update(cat="communication", tid=MAIN_COMM_TID)  # a blocking send/recv runs on the main thread
+                names[MAIN_COMM_TID] = "communication (main thread, blocking)"
+            elif tids[e["tid"]] >= COMM_TID0:
+                out["cat"] = "communication"
+            events.append(out)
+        simlib = data.get("simlibSpans")
+        if simlib and len(clock_ts) == len(simlib["clock"]):  # perf_counter seconds -> merged trace microseconds
+            offset = max(ts - c * 1e6 for ts, c in zip(clock_ts, simlib["clock"])) + base
+            for s in simlib["spans"]:
+                tid = STEPS_TID if s["kind"] == "step" else COMM_SPANS_TID if s["kind"] in ("comm", "wait") \
+                    else SPANS_TID
+                events.append({"ph": "X", "cat": "simlib", "name": s["name"], "pid": rank, "tid": tid,
+                               "ts": s["start"] * 1e6 + offset, "dur": (s["end"] - s["start"]) * 1e6,
+                               "args": {"kind": s["kind"], "step": s["step"], "warmup": s["warmup"]}})
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        for tid, name in names.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+                           "args": {"sort_index": tid}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"source": "simlib.debug.trace.merge", "ranks": len(per_rank)}}
+
+
+def _main_tid(events) -> int | None:
+    """The thread that ran the operators (autograd and the optimizer run on the calling thread on CPU)."""
+    busy: dict = {}
+    for e in events:
+        if e.get("cat") == "cpu_op":
+            busy[e["tid"]] = busy.get(e["tid"], 0.0) + e.get("dur", 0.0)
+    return max(busy, key=busy.get) if busy else None
+
+
+def _leaves(events) -> list:
+    """Intervals of the operators that contain no other operator: the kernels that compute. (An enclosing slice,
+    such as an autograd function whose forward waits for an all-gather, would hide the wait as "compute".)"""
+    spans = sorted(((e["ts"], e["ts"] + e["dur"]) for e in events), key=lambda s: (s[0], -s[1]))
+    return [(a, b) for k, (a, b) in enumerate(spans) if k + 1 == len(spans) or spans[k + 1][0] >= b]
+
+
+def _union(intervals):
+    merged = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
+def _clip(intervals, lo, hi):
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
+
+
+def _overlap(xs, ys) -> float:
+    total, j = 0.0, 0
+    for a, b in xs:
+        for c, d in ys:
+            if d > a and c < b:
+                total += min(b, d) - max(a, c)
+    return total
+
+
+def exposed_comm(trace) -> dict:
+    """Exposed communication from a merged trace (a path or the dict :func:`merge` returns).
+
+    Per rank and measured step (the simlib step slices; warm-up steps left out): seconds of communication
+    (union of the communication slices) during which the main thread ran no operator. Returns ``per_rank``
+    ({rank: {step: seconds}}), ``median_per_rank`` and ``exposed_comm_time`` (the mean over ranks of the
+    median over steps: how the run record aggregates its own figure), plus the same for ``comm_time``.
+    """
+    data = trace if isinstance(trace, dict) else _load(trace)
+    by_rank: dict = {}
+    for e in data["traceEvents"]:
+        if e.get("ph") == "X":
+            by_rank.setdefault(e["pid"], []).append(e)
+    per_rank, comm_per_rank = {}, {}
+    for rank, evs in sorted(by_rank.items()):
+        steps = [e for e in evs if e["tid"] == STEPS_TID and not e["args"].get("warmup")]
+        comm = _union((e["ts"], e["ts"] + e["dur"]) for e in evs if e.get("cat") == "communication")
+        compute = _union(_leaves([e for e in evs if e["tid"] == COMPUTE_TID and e.get("cat") == "cpu_op"
+                                  and not e["name"].startswith(ISSUE_PREFIXES + COMM_PREFIXES)]))
+        per_rank[rank], comm_per_rank[rank] = {}, {}
+        for s in steps:
+            lo, hi = s["ts"], s["ts"] + s["dur"]
+            c = _clip(comm, lo, hi)
+            total = sum(b - a for a, b in c)
+            per_rank[rank][s["args"]["step"]] = (total - _overlap(c, _clip(compute, lo, hi))) / 1e6
+            comm_per_rank[rank][s["args"]["step"]] = total / 1e6
+    medians = {r: statistics.median(v.values()) for r, v in per_rank.items() if v}
+    comm_medians = {r: statistics.median(v.values()) for r, v in comm_per_rank.items() if v}
+    return {"per_rank": per_rank, "median_per_rank": medians,
+            "exposed_comm_time": statistics.fmean(medians.values()) if medians else None,
+            "comm_time": statistics.fmean(comm_medians.values()) if comm_medians else None}
+
+
+def check(path) -> dict:
+    """Structure of a merged trace, for tests: process rows (ranks) and which of them have a communication track.
+    Raises ``ValueError`` when the file is not a Chrome trace (no ``traceEvents`` list of dicts with ``ph``)."""
+    data = _load(path)
+    events = data.get("traceEvents") if isinstance(data, dict) else None
+    if not isinstance(events, list) or not all(isinstance(e, dict) and "ph" in e for e in events):
+        raise ValueError(f"{path} is not a Chrome trace: no traceEvents list of events")
+    processes = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    comm_slices = {}
+    for e in events:
+        if e["ph"] == "X" and e.get("cat") == "communication":
+            comm_slices[e["pid"]] = comm_slices.get(e["pid"], 0) + 1
+    return {"processes": processes, "threads": threads, "comm_slices": comm_slices,
+            "events": sum(e["ph"] == "X" for e in events)}
+
+
+def main(argv=None) -> int:
+    """``python -m simlib.debug.trace DIR``: merge ``DIR/rank*.json`` (written by :class:`profile`) into
+    ``DIR/trace.json`` and print the exposed communication per step."""
+    import sys
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print(main.__doc__)
+        return 2
+    d = Path(argv[0])
+    files = sorted(d.glob("rank*.json"), key=lambda p: int(p.stem[4:]))
+    (d / "trace.json").write_text(json.dumps(merge(files)))
+    print(d / "trace.json", "exposed communication per step (s):", exposed_comm(d / "trace.json")["exposed_comm_time"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
