@@ -62,7 +62,7 @@ def gpt_plan(name: str, on: bool) -> dict:
     """One rank's GPT run (full size) with the hang finder on or off; step time and collectives per step."""
     import torch.distributed as dist
 
-    from simlib.projects.gpt import task as gpt_task
+    from simlib.projects.gpt import run as project_gpt
     from simlib.debug import hangs
     from simlib.train import train
     directory = os.path.dirname(hangs._log.path) if hangs._log is not None else _directory.get("dir")

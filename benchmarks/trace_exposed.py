@@ -24,7 +24,7 @@ STEPS, WARMUP = 12, 2
 def profiled(out_dir, plan_name):
     import torch.distributed as dist
 
-    from simlib.projects.gpt import task as gpt_task
+    from simlib.projects.gpt import run as project_gpt
     from simlib.debug import trace
     from simlib.train import train
     cfg = {**project_gpt.settings(quick=False), "steps": STEPS, "eval_every": 0, "log_every": 10,

@@ -24,7 +24,7 @@ def test_datasheet_table():
 def _mfu_of(plan_name):
     import torch.distributed as dist
 
-    from simlib.projects.gpt import task as gpt_task
+    from simlib.projects.gpt import run as project_gpt
     from simlib.train import train
     cfg = {**project_gpt.settings(quick=True), "steps": 5, "eval_every": 0, "log_every": 10, "verbose": False,
            "measure_memory": False, "warmup": 2}

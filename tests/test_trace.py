@@ -5,7 +5,7 @@ import json
 def _profiled_gpt(out_dir):
     import torch.distributed as dist
 
-    from simlib.projects.gpt import task as gpt_task
+    from simlib.projects.gpt import run as project_gpt
     from simlib.debug import trace
     from simlib.train import train
     cfg = {**project_gpt.settings(quick=True), "steps": 4, "eval_every": 0, "log_every": 10, "verbose": False,
