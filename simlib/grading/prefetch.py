@@ -12,7 +12,7 @@ def _prefetch_harness(answer_cls, steps=_STEPS):
     import torch.distributed as dist
 
     from ..projects.gpt.task import GPTTask
-    from ..parallel.zero import Zero3
+    from ..parallel.zero3 import Zero3
     task = GPTTask.quick(num_layers=3, global_batch=12)  # 12 splits over 2 and 3 ranks
     rank, n = dist.get_rank(), dist.get_world_size()
     out = {}

@@ -1,6 +1,6 @@
 """ZeRO-3 with prefetching: the next block's all-gather in flight while the current block computes.
 
-The course's :class:`~simlib.parallel.zero.Zero3` gathers a block's parameters just before the block runs
+The course's :class:`~simlib.parallel.zero3.Zero3` gathers a block's parameters just before the block runs
 (forward) and again just before its backward, and waits for each all-gather: the communication is all exposed.
 FSDP hides most of it by *prefetching*: when block i starts its forward, issue the (asynchronous) all-gather of
 block i+1; when block i starts its backward, issue block i-1's. The block that comes next then finds its
@@ -18,7 +18,8 @@ import time
 
 from torch import nn
 
-from .zero import Zero3, _all_gather, _count
+from .zero import _all_gather, _count
+from .zero3 import Zero3
 
 
 def issue_gather(unit) -> bool:

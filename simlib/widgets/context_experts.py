@@ -17,7 +17,7 @@ def context_figure(seq: int = 4096, cp: int = 4, heads: int = 8, batch: int = 1,
     ``measured``: rows with ``cp``, ``seq``, ``measured_MB`` (lesson 09's memory sweep) to mark.
     Returns (figure, caption).
     """
-    from .parallel import context
+    from ..parallel import context
     if seq % (2 * cp):
         raise ValueError(f"sequence length {seq} does not split into 2·cp = {2 * cp} equal chunks")
     fig, (ax_m, ax_c, ax_w) = _figure(3, (14, 3.8))
@@ -88,7 +88,7 @@ def moe_figure(num_experts: int = 8, ep: int = 4, capacity_factor: float = 1.25,
     ``measured``: a list of tokens per expert (lesson 09's run) to draw beside the model, scaled to ``tokens``.
     Returns (figure, caption).
     """
-    from .parallel.experts import a2a_volume, capacity
+    from ..parallel.experts import a2a_volume, capacity
     if num_experts % ep:
         raise ValueError(f"{num_experts} experts do not split evenly over ep = {ep}")
     if not 1 <= top_k <= num_experts:
