@@ -65,3 +65,10 @@ def test_the_grader_starts_kernels_without_the_tcp_warning(tmp_path, capfd):
     result = batch._execute(nb, ["answer"], 120, "python3", tmp_path)
     assert result["status"] == "pass", result
     assert "without encryption" not in capfd.readouterr().err
+
+
+def test_the_quick_gpt_target_is_below_the_unigram_baseline():
+    """Reaching project 1's quick target must mean the model learned something about context."""
+    from simlib import project_gpt, text
+    assert project_gpt.settings(True)["target"]["eval_loss"] < text.unigram_cross_entropy()
+    assert project_gpt.settings(False)["target"]["eval_loss"] < text.unigram_cross_entropy()
