@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 
 import simlib
-from simlib.parallel import data as dp
+from simlib.lessons import data_parallel as dp
 from simlib.timeline import step_times
 
 import report  # benchmarks/report.py: machine info and the JSON file

@@ -16,7 +16,7 @@ import os
 import warnings
 
 import simlib
-from simlib.parallel import pipeline_experiments as experiments
+from simlib.lessons import pipeline as experiments
 from simlib.parallel import schedules
 
 import report  # benchmarks/report.py: machine info and the JSON file

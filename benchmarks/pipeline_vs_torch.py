@@ -13,7 +13,7 @@ import os
 import statistics
 
 import simlib
-from simlib.parallel import pipeline_experiments as experiments
+from simlib.lessons import pipeline as experiments
 from simlib.timeline import summarize
 
 import report  # benchmarks/report.py: machine info and the JSON file

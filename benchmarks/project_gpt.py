@@ -29,7 +29,7 @@ def bare_steps(steps: int) -> list[float]:
     """A hand-written loop on the project's model: no trainer, no timeline, no logging. Step times (s)."""
     import torch
 
-    from simlib import project_gpt
+    from simlib.projects.gpt import run as project_gpt
     cfg = project_gpt.settings(quick=False)
     task, optim = cfg["task"], cfg["optim"]
     model = task.build_model()
@@ -52,7 +52,7 @@ def bare_steps(steps: int) -> list[float]:
 
 def trainer_run(plan, steps=STEPS, **kwargs) -> dict:
     """The project's settings through ``simlib.train`` (call on every rank); returns the summary."""
-    from simlib import project_gpt
+    from simlib.projects.gpt import run as project_gpt
     from simlib.train import train
     cfg = {**project_gpt.settings(quick=False), "steps": steps, "eval_every": 0, "log_every": 10,
            "verbose": False, "measure_memory": False, "warmup": WARMUP, **kwargs}
@@ -98,7 +98,7 @@ def main() -> dict:
     load_before = os.getloadavg()
     out = {"benchmark": "project_gpt", "target": TARGET, "steps": STEPS, "warmup": WARMUP}
     runs = {"1x1 thread": (Plan(), 1), "1x2 threads": (Plan(), 2), "2-proc DP": (Plan(dp=2), 1),
-            "2-way TP": (Plan(tp=2), 1), "2-stage PP": (Plan(pp=2, accumulation=4), 1)}
+            "2-way TP": (Plan(tp=2), 1), "2-stage PP": (Plan(pp=2, pp_microbatches=4), 1)}
     out["tokens_per_s"], out["step_time_iqr_s"] = {}, {}
     for label, (plan, threads) in runs.items():
         s = simlib.launch(trainer_run, plan.world_size, plan, threads=threads)[0]

@@ -12,7 +12,7 @@ import argparse
 import os
 
 import simlib
-from simlib.parallel import tensor_experiments as experiments
+from simlib.lessons import tensor as experiments
 
 import report  # benchmarks/report.py: machine info and the JSON file
 

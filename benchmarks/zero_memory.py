@@ -2,7 +2,7 @@
 
 Per rank: the bytes of each state after a step (weights, gradients, optimizer states) against the simulator's
 formula (``simlib.sim.memory``: 4 + 4 + 8 bytes/param for fp32 Adam, sharded stage by stage), the peak bytes
-of the whole run (resident high-water mark, see ``zero_experiments.peak_bytes``), step time, and the bytes
+of the whole run (resident high-water mark, see ``simlib.lessons.memory.peak_bytes``), step time, and the bytes
 moved per step against the ZeRO paper's 2Ψ / 3Ψ. Also Gloo's reduce-scatter against its all-reduce.
 Run: ``python benchmarks/zero_memory.py`` (a few minutes); writes benchmarks/results/zero_memory.json.
 """
@@ -13,7 +13,7 @@ import time
 import warnings
 
 import simlib
-from simlib.parallel import zero_experiments as ze
+from simlib.lessons import memory as ze
 
 import report  # benchmarks/report.py: machine info and the JSON file
 

@@ -43,7 +43,8 @@ def _grade(args) -> int:
 
 
 def _scaling(args) -> int:
-    from . import experiments, plots
+    from . import plots
+    from .lessons import scaling as experiments
     from .env import quick
 
     if args.quick or quick():
@@ -117,7 +118,7 @@ def _train_project(args) -> int:
 
     out = Path(args.out or "results") / args.project / f"dp{args.world_size}"
     record, _ = run_project(args.project, args.world_size, quick=args.quick or quick(), out_dir=out,
-                            threads=args.threads)
+                            threads=args.threads, timeout=args.timeout)
     s = record.summary
     final = ", ".join(f"{k} {v:.4g}" for k, v in (s.get("final_eval") or {}).items())
     reached = (f"target {s['target']} reached after {s['time_to_target']:.1f} s of training"
@@ -131,7 +132,7 @@ def _train(args) -> int:
     """Train the project's model under one or more plans; write the run records and a PNG of the loss curves."""
     if args.project in ("vision", "finance"):
         return _train_project(args)
-    from . import project_gpt
+    from .projects.gpt import run as project_gpt
     from .env import quick
 
     is_quick = args.quick or quick()
@@ -145,7 +146,7 @@ def _train(args) -> int:
         print(f"simlib train {args.project}: plan {name} ({plan.label}) on {plan.world_size} process(es)"
               f"{' (quick)' if is_quick else ''} -> {folder}", flush=True)
         records[name] = project_gpt.run(plan, plan.world_size, quick=is_quick, out_dir=folder,
-                                        threads=args.threads)
+                                        threads=args.threads, collective_timeout=args.timeout)
         s = records[name].summary
         reached = f"reached after {s['time_to_target']:.1f} s" if s.get("target_reached") else "not reached"
         print(f"  {s['tokens_per_s']:,.0f} tokens/s, final eval loss {s['final_eval']['eval_loss']:.3f}, "
@@ -197,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="hands-on project: GPT (text), vision (digits) or finance (hedging), "
                                      "trained through simlib.train; writes the run record")
-    p.add_argument("project", choices=["gpt", "vision", "finance"])
+    from .projects.runner import PROJECTS
+    p.add_argument("project", choices=list(PROJECTS))
     p.add_argument("--world-size", type=int, default=2, help="processes (default 2)")
     p.add_argument("--plan", nargs="+", default=["dp"], choices=["single", "dp", "dp+acc", "tp", "pp"],
                    help="gpt: one or more plans (default dp); several write one folder each under --out; "
@@ -205,17 +207,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads per process (default cores // world)")
     p.add_argument("--quick", action="store_true", help="a small model and few steps (also SIMLIB_QUICK=1)")
     p.add_argument("--out", default=None, help="output folder (default results/gpt; results/<project>/dp<N>)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds a collective waits for a peer: a stopped or lost rank ends the run then (default 60)")
     p.set_defaults(func=_train)
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    """A library error as one line: its first line, and for a worker failure the failing rank and its cause."""
+    from .launch import WorkerError, _cause
+    if isinstance(exc, WorkerError) and getattr(exc, "failures", None):
+        raised = [f for _, f in sorted(exc.failures.items()) if f.type_name not in ("WorkerDied", "Timeout")]
+        if raised:  # the error a rank raised says what to do: keep it whole, on one line
+            return f"rank {raised[0].rank}: {raised[0].type_name}: {' '.join(str(raised[0].message).split())}"
+        return _cause(exc)
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from .checkpoint import CheckpointError
+    from .launch import Interrupted, WorkerError
     try:
         return args.func(args)
-    except ValueError as exc:
-        print(f"simlib {args.command}: {exc}", file=sys.stderr)
+    except (ValueError, TypeError, FloatingPointError, CheckpointError, WorkerError, OSError) as exc:
+        # the library's errors say what to do in their first line; a traceback would only bury it
+        print(f"simlib {args.command}: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        print(f"simlib {args.command}: interrupted ({exc})", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -96,6 +96,21 @@ class Context:
 
 
 _context: Context | None = None
+_timeout: float | None = None  # the collective timeout init() was given: every group simlib creates takes it
+
+
+def collective_timeout() -> "datetime.timedelta | None":
+    """The timeout the process group was created with (``init(timeout=...)``), for groups made later
+    (``dist.new_group`` would otherwise fall back to torch's 30-minute default). None outside a process group."""
+    if _timeout is not None and dist.is_initialized():
+        return datetime.timedelta(seconds=_timeout)
+    if dist.is_initialized():  # a group made by the caller's own init_process_group: reuse its timeout
+        try:
+            opts = dist.distributed_c10d._get_default_group().options
+            return getattr(opts, "_timeout", None)
+        except Exception:  # noqa: BLE001 - older torch: fall back to torch's default
+            return None
+    return None
 
 
 def detect_launcher(environ=None) -> str:
@@ -166,7 +181,7 @@ def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT, device: str = 
     Idempotent: the second call returns the same context. ``timeout`` bounds how long any
     collective waits for a peer, so a mismatched collective fails instead of hanging.
     """
-    global _context
+    global _context, _timeout
     if _context is not None and dist.is_initialized():
         return _context
     launcher = detect_launcher()
@@ -193,6 +208,7 @@ def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT, device: str = 
         if dev.type == "cuda" and backend == "nccl":
             kwargs["device_id"] = dev
         dist.init_process_group(**kwargs)
+        _timeout = float(timeout)
     _context = Context(rank, world_size, local_rank, local_world_size, backend, dev, launcher, restart_count)
     return _context
 

@@ -36,28 +36,21 @@ again on the fresh workers, up to k times; each worker reads its attempt in ``TO
 from __future__ import annotations
 
 import atexit
-import json
-import logging
 import os
 import queue
 import re
-import shutil
-import signal
 import sys
-import tempfile
 import threading
 import time
-import uuid
 import warnings
 import weakref
-from multiprocessing.connection import Listener
 
 import cloudpickle
 
 from . import env
+from .agent import ElasticWorkers
 from .errors import (Interrupted, OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, describe_exit,
                      learner_traceback, restore_filenames, unpicklable)
-from .worker import BOOTSTRAP, Channel
 
 __all__ = ["launch", "Cluster", "cluster", "WorkerError", "WorkerTimeout", "RemoteFailure", "OversubscribedWarning",
            "Interrupted"]
@@ -80,35 +73,6 @@ def _check_positive(name, value, allow_none=True):
 
 
 _live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
-
-
-def _read(q: queue.Queue, rank: int, conn) -> None:
-    """Forward one worker's messages to the caller's queue (holds no Cluster reference)."""
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            q.put(("eof", rank, conn))
-            return
-        q.put(msg)
-
-
-def _last_lines(log_dir: str, local_rank: int, n: int = 6) -> str:
-    """The last lines a worker wrote to stderr (then stdout) before it connected, from the agent's log files."""
-    import glob
-    for stream in ("stderr", "stdout"):
-        for path in glob.glob(os.path.join(log_dir, "**", str(local_rank), f"{stream}.log"), recursive=True):
-            try:
-                text = open(path, errors="replace").read().strip()
-            except OSError:
-                continue
-            if text:
-                return "\n".join(text.splitlines()[-n:])
-    return ""
-
-
-def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.splitlines())
 
 
 def _cell_origin():
@@ -135,22 +99,7 @@ def _close_all() -> None:
         cluster.close()
 
 
-class _quiet_elastic:
-    """The elastic agent logs each start and each stopped worker; simlib reports those itself."""
-
-    names = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
-
-    def __enter__(self):
-        self.levels = {n: logging.getLogger(n).level for n in self.names}
-        for n in self.names:
-            logging.getLogger(n).setLevel(logging.CRITICAL)
-
-    def __exit__(self, *exc):
-        for n, level in self.levels.items():
-            logging.getLogger(n).setLevel(level)
-
-
-class Cluster:
+class Cluster(ElasticWorkers):
     """``world_size`` worker processes with a process group, kept warm between calls.
 
     >>> with Cluster(2) as cluster:               # doctest: +SKIP
@@ -204,6 +153,7 @@ class Cluster:
         self._checking = False
         self._closed = True
         self._agent = None
+        self._lock = threading.RLock()  # one call at a time: a second thread waits for the first one's call
         self._key = None  # set by cluster() for the process's shared cluster
         self._origin = _cell_origin()
         self._close_previous_from_this_cell()
@@ -227,191 +177,13 @@ class Cluster:
         raise TypeError(f"a Cluster of {self.world_size} worker(s) lives in the calling process and cannot be sent "
                         "to its workers; inside a worker, use torch.distributed directly")
 
-    # ── life cycle ──
-    def _start(self) -> None:
-        try:
-            self._start_workers()
-        except KeyboardInterrupt:
-            self._kill()
-            print(f"simlib: interrupted while {self.world_size} workers were starting; stopped them all",
-                  file=sys.stderr, flush=True)
-            raise Interrupted(f"stopped all {self.world_size} workers") from None
-
-    def _start_workers(self) -> None:
-        t0 = time.perf_counter()
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-        self._queue = q = queue.Queue()
-        self._pids, self._conns = {}, {}
-        self._stash = []
-        authkey = os.urandom(16)
-        listener = Listener(("127.0.0.1", 0), authkey=authkey)
-        self._listener = listener  # open while the agent lives: restarted workers connect to it too
-        self._log_dir = tempfile.mkdtemp(prefix="simlib-")  # mode 0700: the key below stays private
-        config = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=self.world_size, run_id=uuid.uuid4().hex,
-            rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{env.free_port()}", local_addr="127.0.0.1",
-            max_restarts=self.max_restarts, monitor_interval=0.1,
-            # a worker's output before it connects (start-up errors) goes to files we read on failure
-            logs_specs=DefaultLogsSpecs(log_dir=self._log_dir,
-                                        redirects=Std.ALL if self.relay_output else Std.NONE),
-        )
-        spec = dict(backend=self.backend, timeout=self.timeout, threads=self.threads, device=self.device,
-                    relay_output=self.relay_output, loopback=True, address=list(listener.address),
-                    authkey=authkey.hex(), path=[p for p in sys.path if isinstance(p, str)])
-        spec_file = os.path.join(self._log_dir, "spec.json")
-        with open(os.open(spec_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-            json.dump(spec, f)
-        agent_error = self._agent_errors = []  # the agent thread appends here: it holds the list, not the Cluster
-        self._run_id = config.run_id
-        _track_agents()
-
-        def agent():  # references no Cluster, so a dropped Cluster is collected (and its workers stopped)
-            try:
-                with _quiet_elastic():
-                    # a command, as torchrun starts: the workers never re-import the caller's __main__
-                    elastic_launch(config, sys.executable)("-c", BOOTSTRAP, spec_file)
-            except BaseException as exc:  # noqa: BLE001 - workers stopped by us end up here too
-                agent_error.append(exc)
-            finally:
-                q.put(("agent-exit", None))
-
-        def accept():
-            try:
-                while True:
-                    q.put(("conn", listener.accept()))
-            except OSError:
-                pass
-
-        self._closed = False
-        self._agent = threading.Thread(target=agent, daemon=True, name="simlib-agent")
-        self._agent.start()
-        threading.Thread(target=accept, daemon=True, name="simlib-accept").start()
-        try:
-            self._await_workers()
-        except BaseException:
-            listener.close()  # workers still starting cannot connect, so they exit (none is known to kill yet)
-            self._kill()
-            raise
-        self.last_start_seconds = time.perf_counter() - t0
-
-    def _await_workers(self) -> None:
-        """Wait until ``world_size`` (new) workers have connected and joined the process group."""
-        q, ready = self._queue, set()
-        deadline = time.monotonic() + self.start_timeout
-        while len(ready) < self.world_size:
-            if self._stash:
-                msg = self._stash.pop(0)
-            else:
-                try:
-                    msg = q.get(timeout=0.05)
-                except queue.Empty:
-                    if time.monotonic() > deadline:
-                        raise WorkerTimeout(f"the {self.world_size} workers did not start within "
-                                            f"{self.start_timeout:.0f} s") from None
-                    continue
-            kind = msg[0]
-            if kind == "conn":
-                conn = msg[1]
-                hello = conn.recv()
-                rank = hello[1]
-                self.attempt = hello[3] if len(hello) > 3 else 0
-                self._conns[rank], self._pids[rank] = Channel(conn), hello[2]
-                threading.Thread(target=_read, args=(q, rank, conn), daemon=True,
-                                 name=f"simlib-read-{rank}").start()
-            elif kind == "ready" and msg[1] in self._conns:
-                ready.add(msg[1])
-            elif kind == "fatal":
-                failure = msg[2]
-                raise WorkerError(f"rank {msg[1]} could not join the process group: "
-                                  f"{failure.type_name}: {failure.message}\n{failure.traceback}",
-                                  {msg[1]: failure})
-            elif kind == "out":
-                self._print(msg)
-            elif kind == "agent-exit":
-                raise self._start_failure(self._agent_error)
-
-    @property
-    def _agent_error(self):
-        """What the agent raised when it ended (its ChildFailedError names each worker's exit code), or None."""
-        errors = getattr(self, "_agent_errors", None)
-        return errors[0] if errors else None
-
-    def _start_failure(self, error) -> WorkerError:
-        """One short message for workers that ended while starting: rank, exit code, the last lines they wrote."""
-        failures = getattr(error, "failures", None) or {}
-        lines, by_rank = [], {}
-        first = [r for r, f in sorted(failures.items()) if (getattr(f, "exitcode", None) or 0) > 0]
-        for rank, failure in sorted(failures.items()):
-            code = getattr(failure, "exitcode", None)
-            how = f"exit code {code}" if code is None or code >= 0 else f"signal {signal.Signals(-code).name}"
-            if code == -signal.SIGTERM and first:  # the agent stops the others when one rank fails
-                how += f", stopped by the agent when rank {first[0]} failed"
-            tail = _last_lines(self._log_dir, getattr(failure, "local_rank", rank))
-            by_rank[rank] = RemoteFailure(rank, "StartupError", f"ended while starting ({how})", tail)
-            lines.append(f"rank {rank} ended while starting ({how})" + (":\n" + _indent(tail) if tail else ""))
-        if not lines:
-            lines.append(f"{type(error).__name__}: {error}" if error is not None else "no reason given")
-        return WorkerError(f"the {self.world_size} workers could not start:\n" + "\n".join(lines), by_rank)
-
-    def _exit_code(self, rank, wait: float = 1.0):
-        """A dead worker's exit code (negative: the signal), peeked without reaping it (the agent reaps)."""
-        pid, deadline = self._pids.get(rank), time.monotonic() + wait
-        while pid is not None and hasattr(os, "waitid"):
-            try:
-                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
-            except (ChildProcessError, OSError):  # already reaped by the agent, or not our child
-                break
-            if info is not None:
-                return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
-        if self._agent is not None:  # reaped by the agent: it reports the status when it ends, right after
-            self._agent.join(2 * wait)
-        failures = getattr(self._agent_error, "failures", None) or {}  # the agent's ChildFailedError
-        failure = failures.get(rank)
-        return getattr(failure, "exitcode", None)
-
-    def _kill(self) -> None:
-        """Stop every worker now (SIGKILL to each worker's process group) and wait for the agent."""
-        _no_more_restarts(getattr(self, "_run_id", None))
-        self._kill_workers()
-        self._finish()
-
-    def _kill_workers(self) -> None:
-        for pid in self._pids.values():
-            for kill in (os.killpg, os.kill):
-                try:
-                    kill(pid, signal.SIGKILL)
-                    break
-                except (ProcessLookupError, PermissionError, OSError):
-                    continue
-
-    def _drop_connections(self) -> None:
-        """Close the channels to the current workers and forget them (their PIDs too)."""
-        for chan in self._conns.values():
-            try:
-                chan.conn.close()
-            except OSError:
-                pass
-        self._conns, self._pids = {}, {}
-
-    def _finish(self, wait: float = 15.0) -> None:
-        if self._agent is not None:
-            self._agent.join(wait)
-        self._drop_connections()
-        listener = getattr(self, "_listener", None)
-        if listener is not None:
-            listener.close()
-            self._listener = None
-        _agents.pop(getattr(self, "_run_id", None), None)
-        shutil.rmtree(getattr(self, "_log_dir", ""), ignore_errors=True)
-        self._closed = True
-
+    # ── life cycle (starting and stopping: simlib.agent.ElasticWorkers) ──
     def close(self) -> None:
         """Stop the workers cleanly (they leave the process group and exit)."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         for chan in self._conns.values():
@@ -474,9 +246,16 @@ class Cluster:
         return self.call(fn, args, kwargs)
 
     def call(self, fn, args=(), kwargs=None, timeout: float | None = None) -> list:
-        """Like :meth:`run`, with a time limit for the whole call (``timeout`` seconds)."""
+        """Like :meth:`run`, with a time limit for the whole call (``timeout`` seconds).
+
+        Thread-safe: calls from several threads run one after the other (the workers run one function at a time).
+        """
         if not callable(fn):
             raise ValueError(f"fn must be callable, got {fn!r}")
+        with self._lock:
+            return self._call(fn, args, kwargs, timeout)
+
+    def _call(self, fn, args, kwargs, timeout) -> list:
         timeout = _check_positive("timeout", timeout if timeout is not None else self.call_timeout)
         if self._broken:
             why = self._broken if isinstance(self._broken, str) else "the failure of the previous call"
@@ -596,7 +375,13 @@ class Cluster:
                         "usually a collective (or send/recv) that not every rank called, or called in a "
                         "different order")
             if pending:
-                msg += f"; rank(s) {pending} were still running {self.grace:g} s later and were stopped"
+                silent = "; ".join(f"rank {r} {self._why_silent(r)}" for r in pending)
+                if error_type is WorkerTimeout:  # the silent rank is the cause: name it first
+                    msg = (f"rank(s) {pending} did not answer ({silent}): rank(s) {sorted(failures)} timed out "
+                           f"waiting for them after timeout={self.timeout:g} s. The silent rank(s) were stopped")
+                else:
+                    msg += (f"; rank(s) {pending} never answered ({silent}) and were stopped {self.grace:g} s after "
+                            "the first failure")
         by_rank = [failures[r] for r in sorted(failures)]
         lines = [f.summary() for f in by_rank]
         detail = "\n".join(f"--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}" for f in by_rank if f.traceback)
@@ -609,6 +394,18 @@ class Cluster:
             msg += ". The workers were stopped; the next call starts fresh ones"
         text = msg + "\n" + "\n".join(lines) + ("\n" + detail if detail else "")
         return error_type(text, failures, results)
+
+    def _why_silent(self, rank: int) -> str:
+        """What a rank that did not answer is doing, from its process state (Linux /proc)."""
+        pid = self._pids.get(rank)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError, TypeError):
+            return "did not answer"
+        return {"T": "was stopped (SIGSTOP or Ctrl-Z: its process is paused)", "t": "was paused by a debugger",
+                "Z": "had exited", "D": "was blocked in the kernel (disk or network I/O)"}.get(
+                    state, "was still running (a hang, or a collective it never reached)")
 
     def _healthy(self) -> bool:
         """After a call in which every rank reported: do the ranks still meet at a barrier?"""
@@ -648,33 +445,6 @@ def _exhausted(attempts: list, max_restarts: int) -> WorkerError:
     error = type(last)(text, last.failures, last.results)
     error.attempts = attempts
     return error
-
-
-_agents: dict = {}  # run_id -> the elastic agent of a Cluster (so that closing it can stop its restarts)
-
-
-def _track_agents() -> None:
-    """Have torch's launcher register its LocalElasticAgent here: a Cluster that stops its workers for good must
-    first set the agent's remaining restarts to 0, or the agent would start new workers."""
-    from torch.distributed.launcher import api
-    if getattr(api.LocalElasticAgent, "_simlib_tracked", False):
-        return
-    base = api.LocalElasticAgent
-
-    class TrackedAgent(base):
-        _simlib_tracked = True
-
-        def __init__(self, spec, *args, **kwargs):
-            super().__init__(spec, *args, **kwargs)
-            _agents[spec.rdzv_handler.get_run_id()] = self
-
-    api.LocalElasticAgent = TrackedAgent
-
-
-def _no_more_restarts(run_id) -> None:
-    agent = _agents.get(run_id)
-    if agent is not None and hasattr(agent, "_remaining_restarts"):
-        agent._remaining_restarts = 0
 
 
 def _barrier():

@@ -10,7 +10,7 @@ in a fixed order, and the training loop never asks which were applied.
                               once after the pipeline flush
     4. data parallelism       a ``simlib.parallel.data`` wrapper (or torch DDP) over the DP group, with
                               ``no_sync`` on every micro-batch but the last; ZeRO (``plan.zero_stage``) instead
-                              goes through ``simlib.parallel.zero``
+                              wraps with ``simlib.parallel.zero`` (stages 1, 2) or ``zero3`` (stage 3)
     (``plan.sync_batchnorm``: first, every BatchNorm becomes ``simlib.parallel.batchnorm.SyncBatchNorm`` over the
     DP group, so its statistics cover the global batch)
 
@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .parallel import accumulate, precision, schedules
 from .parallel import data as dp_lib
 from .parallel import pipeline as pp_lib
-from .parallel import schedules
 
 
 def _span(timeline, kind, name=None):
@@ -37,16 +37,13 @@ def _span(timeline, kind, name=None):
 
 
 def autocast(plan, device: torch.device):
-    """The autocast context of ``plan.mixed_precision`` (None: full precision)."""
-    if plan.mixed_precision is None:
-        return nullcontext()
-    dtype = torch.bfloat16 if plan.mixed_precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
+    """The autocast context of ``plan.mixed_precision`` (None: full precision): ``simlib.parallel.precision``'s."""
+    return precision.autocast(device, plan.mixed_precision)
 
 
 def checkpoint_blocks(blocks) -> None:
     """Recompute each block's activations in backward instead of keeping them (``torch.utils.checkpoint``)."""
-    from .parallel import recompute  # issue-10: the one implementation (the lesson teaches it)
+    from .parallel import recompute  # the one implementation (lesson 07 teaches it)
 
     recompute.checkpoint_blocks(blocks)
 
@@ -83,6 +80,7 @@ class ParallelModel:
     tied: list = field(default_factory=list)       # parameters held by the first and last pipeline stage
     activation: tuple | None = None                # (shape after the micro-batch dim, dtype) between stages
     timeline: object = None
+    scaler: object = None        # simlib.parallel.precision.LossScaler when the plan scales the loss
 
     # ── data ──
     def shard(self, x, y):
@@ -102,40 +100,43 @@ class ParallelModel:
         return self._accumulation_step(x, y)
 
     def _accumulation_step(self, x, y):
-        k = self.plan.accumulation
+        """Lesson 03's ``accumulation_step`` (1/k per micro-batch, ``no_sync`` but on the last), without its
+        optimizer step: the loop unscales, clips and steps."""
         model = self.wrapped if self.wrapped is not None else self.module
-        finish = getattr(model, "finish_gradient_synchronization", None)
-        total = 0.0
-        for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k))):
-            last = i == k - 1
-            sync = nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
-            with sync:
-                with _span(self.timeline, "forward"), autocast(self.plan, self.device):
-                    loss = self.task.loss(model(xm), ym)
-                with _span(self.timeline, "backward"):
-                    (loss / k).backward()  # the mean over k micro-batches is the mean of their means
-                if last and finish is not None:
-                    finish()  # simlib's wrappers: wait for (or run) the all-reduce of the gradients
-            total += float(loss.detach())
-        return total / k
+        return accumulate.accumulation_step(model, None, list(zip(x.chunk(self.plan.accumulation),
+                                                                  y.chunk(self.plan.accumulation))),
+                                            loss_fn=self.task.loss, timeline=self.timeline,
+                                            autocast=lambda: autocast(self.plan, self.device),
+                                            loss_scale=self.scaler.scale if self.scaler is not None else 1.0)
 
     def _pipeline_step(self, x, y):
+        """``plan.accumulation`` passes of the schedule over ``plan.microbatches`` micro-batches each; gradients
+        add up over the passes, then one all-reduce over the DP group."""
         plan, g = self.plan, self.groups
-        m = plan.accumulation
+        k, m = plan.accumulation, plan.microbatches
         make = schedules.one_f_one_b if plan.schedule == "1f1b" else schedules.gpipe
         actions = make(plan.pp, m)[g.pp_rank]
-        xs, ys = list(x.chunk(m)), list(y.chunk(m))
         shape, dtype = self.activation
-        with autocast(self.plan, self.device):
-            out = pp_lib.run_schedule(actions, self.stages, xs, ys, activation_shape=(xs[0].shape[0], *shape),
-                                      loss_fn=self.task.loss, group=g.pp_group, timeline=self.timeline,
-                                      dtype=dtype)
+        factor = (self.scaler.scale if self.scaler is not None else 1.0) / k  # 1/k: the mean over the passes
+
+        def loss_fn(output, target):
+            loss = self.task.loss(output, target)
+            return loss * factor if factor != 1 else loss
+
+        total = None
+        for xk, yk in zip(x.chunk(k), y.chunk(k)):
+            xs, ys = list(xk.chunk(m)), list(yk.chunk(m))
+            with autocast(self.plan, self.device):
+                out = pp_lib.run_schedule(actions, self.stages, xs, ys, activation_shape=(xs[0].shape[0], *shape),
+                                          loss_fn=loss_fn, group=g.pp_group, timeline=self.timeline, dtype=dtype)
+            if out["loss"] is not None:
+                total = (total or 0.0) + float(out["loss"]) / factor / k
         with _span(self.timeline, "comm", "tied + data-parallel grads"):
             self._sync_tied()
             if plan.dp > 1:
                 grads = [p.grad for p in unique_parameters(self.module) if p.grad is not None]
                 dp_lib.all_reduce_mean_flat(grads, group=g.dp_group)
-        return out["loss"]
+        return total
 
     def _sync_tied(self) -> None:
         """Sum the gradients of parameters held by both the first and the last stage (a tied head)."""
@@ -194,6 +195,8 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
                              "activation checkpointing wraps what the forward runs")
         checkpoint_blocks(blocks)
     pm = ParallelModel(model, groups, plan, task, device, full_model, timeline=timeline)
+    if getattr(plan, "scales_loss", False):
+        pm.scaler = precision.LossScaler()  # agreed over every rank: TP/PP/ZeRO ranks hold different gradients
     if plan.pp > 1:
         first = task.pipeline_stages(model, 0, plan.pp)[0]
         x, _ = task.batch(0)
@@ -207,13 +210,25 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
             dp_lib.broadcast_parameters(pm.module, group=groups.dp_group)
         return pm
     if plan.zero_stage:
-        from .parallel import zero  # issue-10: sharded data parallelism (ZeRO 1-3)
-        pm.wrapped = zero.parallelize(model, groups, plan, task=task, timeline=timeline)
+        blocks = task.blocks(model) if plan.zero_stage == 3 and hasattr(task, "blocks") else None
+        pm.wrapped = apply_zero(model, plan.zero_stage, groups.dp_group, blocks=blocks)
         if plan.zero_stage == 3:
             pm.module = pm.wrapped  # its parameters are the shards; its forward gathers each block
     elif plan.dp > 1:
         pm.wrapped = dp_lib.wrap(model, plan.dp_variant, plan.bucket_cap_mb, timeline, group=groups.dp_group)
     return pm
+
+
+def apply_zero(model: nn.Module, stage: int, group, blocks=None, comm_counter=None) -> nn.Module:
+    """ZeRO ``stage`` over the data-parallel ``group``: ``ZeroDataParallel`` (stages 1, 2: attach its
+    ``ShardedOptimizer`` next) or ``Zero3`` (stage 3: each of ``blocks`` sharded; None: ``blocks_of(model)``)."""
+    if stage in (1, 2):
+        from .parallel.zero import ZeroDataParallel
+        return ZeroDataParallel(model, stage=stage, group=group, comm_counter=comm_counter)
+    if stage == 3:
+        from .parallel.zero3 import Zero3
+        return Zero3(model, blocks=blocks, group=group, comm_counter=comm_counter)
+    raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r}")
 
 
 def build_optimizer(pm: ParallelModel, plan, optim, total_steps: int | None):
@@ -224,13 +239,20 @@ def build_optimizer(pm: ParallelModel, plan, optim, total_steps: int | None):
     decay = [p for p in params if p.dim() >= 2]   # weights decay; biases and LayerNorm gains do not
     no_decay = [p for p in params if p.dim() < 2]
     param_groups = [dict(params=decay, weight_decay=optim.weight_decay), dict(params=no_decay, weight_decay=0.0)]
-    if plan.zero_stage:
-        from .parallel import zero  # issue-10: each DP rank steps its shard of the optimizer state
-        optimizer = zero.build_optimizer(pm, plan, optim, param_groups)
-    elif optim.name == "adamw":
-        optimizer = torch.optim.AdamW(param_groups, lr=optim.lr, betas=optim.betas)
+    if optim.name == "adamw":
+        cls, hyper = torch.optim.AdamW, dict(lr=optim.lr, betas=optim.betas)
     else:
-        optimizer = torch.optim.SGD(param_groups, lr=optim.lr, momentum=optim.momentum)
+        cls, hyper = torch.optim.SGD, dict(lr=optim.lr, momentum=optim.momentum)
+    if plan.zero_stage in (1, 2):  # each DP rank steps the optimizer states of the parameters it owns
+        from .parallel.zero import ShardedOptimizer
+        optimizer = ShardedOptimizer([g for g in param_groups if g["params"]], cls, group=pm.groups.dp_group, **hyper)
+        pm.wrapped.attach(optimizer)
+    elif plan.zero_stage == 3:     # each DP rank steps its flat shards
+        from .parallel.zero3 import check_elementwise
+        check_elementwise(cls, dist.get_rank())
+        optimizer = cls(pm.wrapped.param_groups(weight_decay=optim.weight_decay), **hyper)
+    else:
+        optimizer = cls(param_groups, **hyper)
     horizon = optim.decay_steps or total_steps
 
     def factor(step: int) -> float:
@@ -252,9 +274,10 @@ def clip_grad_norm(pm: ParallelModel, max_norm: float) -> float:
     clipping) equals ``torch.nn.utils.clip_grad_norm_`` on the unsplit model.
     """
     g, plan = pm.groups, pm.plan
-    if plan.zero_stage:
-        from .parallel import zero  # issue-10: each rank holds only the gradients it owns
-        return zero.clip_grad_norm(pm, max_norm)
+    if plan.zero_stage:  # each rank holds only the gradients it owns (ZeRO-1/2: whole tensors; ZeRO-3: shards)
+        from .parallel.zero import clip_grad_norm_
+        module = pm.wrapped if pm.wrapped is not None else pm.module
+        return float(clip_grad_norm_(list(module.parameters()), max_norm, group=g.dp_group))
     sharded = tensor_parallel_sharded(pm.module) if plan.tp > 1 else set()
     tied = {id(p) for p in pm.tied} if not g.pp_is_first_stage else set()
     params = [p for p in unique_parameters(pm.module) if p.grad is not None]

@@ -1,6 +1,6 @@
 """Plots the lessons share: speedup and efficiency over world sizes, per-rank Gantt timelines.
 
-Every function takes the table it plots (a pandas DataFrame from ``simlib.experiments`` or
+Every function takes the table it plots (a pandas DataFrame from ``simlib.lessons.scaling`` or
 ``simlib.timeline``) and an optional matplotlib ``ax``; it returns the ``ax`` so a notebook can add to it.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``RegressionTask`` is the lessons' MLP regression (``y = tanh(x W) + noise``, ``simlib.models``) made a
 task: a fixed training set walked through in global batches, a held-out set for the eval loss. The GPT
-project's task is :class:`simlib.gpt_task.GPTTask`.
+project's task is :class:`simlib.projects.gpt.GPTTask`.
 """
 from __future__ import annotations
 
@@ -41,10 +41,14 @@ class RegressionTask:
         torch.manual_seed(self.seed)
         return DropoutMLP(self.width, self.depth, self.dropout) if self.dropout else MLP(self.width, self.depth)
 
-    def batch(self, step: int):
-        """Global batch ``step``: consecutive rows of the training set, wrapping around (same for every plan)."""
-        n = self.num_samples
-        idx = (torch.arange(self.global_batch) + step * self.global_batch) % n
+    def batch(self, step: int, part: int = 0, parts: int = 1):
+        """Global batch ``step``: consecutive rows of the training set, wrapping around (same for every plan);
+        ``part`` of ``parts``: only that contiguous block of it (a DP rank reads its share, not the whole batch)."""
+        if self.global_batch % parts or not 0 <= part < parts:
+            raise ValueError(f"global batch {self.global_batch} does not split into {parts} equal parts "
+                             f"(part {part} asked)")
+        size = self.global_batch // parts
+        idx = (torch.arange(part * size, (part + 1) * size) + step * self.global_batch) % self.num_samples
         return self._x[idx], self._y[idx]
 
     def loss(self, output, target):

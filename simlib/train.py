@@ -21,10 +21,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import guards
 from .checkpoint import rng_state, set_rng_state  # noqa: F401 - every generator a step may use
 from .parallel.data import MODES as DP_VARIANTS
 from .parallel.mesh import Mesh
-from .parallelize import ParallelModel, build_optimizer, clip_grad_norm, parallelize  # noqa: F401
+from .parallelize import ParallelModel, build_optimizer, clip_grad_norm, parallelize, unique_parameters  # noqa: F401
 from .record import RecordWriter, RunRecord, build_summary, step_row, time_to_target
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -55,9 +56,11 @@ class Plan:
     tp: int = 1                          # tensor-parallel degree (attention by heads, MLP by columns)
     pp: int = 1                          # pipeline stages
     dp_variant: str = "bucket"           # "bucket" | "flat" | "naive" (simlib.parallel.data) | "ddp" (torch)
-    accumulation: int = 1                # micro-batches per step per DP rank (pipeline micro-batches if pp > 1)
+    accumulation: int = 1                # gradient accumulation: forward+backward passes per step per DP rank
+    pp_microbatches: int | None = None   # pipeline micro-batches per pass when pp > 1 (None: pp of them)
     schedule: str = "1f1b"               # pipeline schedule when pp > 1: "gpipe" | "1f1b"
-    mixed_precision: str | None = None   # None | "bf16" (autocast, CPU or GPU) | "fp16" (GPU, GradScaler)
+    mixed_precision: str | None = None   # None | "bf16" (autocast, CPU or GPU) | "fp16" (GPU, loss scaling)
+    loss_scaling: bool | None = None     # dynamic loss scaling (None: on for fp16 only; True also works in fp32)
     activation_checkpointing: bool = False  # recompute each block's activations in backward
     zero_stage: int = 0                  # 0: plain DP; 1-3: simlib.parallel.zero
     checkpoint_dir: str | None = None    # simlib.checkpoint: resume from here if a checkpoint exists
@@ -70,6 +73,14 @@ class Plan:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"Plan.{name} must be an int >= 1, got {v!r}")
+        m = self.pp_microbatches
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise ValueError(f"Plan.pp_microbatches must be an int >= 1 or None, got {m!r}")
+        if m is not None and self.pp == 1:
+            raise ValueError(f"Plan.pp_microbatches={m} splits a pipeline's batch, but pp=1: for gradient "
+                             f"accumulation use Plan(accumulation={m})")
+        if self.loss_scaling not in (None, True, False):
+            raise ValueError(f"Plan.loss_scaling must be None, True or False, got {self.loss_scaling!r}")
         if self.dp_variant not in DP_VARIANTS:
             raise ValueError(f"Plan.dp_variant {self.dp_variant!r} is unknown: use one of {DP_VARIANTS}")
         if self.schedule not in SCHEDULES:
@@ -80,6 +91,7 @@ class Plan:
             raise ValueError(f"Plan.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("Plan.checkpoint_every needs a checkpoint_dir to save into")
+        guards.check_plan_fields(self)  # issue-21: every other field
 
     @property
     def mesh(self) -> Mesh:
@@ -90,12 +102,22 @@ class Plan:
         return self.dp * self.tp * self.pp
 
     @property
+    def microbatches(self) -> int:
+        """Pipeline micro-batches per forward+backward pass (1 without pipeline parallelism)."""
+        return 1 if self.pp == 1 else (self.pp_microbatches or self.pp)
+
+    @property
+    def scales_loss(self) -> bool:
+        """Whether the loop scales the loss (``loss_scaling``, or fp16 when it is None)."""
+        return self.mixed_precision == "fp16" if self.loss_scaling is None else self.loss_scaling
+
+    @property
     def label(self) -> str:
         """A short name for tables and plots, e.g. ``dp2 acc4`` or ``pp2 1f1b m4``."""
         parts = [f"{axis}{n}" for axis, n in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)) if n > 1]
         if self.pp > 1:
-            parts.append(f"{self.schedule} m{self.accumulation}")
-        elif self.accumulation > 1:
+            parts.append(f"{self.schedule} m{self.microbatches}")
+        if self.accumulation > 1:
             parts.append(f"acc{self.accumulation}")
         if self.mixed_precision:
             parts.append(self.mixed_precision)
@@ -103,8 +125,13 @@ class Plan:
             parts.append(f"zero{self.zero_stage}")
         return " ".join(parts) or "1 process"
 
-    def validate(self, world_size: int, task=None) -> None:
-        """Raise ``ValueError`` saying what would work if this plan cannot run ``task`` on ``world_size`` ranks."""
+    def validate(self, world_size: int | None = None, task=None) -> None:
+        """Raise ``ValueError`` saying what would work if this plan cannot run ``task`` on ``world_size`` ranks.
+
+        The one check of every combination, before anything launches: the trainer, ``simlib train`` and
+        ``sim.Strategy.from_plan`` call it (torchtitan's ``ParallelDims``). ``world_size`` None: the plan's own.
+        """
+        world_size = self.world_size if world_size is None else world_size
         if self.world_size != world_size:
             options = ", ".join(f"dp={world_size // (t * p)} tp={t} pp={p}" for t in _divisors(world_size)
                                 for p in _divisors(world_size // t))
@@ -114,19 +141,13 @@ class Plan:
             raise ValueError("tensor and pipeline parallelism together are not supported by this trainer yet: "
                              "use tp > 1 or pp > 1 (each composes with dp)")
         if self.mixed_precision == "fp16" and not torch.cuda.is_available():
-            raise ValueError("fp16 needs a GPU (a GradScaler on CUDA); on CPU use mixed_precision='bf16'")
-        if self.zero_stage and self.pp > 1:
-            raise ValueError("ZeRO with pipeline parallelism is not supported: use zero_stage=0 with pp > 1")
+            raise ValueError("fp16 needs a GPU (autocast to fp16 and loss scaling); on CPU use mixed_precision='bf16' "
+                             "(fp32's range, no scaling), or Plan(loss_scaling=True) to run the scaling path in fp32")
+        if self.zero_stage and (self.pp > 1 or self.tp > 1):
+            raise ValueError(f"zero_stage={self.zero_stage} with tp={self.tp}, pp={self.pp} is not supported: ZeRO here "
+                             "shards over data parallelism only. Use tp = pp = 1 with ZeRO, or zero_stage=0")
         if task is None:
             return
-        per_rank = self.dp * self.accumulation
-        if task.global_batch % per_rank:
-            ok = [k for k in range(1, task.global_batch + 1) if task.global_batch % (self.dp * k) == 0]
-            what = "pipeline micro-batches" if self.pp > 1 else "accumulation steps"
-            raise ValueError(f"global batch {task.global_batch} does not split into dp={self.dp} ranks x "
-                             f"{self.accumulation} {what}: with dp={self.dp} use accumulation in {ok[:8]}"
-                             f"{' ...' if len(ok) > 8 else ''}, or a global batch that is a multiple of "
-                             f"{per_rank}")
         for degree, method in ((self.tp, "tensor_parallel"), (self.pp, "pipeline_stages")):
             if degree > 1 and not hasattr(task, method):
                 raise ValueError(f"task {task.name!r} has no {method}(): it cannot be split that way; "
@@ -135,6 +156,15 @@ class Plan:
             raise ValueError(f"task {task.name!r} has no blocks(): activation checkpointing needs them")
         if hasattr(task, "check_plan"):
             task.check_plan(self)  # the model's own limits: heads, layers, widths
+        per_rank = self.dp * self.accumulation * self.microbatches
+        if task.global_batch % per_rank:
+            m = self.microbatches
+            ok = [k for k in range(1, task.global_batch + 1) if task.global_batch % (self.dp * k * m) == 0]
+            pipe = f" x {m} pipeline micro-batches" if self.pp > 1 else ""
+            raise ValueError(f"global batch {task.global_batch} does not split into dp={self.dp} ranks x "
+                             f"{self.accumulation} accumulation steps{pipe}: use accumulation in {ok[:8]}"
+                             f"{' ...' if len(ok) > 8 else ''}, or a global batch that is a multiple of "
+                             f"{per_rank}")
 
 
 def _divisors(n: int) -> list[int]:
@@ -157,12 +187,7 @@ class OptimConfig:
     grad_clip: float | None = None  # max global gradient norm (None: no clipping)
 
     def __post_init__(self):
-        if self.name not in ("adamw", "sgd"):
-            raise ValueError(f"OptimConfig.name {self.name!r} is unknown: use 'adamw' or 'sgd'")
-        if self.schedule not in ("cosine", "constant"):
-            raise ValueError(f"OptimConfig.schedule {self.schedule!r} is unknown: use 'cosine' or 'constant'")
-        if not self.lr > 0:
-            raise ValueError(f"OptimConfig.lr must be > 0, got {self.lr!r}")
+        guards.check_optim(self)  # issue-21: every field, one line naming the wrong one
 
 
 @dataclass
@@ -212,9 +237,6 @@ class TrainState:
 
 
 def _budget_steps(task, steps, tokens, samples, seconds) -> int | None:
-    given = [b for b in (steps, tokens, samples, seconds) if b is not None]
-    if len(given) != 1:
-        raise ValueError("give exactly one budget: steps=, tokens=, samples= or seconds=")
     if steps is not None:
         return int(steps)
     if samples is not None:
@@ -243,7 +265,8 @@ def _matmul_rate(device, size: int = 512, repeats: int = 5) -> float:
 def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, seconds=None,
           optim: OptimConfig = OptimConfig(), eval_every: int = 0, log_every: int = 10, out_dir=None,
           target: dict | None = None, stop_at_target: bool = False, warmup: int = 2, measure_memory: bool = True,
-          verbose: bool = True, state_type: type | None = None) -> RunRecord:
+          verbose: bool = True, state_type: type | None = None, nonfinite: str = "stop",
+          allow_changes=()) -> RunRecord:
     """Train ``task`` under ``plan`` for one budget (``steps``, ``tokens``, ``samples`` or ``seconds``).
 
     Call on every rank. ``eval_every``: evaluate every k steps (and at the end) if > 0. ``target``: e.g.
@@ -251,11 +274,15 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     reaches it (``stop_at_target``: and the run ends there). ``warmup``: first steps left out of throughput.
     ``measure_memory``: on CPU, profile the second step's allocations for its peak (that step is warm-up).
     ``state_type``: the class that holds what a checkpoint saves (default :class:`TrainState`; lesson 08's exercise
-    passes its own).
+    passes its own). ``nonfinite``: at a step whose loss or gradients hold NaN/inf, ``"stop"`` (raise
+    :class:`simlib.guards.NonFiniteError` naming the step) or ``"skip"`` (skip its update; counted in
+    ``summary["skipped_steps"]``). ``allow_changes``: fields (``"optim.lr"``, ``"task.seed"``, ``"optim"``, ``"*"``)
+    allowed to differ from the checkpoint resumed from; any other difference is refused, naming the field.
     """
     from . import env
     from .timeline import Timeline
 
+    guards.check_run_args(steps, tokens, samples, seconds, eval_every, log_every, warmup, nonfinite, target)
     ctx = env.init()
     plan.validate(ctx.world_size, task)
     total_steps = _budget_steps(task, steps, tokens, samples, seconds)
@@ -265,23 +292,38 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     optimizer, scheduler = build_optimizer(pm, plan, optim, total_steps)
     state = (state_type or TrainState)(pm.module, optimizer, scheduler, shard=_shard_name(plan, groups))
     if plan.checkpoint_dir:
-        from . import checkpoint  # issue-11: torch.distributed.checkpoint, atomic
-        checkpoint.load_latest(plan.checkpoint_dir, state)
+        from . import checkpoint  # torch.distributed.checkpoint, atomic
+        state.meta = guards.run_meta(task, plan, optim, optim.decay_steps or total_steps)
+        state.free_changes = guards.free_changes(plan)
+        if plan.checkpoint_every:
+            checkpoint.preflight(plan.checkpoint_dir, state)  # writable, room for a checkpoint: before any step
+        if checkpoint.load_latest(plan.checkpoint_dir, state, allow_changes=allow_changes) and allow_changes:
+            guards.apply_optim(optimizer, scheduler, optim)
     tokens_per_sample = getattr(task, "tokens_per_sample", 0) or 0
     matmul_rate = _matmul_rate(ctx.device)
     writer = RecordWriter(out_dir if ctx.rank == 0 else None, append=state.step > 0)
     rows, evals, peak_memory = [], [], None
     first_step, t_start = state.step, time.perf_counter()
     shardable = _accepts_part(task)
+    skipped = 0  # steps whose update was skipped for NaN/inf (nonfinite="skip")
+    local_params = [p for g in optimizer.param_groups for p in g["params"]]
 
     def one_step(x, y):
         optimizer.zero_grad(set_to_none=True)
         loss = pm.forward_backward(x, y)
         with tl.span("optimizer"):
-            norm = clip_grad_norm(pm, optim.grad_clip) if optim.grad_clip else None
-            optimizer.step()
-            scheduler.step()
-        return loss, norm
+            # loss scaling (fp16): gradients back to their true size; a step with inf/NaN on any rank is skipped
+            # by the scaler (that is its job), so then only the loss is checked for divergence
+            finite = pm.scaler.unscale_(unique_parameters(pm.module)) if pm.scaler is not None else True
+            norm = clip_grad_norm(pm, optim.grad_clip) if optim.grad_clip and finite else None
+            bad = guards.nonfinite(loss, local_params if finite else [], norm, ctx.device)  # same on every rank
+            if finite and not bad:
+                optimizer.step()
+            if pm.scaler is not None:
+                pm.scaler.update()
+            if not bad:
+                scheduler.step()
+        return loss, norm, bad
 
     while True:
         step = state.step
@@ -290,9 +332,14 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
         if seconds is not None and _agree_stop(state.train_time >= seconds, ctx.device):
             break
         index = state.data_step  # the data position (equal to step unless a checkpoint was restored in part)
-        x, y = (task.batch(index, part=groups.dp_rank, parts=plan.dp) if shardable else pm.shard(*task.batch(index)))
         if shardable:
+            x, y = task.batch(index, part=groups.dp_rank, parts=plan.dp)
+            guards.check_batch(x, y, task.global_batch // plan.dp, index, task.name, ctx.rank, "batch part")
             x, y = x.to(ctx.device), y.to(ctx.device)
+        else:
+            x, y = task.batch(index)
+            guards.check_batch(x, y, task.global_batch, index, task.name, ctx.rank)
+            x, y = pm.shard(x, y)
         lr = scheduler.get_last_lr()[0]
         t0 = time.perf_counter()
         with tl.step(step):
@@ -300,9 +347,15 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
                 from .parallel.accumulate import peak_memory as measure
                 box = {}
                 peak_memory = measure(lambda: box.update(out=one_step(x, y)))
-                loss, norm = box["out"]
+                loss, norm, bad = box["out"]
             else:
-                loss, norm = one_step(x, y)
+                loss, norm, bad = one_step(x, y)
+        if bad:
+            if nonfinite == "stop":
+                from .checkpoint import latest
+                newest = latest(plan.checkpoint_dir) if plan.checkpoint_dir else None
+                raise guards.NonFiniteError(guards.nonfinite_message(step, bad, lr, newest.name if newest else None))
+            skipped += 1
         step_time = time.perf_counter() - t0
         state.train_time += step_time
         state.step += 1
@@ -314,6 +367,8 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
             row = step_row(step, pm.global_loss(loss), state, lr, step_time, tl, norm, tokens_per_sample)
             if peak_memory is not None and step == first_step + 1:
                 row["peak_memory"] = peak_memory
+            if pm.scaler is not None:
+                row["loss_scale"], row["skipped_steps"] = pm.scaler.scale, pm.scaler.skipped
             rows.append(row)
             writer.write(row)
             if verbose and ctx.rank == 0:
@@ -334,6 +389,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     timeline = tl.gather()
     summary = build_summary(task, plan, ctx, state, timeline, rows, evals, target, peak_memory,
                             matmul_rate, time.perf_counter() - t_start)
+    summary["skipped_steps"] = skipped
     writer.finish(summary)
     return RunRecord(rows=rows, evals=evals, summary=summary, timeline=timeline, model=pm)
 

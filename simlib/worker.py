@@ -152,7 +152,7 @@ def worker_main(address, authkey: bytes, spec: dict) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported to the caller
         flush_output()
         chan.send(("fatal", rank, RemoteFailure.from_exception(rank, exc)))
-        return
+        sys.exit(1)  # a failure for the agent too (exit code 0 would read as "finished", with no reason given)
     chan.send(("ready", rank))
     while True:
         try:

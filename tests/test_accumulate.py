@@ -2,8 +2,9 @@
 import pytest
 import torch
 
+from simlib.lessons import accumulation as L
+from simlib.lessons import data_parallel as D
 from simlib.parallel import accumulate as A
-from simlib.parallel import data as D
 
 CONFIG = dict(steps=2, global_batch=48, width=32, depth=3, lr=0.05)
 
@@ -19,11 +20,11 @@ def _close(state, ref):
 
 
 def test_single_process_accumulation_equals_big_batch(reference):
-    _close(A.run_accumulation(accumulation_steps=4, **CONFIG)["state"], reference)
+    _close(L.run_accumulation(accumulation_steps=4, **CONFIG)["state"], reference)
 
 
 def test_missing_one_over_k_is_wrong(reference):
-    bad = A.run_accumulation(accumulation_steps=4, scale_loss=False, **CONFIG)["state"]
+    bad = L.run_accumulation(accumulation_steps=4, scale_loss=False, **CONFIG)["state"]
     with pytest.raises(AssertionError):
         _close(bad, reference)
 
@@ -32,8 +33,8 @@ def test_missing_one_over_k_is_wrong(reference):
 def test_ddp_no_sync_matches_and_saves_messages(request, reference, world):
     cluster = request.getfixturevalue(f"cluster{world}")
     k = 3 if world == 4 else 4  # 48 samples: 12 per rank on 4 ranks, 3 micro-batches of 4
-    synced = cluster.call(A.run_accumulation, (k,), dict(CONFIG, use_no_sync=False), timeout=60)
-    skipped = cluster.call(A.run_accumulation, (k,), dict(CONFIG, use_no_sync=True), timeout=60)
+    synced = cluster.call(L.run_accumulation, (k,), dict(CONFIG, use_no_sync=False), timeout=60)
+    skipped = cluster.call(L.run_accumulation, (k,), dict(CONFIG, use_no_sync=True), timeout=60)
     for out in synced + skipped:
         _close(out["state"], reference)
     assert synced[0]["all_reduce_calls"] == k * skipped[0]["all_reduce_calls"]
@@ -42,7 +43,7 @@ def test_ddp_no_sync_matches_and_saves_messages(request, reference, world):
 
 @pytest.mark.parametrize("mode", ["naive", "bucket"])
 def test_simlib_wrappers_no_sync(cluster2, reference, mode):
-    for out in cluster2.call(A.run_accumulation, (2,), dict(CONFIG, mode=mode, bucket_cap_mb=0.004), timeout=60):
+    for out in cluster2.call(L.run_accumulation, (2,), dict(CONFIG, mode=mode, bucket_cap_mb=0.004), timeout=60):
         _close(out["state"], reference)
 
 

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from simlib.lessons import data_parallel as L
 from simlib.parallel import data as D
 
 CONFIG = dict(steps=3, global_batch=48, width=32, depth=3, lr=0.05)
@@ -10,7 +11,7 @@ TOL = dict(rtol=1e-5, atol=1e-6)  # float32 sums in a different order: equal to 
 
 @pytest.fixture(scope="module")
 def reference():
-    return D.reference_run(**CONFIG)
+    return L.reference_run(**CONFIG)
 
 
 @pytest.mark.parametrize("mode", D.MODES)
@@ -18,7 +19,7 @@ def reference():
 def test_matches_single_process(request, reference, mode, world):
     cluster = request.getfixturevalue(f"cluster{world}")
     # a tiny bucket cap gives several buckets, so the hook/bucket bookkeeping is exercised
-    outs = cluster.call(D.run_data_parallel, (mode,), dict(CONFIG, bucket_cap_mb=0.004), timeout=60)
+    outs = cluster.call(L.run_data_parallel, (mode,), dict(CONFIG, bucket_cap_mb=0.004), timeout=60)
     for out in outs:
         assert out["state"].keys() == reference["state"].keys()
         for name, value in reference["state"].items():
@@ -30,7 +31,7 @@ def test_matches_single_process(request, reference, mode, world):
 
 
 def test_bucket_overlaps_and_counts(cluster2):
-    out = cluster2.call(D.run_data_parallel, ("bucket",), dict(CONFIG, bucket_cap_mb=0.004, timeline=True),
+    out = cluster2.call(L.run_data_parallel, ("bucket",), dict(CONFIG, bucket_cap_mb=0.004, timeline=True),
                         timeout=60)[0]
     df = out["timeline"]
     rank0 = df[(df["rank"] == 0) & (df["step"] == 1)]
@@ -82,7 +83,7 @@ def _dp_in_mesh(mode, width=8, batch=12, steps=2):
     x, y = make_regression(batch, width, seed=1)
     dp = D.wrap(model, mode, bucket_cap_mb=1e-9, group=groups.dp_group)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    D.train_steps(dp, opt, shard(x, groups.dp_rank, 2), shard(y, groups.dp_rank, 2), steps)
+    L.train_steps(dp, opt, shard(x, groups.dp_rank, 2), shard(y, groups.dp_rank, 2), steps)
     return groups.tp_rank, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -94,7 +95,7 @@ def test_group_aware_inside_a_mesh(cluster4, mode):
         torch.manual_seed(10 + tp_rank)
         model = MLP(8, 2)
         x, y = make_regression(12, 8, seed=1)
-        D.train_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y, 2)
+        L.train_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y, 2)
         for name, value in model.state_dict().items():
             torch.testing.assert_close(state[name], value, **TOL, msg=f"{mode} tp_rank {tp_rank} {name}")
 

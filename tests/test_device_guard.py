@@ -14,7 +14,7 @@ def _train(task_name, budget=None, **plan):
     def run():
         from simlib.train import Plan, train
         if task_name == "gpt":
-            from simlib.gpt_task import GPTTask
+            from simlib.projects.gpt import GPTTask
             task = GPTTask.quick()
         else:
             from simlib.tasks import RegressionTask
@@ -25,10 +25,12 @@ def _train(task_name, budget=None, **plan):
 
 def _lesson(name):
     def run():
-        from simlib import collectives, experiments
-        from simlib.parallel import accumulate, data
-        from simlib.parallel import pipeline_experiments as pe
-        from simlib.parallel import tensor_experiments as te
+        from simlib import collectives
+        from simlib.lessons import scaling as experiments
+        from simlib.lessons import accumulation as accumulate
+        from simlib.lessons import data_parallel as data
+        from simlib.lessons import pipeline as pe
+        from simlib.lessons import tensor as te
         from simlib.sim import validate
         return {
             "experiments.dp_train": lambda: experiments.dp_train(width=32, depth=2, local_batch=8, steps=2, warmup=1),
@@ -57,7 +59,7 @@ RUNNERS = {
     "train mlp dp flat": (_train("mlp", dp=2, dp_variant="flat"), 2),
     "train gpt dp": (_train("gpt", dp=2), 2),
     "train gpt tp": (_train("gpt", tp=2), 2),
-    "train gpt pp 1f1b": (_train("gpt", pp=2, accumulation=2), 2),
+    "train gpt pp 1f1b": (_train("gpt", pp=2, pp_microbatches=2), 2),
     "train gpt dp x tp": (_train("gpt", dp=2, tp=2), 4),
     "train gpt recompute": (_train("gpt", dp=2, activation_checkpointing=True), 2),
 }

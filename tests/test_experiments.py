@@ -4,7 +4,8 @@ import json
 import pandas as pd
 import pytest
 
-from simlib import cli, experiments
+from simlib import cli
+from simlib.lessons import scaling as experiments
 
 
 def test_scaling_cli_quick(tmp_path, capsys):

@@ -55,8 +55,27 @@ def test_timeline_times_gpu_work_with_cuda_events():
 
 
 def test_scaling_sweep_runs_on_gpus():
-    from simlib import experiments
+    from simlib.lessons import scaling as experiments
 
     sizes = [w for w in (1, 2, 4, 8) if w <= torch.cuda.device_count()]
     table = experiments.scaling(sizes, width=512, depth=2, global_batch=512, steps=5, warmup=2, progress=False)
     assert table.attrs["device"] == "cuda" and (table["step_time"] > 0).all()
+
+
+def _fp16_gpt(steps=6):
+    from simlib.projects.gpt import GPTTask
+    from simlib.train import OptimConfig, Plan, train
+    record = train(GPTTask.quick(), Plan(dp=2, mixed_precision="fp16"), steps=steps, log_every=1, verbose=False,
+                   optim=OptimConfig(lr=1e-3, grad_clip=1.0))
+    return [(r["loss"], r["loss_scale"], r["skipped_steps"]) for r in record.rows]
+
+
+def test_fp16_trains_with_loss_scaling_in_the_loop():
+    """Plan(mixed_precision="fp16") on a GPU: the loop scales the loss (the scale logged each step), the losses stay
+    finite and fall, and both ranks (sharing the GPU over Gloo) log the same scale."""
+    outs = simlib.launch(_fp16_gpt, 2, backend="gloo", device="cuda:0")
+    for rows in outs:
+        losses, scales, _ = zip(*rows)
+        assert all(torch.isfinite(torch.tensor(losses))), rows
+        assert losses[-1] < losses[0] and all(s > 0 for s in scales), rows
+    assert [r[1:] for r in outs[0]] == [r[1:] for r in outs[1]]

@@ -69,6 +69,6 @@ def test_the_grader_starts_kernels_without_the_tcp_warning(tmp_path, capfd):
 
 def test_the_quick_gpt_target_is_below_the_unigram_baseline():
     """Reaching project 1's quick target must mean the model learned something about context."""
-    from simlib import project_gpt, text
+    from simlib.projects.gpt import run as project_gpt, text
     assert project_gpt.settings(True)["target"]["eval_loss"] < text.unigram_cross_entropy()
     assert project_gpt.settings(False)["target"]["eval_loss"] < text.unigram_cross_entropy()

@@ -6,8 +6,8 @@ import cloudpickle
 import pytest
 import torch
 
-from simlib import project_gpt, text
-from simlib.gpt_task import GPTTask
+from simlib.projects.gpt import GPTTask, text
+from simlib.projects.gpt import run as project_gpt
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -41,7 +41,7 @@ def test_gpt_shapes_and_parameter_count():
 def _tp_dense():
     import torch.distributed as dist
 
-    from simlib import gpt
+    from simlib.projects.gpt import model as gpt
     from simlib.train import OptimConfig, Plan, train
     task = GPTTask.quick()
     record = train(task, Plan(tp=2), steps=2, optim=OptimConfig(lr=1e-2), eval_every=2, verbose=False,

@@ -206,7 +206,7 @@ def test_a_model_that_cannot_fit_says_so():
     assert not p.fits
     with pytest.raises(sim.DoesNotFit):
         sim.predict(big, sim.dgx_a100(), sim.Strategy(), require_fit=True)
-    assert sim.min_devices_to_fit(big, sim.dgx_a100()) == math.ceil(big.params * 16 / 72e9)
+    assert sim.min_devices_to_fit(big, sim.dgx_a100()) == math.ceil(big.params * 16 / (0.9 * 80 * 2 ** 30))
 
 
 # ── strategy validation ──

@@ -29,7 +29,7 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def _task():
-    from simlib.gpt_task import GPTTask
+    from simlib.projects.gpt import GPTTask
     return GPTTask.quick()
 
 
@@ -69,9 +69,10 @@ def reference():
 
 
 PLANS2 = [Plan(dp=2), Plan(dp=2, accumulation=2), Plan(dp=2, accumulation=2, dp_variant="ddp"),
-          Plan(dp=2, activation_checkpointing=True), Plan(tp=2), Plan(pp=2, accumulation=2),
-          Plan(pp=2, accumulation=4, schedule="gpipe")]
-PLANS4 = [Plan(dp=2, tp=2), Plan(dp=2, pp=2, accumulation=2)]
+          Plan(dp=2, activation_checkpointing=True), Plan(tp=2), Plan(pp=2, pp_microbatches=2),
+          Plan(pp=2, pp_microbatches=2, accumulation=2, schedule="gpipe"),
+          Plan(dp=2, accumulation=2, loss_scaling=True)]  # fp16's loss scaling, GPU-free: exact in fp32
+PLANS4 = [Plan(dp=2, tp=2), Plan(dp=2, pp=2, pp_microbatches=2, accumulation=2, loss_scaling=True)]
 
 
 @pytest.mark.parametrize("world, plans", [(2, PLANS2), (4, PLANS4)], ids=["2 ranks", "4 ranks"])
@@ -98,6 +99,8 @@ def test_bf16_autocast_stays_close(cluster2, reference):
     (Plan(pp=3), 3, "use pp <= 2"),
     (Plan(dp=2, accumulation=3), 2, "does not split into dp=2 ranks x 3 accumulation steps"),
     (Plan(tp=2, pp=2), 4, "not supported"),
+    (Plan(dp=1, tp=2, zero_stage=1), 2, "ZeRO here shards over data parallelism only"),
+    (Plan(pp=2, pp_microbatches=3), 2, "x 3 pipeline micro-batches"),
 ])
 def test_bad_plans_say_what_would_work(plan, world, words):
     with pytest.raises(ValueError, match=words):
@@ -182,3 +185,17 @@ def test_activation_checkpointing_recomputes_what_the_forward_runs():
     bad = StrayBlocks()
     with guarded(world_size=1), pytest.raises(ValueError, match="not part of the model"):
         parallelize(bad.build_model(), plan.mesh.build(), plan, bad, "cpu")
+
+
+def test_the_simulator_reads_the_same_plan():
+    """sim.Strategy.from_plan: the trainer's plan priced as it runs, and refused where the trainer refuses it."""
+    from simlib import sim
+    s = sim.Strategy.from_plan(Plan(dp=2, accumulation=4, zero_stage=1, activation_checkpointing=True), 64)
+    assert (s.dp, s.micro_batch, s.num_micro_batches, s.zero_stage, s.recompute, s.dtype) == (2, 8, 4, 1, "full",
+                                                                                               "fp32")
+    s = sim.Strategy.from_plan(Plan(pp=2, pp_microbatches=4, schedule="gpipe"), 32)
+    assert (s.pp, s.micro_batch, s.num_micro_batches, s.schedule) == (2, 8, 4, "gpipe")
+    with pytest.raises(ValueError, match="ZeRO here shards over data parallelism only"):
+        sim.Strategy.from_plan(Plan(tp=2, zero_stage=2), 64)
+    with pytest.raises(ValueError, match="one pipeline flush per step"):
+        sim.Strategy.from_plan(Plan(pp=2, accumulation=2), 64)

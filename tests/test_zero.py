@@ -11,7 +11,7 @@ import cloudpickle
 import pytest
 import torch
 
-from simlib.parallel import zero_experiments as ze
+from simlib.lessons import memory as ze
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -108,7 +108,7 @@ def _edge_cases():
     import torch.distributed as dist
     from torch import nn
 
-    from simlib.parallel import zero
+    from simlib.parallel import zero, zero3
     rank = dist.get_rank()
     out = {}
     # frozen parameters stay whole and untouched; the rest trains as in one process
@@ -116,7 +116,7 @@ def _edge_cases():
     model, _, _ = ze._problem(8, 2, 8, 0)
     for m in (ref, model):
         m.embed.requires_grad_(False)
-    z = zero.Zero3(model)
+    z = zero3.Zero3(model)
     opt = torch.optim.SGD(z.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.1)
     n = dist.get_world_size()
@@ -130,14 +130,14 @@ def _edge_cases():
     # mixed dtypes: one bf16 block; flat shards per dtype
     model, _, _ = ze._problem(8, 2, 8, 0)
     model.blocks[1].to(torch.bfloat16)
-    z = zero.Zero3(model)
+    z = zero3.Zero3(model)
     out["dtypes"] = sorted(str(s.dtype) for s in z.parameters())
     # errors that name the rank and the remedy
     for name, fn in {
-        "lbfgs": lambda: zero.check_elementwise(torch.optim.LBFGS, rank),
+        "lbfgs": lambda: zero3.check_elementwise(torch.optim.LBFGS, rank),
         "no_optimizer": lambda: zero.ZeroDataParallel(ze._problem(8, 1, 8, 0)[0], stage=2)(x).sum().backward(),
         "batch": lambda: ze.run_memory("zero1", global_batch=7, measure_peak=False),
-        "tied": lambda: zero.Zero3(_tied_across_blocks()),
+        "tied": lambda: zero3.Zero3(_tied_across_blocks()),
     }.items():
         try:
             fn()
@@ -252,7 +252,7 @@ def test_master_weights_layout_is_2_2_12():
 def _recompute_peaks():
     from simlib.models import BlockMLP
     from simlib.parallel.recompute import checkpoint_blocks, uncheckpoint
-    from simlib.parallel.zero_experiments import peak_bytes
+    from simlib.lessons.memory import peak_bytes
     torch.manual_seed(0)
     model = BlockMLP(64, 4)
     x = torch.randn(2048, 64)  # activations (~2.6 MB a block) well above the states (~0.7 MB)

@@ -407,7 +407,8 @@ def _accumulation_harness(answer, k, steps, lr):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ..parallel.accumulate import count_all_reduces, split_micro_batches
+    from ..lessons.data_parallel import count_all_reduces
+    from ..parallel.accumulate import split_micro_batches
     model, x, y = _tiny_problem()
     probe = DDP(copy.deepcopy(model))  # how many all-reduces one synced backward makes (DDP's buckets)
     probe_count = count_all_reduces(probe)

@@ -31,7 +31,7 @@ def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr
     import torch
     import torch.distributed as dist
 
-    from ..parallel.zero_experiments import _problem
+    from ..lessons.memory import _problem
     rank, n = dist.get_rank(), dist.get_world_size()
     model, x, y = _problem(width, depth, global_batch, 0)  # seeded: the same weights on every rank
     initial = {k: v.clone() for k, v in model.state_dict().items()}
@@ -50,7 +50,7 @@ def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr
 
 @exercise("sharded_optimizer")
 def _check_sharded_optimizer(answer, grader):
-    from ..parallel.zero_experiments import reference
+    from ..lessons.memory import reference
     ref = reference(**_SO)
     for world_size in (2, 4):
         outs = grader.run(world_size, _sharded_optimizer_harness, answer, *_SO.values())

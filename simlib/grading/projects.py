@@ -24,7 +24,7 @@ def _runs(root: Path) -> dict:
 
 @exercise("gpt_plan")
 def _gpt_plan(answer, grader, root=None):
-    from ..project_gpt import load_final_model
+    from ..projects.gpt.run import load_final_model
 
     root = Path(root) if root is not None else RESULTS
     runs = _runs(root)

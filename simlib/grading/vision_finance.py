@@ -91,7 +91,7 @@ def _vision_milestone(answer, grader):
 def _finance_milestone(answer, grader):
     import torch
 
-    from ..projects import finance
+    from ..projects.finance import task as finance
     from ..projects.runner import load_state
 
     task, summary, state = _unpack(answer)

@@ -14,10 +14,9 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-__all__ = ["split_micro_batches", "accumulation_step", "peak_memory", "run_accumulation", "count_all_reduces"]
+__all__ = ["split_micro_batches", "accumulation_step", "peak_memory"]
 
 
 def split_micro_batches(x: torch.Tensor, y: torch.Tensor, accumulation_steps: int):
@@ -35,7 +34,7 @@ def _check_k(k) -> int:
 
 
 def accumulation_step(model, optimizer, micro_batches, loss_fn=nn.functional.mse_loss, scale_loss: bool = True,
-                      use_no_sync: bool = True, timeline=None) -> float:
+                      use_no_sync: bool = True, timeline=None, autocast=nullcontext, loss_scale: float = 1.0) -> float:
     """One optimizer step over ``micro_batches``; returns the mean loss over all their samples.
 
     Each micro-batch's loss is weighted by its share of the samples, n_i / N (1/k when they are equal), so
@@ -43,6 +42,9 @@ def accumulation_step(model, optimizer, micro_batches, loss_fn=nn.functional.mse
     the whole batch; ``loss_fn`` must average over the samples of a batch (``reduction="mean"``).
     ``scale_loss=False`` reproduces the missing-1/k bug; ``use_no_sync=False`` communicates on every
     micro-batch (same result, k times the messages). Works for a plain module, DDP, or simlib's wrappers.
+    ``optimizer=None``: gradients only (``simlib.train`` steps itself, after unscaling and clipping);
+    ``autocast``: the context of each forward (mixed precision); ``loss_scale``: multiplies each loss before
+    backward (fp16 loss scaling; the returned loss is unscaled).
     """
     micro_batches = list(micro_batches)
     k = len(micro_batches)
@@ -59,17 +61,19 @@ def accumulation_step(model, optimizer, micro_batches, loss_fn=nn.functional.mse
         last = i == k - 1
         skip_sync = use_no_sync and not last and hasattr(model, "no_sync")
         with model.no_sync() if skip_sync else nullcontext():
-            with timeline.span("forward") if timeline is not None else nullcontext():
+            with timeline.span("forward") if timeline is not None else nullcontext(), autocast():
                 loss = loss_fn(model(x), y)
             with timeline.span("backward") if timeline is not None else nullcontext():
                 weight = sizes[i] / total_size  # = 1/k for equal micro-batches
-                (loss * weight if scale_loss else loss).backward()
+                scaled = loss * weight if scale_loss else loss
+                (scaled * loss_scale if loss_scale != 1 else scaled).backward()
             if finish is not None and (last or not use_no_sync):
                 finish()  # simlib wrappers: waits for / runs the all-reduce; inside no_sync a no-op
         total += float(loss.detach()) * sizes[i]
-    with timeline.span("optimizer") if timeline is not None else nullcontext():
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=False)
+    if optimizer is not None:
+        with timeline.span("optimizer") if timeline is not None else nullcontext():
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
     return total / total_size
 
 
@@ -110,68 +114,3 @@ def _native_stderr_silenced():
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
-
-
-def count_all_reduces(ddp_model, timeline=None) -> dict:
-    """Register a DDP comm hook that counts all-reduce calls and bytes; returns the live counter dict.
-
-    The hook does what DDP's default does (divide by world size, all-reduce the bucket); with a
-    timeline, each bucket's all-reduce is a comm span from launch to completion.
-    """
-    import time
-    counter = {"calls": 0, "bytes": 0}
-
-    def hook(state, bucket):
-        counter["calls"] += 1
-        counter["bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
-        tensor = bucket.buffer().div_(dist.get_world_size())
-        start, step = time.perf_counter(), timeline.current_step if timeline is not None else None
-
-        def done(fut):
-            if timeline is not None:
-                timeline.add("comm", start, time.perf_counter(), name=f"bucket {bucket.index()}", step=step)
-            return fut.value()[0]
-
-        return dist.all_reduce(tensor, async_op=True).get_future().then(done)
-
-    ddp_model.register_comm_hook(None, hook)
-    return counter
-
-
-def run_accumulation(accumulation_steps: int = 4, steps: int = 3, global_batch: int = 64, width: int = 64,
-                     depth: int = 3, lr: float = 0.05, seed: int = 0, mode: str = "ddp",
-                     use_no_sync: bool = True, scale_loss: bool = True, warmup: int = 0,
-                     timeline: bool = False, bucket_cap_mb: float = 25.0) -> dict:
-    """One rank of data parallelism with accumulation (call on every rank, or in one process).
-
-    Each rank's shard of the global batch is split into ``accumulation_steps`` micro-batches, so the
-    result must equal ``reference_run`` on the whole global batch. Returns the final state, the losses,
-    the number of all-reduce calls and bytes (for DDP), and with ``timeline=True`` the gathered timeline.
-    """
-    from ..models import shard
-    from ..timeline import Timeline, summarize
-    from .data import _setup, wrap
-    distributed = dist.is_initialized() and dist.get_world_size() > 1
-    rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    from ..env import device as _device
-    dev = _device()
-    model, x, y = _setup(width, depth, global_batch, seed)
-    model = model.to(dev)
-    x, y = shard(x, rank, world_size).to(dev), shard(y, rank, world_size).to(dev)
-    tl = Timeline(warmup=warmup, device=dev) if timeline else None
-    dp_model = wrap(model, mode, bucket_cap_mb, tl) if distributed else model
-    counter = count_all_reduces(dp_model, tl) if mode == "ddp" and distributed else None
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    micro_batches = split_micro_batches(x, y, accumulation_steps)
-    losses = []
-    for step in range(steps):
-        with tl.step(step) if tl is not None else nullcontext():
-            losses.append(accumulation_step(dp_model, opt, micro_batches, scale_loss=scale_loss,
-                                            use_no_sync=use_no_sync, timeline=tl))
-    out = {"state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, "losses": losses,
-           "all_reduce_calls": counter["calls"] if counter else None,
-           "all_reduce_bytes": counter["bytes"] if counter else None}
-    if timeline:
-        df = tl.gather()
-        out["timeline"], out["summary"] = df, summarize(df)
-    return out

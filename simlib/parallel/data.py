@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = ["broadcast_parameters", "DataParallelNaive", "DataParallelFlat", "DataParallelBucket",
-           "make_buckets", "MODES", "wrap", "train_steps", "run_data_parallel", "reference_run"]
+           "make_buckets", "MODES", "wrap"]
 
 
 def broadcast_parameters(module: nn.Module, src: int = 0, group=None) -> None:
@@ -358,7 +358,7 @@ class DataParallelBucket(_DataParallel):
                 offset += p.numel()
 
 
-# ───────────────────────── one training loop for every variant ─────────────────────────
+# ───────────────────────── every variant by name ─────────────────────────
 
 MODES = ("naive", "flat", "bucket", "ddp")
 
@@ -383,70 +383,3 @@ def wrap(model: nn.Module, mode: str, bucket_cap_mb: float = 25.0, timeline=None
         return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb, process_group=group,
                                                    find_unused_parameters=find_unused_parameters)
     raise ValueError(f"unknown mode {mode!r}: use one of {MODES}")
-
-
-def train_steps(model, optimizer, x, y, steps: int, timeline=None, loss_fn=nn.functional.mse_loss):
-    """``steps`` plain steps on this rank's (x, y); returns the losses. Works for any wrapper or none."""
-    finish = getattr(model, "finish_gradient_synchronization", None)
-    losses = []
-    for step in range(steps):
-        with timeline.step(step) if timeline is not None else nullcontext():
-            optimizer.zero_grad(set_to_none=False)
-            with _span(timeline, "forward"):
-                loss = loss_fn(model(x), y)
-            with _span(timeline, "backward"):
-                loss.backward()
-            if finish is not None:
-                finish()
-            with _span(timeline, "optimizer"):
-                optimizer.step()
-        losses.append(float(loss.detach()))
-    return losses
-
-
-def _setup(width, depth, global_batch, seed):
-    from ..models import MLP, make_regression
-    torch.manual_seed(seed)
-    model = MLP(width, depth)
-    x, y = make_regression(global_batch, width, seed=seed + 1)
-    return model, x, y
-
-
-def reference_run(steps: int = 3, global_batch: int = 64, width: int = 64, depth: int = 3, lr: float = 0.05,
-                  seed: int = 0) -> dict:
-    """The single-process run on the whole global batch that every data-parallel run must equal."""
-    model, x, y = _setup(width, depth, global_batch, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    losses = train_steps(model, opt, x, y, steps)
-    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses}
-
-
-def run_data_parallel(mode: str = "bucket", steps: int = 3, global_batch: int = 64, width: int = 64,
-                      depth: int = 3, lr: float = 0.05, seed: int = 0, bucket_cap_mb: float = 25.0,
-                      warmup: int = 0, timeline: bool = False) -> dict:
-    """One rank of a data-parallel run (call on every rank): same model and data as :func:`reference_run`.
-
-    Rank r trains on the r-th contiguous shard of the global batch. Returns this rank's final state,
-    its losses, and with ``timeline=True`` the gathered timeline (every rank) and its summary.
-    Outside a process group (or with one rank) it trains the plain model: the one-process measurement.
-    """
-    from ..models import shard
-    from ..timeline import Timeline, summarize
-    distributed = dist.is_initialized() and dist.get_world_size() > 1
-    rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    from ..env import device as _device
-    dev = _device()
-    model, x, y = _setup(width, depth, global_batch, seed)
-    model, x, y = model.to(dev), x.to(dev), y.to(dev)
-    tl = Timeline(rank=rank, warmup=warmup, device=dev) if timeline else None
-    dp_model = wrap(model, mode, bucket_cap_mb, tl) if distributed else model
-    if distributed and mode == "ddp" and tl is not None:  # DDP is opaque: a comm hook shows its buckets on the timeline
-        from .accumulate import count_all_reduces
-        count_all_reduces(dp_model, tl)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    losses = train_steps(dp_model, opt, shard(x, rank, world_size), shard(y, rank, world_size), steps, tl)
-    out = {"state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, "losses": losses}
-    if timeline:
-        df = tl.gather()
-        out["timeline"], out["summary"] = df, summarize(df)
-    return out

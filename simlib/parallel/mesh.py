@@ -65,16 +65,24 @@ class Mesh:
             raise ValueError(f"mesh dp={self.dp} x pp={self.pp} x tp={self.tp} needs {self.world_size} ranks, "
                              f"the world has {world_size}")
 
-    def build(self) -> "MeshGroups":
-        """Create the process groups (a collective: every rank calls it, in the same order)."""
+    def build(self, timeout: float | None = None) -> "MeshGroups":
+        """Create the process groups (a collective: every rank calls it, in the same order).
+
+        ``timeout`` (seconds) bounds every collective on them; default: the world group's (``simlib.init``'s
+        ``timeout``), never torch's 30-minute default, so a stopped peer fails the run in that time."""
+        import datetime
+
         import torch.distributed as dist
+
+        from .. import env
 
         rank = dist.get_rank()
         self.check_world(dist.get_world_size())
+        limit = datetime.timedelta(seconds=timeout) if timeout is not None else env.collective_timeout()
         mine = {}
         for axis in AXES:  # every rank must take part in creating every group
             for ranks in self.groups_of(axis):
-                group = dist.new_group(ranks)
+                group = dist.new_group(ranks, timeout=limit)
                 if rank in ranks:
                     mine[axis] = group
         c = self.coords(rank)

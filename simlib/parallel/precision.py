@@ -19,7 +19,7 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-__all__ = ["DTYPES", "autocast", "MasterWeightsOptimizer", "bytes_per_parameter", "loss_scaling_demo"]
+__all__ = ["DTYPES", "autocast", "LossScaler", "MasterWeightsOptimizer", "bytes_per_parameter", "loss_scaling_demo"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None, "fp32": None}
 
@@ -33,6 +33,72 @@ def autocast(device, precision: str | None):
         raise ValueError("fp16 autocast needs a GPU here (and loss scaling); on CPU use mixed_precision='bf16', "
                          "which has fp32's range and needs no scaling")
     return nullcontext() if DTYPES[precision] is None else torch.autocast(device_type, dtype=DTYPES[precision])
+
+
+class LossScaler:
+    """Dynamic loss scaling, as ``torch.amp.GradScaler`` does it, with the skip decided by every rank together.
+
+        scaler = LossScaler()
+        (loss * scaler.scale).backward()
+        if scaler.unscale_(params):       # grads / scale; False when any rank found inf/NaN (one all-reduce)
+            optimizer.step()              # skipped otherwise: every rank skips the same step
+        scaler.update()                   # halve the scale after an overflow, double it after a run of good steps
+
+    Why not GradScaler itself: it checks only this rank's gradients. Under tensor, pipeline or ZeRO-2/3
+    parallelism ranks hold different gradients, so one rank could skip a step that another takes and the
+    replicas would drift apart silently (torch's ``ShardedGradScaler`` agrees the same way for FSDP).
+    Works on any device and dtype, so the loop's scaling path is tested on CPU in fp32 (power-of-two scales
+    are exact there).
+    """
+
+    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000, group=None):
+        if not init_scale > 0 or not growth_factor > 1 or not 0 < backoff_factor < 1 or growth_interval < 1:
+            raise ValueError("LossScaler needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
+                             f"growth_interval >= 1; got {init_scale}, {growth_factor}, {backoff_factor}, "
+                             f"{growth_interval}")
+        self.scale = float(init_scale)
+        self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
+        self.group = group
+        self.good_steps = 0
+        self.found_inf = False
+        self.skipped = 0
+
+    @torch.no_grad()
+    def unscale_(self, params) -> bool:
+        """Divide the gradients of ``params`` by the scale; True if every rank's gradients are finite."""
+        import torch.distributed as dist
+
+        grads = [p.grad for p in params if p.grad is not None]
+        device = grads[0].device if grads else torch.device("cpu")
+        bad = torch.zeros((), device=device)
+        for g in grads:
+            g.mul_(1.0 / self.scale)
+            bad += (~torch.isfinite(g)).any()
+        if dist.is_initialized() and dist.get_world_size(self.group) > 1:
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.group)
+        self.found_inf = bool(bad > 0)
+        return not self.found_inf
+
+    def update(self) -> None:
+        """After the step: back off after an overflow, grow after ``growth_interval`` good steps in a row."""
+        if self.found_inf:
+            self.scale *= self.backoff_factor
+            self.good_steps = 0
+            self.skipped += 1
+        else:
+            self.good_steps += 1
+            if self.good_steps == self.growth_interval:
+                self.scale *= self.growth_factor
+                self.good_steps = 0
+        self.found_inf = False
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale, self.good_steps = float(state["scale"]), int(state["good_steps"])
+        self.skipped = int(state.get("skipped", 0))
 
 
 class MasterWeightsOptimizer(torch.optim.Optimizer):

@@ -1,5 +1,6 @@
 """Hands-on projects trained on the one training loop (``simlib.train``): each is a ``Task``.
 
+    gpt.GPTTask          project 1: a small GPT on real English text (model, text, task, run)
     vision.DigitsTask    project 2: a small ResNet with BatchNorm on scikit-learn's real handwritten digits,
                          upscaled and augmented on the fly (per-sample seeds)
     finance.HedgingTask  project 3: deep hedging of an option on Monte-Carlo paths calibrated to the S&P 500

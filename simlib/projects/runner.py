@@ -7,7 +7,7 @@
 """
 from __future__ import annotations
 
-__all__ = ["train_on", "load_state"]
+__all__ = ["train_on", "load_state", "run_project", "PROJECTS"]
 
 
 def _train_worker(task, plan, kwargs, threads):
@@ -25,18 +25,23 @@ def _train_worker(task, plan, kwargs, threads):
     return record, state
 
 
-def train_on(world_size: int, task, plan, cluster=None, threads: int | None = None, **train_kwargs):
-    """``train(task, plan, **train_kwargs)`` on ``world_size`` ranks -> (rank 0's RunRecord, its state_dict)."""
+def train_on(world_size: int, task, plan, cluster=None, threads: int | None = None, timeout: float | None = None,
+             **train_kwargs):
+    """``train(task, plan, **train_kwargs)`` on ``world_size`` ranks -> (rank 0's RunRecord, its state_dict).
+    ``timeout``: seconds a collective may wait for a peer on fresh workers (default simlib.launch's)."""
     from ..launch import launch
 
     if plan.world_size != world_size:
         raise ValueError(f"plan {plan.label!r} needs {plan.world_size} ranks, not {world_size}")
+    plan.validate(world_size, task)  # the trainer's own check, here before any process starts
     if cluster is not None:
         if cluster.world_size != world_size:
             raise ValueError(f"the cluster has {cluster.world_size} ranks; this run needs {world_size}")
         outs = cluster.run(_train_worker, task, plan, train_kwargs, threads)
     else:
         kw = {"threads": threads} if threads else {}
+        if timeout is not None:
+            kw["timeout"] = timeout
         outs = launch(_train_worker, world_size, task, plan, train_kwargs, None, **kw)
     return outs[0]
 
@@ -48,7 +53,13 @@ def load_state(task, state):
     return model
 
 
-# ---- the projects' standard runs (``simlib train vision|finance``, the notebooks, the benchmarks) ----
+# ---- the projects' standard runs (``simlib train <name>``, the notebooks, the benchmarks, grading) ----
+def gpt_run(quick: bool = False) -> dict:
+    """Task, budget, optimizer and target of the GPT project's standard run (``simlib.projects.gpt.run``)."""
+    from .gpt.run import settings
+    return settings(quick)
+
+
 def vision_run(quick: bool = False) -> dict:
     """Task, step budget, optimizer and target of the vision project's standard run."""
     from ..train import OptimConfig
@@ -74,11 +85,11 @@ def finance_run(quick: bool = False) -> dict:
                 eval_every=every, target={"eval_loss": bs["bs_rmse_sim"] ** 2})
 
 
-PROJECTS = {"vision": vision_run, "finance": finance_run}
+PROJECTS = {"gpt": gpt_run, "vision": vision_run, "finance": finance_run}  # the one registry of projects
 
 
 def run_project(name: str, world_size: int = 1, quick: bool = False, out_dir=None, threads: int | None = None,
-                cluster=None, verbose: bool = True, **overrides):
+                cluster=None, verbose: bool = True, timeout: float | None = None, **overrides):
     """The standard run of project ``name`` on ``world_size`` ranks (DP; SyncBatchNorm for vision)."""
     from ..train import Plan
     if name not in PROJECTS:
@@ -99,4 +110,4 @@ def run_project(name: str, world_size: int = 1, quick: bool = False, out_dir=Non
             torch.set_num_threads(previous)
         return record, {k: v.detach().clone() for k, v in record.model.module.state_dict().items()}
     return train_on(world_size, task, plan, cluster=cluster, threads=threads, out_dir=out_dir, verbose=verbose,
-                    **spec)
+                    timeout=timeout, **spec)

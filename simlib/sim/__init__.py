@@ -6,15 +6,18 @@
     p.step_time, p.compute, p.exposed_comm, p.bubble, p.mfu, p.memory
     sim.operator_table(sim.gpt_size("7B"), sim.dgx_a100(), strategy)   # a layer, operator by operator
     sim.published.published_table()                                    # Megatron-LM's published runs, predicted
+    sim.runs.validation_table()            # every published run of four sources (MPT, Llama, Megatron), predicted
+    sim.llama_size("llama3-8b"); sim.Strategy(..., attention="flash", fsdp=True, zero_stage=3)
 """
 from .cost import (Prediction, all_gather, all_reduce, hierarchical_all_reduce, p2p, predict, reduce_scatter,
                    ring_all_reduce, scaling, tree_all_reduce)
-from .hardware import Hardware, Link, calibrate, cpu_box, dgx_a100, dgx_h100, fit_alpha_beta, preset
+from .calibrate import calibrate
+from .hardware import Hardware, Link, cpu_box, dgx_a100, dgx_h100, fit_alpha_beta, preset
 from .layer import Op, layer_ops, operator_table
 from .memory import DoesNotFit, check_fits, memory_per_device, min_devices_to_fit
-from .model import GPT_SIZES, ModelSpec, from_module, gpt, gpt_size
+from .model import GPT_SIZES, LLAMA_SIZES, ModelSpec, from_module, gpt, gpt_size, llama, llama_size, transformer
 from .replay import replay_data_parallel, replay_pipeline, replay_pipeline_model
-from . import published
+from . import published, runs
 from .strategy import Strategy
 from .topology import Placement, group_collective, placement
 
@@ -23,4 +26,5 @@ __all__ = ["Hardware", "Link", "calibrate", "cpu_box", "dgx_a100", "dgx_h100", "
            "memory_per_device", "check_fits", "min_devices_to_fit", "DoesNotFit", "ring_all_reduce",
            "tree_all_reduce", "all_gather", "reduce_scatter", "all_reduce", "hierarchical_all_reduce", "p2p",
            "GPT_SIZES", "replay_data_parallel", "replay_pipeline", "replay_pipeline_model", "Op", "layer_ops",
-           "operator_table", "Placement", "placement", "group_collective", "published"]
+           "operator_table", "Placement", "placement", "group_collective", "published", "runs", "transformer",
+           "llama", "llama_size", "LLAMA_SIZES"]

@@ -12,6 +12,8 @@ import warnings
 
 import numpy as np
 
+from .hardware import Hardware, Link, fit_alpha_beta, fit_p2p
+
 # (m, k, n) of the GEMMs we time: squares and the skinny (batch × width × width) shapes of MLP layers
 # (m, k, n) of the GEMMs we time: the shapes of the course's MLP layers, forward / grad-input (batch × width ×
 # width) and grad-weight (width × batch × width), for widths 512 and 1024, plus one large square
@@ -28,7 +30,8 @@ def subgroup(world_size: int):
     if world_size == dist.get_world_size():
         return None  # the default group
     if world_size not in _GROUPS:
-        _GROUPS[world_size] = dist.new_group(list(range(world_size)))
+        from .. import env
+        _GROUPS[world_size] = dist.new_group(list(range(world_size)), timeout=env.collective_timeout())
     return _GROUPS[world_size]
 
 
@@ -257,7 +260,6 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
     """
     from .. import env
     from ..launch import Cluster, OversubscribedWarning
-    from .hardware import Hardware, Link, fit_alpha_beta, fit_p2p
 
     world_sizes = sorted(set(int(w) for w in world_sizes))
     if not world_sizes or world_sizes[0] < 1:

@@ -24,94 +24,17 @@ their factors are 1 and their extra terms 0):
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-
-def _check(size, n):
-    if size < 0:
-        raise ValueError(f"message size must be >= 0 bytes, got {size}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"number of ranks must be an int >= 1, got {n!r}")
-
-
-def _ab(link, n, size=None):
-    """(α, B) of a link for n ranks; with a published bus-bandwidth curve, (0, busbw(size)): nccl-tests' bus
-    bandwidth already includes the latency at that size, so no α is added on top."""
-    if size is not None and getattr(link, "busbw_points", ()):
-        return 0.0, link.bus_bandwidth(size)
-    return link.at(n) if hasattr(link, "at") else link
-
-
-def ring_all_reduce(size, n, link) -> float:
-    _check(size, n)
-    if n == 1:
-        return 0.0
-    alpha, bw = _ab(link, n, size)
-    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / bw
-
-
-def tree_all_reduce(size, n, link) -> float:
-    _check(size, n)
-    if n == 1:
-        return 0.0
-    alpha, bw = _ab(link, n, size)
-    return 2 * math.ceil(math.log2(n)) * alpha + 2 * size / bw
-
-
-def all_gather(size, n, link) -> float:
-    _check(size, n)
-    if n == 1:
-        return 0.0
-    alpha, bw = _ab(link, n, size)
-    return (n - 1) * alpha + (n - 1) / n * size / bw
-
-
-reduce_scatter = all_gather  # the same traffic, reversed
-
-
-def p2p(size, link) -> float:
-    _check(size, 2)
-    alpha, bw = _ab(link, 2, size)
-    return alpha + size / bw
-
-
-def hierarchical_all_reduce(size, nodes, per_node, intra, inter) -> float:
-    """Reduce-scatter inside each node, ring all-reduce of the 1/g shards between nodes, all-gather inside."""
-    return (reduce_scatter(size, per_node, intra) + ring_all_reduce(size / per_node, nodes, inter)
-            + all_gather(size, per_node, intra))
-
-
-def all_reduce(size, n, hardware, algorithm: str = "ring") -> float:
-    """All-reduce over n ranks laid out node by node: one node -> ring/tree; several -> hierarchical."""
-    if algorithm not in ("ring", "tree"):
-        raise ValueError(f"algorithm must be 'ring' or 'tree', got {algorithm!r}")
-    g = hardware.devices_per_node
-    if n <= g:
-        measured = hardware.intra.all_reduce_time(size, n) if n > 1 else None
-        if measured is not None:  # a calibrated machine: its own curve beats the α-β line
-            return measured
-        return (ring_all_reduce if algorithm == "ring" else tree_all_reduce)(size, n, hardware.intra)
-    if n % g:
-        raise ValueError(f"{n} ranks do not fill whole nodes of {g}")
-    return hierarchical_all_reduce(size, n // g, g, hardware.intra, hardware.inter)
+from .collectives import (all_gather, all_reduce, hierarchical_all_reduce, p2p, reduce_scatter,  # noqa: F401
+                          ring_all_reduce, tree_all_reduce)
+from .compute import gemm_time, gemms_time  # noqa: F401
+from .layer import embedding_ops, head_ops, layer_ops, ops_time, recompute_ops
+from .memory import activation_bytes_per_layer, check_fits, memory_per_device
+from .topology import Placement, group_collective, p2p_time, placement
 
 
 # ───────────────────────── compute ─────────────────────────
-
-def gemm_time(m, k, n, hardware, dtype="bf16", processes=1, threads=None) -> float:
-    """Seconds of one (m×k)·(k×n) GEMM: the rate measured for this exact shape if calibrate() timed it,
-    else the GFLOPs-keyed table (efficiency against size)."""
-    flops = 2.0 * m * k * n
-    if flops == 0:
-        return 0.0
-    rate = hardware.gemm_shape_rate(m, k, n, processes, threads) if hasattr(hardware, "gemm_shape_rate") else None
-    return flops / (rate or hardware.gemm_rate(flops / 1e9, dtype, processes, threads))
-
-
-def gemms_time(gemms, hardware, dtype="bf16", processes=1, threads=None) -> float:
-    return sum(c * gemm_time(m, k, n, hardware, dtype, processes, threads) for m, k, n, c in gemms)
-
 
 def backward_gemms(model, forward):
     """Each forward GEMM x·W has two backward GEMMs (grad input, grad weight) of the same size; an MLP's first
@@ -157,26 +80,47 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
     forward / backward compute (GEMMs + memory-bound kernels; backward includes the recomputed forward) and
     forward_comm / backward_comm (the tensor-parallel collectives, exposed: Megatron does not overlap them).
     """
-    from .layer import embedding_ops, head_ops, layer_ops, ops_time, recompute_ops
 
     s = strategy
     w = 2 if s.mixed_precision else 4
-    ops = layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, w)
-    again = recompute_ops(ops["forward"], s.recompute)
+    ops = layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, w, s.attention, s.dtype == "fp8", s.kernels)
     layers = model.layers / s.pp
+    if s.recompute == "every_other":   # torchtitan's layer-level selective AC: every second layer in full
+        again_layers, again = layers / 2, recompute_ops(ops["forward"], "full")
+    else:
+        again_layers, again = layers, recompute_ops(ops["forward"], s.recompute, model)
 
     def t(items, kind):
         return sum(ops_time(items, hardware, s, processes, s.threads, k) for k in kind)
 
-    compute, comm = ("gemm", "memory"), ("comm",)
-    out = dict(forward=layers * t(ops["forward"], compute), backward=layers * t(again + ops["backward"], compute),
-               forward_comm=layers * t(ops["forward"], comm), backward_comm=layers * t(again + ops["backward"], comm))
+    compute, comm = ("gemm", "memory", "attention"), ("comm",)
+    layer_fwd, layer_bwd = t(ops["forward"], compute), t(ops["backward"], compute)
+    layer_again = again_layers / layers * t(again, compute) if layers else 0.0
+    forward_comm = layers * t(ops["forward"], comm)
+    backward_comm = layers * t(ops["backward"], comm) + again_layers * t(again, comm)
+    if s.tp_overlap:
+        # Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers): each tensor-parallel all-gather /
+        # reduce-scatter is split into chunks pipelined with the GEMM it feeds or follows, so per layer only
+        # what exceeds the layer's GEMM time stays exposed (an upper bound on the overlap, not validated here)
+        gemms = ("gemm",)
+        forward_comm = layers * max(0.0, t(ops["forward"], comm) - t(ops["forward"], gemms))
+        backward_comm = layers * max(0.0, t(ops["backward"], comm) - t(ops["backward"], gemms)) + \
+            again_layers * max(0.0, t(again, comm) - t(again, gemms))
+    out = dict(forward=layers * layer_fwd, backward=layers * layer_bwd + again_layers * t(again, compute),
+               forward_comm=forward_comm, backward_comm=backward_comm,
+               layer_forward=layer_fwd, layer_backward=layer_bwd + layer_again)
+    # the logits GEMM stays in 16 bits under FP8 training (Transformer Engine converts the layers' Linears)
+    ends_strategy = s.replace(dtype="bf16") if s.dtype == "fp8" else s
     ends = [embedding_ops(model, s.micro_batch, s.tp, w), head_ops(model, s.micro_batch, s.tp, w)]
     if s.pp == 1:
         ends = [{k: ends[0][k] + ends[1][k] for k in ("forward", "backward")}]
-    extra = max(ends, key=lambda e: t(e["forward"] + e["backward"], compute))
-    out["forward"] += t(extra["forward"], compute)
-    out["backward"] += t(extra["backward"], compute)
+
+    def t_end(items):
+        return sum(ops_time(items, hardware, ends_strategy, processes, s.threads, k) for k in compute)
+
+    extra = max(ends, key=lambda e: t_end(e["forward"] + e["backward"]))
+    out["forward"] += t_end(extra["forward"])
+    out["backward"] += t_end(extra["backward"])
     return out
 
 
@@ -227,8 +171,6 @@ def elementwise_bytes(model, strategy) -> float:
     Korthikanti et al. count as stored (layer norms, softmax, dropout, GeLU) is written and read about five
     times over forward and backward; this is the term that keeps a GPT layer below its GEMMs' speed.
     """
-    from .memory import activation_bytes_per_layer
-
     s = strategy
     if model.kind == "mlp":
         return model.elementwise_bytes(s.micro_batch)
@@ -292,8 +234,6 @@ def bucket_comm_times(model, hardware, strategy, processes=1) -> list[float]:
     an all-reduce that follows compute is slower than the back-to-back ones a sweep times (Gloo's threads
     wake up, caches are cold, and the cores are the same ones compute just used), measured by calibrate().
     """
-    from .topology import group_collective, placement
-
     s = strategy
     if s.dp == 1:
         return []
@@ -310,10 +250,64 @@ def bucket_comm_times(model, hardware, strategy, processes=1) -> list[float]:
     return [sync(b) * factor + pack * b for b in gradient_buckets(model, s)]
 
 
+def shard_placement(strategy, hardware) -> Placement:
+    """Where one FSDP shard group lies: ``shard_degree`` data-parallel ranks, every tp·pp-th rank of the grid."""
+    s, g = strategy, hardware.devices_per_node
+    counts: dict[int, int] = {}
+    for i in range(s.shard_degree):
+        node = i * s.tp * s.pp // g
+        counts[node] = counts.get(node, 0) + 1
+    return Placement("dp", s.shard_degree, max(counts.values()), len(counts))
+
+
+def fsdp_comm(model, hardware, strategy, layer_forward: float, layer_backward: float) -> dict:
+    """Seconds of FSDP's communication for one micro-batch, and how much of it compute does not hide.
+
+    As PyTorch FSDP runs it (Zhao et al. 2023, "PyTorch FSDP", §3–4; torchtitan wraps one unit per block):
+    each layer's parameters are all-gathered (in the 16-bit parameter dtype) before its forward, and with
+    FULL_SHARD (zero_stage 3) again before its backward; its gradients are reduce-scattered (in
+    ``reduce_dtype``) after its backward — every micro-batch. Prefetching overlaps layer i+1's all-gather with
+    layer i's compute, so per layer only max(0, comm − compute) is exposed, plus the first all-gather and the
+    last reduce-scatter, which nothing hides. Hybrid sharding (``shard_size``) runs these inside the shard group
+    and all-reduces the gradient shards across the replicas, once per step (charged to the last micro-batch's
+    backward, where FSDP issues it). The embedding and output layer form one more unit.
+    """
+    s = strategy
+    layers = model.layers / s.pp
+    embed = model.vocab * model.hidden * (1 if model.tied_embeddings else 2)
+    per_layer = (model.params - embed) / model.layers / s.tp
+    param_bytes = 2 if s.mixed_precision else 4
+    reduce_bytes = {"fp32": 4, "tf32": 4}.get(s.reduce_dtype, 2 if s.mixed_precision else 4)
+    place = shard_placement(s, hardware)
+    gather = group_collective("all_gather", per_layer * param_bytes, place, hardware)
+    scatter = group_collective("reduce_scatter", per_layer * reduce_bytes, place, hardware)
+    gather_bwd = gather if s.zero_stage == 3 else 0.0
+    replicas = s.dp // s.shard_degree
+    across = 0.0
+    if replicas > 1:
+        g = hardware.devices_per_node
+        stride = s.tp * s.pp * s.shard_degree
+        nodes = len({i * stride // g for i in range(replicas)})
+        per_node = replicas // nodes
+        across = group_collective("all_reduce", per_layer * reduce_bytes / s.shard_degree,
+                                  Placement("dp", replicas, per_node, nodes), hardware)
+    ends = group_collective("all_gather", embed / s.tp * param_bytes, place, hardware)
+    fwd_exposed = gather + layers * max(0.0, gather - layer_forward) + ends
+    bwd_exposed = layers * max(0.0, gather_bwd + scatter - layer_backward) + scatter
+    total = layers * (gather + gather_bwd + scatter) + ends * (2 if s.zero_stage == 3 else 1)
+    m = s.num_micro_batches
+    step_across = layers * across
+    across_exposed = max(0.0, layers * (gather_bwd + scatter + across) - layers * layer_backward) - \
+        layers * max(0.0, gather_bwd + scatter - layer_backward) + (across if replicas > 1 else 0.0)
+    return dict(per_micro_batch=total, exposed_per_micro_batch=fwd_exposed + bwd_exposed,
+                step_total=m * total + step_across, step_exposed=m * (fwd_exposed + bwd_exposed) + across_exposed,
+                gather_per_layer=gather, scatter_per_layer=scatter)
+
+
 def optimizer_time(model, hardware, strategy, processes=1) -> float:
     """The optimizer reads and writes every local parameter's state: bandwidth-bound."""
     s = strategy
-    params_here = model.params / (s.tp * s.pp) / (s.dp if s.zero_stage >= 1 else 1)
+    params_here = model.params / (s.tp * s.pp) / (s.shard_degree if s.zero_stage >= 1 else 1)
     moved = {"sgd": 12.0, "sgd_momentum": 20.0, "adam": 36.0}[s.optimizer]  # fp32 reads + writes per param
     zero_grad = 4.0  # zero_grad(set_to_none=False) writes the gradients
     total = params_here * (moved + zero_grad)
@@ -323,8 +317,6 @@ def optimizer_time(model, hardware, strategy, processes=1) -> float:
 def embedding_sync_time(model, hardware, strategy) -> float:
     """Pipelines tie the input embedding (first stage) to the logits (last stage): their V/tp × h gradients are
     all-reduced between the two once per step (Megatron-LM). 0 without a pipeline or a vocabulary."""
-    from .topology import Placement, group_collective
-
     s = strategy
     if s.pp == 1 or model.kind != "gpt" or not model.vocab:
         return 0.0
@@ -346,9 +338,6 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
 
     ``processes``: processes sharing one node's cores (CPU box; default: the world size, capped at one node).
     """
-    from .memory import check_fits, memory_per_device
-    from .topology import p2p_time
-
     s = strategy.validate(model=model, hardware=hardware)
     processes = processes or min(s.world_size, hardware.devices_per_node)
     m, v = s.num_micro_batches, s.virtual_stages
@@ -365,8 +354,12 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
     bubble = (s.pp - 1) * (t_fwd + t_bwd + tp_per_mb) / v if s.pp > 1 else 0.0
     pp_messages = 2 * m * v if s.pp > 1 else 0
     pp_comm = pp_messages * p2p_time(act_bytes, s, hardware)
-    dp_total, dp_last = dp_comm_time(model, hardware, s, processes)
-    dp_exposed = max(dp_last, dp_total - t_bwd) if s.overlap else dp_total
+    if s.fsdp and model.kind == "gpt":
+        f = fsdp_comm(model, hardware, s, st["layer_forward"], st["layer_backward"])
+        dp_total, dp_exposed = f["step_total"], f["step_exposed"]
+    else:
+        dp_total, dp_last = dp_comm_time(model, hardware, s, processes)
+        dp_exposed = max(dp_last, dp_total - t_bwd) if s.overlap else dp_total
     embed = embedding_sync_time(model, hardware, s)
     exposed = tp_comm + pp_comm + dp_exposed + embed
     opt = optimizer_time(model, hardware, s, processes)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 GB = 1e9
+# an "80 GB" GPU has 80 GiB of HBM (nvidia-smi: 81920 MiB on an A100 80GB, 40960 MiB on a 40GB): capacity is in GiB
+GiB = 2 ** 30
 
 
 def interpolate(table, x: float) -> float:
@@ -166,6 +168,9 @@ class Hardware:
     # {"straggler": {w: f}, "layer_factor": {(w, threads): f}, "comm_in_situ": {w: f},
     #  "accumulate_grad_Bps": {w: B/s}, "gemm_shapes": {(w, threads): {(m, k, n): FLOP/s}}, "p2p": (α, B)}
     overheads: dict = field(default_factory=dict)
+    # fused attention kernels reach these fractions of the 16-bit peak, {kernel: {"forward": f, "backward": b}}
+    # (kernel: "flash" = FlashAttention-2, "flash1" = FlashAttention-1 / Triton); None: the large-GEMM rate
+    attention_efficiency: dict = None
 
     def _by_world(self, name: str, processes: int, default):
         table = (self.overheads or {}).get(name) or {}
@@ -295,16 +300,38 @@ def anchored(table, measured_efficiency):
 # max-autotune kernels and vboost (a public gist by H. He, "H100 peak matmul FLOPS").
 A100_GEMM_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 230 / 312)
 H100_GEMM_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 780 / 989)
+# The H100's GEMMs in the software of 2023 (PyTorch 2.0/2.1 on cuBLAS 12.0-12.1, what the earliest published H100
+# training runs used) ran far below that: a bf16 (2·2048)×8192×8192 matmul in PyTorch measured 549.5 TFLOP/s with
+# cuBLAS 12.0.2 on an H100 SXM (pytorch/pytorch issue 100850, May 2023; 742.7 for the 2048-row one, 543 for 4 ×
+# 2048 rows). ``dgx_h100(software="2023")`` anchors the curve there.
+H100_MATMUL_2023_TFLOPS = 549.5
+H100_GEMM_EFFICIENCY_2023 = anchored(CALCULON_GEMM_EFFICIENCY, H100_MATMUL_2023_TFLOPS / 989)
 
 # Azure's published nccl-tests all-reduce bus bandwidth, 8 GPUs in one node, (bytes, GB/s).
 AZURE_A100_80GB_ALLREDUCE = [(1 << 20, 36), (16 << 20, 109), (128 << 20, 174), (1 << 30, 228)]
 AZURE_H200_ALLREDUCE = [(1 << 20, 53), (16 << 20, 240), (128 << 20, 413), (1 << 30, 468)]
 
 
-def dgx_a100() -> Hardware:
+# Fused attention kernels reach a fraction of the 16-bit peak (forward, backward); the papers give ranges, and the
+# rule here is: forward at the top of the published range, backward (the slower pass) at its bottom.
+# - FlashAttention-2 ("flash"): 50-73 % of the A100's peak (Dao 2023, arXiv 2307.08691, abstract), but only about
+#   35 % of the H100's (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, abstract: "FlashAttention-2
+#   achieving only 35% utilization on H100"; no separate backward figure, so 35 % both ways).
+# - FlashAttention-1 and the Triton FlashAttention kernel of the same generation ("flash1"): 25-40 % of the A100's
+#   peak (Dao 2023, introduction). On H100 no figure is published: taken as the H100 FA2 figure times FA1/FA2
+#   on A100 (an assumption).
+A100_FLASH_ATTENTION = {"flash": {"forward": 0.73, "backward": 0.50}, "flash1": {"forward": 0.40, "backward": 0.25}}
+H100_FLASH_ATTENTION = {"flash": {"forward": 0.35, "backward": 0.35},
+                        "flash1": {"forward": 0.35 * 0.40 / 0.73, "backward": 0.35 * 0.25 / 0.50}}
+
+
+def dgx_a100(memory_gb: int = 80) -> Hardware:
     """DGX A100 80 GB: 8 GPUs per node on NVSwitch, one 200 Gb/s HDR InfiniBand NIC per GPU.
 
-    Peak 312 TFLOP/s bf16/fp16 dense, 156 tf32, 19.5 fp32; 80 GB HBM2e at 2.039 TB/s (NVIDIA A100 datasheet).
+    ``memory_gb=40``: the A100 40 GB (HBM2 at 1.555 TB/s, same peak FLOP/s; NVIDIA A100 datasheet).
+
+    Peak 312 TFLOP/s bf16/fp16 dense, 156 tf32, 19.5 fp32; 80 GB (80 GiB) HBM2e at 2.039 TB/s (NVIDIA A100
+    datasheet).
     Inside a node: Azure's nccl-tests all-reduce bus bandwidth on 8× A100-SXM4-80GB (36 GB/s at 1 MB …
     228 GB/s at 1 GB), used as a curve (bus bandwidth by message size); α and B are also fitted to it.
     Between nodes: one 200 Gb/s HDR NIC per GPU (eight per node, as on the DGX A100 and Selene), ~23 GB/s per
@@ -312,11 +339,15 @@ def dgx_a100() -> Hardware:
     assumption (not measured). GEMM efficiency: Calculon's curve, anchored at a measured 230 TFLOP/s for a
     large fp16 matmul (:data:`A100_GEMM_EFFICIENCY`); a GEMM takes the longer of its math and its own memory
     traffic (roofline: that measurement already includes the GEMM's own loads). Achievable memory bandwidth for
-    memory-bound kernels: Calculon's table (systems/a100_80g.json).
+    memory-bound kernels: Calculon's table (systems/a100_80g.json). Fused attention: FlashAttention-2's
+    published fraction of peak (:data:`A100_FLASH_ATTENTION`).
     """
+    if memory_gb not in (40, 80):
+        raise ValueError(f"an A100 has 40 or 80 GB, got {memory_gb!r}")
     return Hardware(
-        name="DGX A100 80GB", peak_flops={"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
-        memory_bytes=80e9, memory_bandwidth=2.039e12,
+        name=f"DGX A100 {memory_gb}GB", peak_flops={"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+        memory_bytes=memory_gb * GiB, memory_bandwidth=2.039e12 if memory_gb == 80 else 1.555e12,
+        attention_efficiency=A100_FLASH_ATTENTION,
         intra=Link.from_busbw(AZURE_A100_80GB_ALLREDUCE, 8, "Azure nccl-tests, 8x A100-SXM4-80GB", keep_curve=True),
         inter=Link(5e-6, 23e9, {}, "HDR 200 Gb/s per GPU: half of NDR's ~47 GB/s (nccl-tests #290); α assumed"),
         devices_per_node=8, gemm_table={"bf16": A100_GEMM_EFFICIENCY}, mem_efficiency=CALCULON_MEM_EFFICIENCY,
@@ -324,7 +355,7 @@ def dgx_a100() -> Hardware:
                "mli/transformers-benchmarks (A100 matmul)")
 
 
-def dgx_h100() -> Hardware:
+def dgx_h100(software: str = "today") -> Hardware:
     """DGX H100: 8 H100 SXM per node on NVLink 4 / NVSwitch, one 400 Gb/s NDR NIC per GPU.
 
     Peak 989 TFLOP/s bf16 dense, 1979 fp8, 67 fp32; 80 GB HBM3 at 3.35 TB/s (NVIDIA H100 datasheet).
@@ -333,16 +364,24 @@ def dgx_h100() -> Hardware:
     nccl-tests (same NVLink 4 generation; 53 GB/s at 1 MB … 468 at 1 GB with NVLink SHARP, which beats a ring).
     Between nodes: 47 GB/s per NIC measured on NDR (nccl-tests issue 290); α = 5 µs assumed.
     GEMM efficiency: Calculon's curve anchored at a measured 780 TFLOP/s bf16 matmul (:data:`H100_GEMM_EFFICIENCY`);
-    achievable memory bandwidth: Calculon's table.
+    achievable memory bandwidth: Calculon's table. Fused attention: FlashAttention-2 on H100
+    (:data:`H100_FLASH_ATTENTION`). FP8 GEMMs: the FP8 peak with the bf16 GEMM-efficiency curve (an assumption:
+    no public FP8 GEMM sweep is encoded here).
+    ``software="2023"``: the GEMM curve anchored at the 549.5 TFLOP/s PyTorch measured on H100 with cuBLAS 12.0
+    (:data:`H100_GEMM_EFFICIENCY_2023`), for runs made with the software of 2023.
     """
+    if software not in ("today", "2023"):
+        raise ValueError(f"software must be 'today' or '2023', got {software!r}")
+    table = H100_GEMM_EFFICIENCY if software == "today" else H100_GEMM_EFFICIENCY_2023
     h200 = Link.from_busbw(AZURE_H200_ALLREDUCE, 8)
     return Hardware(
-        name="DGX H100", peak_flops={"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
-        memory_bytes=80e9, memory_bandwidth=3.35e12,
+        name="DGX H100" + (" (2023 software)" if software == "2023" else ""), peak_flops={"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
+        memory_bytes=80 * GiB, memory_bandwidth=3.35e12, attention_efficiency=H100_FLASH_ATTENTION,
         intra=Link(h200.alpha, 370e9, {}, "ring busbw 370 GB/s (nccl-tests #212); α fitted to Azure H200"),
         inter=Link(5e-6, 47e9, {}, "NDR 400 Gb/s: ~46-48 GB/s per NIC (nccl-tests #290); α assumed"),
-        devices_per_node=8, gemm_table={"bf16": H100_GEMM_EFFICIENCY}, mem_efficiency=CALCULON_MEM_EFFICIENCY,
-        source="NVIDIA H100 datasheet; nccl-tests #212, #290; Azure nccl-tests (H200); Calculon")
+        devices_per_node=8, gemm_table={"bf16": table}, mem_efficiency=CALCULON_MEM_EFFICIENCY,
+        source="NVIDIA H100 datasheet; nccl-tests #212, #290; Azure nccl-tests (H200); Calculon"
+               + ("; pytorch/pytorch#100850 (2023 matmul)" if software == "2023" else ""))
 
 
 def cpu_box() -> Hardware:
@@ -364,15 +403,14 @@ def cpu_box() -> Hardware:
         source="shared course notes (measured on this box for planning)")
 
 
-PRESETS = {"cpu": cpu_box, "a100": dgx_a100, "h100": dgx_h100}
+PRESETS = {"cpu": cpu_box, "a100": dgx_a100, "a100-40gb": lambda: dgx_a100(40), "h100": dgx_h100,
+           "h100-2023": lambda: dgx_h100("2023")}
 
 
 def preset(name: str) -> Hardware:
-    """``"cpu"``, ``"a100"`` or ``"h100"``."""
+    """``"cpu"``, ``"a100"``, ``"a100-40gb"``, ``"h100"`` or ``"h100-2023"``."""
     try:
         return PRESETS[name]()
     except KeyError:
         raise ValueError(f"unknown hardware preset {name!r}: use one of {sorted(PRESETS)}") from None
 
-
-from .calibrate import calibrate  # noqa: E402,F401  (re-exported: hardware.calibrate() measures this machine)

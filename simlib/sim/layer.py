@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .compute import gemm_time
+from .topology import group_collective, placement
+
 
 @dataclass(frozen=True)
 class Op:
@@ -30,7 +33,7 @@ class Op:
     memory-bound kernel moving ``bytes``, or a collective of ``bytes`` (``collective``: all_reduce, ...)."""
 
     name: str
-    kind: str                 # "gemm" | "memory" | "comm"
+    kind: str                 # "gemm" | "memory" | "comm" | "attention" (a fused FlashAttention kernel)
     bytes: float              # memory traffic (gemm, memory) or message size (comm), all counts together
     shape: tuple = ()         # gemm: (m, k, n)
     count: int = 1            # gemm: how many such GEMMs (batched attention: micro_batch × heads per rank)
@@ -38,6 +41,10 @@ class Op:
 
     @property
     def flops(self) -> float:
+        if self.kind == "attention":   # causal: half of Q·Kᵀ and P·V (2·s²·d each); backward 2.5× (Dao 2023)
+            s, d, _ = self.shape
+            forward = 2.0 * s * s * d * self.count
+            return 2.5 * forward if "backward" in self.name else forward
         if self.kind != "gemm":
             return 0.0
         m, k, n = self.shape
@@ -56,20 +63,43 @@ def _backward_gemms(op: Op, skip_dgrad: bool = False):
     return out + [_gemm(f"{op.name} wgrad", k, m, n, op.count)]
 
 
-def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = False, width: int = 2) -> dict:
+def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = False, width: int = 2,
+              attention: str = "unfused", fp8: bool = False, kernels: str = "fused") -> dict:
     """Forward and backward operators of one GPT layer for one micro-batch on one tensor-parallel rank.
 
     ``width``: bytes per activation element (2 for fp16/bf16). With sequence parallelism the layer norms and
     dropouts work on s/tp of the sequence and each all-reduce becomes a reduce-scatter + all-gather pair.
+
+    ``attention="unfused"`` prices attention as Megatron-LM ran it in 2021: two batched GEMMs around a fused
+    scale-mask-softmax and a dropout, each moving the b·a·s² score matrix through memory. ``"flash"`` is one
+    fused kernel (FlashAttention, Dao et al. 2022/2023) that never writes the score matrix: its FLOPs (causal: half
+    of 4·b·a·s²·d forward, 2.5× that backward, Dao 2023 §4) run at the fraction of peak that kernel reaches on the
+    machine (``Hardware.attention_efficiency``; ``"flash1"``: FlashAttention-1 or the Triton kernel of that
+    generation, slower). The model's shape decides the rest: grouped-query K/V
+    (``model.kv``), the MLP width and gate (SwiGLU's element-wise silu·up), RMSNorm or LayerNorm, rotary
+    embeddings applied to Q and K, and dropout only where the model has it. ``fp8``: Transformer Engine-style
+    FP8 GEMMs, whose inputs are cast to FP8 (and transposed for the weight gradient) by memory-bound kernels.
+
+    ``kernels="eager"``: the element-wise parts run as separate PyTorch ops, as torchtitan's Llama does without
+    torch.compile (``models/norms.py``, ``models/llama/model.py``), each op reading and writing its tensor:
+    RMSNorm through fp32 (``x.float()``, ``pow``, ``mean``, ``x·rsqrt``, ``type_as``, ``·weight``: ≈36 bytes per
+    element forward, ≈60 backward, where a fused kernel moves 4 and 16), rotary embeddings through complex fp32
+    (≈20 bytes per element each way), SwiGLU as ``silu`` then ``·`` (10 forward, 18 backward), grouped-query K and V
+    repeated to all heads before attention, and the attention output transposed back to contiguous.
     """
     if model.kind != "gpt":
         raise ValueError("layer_ops describes a GPT layer; an MLP is priced by its GEMMs (cost.stage_times)")
+    if attention not in ("unfused", "flash", "flash1"):
+        raise ValueError(f"attention must be 'unfused', 'flash' or 'flash1', got {attention!r}")
     b, s, h, a = micro_batch, model.seq_len, model.hidden, model.heads
     t, d, heads = b * s, h // a, a // tp           # tokens, head dimension, heads on this rank
     w = width
     th, th_tp = t * h, t * h / tp                  # a full activation, and its tensor-parallel share
     local = th / tp if sequence_parallel else th   # layer norm / dropout / residual: sequence-sharded or whole
     ss = b * heads * s * s                         # attention score elements on this rank
+    mask = 1 if model.dropout else 0               # a dropout keeps a 1-byte mask per element
+    f_tp = t * model.ffn / tp                      # MLP inner activation elements on this rank
+    qkv_tp = t * model.qkv_width / tp
 
     def collective(name, kind):
         return [Op(name, "comm", w * th, collective=kind)] if tp > 1 else []
@@ -89,32 +119,76 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         f_fwd, f_bwd = [], collective("f backward all-reduce", "all_reduce")
         g_fwd, g_bwd = collective("g all-reduce", "all_reduce"), []
 
-    qkv = _gemm("QKV", t, h, 3 * h // tp)
-    scores = _gemm("scores Q·Kᵀ", s, d, s, b * heads)
-    context = _gemm("context P·V", s, s, d, b * heads)
+    qkv = _gemm("QKV", t, h, model.qkv_width // tp)
     proj = _gemm("attention out", t, h // tp, h)
-    up = _gemm("MLP up", t, h, 4 * h // tp)
-    down = _gemm("MLP down", t, 4 * h // tp, h)
+    up = _gemm("MLP up" + (" + gate" if model.gated_mlp else ""), t, h, model.up_width // tp)
+    down = _gemm("MLP down", t, model.ffn // tp, h)
+    norm = "RMSNorm" if model.norm == "rmsnorm" else "layer norm"
+    add = "bias+dropout+add (fused)" if model.dropout else "residual add"
+    add_bwd = "bias+dropout+add backward" if model.dropout else "residual grad add"
+    if model.gated_mlp:   # SwiGLU: read gate and up, write silu(gate)·up; backward reads both and the grad
+        act = Op("SwiGLU silu·up", "memory", 3 * w * f_tp)
+        act_bwd = Op("SwiGLU backward", "memory", 5 * w * f_tp)
+    else:
+        act = Op("bias+GeLU (fused)", "memory", 2 * w * f_tp)
+        act_bwd = Op("bias+GeLU backward (+ bias grad)", "memory", 4 * w * f_tp)
+    rope = [Op("rotary embedding on Q, K", "memory", 2 * w * t * (h + model.kv * d) / tp)] \
+        if model.position == "rope" else []
+    rope_bwd = [Op("rotary embedding backward", "memory", 2 * w * t * (h + model.kv * d) / tp)] if rope else []
+    if attention != "unfused":
+        core_fwd = [*rope, Op(f"{attention} attention", "attention", 0.0, (s, d, s), b * heads)]
+        core_bwd = [Op(f"{attention} attention backward", "attention", 0.0, (s, d, s), b * heads), *rope_bwd]
+    else:
+        scores = _gemm("scores Q·Kᵀ", s, d, s, b * heads)
+        context = _gemm("context P·V", s, s, d, b * heads)
+        core_fwd = [*rope, scores, Op("scale+mask+softmax (fused)", "memory", 2 * w * ss),
+                    *([Op("attention dropout", "memory", (2 * w + 1) * ss)] if model.dropout else []), context,
+                    Op("context permute", "memory", 2 * w * th_tp)]
+        core_bwd = [Op("context permute backward", "memory", 2 * w * th_tp), *_backward_gemms(context),
+                    *([Op("attention dropout backward", "memory", (2 * w + 1) * ss)] if model.dropout else []),
+                    Op("softmax backward", "memory", 3 * w * ss), *_backward_gemms(scores), *rope_bwd]
+
+    def cast(name, gemm):   # FP8: cast the GEMM's activation input to FP8 (read 2, write 1 byte) and transpose it
+        m, k, _ = gemm.shape
+        return [Op(f"{name} FP8 cast + transpose", "memory", (w + 2) * m * k)] if fp8 else []
+
+    def cast_bwd(name, gemm):  # FP8 backward: cast and transpose the incoming gradient
+        m, _, n = gemm.shape
+        return [Op(f"{name} grad FP8 cast + transpose", "memory", (w + 2) * m * n)] if fp8 else []
+
+    eager_fwd, eager_bwd = [], []
+    if kernels == "eager":   # the extra traffic of running the element-wise parts op by op (see docstring)
+        qk = t * (h + model.kv * d) / tp
+        pairs = [(f"{norm}s op by op (fp32)", 2 * (36 - 2 * w) * local, 2 * (60 - 8 * w) * local)]
+        if rope:
+            pairs.append(("rotary op by op (complex fp32)", (20 - 2 * w) * qk, (20 - 2 * w) * qk))
+        if model.gated_mlp:
+            pairs.append(("silu, then multiply", (10 - 3 * w) * f_tp, (18 - 5 * w) * f_tp))
+        if model.kv != model.heads:
+            repeat = 2 * w * (t * model.kv * d / tp + th_tp)
+            pairs.append(("K, V repeated to all heads", repeat, repeat))
+        pairs.append(("attention output made contiguous", 2 * w * th_tp, 2 * w * th_tp))
+        eager_fwd = [Op(name, "memory", fwd) for name, fwd, _ in pairs]
+        eager_bwd = [Op(f"{name} backward", "memory", bwd) for name, _, bwd in pairs]
     forward = [
-        Op("layer norm 1", "memory", 2 * w * local), *f_fwd, qkv, scores,
-        Op("scale+mask+softmax (fused)", "memory", 2 * w * ss),
-        Op("attention dropout", "memory", (2 * w + 1) * ss), context,
-        Op("context permute", "memory", 2 * w * th_tp), proj, *g_fwd,
-        Op("bias+dropout+add (fused)", "memory", (3 * w + 1) * local),
-        Op("layer norm 2", "memory", 2 * w * local), *f_fwd, up,
-        Op("bias+GeLU (fused)", "memory", 2 * w * 4 * th_tp), down, *g_fwd,
-        Op("bias+dropout+add (fused)", "memory", (3 * w + 1) * local),
+        *eager_fwd,
+        Op(f"{norm} 1", "memory", 2 * w * local), *f_fwd, *cast("QKV", qkv), qkv, *core_fwd,
+        *cast("attention out", proj), proj, *g_fwd,
+        Op(add, "memory", (3 * w + mask) * local),
+        Op(f"{norm} 2", "memory", 2 * w * local), *f_fwd, *cast("MLP up", up), up, act,
+        *cast("MLP down", down), down, *g_fwd,
+        Op(add, "memory", (3 * w + mask) * local),
     ]
     backward = [  # reverse order; a backward kernel reads the saved input and the incoming grad, writes a grad
-        Op("bias+dropout+add backward", "memory", (3 * w + 1) * local), *g_bwd, *_backward_gemms(down),
-        Op("bias+GeLU backward (+ bias grad)", "memory", 4 * w * 4 * th_tp), *_backward_gemms(up), *f_bwd,
-        Op("layer norm 2 backward (+ residual grad)", "memory", 8 * w * local),
-        Op("bias+dropout+add backward", "memory", (3 * w + 1) * local), *g_bwd, *_backward_gemms(proj),
-        Op("context permute backward", "memory", 2 * w * th_tp), *_backward_gemms(context),
-        Op("attention dropout backward", "memory", (2 * w + 1) * ss),
-        Op("softmax backward", "memory", 3 * w * ss), *_backward_gemms(scores),
-        Op("Q,K,V grads gathered (+ bias grad)", "memory", 3 * w * 3 * th_tp), *_backward_gemms(qkv), *f_bwd,
-        Op("layer norm 1 backward (+ residual grad)", "memory", 8 * w * local),
+        Op(add_bwd, "memory", (3 * w + mask) * local), *g_bwd, *cast_bwd("MLP down", down),
+        *_backward_gemms(down), act_bwd, *cast_bwd("MLP up", up), *_backward_gemms(up), *f_bwd,
+        Op(f"{norm} 2 backward (+ residual grad)", "memory", 8 * w * local),
+        Op(add_bwd, "memory", (3 * w + mask) * local), *g_bwd, *cast_bwd("attention out", proj),
+        *_backward_gemms(proj), *core_bwd,
+        Op("Q,K,V grads gathered (+ bias grad)", "memory", 3 * w * qkv_tp),
+        *cast_bwd("QKV", qkv), *_backward_gemms(qkv), *f_bwd,
+        Op(f"{norm} 1 backward (+ residual grad)", "memory", 8 * w * local),
+        *eager_bwd,
     ]
     return dict(forward=forward, backward=backward)
 
@@ -146,8 +220,6 @@ def embedding_ops(model, micro_batch: int, tp: int = 1, width: int = 2) -> dict:
 def gemm_parts(op: Op, hardware, strategy=None, processes: int = 1, threads=None):
     """(math, memory) seconds of a GEMM: its FLOPs at the GEMM efficiency for its size, and its own bytes at
     the achievable bandwidth for one GEMM of the batch."""
-    from .cost import gemm_time
-
     m, k, n = op.shape
     dtype = strategy.dtype if strategy is not None else "bf16"
     if hardware.peak_flops:   # a GPU: the whole batched call sets the efficiency
@@ -165,26 +237,67 @@ def op_time(op: Op, hardware, strategy=None, processes: int = 1, threads=None) -
         return math + memory if hardware.processing == "no_overlap" else max(math, memory)
     if op.kind == "memory":
         return op.bytes / hardware.achievable_bandwidth(op.bytes, processes)
-    from .topology import group_collective, placement
-
+    if op.kind == "attention":
+        return op.flops / attention_rate(hardware, "backward" if "backward" in op.name else "forward",
+                                         op.name.split()[0])
     if strategy is None:
         raise ValueError("a collective needs the strategy (its group's placement)")
     return group_collective(op.collective, op.bytes, placement(strategy, hardware, "tp"), hardware)
+
+
+def attention_rate(hardware, direction: str, kernel: str = "flash") -> float:
+    """FLOP/s of a fused attention kernel: the fraction of the 16-bit peak it reaches on this machine
+    (``Hardware.attention_efficiency``; a machine without one runs it at its large-GEMM rate)."""
+    eff = ((hardware.attention_efficiency or {}).get(kernel) or {}).get(direction)
+    dtype = "bf16" if "bf16" in (hardware.peak_flops or {}) else "fp16"
+    if eff and hardware.peak_flops:
+        return hardware.peak_flops[dtype] * eff
+    return hardware.gemm_rate(1e3, dtype) if hardware.peak_flops else hardware.gemm_rate(1e3)
 
 
 def ops_time(ops, hardware, strategy=None, processes=1, threads=None, kind=None) -> float:
     return sum(op_time(op, hardware, strategy, processes, threads) for op in ops if kind in (None, op.kind))
 
 
-def recompute_ops(forward, recompute: str):
+def linear_gemms(model, forward):
+    """The layer's Linear GEMMs in the order a framework issues them (one ``mm`` each): Llama-style models
+    project Q, K, V separately and the gate and up separately (torchtitan), others fuse QKV (Megatron, MPT)."""
+    gemms = [op for op in forward if op.kind == "gemm" and not op.name.startswith(("scores", "context"))]
+    if not model.gated_mlp:
+        return gemms
+    out = []
+    for op in gemms:
+        m, k, n = op.shape
+        if op.name == "QKV":
+            h, kvd = model.hidden, model.kv * model.head_dim
+            q = n * h // model.qkv_width
+            kv = (n - q) // 2
+            out += [_gemm("Q", m, k, q), _gemm("K", m, k, kv), _gemm("V", m, k, kv)]
+        elif op.name.startswith("MLP up") and model.gated_mlp:
+            out += [_gemm("MLP gate", m, k, n // 2), _gemm("MLP up", m, k, n // 2)]
+        else:
+            out.append(op)
+    return out
+
+
+def recompute_ops(forward, recompute: str, model=None):
     """What backward re-runs: full — the whole forward of the layer (its collectives too); selective — the
-    attention core only (scores, softmax, dropout, context: Korthikanti et al. 2022 §5); none — nothing."""
+    attention core only (scores, softmax, dropout, context: Korthikanti et al. 2022 §5; with FlashAttention
+    the fused kernel recomputes its own scores, so nothing more); op — torchtitan's per-op policy, which saves
+    the outputs of the GEMMs and of the attention kernel *except every second GEMM*, and recomputes the rest
+    (the memory-bound kernels and those GEMMs: torchtitan ``activation_checkpoint.py``); none — nothing.
+    ("every_other", full recomputation of every second layer, is applied per layer by the caller.)"""
+    def again(op):
+        return Op(f"recompute {op.name}", op.kind, op.bytes, op.shape, op.count, op.collective)
+
     if recompute == "full":
-        return [Op(f"recompute {op.name}", op.kind, op.bytes, op.shape, op.count, op.collective) for op in forward]
+        return [again(op) for op in forward]
     if recompute == "selective":
         core = ("scores", "scale+mask", "attention dropout", "context P")
-        return [Op(f"recompute {op.name}", op.kind, op.bytes, op.shape, op.count, op.collective)
-                for op in forward if op.name.startswith(core)]
+        return [again(op) for op in forward if op.name.startswith(core)]
+    if recompute == "op":
+        mms = linear_gemms(model, forward) if model is not None else [op for op in forward if op.kind == "gemm"]
+        return [again(op) for op in forward if op.kind == "memory"] + [again(op) for op in mms[1::2]]
     return []
 
 
@@ -195,13 +308,17 @@ def operator_table(model, hardware, strategy, processes: int = 1):
 
     s = strategy
     width = 2 if s.mixed_precision else 4
-    ops = layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, width)
+    ops = layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, width, s.attention, s.dtype == "fp8",
+                    s.kernels)
     rows = []
-    for phase, items in (("forward", ops["forward"]), ("recompute", recompute_ops(ops["forward"], s.recompute)),
+    again = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model)
+    for phase, items in (("forward", ops["forward"]), ("recompute", again),
                          ("backward", ops["backward"])):
         for op in items:
             t = op_time(op, hardware, s, processes, s.threads)
             bound = ""
+            if op.kind == "attention":
+                bound = "math"
             if op.kind == "gemm":  # whichever of the GEMM's math and its own memory traffic takes longer
                 math, memory = gemm_parts(op, hardware, s, processes, s.threads)
                 bound = "math" if math >= memory else "memory"

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+from .strategy import Strategy
+
 # bytes per parameter: (weights, gradients, optimizer states)
 BYTES_PER_PARAM = {
     ("mixed", "adam"): (2, 2, 12), ("mixed", "sgd"): (2, 2, 4), ("mixed", "sgd_momentum"): (2, 2, 8),
@@ -34,18 +36,42 @@ def param_bytes(strategy):
 
 
 def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: str = "none",
-                               sequence_parallel: bool = True) -> float:
-    """Activation bytes one layer keeps for backward, for one micro-batch."""
+                               sequence_parallel: bool = True, attention: str = "unfused") -> float:
+    """Activation bytes one layer keeps for backward, for one micro-batch.
+
+    Counted tensor by tensor as Korthikanti et al. 2022 (§4.1) do, for any shape: the inputs of the two norms,
+    of the QKV projection and of the MLP (replicated over tensor-parallel ranks unless sequence-parallel), Q, K
+    and V (grouped-query: K and V of kv heads), the attention output, the MLP's up (and gate) output and the
+    down projection's input (and SwiGLU's silu(gate)), split over tp; a 1-byte mask per dropout. Unfused
+    attention keeps the softmax output, its dropout mask and output, 5·a·s²·b bytes; FlashAttention keeps only
+    its output and a log-sum-exp per row (Dao et al. 2022), so that term vanishes. For Megatron's GPT this is
+    s·b·h·(34 + 5·a·s/h) (Korthikanti Table 2). Recomputation: selective drops the score term; ``op``
+    (torchtitan) keeps the layer input, the outputs of every other GEMM and of the attention kernel; full keeps
+    the layer input, 2·s·b·h; ``every_other`` keeps full sets on half the layers and inputs on the rest.
+    """
     if model.kind == "mlp":  # fp32: each Linear keeps its input (the previous ReLU's output)
         width = sum(i for i, _ in model.linears) / model.layers
         return 4.0 * width * micro_batch if recompute != "full" else 4.0 * model.linears[0][0] * micro_batch / model.layers
     s, b, h, a = model.seq_len, micro_batch, model.hidden, model.heads
+    sb = s * b
+    shard = tp if sequence_parallel else 1
     if recompute == "full":
-        return 2.0 * s * b * h / (tp if sequence_parallel else 1)
-    attention = 0.0 if recompute == "selective" else 5.0 * a * s / h
-    if tp == 1 or sequence_parallel:
-        return s * b * h * (34.0 + attention) / tp
-    return s * b * h * (10.0 + 24.0 / tp + attention / tp)
+        return 2.0 * sb * h / shard
+    if recompute == "every_other":
+        kept = activation_bytes_per_layer(model, micro_batch, tp, "none", sequence_parallel, attention)
+        return (kept + 2.0 * sb * h / shard) / 2
+    f, mask = model.ffn, (1 if model.dropout else 0)
+    if recompute == "op":   # saved: every other GEMM output, the attention output, the block's input
+        kvd = model.kv * model.head_dim
+        if model.gated_mlp:   # mms Q, K, V, O, gate, up, down: Q, V, gate, down kept
+            split = h + kvd + f + h
+        else:                 # mms QKV, O, up, down: QKV and up kept
+            split = model.qkv_width + f + h
+        return 2.0 * sb * (split / tp + h / shard)
+    replicated = 2 * 4 * h + 2 * mask * h                          # norm inputs, QKV and MLP inputs, masks
+    split = 2 * (model.qkv_width + h + model.up_width + f + (f if model.gated_mlp else 0))
+    scores = 0.0 if attention != "unfused" or recompute == "selective" else 5.0 * a * s * b * s / tp
+    return sb * (replicated / shard + split / tp) + scores
 
 
 def in_flight_micro_batches(strategy) -> int:
@@ -67,17 +93,24 @@ def memory_per_device(model, strategy) -> dict:
     """Bytes per device: weights, gradients, optimizer, activations and total (first pipeline stage)."""
     w_b, g_b, o_b = param_bytes(strategy)
     params_here = model.params / (strategy.tp * strategy.pp)
-    dp = strategy.dp
+    dp = strategy.shard_degree
     weights = params_here * w_b / (dp if strategy.zero_stage >= 3 else 1)
     grads = params_here * g_b / (dp if strategy.zero_stage >= 2 else 1)
     optimizer = params_here * o_b / (dp if strategy.zero_stage >= 1 else 1)
     layers_here = model.layers / strategy.pp
     per_layer = activation_bytes_per_layer(model, strategy.micro_batch, strategy.tp, strategy.recompute,
-                                           strategy.sequence_parallel)
+                                           strategy.sequence_parallel, strategy.attention)
     activations = per_layer * layers_here * in_flight_micro_batches(strategy) * interleave_factor(strategy)
-    if strategy.recompute == "full" and model.kind == "gpt":
+    if strategy.recompute in ("full", "every_other", "op") and model.kind == "gpt":
         activations += activation_bytes_per_layer(model, strategy.micro_batch, strategy.tp, "none",
-                                                  strategy.sequence_parallel)
+                                                  strategy.sequence_parallel, strategy.attention)
+    if strategy.fsdp and model.kind == "gpt":
+        # FSDP's working set: the unit being computed and the one prefetched, gathered in the parameter dtype,
+        # and their unsharded gradients before the reduce-scatter (Zhao et al. 2023 §3.2)
+        per_unit = params_here / model.layers * strategy.pp
+        reduce_b = {"fp32": 4, "tf32": 4}.get(strategy.reduce_dtype, g_b)
+        weights += 2 * per_unit * w_b if strategy.zero_stage >= 3 else 0.0
+        grads += 2 * per_unit * reduce_b
     if model.kind == "gpt" and model.vocab and strategy.pp == 1:
         activations += 4.0 * strategy.micro_batch * model.seq_len * model.vocab / strategy.tp
     total = weights + grads + optimizer + activations
@@ -99,7 +132,6 @@ def check_fits(model, strategy, hardware, headroom: float = 0.9) -> dict:
 
 def min_devices_to_fit(model, hardware, strategy=None, headroom: float = 0.9) -> int:
     """Smallest world size (ZeRO-3 data parallelism) whose weights+grads+optimizer fit: the memory wall."""
-    from .strategy import Strategy
 
     strategy = strategy or Strategy()
     w_b, g_b, o_b = param_bytes(strategy)

@@ -5,6 +5,13 @@ transformer formulas. For GPT the forward GEMMs per layer are QKV (h→3h), atte
 (2·s·h per token each), the output projection (h→h) and the MLP (h→4h→h), plus the logits (h→V) once:
 forward+backward FLOPs per iteration = 72·B·s·L·h²·(1 + s/(6h) + V/(12·h·L)) (Narayanan et al. 2021, eq. 3),
 i.e. ≈ 6·N FLOPs per token plus the attention term (Kaplan et al. 2020).
+
+Today's decoders differ in ways the cost model must see (:func:`transformer`, :func:`llama`): grouped-query
+attention (K and V projected to ``kv_heads`` < ``heads`` heads: Ainslie et al. 2023), a gated MLP (SwiGLU: three
+h×f matrices with f ≈ 8h/3 rounded, Shazeer 2020; Llama: Touvron et al. 2023), untied input and output
+embeddings, RMSNorm instead of LayerNorm (one statistic, no bias: Zhang & Sennrich 2019), rotary positions (no
+position table: Su et al. 2021) or a learned table (GPT, MPT), and no dropout. Model FLOPs count every GEMM with
+the full s×s attention (the convention of Narayanan et al. eq. 3, llm-foundry's MFU and torchtitan's).
 """
 from __future__ import annotations
 
@@ -28,6 +35,13 @@ class ModelSpec:
     param_numels: tuple = ()     # MLP: numel of each parameter in registration order (for bucket plans)
     rows: tuple = ()             # MLP: GEMM rows per sample of each entry of ``linears`` (default 1 each; a
                                  # convolution as im2col GEMM has one row per output pixel)
+    kv_heads: int = 0            # GPT: key/value heads (grouped-query attention); 0: as many as ``heads``
+    ffn_hidden: int = 0          # GPT: MLP inner width f; 0: 4·hidden
+    gated_mlp: bool = False      # GPT: SwiGLU (gate and up projections h→f, then f→h) instead of h→4h→h with GeLU
+    tied_embeddings: bool = True  # GPT: the logits reuse the input embedding table
+    norm: str = "layernorm"      # GPT: "layernorm" | "rmsnorm"
+    position: str = "learned"    # GPT: "learned" (a table of s×h) | "rope" | "alibi" (no parameters)
+    dropout: bool = True         # GPT: dropout after attention and the residual branches (Megatron's GPT: yes)
 
     def __post_init__(self):
         for name in ("params", "layers", "hidden", "seq_len", "heads"):
@@ -36,6 +50,36 @@ class ModelSpec:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.kind not in ("mlp", "gpt"):
             raise ValueError(f"kind must be 'mlp' or 'gpt', got {self.kind!r}")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
+        if self.position not in ("learned", "rope", "alibi"):
+            raise ValueError(f"position must be 'learned', 'rope' or 'alibi', got {self.position!r}")
+        if self.kv_heads < 0 or (self.kv_heads and self.heads % self.kv_heads):
+            raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
+
+    @property
+    def kv(self) -> int:
+        """Key/value heads (= heads without grouped-query attention)."""
+        return self.kv_heads or self.heads
+
+    @property
+    def ffn(self) -> int:
+        """MLP inner width f."""
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def qkv_width(self) -> int:
+        """Output width of the fused QKV projection: h for Q, 2·kv·d for K and V."""
+        return self.hidden + 2 * self.kv * self.head_dim
+
+    @property
+    def up_width(self) -> int:
+        """Output width of the MLP's first GEMM: f, or 2f for a gated MLP (gate and up fused)."""
+        return self.ffn * (2 if self.gated_mlp else 1)
 
     @property
     def tokens_per_sample(self) -> int:
@@ -52,12 +96,12 @@ class ModelSpec:
             return per_layer if layers == self.layers else per_layer[:layers]
         t, h, s, a = micro_batch * self.seq_len, self.hidden, self.seq_len, self.heads
         heads_here = max(a // tp, 1)
-        gemms = [(t, h, 3 * h // tp, layers),                            # QKV, column-parallel
+        gemms = [(t, h, self.qkv_width // tp, layers),                   # QKV, column-parallel
                  (s, h // a, s, micro_batch * heads_here * layers),      # scores Q·Kᵀ per head
                  (s, s, h // a, micro_batch * heads_here * layers),      # scores · V
                  (t, h // tp, h, layers),                                # output projection, row-parallel
-                 (t, h, 4 * h // tp, layers),                            # MLP up
-                 (t, 4 * h // tp, h, layers)]                            # MLP down
+                 (t, h, self.up_width // tp, layers),                    # MLP up (and gate)
+                 (t, self.ffn // tp, h, layers)]                         # MLP down
         if layers == self.layers and self.vocab:
             gemms.append((t, h, self.vocab // tp, 1))                    # logits
         return gemms
@@ -107,6 +151,66 @@ def gpt(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab: int = 
     params = 12 * layers * hidden ** 2 + 13 * layers * hidden + vocab * hidden + seq_len * hidden
     label = name or f"GPT {params / 1e9:.1f}B"
     return ModelSpec(label, params, layers, hidden, seq_len=seq_len, heads=heads, vocab=vocab, kind="gpt")
+
+
+def transformer(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab: int = 51200, *,
+                kv_heads: int = 0, ffn_hidden: int = 0, gated_mlp: bool = False, tied_embeddings: bool = True,
+                norm: str = "layernorm", position: str = "learned", bias: bool = True, dropout: bool = True,
+                name: str | None = None) -> ModelSpec:
+    """A decoder-only transformer of any of today's families; parameters counted from its shapes.
+
+    Per layer: Q and output projections h·h each, K and V h·(kv·d) each, the MLP (3 if gated else 2)·h·f,
+    biases where ``bias``, and two norms (LayerNorm: weight and bias; RMSNorm: weight). Once: the embedding
+    V·h (twice if untied), a learned position table s·h, and the final norm."""
+    for label, value in (("layers", layers), ("hidden", hidden), ("heads", heads), ("seq_len", seq_len)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label} must be a positive int, got {value!r}")
+    if hidden % heads:
+        raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
+    kv = kv_heads or heads
+    if heads % kv:
+        raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
+    d, f = hidden // heads, ffn_hidden or 4 * hidden
+    norm_params = (2 if norm == "layernorm" and bias else 1) * hidden
+    attention = 2 * hidden * hidden + 2 * hidden * kv * d + (2 * hidden + 2 * kv * d if bias else 0)
+    mlp = (3 if gated_mlp else 2) * hidden * f + ((2 if gated_mlp else 1) * f + hidden if bias else 0)
+    per_layer = attention + mlp + 2 * norm_params
+    params = (layers * per_layer + vocab * hidden * (1 if tied_embeddings else 2)
+              + (seq_len * hidden if position == "learned" else 0) + norm_params)
+    return ModelSpec(name or f"transformer {params / 1e9:.1f}B", params, layers, hidden, seq_len=seq_len,
+                     heads=heads, vocab=vocab, kind="gpt", kv_heads=kv if kv != heads else 0, ffn_hidden=f,
+                     gated_mlp=gated_mlp, tied_embeddings=tied_embeddings, norm=norm, position=position,
+                     dropout=dropout)
+
+
+def llama(layers: int, hidden: int, heads: int, kv_heads: int, ffn_hidden: int, seq_len: int = 4096,
+          vocab: int = 32000, name: str | None = None) -> ModelSpec:
+    """A Llama-family decoder (Touvron et al. 2023; Llama 3: Dubey et al. 2024): grouped-query attention,
+    SwiGLU MLP of width ``ffn_hidden``, RMSNorm, rotary positions, untied embeddings, no biases, no dropout."""
+    return transformer(layers, hidden, heads, seq_len, vocab, kv_heads=kv_heads, ffn_hidden=ffn_hidden,
+                       gated_mlp=True, tied_embeddings=False, norm="rmsnorm", position="rope", bias=False,
+                       dropout=False, name=name)
+
+
+# Llama shapes from the model cards / torchtitan's model args (layers, hidden, heads, kv_heads, ffn, vocab, seq)
+LLAMA_SIZES = {
+    "llama2-7b": dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000, seq_len=4096),
+    "llama2-13b": dict(layers=40, hidden=5120, heads=40, kv_heads=40, ffn_hidden=13824, vocab=32000, seq_len=4096),
+    "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000, seq_len=4096),
+    "llama3-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256, seq_len=8192),
+    "llama3-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128256, seq_len=8192),
+    "llama3-405b": dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248, vocab=128256,
+                        seq_len=8192),
+}
+
+
+def llama_size(label: str, seq_len: int | None = None) -> ModelSpec:
+    if label not in LLAMA_SIZES:
+        raise ValueError(f"unknown Llama size {label!r}: use one of {list(LLAMA_SIZES)}")
+    shape = dict(LLAMA_SIZES[label])
+    if seq_len is not None:
+        shape["seq_len"] = seq_len
+    return llama(**shape, name=label)
 
 
 # GPT-style sizes used in the lesson (shapes as in GPT-3 Table 2.1, Brown et al. 2020, and Llama-2 7B/70B widths)

@@ -20,6 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .collectives import ring_all_reduce
+from .cost import predict
+from .hardware import AZURE_A100_80GB_ALLREDUCE, Link, dgx_a100
+from .model import gpt
+from .strategy import Strategy
+
 SOURCE = ("Narayanan et al. 2021, SC'21 (arXiv 2104.04473), Table 1; configurations from NVIDIA/Megatron-LM "
           "examples/sc21/run_table_1.sh")
 
@@ -56,11 +62,9 @@ class MegatronRun:
         return self.layers // (self.pp * self.layers_per_chunk) if self.layers_per_chunk else 1
 
     def model(self, seq_len: int = 2048, vocab: int = 51200):
-        from .model import gpt
         return gpt(self.layers, self.hidden, self.heads, seq_len=seq_len, vocab=vocab, name=f"GPT {self.label}")
 
     def strategy(self):
-        from .strategy import Strategy
         v = self.virtual_stages
         return Strategy(dp=self.dp, tp=self.tp, pp=self.pp, micro_batch=self.micro_batch,
                         num_micro_batches=self.num_micro_batches, recompute="full", dtype="fp16",
@@ -91,8 +95,6 @@ NARAYANAN_2021_TABLE_1 = [
 def predict_run(run: MegatronRun, hardware=None) -> dict:
     """One Table 1 row predicted on ``hardware`` (default: the DGX A100 preset): a dict with the published and
     predicted TFLOP/s per GPU, the relative error and where the predicted iteration time goes."""
-    from .cost import predict
-    from .hardware import dgx_a100
 
     hardware = hardware or dgx_a100()
     model, s = run.model(), run.strategy()
@@ -121,9 +123,6 @@ def nccl_points(hardware=None, world_size: int = 8):
     """The published nccl-tests all-reduce bus bandwidths the A100 preset's intra-node link is built from, beside
     what the link model gives at the same sizes: the curve it reads (exact by construction) and the α-β fit."""
     import pandas as pd
-
-    from .cost import ring_all_reduce
-    from .hardware import AZURE_A100_80GB_ALLREDUCE, Link, dgx_a100
 
     hardware = hardware or dgx_a100()
     n = world_size
@@ -165,11 +164,9 @@ class KorthikantiRun:
     seconds: float
 
     def model(self):
-        from .model import gpt
         return gpt(self.layers, self.hidden, self.heads, seq_len=2048, vocab=51200, name=f"GPT {self.label}")
 
     def strategy(self):
-        from .strategy import Strategy
         v = self.virtual_stages
         return Strategy(tp=self.tp, pp=self.pp, micro_batch=self.micro_batch,
                         num_micro_batches=self.global_batch // self.micro_batch, dtype="fp16",
@@ -191,9 +188,6 @@ KORTHIKANTI_2022 = [
 def korthikanti_table(hardware=None):
     """Korthikanti et al. 2022's iteration times beside the predicted ones (nothing fitted to them)."""
     import pandas as pd
-
-    from .cost import predict
-    from .hardware import dgx_a100
 
     hardware = hardware or dgx_a100()
     rows = []

@@ -8,6 +8,8 @@ Execution rule for pipelines (as the executor's): sends never block, a receive w
 from __future__ import annotations
 
 from ..timeline import to_frame
+from .cost import bucket_comm_times, gradient_buckets, optimizer_time, stage_times
+from .topology import p2p_time
 
 
 def _row(rank, step, kind, name, start, end, warmup):
@@ -21,7 +23,6 @@ def replay_data_parallel(model, hardware, strategy, steps: int = 3, warmup: int 
     With ``strategy.overlap`` bucket i starts when backward of the last micro-batch has produced its share of
     gradients (buckets fill in reverse layer order) and the buckets share one communication channel.
     """
-    from .cost import bucket_comm_times, gradient_buckets, optimizer_time, stage_times
 
     s = strategy.validate(model=model)
     processes = processes or min(s.world_size, hardware.devices_per_node)
@@ -115,8 +116,6 @@ def replay_pipeline(schedule, t_forward: float, t_backward: float, t_p2p: float 
 
 def replay_pipeline_model(schedule, model, hardware, strategy, steps: int = 1):
     """A pipeline schedule replayed with the cost model's stage times for ``model`` split by ``strategy``."""
-    from .cost import stage_times
-    from .topology import p2p_time
 
     s = strategy.validate(model=model, hardware=hardware)
     t_f, t_b = stage_times(model, hardware, s, min(s.world_size, hardware.devices_per_node))

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "every_other", "full")
+ATTENTION = ("unfused", "flash", "flash1")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
 OPTIMIZERS = ("adam", "sgd", "sgd_momentum")
@@ -31,7 +32,9 @@ class Strategy:
     zero_stage: int = 0              # 0: replicate; 1: shard optimizer states; 2: + gradients; 3: + weights
     bucket_bytes: float = 25e6       # gradient bucket (PyTorch DDP's default is 25 MB)
     overlap: bool = False            # all-reduce buckets while backward still runs
-    recompute: str = "none"          # activation recomputation: none | selective | full
+    recompute: str = "none"          # activation recomputation: none | selective | op | every_other | full
+    attention: str = "unfused"       # "flash": one fused kernel (FlashAttention-2), no s×s scores in memory;
+                                     # "flash1": FlashAttention-1 / the Triton kernel (slower)
     schedule: str = "1f1b"           # pipeline schedule: 1f1b | gpipe | interleaved
     virtual_stages: int = 1          # model chunks per pipeline rank (interleaved 1F1B)
     sequence_parallel: bool = False  # with tp > 1: shard layer norms/dropout along the sequence (Korthikanti)
@@ -39,6 +42,13 @@ class Strategy:
     dtype: str = "bf16"              # compute dtype; bf16/fp16 mean mixed precision with fp32 master weights
     optimizer: str = "adam"
     threads: int | None = None       # CPU only: torch threads per process (None: cores // processes)
+    fsdp: bool = False               # shard as PyTorch FSDP does: zero_stage 3 = FULL_SHARD, 2 = SHARD_GRAD_OP;
+                                     # per layer all-gather / reduce-scatter every micro-batch, prefetched
+    shard_size: int = 0              # FSDP hybrid sharding: shard over groups of this many ranks, replicate
+                                     # across them (0: shard over all dp ranks)
+    reduce_dtype: str = ""           # dtype of gradient reduction ("fp32": FSDP's fp32 reduce; "": as dtype)
+    kernels: str = "fused"           # "eager": norms, rotary, SwiGLU as separate PyTorch ops (no torch.compile)
+    tp_overlap: bool = False         # Megatron's --tp-comm-overlap: TP collectives pipelined with their GEMMs
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "micro_batch", "num_micro_batches", "virtual_stages"):
@@ -62,6 +72,23 @@ class Strategy:
             raise ValueError("virtual_stages > 1 only makes sense with schedule='interleaved'")
         if self.threads is not None:
             _positive_int("threads", self.threads)
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
+        if self.shard_size:
+            _positive_int("shard_size", self.shard_size)
+            if not self.fsdp or self.dp % self.shard_size:
+                raise ValueError(f"shard_size ({self.shard_size}) is FSDP hybrid sharding: it needs fsdp=True and "
+                                 f"must divide dp ({self.dp})")
+        if self.fsdp and self.zero_stage not in (2, 3):
+            raise ValueError("fsdp=True shards as FSDP does: use zero_stage=3 (FULL_SHARD) or 2 (SHARD_GRAD_OP)")
+        if self.tp_overlap and not (self.sequence_parallel and self.tp > 1):
+            raise ValueError("tp_overlap overlaps sequence parallelism's all-gathers and reduce-scatters with the "
+                             "GEMMs (Megatron's --tp-comm-overlap needs --sequence-parallel): set "
+                             "sequence_parallel=True and tp > 1")
+        if self.kernels not in ("fused", "eager"):
+            raise ValueError(f"kernels must be 'fused' or 'eager', got {self.kernels!r}")
+        if self.reduce_dtype not in ("",) + DTYPES:
+            raise ValueError(f"reduce_dtype must be '' or one of {DTYPES}, got {self.reduce_dtype!r}")
 
     @property
     def world_size(self) -> int:
@@ -71,6 +98,11 @@ class Strategy:
     def global_batch(self) -> int:
         """Samples per optimizer step over all replicas: dp × micro_batch × num_micro_batches."""
         return self.dp * self.micro_batch * self.num_micro_batches
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks each parameter/gradient/optimizer state is sharded over under ZeRO/FSDP."""
+        return self.shard_size or self.dp
 
     @property
     def mixed_precision(self) -> bool:
@@ -91,8 +123,9 @@ class Strategy:
             if model.kind == "gpt":
                 if model.heads % self.tp:
                     raise ValueError(f"{model.heads} attention heads do not split over tp = {self.tp}")
-                if (4 * model.hidden) % self.tp or model.hidden % self.tp:
-                    raise ValueError(f"hidden {model.hidden} does not split over tp = {self.tp}")
+                if model.ffn % self.tp or model.hidden % self.tp:
+                    raise ValueError(f"hidden {model.hidden} or MLP width {model.ffn} does not split over "
+                                     f"tp = {self.tp}")
             elif self.tp > 1:
                 if any(o % self.tp for _, o in model.linears):
                     raise ValueError(f"a Linear's width does not split over tp = {self.tp}")
@@ -111,3 +144,24 @@ class Strategy:
 
     def replace(self, **changes) -> "Strategy":
         return replace(self, **changes)
+
+    @classmethod
+    def from_plan(cls, plan, global_batch: int, **overrides) -> "Strategy":
+        """The strategy a ``simlib.train.Plan`` runs for ``global_batch`` samples per step: the same degrees,
+        micro-batches, ZeRO stage, precision, recomputation and buckets. The plan is checked first by its own
+        ``validate`` (the trainer's check, so a plan the trainer refuses is refused here). ``overrides``: what a
+        plan does not say (``optimizer``, ``threads``, ``sequence_parallel``, ...)."""
+        plan.validate(plan.world_size)
+        per_step = plan.accumulation * plan.microbatches
+        if global_batch % (plan.dp * per_step):
+            raise ValueError(f"global batch {global_batch} does not split into dp={plan.dp} x {per_step} "
+                             "micro-batches: use a multiple of their product")
+        if plan.pp > 1 and plan.accumulation > 1:
+            raise ValueError(f"the simulator prices one pipeline flush per step; the plan runs {plan.accumulation}: "
+                             f"simulate pp_microbatches={per_step}, accumulation=1 (the same samples, one flush)")
+        fields = dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, micro_batch=global_batch // (plan.dp * per_step),
+                      num_micro_batches=per_step, zero_stage=plan.zero_stage, schedule=plan.schedule,
+                      bucket_bytes=plan.bucket_cap_mb * 2 ** 20, overlap=plan.dp_variant in ("bucket", "ddp"),
+                      recompute="full" if plan.activation_checkpointing else "none",
+                      dtype=plan.mixed_precision or "fp32")
+        return cls(**{**fields, **overrides})

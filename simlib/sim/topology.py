@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import cost
+from . import collectives as cost  # the formulas (ring, all-gather, p2p, ...)
 
 
 @dataclass(frozen=True)

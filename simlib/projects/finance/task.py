@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import positive_int
-from .seeding import generator
+from .. import positive_int
+from ..seeding import generator
 
 __all__ = ["HedgingTask", "HedgeNet", "load_sp500", "calibrate", "bs_call_price", "bs_delta", "real_windows",
            "hedge_pnl", "SEEDINGS"]
@@ -217,7 +217,7 @@ class HedgingTask:
 
     def sim_spec(self):
         """The model for ``simlib.sim``: the hedging MLP runs once per day of each path (``days`` rows)."""
-        from ..sim import ModelSpec
+        from ...sim import ModelSpec
 
         model = self.build_model()
         linears = tuple((m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear))

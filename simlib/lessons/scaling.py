@@ -18,9 +18,9 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from . import env
-from .launch import OversubscribedWarning, launch
-from .timeline import step_times, summarize
+from .. import env
+from ..launch import OversubscribedWarning, launch
+from ..timeline import step_times, summarize
 
 MODES = ("strong", "weak")
 
@@ -34,8 +34,8 @@ def dp_train(width: int = 1024, depth: int = 4, local_batch: int = 256, steps: i
     every rank starts from the same weights, trains on its shard of the global batch, and averages the
     gradients with one all-reduce of a flat buffer, so the ranks stay identical step after step.
     """
-    from .tasks import RegressionTask
-    from .train import OptimConfig, Plan, train
+    from ..tasks import RegressionTask
+    from ..train import OptimConfig, Plan, train
 
     ctx = env.init()
     global_batch = local_batch * ctx.world_size
@@ -109,8 +109,27 @@ def scaling(world_sizes=(1, 2, 4), mode: str = "strong", global_batch: int = 102
         rows.append(_row(summary, timeline, world_size, threads, gb, local_batch, baseline))
         if baseline is None:
             timelines[world_size] = timeline
-    table = pd.DataFrame(rows)
-    ref = table[(table["world_size"] == 1) & table["baseline"].isna()].iloc[0]
+    table = speedup_table(rows, mode, cores)
+    table.attrs.update(width=width, depth=depth, steps=steps, warmup=warmup,
+                       device="cuda" if env.gpu_count() else "cpu")
+    return (table, timelines) if keep_timelines else table
+
+
+def speedup_table(rows, mode: str = "strong", cores: int | None = None) -> pd.DataFrame:
+    """Speedup (with quartile band), efficiency and oversubscription for rows of measured step times.
+
+    Each row: ``world_size``, ``threads``, ``step_time`` (median), ``step_time_p25``/``_p75``, ``throughput`` and
+    ``baseline`` (None for the sweep, a label for the one-process-all-cores rival); the reference is the row with
+    ``world_size == 1`` and no baseline. What :func:`scaling` returns, and what lesson 02 builds from its own runs.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    cores = cores or env.cpu_count()
+    table = pd.DataFrame(rows).reset_index(drop=True)
+    refs = table[(table["world_size"] == 1) & table["baseline"].isna()]
+    if refs.empty:
+        raise ValueError("speedup needs the one-process reference: a row with world_size 1 and no baseline")
+    ref = refs.iloc[0]
     if mode == "strong":  # same work: speedup = t1 / tN
         table["speedup"] = ref["step_time"] / table["step_time"]
         table["speedup_lo"] = ref["step_time"] / table["step_time_p75"]
@@ -123,6 +142,5 @@ def scaling(world_sizes=(1, 2, 4), mode: str = "strong", global_batch: int = 102
     # "1 process x 2 threads" is judged on 2 cores, not on 1 process
     table["efficiency"] = table["speedup"] * ref["threads"] / (table["world_size"] * table["threads"])
     table["oversubscribed"] = table["world_size"] * table["threads"] > cores
-    table.attrs.update(cores=cores, mode=mode, width=width, depth=depth, steps=steps, warmup=warmup,
-                       device="cuda" if env.gpu_count() else "cpu")
-    return (table, timelines) if keep_timelines else table
+    table.attrs.update(cores=cores, mode=mode)
+    return table

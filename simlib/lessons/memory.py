@@ -15,9 +15,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import env
 from ..models import BlockMLP, make_regression
-from . import precision as prec
-from . import recompute, zero
+from ..parallel import precision as prec
+from ..parallel import recompute, zero, zero3
+from ..parallelize import apply_zero
+from .data_parallel import count_all_reduces
 
 __all__ = ["VARIANTS", "run_memory", "reference", "formula", "comm_volume", "volume_formula", "measure_collectives"]
 
@@ -54,14 +57,16 @@ def _build(variant, model, lr, group, counter, layout):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         wrapped = DDP(model, process_group=group)
-        ddp_counter = _count_all_reduces(wrapped, group)
+        ddp_counter = count_all_reduces(wrapped, group=group)
         return wrapped, inner(wrapped.parameters(), lr=lr), ddp_counter
-    if variant in ("zero1", "zero2"):
+    if variant in ("zero1", "zero2"):  # the trainer's own wrapping (simlib.parallelize.apply_zero)
+        wrapped = apply_zero(model, _STAGE[variant], group, comm_counter=counter)
         opt = zero.ShardedOptimizer(model.parameters(), inner, group=group, comm_counter=counter, lr=lr)
-        return zero.ZeroDataParallel(model, opt, stage=_STAGE[variant], group=group, comm_counter=counter), opt, None
+        wrapped.attach(opt)
+        return wrapped, opt, None
     if variant == "zero3":
-        zero.check_elementwise(inner)
-        wrapped = zero.Zero3(model, group=group, comm_counter=counter)
+        zero3.check_elementwise(inner)
+        wrapped = apply_zero(model, 3, group, comm_counter=counter)
         return wrapped, inner(wrapped.parameters(), lr=lr), None
     if variant == "fsdp2":
         from torch.distributed.device_mesh import DeviceMesh
@@ -72,21 +77,6 @@ def _build(variant, model, lr, group, counter, layout):
         fully_shard(model, mesh=mesh)
         return model, inner(model.parameters(), lr=lr), None
     raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-
-
-def _count_all_reduces(ddp_model, group) -> dict:
-    """DDP's default communication (mean all-reduce of each bucket, over ``group``), counting the bytes."""
-    counter = {"calls": 0, "bytes": 0}
-    n = dist.get_world_size(group)
-
-    def hook(state, bucket):
-        counter["calls"] += 1
-        counter["bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
-        work = dist.all_reduce(bucket.buffer().div_(n), group=group, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
-
-    ddp_model.register_comm_hook(None, hook)
-    return counter
 
 
 def _full_params(variant, wrapped, model):
@@ -193,7 +183,7 @@ def peak_bytes(fn, device=None) -> int:
     if not os.path.exists("/proc/self/clear_refs"):  # not Linux (macOS, Windows): torch's profiler instead
         import warnings
 
-        from .accumulate import peak_memory
+        from ..parallel.accumulate import peak_memory
         warnings.warn("no /proc here: peak memory comes from torch's profiler, which over-counts under ZeRO-3 and "
                       "FSDP2 (it misses frees done by resizing storage)", stacklevel=2)
         return peak_memory(fn)
@@ -294,7 +284,7 @@ def sweep(variants=VARIANTS, world_sizes=(1, 2, 4), options=None, **kwargs) -> l
     rank = dist.get_rank()
     rows = []
     for world in world_sizes:
-        group = dist.new_group(list(range(world)))
+        group = dist.new_group(list(range(world)), timeout=env.collective_timeout())  # the run's timeout
         for label, extra in options.items():
             for variant in variants:
                 if rank < world:

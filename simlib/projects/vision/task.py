@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import positive_int
-from .seeding import generator
+from .. import positive_int
+from ..seeding import generator
 
 __all__ = ["DigitsTask", "ResNet", "BasicBlock", "load_digits_split", "baseline_logistic", "LOADERS"]
 
@@ -231,7 +231,7 @@ class DigitsTask:
     def sim_spec(self):
         """The model for ``simlib.sim``: each convolution as its im2col GEMM (one row per output pixel);
         BatchNorm, ReLU and the residual add as element-wise work on every convolution's output."""
-        from ..sim import ModelSpec
+        from ...sim import ModelSpec
 
         model = self.build_model()
         gemms = conv_gemms(model, self.image_size)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .train import OptimConfig, Plan
+from ...train import OptimConfig, Plan
 
 PLAN_NAMES = ("single", "dp", "dp+acc", "tp", "pp")
 
@@ -21,7 +21,7 @@ def settings(quick: bool = False) -> dict:
     Quick: 0.17 M parameters, 200 steps of 512 tokens at a higher learning rate: enough to get below the unigram
     cross-entropy (5.93 nats: the best a model ignoring context can do), so its target (5.85) means something was
     learned about context (measured: 5.73 after 200 steps at one process; 120 steps at lr 1e-2 ended at 5.95)."""
-    from .gpt_task import GPTTask
+    from .task import GPTTask
     if quick:
         return dict(task=GPTTask.quick(), steps=200, eval_every=25, log_every=10, target={"eval_loss": 5.85},
                     optim=OptimConfig(lr=2e-2, warmup_steps=10, weight_decay=0.1, grad_clip=1.0))
@@ -34,9 +34,12 @@ def plan_for(name: str, world_size: int, micro_batches: int = 4) -> Plan:
     if name == "single" or world_size == 1:
         if name not in PLAN_NAMES:
             raise ValueError(f"unknown plan {name!r}: use one of {PLAN_NAMES}")
+        if name == "single" and world_size != 1:
+            raise ValueError(f"plan 'single' runs on 1 process, not {world_size}: use --world-size 1, or a plan that "
+                             f"splits the work ({', '.join(n for n in PLAN_NAMES if n != 'single')})")
         return Plan()
     plans = {"dp": Plan(dp=world_size), "dp+acc": Plan(dp=world_size, accumulation=micro_batches),
-             "tp": Plan(tp=world_size), "pp": Plan(pp=world_size, accumulation=max(micro_batches, world_size))}
+             "tp": Plan(tp=world_size), "pp": Plan(pp=world_size, pp_microbatches=max(micro_batches, world_size))}
     if name not in plans:
         raise ValueError(f"unknown plan {name!r}: use one of {PLAN_NAMES}")
     return plans[name]
@@ -47,8 +50,8 @@ def train_gpt(plan: Plan, out_dir=None, quick: bool = False, samples: int = 2, s
     """One rank's part of a project run (call on every rank): train, then generate ``samples`` texts."""
     import torch
 
-    from . import gpt
-    from .train import train
+    from . import model as gpt
+    from ...train import train
     config = {**settings(quick), **overrides}
     task = config.pop("task")
     record = train(task, plan, out_dir=out_dir, **config)
@@ -75,7 +78,7 @@ def load_final_model(out_dir):
     """The task and the unsplit trained model saved by a project run in ``out_dir``."""
     import torch
 
-    from .gpt_task import GPTTask
+    from .task import GPTTask
     saved = torch.load(Path(out_dir) / "final_model.pt", weights_only=True)
     task = GPTTask(**saved["task"])
     model = task.build_model()
@@ -89,13 +92,16 @@ def _is_rank0() -> bool:
 
 
 def run(plan, world_size: int = 2, quick: bool | None = None, out_dir="results/gpt/{name}", cluster=None,
-        threads: int | None = None, timeout: float | None = None, **overrides):
+        threads: int | None = None, timeout: float | None = None, collective_timeout: float | None = None,
+        **overrides):
     """Run a plan (a :class:`Plan` or a name from :data:`PLAN_NAMES`) on fresh processes, or on ``cluster``.
+    ``timeout``: limit of the whole run; ``collective_timeout``: how long a collective waits for a peer (fresh
+    processes; default simlib.launch's), so a stopped or lost rank ends the run in that time.
 
     Returns rank 0's :class:`simlib.record.RunRecord` (with ``summary["samples_text"]``).
     """
-    from . import env
-    from .launch import launch
+    from ... import env
+    from ...launch import launch
     quick = env.quick() if quick is None else quick
     name = plan if isinstance(plan, str) else plan.label.replace(" ", "_")
     plan = plan_for(plan, world_size) if isinstance(plan, str) else plan
@@ -103,7 +109,8 @@ def run(plan, world_size: int = 2, quick: bool | None = None, out_dir="results/g
     kwargs = dict(out_dir=out, quick=quick, **overrides)
     if cluster is not None:
         return cluster.call(train_gpt, (plan,), kwargs, timeout=timeout)[0]
-    return launch(train_gpt, plan.world_size, plan, threads=threads, call_timeout=timeout, **kwargs)[0]
+    extra = {} if collective_timeout is None else {"timeout": collective_timeout}
+    return launch(train_gpt, plan.world_size, plan, threads=threads, call_timeout=timeout, **extra, **kwargs)[0]
 
 
 def plot_runs(records: dict, path=None, target: float | None = None):

@@ -18,7 +18,7 @@ def _setup(width, depth, micro_batch, num_microbatches, num_chunks, seed):
 
     from ..env import device
     from ..models import MLP, make_regression
-    from .pipeline import build_stages
+    from ..parallel.pipeline import build_stages
 
     rank, world_size, dev = dist.get_rank(), dist.get_world_size(), device()
     torch.manual_seed(seed)
@@ -28,7 +28,7 @@ def _setup(width, depth, micro_batch, num_microbatches, num_chunks, seed):
 
 
 def make_schedule(name: str, num_stages: int, num_microbatches: int, num_chunks: int = 1):
-    from . import schedules
+    from ..parallel import schedules
     if name == "interleaved_1f1b":
         return schedules.interleaved_1f1b(num_stages, num_microbatches, num_chunks)
     return schedules.SCHEDULES[name](num_stages, num_microbatches)
@@ -40,7 +40,7 @@ def simlib_steps(schedule_name="1f1b", num_microbatches=4, micro_batch=32, width
     import torch.distributed as dist
 
     from ..timeline import Timeline
-    from .pipeline import pipeline_step
+    from ..parallel.pipeline import pipeline_step
 
     rank, world_size, model, stages, x, y = _setup(width, depth, micro_batch, num_microbatches, num_chunks, seed)
     schedule = make_schedule(schedule_name, world_size, num_microbatches, num_chunks)

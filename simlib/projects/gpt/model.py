@@ -6,7 +6,7 @@ Shapes: B batch, T sequence, H hidden, V vocabulary, nh heads.
     model = GPT(GPTConfig(vocab_size=1024, seq_len=64, hidden=128, num_layers=4, num_heads=4))
     logits = model(idx)                       # (B, T) token ids -> (B, T, V)
 
-How the project splits it (``simlib.parallelize`` calls these through ``simlib.gpt_task.GPTTask``):
+How the project splits it (``simlib.parallelize`` calls these through ``simlib.projects.gpt.GPTTask``):
 
     tensor_parallel(model, group)     attention by heads and the MLP by columns (``simlib.parallel.tensor``,
                                       Megatron's f and g): two all-reduces of (B, T, H) per block in forward,
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .models import FeedForward, SelfAttention
+from ...models import FeedForward, SelfAttention
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ class GPT(nn.Module):
 # ── how the model splits ─────────────────────────────────────────────────────────────────────────────────
 def tensor_parallel(model: GPT, group, log=None) -> GPT:
     """Split every block's attention (by heads) and MLP (by columns) over ``group``, in place."""
-    from .parallel.tensor import TensorParallelAttention, TensorParallelMLP
+    from ...parallel.tensor import TensorParallelAttention, TensorParallelMLP
 
     for block in model.blocks:
         block.attn = TensorParallelAttention.from_dense(block.attn, group, log)
@@ -161,7 +161,7 @@ class Stage(nn.Module):
 
 def pipeline_stages(model: GPT, pp_rank: int, pp_size: int) -> list[nn.Module]:
     """This rank's stage (modules shared with ``model``, not copies)."""
-    from .parallel.pipeline import split_blocks
+    from ...parallel.pipeline import split_blocks
 
     ranges = split_blocks(len(model.blocks), pp_size)
     return [Stage(model, ranges[pp_rank], first=pp_rank == 0, last=pp_rank == pp_size - 1)]
@@ -175,7 +175,7 @@ def dense_state_dict(model: GPT, tp_group=None) -> dict:
     """
     import torch.distributed as dist
 
-    from .parallel.tensor import TensorParallelAttention
+    from ...parallel.tensor import TensorParallelAttention
 
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if tp_group is None or dist.get_world_size(tp_group) == 1:

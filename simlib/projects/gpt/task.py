@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from . import gpt, text
+from . import model as gpt, text
 
 
 @dataclass

@@ -54,7 +54,7 @@ def tp_steps(kind="mlp", hidden=512, batch=8, seq=128, num_heads=8, steps=10, wa
     import torch.distributed as dist
 
     from ..env import device, synchronize
-    from . import tensor
+    from ..parallel import tensor
     dev = device()
     block = _block(kind, hidden, num_heads, seed).to(dev)
     log = tensor.CommLog()
@@ -79,7 +79,7 @@ def dtensor_steps(hidden=512, batch=8, seq=128, steps=10, warmup=2, seed=0) -> d
     import torch
     import torch.distributed as dist
 
-    from . import tensor
+    from ..parallel import tensor
     block = _block("mlp", hidden, 8, seed)
     reference_out = block(torch.randn(batch, seq, hidden, generator=torch.Generator().manual_seed(1))).detach()
     tp = tensor.dtensor_parallelize(block, {"fc1": "colwise", "fc2": "rowwise"})

@@ -8,7 +8,7 @@ Corpus: ``simlib/data/python_docs.txt`` (465 KB, the Python Language Reference's
 ``simlib/data/README.md`` for source and licence). The first 90 % trains, the last 10 % is held out.
 
 Tokenizer: a byte-level BPE with 1,024 tokens trained on the training split with Hugging Face
-``tokenizers`` (committed as ``gpt_tokenizer.json``; ``python -m simlib.text`` retrains it). Why BPE and not
+``tokenizers`` (committed as ``gpt_tokenizer.json``; ``python -m simlib.projects.gpt.text`` retrains it). Why BPE and not
 characters: a token then carries ~2.9 characters, so a 64-token context sees ~190 characters and the model
 spends its small budget on words rather than spelling; byte-level means no text is ever unknown.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 CORPUS = DATA / "python_docs.txt"
 TOKENIZER = DATA / "gpt_tokenizer.json"
 VOCAB_SIZE = 1024
@@ -43,7 +43,7 @@ def split_text(text: str) -> tuple[str, str]:
 
 
 def train_tokenizer(path=TOKENIZER, vocab_size: int = VOCAB_SIZE):
-    """Train the byte-level BPE on the training split and save it to ``path`` (what ``python -m simlib.text`` does)."""
+    """Train the byte-level BPE on the training split and save it to ``path`` (what ``python -m simlib.projects.gpt.text`` does)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -60,7 +60,7 @@ def train_tokenizer(path=TOKENIZER, vocab_size: int = VOCAB_SIZE):
 def tokenizer():
     from tokenizers import Tokenizer
     if not TOKENIZER.exists():
-        raise FileNotFoundError(f"{TOKENIZER} is missing: run `python -m simlib.text` to train it here")
+        raise FileNotFoundError(f"{TOKENIZER} is missing: run `python -m simlib.projects.gpt.text` to train it here")
     return Tokenizer.from_file(str(TOKENIZER))
 
 

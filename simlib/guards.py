@@ -1,0 +1,209 @@
+"""What the training loop refuses: bad arguments, batches of the wrong size, non-finite losses and gradients.
+
+One function per kind of input, each raising ``ValueError`` (a :class:`NonFiniteError` for divergence) with one
+line that names the field, the value and what to use instead:
+
+    check_optim(cfg)           every field of simlib.train.OptimConfig (called by its __post_init__)
+    check_plan_fields(plan)    Plan's fields beyond the mesh sizes (checkpoint_every, bucket_cap_mb, ...)
+    check_run_args(...)        train()'s budget and loop arguments (steps, tokens, eval_every, nonfinite, ...)
+    check_batch(...)           a task's batch has the declared number of rows (else DP would silently drop some)
+    nonfinite(...)             did this step's loss or gradients hold NaN/inf on any rank (one agreed answer)
+    run_meta(...)              what a checkpoint records about the run (task, plan, optimizer), to refuse a mismatch
+
+Non-finite steps: ``train(..., nonfinite="stop")`` (the default) raises :class:`NonFiniteError` naming the step and
+the ranks before the optimizer touches the weights; ``nonfinite="skip"`` skips that step's update (as
+``torch.amp.GradScaler`` and Megatron-LM's skipped iterations do) and counts it in the summary.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+import torch
+import torch.distributed as dist
+
+NONFINITE_MODES = ("stop", "skip")
+
+
+class NonFiniteError(FloatingPointError):
+    """The loss or the gradients of a step held NaN or inf (training diverged)."""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
+
+
+def check_optim(cfg) -> None:
+    """Every field of an ``OptimConfig``; raise ``ValueError`` naming the first wrong one."""
+    c = type(cfg).__name__
+    if cfg.name not in ("adamw", "sgd"):
+        raise ValueError(f"{c}.name {cfg.name!r} is unknown: use 'adamw' or 'sgd'")
+    if cfg.schedule not in ("cosine", "constant"):
+        raise ValueError(f"{c}.schedule {cfg.schedule!r} is unknown: use 'cosine' or 'constant'")
+    if not _is_real(cfg.lr) or not cfg.lr > 0:
+        raise ValueError(f"{c}.lr must be a finite number > 0, got {cfg.lr!r}")
+    if not _is_real(cfg.weight_decay) or cfg.weight_decay < 0:
+        raise ValueError(f"{c}.weight_decay must be a number >= 0, got {cfg.weight_decay!r}")
+    betas = cfg.betas
+    if (not isinstance(betas, (tuple, list)) or len(betas) != 2
+            or not all(_is_real(b) and 0 <= b < 1 for b in betas)):
+        raise ValueError(f"{c}.betas must be two numbers in [0, 1) (Adam's moment decays, e.g. (0.9, 0.95)), "
+                         f"got {betas!r}")
+    if not _is_real(cfg.momentum) or not 0 <= cfg.momentum < 1:
+        raise ValueError(f"{c}.momentum must be in [0, 1), got {cfg.momentum!r}")
+    if not _is_int(cfg.warmup_steps) or cfg.warmup_steps < 0:
+        raise ValueError(f"{c}.warmup_steps must be an int >= 0, got {cfg.warmup_steps!r}")
+    if cfg.decay_steps is not None and (not _is_int(cfg.decay_steps) or cfg.decay_steps < 1):
+        raise ValueError(f"{c}.decay_steps must be None (the step budget) or an int >= 1, got {cfg.decay_steps!r}")
+    if not _is_real(cfg.min_lr_ratio) or not 0 <= cfg.min_lr_ratio <= 1:
+        raise ValueError(f"{c}.min_lr_ratio must be in [0, 1] (the final lr as a fraction of lr), "
+                         f"got {cfg.min_lr_ratio!r}")
+    if cfg.grad_clip is not None and (not _is_real(cfg.grad_clip) or not cfg.grad_clip > 0):
+        raise ValueError(f"{c}.grad_clip must be None (no clipping) or a number > 0 (the largest gradient norm), "
+                         f"got {cfg.grad_clip!r}")
+
+
+def check_plan_fields(plan) -> None:
+    """The fields of a ``Plan`` that its own mesh checks do not cover."""
+    if not _is_int(plan.checkpoint_every) or plan.checkpoint_every < 0:
+        raise ValueError(f"Plan.checkpoint_every must be an int >= 0 (0: never), got {plan.checkpoint_every!r}")
+    if not _is_real(plan.bucket_cap_mb) or not plan.bucket_cap_mb > 0:
+        raise ValueError(f"Plan.bucket_cap_mb must be a number > 0, got {plan.bucket_cap_mb!r}")
+    for name in ("activation_checkpointing", "sync_batchnorm"):
+        if not isinstance(getattr(plan, name), bool):
+            raise ValueError(f"Plan.{name} must be True or False, got {getattr(plan, name)!r}")
+    if plan.checkpoint_dir is not None and not isinstance(plan.checkpoint_dir, (str, bytes)) and \
+            not hasattr(plan.checkpoint_dir, "__fspath__"):
+        raise ValueError(f"Plan.checkpoint_dir must be a path or None, got {plan.checkpoint_dir!r}")
+
+
+def check_run_args(steps=None, tokens=None, samples=None, seconds=None, eval_every=0, log_every=10, warmup=2,
+                   nonfinite="stop", target=None) -> None:
+    """``train()``'s budget (exactly one of ``steps``/``tokens``/``samples``/``seconds``, > 0) and loop arguments."""
+    given = {k: v for k, v in dict(steps=steps, tokens=tokens, samples=samples, seconds=seconds).items()
+             if v is not None}
+    if len(given) != 1:
+        raise ValueError("give exactly one budget: steps=, tokens=, samples= or seconds=" +
+                         (f" (got {', '.join(given)})" if given else ""))
+    (name, value), = given.items()
+    if name == "seconds":
+        if not _is_real(value) or not value > 0:
+            raise ValueError(f"seconds must be a number > 0, got {value!r}")
+    elif not _is_int(value) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    for arg, v in (("eval_every", eval_every), ("log_every", log_every), ("warmup", warmup)):
+        if not _is_int(v) or v < 0:
+            raise ValueError(f"{arg} must be an int >= 0, got {v!r}")
+    if nonfinite not in NONFINITE_MODES:
+        raise ValueError(f"nonfinite={nonfinite!r} is unknown: use 'stop' (raise at the first NaN/inf step) or "
+                         "'skip' (skip that step's update and count it)")
+    if target is not None and (not isinstance(target, dict) or not all(_is_real(v) for v in target.values())):
+        raise ValueError(f"target must be a dict of metric -> number, e.g. {{'eval_loss': 4.0}}, got {target!r}")
+
+
+def check_batch(x, y, expected: int, step: int, task_name: str, rank: int, what: str = "global batch") -> None:
+    """Refuse a batch whose rows differ from the declared count: data parallelism would drop or duplicate rows."""
+    for label, t in (("inputs", x), ("targets", y)):
+        rows = t.shape[0] if hasattr(t, "shape") and len(t.shape) else None
+        if rows != expected:
+            raise ValueError(f"rank {rank}, step {step}: task {task_name!r} returned a {what} of {rows} {label} "
+                             f"rows where {expected} were declared (global_batch): every batch must have exactly "
+                             "that size; fix task.batch() or the task's global_batch")
+
+
+def _local_bad(loss, params) -> tuple[bool, bool]:
+    loss_bad = loss is not None and not math.isfinite(float(loss))
+    grads = [p.grad for p in params if p.grad is not None]
+    grad_bad = False
+    if grads:
+        norms = torch._foreach_norm(grads)
+        grad_bad = not bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+    return loss_bad, grad_bad
+
+
+def nonfinite(loss, params, norm=None, device=None) -> list[tuple[int, bool, bool]]:
+    """Which ranks saw a non-finite loss or gradient this step: ``[(rank, loss_bad, grad_bad), ...]`` (empty when
+    all is finite), the same answer on every rank. ``norm``: the global gradient norm when one was computed
+    (clipping) - then only the loss needs checking locally. One all-reduce of one number per step."""
+    loss_bad, grad_bad = (loss is not None and not math.isfinite(float(loss)),
+                          norm is not None and not math.isfinite(norm))
+    if norm is None:
+        loss_bad, grad_bad = _local_bad(loss, params)
+    multi = dist.is_initialized() and dist.get_world_size() > 1
+    if not multi:
+        return [(0, loss_bad, grad_bad)] if (loss_bad or grad_bad) else []
+    flag = torch.tensor([1.0 if (loss_bad or grad_bad) else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if not flag.item():
+        return []
+    everyone = [None] * dist.get_world_size()  # only on a bad step: who saw what
+    dist.all_gather_object(everyone, (dist.get_rank(), loss_bad, grad_bad))
+    return [e for e in everyone if e[1] or e[2]]
+
+
+def nonfinite_message(step: int, bad, lr: float, last_checkpoint=None) -> str:
+    ranks = sorted({r for r, _, _ in bad})
+    what = " and ".join(w for w, on in (("the loss", any(b[1] for b in bad)),
+                                        ("the gradients", any(b[2] for b in bad))) if on) or "the step"
+    kept = f"; the newest checkpoint is {last_checkpoint}" if last_checkpoint else ""
+    return (f"step {step}: {what} became NaN or inf on rank(s) {ranks} (training diverged); stopped before the "
+            f"optimizer step, so the weights are those before step {step}{kept}. Lower the lr (now {lr:.3g}), set "
+            "OptimConfig(grad_clip=1.0), or pass nonfinite='skip' to skip such steps and count them")
+
+
+def _plain(value):
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if isinstance(value, (tuple, list)) and all(isinstance(v, (str, bool, int, float, type(None))) for v in value):
+        return list(value)
+    return None
+
+
+def run_meta(task, plan, optim, horizon) -> dict:
+    """What a checkpoint records about the run that wrote it: the task (type and simple fields), the plan, the
+    optimizer and the schedule's horizon. Values that are not plain (arrays, modules) are left out."""
+    def fields(obj) -> dict:
+        raw = ({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj)
+               else {k: v for k, v in vars(obj).items() if not k.startswith("_")})
+        return {k: _plain(v) for k, v in raw.items() if _plain(v) is not None or v is None}
+
+    inner = getattr(task, "task", task)  # simlib.faults.KillAt wraps a task: record the task itself
+    plan_fields = fields(plan)
+    for transient in ("checkpoint_dir", "checkpoint_every"):
+        plan_fields.pop(transient, None)
+    return {"task": {"type": type(inner).__name__, **fields(inner)}, "plan": plan_fields,
+            "optim": {**fields(optim), "horizon": horizon}}
+
+
+def free_changes(plan) -> tuple:
+    """Fields of :func:`run_meta` that may change on resume without a flag: they do not change what is learned
+    (how micro-batches are run) or the checkpoint reshards across them (the DP degree without ZeRO)."""
+    free = ["plan.accumulation", "plan.dp_variant", "plan.schedule", "plan.bucket_cap_mb",
+            "plan.activation_checkpointing"]
+    if not plan.zero_stage:
+        free.append("plan.dp")
+    return tuple(free)
+
+
+def apply_optim(optimizer, scheduler, optim) -> None:
+    """After a resume that allowed optimizer changes: the new lr, betas, weight decay and momentum take effect
+    (a loaded state would otherwise keep the saved ones)."""
+    groups = optimizer.param_groups
+    for g in groups:
+        g["initial_lr"] = optim.lr
+        if "betas" in g:
+            g["betas"] = tuple(optim.betas)
+        if "momentum" in g:
+            g["momentum"] = optim.momentum
+        if g.get("weight_decay", 0.0) and optim.weight_decay != g["weight_decay"]:
+            g["weight_decay"] = optim.weight_decay
+    scheduler.base_lrs = [optim.lr for _ in groups]
+    factors = [fn(scheduler.last_epoch) for fn in scheduler.lr_lambdas]
+    for g, f in zip(groups, factors):
+        g["lr"] = optim.lr * f
+    scheduler._last_lr = [g["lr"] for g in groups]
