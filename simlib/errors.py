@@ -33,10 +33,10 @@ class RemoteFailure:
 
 
 _SIGNAL_CAUSES = {
-    "SIGSEGV": "a segmentation fault: a crash in native code (C/C++ extension, bad memory access)",
-    "SIGKILL": "often the out-of-memory killer (`dmesg` says); or someone ran kill -9",
+    "SIGSEGV": "a segmentation fault: a crash in native code, a C/C++ extension or a bad memory access",
+    "SIGKILL": "often the out-of-memory killer, which `dmesg` names, or someone ran kill -9",
     "SIGABRT": "an abort, e.g. a failed assertion in native code",
-    "SIGBUS": "a bus error: a crash in native code (often memory-mapped files or shared memory)",
+    "SIGBUS": "a bus error: a crash in native code, often with memory-mapped files or shared memory",
     "SIGFPE": "an arithmetic fault in native code",
     "SIGTERM": "asked to stop by another process",
 }
@@ -46,7 +46,7 @@ def describe_exit(exitcode: int | None) -> str:
     """Why a worker process ended, from its exit code (negative: killed by that signal, as in subprocess).
 
     >>> describe_exit(-11)
-    'killed by SIGSEGV (a segmentation fault: a crash in native code (C/C++ extension, bad memory access))'
+    'killed by SIGSEGV (a segmentation fault: a crash in native code, a C/C++ extension or a bad memory access)'
     """
     import signal
     if exitcode is None:

@@ -14,6 +14,7 @@ import inspect
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 __all__ = ["KillAt", "read_run", "die"]
@@ -68,6 +69,8 @@ class KillAt:
             if self.during_save:
                 _die_in_next_save()
             else:
+                print(f"rank {self.rank}: killed on purpose at step {step} (simlib.faults.KillAt: SIGKILL, as a lost "
+                      "node)", file=sys.stderr, flush=True)
                 die()
 
     def _batch(self, step: int):

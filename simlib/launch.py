@@ -435,14 +435,15 @@ def _cause(err: WorkerError) -> str:
     """One line: which rank(s) failed and why (a rank that died first; its peers' lost-connection errors after)."""
     fails = [err.failures[r] for r in sorted(err.failures)]
     died = [f.rank for f in fails if f.type_name == "WorkerDied"]
-    parts = [f"rank {f.rank} died ({f.message})" for f in fails if f.type_name == "WorkerDied"]
+    parts = [f"rank {f.rank} died, {f.message}" if f.message.startswith("killed by") else f"rank {f.rank} died ({f.message})"
+             for f in fails if f.type_name == "WorkerDied"]
     for f in fails:
         if f.type_name != "WorkerDied":
             why = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", f.summary().split(": ", 1)[1])  # Gloo's file:line
             if len(why) > 90:  # the first sentence is enough here; the error at the end has the whole text
                 why = why.split(". ")[0] + "." if len(why.split(". ")[0]) <= 90 else why[:87] + "..."
             parts.append(f"rank {f.rank} then failed: {why}" if died else f"rank {f.rank} failed: {why}")
-    return "; ".join(parts) or str(err).splitlines()[0]
+    return ("; ".join(parts) or str(err).splitlines()[0]).rstrip(".")  # the caller ends the sentence
 
 
 def _exhausted(attempts: list, max_restarts: int) -> WorkerError:

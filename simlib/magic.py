@@ -75,6 +75,17 @@ def _set(values: dict) -> None:
     _rank_namespace().update(values)
 
 
+def _cell_number(shell) -> int:
+    """The number of the cell now running, as its prompt shows it (``In [n]``).
+
+    IPython (8.x and 9.x) records the running cell's number in its ``ExecutionResult`` and then increments
+    ``shell.execution_count`` *before* the cell runs, so during the cell ``execution_count`` is the next
+    cell's number; the result the display hook holds is the running one's."""
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    number = getattr(result, "execution_count", None)
+    return number if isinstance(number, int) else shell.execution_count
+
+
 def _parse_ranks(text: str | None, world_size: int):
     if text is None or text.strip() in ("", "all"):
         return None
@@ -145,7 +156,7 @@ def _make_magics():
             # the cell, as the notebook numbers it: "Cell In[n], line k" in tracebacks, k counted from the
             # %%distributed line
             source = f"%%distributed {line}\n{cell}"
-            filename = self.shell.compile.cache(source, self.shell.execution_count)
+            filename = self.shell.compile.cache(source, _cell_number(self.shell))
             outs = self._call(_run_cell, "\n" + cell, filename, ranks, timeout=args.timeout)
             for rank, out in enumerate(outs):
                 if out is not None:

@@ -5,6 +5,7 @@ One kernel (jupyter_client, the same machinery JupyterLab uses) serves every tes
 in order and share its state, as cells of one notebook do.
 """
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ class Kernel:
         reply = self.kc.execute_interactive(code, output_hook=hook, timeout=timeout)
         if timer is not None:
             timer.cancel()
+        self.last_count = reply["content"].get("execution_count")  # the cell's prompt number, In [n]
         return reply["content"]["status"], "".join(parts)
 
     def workers(self) -> list[int]:
@@ -155,6 +157,7 @@ def test_distributed_cell_errors_and_interrupt(kernel):
     status, text = kernel.run("%%distributed\ny = 1\nif rank == 0:\n    y = undefined_name")
     assert status == "error"
     assert "rank 0: NameError" in text and "line 4" in text and "y = undefined_name" in text
+    assert f"Cell In[{kernel.last_count}], line 4" in re.sub(r"\x1b\[[0-9;]*m", "", text), text  # its own prompt
     assert "magic.py" not in text and len(text.splitlines()) <= 12, text
     pids = kernel.workers()
     status, text = kernel.run("%%distributed\nimport time\ntime.sleep(60)", interrupt_after=2.0)

@@ -116,3 +116,16 @@ def test_explorers_build_and_draw(make):
     box = make()
     assert box.children and "not a valid choice" not in box.children[1].value
     assert box.children[1].value  # the caption of the first draw
+
+
+def test_memory_bars_label_above_their_measured_marker_and_title_the_precision_drawn():
+    import torch
+
+    from simlib import sim
+    spec = sim.from_module(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)), name="tiny")
+    measured = [dict(zero_stage=s, dp=4, weights=3e4, gradients=3e4, optimizer=6e4) for s in range(4)]  # 0.12 MB
+    ax = widgets.draw_memory(spec, 4, 1, precision="fp32", measured=measured)
+    assert "fp32" in ax.get_title()
+    for text in ax.texts:  # each value sits at or above the measured marker of its bar, offset upwards
+        assert text.xy[1] >= 0.12 - 1e-9 and text.xyann[1] > 0, (text.get_text(), text.xy)
+    plt.close("all")

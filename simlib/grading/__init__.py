@@ -105,6 +105,7 @@ def _last_line(tb: str) -> str:
     return f"{where}\n{lines[-1].strip()}" if lines else ""
 
 
+_TODO_NAME = "not implemented yet: the exercise cell still raises NotImplementedError"  # not "implemented", a pass
 _TODO_HINT = "replace `raise NotImplementedError()` in the exercise cell with your code, run that cell, then this one"
 
 
@@ -247,10 +248,10 @@ class Grader:
         except WorkerError as exc:
             failures = list(exc.failures.values())
             if failures and all(_not_implemented(f.type_name) for f in failures):
-                raise _Stop(Result("implemented", False, status=TODO, hint=_TODO_HINT)) from None
+                raise _Stop(Result(_TODO_NAME, False, status=TODO, hint=_TODO_HINT)) from None
             todo = [f for f in failures if _not_implemented(f.type_name)]
             if todo:
-                raise _Stop(Result("implemented", False, status=TODO, hint=_TODO_HINT)) from None
+                raise _Stop(Result(_TODO_NAME, False, status=TODO, hint=_TODO_HINT)) from None
             failure = _primary(failures)
             if failure is not None and failure.type_name in _BROKE:  # the cluster restarts on its next call
                 detail, hint = _broke_hint(failure)
@@ -319,7 +320,7 @@ def check(name: str, answer, clusters: dict | None = None, timeout: float = 30.0
     except KeyboardInterrupt:
         raise
     except NotImplementedError:
-        report.results.append(Result("implemented", False, status=TODO, hint=_TODO_HINT))
+        report.results.append(Result(_TODO_NAME, False, status=TODO, hint=_TODO_HINT))
         say(report.results[-1].line())
     except Exception as exc:  # noqa: BLE001 - learner code run here, or a grader bug: report, never raise
         tb = traceback.format_exc()

@@ -19,6 +19,8 @@ def draw_memory(model, dp: int, zero_stage: int, recompute: str = "none", precis
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 3.4))
     unit, label = (1e9, "GB") if model.params > 1e8 else (1e6, "MB")
+    marks = {row["zero_stage"]: (row["weights"] + row["gradients"] + row["optimizer"]) / unit
+             for row in measured or [] if row["dp"] == dp}
     for stage in range(4):
         mem = memory_per_device(model, Strategy(dp=dp, zero_stage=stage, recompute=recompute, dtype=precision,
                                                 micro_batch=micro_batch, optimizer="adam"))
@@ -27,7 +29,10 @@ def draw_memory(model, dp: int, zero_stage: int, recompute: str = "none", precis
             ax.bar(stage, mem[name] / unit, bottom=bottom, color=color, label=name if stage == 0 else None,
                    edgecolor="k" if stage == zero_stage else None, linewidth=2 if stage == zero_stage else 0)
             bottom += mem[name] / unit
-        ax.text(stage, bottom, f"{bottom:.3g}", ha="center", va="bottom", fontsize=8)
+        # the value above the bar and above a measured marker on it, so neither hides the other
+        ax.annotate(f"{bottom:.3g}", (stage, max(bottom, marks.get(stage, 0.0))), xytext=(0, 6),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
+    ax.margins(y=0.15)
     for row in measured or []:
         if row["dp"] == dp:
             states = row["weights"] + row["gradients"] + row["optimizer"]
@@ -60,14 +65,18 @@ def memory_explorer(models=None, measured=None, measured_model=None):
                              description="dp"),
         zero_stage=W.Dropdown(options=[0, 1, 2, 3], value=3, description="ZeRO stage"),
         recompute=W.Dropdown(options=["none", "selective", "full"], value="none", description="recompute"),
-        precision=W.Dropdown(options=["bf16", "fp32"], value="bf16", description="precision"),
+        precision=W.Dropdown(options=["bf16", "fp32"], value="fp32" if measured_model is not None else "bf16",
+                             description="precision"),
     )
 
     def redraw(size, dp, zero_stage, recompute, precision):
         model = models[size]
         is_measured = measured_model is not None and model is measured_model
-        draw_memory(model, dp, zero_stage, recompute, precision if not is_measured else "fp32",
-                    measured=measured if is_measured else None)
+        # the measured points are fp32 AdamW states: drawn only on the fp32 bars they can be compared with
+        ax = draw_memory(model, dp, zero_stage, recompute, precision,
+                         measured=measured if is_measured and precision == "fp32" else None)
+        if is_measured and precision != "fp32":
+            ax.set_title(ax.get_title() + "\n(this run measured fp32: choose fp32 to see its points)", fontsize=9)
         plt.tight_layout()
         plt.show()
 

@@ -18,11 +18,13 @@ PLAN_NAMES = ("single", "dp", "dp+acc", "tp", "pp")
 
 def settings(quick: bool = False) -> dict:
     """Task, budget and optimizer of the project. Full size: 0.93 M parameters, 600 steps of 2,048 tokens.
-    Quick: 0.17 M parameters, 120 steps of 512 tokens (it only starts to leave the unigram plateau)."""
+    Quick: 0.17 M parameters, 200 steps of 512 tokens at a higher learning rate: enough to get below the unigram
+    cross-entropy (5.93 nats: the best a model ignoring context can do), so its target (5.85) means something was
+    learned about context (measured: 5.73 after 200 steps at one process; 120 steps at lr 1e-2 ended at 5.95)."""
     from .task import GPTTask
     if quick:
-        return dict(task=GPTTask.quick(), steps=120, eval_every=20, log_every=10, target={"eval_loss": 6.0},
-                    optim=OptimConfig(lr=1e-2, warmup_steps=10, weight_decay=0.1, grad_clip=1.0))
+        return dict(task=GPTTask.quick(), steps=200, eval_every=25, log_every=10, target={"eval_loss": 5.85},
+                    optim=OptimConfig(lr=2e-2, warmup_steps=10, weight_decay=0.1, grad_clip=1.0))
     return dict(task=GPTTask(), steps=600, eval_every=50, log_every=10, target={"eval_loss": 4.5},
                 optim=OptimConfig(lr=3e-3, warmup_steps=30, weight_decay=0.1, grad_clip=1.0))
 
