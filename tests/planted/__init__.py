@@ -20,4 +20,5 @@ PLANTED_IN = {
     "full_state": ("full_state", "PLANTED"),
     "vision_milestone": ("projects", "VISION"),
     "finance_milestone": ("projects", "FINANCE"),
+    "gpt_plan": ("projects", "GPT"),
 }
