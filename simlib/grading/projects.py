@@ -93,7 +93,7 @@ def _verify(folder: Path, name: str, cfg: dict):
                           isinstance(recorded, (int, float)) and abs(recorded - recomputed) <= 1e-3,
                           "the run record does not match its weights: rerun the plan instead of editing its files",
                           f"recomputed {recomputed:.4f}, recorded {recorded}"))
-    seconds, step = _time_to_target(record.evals, target)
+    seconds, _ = _time_to_target(record.evals, target)
     if all(r.passed for r in results):
         return results, seconds
     return results, None
