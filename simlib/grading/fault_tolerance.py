@@ -189,17 +189,19 @@ def _check_full_state(answer, grader):
                      "" if not equal else f"steps {_EVERY}-{_STEPS - 1} equal")
         if not equal:
             return
-        reference3 = grader.run(3, _reference_harness, what="the uninterrupted run on 3 ranks")
-        resumed3 = grader.run(3, _resume_harness, answer, os.path.join(work, "yours3"), what="your state on 3 ranks")
-        bad = [r for r in range(3) if resumed3[r] != {s: reference3[0][s] for s in range(_EVERY, _STEPS)}]
-        yield Result("3 ranks: the resumed curve equals the uninterrupted one, bit for bit", not bad,
-                     f"on 3 ranks rank {bad[0] if bad else 0}'s resumed curve leaves the uninterrupted one; "
-                     + (_first_gap(resumed3[bad[0]], reference3[0]) if bad else "") +
-                     ". Each rank draws its own dropout masks: save and restore every rank's own RNG state "
-                     "(checkpoint.rng_state() under 'rng'), not one rank's for all",
-                     "" if bad else f"steps {_EVERY}-{_STEPS - 1} equal on every rank")
-        if bad:
-            return
+        for n in (3, 4):  # other world sizes: every rank has its own dropout stream
+            ref_n = grader.run(n, _reference_harness, what=f"the uninterrupted run on {n} ranks")
+            res_n = grader.run(n, _resume_harness, answer, os.path.join(work, f"yours{n}"),
+                               what=f"your state on {n} ranks")
+            bad = [r for r in range(n) if res_n[r] != {s: ref_n[0][s] for s in range(_EVERY, _STEPS)}]
+            yield Result(f"{n} ranks: the resumed curve equals the uninterrupted one, bit for bit", not bad,
+                         f"on {n} ranks rank {bad[0] if bad else 0}'s resumed curve leaves the uninterrupted one; "
+                         + (_first_gap(res_n[bad[0]], ref_n[0]) if bad else "") +
+                         ". Each rank draws its own dropout masks: save and restore every rank's own RNG state "
+                         "(checkpoint.rng_state() under 'rng'), not one rank's for all",
+                         "" if bad else f"steps {_EVERY}-{_STEPS - 1} equal on every rank")
+            if bad:
+                return
         from ..faults import read_run
         from ..launch import launch
         print(f"now rank 1 is killed (SIGKILL) at step {_KILL}; the elastic agent restarts both ranks:", flush=True)

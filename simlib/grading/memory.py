@@ -90,7 +90,7 @@ def _check_sharded_optimizer(answer, grader):
         elif stale:
             hint = (f"{len(stale)} parameters never change on any rank ({', '.join(stale[:3])}): they were "
                     f"broadcast from a rank that did not update them. The src of each broadcast is that "
-                    f"parameter's owner - the same owner that stepped it, for any world size")
+                    f"parameter's owner, not rank 0 - the same owner that stepped it, for any world size")
         elif not bad:
             hint = ""
         else:
