@@ -31,7 +31,7 @@ def _grade(args) -> int:
     from .grading import batch
 
     rows = batch.grade(args.submissions, timeout=args.timeout, check_timeout=args.check_timeout,
-                       reuse=args.reuse_workers)
+                       reuse=args.reuse_workers, journal=batch.journal_path(args.out), sandbox=args.sandbox)
     if not rows:
         print("simlib grade: no notebooks found", file=sys.stderr)
         return 2
@@ -172,7 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds each notebook may run (default 300)")
     p.add_argument("--check-timeout", type=float, default=30.0, help="seconds each multi-process check may take")
     p.add_argument("--reuse-workers", action="store_true",
-                   help="one set of worker processes for every submission (faster; default: fresh per submission)")
+                   help="one set of worker processes for every submission, answers checked in this process "
+                        "(trusted classes only; default: a child process and fresh workers per submission)")
+    p.add_argument("--sandbox", choices=["unshare"], default=None,
+                   help="each submission in new user/mount/network namespaces: no network, the course read-only, "
+                        "the submitted folders hidden (Linux)")
     p.set_defaults(func=_grade)
 
     p = sub.add_parser("scaling", help="run a data-parallel scaling sweep; write PNG, CSV and JSON")

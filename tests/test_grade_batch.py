@@ -165,3 +165,92 @@ def test_every_solution_passes_and_no_exercise_or_planted_version_does(tmp_path,
                 by_sub.setdefault(r.submission, []).append(r.passed)
         assert len(by_sub) == 7
         assert all(all(v) == want for v in by_sub.values()), {k: v for k, v in by_sub.items() if all(v) != want}
+
+
+# ── issue 19: the grader survives the code it grades (a child per submission, a journal, no strays) ──
+EVIL = '''class _Evil:
+    def __reduce__(self):  # runs wherever this object is unpickled
+        return (exec, ("import simlib.grading as g\\n"
+                       "g.EXERCISES['one_f_one_b'] = lambda answer, grader: iter([g.Result('all good', True)])",))
+
+
+one_f_one_b_order = _Evil()
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "simlib-stray-MARK"],
+                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL)'''
+
+
+def _strays(mark):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if mark.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_reduce_answer_and_a_detached_process_stay_in_their_submission(tmp_path):
+    import secrets
+    from simlib import grading
+    mark = "simlib-stray-" + secrets.token_hex(4)
+    folder = tmp_path / "class"
+    folder.mkdir()
+    _from_exercise(folder / f"eve_{EXERCISE}", replace_stub=EVIL.replace("simlib-stray-MARK", mark))
+    (folder / f"zed_{EXERCISE}").write_text((ROOT / "exercises" / EXERCISE).read_text())
+    before = grading.EXERCISES["one_f_one_b"]
+    rows = batch.grade([folder], timeout=120, progress=lambda text: None)
+    assert grading.EXERCISES["one_f_one_b"] is before  # nothing of a submission was unpickled here
+    zed = [r for r in _of(rows, "zed") if r.kind == "check"]
+    assert [r.status for r in zed] == ["not implemented"], [(r.check, r.status, r.detail) for r in zed]
+    assert _strays(mark) == [], "a process started by a submission outlived its row"
+
+
+def test_a_killed_grader_keeps_its_rows_and_resumes(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    folder = tmp_path / "class"
+    folder.mkdir()
+    (folder / f"a_{EXERCISE}").write_text((ROOT / "exercises" / EXERCISE).read_text())
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(600)")])
+    nbformat.write(nb, str(folder / f"b_{EXERCISE}"))
+    out = tmp_path / "grades" / "grades.csv"
+    journal = batch.journal_path(out)
+    command = [sys.executable, "-m", "simlib", "grade", str(folder), "--out", str(out), "--timeout", "300"]
+    grader = subprocess.Popen(command, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and not (journal.exists() and journal.read_text().strip()):
+        time.sleep(1)
+    os.killpg(grader.pid, signal.SIGKILL)  # mid-class: b's notebook is sleeping
+    grader.wait()
+    assert journal.exists() and f"a_{EXERCISE}" in journal.read_text() and f"b_{EXERCISE}" not in journal.read_text()
+    said = []
+    rows = batch.grade([folder], timeout=10, journal=journal, progress=said.append)
+    assert "graded before" in said[0] and "checks passed" in said[1], said
+    assert {Path(r.submission).name for r in rows} == {f"a_{EXERCISE}", f"b_{EXERCISE}"}
+
+
+@pytest.mark.skipif(not batch.sandbox_available(), reason="no user/mount/network namespaces here")
+def test_the_sandbox_has_no_network_and_a_read_only_course(tmp_path):
+    probe = ("import socket, pathlib\n"
+             "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=3); net = True\n"
+             "except OSError:\n    net = False\n"
+             f"try:\n    pathlib.Path({str(ROOT)!r}, 'sandbox-probe').write_text('x'); wrote = True\n"
+             "except OSError:\n    wrote = False\n"
+             f"others = pathlib.Path({str(tmp_path / 'class')!r}).exists() and "
+             f"any(pathlib.Path({str(tmp_path / 'class')!r}).iterdir())\n"
+             "assert not net and not wrote and not others, (net, wrote, others)")
+    folder = tmp_path / "class"
+    folder.mkdir()
+    _from_exercise(folder / f"sandy_{EXERCISE}", extra=[probe])
+    rows = batch.grade([folder], timeout=120, sandbox="unshare", progress=lambda text: None)
+    run = [r for r in rows if r.kind == "run"][0]
+    assert run.passed, run.detail
+    assert not (ROOT / "sandbox-probe").exists()
+    assert [r.status for r in rows if r.kind == "check"] == ["not implemented"]

@@ -56,13 +56,29 @@ def test_every_exercise_has_a_solution_and_planted_bugs():
     assert set(HINTS) == {b.__name__ for bugs in PLANTED.values() for b in bugs}
 
 
+class _Recording(dict):
+    """The clusters, noting which world sizes a check asked for."""
+
+    def __init__(self, clusters):
+        super().__init__(clusters)
+        self.asked = set()
+
+    def get(self, world_size, default=None):
+        self.asked.add(world_size)
+        return super().get(world_size, default)
+
+
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
 def test_solution_passes_every_check(path, clusters):
     answers = load_answers(path)
     for entry in _entries(path):
-        report = grading.check(entry["exercise"], answers[entry["answer"]], clusters=clusters, quiet=True)
+        recording = _Recording(clusters)
+        report = grading.check(entry["exercise"], answers[entry["answer"]], clusters=recording, quiet=True)
         assert report.passed, "\n".join(r.line() for r in report.results)
         assert len(report.results) >= 4
+        # issue 19: every multi-rank check runs on 2, 3 and 4 ranks (3 catches even-split and power-of-two code)
+        if recording.asked - {1}:
+            assert {2, 3, 4} <= recording.asked, (entry["exercise"], sorted(recording.asked))
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)

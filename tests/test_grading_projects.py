@@ -1,14 +1,15 @@
-"""The projects' milestones: a real 2-rank run passes; each planted wrong answer fails with a hint that points at it."""
+"""The projects' milestones: a real 2-rank run passes; each planted wrong answer fails with a hint that points at it.
+
+gpt_plan is checked on real runs of a short budget (4 steps; the project's settings replaced for the test, so the
+check's own target and budget are those of the short runs), each planted version on a fresh copy of the folders.
+"""
+import shutil
+
 import pytest
 
 from simlib import grading
 
 from planted import projects as planted
-
-HINTS = {"untrained": ("train longer", "untrained HedgeNet"), "single_process": ("data parallelism",),
-         "over_budget": ("fewer steps",), "stale_running_stats": ("running averages",),
-         "trained_on_test_split": ("smaller holdout",), "look_ahead": ("leaks the future",),
-         "no_costs": ("with costs",)}
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +36,71 @@ def test_real_run_passes_and_planted_bugs_fail(answers, name):
         report = grading.check(exercise, bug(*answers[name]), quiet=True)
         assert not report.passed, bug.__name__
         hints = " ".join(r.hint for r in report.failed())
-        assert any(h in hints for h in HINTS[bug.__name__]), (bug.__name__, hints)
+        assert any(h in hints for h in planted.HINTS[bug.__name__]), (bug.__name__, hints)
 
 
 def test_wrong_shape_of_answer_is_reported():
     report = grading.check("vision_milestone", "my model", quiet=True)
     assert report.status == "error" and "(task, record, state)" in report.results[-1].detail
+
+
+# ── gpt_plan on real short runs ──
+def _short_settings(quick=False):
+    from simlib.projects.gpt.task import GPTTask
+    from simlib.train import OptimConfig
+    return dict(task=GPTTask.quick(), steps=4, eval_every=2, log_every=1, target={"eval_loss": 7.5},
+                optim=OptimConfig(lr=1e-2, warmup_steps=2, weight_decay=0.1, grad_clip=1.0))
+
+
+@pytest.fixture(scope="module")
+def gpt_runs(tmp_path_factory, cluster2):
+    from simlib.projects.gpt import run as project_gpt
+    from simlib.train import Plan
+    root = tmp_path_factory.mktemp("gpt") / "results" / "gpt"
+    short = {k: v for k, v in _short_settings().items() if k not in ("task", "optim")}
+    short["optim"] = _short_settings()["optim"]
+    for plan in ("dp", "tp"):
+        project_gpt.run(plan, 2, quick=True, cluster=cluster2, out_dir=str(root / "{name}"), timeout=300,
+                        verbose=False, **short)
+    project_gpt.train_gpt(Plan(), out_dir=root / "single", quick=True, verbose=False, **short)
+    return root
+
+
+def _gpt_check(monkeypatch, root, answer):
+    from simlib.projects.gpt import run as project_gpt
+    from simlib.grading.projects import _gpt_plan
+    monkeypatch.setattr(project_gpt, "settings", _short_settings)
+    report = grading.Report("gpt_plan")
+    try:
+        for result in _gpt_plan(answer, None, root=root):
+            report.results.append(result)
+    except grading._Stop as stop:
+        report.results.append(stop.result)
+    return report
+
+
+def _times(monkeypatch, root):
+    from simlib.projects.gpt import run as project_gpt
+    from simlib.grading.projects import _verify
+    monkeypatch.setattr(project_gpt, "settings", _short_settings)
+    return {p: _verify(root / p, p, _short_settings())[1] for p in ("dp", "tp")}
+
+
+def test_gpt_plan_fastest_passes_and_planted_fail(gpt_runs, monkeypatch, tmp_path):
+    times = _times(monkeypatch, gpt_runs)
+    assert all(t is not None for t in times.values()), times
+    fastest, slowest = sorted(times, key=times.get)
+    good = _gpt_check(monkeypatch, gpt_runs, fastest)
+    assert good.passed, [r.line() for r in good.results]
+    assert not _gpt_check(monkeypatch, gpt_runs, slowest).passed
+    single = _gpt_check(monkeypatch, gpt_runs, "single")
+    assert not single.passed and "2 processes" in " ".join(r.hint for r in single.failed())
+    for i, bug in enumerate(planted.GPT):
+        root = tmp_path / str(i) / "results" / "gpt"
+        shutil.copytree(gpt_runs, root)
+        report = _gpt_check(monkeypatch, root, bug(root, fastest, slowest))
+        assert not report.passed, bug.__name__
+        hints = " ".join(r.hint for r in report.failed())
+        assert any(h in hints for h in planted.GPT_HINTS[bug.__name__]), (bug.__name__, hints)
+        if bug.__name__ in ("prefilled", "empty"):
+            assert report.status == "not implemented"

@@ -51,3 +51,22 @@ def test_the_contributing_guide_has_each_recipe():
                     "## Add a project", "## Grade a class"):
         assert heading in text
     assert "PLANTED_IN" in text and "### BEGIN SOLUTION" in text and "SIMLIB_QUICK=1" in text
+
+
+MILESTONES = ("gpt_plan", "vision_milestone", "finance_milestone")
+
+
+@pytest.mark.parametrize("exercise", MILESTONES)
+def test_a_milestone_left_empty_is_not_done_yet(exercise):
+    """A milestone starts empty and says "not done yet" (issue 19): no answer is pre-filled, none passes."""
+    assert exercise in grading.EXERCISES and exercise in PLANTED_IN
+    for empty in (None, ""):
+        report = grading.check(exercise, empty, quiet=True)
+        assert report.status == "not implemented" and not report.passed, report
+        assert "not done yet" in report.results[-1].hint
+
+
+def test_notebook_milestone_cells_start_empty():
+    nb = nbformat.read(str(ROOT / "notebooks" / "10_project_gpt.ipynb"), as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code" and 'grading.check("gpt_plan"' in c.source)
+    assert "my_plan = None" in cell.source, cell.source

@@ -1,19 +1,25 @@
 """Grading a class: ``simlib grade SUBMISSIONS... [--out grades.csv]``.
 
-Each submitted exercise notebook runs in its own Jupyter kernel (nbclient) under a time limit. The notebook's
-own check calls do not count: ``grading.check`` and ``grading.close`` are replaced by no-ops in that kernel
-before the learner's cells run, and whatever the notebook prints (a "✔" included) is ignored. After the last
-cell the kernel sends back, by value (cloudpickle), the objects the exercise grades — named by the exercise's
-``metadata.simlib`` in the course's own ``solutions/`` notebook, not by the submission's copy — and the kernel
-is shut down. The grader then calls the library's checks (``grading.check``) on those objects in its own process,
-with worker processes of its own (fresh ones for every submission unless told to reuse them), so a submission
-cannot edit, delete or fake its checks, and a learner's exception, hang or crash becomes a failed row, never a
-stopped grader.
+Each submission is graded in a child process of its own (``python -m simlib.grading.batch``), started in a new
+Unix session, with a fresh temporary working directory that holds only a copy of its notebook. In that child,
+the notebook runs in its own Jupyter kernel (nbclient) under a time limit; the notebook's own check calls do not
+count (``grading.check`` and ``grading.close`` are no-ops in that kernel, whatever it prints is ignored); after
+the last cell the kernel sends back, by value (cloudpickle), the objects the exercise grades - named by the
+course's own ``solutions/`` notebook, not by the submission's copy - and the child runs the library's checks on
+them with worker processes of its own. The child hands back only plain data (JSON rows: pass/fail, numbers,
+text); the grader process never unpickles a learner's object, so an object whose unpickling runs code acts
+inside that one child and cannot change another submission's grade. When the child ends (or its time is up)
+every process of the submission is killed: the child's session and process group, and every process that
+carries the submission's token in its environment (kernels and workers start sessions of their own).
 
-What it guards against: edited or deleted check cells, fake output, ``grading`` patched inside the notebook,
-code that raises, hangs (the cell is interrupted at the time limit) or kills its kernel. What it does not: a
-submission built to attack the grader (for example an object whose unpickling runs code). Run untrusted
-submissions in a container.
+Rows are appended to a journal (``<out>.rows.jsonl``, fsynced) as each submission finishes; a grader that is
+stopped and started again with the same ``--out`` skips the submissions already in it (same path, same bytes).
+
+``sandbox="unshare"`` (``simlib grade --sandbox unshare``, Linux with unprivileged user namespaces) runs each
+child in new user, mount and network namespaces: no network but loopback, the course folder mounted read-only,
+and the submitted folders hidden behind an empty tmpfs. Without it a submission can still read files the
+grader's user can read, write where that user can write, and use the network; run untrusted classes with it or
+in a container.
 
 Output: one row per submission and check — ``submission, exercise, kind, check, passed, status, hint, detail,
 seconds`` (``kind`` is "run" for the notebook's own run, "check" for a library check) — as CSV and JSON, and a
@@ -27,6 +33,8 @@ import json
 import math
 import os
 import secrets
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +43,7 @@ from contextlib import redirect_stdout
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["grade", "grade_notebook", "find_submissions", "summarize", "write", "Row", "WorkerPool"]
+__all__ = ["grade", "grade_notebook", "sandbox_available", "journal_path", "find_submissions", "summarize", "write", "Row", "WorkerPool"]
 
 FIELDS = ["submission", "exercise", "kind", "check", "passed", "status", "hint", "detail", "seconds"]
 
@@ -329,31 +337,226 @@ def find_submissions(paths) -> list[Path]:
     return found
 
 
+_TOKEN = "SIMLIB_GRADE_SUBMISSION"
+
+
+def _tagged(token: str) -> list[int]:
+    """Pids of the processes whose environment carries ``token`` (the submission's: kernels, workers, strays)."""
+    found, needle = [], f"{_TOKEN}={token}".encode()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _kill_submission(child, token: str) -> None:
+    """Kill the child's session and process group, then every process tagged with the submission's token."""
+    for _ in range(3):
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+        pids = _tagged(token)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if not pids:
+            return
+        time.sleep(0.2)
+
+
+def sandbox_available() -> bool:
+    """Whether ``sandbox="unshare"`` works here (user, mount and network namespaces)."""
+    import shutil
+    if not shutil.which("unshare") or not shutil.which("ip"):
+        return False
+    try:
+        return subprocess.run(["unshare", "-r", "-n", "-m", "--fork", "true"], capture_output=True,
+                              timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _sandboxed(command: list[str], hide: list[Path], workdir: Path) -> list[str]:
+    """``command`` inside new user, mount and network namespaces: loopback only, the course read-only, the
+    submitted folders hidden (unless the working directory lies inside one)."""
+    import shlex
+    root = _course_root().resolve()
+    steps = ["ip link set lo up", f"mount --bind {shlex.quote(str(root))} {shlex.quote(str(root))}",
+             f"mount -o remount,bind,ro {shlex.quote(str(root))}"]
+    for folder in hide:
+        folder = folder.resolve()
+        if folder != root and folder not in workdir.resolve().parents and folder != workdir.resolve() \
+                and root not in folder.parents:
+            steps.append(f"mount -t tmpfs -o size=1m none {shlex.quote(str(folder))}")
+    steps.append("exec " + " ".join(shlex.quote(c) for c in command))
+    return ["unshare", "-r", "-n", "-m", "--fork", "sh", "-c", " && ".join(steps)]
+
+
+def _grade_in_child(path: Path, timeout: float, check_timeout: float, solutions, kernel_name: str,
+                    sandbox: str | None = None, hide=()) -> list[Row]:
+    """Grade one submission in a fresh child process (own session, own working directory holding only a copy
+    of the notebook); read back plain JSON rows; kill every process of the submission at the end."""
+    name = str(path)
+    token = secrets.token_hex(12)
+    work = Path(tempfile.mkdtemp(prefix="simlib-grade-"))
+    try:
+        copy = work / path.name
+        try:
+            copy.write_bytes(path.read_bytes())
+        except OSError as exc:
+            return [Row(name, "?", "run", "the submission can be read", False, "error", detail=str(exc))]
+        out = work / f"rows-{token}.json"
+        command = [sys.executable, "-m", "simlib.grading.batch", "--one", str(copy), "--name", name,
+                   "--rows", str(out), "--timeout", str(timeout), "--check-timeout", str(check_timeout),
+                   "--kernel", kernel_name] + (["--solutions", str(solutions)] if solutions else [])
+        if sandbox == "unshare":
+            command = _sandboxed(command, list(hide), work)
+        elif sandbox:
+            raise ValueError(f"unknown sandbox {sandbox!r}: use 'unshare' or none")
+        env = {**os.environ, _TOKEN: token}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_course_root()), env.get("PYTHONPATH", "")) if p)
+        # the notebook's run, its export and every check, with room for kernel start-up and worker launches
+        limit = timeout + 180 + 20 * check_timeout
+        t0 = time.monotonic()
+        child = subprocess.Popen(command, cwd=work, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            log, _ = child.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _kill_submission(child, token)
+            log = b""
+            return [Row(name, "?", "run", f"grading finished within {limit:g} s", False, "timeout",
+                        detail="the submission's grading process was stopped", seconds=time.monotonic() - t0)]
+        finally:
+            _kill_submission(child, token)
+        try:
+            data = json.loads(out.read_text())
+            rows = [Row(**{k: r[k] for k in FIELDS}) for r in data]
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            tail = log.decode(errors="replace").strip().splitlines()[-3:]
+            return [Row(name, "?", "run", "the grading process reported its rows", False, "error",
+                        hint="the submission's code ended the process that grades it (or the grader failed)",
+                        detail=(f"exit {child.returncode}; {type(exc).__name__}; " + " | ".join(tail))[:500],
+                        seconds=round(time.monotonic() - t0, 3))]
+        return rows
+    finally:
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+def journal_path(out) -> Path:
+    out = Path(out)
+    return out.with_name(out.stem + ".rows.jsonl")
+
+
+def _read_journal(journal: Path) -> dict:
+    """{(submission, digest): [Row]} of the submissions a stopped run finished."""
+    done: dict = {}
+    if not journal.exists():
+        return done
+    for line in journal.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+            done[(entry["submission"], entry["digest"])] = [Row(**{k: r[k] for k in FIELDS}) for r in entry["rows"]]
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short when the grader was killed: that submission is graded again
+    return done
+
+
+def _append(journal: Path, submission: str, digest: str, rows) -> None:
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    with open(journal, "a") as f:
+        f.write(json.dumps({"submission": submission, "digest": digest, "rows": [asdict(r) for r in rows]},
+                           ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def grade(submissions, timeout: float = 300.0, check_timeout: float = 30.0, reuse: bool = False,
-          clusters: dict | None = None, solutions=None, kernel_name: str = "python3", progress=None) -> list[Row]:
-    """Grade every submission (files or folders of ``.ipynb``); returns all rows.
+          clusters: dict | None = None, solutions=None, kernel_name: str = "python3", progress=None,
+          journal=None, sandbox: str | None = None) -> list[Row]:
+    """Grade every submission (files or folders of ``.ipynb``), each in a child process of its own; returns all
+    rows.
 
     ``timeout``: seconds each notebook may run in its kernel; ``check_timeout``: seconds each multi-process
-    check may take; ``reuse``: one set of worker processes for all submissions (default: fresh per submission);
-    ``clusters``: {world_size: Cluster} to use instead (tests pass warm ones). ``progress(text)`` is told
-    each submission's outcome (default: print to stderr).
+    check may take; ``journal``: a file the rows are appended to as each submission finishes (fsynced); the
+    submissions already in it are not graded again (resume). ``sandbox``: None or "unshare" (see the module
+    docstring). ``progress(text)`` is told each submission's outcome (default: print to stderr).
+    ``reuse`` and ``clusters`` share worker processes between submissions in this process: trusted classes and
+    tests only - the answers are then unpickled and checked in the grader's own process.
     """
     say = progress or (lambda text: print(text, file=sys.stderr, flush=True))
     paths = find_submissions(submissions)
-    shared = WorkerPool(clusters) if (reuse or clusters) else None
+    trusted = reuse or clusters
+    shared = WorkerPool(clusters) if trusted else None
+    journal = Path(journal) if journal else None
+    done = _read_journal(journal) if journal else {}
+    hide = sorted({Path(p) if Path(p).is_dir() else Path(p).parent for p in submissions})
     rows = []
     try:
         for i, path in enumerate(paths, 1):
             t0 = time.monotonic()
-            mine = grade_notebook(path, timeout, shared, check_timeout, solutions, kernel_name)
-            checks = [r for r in mine if r.kind == "check"]
-            say(f"[{i}/{len(paths)}] {path}: {sum(r.passed for r in checks)}/{len(checks)} checks passed "
-                f"({time.monotonic() - t0:.0f} s)")
+            digest = _digest(path)
+            if (str(path), digest) in done:
+                mine = done[(str(path), digest)]
+                say(f"[{i}/{len(paths)}] {path}: graded before (journal), skipped")
+            else:
+                mine = (grade_notebook(path, timeout, shared, check_timeout, solutions, kernel_name) if trusted else
+                        _grade_in_child(path, timeout, check_timeout, solutions, kernel_name, sandbox, hide))
+                if journal:
+                    _append(journal, str(path), digest, mine)
+                checks = [r for r in mine if r.kind == "check"]
+                say(f"[{i}/{len(paths)}] {path}: {sum(r.passed for r in checks)}/{len(checks)} checks passed "
+                    f"({time.monotonic() - t0:.0f} s)")
             rows += mine
     finally:
         if shared is not None:
             shared.close()
     return rows
+
+
+def _child_main(argv=None) -> int:
+    """The child of :func:`_grade_in_child`: grade one notebook, write its rows as JSON (plain data only)."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m simlib.grading.batch")
+    parser.add_argument("--one", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--rows", required=True)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--check-timeout", type=float, default=30.0)
+    parser.add_argument("--kernel", default="python3")
+    parser.add_argument("--solutions", default=None)
+    args = parser.parse_args(argv)
+    rows = grade_notebook(args.one, args.timeout, None, args.check_timeout, args.solutions, args.kernel)
+    for r in rows:
+        r.submission = args.name
+    data = json.dumps([asdict(r) for r in rows], ensure_ascii=False, default=str)
+    with open(args.rows, "w") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return 0
 
 
 def summarize(rows) -> list[dict]:
@@ -415,3 +618,6 @@ def format_summary(rows) -> str:
                      f"{s['not_implemented']:>4} {s['errors']:>5} {s['timeouts']:>7}")
     return "\n".join(lines)
 
+
+if __name__ == "__main__":
+    sys.exit(_child_main())

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 
-from . import Result, exercise
+from . import TODO, Result, exercise
 
 _STEPS, _EVERY, _STOP, _KILL = 12, 4, 6, 6
 PARTS = ("optimizer", "rng", "data")
@@ -32,9 +32,62 @@ HINTS = {
 }
 
 
+class _RankStreams:
+    """``task``, but after the model is built every rank reseeds torch's generator with a seed of its own: ranks
+    draw different dropout masks, as data-parallel dropout and augmentation really do. So a checkpoint that
+    keeps one rank's RNG state for all (or none) does not resume bit-equal."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def __getattr__(self, name):
+        if name == "task":
+            raise AttributeError(name)
+        return getattr(self.task, name)
+
+    def build_model(self):
+        import torch
+        import torch.distributed as dist
+        model = self.task.build_model()
+        torch.manual_seed(1000 + 7919 * (dist.get_rank() if dist.is_initialized() else 0))
+        return model
+
+
 def _task():
     from ..tasks import RegressionTask
-    return RegressionTask(width=32, depth=2, global_batch=32, num_samples=512, dropout=0.2)
+    # 48: divisible by 2, 3 and 4 ranks
+    return _RankStreams(RegressionTask(width=32, depth=2, global_batch=48, num_samples=768, dropout=0.2))
+
+
+_LIBRARY_OFF = ("the library's TrainState.{0} is switched off in this exercise: build the state from its parts "
+                "yourself (model, optimizer, scheduler, step, data position, every rank's RNG state)")
+
+
+class LibraryStateUsed(RuntimeError):
+    """The learner's state delegated to the library's TrainState.state_dict / load_state_dict."""
+
+
+def _learners_own(state_type):
+    """Run with ``state_type``, the library's own TrainState.state_dict / load_state_dict switched off: what is
+    graded is what the learner wrote, not what the base class already does."""
+    import contextlib
+
+    from ..train import TrainState
+
+    @contextlib.contextmanager
+    def switched_off():
+        saved = TrainState.state_dict, TrainState.load_state_dict
+
+        def off(name):
+            def refuse(self, *args, **kwargs):
+                raise LibraryStateUsed(_LIBRARY_OFF.format(name))
+            return refuse
+        TrainState.state_dict, TrainState.load_state_dict = off("state_dict"), off("load_state_dict")
+        try:
+            yield
+        finally:
+            TrainState.state_dict, TrainState.load_state_dict = saved
+    return switched_off() if state_type is not None else contextlib.nullcontext()
 
 
 def _optim():
@@ -49,7 +102,7 @@ def _losses(state_type, directory, steps, leave_out=(), task=None, out_dir=None)
     from .. import checkpoint
     from ..train import Plan, train
     plan = Plan(dp=dist.get_world_size(), checkpoint_dir=directory, checkpoint_every=_EVERY if directory else 0)
-    with checkpoint.leaving_out(*leave_out):
+    with checkpoint.leaving_out(*leave_out), _learners_own(state_type):
         record = train(task or _task(), plan, steps=steps, optim=_optim(), log_every=1, verbose=False,
                        measure_memory=False, state_type=state_type, out_dir=out_dir)
     return {r["step"]: r["loss"] for r in record.rows}
@@ -67,7 +120,9 @@ def _reference_harness():
 
 def _kill_harness(state_type, directory, out_dir):
     from ..faults import KillAt
-    return _losses(state_type, directory, _STEPS, task=KillAt(_task(), step=_KILL, rank=1), out_dir=out_dir)
+    task = _task()
+    return _losses(state_type, directory, _STEPS, task=_RankStreams(KillAt(task.task, step=_KILL, rank=1)),
+                   out_dir=out_dir)
 
 
 def _first_gap(curve: dict, reference: dict) -> str:
@@ -102,6 +157,13 @@ def _check_full_state(answer, grader):
                      "define `class FullState(TrainState)` with state_dict() and load_state_dict(), then pass the "
                      "class itself (not an instance) to grading.check")
         return
+    if answer.state_dict is TrainState.state_dict or answer.load_state_dict is TrainState.load_state_dict:
+        own = [m for m in ("state_dict", "load_state_dict") if getattr(answer, m) is not getattr(TrainState, m)]
+        yield Result("you wrote state_dict() and load_state_dict()", False, status=TODO,
+                     hint="not done yet: TrainState's own methods are switched off in this exercise - write both "
+                          "state_dict() and load_state_dict() in your class" +
+                          (f" (you wrote only {own[0]})" if own else ""))
+        return
     work = tempfile.mkdtemp(prefix="simlib-grade-08-")
     try:
         reference = grader.run(2, _reference_harness, what="the uninterrupted run on 2 ranks")[0]
@@ -127,6 +189,19 @@ def _check_full_state(answer, grader):
                      "" if not equal else f"steps {_EVERY}-{_STEPS - 1} equal")
         if not equal:
             return
+        for n in (3, 4):  # other world sizes: every rank has its own dropout stream
+            ref_n = grader.run(n, _reference_harness, what=f"the uninterrupted run on {n} ranks")
+            res_n = grader.run(n, _resume_harness, answer, os.path.join(work, f"yours{n}"),
+                               what=f"your state on {n} ranks")
+            bad = [r for r in range(n) if res_n[r] != {s: ref_n[0][s] for s in range(_EVERY, _STEPS)}]
+            yield Result(f"{n} ranks: the resumed curve equals the uninterrupted one, bit for bit", not bad,
+                         f"on {n} ranks rank {bad[0] if bad else 0}'s resumed curve leaves the uninterrupted one; "
+                         + (_first_gap(res_n[bad[0]], ref_n[0]) if bad else "") +
+                         ". Each rank draws its own dropout masks: save and restore every rank's own RNG state "
+                         "(checkpoint.rng_state() under 'rng'), not one rank's for all",
+                         "" if bad else f"steps {_EVERY}-{_STEPS - 1} equal on every rank")
+            if bad:
+                return
         from ..faults import read_run
         from ..launch import launch
         print(f"now rank 1 is killed (SIGKILL) at step {_KILL}; the elastic agent restarts both ranks:", flush=True)

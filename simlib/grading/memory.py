@@ -6,28 +6,32 @@ from . import Result, _close, exercise, max_error
 # ---- ZeRO-1: ShardedOptimizer(params, optimizer_cls, **kwargs) ----
 
 _SO = dict(steps=3, width=12, depth=2, global_batch=24, lr=1e-2)
+WORLD_SIZES = (2, 3, 4)  # 3: code right only for even splits or powers of two fails
 
 
-def _optimizer_state_bytes(opt) -> int:
-    """Bytes of optimizer state tensors held by ``opt`` and any optimizer it keeps in its attributes."""
-    import torch
-    seen, total, stack = set(), 0, [opt]
-    while stack:
-        o = stack.pop()
-        if id(o) in seen:
-            continue
-        seen.add(id(o))
-        if isinstance(o, torch.optim.Optimizer):
-            for st in o.state.values():
-                total += sum(v.numel() * v.element_size() for v in st.values()
-                             if isinstance(v, torch.Tensor) and v.dim() > 0)
-        for v in vars(o).values():
-            items = v if isinstance(v, (list, tuple)) else v.values() if isinstance(v, dict) else [v]
-            stack += [i for i in items if isinstance(i, torch.optim.Optimizer)]
-    return total
+def _step_memory(fn) -> tuple[int, int]:
+    """(peak, kept): the most bytes live at once while ``fn()`` ran, above what was live when it started, and the
+    bytes it left allocated. Measured by torch's profiler (every allocation and free of every op), so state kept
+    anywhere - the optimizer's ``state``, the learner's own dicts, a temporary full copy - counts."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..parallel.accumulate import _native_stderr_silenced
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # an allocation counts from its op's start, a free from its op's end: a free attributed to an enclosing
+    # record_function (Optimizer.step#...) would otherwise be replayed before the allocations inside it
+    deltas = sorted((e.time_range.start if e.self_cpu_memory_usage > 0 else e.time_range.end, e.self_cpu_memory_usage)
+                    for e in prof.events() if e.self_cpu_memory_usage)
+    live = peak = 0
+    for _, delta in deltas:
+        live += delta
+        peak = max(peak, live)
+    return int(peak), int(live)
 
 
 def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr):
+    import copy
+
     import torch
     import torch.distributed as dist
 
@@ -35,52 +39,92 @@ def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr
     rank, n = dist.get_rank(), dist.get_world_size()
     model, x, y = _problem(width, depth, global_batch, 0)  # seeded: the same weights on every rank
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    opt = answer_cls(model.parameters(), torch.optim.AdamW, lr=lr)
+    full_model = copy.deepcopy(model)  # the grader's own: AdamW over every parameter, weighed the same way
+    full_opt = torch.optim.AdamW(full_model.parameters(), lr=lr)
+    box = {}
+    build = _step_memory(lambda: box.update(opt=answer_cls(model.parameters(), torch.optim.AdamW, lr=lr)))
+    opt = box["opt"]
     b = global_batch // n
-    for _ in range(steps):
+    peaks, kept = [], build[1]
+    for step in range(steps):
         torch.nn.functional.mse_loss(model(x[rank * b:(rank + 1) * b]), y[rank * b:(rank + 1) * b]).backward()
         for p in model.parameters():  # data parallelism (what DDP does): average the gradients
             dist.all_reduce(p.grad)
             p.grad /= n
-        opt.step()
+        peak, left = _step_memory(opt.step)  # what this rank holds WHILE it steps
+        peaks.append(kept + peak)
+        kept += left
         opt.zero_grad()
+        if step == 0:  # what zero_grad left behind (a gradient not cleared piles up into the next step)
+            left_grads = [k for k, p in model.named_parameters() if p.grad is not None and bool(p.grad.any())]
+            for p, q in zip(full_model.parameters(), model.parameters()):
+                p.grad = torch.ones_like(q)
+            full_peak, full_kept = _step_memory(full_opt.step)
     return dict(params={k: v.detach().clone() for k, v in model.state_dict().items()}, initial=initial,
-                state_bytes=_optimizer_state_bytes(opt), numel=sum(p.numel() for p in model.parameters()))
+                peak=max(peaks), kept=kept, full_peak=full_peak, full_kept=full_kept, left_grads=left_grads,
+                numel=sum(p.numel() for p in model.parameters()))
 
 
 @exercise("sharded_optimizer")
 def _check_sharded_optimizer(answer, grader):
     from ..lessons.memory import reference
     ref = reference(**_SO)
-    for world_size in (2, 4):
+    for world_size in WORLD_SIZES:
         outs = grader.run(world_size, _sharded_optimizer_harness, answer, *_SO.values())
         same = all(_close(o["params"][k], outs[0]["params"][k], rtol=0, atol=0) for o in outs for k in ref["params"])
         bad = [k for k in ref["params"] if not _close(outs[0]["params"][k], ref["params"][k], rtol=1e-5, atol=2e-6)]
         stale = [k for k in bad if _close(outs[0]["params"][k], outs[0]["initial"][k], rtol=0, atol=0)]
-        if not same:
-            hint = ("the ranks' parameters differ: after stepping its shard, each owner must send its updated "
-                    "parameters to every rank (dist.broadcast(p.data, src=owner) for each parameter)")
+        differ = [(r, k) for r, o in enumerate(outs) for k in ref["params"]
+                  if not _close(o["params"][k], outs[0]["params"][k], rtol=0, atol=0)]
+        uncleared = [(r, o["left_grads"]) for r, o in enumerate(outs) if o["left_grads"]]
+        if uncleared and (bad or not same):
+            r, names = uncleared[0]
+            hint = (f"after zero_grad(), rank {r} still holds the gradients of {len(names)} parameters "
+                    f"({', '.join(names[:3])}): they add up into the next step. zero_grad must clear every "
+                    "parameter's gradient (all of self.param_groups), not only the inner optimizer's")
+        elif not same:
+            r, k = differ[0]
+            hint = (f"the ranks' parameters differ ({len(differ)} tensors, first {k!r} on rank {r} against rank 0): "
+                    "after stepping its shard, each owner must send its updated parameters to every rank "
+                    "(dist.broadcast(p.data, src=owner) for each parameter)")
         elif stale:
-            hint = ("some parameters never change on any rank: they were broadcast from a rank that did not update "
-                    "them. The src of each broadcast is that parameter's owner, not rank 0")
+            hint = (f"{len(stale)} parameters never change on any rank ({', '.join(stale[:3])}): they were "
+                    f"broadcast from a rank that did not update them. The src of each broadcast is that "
+                    f"parameter's owner, not rank 0 - the same owner that stepped it, for any world size")
+        elif not bad:
+            hint = ""
         else:
-            hint = ("the update differs from AdamW on one process: step the optimizer over the owned parameters "
-                    "only, once per step, with the kwargs you were given")
+            worst_k = max(bad, key=lambda k: max_error(outs[0]["params"][k], ref["params"][k]))
+            hint = (f"{len(bad)} parameters differ from AdamW on one process (worst {worst_k!r}), though every "
+                    "rank agrees and every parameter moved: look at what your step does beyond the inner "
+                    "optimizer's step (the kwargs you pass it, zero_grad, a second step)")
         worst = max((max_error(outs[0]["params"][k], ref["params"][k]) for k in bad), default=0.0)
         yield Result(f"{world_size} ranks: equal to AdamW in one process (atol 2e-6, rtol 1e-5)", not bad and same,
                      hint, f"{len(bad)} tensors differ, max error {worst:.1e}" if bad else "")
-        full = 8 * outs[0]["numel"]  # AdamW: two fp32 states per parameter
-        per_rank = [o["state_bytes"] for o in outs]
-        sharded = max(per_rank) <= 1.5 * full / world_size and sum(per_rank) <= 1.05 * full
-        yield Result(f"{world_size} ranks: each rank keeps optimizer state for its own shard only", sharded,
-                     "build the inner optimizer over the parameters this rank owns, not all of them: that is the "
-                     "memory ZeRO-1 saves (each parameter's Adam state lives on exactly one rank)",
-                     f"state bytes per rank {per_rank}; all of it is {full}")
+        full_kept, full_peak = outs[0]["full_kept"], outs[0]["full_peak"]
+        kept = [o["kept"] for o in outs]
+        peaks = [o["peak"] for o in outs]
+        share = 1.5 / world_size
+        held = max(kept) <= share * full_kept and sum(kept) <= 1.1 * full_kept
+        yield Result(f"{world_size} ranks: each rank keeps optimizer state for its own shard only", held,
+                     "build the inner optimizer over the parameters this rank owns, not all of them, and keep no "
+                     "other per-parameter state of your own: that is the memory ZeRO-1 saves (each parameter's "
+                     "Adam state lives on exactly one rank)",
+                     f"bytes kept after the steps per rank {kept}; AdamW over every parameter keeps {full_kept}")
+        during = max(peaks) <= share * full_peak
+        worst_rank = max(range(world_size), key=lambda r: peaks[r])
+        yield Result(f"{world_size} ranks: no rank holds more than its shard while it steps (peak measured during "
+                     "step)", during,
+                     f"rank {worst_rank} held {peaks[worst_rank]:,} B at the peak of step(), "
+                     f"{peaks[worst_rank] / full_peak:.2f}x what AdamW over every parameter needs at its peak "
+                     f"({full_peak:,} B): something full-sized is allocated during step (a copy of every parameter "
+                     "or gradient, the whole state built and dropped)",
+                     f"peak per rank {peaks}; allowed {share * full_peak:,.0f}")
 
 
 # ---- ZeRO-3: a Linear whose weight lives as row shards ----
 
-_Z3 = dict(out_features=8, in_features=6, batch=8)
+_Z3 = dict(out_features=12, in_features=6, batch=12)  # divisible by 2, 3 and 4
 
 
 def _spy_collectives(counts: dict):
@@ -125,10 +169,16 @@ def _zero3_harness(answer, out_features, in_features, batch):
     shard = weight.chunk(n)[rank].clone().requires_grad_(True)
     counts: dict = {}
     restore = _spy_collectives(counts)
+    saved = []
+
+    def pack(t):  # every tensor autograd keeps for backward, in every node of the graph, behind any view
+        saved.append(t.untyped_storage().nbytes() // max(1, t.element_size()))
+        return t
+
     try:
-        y = answer(xr, shard)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = answer(xr, shard)
         forward_counts = dict(counts)
-        saved = [t.numel() for t in getattr(y.grad_fn, "saved_tensors", ()) if t is not None]
         (y.pow(2).sum() / b).backward()  # this rank's mean; the mean over ranks is the global batch's mean
     finally:
         restore()
@@ -147,7 +197,7 @@ def _zero3_reference(world_size, out_features, in_features, batch):
 
 @exercise("zero3_linear")
 def _check_zero3_linear(answer, grader):
-    for world_size in (2, 4):
+    for world_size in WORLD_SIZES:
         outs = grader.run(world_size, _zero3_harness, answer, *_Z3.values())
         y, gx, gw = _zero3_reference(world_size, *_Z3.values())
         b = _Z3["batch"] // world_size
@@ -179,9 +229,12 @@ def _check_zero3_linear(answer, grader):
         yield Result(f"{world_size} ranks: each rank's shard gets its rows of the averaged weight gradient", ok, hint)
     full = _Z3["out_features"] * _Z3["in_features"]
     kept = max((max(o["saved"], default=0) for o in outs), default=0)
-    yield Result("the whole weight is freed after forward (not saved for backward)", kept < full,
-                 "save the input and the shard (ctx.save_for_backward(x, shard)), not the gathered weight: keeping "
-                 "it is exactly the memory ZeRO-3 saves. Gather it again in backward",
+    yield Result("the whole weight is freed after forward (not saved for backward, in any node of the graph)",
+                 kept < full,
+                 "autograd keeps a tensor of the whole weight's size for backward (measured with saved-tensor hooks "
+                 "over the whole graph, so an op after the matmul - a view, a reshape - does not hide it): save "
+                 "the input and the shard (ctx.save_for_backward(x, shard)), not the gathered weight, and do the "
+                 "matmul inside your autograd.Function. Gather it again in backward",
                  f"largest saved tensor {kept} elements; the whole weight has {full}")
     counts, fwd = outs[0]["counts"], outs[0]["forward_counts"]
     want_counts = {"all_gather": 2, "reduce_scatter": 1}
@@ -200,7 +253,9 @@ def _check_zero3_linear(answer, grader):
 
 # ---- activation checkpoints under a memory budget (measured with autograd's saved-tensor hooks) ----
 
-_CK = dict(width=16, ffns=(64, 16, 48, 96, 32, 80), batch=32)
+# ``gates[i]``: extra element-wise gates in block i (h = h * sigmoid(h)): bytes kept for backward with almost no
+# FLOPs, so bytes per FLOP differ from block to block and "fewest FLOPs" is not "largest blocks first"
+_CK = dict(width=16, ffns=(64, 16, 48, 96, 32, 80), gates=(0, 5, 1, 0, 3, 0), batch=32)
 
 
 def checkpoint_problem():
@@ -213,15 +268,18 @@ def checkpoint_problem():
     from torch import nn
 
     class Block(nn.Module):
-        def __init__(self, width, ffn):
+        def __init__(self, width, ffn, gates):
             super().__init__()
-            self.up, self.down = nn.Linear(width, ffn), nn.Linear(ffn, width)
+            self.up, self.down, self.gates = nn.Linear(width, ffn), nn.Linear(ffn, width), gates
 
         def forward(self, x):
-            return x + self.down(torch.relu(self.up(x)))
+            h = torch.relu(self.up(x))
+            for _ in range(self.gates):
+                h = h * torch.sigmoid(h)
+            return x + self.down(h)
 
     torch.manual_seed(0)
-    model = nn.Sequential(*[Block(_CK["width"], f) for f in _CK["ffns"]])
+    model = nn.Sequential(*[Block(_CK["width"], f, g) for f, g in zip(_CK["ffns"], _CK["gates"])])
     x = torch.randn(_CK["batch"], _CK["width"], requires_grad=True)
     per_block = []
     h = x
@@ -229,7 +287,8 @@ def checkpoint_problem():
         kept, h = kept_activation_bytes(block, h)
         per_block.append(kept)
     inputs = [x.numel() * x.element_size()] * len(model)
-    flops = [4 * _CK["batch"] * _CK["width"] * f for f in _CK["ffns"]]
+    # two matmuls (2 FLOPs per multiply-add each), a gate ~4 FLOPs per element (sigmoid, multiply)
+    flops = [4 * _CK["batch"] * _CK["width"] * f + 4 * g * _CK["batch"] * f for f, g in zip(_CK["ffns"], _CK["gates"])]
     return model, x, per_block, inputs, flops
 
 
@@ -275,12 +334,28 @@ def _best_cost(acts, inputs, flops, budget):
     return best
 
 
+def _best_set(acts, inputs, flops, budget):
+    from itertools import combinations
+    n = len(acts)
+    fits = [s for k in range(n + 1) for s in combinations(range(n), k)
+            if sum(inputs[i] if i in s else acts[i] for i in range(n)) <= budget]
+    return min(fits, key=lambda s: (sum(flops[i] for i in s), s)) if fits else tuple(range(n))
+
+
+def _exact(acts, inputs, flops, budget):
+    """The bytes the optimum set for ``budget`` keeps: a budget it meets exactly."""
+    s = _best_set(acts, inputs, flops, budget)
+    return sum(inputs[i] if i in s else acts[i] for i in range(len(acts)))
+
+
 @exercise("checkpoint_placement")
 def _check_checkpoint_placement(answer, grader):
     _, _, acts, inputs, flops = checkpoint_problem()
     total, floor = sum(acts), sum(inputs)
-    # budgets where taking the biggest blocks first saves more than needed (14,336 B = 12,288 + 2,048 exactly)
-    budgets = [total, total - 14336, total - 20480, int(total * 0.45), floor]
+    # budgets where greedy rules (largest blocks first, most bytes per FLOP first) and the optimum differ, and
+    # budgets met exactly by the optimum (so "<" instead of "<=" shows)
+    exact = [_exact(acts, inputs, flops, int(total * f)) for f in (0.8, 0.75, 0.6)]
+    budgets = [total] + [b + 1 for b in exact] + exact + [int(total * 0.45), floor]
     for budget in budgets:
         chosen = answer(list(acts), list(inputs), list(flops), budget)
         chosen = sorted(set(int(i) for i in chosen))
@@ -301,9 +376,19 @@ def _check_checkpoint_placement(answer, grader):
         if not fits:
             return
         cost, best = sum(flops[i] for i in chosen), _best_cost(acts, inputs, flops, budget)
-        hint = ("checkpointing every block fits any budget, but recomputes the whole forward: checkpoint only what "
-                "the budget needs" if len(chosen) == len(acts) else
-                "another set of blocks fits with fewer FLOPs recomputed: the largest blocks first can save "
-                "more bytes than needed. Try every subset (there are only 2^6), or think knapsack")
+        best_set = _best_set(acts, inputs, flops, budget)
+        best_kept = sum(inputs[i] if i in best_set else acts[i] for i in range(len(acts)))
+        if len(chosen) == len(acts):
+            hint = ("checkpointing every block fits any budget, but recomputes the whole forward: checkpoint only "
+                    "what the budget needs")
+        elif best_kept == budget and kept < budget and cost == _best_cost(acts, inputs, flops, budget - 1):
+            hint = (f"blocks {list(best_set)} keep exactly the budget ({budget:,} B) and recompute less: a set that "
+                    "keeps exactly the budget fits (kept <= budget, not <)")
+        else:
+            hint = (f"blocks {list(best_set)} also fit and recompute {cost - best:,} fewer FLOPs: blocks differ in "
+                    "bytes per FLOP, so neither the largest blocks first nor the best ratio first is optimal. Try "
+                    "every subset (there are only 2^6), or think knapsack")
         yield Result(f"budget {budget:,} B: no more recomputation than needed", cost == best, hint,
                      f"your blocks recompute {cost:,} FLOPs; the least that fits is {best:,}")
+        if cost != best:  # the first budget that shows the mistake names it; later ones would only guess
+            return

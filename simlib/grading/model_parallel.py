@@ -125,14 +125,17 @@ def _check_one_f_one_b(answer, grader):
                 "min(p - rank - 1, m) forwards; then for each remaining micro-batch one forward and the "
                 "oldest backward; the cool-down runs the remaining backwards oldest first")
     yield Result("the order equals 1F1B on every rank (p = 1..4, m = 1..8)", diff is None, hint)
-    # 5. for real: 2 ranks, gradients equal one process
+    # 5. for real: 2, 3 and 4 ranks, gradients equal one process
     ref_loss, ref_grads = _pp_reference()
     m = _PP["num_microbatches"]
-    outs = grader.run(2, _pp_harness, orders[2, m] if (2, m) in orders else None, m, what="the schedule on 2 ranks")
-    errors = _grads_by_rank(outs, ref_grads)
-    yield Result("run on 2 ranks by simlib's executor: gradients equal one process", all(e is None for e in errors),
-                 "the executor runs your order; compare it with the lesson's 1F1B table",
-                 "" if all(e is None for e in errors) else f"max errors by rank {errors}")
+    for p in (2, 3, 4):
+        outs = grader.run(p, _pp_harness, orders[p, m] if (p, m) in orders else None, m,
+                          what=f"the schedule on {p} ranks")
+        errors = _grads_by_rank(outs, ref_grads)
+        yield Result(f"run on {p} ranks by simlib's executor: gradients equal one process",
+                     all(e is None for e in errors),
+                     "the executor runs your order; compare it with the lesson's 1F1B table",
+                     "" if all(e is None for e in errors) else f"max errors by rank {errors}")
 
 
 def _stage_harness(answer):

@@ -1,66 +1,154 @@
 """Checks for the hands-on projects' milestones. They read run records and recompute what they grade.
 
-``gpt_plan`` (notebook 10): the learner names the 2-process plan that reached the target eval loss fastest,
-among the runs the notebook made (``results/gpt/<plan>/``). The check never trusts a reported number it can
-recompute: it loads the saved weights of that run and evaluates the held-out loss itself.
+``gpt_plan`` (notebook 10): the learner names the 2-process plan that reached the project's target eval loss
+fastest, among the runs the notebook made (``results/gpt/<plan>/``). For every run it compares, the check:
+
+- takes the target from the project (``project_gpt.settings``), never from the record;
+- recomputes the time to the target from the evaluations in ``run.jsonl`` (the first at or below the target),
+  after checking that the rows agree with each other and with the project's budget and evaluation interval;
+- reads the plan and the world size from every field the trainer wrote (``summary.json``'s ``plan`` and
+  ``world_size``, one matmul rate per rank) and requires them to be the named plan on 2 processes;
+- builds the project's GPT with the project's fixed sizes, loads only the saved weights, recomputes the
+  held-out loss and requires the record's last evaluation to be that number (weights and record from one run);
+- recomputes the step-0 loss of the project's freshly built model on its first global batch and requires the
+  record's to match (the run trained the project's task, not another).
+
+What a learner could still fake: the training times (and intermediate evaluations) in ``run.jsonl``, edited
+consistently — the check does not re-run whole plans to time them.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import Result, exercise
+from . import TODO, Result, exercise
+from .evidence import check_consistent, check_first_loss, check_world_size, load_fixed
 
 RESULTS = Path("results/gpt")
+WORLD_SIZE = 2
 
 
-def _runs(root: Path) -> dict:
+def _standard() -> dict:
+    from ..env import quick
+    from ..projects.gpt.run import settings
+    return settings(quick())
+
+
+def _time_to_target(evals, target: float):
+    """(train_time, step) of the first evaluation at or below ``target``, or (None, None)."""
+    for e in sorted(evals, key=lambda e: e["step"]):
+        loss = e.get("eval", {}).get("eval_loss")
+        if isinstance(loss, (int, float)) and loss <= target:
+            return e.get("train_time"), e["step"]
+    return None, None
+
+
+def _verify(folder: Path, name: str, cfg: dict):
+    """Every check of one run folder -> (results, recomputed time to target or None)."""
+    from dataclasses import asdict
+
+    import torch
+
+    from ..projects.gpt.run import plan_for
     from ..record import RunRecord
-    runs = {}
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
-        if (folder / "summary.json").exists():
-            runs[folder.name] = RunRecord.load(folder)
-    return runs
+    task, target = cfg["task"], cfg["target"]["eval_loss"]
+    results = []
+    try:
+        record = RunRecord.load(folder)
+    except Exception as exc:  # noqa: BLE001 - a broken or edited file
+        return [Result(f"{name}: the run record can be read", False, "rerun the plan: its run.jsonl is damaged",
+                       f"{type(exc).__name__}: {exc}")], None
+    s = record.summary
+    results.append(check_world_size(s, WORLD_SIZE))
+    try:
+        want = asdict(plan_for(name, WORLD_SIZE))
+    except ValueError:
+        want = None
+    got = s.get("plan")
+    results.append(Result(f"{name}: the record's plan is the plan {name!r} on {WORLD_SIZE} processes",
+                          want is not None and got == want,
+                          f"the folder name must be the plan the trainer ran: project_gpt.run({name!r}, "
+                          f"{WORLD_SIZE}) writes results/gpt/{name}/ (plans: dp, dp+acc, tp, pp)",
+                          "" if got == want else
+                          f"recorded {_plan_diff(got, want)}"))
+    results.append(check_consistent(record.rows, record.evals, s, task.global_batch, task.seq_len,
+                                    cfg["eval_every"], cfg["steps"]))
+    results.append(check_first_loss(record.rows, task, f"GPTTask with the project's sizes, seed {task.seed}"))
+    path = folder / "final_model.pt"
+    try:
+        saved = torch.load(path, weights_only=True)
+        state = saved["state"] if isinstance(saved, dict) and "state" in saved else saved
+    except Exception as exc:  # noqa: BLE001 - missing or not a tensor file
+        results.append(Result(f"{name}: the run saved its final weights", False,
+                              "rerun the plan with project_gpt.run(...): it saves final_model.pt",
+                              f"{type(exc).__name__}: {exc}"[:200]))
+        return results, None
+    model, fit = load_fixed(task.build_model(), state, "GPT")
+    results.append(fit)
+    if model is None:
+        return results, None
+    recomputed = task.evaluate(model.eval())["eval_loss"]
+    last = max(record.evals, key=lambda e: e["step"]) if record.evals else {}
+    recorded = last.get("eval", {}).get("eval_loss")
+    results.append(Result(f"{name}: the record's last evaluation is what the saved weights score",
+                          isinstance(recorded, (int, float)) and abs(recorded - recomputed) <= 1e-3,
+                          "the run record does not match its weights: rerun the plan instead of editing its files",
+                          f"recomputed {recomputed:.4f}, recorded {recorded}"))
+    seconds, _ = _time_to_target(record.evals, target)
+    if all(r.passed for r in results):
+        return results, seconds
+    return results, None
+
+
+def _plan_diff(got, want) -> str:
+    if not isinstance(got, dict) or not isinstance(want, dict):
+        return f"{got!r}"
+    return ", ".join(f"{k}={got.get(k)!r} (expected {want.get(k)!r})" for k in sorted(set(got) | set(want))
+                     if got.get(k) != want.get(k))
 
 
 @exercise("gpt_plan")
 def _gpt_plan(answer, grader, root=None):
-    from ..projects.gpt.run import load_final_model
+    from ..projects.gpt.run import PLAN_NAMES
 
     root = Path(root) if root is not None else RESULTS
-    runs = _runs(root)
+    if answer is None or not str(answer).strip():
+        yield Result("the milestone is answered", False, status=TODO,
+                     hint="not done yet: put the folder name of the 2-process plan that reached the target first "
+                          "(\"dp\", \"dp+acc\", \"tp\" or \"pp\") in my_plan, then run this cell")
+        return
+    cfg = _standard()
+    target = cfg["target"]["eval_loss"]
+    runs = sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "run.jsonl").exists()) \
+        if root.exists() else []
     name = str(answer).strip()
     yield Result(f"a run of plan {name!r} is in {root}/", name in runs,
-                 detail=f"found {sorted(runs)}" if runs else "no runs yet",
+                 detail=f"found {runs}" if runs else "no runs yet",
                  hint="answer with the folder name of one of the runs above, e.g. \"dp\" (run the training cells "
                       "first; they write results/gpt/<plan>/)")
     if name not in runs:
         return
-    record = runs[name]
-    s = record.summary
-    yield Result("the plan uses 2 processes", s.get("world_size") == 2, detail=f"world size {s.get('world_size')}",
-                 hint="the milestone compares plans for 2 processes: pick among the 2-process runs")
-    if s.get("world_size") != 2:
+    results, seconds = _verify(root / name, name, cfg)
+    yield from results
+    if not all(r.passed for r in results):
         return
-    if not (root / name / "final_model.pt").exists():
-        yield Result("the run saved its final weights", False, hint="rerun the plan with project_gpt.run(...)")
-        return
-    task, model = load_final_model(root / name)
-    recomputed = task.evaluate(model)["eval_loss"]
-    reported = (s.get("final_eval") or {}).get("eval_loss")
-    same = reported is not None and abs(recomputed - reported) <= 1e-3
-    yield Result("the recorded eval loss is what the saved model scores", same,
-                 detail=f"recomputed {recomputed:.4f}, recorded {reported}",
-                 hint="the run record does not match its weights: rerun the plan instead of editing its files")
-    target = (s.get("target") or {}).get("eval_loss")
-    reached = target is not None and recomputed <= target and s.get("time_to_target") is not None
-    yield Result("it reaches the target eval loss", reached, detail=f"eval loss {recomputed:.4f}, target {target}",
+    yield Result(f"it reaches the project's target eval loss {target:g} (time recomputed from run.jsonl)",
+                 seconds is not None, detail=f"{seconds:.1f} s of training" if seconds is not None else
+                 "no evaluation at or below the target",
                  hint="this plan did not reach the target within the budget: pick a plan that did")
-    if not reached:
+    if seconds is None:
         return
-    rivals = {n: r.summary["time_to_target"] for n, r in runs.items()
-              if r.summary.get("world_size") == 2 and r.summary.get("time_to_target") is not None}
+    rivals, left_out = {name: seconds}, []
+    for other in runs:
+        if other == name or other not in PLAN_NAMES:
+            continue
+        checks, t = _verify(root / other, other, cfg)
+        if t is not None:
+            rivals[other] = t
+        elif not all(r.passed for r in checks):
+            left_out.append(other)
     best = min(rivals, key=rivals.get)
     yield Result("it is the fastest 2-process plan to the target", rivals[name] <= rivals[best],
-                 detail=f"{name}: {rivals[name]:.1f} s; fastest {best}: {rivals[best]:.1f} s",
+                 detail=f"{name}: {rivals[name]:.1f} s; fastest {best}: {rivals[best]:.1f} s"
+                        + (f" (not compared, their records do not check out: {left_out})" if left_out else ""),
                  hint="compare the time_to_target_s column of the table for the 2-process runs (training time "
                       "to the first evaluation at or below the target)")

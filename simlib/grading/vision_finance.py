@@ -1,16 +1,19 @@
-"""Milestones of the hands-on projects: the check recomputes the held-out metric itself.
+"""Milestones of the hands-on projects: the check rebuilds the model and the data and recomputes the metric.
 
 The answer is what the project's run returns, ``(task, record, state)``: the Task trained, the run record,
-and rank 0's trained weights (``simlib.projects.runner.train_on`` / ``run_project``). The check never asks
-the learner's code for the metric: it loads the held-out data with its own code, rebuilds the model from the
-weights and measures, and it checks the run (processes, time budget) and that the held-out data stayed held
-out (the split; the calibration period).
+and rank 0's trained weights (``simlib.projects.runner.train_on`` / ``run_project``). The check never runs the
+learner's model code and never reads the learner's task: it builds the project's model with the standard run's
+fixed sizes (``vision_run`` / ``finance_run`` for this mode), loads only the weights (tensors), builds the held-out
+data with its own code (vision: the 450 held-out digits of the fixed split; finance: 8,192 paths simulated with a
+seed drawn at check time, which the learner's code never sees, hedged by the grader's HedgeNet whose features at
+each day are known on that day), and checks the record against what it recomputes (:mod:`.evidence`): the
+step-0 loss, the last evaluation, the world size across every field the trainer wrote, and the budget.
 """
 from __future__ import annotations
 
-import math
 
-from . import Result, exercise
+from . import TODO, Result, exercise
+from .evidence import check_consistent, check_first_loss, check_world_size, load_fixed
 
 VISION_BUDGET_S = 60.0     # seconds of training (the record's train_time): evaluation not counted
 FINANCE_BUDGET_S = 60.0
@@ -21,20 +24,29 @@ def _unpack(answer):
         raise TypeError("the answer is the tuple (task, record, state) from run_project / train_on, "
                         f"got {type(answer).__name__}")
     task, record, state = answer
-    summary = getattr(record, "summary", record)
-    if not isinstance(summary, dict) or not isinstance(state, dict):
+    summary, rows, evals = (getattr(record, "summary", None), getattr(record, "rows", None),
+                            getattr(record, "evals", None))
+    if not (isinstance(summary, dict) and isinstance(rows, list) and isinstance(evals, list)):
         raise TypeError("expected (task, RunRecord, state_dict): pass the record and the weights train_on returned")
-    return task, summary, state
+    return task, record, state
 
 
-def _run_checks(summary, budget, world_size=2):
-    ws = summary.get("world_size")
-    yield Result(f"trained data-parallel on {world_size} processes", ws == world_size, detail=f"world size {ws}",
-                 hint=f"run it with train_on({world_size}, task, Plan(dp={world_size}, ...)) or "
-                      f"run_project(..., world_size={world_size}): the milestone is about data parallelism")
-    t = summary.get("train_time") or float("inf")
+def _run_checks(record, budget, global_batch, world_size=2):
+    summary, rows = record.summary, record.rows
+    yield check_world_size(summary, world_size)
+    yield check_consistent(rows, record.evals, summary, global_batch)
+    t = max([summary.get("train_time") or 0.0] + [r.get("train_time") or 0.0 for r in rows]) or float("inf")
     yield Result(f"within the time budget ({budget:g} s of training)", t <= budget, detail=f"{t:.1f} s",
                  hint="fewer steps, a larger learning rate with warm-up, or a smaller image size")
+
+
+def _same_eval(record, key, recomputed, tol, what):
+    last = record.evals[-1]["eval"].get(key) if record.evals else None
+    ok = isinstance(last, (int, float)) and abs(last - recomputed) <= tol
+    return Result(f"the record's last evaluation is what these weights score ({what})", ok,
+                  "the weights and the record do not come from the same run (or the record was edited): pass the "
+                  "record and the state that one train_on / run_project call returned",
+                  f"recorded {last}, recomputed {recomputed:.5f}")
 
 
 def vision_heldout(image_size: int, holdout: float = 0.25):
@@ -60,26 +72,45 @@ def _accuracy(model, x, y, train_mode=False):
         return float((model(x).argmax(1) == y).float().mean())
 
 
+def _standard(name):
+    """The project's standard task and target for this mode (quick or full): the check's fixed arguments."""
+    from ..env import quick
+    from ..projects.runner import PROJECTS
+    return PROJECTS[name](quick())
+
+
+def _not_done(answer):
+    if answer is None or answer == () or answer == "":
+        return Result("the milestone is answered", False, status=TODO,
+                      hint="not done yet: run the project's 2-process run and pass (task, record, state)")
+    return None
+
+
 @exercise("vision_milestone")
 def _vision_milestone(answer, grader):
     from ..env import quick
-    from ..projects.runner import load_state
     from ..projects.vision import baseline_logistic
 
-    task, summary, state = _unpack(answer)
-    yield from _run_checks(summary, VISION_BUDGET_S)
-    held_out = getattr(task, "holdout", None) == 0.25 and getattr(task, "loader", None) == "global"
-    yield Result("the held-out digits stayed held out", held_out,
-                 detail=f"holdout {getattr(task, 'holdout', None)}, loader {getattr(task, 'loader', None)!r}",
-                 hint="keep DigitsTask(holdout=0.25) and the default loader: the check measures on that split, "
-                      "so a smaller holdout trains on images it tests on")
-    model = load_state(task, state)
-    x, y = vision_heldout(task.image_size)
+    todo = _not_done(answer)
+    if todo:
+        yield todo
+        return
+    _, record, state = _unpack(answer)
+    std = _standard("vision")["task"]  # the grader's own task: fixed sizes, the fixed split, seed 0
+    yield from _run_checks(record, VISION_BUDGET_S, std.global_batch)
+    yield check_first_loss(record.rows, std, f"DigitsTask(global_batch={std.global_batch}, "
+                                             f"image_size={std.image_size}, width={std.width}, holdout=0.25)")
+    model, fit = load_fixed(std.build_model(), state, f"ResNet(width={std.width})")
+    yield fit
+    if model is None:
+        return
+    x, y = vision_heldout(std.image_size)
     acc = _accuracy(model, x, y)
+    yield _same_eval(record, "accuracy", acc, 1.5 / len(y), f"accuracy on the {len(y)} held-out digits")
     target = 0.90 if quick() else max(0.97, baseline_logistic())
     stale = acc < target and _accuracy(model, x, y, train_mode=True) >= target
-    yield Result(f"held-out accuracy >= {target:.3f} (recomputed here on the 450 held-out digits)", acc >= target,
-                 detail=f"{acc:.3f}",
+    yield Result(f"held-out accuracy >= {target:.3f} (recomputed here on the {len(y)} held-out digits)",
+                 acc >= target, detail=f"{acc:.3f}",
                  hint=("with batch statistics the model would pass: its BatchNorm running averages do not match "
                        "the weights (reset, or never updated in training). Train in model.train() so BatchNorm "
                        "updates them, and keep them in the state you pass") if stale else
@@ -87,39 +118,44 @@ def _vision_milestone(answer, grader):
                       "check the loss goes down in the run record")
 
 
+def finance_heldout(std, n: int = 8192):
+    """Held-out paths simulated here from a seed drawn now (never seen by the learner's code), their payoff,
+    and the Black-Scholes delta's hedged value on them (the training years' volatility, the project's cost)."""
+    import secrets
+    paths = std.simulate(n, (secrets.randbelow(2 ** 31), 11))
+    return paths, std.payoff(paths), std.bs_hedge(paths)
+
+
 @exercise("finance_milestone")
 def _finance_milestone(answer, grader):
     import torch
 
-    from ..projects.finance import task as finance
-    from ..projects.runner import load_state
-
-    task, summary, state = _unpack(answer)
-    yield from _run_checks(summary, FINANCE_BUDGET_S)
-    no_look_ahead = str(getattr(task, "train_end", "")) <= "2012-12-31"
-    yield Result("calibrated on the training years only (no look-ahead)", no_look_ahead,
-                 detail=f"train_end {getattr(task, 'train_end', None)}",
-                 hint="keep train_end at or before 2012-12-31: the test years start after it, and a volatility "
-                      "estimated on them leaks the future into the model")
-    costs = getattr(task, "cost", 0) >= 0.002
-    yield Result("hedging with transaction costs (>= 20 bp)", costs, detail=f"cost {getattr(task, 'cost', None)}",
-                 hint="the milestone is hedging with costs (HedgingTask(cost=0.002)): without them the "
-                      "Black-Scholes delta is already near-optimal and there is nothing to beat")
-    # the check's own held-out paths: its own stream and the calibration recomputed from the prices
-    vol = finance._hist_vol("2012-12-31")
-    g = torch.Generator().manual_seed(20121231)
-    dt = 1 / finance.TRADING_DAYS
-    z = torch.randn(8192, task.days, generator=g)
-    paths = torch.cat([torch.ones(len(z), 1), torch.exp(torch.cumsum(-0.5 * vol ** 2 * dt + vol * math.sqrt(dt) * z, 1))], 1)
-    payoff = (paths[:, -1] - 1).clamp_min(0)
-    model = load_state(task, state).eval()
+    todo = _not_done(answer)
+    if todo:
+        yield todo
+        return
+    _, record, state = _unpack(answer)
+    # the grader's own task: calibrated to 2012-12-31, 20 bp costs, the standard sizes and seed
+    std = _standard("finance")["task"]
+    yield from _run_checks(record, FINANCE_BUDGET_S, std.global_batch)
+    yield check_first_loss(record.rows, std, f"HedgingTask(days={std.days}, cost={std.cost}, "
+                                             f"train_end={std.train_end!r}, global_batch={std.global_batch})")
+    # the grader's HedgeNet: each day's features (log-moneyness, time left, delta, yesterday's holding) are
+    # known on that day; the volatility and the cost are the grader's, not the learner's
+    model, fit = load_fixed(std.build_model(), state, f"HedgeNet(days={std.days}, hidden={std.hidden})")
+    yield fit
+    if model is None:
+        return
+    model.eval()
     with torch.no_grad():
+        recorded_paths = std.test_paths()
+        sim = float(torch.mean((model(recorded_paths) - std.payoff(recorded_paths)) ** 2))
+        yield _same_eval(record, "eval_loss", sim, 1e-6 + 1e-4 * sim, "eval_loss on the project's test paths")
+        paths, payoff, bs = finance_heldout(std)
         rmse = float(torch.sqrt(((model(paths) - payoff) ** 2).mean()))
-    tau = (task.days - torch.arange(task.days, dtype=torch.float32)) / finance.TRADING_DAYS
-    bs = finance.hedge_pnl(paths, finance.bs_delta(paths[:, :-1], 1.0, tau, vol),
-                           finance.bs_call_price(1.0, 1.0, task.days / finance.TRADING_DAYS, vol), 1.0, task.cost)
     bs_rmse = float(torch.sqrt(((bs - payoff) ** 2).mean()))
-    yield Result("beats the Black-Scholes delta on 8,192 held-out paths (RMS hedging error, recomputed here)",
+    yield Result(f"beats the Black-Scholes delta on {len(paths):,} paths simulated here (RMS hedging error)",
                  rmse < 0.97 * bs_rmse, detail=f"{rmse:.5f} vs Black-Scholes {bs_rmse:.5f}",
-                 hint="an untrained HedgeNet is the Black-Scholes hedge: train it (the run's eval_loss should fall "
-                      "below the target), with enough paths per step and warm-up")
+                 hint="the check runs its own HedgeNet on your weights, on paths from a seed drawn now: an untrained "
+                      "HedgeNet is the Black-Scholes hedge. Train it on the standard task (the run's eval_loss "
+                      "should fall below the target), with enough paths per step and warm-up")

@@ -23,4 +23,5 @@ PLANTED_IN = {
     "ring_attention": ("context_experts", "RING"),
     "moe_dispatch": ("context_experts", "MOE"),
     "zero3_prefetch": ("prefetch", "PLANTED"),
+    "gpt_plan": ("projects", "GPT"),
 }

@@ -40,5 +40,63 @@ class NoDataPosition(TrainState):
         checkpoint.set_rng_state(sd["rng"])
 
 
-PLANTED = [NoOptimizerState, NoRngState, NoDataPosition]
-HINTS = {"NoOptimizerState": "optimizer state", "NoRngState": "rng state", "NoDataPosition": "data position"}
+class InheritsEverything(TrainState):
+    """The base class already saves everything: nothing written (issue 19)."""
+
+
+class DelegatesToLibrary(TrainState):
+    """Hands the work back to the library's TrainState."""
+
+    def state_dict(self):
+        return super().state_dict()
+
+    def load_state_dict(self, sd):
+        super().load_state_dict(sd)
+
+
+def _full(self):
+    return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "step": self.step, "data": {"next_step": self.data_step}}
+
+
+def _load(self, sd):
+    self.model.load_state_dict(sd["model"])
+    self.optimizer.load_state_dict(sd["optimizer"])
+    self.scheduler.load_state_dict(sd["scheduler"])
+    self.step, self.data_step = int(sd["step"]), int(sd["data"]["next_step"])
+
+
+class OneRngForAll(TrainState):
+    """Restores every rank's generators from rank 0's: right only when every rank draws the same numbers."""
+
+    def state_dict(self):
+        return {**_full(self), "rng": checkpoint.rng_state()}
+
+    def load_state_dict(self, sd):
+        import torch
+        import torch.distributed as dist
+        _load(self, sd)
+        checkpoint.set_rng_state(sd["rng"])
+        state = torch.get_rng_state()
+        dist.broadcast(state, src=0)
+        torch.set_rng_state(state)
+
+
+class RngUnderAnotherKey(TrainState):
+    """Saves the generators under "generators": not one per rank (simlib keeps one per rank under "rng" only),
+    so the checkpoint holds one rank's generators, restored on every rank."""
+
+    def state_dict(self):
+        return {**_full(self), "generators": checkpoint.rng_state()}
+
+    def load_state_dict(self, sd):
+        _load(self, sd)
+        checkpoint.set_rng_state(sd["generators"])
+
+
+PLANTED = [NoOptimizerState, NoRngState, NoDataPosition, InheritsEverything, DelegatesToLibrary, OneRngForAll,
+           RngUnderAnotherKey]
+HINTS = {"NoOptimizerState": "optimizer state", "NoRngState": "rng state", "NoDataPosition": "data position",
+         "InheritsEverything": "not done yet", "DelegatesToLibrary": "switched off in this exercise",
+         "OneRngForAll": "first different", "RngUnderAnotherKey": "every rank's rng state"}
+STATUS = {"InheritsEverything": "not implemented", "DelegatesToLibrary": "error"}

@@ -165,3 +165,120 @@ def ignores_the_budget(activation_bytes, input_bytes, recompute_flops, budget):
 
 
 CHECKPOINT_PLACEMENT = [checkpoint_everything, largest_first, forgets_the_kept_inputs, ignores_the_budget]
+
+
+# ---- issue 19: what a rank holds while it steps, saved tensors below the output node, world size 3 ----
+class full_state_during_step(_Base):
+    """Right numbers, and the owned shard kept between steps, but every step builds a full-size scratch copy of
+    every parameter's moments (and drops it after): twice the memory while it steps."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        scratch = [(torch.zeros_like(p), torch.zeros_like(p)) for p in self.params]  # noqa: F841
+        self.inner.step()
+        for p, r in zip(self.params, self.owner):
+            dist.broadcast(p.data, src=r)
+
+
+class moments_in_own_dicts(_Base):
+    """Right numbers, but also keeps a copy of every parameter's gradient history in a dict of its own."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, optimizer_cls, **kwargs)
+        self.history = {}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for i, p in enumerate(self.params):
+            self.history.setdefault(i, torch.zeros_like(p)).add_(p.grad)
+            self.history.setdefault(-1 - i, torch.zeros_like(p)).add_(p.grad * p.grad)
+        self.inner.step()
+        for p, r in zip(self.params, self.owner):
+            dist.broadcast(p.data, src=r)
+
+
+class bitmask_owner_in_broadcast(torch.optim.Optimizer):
+    """Steps parameter i on rank i % n but broadcasts it from rank i & (n - 1): the same for 2 and 4 ranks; on 3,
+    rank 1's updates are overwritten by a rank that never stepped them."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, kwargs)
+        self.params = [p for g in self.param_groups for p in g["params"]]
+        n, rank = dist.get_world_size(), dist.get_rank()
+        self.inner = optimizer_cls([p for i, p in enumerate(self.params) if i % n == rank], **kwargs)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.inner.step()
+        n = dist.get_world_size()
+        for i, p in enumerate(self.params):
+            dist.broadcast(p.data, src=i & (n - 1))
+
+
+class zero_grad_of_inner_only(_Base):
+    """Right until the second step: zero_grad clears only the inner optimizer's (owned) gradients, so the other
+    parameters' gradients pile up across steps on every rank."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.inner.step()
+        for p, r in zip(self.params, self.owner):
+            dist.broadcast(p.data, src=r)
+
+    def zero_grad(self, set_to_none=True):
+        self.inner.zero_grad(set_to_none)
+
+
+SHARDED_OPTIMIZER += [full_state_during_step, moments_in_own_dicts, bitmask_owner_in_broadcast,
+                      zero_grad_of_inner_only]
+
+
+class _Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, shard):
+        return _gather(shard)
+
+    @staticmethod
+    def backward(ctx, grad_weight):
+        n = dist.get_world_size()
+        grad_shard = torch.empty(grad_weight.shape[0] // n, grad_weight.shape[1])
+        dist.reduce_scatter_tensor(grad_shard, grad_weight.contiguous())
+        return grad_shard / n
+
+
+def weight_saved_behind_a_reshape(x, shard):
+    """Gathers in an autograd.Function, then lets autograd's matmul keep the whole weight; a reshape on top hides
+    it from the output node's saved_tensors."""
+    return (x @ _Gather.apply(shard).T).reshape(x.shape[0], -1)
+
+
+def weight_saved_below_a_scale(x, shard):
+    """The same, with a multiplication by 1 as the output node."""
+    return torch.nn.functional.linear(x, _Gather.apply(shard)) * 1.0
+
+
+ZERO3_LINEAR += [weight_saved_behind_a_reshape, weight_saved_below_a_scale]
+
+
+def best_ratio_first(activation_bytes, input_bytes, recompute_flops, budget):
+    """Greedy: the most bytes saved per FLOP recomputed first, until it fits."""
+    saved = [a - i for a, i in zip(activation_bytes, input_bytes)]
+    order = sorted(range(len(saved)), key=lambda i: -saved[i] / recompute_flops[i])
+    chosen = []
+    for i in order:
+        if _kept(activation_bytes, input_bytes, chosen) <= budget:
+            break
+        chosen.append(i)
+    return chosen
+
+
+def strict_budget(activation_bytes, input_bytes, recompute_flops, budget):
+    """The optimum, but with `<` for `<=`: a set that keeps exactly the budget is refused."""
+    from itertools import combinations
+    n = len(activation_bytes)
+    fits = [s for k in range(n + 1) for s in combinations(range(n), k)
+            if _kept(activation_bytes, input_bytes, s) < budget]
+    return list(min(fits, key=lambda s: sum(recompute_flops[i] for i in s))) if fits else list(range(n))
+
+
+CHECKPOINT_PLACEMENT += [best_ratio_first, strict_budget]
