@@ -32,7 +32,9 @@ def test_pick_backend_and_device():
 def test_detect_launcher():
     assert env.detect_launcher({}) == "single"
     assert env.detect_launcher({"RANK": "0", "WORLD_SIZE": "2"}) == "torchrun"
-    assert env.detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}) == "slurm"
+    assert env.detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"}) == "slurm"
+    # the batch script of an sbatch job sees SLURM_PROCID=0 and SLURM_NTASKS but is no job step: not a rank
+    assert env.detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7"}) == "single"
     assert env.detect_launcher({"SIMLIB_WORKER": "1", "RANK": "0", "WORLD_SIZE": "2"}) == "simlib"
 
 
@@ -68,7 +70,7 @@ def test_same_function_under_slurm_variables(job_module):
     """Two tasks as ``srun -n 2`` would start them: only SLURM's variables, no RANK/MASTER_*."""
     port = str(env.free_port())
     procs = [subprocess.Popen([sys.executable, "-m", "simlib", "run", "simjob:main"], cwd=job_module,
-                              env=_env(job_module, SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
+                              env=_env(job_module, SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_STEP_ID="0",
                                        SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NODELIST="127.0.0.1",
                                        SLURM_JOB_ID="1234", MASTER_PORT=port),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
