@@ -150,20 +150,22 @@ def resolve(args) -> RunSpec:
 
 
 def _check_checkpoints(spec: RunSpec) -> None:
-    """``--resume`` needs a checkpoint; a fresh run must not silently continue an old one (an elastic restart
-    of the same command, TORCHELASTIC_RESTART_COUNT > 0, does resume)."""
+    """A fresh run must not silently continue an old checkpoint: without ``--resume`` an existing one is an error.
+    With ``--resume`` the newest one is loaded, or, when there is none yet (the first start of an elastic job
+    whose command carries ``--resume`` for its restarts), the run starts at step 0 and says so."""
     from . import checkpoint
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    rank0 = spec.launcher is None or spec.launcher["rank"] == 0
     for name, plan in spec.plans.items():
         if not plan.checkpoint_dir:
             continue
         latest = checkpoint.latest(plan.checkpoint_dir)
-        if spec.resume and latest is None and not restarted:
-            raise ValueError(f"--resume: no checkpoint in {plan.checkpoint_dir}: start without --resume, and save "
-                             "checkpoints with --plan.checkpoint-every K")
-        if latest is not None and not spec.resume and not restarted:
+        if latest is not None and not (spec.resume or restarted):
             raise ValueError(f"{plan.checkpoint_dir} holds a checkpoint ({latest.name}): add --resume to continue "
                              "from it, or give another --out (or --plan.checkpoint-dir) to start afresh")
+        if spec.resume and rank0:
+            print(f"--resume: {'continuing from ' + str(latest) if latest is not None else 'no checkpoint in ' + plan.checkpoint_dir + ' yet: starting at step 0'}",
+                  flush=True)
 
 
 def run(args) -> int:
