@@ -211,7 +211,12 @@ def _attempt_store(restart_count: int, rank: int, world_size: int, timeout: floa
     """
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
                           timeout=datetime.timedelta(seconds=timeout))
-    return dict(init_method=None, store=dist.PrefixStore(f"simlib/attempt_{restart_count}", store), rank=rank,
+    attempt = restart_count
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
+        # Several agents (nodes): their restart counts differ once a node is replaced (the new agent counts from
+        # 0), so the attempt is counted in the shared store instead: every worker of an attempt joins once.
+        attempt = (store.add("simlib/joined", 1) - 1) // world_size
+    return dict(init_method=None, store=dist.PrefixStore(f"simlib/attempt_{attempt}", store), rank=rank,
                 world_size=world_size)
 
 
@@ -243,7 +248,8 @@ def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT, device: str = 
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     if not dist.is_initialized():
         kwargs = dict(backend=backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout))
-        if restart_count > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        several_agents = int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1
+        if (restart_count > 0 or several_agents) and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             kwargs.update(_attempt_store(restart_count, rank, world_size, timeout))
         if dev.type == "cuda" and backend == "nccl":
             kwargs["device_id"] = dev
