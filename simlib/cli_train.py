@@ -64,7 +64,7 @@ def _task_overrides(project: str, values: dict, defaults) -> object:
     return replace(defaults, **values)
 
 
-def _build_plan(project: str, name: str, world: int, fields: dict, several: bool):
+def _build_plan(project: str, name: str, world: int, fields: dict, several: bool, checkpoints=None):
     """A named plan (``dp``, ``tp``...) on ``world`` ranks, then the ``[plan]`` fields over it. Given degrees
     replace the name's: ``--plan.tp 2`` on 4 ranks is dp 2 x tp 2 (dp fills the world)."""
     from . import project_gpt
@@ -82,6 +82,9 @@ def _build_plan(project: str, name: str, world: int, fields: dict, several: bool
         base = cfg.as_dict(project_gpt.plan_for(name, world))
     if project == "vision" and "sync_batchnorm" not in fields:
         base["sync_batchnorm"] = base.get("dp", 1) > 1  # BatchNorm statistics over the whole global batch
+    if checkpoints is not None and fields.get("checkpoint_dir") is None:
+        base["checkpoint_dir"] = str(checkpoints)  # saving or resuming, and no folder given: the run's own
+        fields = {k: v for k, v in fields.items() if k != "checkpoint_dir"}
     return Plan(**{**base, **fields})
 
 
@@ -127,12 +130,13 @@ def resolve(args) -> RunSpec:
     out = Path(args.out or run.get("out") or f"results/{project}")
     plans, folders = {}, {}
     for name in names:
-        plan = _build_plan(project, name, world, plan_fields, several=len(names) > 1)
+        needs_folder = bool(args.resume or plan_fields.get("checkpoint_every"))
+        plan = _build_plan(project, name, world, plan_fields, len(names) > 1, out if needs_folder else None)
         folder = out / name if len(names) > 1 else out
         if project != "gpt" and len(names) == 1 and not (args.out or run.get("out")):
             folder = out / (f"dp{world}" if name == "dp" and not plan_fields else plan.label.replace(" ", "_"))
-        if (args.resume or plan.checkpoint_every) and not plan.checkpoint_dir:
-            plan = replace(plan, checkpoint_dir=str(folder / "checkpoints"))
+        if needs_folder:
+            plan = _build_plan(project, name, world, plan_fields, len(names) > 1, folder / "checkpoints")
         plan.validate(world, task)  # the plan against this world and this task: one line saying what would work
         plans[name], folders[name] = plan, folder
     spec = RunSpec(project, world, plans, folders, task, optim, budget, quick,

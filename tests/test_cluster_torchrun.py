@@ -17,7 +17,8 @@ import pytest
 
 from simlib import checkpoint, cli, env
 
-TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # `torchrun`, with this interpreter (a copied venv's
+                                                           # torchrun script may point at another one)
 STEPS = ["--budget.steps", "6", "--budget.log-every", "1", "--budget.eval-every", "6"]
 PLAN = ["--plan.dp", "2", "--plan.tp", "2"]
 TOL = dict(rel=1e-5, abs=1e-5)  # as tests/test_train.py: fp32 sums in another order across TP shards
@@ -37,7 +38,7 @@ def _clean_env():
 
 def _agent(node: int, endpoint: str, out: Path, log: Path, extra=()) -> subprocess.Popen:
     """One node: a torchrun agent with 2 local ranks, in its own session (killing the session kills the node)."""
-    cmd = [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node), "--rdzv-backend", "c10d",
+    cmd = [*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node), "--rdzv-backend", "c10d",
            "--rdzv-endpoint", endpoint, "--rdzv-id", "simlib-two-nodes", "--local-addr", "127.0.0.1",
            "--max-restarts", "1", "-m", "simlib", "train", "gpt", "--quick", *PLAN, "--out", str(out), *STEPS,
            *extra]
