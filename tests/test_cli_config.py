@@ -126,3 +126,12 @@ def test_resume_and_checkpoints(tmp_path, capsys):
         cli_train._check_checkpoints(spec)
     spec.resume = True
     cli_train._check_checkpoints(spec)
+
+
+def test_doctor_reports_the_launcher_and_world(capsys, monkeypatch):
+    for k, v in dict(RANK="1", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", TORCHELASTIC_RUN_ID="x").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SIMLIB_WORKER", raising=False)
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "torchrun" in out and "rank 1 of 4 (local rank 1 of 2, 2 node(s)) started by torchrun" in out

@@ -111,3 +111,17 @@ def test_a_node_dies_and_is_replaced(one_process, tmp_path):
     final = {s: loss for s, loss in zip(steps, losses)}  # a step logged twice (lost after the checkpoint): last
     assert sorted(final) == list(range(6))
     assert [final[s] for s in range(6)] == pytest.approx(one_process, **TOL)
+
+
+@pytest.mark.slow
+def test_one_node_torchrun_is_one_world(one_process, tmp_path):
+    """`torchrun --nproc-per-node 2 -m simlib train gpt --quick`: one world of 2, one output folder."""
+    out = tmp_path / "gpt"
+    done = subprocess.run([*TORCHRUN, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+                           str(env.free_port()), "-m", "simlib", "train", "gpt", "--quick", "--out", str(out), *STEPS],
+                          env=_clean_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("plan dp (dp2) on rank 0 of 2 started by torchrun") == 1, done.stdout[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt"]
+    assert json.loads((out / "summary.json").read_text())["world_size"] == 2
+    assert _losses(out) == pytest.approx(one_process, **TOL)
