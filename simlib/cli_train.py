@@ -168,8 +168,9 @@ def _check_checkpoints(spec: RunSpec) -> None:
             raise ValueError(f"{plan.checkpoint_dir} holds a checkpoint ({latest.name}): add --resume to continue "
                              "from it, or give another --out (or --plan.checkpoint-dir) to start afresh")
         if spec.resume and rank0:
-            print(f"--resume: {'continuing from ' + str(latest) if latest is not None else 'no checkpoint in ' + plan.checkpoint_dir + ' yet: starting at step 0'}",
-                  flush=True)
+            what = (f"continuing from {latest}" if latest is not None
+                    else f"no checkpoint in {plan.checkpoint_dir} yet: starting at step 0")
+            print(f"--resume: {what}", flush=True)
 
 
 def run(args) -> int:

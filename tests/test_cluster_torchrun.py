@@ -32,7 +32,11 @@ def _losses(folder: Path) -> list:
 def _clean_env():
     e = {k: v for k, v in os.environ.items()
          if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_", "LOCAL_RANK", "TORCHELASTIC", "GROUP_"))}
-    e.update(SIMLIB_QUICK="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    e.update(SIMLIB_QUICK="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+             # torch 2.13's c10d rendezvous shares one TCPStore across rounds by default, and then a replacement
+             # node cannot join: the surviving rank-0 agent does not publish MASTER_ADDR for the new round, and the
+             # new agent waits for it until it times out (seen here). Without sharing, every round publishes it.
+             TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     return e
 
 
