@@ -236,8 +236,11 @@ def load(path, state, skip=()) -> Saved:
     if per_rank:
         sd[PER_RANK_KEY] = {"by_rank": b"", "world_size": 0}
     wanted = _flat_keys(sd)
+    shard = getattr(state, "shard", "")  # TP/PP/ZeRO: this rank asks for its own part; the others' are not extra
+    others = tuple(f"{part}." for part in ("model", "optimizer")) if shard else ()
     extra = sorted(k for k in saved_keys - wanted if not k.startswith(PER_RANK_KEY + ".")
-                   and k.split(".")[0] not in skip)
+                   and k.split(".")[0] not in skip
+                   and not (k.startswith(others) and not k.split(".", 1)[1].startswith(shard + ".")))
     if extra:  # DCP loads only what the target asks for: the rest would be silently dropped
         shown = ", ".join(extra[:5]) + (" ..." if len(extra) > 5 else "")
         raise ValueError(

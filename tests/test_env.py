@@ -57,8 +57,8 @@ def _env(cwd, **extra):
 
 
 def test_same_function_under_torchrun(job_module):
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    out = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # this interpreter (a copied venv's script may not be)
+    out = subprocess.run([*torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                           "--master-port", str(env.free_port()), "-m", "simlib", "run", "simjob:main"],
                          cwd=job_module, env=_env(job_module), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -89,9 +89,9 @@ def test_simlib_run_locally(job_module):
 
 def test_same_function_under_torchrun_two_nodes(job_module):
     """Two torchrun agents on one machine stand in for two nodes (c10d rendezvous on loopback)."""
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # this interpreter (a copied venv's script may not be)
     endpoint = f"127.0.0.1:{env.free_port()}"
-    procs = [subprocess.Popen([torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+    procs = [subprocess.Popen([*torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
                                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "simlibtest",
                                "--local-addr", "127.0.0.1", "-m", "simlib", "run", "simjob:main"],
                               cwd=job_module, env=_env(job_module), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
