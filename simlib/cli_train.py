@@ -195,7 +195,9 @@ def _report(spec: RunSpec, name: str, record) -> None:
     s = record.summary
     final = ", ".join(f"{k} {v:.4g}" for k, v in (s.get("final_eval") or {}).items())
     reached = (f"reached after {s['time_to_target']:.1f} s" if s.get("target_reached") else "not reached")
-    rate = f"{s['tokens_per_s']:,.0f} tokens/s" if s.get("tokens_per_s") else f"{s['samples_per_s']:.0f} samples/s"
+    rate = (f"{s['tokens_per_s']:,.0f} tokens/s" if s.get("tokens_per_s") else
+            f"{s['samples_per_s']:.0f} samples/s" if s.get("samples_per_s") else
+            "no throughput (every step measured was warm-up, e.g. a short resumed run)")
     print(f"  {rate}, held-out {final}; target {s.get('target')} {reached}")
     if s.get("samples_text"):
         print("  sample: " + repr(s["samples_text"][0]))
