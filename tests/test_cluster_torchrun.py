@@ -107,7 +107,7 @@ def test_a_node_dies_and_is_replaced(one_process, tmp_path):
     os.killpg(node1.pid, signal.SIGKILL)  # the whole node: agent and its two workers
     node1.wait()
     replacement = _agent(1, endpoint, out, tmp_path / "node1b.log", extra)
-    logs = _wait([node0, replacement], tmp_path)
+    logs = _wait([node0, replacement], tmp_path, timeout=600)  # failure detection + a new rendezvous: slow
     assert "--resume: continuing from" in logs, logs
     losses = _losses(out)  # run.jsonl: the steps before the checkpoint, then the resumed ones (appended)
     steps = [json.loads(line)["step"] for line in (out / "run.jsonl").read_text().splitlines()
