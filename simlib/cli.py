@@ -43,7 +43,7 @@ def _grade(args) -> int:
 
 
 def _scaling(args) -> int:
-    from . import plots
+    from . import env, plots
     from .lessons import scaling as experiments
     from .env import quick
 
@@ -54,6 +54,11 @@ def _scaling(args) -> int:
     for key in defaults:
         if getattr(args, key) is not None:
             defaults[key] = getattr(args, key)
+    if env.external_world() is not None:  # torchrun / srun: this process is one rank of that world
+        from .cli_train import scaling_here
+        return scaling_here(args, defaults)
+    if args.world_sizes is None:
+        args.world_sizes = [1, 2, 4]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table, timelines = experiments.scaling(args.world_sizes, mode=args.mode, keep_timelines=True,
@@ -111,51 +116,10 @@ def _run(args) -> int:
     return 0
 
 
-def _train_project(args) -> int:
-    """``simlib train vision|finance``: the project's standard run through simlib.train; the run record in --out."""
-    from .env import quick
-    from .projects.runner import run_project
-
-    out = Path(args.out or "results") / args.project / f"dp{args.world_size}"
-    record, _ = run_project(args.project, args.world_size, quick=args.quick or quick(), out_dir=out,
-                            threads=args.threads, timeout=args.timeout)
-    s = record.summary
-    final = ", ".join(f"{k} {v:.4g}" for k, v in (s.get("final_eval") or {}).items())
-    reached = (f"target {s['target']} reached after {s['time_to_target']:.1f} s of training"
-               if s.get("target_reached") else f"target {s['target']} not reached")
-    print(f"\n{args.project} on {s['world_size']} process(es): {s['samples_per_s']:.0f} samples/s; held-out: {final}"
-          f"\n{reached}; run record in {out}/ (run.jsonl, summary.json)")
-    return 0
-
-
 def _train(args) -> int:
-    """Train the project's model under one or more plans; write the run records and a PNG of the loss curves."""
-    if args.project in ("vision", "finance"):
-        return _train_project(args)
-    from .projects.gpt import run as project_gpt
-    from .env import quick
-
-    is_quick = args.quick or quick()
-    out = Path(args.out or "results/gpt")
-    several = len(args.plan) > 1
-    records = {}
-    for name in args.plan:
-        plan = project_gpt.plan_for(name, args.world_size)
-        plan.validate(plan.world_size, project_gpt.settings(is_quick)["task"])
-        folder = out / name if several else out
-        print(f"simlib train {args.project}: plan {name} ({plan.label}) on {plan.world_size} process(es)"
-              f"{' (quick)' if is_quick else ''} -> {folder}", flush=True)
-        records[name] = project_gpt.run(plan, plan.world_size, quick=is_quick, out_dir=folder,
-                                        threads=args.threads, collective_timeout=args.timeout)
-        s = records[name].summary
-        reached = f"reached after {s['time_to_target']:.1f} s" if s.get("target_reached") else "not reached"
-        print(f"  {s['tokens_per_s']:,.0f} tokens/s, final eval loss {s['final_eval']['eval_loss']:.3f}, "
-              f"target {s['target']} {reached}")
-        print("  sample: " + repr(s["samples_text"][0]))
-    target = next(iter(project_gpt.settings(is_quick)["target"].values()))
-    project_gpt.plot_runs(records, out / "loss.png", target=target)
-    print(f"wrote {out / 'loss.png'}" + ("" if several else f", {out / 'run.jsonl'}, {out / 'summary.json'}"))
-    return 0
+    """Train a project under one or more plans (simlib.cli_train: flags/TOML, launcher-aware, --dry-run)."""
+    from . import cli_train
+    return cli_train.run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_grade)
 
     p = sub.add_parser("scaling", help="run a data-parallel scaling sweep; write PNG, CSV and JSON")
-    p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--world-sizes", type=int, nargs="+", default=None,
+                   help="default 1 2 4; under torchrun/srun the launcher's world only")
     p.add_argument("--mode", choices=["strong", "weak"], default="strong")
     p.add_argument("--global-batch", type=int, default=None, help="samples per step (strong scaling)")
     p.add_argument("--width", type=int, default=None, help="MLP width (default 1024; 256 in quick mode)")
@@ -201,18 +166,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_run)
 
     p = sub.add_parser("train", help="hands-on project: GPT (text), vision (digits) or finance (hedging), "
-                                     "trained through simlib.train; writes the run record")
-    from .projects.runner import PROJECTS
-    p.add_argument("project", choices=list(PROJECTS))
-    p.add_argument("--world-size", type=int, default=2, help="processes (default 2)")
-    p.add_argument("--plan", nargs="+", default=["dp"], choices=["single", "dp", "dp+acc", "tp", "pp"],
-                   help="gpt: one or more plans (default dp); several write one folder each under --out; "
-                        "vision and finance run data-parallel (SyncBatchNorm for vision)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads per process (default cores // world)")
+                                     "trained through simlib.train; writes the run record",
+                       description="Every field of Plan, OptimConfig, the budget and the task is a flag "
+                       "(--plan.zero-stage 2) and a key of the --config TOML file ([plan] zero_stage = 2); flags win "
+                       "over the file, the file over the project's defaults. Under torchrun or srun each process "
+                       "is one rank of the launcher's world.")
+    p.add_argument("project", nargs="?", choices=["gpt", "vision", "finance"],
+                   help="the project (or project = \"gpt\" in the [run] table of --config)")
+    p.add_argument("--config", default=None, help="TOML file: [run], [plan], [optim], [budget], [task] tables")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="processes (default 2, or the launcher's world under torchrun/srun, or dp x tp x pp)")
+    p.add_argument("--plan", nargs="+", default=None, choices=["single", "dp", "dp+acc", "tp", "pp"],
+                   help="named plans (default dp); several write one folder each under --out; --plan.* fields "
+                        "apply on top. vision and finance have no tp/pp (refused)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per process (default cores // local "
+                                                             "ranks)")
     p.add_argument("--quick", action="store_true", help="a small model and few steps (also SIMLIB_QUICK=1)")
     p.add_argument("--out", default=None, help="output folder (default results/gpt; results/<project>/dp<N>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --plan.checkpoint-dir (default <out>/checkpoints)")
+    p.add_argument("--dry-run", action="store_true", help="validate the plan; print the mesh, the memory per rank "
+                   "and the simulator's step time; start nothing")
+    p.add_argument("--hardware", default=None, help="simulator preset the dry run predicts on (cpu, a100, h100)")
+    p.add_argument("--backend", default=None, choices=["auto", "gloo", "nccl"],
+                   help="under torchrun/srun: the process-group backend (default auto)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a collective waits for a peer: a stopped or lost rank ends the run then (default 60)")
+    from . import config as _config
+    _config.add_flags(p)
     p.set_defaults(func=_train)
     return parser
 
@@ -230,7 +211,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    from .config import normalize_argv
+    args = build_parser().parse_args(normalize_argv(sys.argv[1:] if argv is None else list(argv)))
     from .checkpoint import CheckpointError
     from .launch import Interrupted, WorkerError
     try:

@@ -119,9 +119,67 @@ def detect_launcher(environ=None) -> str:
         return "simlib"
     if "TORCHELASTIC_RUN_ID" in environ or ("RANK" in environ and "WORLD_SIZE" in environ):
         return "torchrun"
-    if "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
+    if "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ and _in_slurm_step(environ):
         return "slurm"
     return "single"
+
+
+def _in_slurm_step(environ) -> bool:
+    """Inside a task that ``srun`` started (a job step), not the batch script itself: the batch script also sees
+    ``SLURM_PROCID=0`` and ``SLURM_NTASKS=N`` (seen with Slurm 22.05), but no step id; treating it as rank 0 of
+    N would wait for N - 1 peers that nothing starts."""
+    return "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ
+
+
+def external_world(environ=None) -> dict | None:
+    """The world a launcher (torchrun, srun, or anything that set ``RANK``/``WORLD_SIZE``) already started this
+    process in, or None (a laptop, a notebook, an sbatch script outside ``srun``, or a ``simlib.launch`` worker).
+
+    Returns ``launcher``, ``rank``, ``world_size``, ``local_rank``, ``local_world_size``, ``nodes``, read without
+    joining any group: what ``simlib train`` checks before it runs as that rank instead of spawning its own.
+    """
+    environ = os.environ if environ is None else environ
+    launcher = detect_launcher(environ)
+    if launcher == "torchrun":
+        rank, world = int(environ.get("RANK", 0)), int(environ.get("WORLD_SIZE", 1))
+        local_rank = int(environ.get("LOCAL_RANK", 0))
+        local_world = int(environ.get("LOCAL_WORLD_SIZE", 0)) or None
+    elif launcher == "slurm":
+        rank = int(environ["SLURM_PROCID"])
+        world = int(environ.get("SLURM_STEP_NUM_TASKS") or environ["SLURM_NTASKS"])
+        local_rank = int(environ.get("SLURM_LOCALID", 0))
+        local_world = _slurm_tasks_per_node(environ)
+    else:
+        return None
+    local_world = local_world or world
+    return dict(launcher=launcher, rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
+                nodes=max(1, -(-world // local_world)))
+
+
+def _slurm_tasks_per_node(environ) -> int | None:
+    """Tasks on this node: ``SLURM_STEP_TASKS_PER_NODE`` (``2``, ``2(x3)``, ``2,1``: the first node's count),
+    else ``SLURM_NTASKS_PER_NODE``, else tasks / nodes."""
+    for key in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        value = re.match(r"\d+", environ.get(key, ""))
+        if value:
+            return int(value.group())
+    if "SLURM_JOB_NUM_NODES" in environ and "SLURM_NTASKS" in environ:
+        return int(environ["SLURM_NTASKS"]) // int(environ["SLURM_JOB_NUM_NODES"])
+    return None
+
+
+def check_world_size(requested: int | None, environ=None, program: str = "simlib") -> int | None:
+    """The launcher's world size, or None outside a launcher; a ``requested`` size that differs is an error
+    (``ValueError`` in one line saying what to do)."""
+    world = external_world(environ)
+    if world is None:
+        return None
+    if requested is not None and requested != world["world_size"]:
+        how = {"slurm": f"srun -n {requested}", "torchrun": f"torchrun --nproc-per-node {requested}"}
+        raise ValueError(f"--world-size {requested} but {world['launcher']} started a world of {world['world_size']} "
+                         f"(this is rank {world['rank']}): drop --world-size (the launcher decides it) or start "
+                         f"{requested} ranks ({how[world['launcher']]})")
+    return world["world_size"]
 
 
 def slurm_first_host(nodelist: str) -> str:
@@ -145,12 +203,9 @@ def _slurm_first_host_fallback(nodelist: str) -> str:
 def _slurm_to_env(environ) -> None:
     """Translate SLURM's variables into the torchrun ones that ``env://`` reads."""
     environ.setdefault("RANK", environ["SLURM_PROCID"])
-    environ.setdefault("WORLD_SIZE", environ["SLURM_NTASKS"])
+    environ.setdefault("WORLD_SIZE", environ.get("SLURM_STEP_NUM_TASKS") or environ["SLURM_NTASKS"])
     environ.setdefault("LOCAL_RANK", environ.get("SLURM_LOCALID", "0"))
-    tasks_per_node = environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
-    if not tasks_per_node and "SLURM_JOB_NUM_NODES" in environ:
-        tasks_per_node = str(int(environ["SLURM_NTASKS"]) // int(environ["SLURM_JOB_NUM_NODES"]))
-    environ.setdefault("LOCAL_WORLD_SIZE", tasks_per_node or "1")
+    environ.setdefault("LOCAL_WORLD_SIZE", str(_slurm_tasks_per_node(environ) or 1))
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "127.0.0.1")
     environ.setdefault("MASTER_ADDR", slurm_first_host(nodelist))
     environ.setdefault("MASTER_PORT", str(20000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000))
@@ -171,7 +226,12 @@ def _attempt_store(restart_count: int, rank: int, world_size: int, timeout: floa
     """
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
                           timeout=datetime.timedelta(seconds=timeout))
-    return dict(init_method=None, store=dist.PrefixStore(f"simlib/attempt_{restart_count}", store), rank=rank,
+    attempt = restart_count
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
+        # Several agents (nodes): their restart counts differ once a node is replaced (the new agent counts from
+        # 0), so the attempt is counted in the shared store instead: every worker of an attempt joins once.
+        attempt = (store.add("simlib/joined", 1) - 1) // world_size
+    return dict(init_method=None, store=dist.PrefixStore(f"simlib/attempt_{attempt}", store), rank=rank,
                 world_size=world_size)
 
 
@@ -203,7 +263,8 @@ def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT, device: str = 
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     if not dist.is_initialized():
         kwargs = dict(backend=backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout))
-        if restart_count > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        several_agents = int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1
+        if (restart_count > 0 or several_agents) and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             kwargs.update(_attempt_store(restart_count, rank, world_size, timeout))
         if dev.type == "cuda" and backend == "nccl":
             kwargs["device_id"] = dev
@@ -256,6 +317,7 @@ def describe() -> dict:
         "gpu_memory_gib": [round(torch.cuda.get_device_properties(i).total_memory / 2 ** 30, 1) for i in range(gpus)],
         "interconnect": gpu_topology() if gpus else None,
         "launcher": detect_launcher(),
+        "world": describe_world(),
         "slurm_job": os.environ.get("SLURM_JOB_ID"),
         "colab": "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ,
         "default_backend": pick_backend("auto", max(1, gpus)),
@@ -287,3 +349,19 @@ def gpu_topology(run=subprocess.run) -> str | None:
     if out.returncode != 0:
         return f"nvidia-smi topo -m failed: {(out.stderr or out.stdout).strip()[:200]}"
     return out.stdout.rstrip()
+
+
+def describe_world(environ=None) -> str:
+    """One line for ``simlib doctor``: the world a launcher started this process in, or why there is none."""
+    environ = os.environ if environ is None else environ
+    world = external_world(environ)
+    if world is not None:
+        return (f"rank {world['rank']} of {world['world_size']} (local rank {world['local_rank']} of "
+                f"{world['local_world_size']}, {world['nodes']} node(s)) started by {world['launcher']}: "
+                "`simlib train` and `simlib scaling` join this world")
+    if environ.get("SIMLIB_WORKER") == "1":
+        return "a simlib.launch worker"
+    if "SLURM_JOB_ID" in environ:
+        return (f"SLURM job {environ['SLURM_JOB_ID']} outside a job step (the batch script): `srun simlib ...` "
+                "starts one rank per task; without srun simlib spawns its own local ranks")
+    return "none: no launcher set RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS; simlib spawns its own local ranks"

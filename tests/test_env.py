@@ -32,7 +32,9 @@ def test_pick_backend_and_device():
 def test_detect_launcher():
     assert env.detect_launcher({}) == "single"
     assert env.detect_launcher({"RANK": "0", "WORLD_SIZE": "2"}) == "torchrun"
-    assert env.detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}) == "slurm"
+    assert env.detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"}) == "slurm"
+    # the batch script of an sbatch job sees SLURM_PROCID=0 and SLURM_NTASKS but is no job step: not a rank
+    assert env.detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7"}) == "single"
     assert env.detect_launcher({"SIMLIB_WORKER": "1", "RANK": "0", "WORLD_SIZE": "2"}) == "simlib"
 
 
@@ -55,8 +57,8 @@ def _env(cwd, **extra):
 
 
 def test_same_function_under_torchrun(job_module):
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    out = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # this interpreter (a copied venv's script may not be)
+    out = subprocess.run([*torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                           "--master-port", str(env.free_port()), "-m", "simlib", "run", "simjob:main"],
                          cwd=job_module, env=_env(job_module), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -68,7 +70,7 @@ def test_same_function_under_slurm_variables(job_module):
     """Two tasks as ``srun -n 2`` would start them: only SLURM's variables, no RANK/MASTER_*."""
     port = str(env.free_port())
     procs = [subprocess.Popen([sys.executable, "-m", "simlib", "run", "simjob:main"], cwd=job_module,
-                              env=_env(job_module, SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
+                              env=_env(job_module, SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_STEP_ID="0",
                                        SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NODELIST="127.0.0.1",
                                        SLURM_JOB_ID="1234", MASTER_PORT=port),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
@@ -87,9 +89,9 @@ def test_simlib_run_locally(job_module):
 
 def test_same_function_under_torchrun_two_nodes(job_module):
     """Two torchrun agents on one machine stand in for two nodes (c10d rendezvous on loopback)."""
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # this interpreter (a copied venv's script may not be)
     endpoint = f"127.0.0.1:{env.free_port()}"
-    procs = [subprocess.Popen([torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+    procs = [subprocess.Popen([*torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
                                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "simlibtest",
                                "--local-addr", "127.0.0.1", "-m", "simlib", "run", "simjob:main"],
                               cwd=job_module, env=_env(job_module), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -1,0 +1,92 @@
+"""``simlib train ... --dry-run``: check a run before starting it — the plan validated against the world and the
+task, the rank grid with the node each rank lands on, the memory per rank and the simulator's step time.
+
+Nothing is launched: the model is built once in this process to count its parameters; the memory and the step
+time come from ``simlib.sim`` (``memory_per_device`` and ``predict``) on a hardware preset (``--hardware``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+def sim_model(task):
+    """The task as ``simlib.sim`` sees it: its own ``sim_spec()``, or the GPT formulas for a GPT task."""
+    from . import sim
+    if hasattr(task, "sim_spec"):
+        return task.sim_spec()
+    if all(hasattr(task, k) for k in ("num_layers", "hidden", "num_heads", "seq_len")):
+        return sim.gpt(task.num_layers, task.hidden, task.num_heads, seq_len=task.seq_len,
+                       vocab=task.config.vocab_size, name=f"GPT {task.num_layers}x{task.hidden}")
+    raise ValueError(f"task {task.name!r} has no sim_spec(): the simulator cannot price it")
+
+
+def strategy_for(plan, task, optim):
+    """The simulator's :class:`simlib.sim.Strategy` for a trainer's :class:`simlib.train.Plan`."""
+    from .sim import Strategy
+    per_rank = task.global_batch // (plan.dp * plan.accumulation)
+    optimizer = "adam" if optim.name == "adamw" else ("sgd_momentum" if optim.momentum else "sgd")
+    return Strategy(dp=plan.dp, tp=plan.tp, pp=plan.pp, micro_batch=max(1, per_rank),
+                    num_micro_batches=plan.accumulation, zero_stage=plan.zero_stage,
+                    bucket_bytes=plan.bucket_cap_mb * 2 ** 20,
+                    recompute="full" if plan.activation_checkpointing else "none", schedule=plan.schedule,
+                    dtype=plan.mixed_precision or "fp32", optimizer=optimizer)
+
+
+def mesh_lines(plan, local_world_size: int) -> list[str]:
+    """The rank grid, group by group, with the node of each rank (``local_world_size`` ranks per node)."""
+    mesh = plan.mesh
+    node = lambda r: r // max(1, local_world_size)  # noqa: E731
+    lines = [f"mesh dp={plan.dp} x pp={plan.pp} x tp={plan.tp} = {plan.world_size} ranks "
+             f"(grid = arange(world).view(dp, pp, tp)); {local_world_size} rank(s) per node"]
+    for axis in ("tp", "pp", "dp"):
+        if getattr(plan, axis) == 1:
+            continue
+        groups = mesh.groups_of(axis)
+        spans = [len({node(r) for r in g}) > 1 for g in groups]
+        where = ("every group inside one node" if not any(spans) else
+                 f"{sum(spans)} of {len(groups)} group(s) span nodes")
+        lines.append(f"  {axis} groups: {' '.join(str(g) for g in groups)}  ({where})")
+    return lines
+
+
+def dry_run(spec) -> int:
+    from . import sim
+    if spec.launcher is not None and spec.launcher["rank"] != 0:
+        return 0  # every rank validated the same plan; rank 0 prints
+    local = spec.launcher["local_world_size"] if spec.launcher else spec.world_size
+    where = (f"{spec.launcher['launcher']}'s world of {spec.world_size} ({spec.launcher['nodes']} node(s))"
+             if spec.launcher else f"{spec.world_size} local process(es), spawned by simlib.launch")
+    hw = sim.preset(spec.hardware)
+    model = sim_model(spec.task)
+    print(f"simlib train {spec.project} --dry-run: nothing is started")
+    print(f"world    {where}")
+    print(f"task     {type(spec.task).__name__}: {model.name}, {model.params:,} parameters (simulator's count), "
+          f"global batch {spec.task.global_batch}")
+    budget = {k: v for k, v in spec.budget.items() if v is not None}
+    print(f"budget   {', '.join(f'{k}={v}' for k, v in budget.items())}")
+    print(f"optim    {', '.join(f'{k}={v}' for k, v in dataclasses.asdict(spec.optim).items())}")
+    for name, plan in spec.plans.items():
+        changed = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)
+                   if getattr(plan, f.name) != f.default}
+        print(f"\nplan {name}: {plan.label}  (valid for this world and task)  "
+              + ", ".join(f"{k}={v}" for k, v in changed.items()))
+        for line in mesh_lines(plan, local):
+            print("  " + line)
+        strategy = strategy_for(plan, spec.task, spec.optim)
+        mem = sim.memory_per_device(model, strategy)
+        print("  memory per rank (simulator, first pipeline stage): "
+              + ", ".join(f"{k} {v / 2 ** 20:.2f} MiB" for k, v in mem.items()))
+        try:
+            p = sim.predict(model, hw, strategy, processes=min(local, hw.devices_per_node))
+        except ValueError as exc:
+            print(f"  predicted step on {hw.name}: not priced ({exc})")
+        else:
+            fits = "fits" if p.fits else "DOES NOT FIT"
+            print(f"  predicted step on {hw.name}: {p.step_time * 1e3:.1f} ms (compute {p.compute * 1e3:.1f}, "
+                  f"exposed comm {p.exposed_comm * 1e3:.1f}, bubble {p.bubble * 1e3:.1f}, optimizer "
+                  f"{p.optimizer * 1e3:.1f}); memory {fits} in {hw.memory_bytes / 2 ** 30:.0f} GiB")
+        print(f"  output   {spec.folders[name]}/ (run.jsonl, summary.json, config.toml)"
+              + (f"; checkpoints in {plan.checkpoint_dir}" if plan.checkpoint_dir else ""))
+    print(f"\nthe prediction uses the {spec.hardware!r} preset (--hardware cpu|a100|h100); "
+          "sim.calibrate() measures this machine for closer numbers")
+    return 0
