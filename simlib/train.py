@@ -135,9 +135,6 @@ class Plan:
                                 for p in _divisors(world_size // t))
             raise ValueError(f"plan dp={self.dp} x tp={self.tp} x pp={self.pp} needs {self.world_size} ranks but the "
                              f"world has {world_size}: use one of {options}")
-        if self.tp > 1 and self.pp > 1:
-            raise ValueError("tensor and pipeline parallelism together are not supported by this trainer yet: "
-                             "use tp > 1 or pp > 1 (each composes with dp)")
         if self.mixed_precision == "fp16" and not torch.cuda.is_available():
             raise ValueError("fp16 needs a GPU (autocast to fp16 and loss scaling); on CPU use mixed_precision='bf16' "
                              "(fp32's range, no scaling), or Plan(loss_scaling=True) to run the scaling path in fp32")
