@@ -199,3 +199,23 @@ def test_the_simulator_reads_the_same_plan():
         sim.Strategy.from_plan(Plan(tp=2, zero_stage=2), 64)
     with pytest.raises(ValueError, match="one pipeline flush per step"):
         sim.Strategy.from_plan(Plan(pp=2, accumulation=2), 64)
+
+
+def test_3d_plan_equals_one_process_on_8_ranks(reference):
+    """Megatron's 3D: dp=2 x tp=2 x pp=2 on 8 processes, one launch (slow on 2 cores: the sizes stay quick)."""
+    import warnings
+
+    import simlib
+    plan = Plan(dp=2, tp=2, pp=2, pp_microbatches=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", simlib.OversubscribedWarning)
+        cluster = simlib.Cluster(8, timeout=60)
+    try:
+        outs = cluster.call(run_plan, (plan,), timeout=300)
+    finally:
+        cluster.close()
+    ref_losses, ref_norms, ref_eval = reference
+    for rank, (losses, norms, eval_loss) in enumerate(outs):
+        torch.testing.assert_close(losses, ref_losses, **TOL, msg=f"{plan.label}, rank {rank}: losses")
+        torch.testing.assert_close(norms, ref_norms, **TOL, msg=f"{plan.label}, rank {rank}: gradient norms")
+        torch.testing.assert_close(eval_loss, ref_eval, **TOL, msg=f"{plan.label}, rank {rank}: eval loss")
