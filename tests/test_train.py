@@ -73,7 +73,8 @@ PLANS2 = [Plan(dp=2), Plan(dp=2, accumulation=2), Plan(dp=2, accumulation=2, dp_
           Plan(pp=2, pp_microbatches=2, accumulation=2, schedule="gpipe"),
           Plan(dp=2, accumulation=2, loss_scaling=True)]  # fp16's loss scaling, GPU-free: exact in fp32
 PLANS4 = [Plan(dp=2, tp=2), Plan(dp=2, pp=2, pp_microbatches=2, accumulation=2, loss_scaling=True),
-          Plan(tp=2, pp=2, pp_microbatches=2)]  # TP inside each pipeline stage, the tied head summed over stages
+          Plan(tp=2, pp=2, pp_microbatches=2), Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=1),
+          Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=2)]  # TP inside each pipeline stage, the tied head summed over stages
 
 
 @pytest.mark.parametrize("world, plans", [(2, PLANS2), (4, PLANS4)], ids=["2 ranks", "4 ranks"])
@@ -101,6 +102,7 @@ def test_bf16_autocast_stays_close(cluster2, reference):
     (Plan(dp=2, accumulation=3), 2, "does not split into dp=2 ranks x 3 accumulation steps"),
     (Plan(dp=1, tp=2, zero_stage=1), 2, "ZeRO here shards over data parallelism only"),
     (Plan(pp=2, pp_microbatches=3), 2, "x 3 pipeline micro-batches"),
+    (Plan(pp=2, zero_stage=3), 2, "refused \\(as DeepSpeed does\\).*zero_stage=1 or 2 with pp > 1"),
 ])
 def test_bad_plans_say_what_would_work(plan, world, words):
     with pytest.raises(ValueError, match=words):
