@@ -7,7 +7,9 @@ in a fixed order, and the training loop never asks which were applied.
     2. activation checkpoint  ``torch.utils.checkpoint`` around each of ``task.blocks(model)``
     3. pipeline parallelism   ``task.pipeline_stages(model, pp_rank, pp)`` run by the schedules-as-data
                               executor (simlib.parallel.pipeline); gradients all-reduced over the DP group
-                              once after the pipeline flush
+                              once after the pipeline flush (ZeRO-1: then each DP rank steps what it owns;
+                              ZeRO-2: each gradient reduced to its owner instead); TP (step 1) runs inside
+                              each stage, so dp x tp x pp compose (Megatron's 3D)
     4. data parallelism       a ``simlib.parallel.data`` wrapper (or torch DDP) over the DP group, with
                               ``no_sync`` on every micro-batch but the last; ZeRO (``plan.zero_stage``) instead
                               wraps with ``simlib.parallel.zero`` (stages 1, 2) or ``zero3`` (stage 3)
