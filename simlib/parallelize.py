@@ -7,7 +7,9 @@ in a fixed order, and the training loop never asks which were applied.
     2. activation checkpoint  ``torch.utils.checkpoint`` around each of ``task.blocks(model)``
     3. pipeline parallelism   ``task.pipeline_stages(model, pp_rank, pp)`` run by the schedules-as-data
                               executor (simlib.parallel.pipeline); gradients all-reduced over the DP group
-                              once after the pipeline flush
+                              once after the pipeline flush (ZeRO-1: then each DP rank steps what it owns;
+                              ZeRO-2: each gradient reduced to its owner instead); TP (step 1) runs inside
+                              each stage, so dp x tp x pp compose (Megatron's 3D)
     4. data parallelism       a ``simlib.parallel.data`` wrapper (or torch DDP) over the DP group, with
                               ``no_sync`` on every micro-batch but the last; ZeRO (``plan.zero_stage``) instead
                               wraps with ``simlib.parallel.zero`` (stages 1, 2) or ``zero3`` (stage 3)
@@ -81,6 +83,7 @@ class ParallelModel:
     activation: tuple | None = None                # (shape after the micro-batch dim, dtype) between stages
     timeline: object = None
     scaler: object = None        # simlib.parallel.precision.LossScaler when the plan scales the loss
+    zero_optimizer: object = None  # ZeRO-1/2 under PP: the ShardedOptimizer (its owner of each parameter)
 
     # ── data ──
     def shard(self, x, y):
@@ -133,10 +136,25 @@ class ParallelModel:
                 total = (total or 0.0) + float(out["loss"]) / factor / k
         with _span(self.timeline, "comm", "tied + data-parallel grads"):
             self._sync_tied()
-            if plan.dp > 1:
+            if plan.dp > 1 and plan.zero_stage == 2:
+                self._reduce_to_owners()
+            elif plan.dp > 1:
                 grads = [p.grad for p in unique_parameters(self.module) if p.grad is not None]
                 dp_lib.all_reduce_mean_flat(grads, group=g.dp_group)
         return total
+
+    def _reduce_to_owners(self) -> None:
+        """ZeRO-2 under PP: each gradient averaged onto its owner in this stage's DP group, freed elsewhere."""
+        opt, group = self.zero_optimizer, self.groups.dp_group
+        for p in unique_parameters(self.module):
+            if p.grad is None:
+                continue
+            owner = opt.owner[p]
+            dist.reduce(p.grad, dst=dist.get_global_rank(group, owner), group=group)
+            if owner == opt.rank:
+                p.grad.div_(self.plan.dp)
+            else:
+                p.grad = None
 
     def _sync_tied(self) -> None:
         """Sum the gradients of parameters held by both the first and the last stage (a tied head)."""
@@ -246,7 +264,10 @@ def build_optimizer(pm: ParallelModel, plan, optim, total_steps: int | None):
     if plan.zero_stage in (1, 2):  # each DP rank steps the optimizer states of the parameters it owns
         from .parallel.zero import ShardedOptimizer
         optimizer = ShardedOptimizer([g for g in param_groups if g["params"]], cls, group=pm.groups.dp_group, **hyper)
-        pm.wrapped.attach(optimizer)
+        if pm.wrapped is not None:
+            pm.wrapped.attach(optimizer)
+        else:  # under PP: the pipeline step reduces the gradients (ZeRO-2: to their owners)
+            pm.zero_optimizer = optimizer
     elif plan.zero_stage == 3:     # each DP rank steps its flat shards
         from .parallel.zero3 import check_elementwise
         check_elementwise(cls, dist.get_rank())
@@ -274,26 +295,32 @@ def clip_grad_norm(pm: ParallelModel, max_norm: float) -> float:
     clipping) equals ``torch.nn.utils.clip_grad_norm_`` on the unsplit model.
     """
     g, plan = pm.groups, pm.plan
-    if plan.zero_stage:  # each rank holds only the gradients it owns (ZeRO-1/2: whole tensors; ZeRO-3: shards)
+    if plan.zero_stage and pm.zero_optimizer is None:  # each rank holds only the gradients it owns (ZeRO-1/2: whole tensors; ZeRO-3: shards)
         from .parallel.zero import clip_grad_norm_
         module = pm.wrapped if pm.wrapped is not None else pm.module
         return float(clip_grad_norm_(list(module.parameters()), max_norm, group=g.dp_group))
     sharded = tensor_parallel_sharded(pm.module) if plan.tp > 1 else set()
     tied = {id(p) for p in pm.tied} if not g.pp_is_first_stage else set()
     params = [p for p in unique_parameters(pm.module) if p.grad is not None]
+    owned = {id(p) for p, r in pm.zero_optimizer.owner.items() if r == pm.zero_optimizer.rank} if pm.zero_optimizer is not None else None
     split = torch.zeros((), dtype=torch.float64, device=pm.device)
     rest = torch.zeros((), dtype=torch.float64, device=pm.device)
     for p in params:
+        if owned is not None and id(p) not in owned:  # ZeRO under PP: each DP rank counts what it owns
+            continue
         sq = p.grad.detach().double().pow(2).sum()
         if id(p) in sharded:
             split += sq
         elif id(p) not in tied:
             rest += sq
+
     if plan.tp > 1:
         dist.all_reduce(split, group=g.tp_group)
     total = split + rest
     if plan.pp > 1:
         dist.all_reduce(total, group=g.pp_group)
+    if owned is not None and plan.dp > 1:
+        dist.all_reduce(total, group=g.dp_group)
     norm = float(total.sqrt())
     coef = max_norm / (norm + 1e-6)
     if coef < 1:

@@ -136,15 +136,17 @@ class Plan:
                                 for p in _divisors(world_size // t))
             raise ValueError(f"plan dp={self.dp} x tp={self.tp} x pp={self.pp} needs {self.world_size} ranks but the "
                              f"world has {world_size}: use one of {options}")
-        if self.tp > 1 and self.pp > 1:
-            raise ValueError("tensor and pipeline parallelism together are not supported by this trainer yet: "
-                             "use tp > 1 or pp > 1 (each composes with dp)")
         if self.mixed_precision == "fp16" and not torch.cuda.is_available():
             raise ValueError("fp16 needs a GPU (autocast to fp16 and loss scaling); on CPU use mixed_precision='bf16' "
                              "(fp32's range, no scaling), or Plan(loss_scaling=True) to run the scaling path in fp32")
-        if self.zero_stage and (self.pp > 1 or self.tp > 1):
-            raise ValueError(f"zero_stage={self.zero_stage} with tp={self.tp}, pp={self.pp} is not supported: ZeRO here "
-                             "shards over data parallelism only. Use tp = pp = 1 with ZeRO, or zero_stage=0")
+        if self.zero_stage == 3 and self.pp > 1:
+            raise ValueError(f"zero_stage=3 with pp={self.pp} is refused (as DeepSpeed does): every micro-batch would "
+                             "all-gather each stage's weights again. Use zero_stage=1 or 2 with pp > 1 (optimizer "
+                             "states and gradients sharded over each stage's DP group), or zero_stage=3 with pp=1")
+        if self.zero_stage and self.tp > 1:
+            raise ValueError(f"zero_stage={self.zero_stage} with tp={self.tp} is not supported: ZeRO here shards over "
+                             f"data parallelism only. Use tp=1 with ZeRO (zero_stage=1 or 2 also with pp > 1), or "
+                             "zero_stage=0 with tp > 1")
         if task is None:
             return
         for degree, method in ((self.tp, "tensor_parallel"), (self.pp, "pipeline_stages")):

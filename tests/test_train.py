@@ -72,7 +72,9 @@ PLANS2 = [Plan(dp=2), Plan(dp=2, accumulation=2), Plan(dp=2, accumulation=2, dp_
           Plan(dp=2, activation_checkpointing=True), Plan(tp=2), Plan(pp=2, pp_microbatches=2),
           Plan(pp=2, pp_microbatches=2, accumulation=2, schedule="gpipe"),
           Plan(dp=2, accumulation=2, loss_scaling=True)]  # fp16's loss scaling, GPU-free: exact in fp32
-PLANS4 = [Plan(dp=2, tp=2), Plan(dp=2, pp=2, pp_microbatches=2, accumulation=2, loss_scaling=True)]
+PLANS4 = [Plan(dp=2, tp=2), Plan(dp=2, pp=2, pp_microbatches=2, accumulation=2, loss_scaling=True),
+          Plan(tp=2, pp=2, pp_microbatches=2), Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=1),
+          Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=2)]  # TP inside each pipeline stage, the tied head summed over stages
 
 
 @pytest.mark.parametrize("world, plans", [(2, PLANS2), (4, PLANS4)], ids=["2 ranks", "4 ranks"])
@@ -98,9 +100,9 @@ def test_bf16_autocast_stays_close(cluster2, reference):
     (Plan(tp=3), 3, "does not divide the model's 4 attention heads"),
     (Plan(pp=3), 3, "use pp <= 2"),
     (Plan(dp=2, accumulation=3), 2, "does not split into dp=2 ranks x 3 accumulation steps"),
-    (Plan(tp=2, pp=2), 4, "not supported"),
     (Plan(dp=1, tp=2, zero_stage=1), 2, "ZeRO here shards over data parallelism only"),
     (Plan(pp=2, pp_microbatches=3), 2, "x 3 pipeline micro-batches"),
+    (Plan(pp=2, zero_stage=3), 2, "refused \\(as DeepSpeed does\\).*zero_stage=1 or 2 with pp > 1"),
 ])
 def test_bad_plans_say_what_would_work(plan, world, words):
     with pytest.raises(ValueError, match=words):
@@ -199,3 +201,23 @@ def test_the_simulator_reads_the_same_plan():
         sim.Strategy.from_plan(Plan(tp=2, zero_stage=2), 64)
     with pytest.raises(ValueError, match="one pipeline flush per step"):
         sim.Strategy.from_plan(Plan(pp=2, accumulation=2), 64)
+
+
+def test_3d_plan_equals_one_process_on_8_ranks(reference):
+    """Megatron's 3D: dp=2 x tp=2 x pp=2 on 8 processes, one launch (slow on 2 cores: the sizes stay quick)."""
+    import warnings
+
+    import simlib
+    plan = Plan(dp=2, tp=2, pp=2, pp_microbatches=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", simlib.OversubscribedWarning)
+        cluster = simlib.Cluster(8, timeout=60)
+    try:
+        outs = cluster.call(run_plan, (plan,), timeout=300)
+    finally:
+        cluster.close()
+    ref_losses, ref_norms, ref_eval = reference
+    for rank, (losses, norms, eval_loss) in enumerate(outs):
+        torch.testing.assert_close(losses, ref_losses, **TOL, msg=f"{plan.label}, rank {rank}: losses")
+        torch.testing.assert_close(norms, ref_norms, **TOL, msg=f"{plan.label}, rank {rank}: gradient norms")
+        torch.testing.assert_close(eval_loss, ref_eval, **TOL, msg=f"{plan.label}, rank {rank}: eval loss")
