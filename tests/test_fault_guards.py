@@ -25,7 +25,10 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 EVERY, STOP, STEPS = 3, 5, 8   # save every 3 steps; the first attempt stops (or dies) at step 5; 8 steps in all
 PLANS2 = {"dp2": Plan(dp=2), "tp2": Plan(tp=2), "pp2": Plan(pp=2, accumulation=2),
           "zero1": Plan(dp=2, zero_stage=1), "zero2": Plan(dp=2, zero_stage=2), "zero3": Plan(dp=2, zero_stage=3)}
-PLANS4 = {"dp2_tp2": Plan(dp=2, tp=2), "dp2_pp2": Plan(dp=2, pp=2, accumulation=2)}
+PLANS4 = {"dp2_tp2": Plan(dp=2, tp=2), "dp2_pp2": Plan(dp=2, pp=2, accumulation=2),
+          "tp2_pp2": Plan(tp=2, pp=2, pp_microbatches=2),
+          "dp2_pp2_zero1": Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=1),
+          "dp2_pp2_zero2": Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=2)}
 OPTIM = OptimConfig(lr=1e-2, warmup_steps=2, decay_steps=STEPS, grad_clip=1.0, weight_decay=0.1)
 
 
@@ -84,7 +87,7 @@ def _stop_and_resume(base, plans):
 
 
 def test_4_rank_compositions_resume_bit_equal(tmp_path, cluster4):
-    out = cluster4.call(_stop_and_resume, (str(tmp_path), PLANS4), timeout=300)
+    out = cluster4.call(_stop_and_resume, (str(tmp_path), PLANS4), timeout=600)
     _check_resumed(out[0], PLANS4)
 
 
