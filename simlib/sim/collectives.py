@@ -52,6 +52,7 @@ def all_gather(size, n, link) -> float:
 
 
 reduce_scatter = all_gather  # the same traffic, reversed
+all_to_all = all_gather  # nccl-tests: the same (n-1)/n bus-bandwidth factor; each rank holds `size` bytes
 
 
 def p2p(size, link) -> float:

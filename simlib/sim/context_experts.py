@@ -9,16 +9,8 @@ from __future__ import annotations
 
 from ..parallel import context
 from ..parallel.experts import a2a_volume, capacity
-from .cost import _ab, _check, gemm_time, p2p
-
-
-def all_to_all(size, n, link) -> float:
-    """Seconds of an all-to-all in which each rank holds ``size`` bytes (and sends (n−1)/n of them)."""
-    _check(size, n)
-    if n == 1:
-        return 0.0
-    alpha, bw = _ab(link, n, size)
-    return (n - 1) * alpha + (n - 1) / n * size / bw
+from .collectives import all_to_all  # noqa: F401 - priced with the other collectives, re-exported here
+from .cost import gemm_time, p2p
 
 
 def _attention_rate(hardware, dtype, processes):
