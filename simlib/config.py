@@ -53,6 +53,8 @@ class Budget:
     stop_at_target: bool = False     # end the run at the first evaluation that reaches the target
     warmup: int = 2                  # first steps left out of throughput
     measure_memory: bool = True      # CPU: profile the second step's allocations for its peak
+    nonfinite: str = "stop"          # a step with NaN/inf loss or gradients: "stop" (error naming it) or "skip"
+    allow_changes: tuple = ()        # on resume, fields allowed to differ from the checkpoint ("optim.lr", "*")
 
     BUDGETS = ("steps", "tokens", "samples", "seconds")
 

@@ -35,12 +35,12 @@ def test_budget_mirrors_train_keywords():
 
 
 def test_flags_convert_and_underscores_work():
-    spec = cli_train.resolve(_args("gpt", "--quick", "--world-size", "4", "--plan.tp", "2", "--plan.zero_stage", "1",
+    spec = cli_train.resolve(_args("gpt", "--quick", "--world-size", "4", "--plan.pp", "2", "--plan.zero_stage", "1",
                                    "--optim.lr", "2e-3", "--optim.betas", "0.8,0.9", "--optim.grad-clip", "none",
                                    "--budget.tokens", "4096", "--budget.target", "eval_loss=5.5",
                                    "--no-budget.measure-memory", "--task.global-batch", "32"))
     plan = spec.plans["dp"]
-    assert (plan.dp, plan.tp, plan.zero_stage) == (2, 2, 1)          # dp fills the world around tp
+    assert (plan.dp, plan.pp, plan.zero_stage) == (2, 2, 1)          # dp fills the world around pp
     assert spec.optim.lr == 2e-3 and spec.optim.betas == (0.8, 0.9) and spec.optim.grad_clip is None
     assert spec.budget["tokens"] == 4096 and spec.budget["steps"] is None  # one budget replaces the default one
     assert spec.budget["target"] == {"eval_loss": 5.5} and spec.budget["measure_memory"] is False
