@@ -13,7 +13,7 @@ def _prefetch_harness(answer_cls, steps=_STEPS):
 
     from ..projects.gpt.task import GPTTask
     from ..parallel.zero3 import Zero3
-    task = GPTTask.quick(num_layers=3, global_batch=12)  # 12 splits over 2 and 3 ranks
+    task = GPTTask.quick(num_layers=3, global_batch=12)  # 12 splits over 2, 3 and 4 ranks
     rank, n = dist.get_rank(), dist.get_world_size()
     out = {}
     for name, cls in (("reference", Zero3), ("answer", answer_cls)):
@@ -37,7 +37,7 @@ def _prefetch_harness(answer_cls, steps=_STEPS):
 
 @exercise("zero3_prefetch")
 def _check_zero3_prefetch(answer, grader):
-    for world_size in (2, 3):
+    for world_size in (2, 3, 4):
         outs = grader.run(world_size, _prefetch_harness, answer)
         ref, ans = outs[0]["reference"], outs[0]["answer"]
         bad = [k for k in ref["params"] if not _close(ans["params"][k], ref["params"][k], rtol=0, atol=1e-6)]
