@@ -76,8 +76,9 @@ def guarded(world_size: int = 2, rank: int = 0):
                  "reduce_scatter_tensor", "send", "recv", "isend", "irecv", "reduce", "all_to_all_single"):
         patches.append(mock.patch.object(dist, name, _collective(name)))
     # Reading a meta tensor (a loss printed, a time, a state sent home): 1.0 for a scalar, zeros of its shape.
-    real = {name: getattr(torch.Tensor, name) for name in ("__float__", "item", "tolist", "cpu")}
+    real = {name: getattr(torch.Tensor, name) for name in ("__float__", "__bool__", "item", "tolist", "cpu")}
     fake = {"__float__": lambda t: 1.0, "item": lambda t: 1.0,  # 1, not 0: runners divide by times
+            "__bool__": lambda t: True,  # "all finite?" reads True: the guard checks placement, not values
             "tolist": lambda t: torch.zeros(t.shape, dtype=t.dtype).tolist(),
             "cpu": lambda t, *a, **k: torch.zeros(t.shape, dtype=t.dtype)}
     for name in real:
