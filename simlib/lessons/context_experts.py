@@ -85,7 +85,7 @@ def memory_run(seq=1024, batch=1, heads=4, head_dim=32, layout="contiguous", gro
     import torch
 
     from ..parallel import context
-    from ..parallel.zero_experiments import peak_bytes
+    from .memory import peak_bytes
     from ..parallel.all_to_all import group_rank_size
     if solo:  # cp = 1 on rank 0 of a cluster (a group of its own), in a worker like the cp > 1 runs
         import torch.distributed as dist
