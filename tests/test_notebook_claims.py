@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import nbformat
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("solutions/*.ipynb"), *ROOT.glob("exercises/*.ipynb")])
@@ -57,7 +56,6 @@ def test_a_broken_claim_fails_the_test_run(tmp_path):
     assert "broken.ipynb" in out and "the sums differ by 1.1e-16 > 0" in out, out
 
 
-@pytest.mark.skipif(os.name != "posix", reason="the grader uses Unix sockets only on POSIX")
 def test_the_grader_starts_kernels_without_the_tcp_warning(tmp_path, capfd):
     """`simlib grade` runs each notebook in its own kernel; none may print "Kernel is running over TCP"."""
     from simlib.grading import batch

@@ -128,12 +128,10 @@ def _execute(nb, names: list[str], timeout: float, kernel_name: str, workdir: Pa
     export = nbformat.v4.new_code_cell(_EXPORT.format(names=list(names), path=str(path)))
     run = nbformat.v4.new_notebook(cells=cells + [export])
     run.metadata["kernelspec"] = {"name": kernel_name, "display_name": kernel_name, "language": "python"}
-    km = None
-    if os.name == "posix":  # Unix sockets in the work folder: no "Kernel is running over TCP" warning per notebook
-        from jupyter_client.manager import KernelManager
-        km = KernelManager(kernel_name=kernel_name, transport="ipc", ip=str(workdir / ".kernel"))
-    client = NotebookClient(run, km=km, timeout=max(1, int(timeout)), kernel_name=kernel_name, allow_errors=True,
-                            interrupt_on_timeout=True, startup_timeout=120,
+    # the kernel's own log at ERROR: no "Kernel is running over TCP" warning per notebook (its port is on
+    # 127.0.0.1; a Unix-socket transport was tried and left a grading run waiting on a kernel that had died)
+    client = NotebookClient(run, timeout=max(1, int(timeout)), kernel_name=kernel_name, allow_errors=True,
+                            interrupt_on_timeout=True, startup_timeout=120, extra_arguments=["--log-level=ERROR"],
                             resources={"metadata": {"path": str(workdir)}})
     result = dict(answers={}, error="", status="pass", seconds=0.0)
     t0 = time.monotonic()
