@@ -152,3 +152,18 @@ def test_diagnose_send_recv_pairs_and_agreement():
     assert "agree as far as each got" in hangs.diagnose(same, 2)
     assert re.search(r"rank 1: last collective #0: all_reduce", hangs.diagnose(same, 2))
 
+
+
+def test_a_subgroup_mismatch_is_the_cause_even_when_the_barrier_after_it_came_first_on_the_clock():
+    """Ranks 0 and 2 reach the WORLD barrier before ranks 1 and 3 start their subgroup all_reduce (slow start-up):
+    the barrier's divergence is a consequence of ranks 1 and 3 being stuck, so the finder names the subgroup."""
+    def rec(op, shape, group, t):
+        return {"op": op, "shape": shape, "dtype": "float32", "group": group, "t": t, "site": "x.py:1:f"}
+    logs = {0: [rec("all_reduce", "[256]", "ranks 0,2", 1.0), rec("barrier", "[]", "WORLD", 2.0)],
+            2: [rec("all_reduce", "[256]", "ranks 0,2", 1.0), rec("barrier", "[]", "WORLD", 2.0)],
+            1: [rec("all_reduce", "[256]", "ranks 1,3", 3.0)],
+            3: [rec("all_reduce", "[128]", "ranks 1,3", 3.5)]}
+    d = hangs.first_divergence(logs, 4)
+    assert d["group"] == "ranks 1,3" and not d["behind"], d
+    text = hangs.diagnose(logs, 4)
+    assert "on group ranks 1,3" in text and "rank 3 is in all_reduce(shape [128]" in text, text

@@ -344,7 +344,22 @@ def first_divergence(logs: dict[int, list[dict]], world_size: int) -> dict | Non
                               "behind": [m for m, c in calls.items() if c is None],
                               "t": min(c["t"] for c in calls.values() if c is not None)})
                 break
-    return min(found, key=lambda d: d["t"]) if found else None
+    if not found:
+        return None
+    # A rank that never made a call may be stuck in another divergent call (a subgroup's all_reduce with another
+    # shape keeps it from the next barrier on WORLD): that divergence is the cause, the other its consequence,
+    # whichever began first on the clock.
+    def stuck_elsewhere(d):
+        if not d["behind"]:
+            return False
+        others = [o for o in found if o is not d]
+        for m in d["behind"]:
+            last = logs.get(m, [])[-1:] or [None]
+            if not any(last[0] is not None and o["calls"].get(m) is last[0] for o in others):
+                return False
+        return True
+    causes = [d for d in found if not stuck_elsewhere(d)] or found
+    return min(causes, key=lambda d: d["t"])
 
 
 def diagnose(logs: dict[int, list[dict]], world_size: int, status: dict[int, str] | None = None,
