@@ -27,13 +27,11 @@ per-exercise summary (``summarize``), also written beside the CSV (``<stem>_summ
 """
 from __future__ import annotations
 
-import csv
 import io
 import json
 import math
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
@@ -45,7 +43,8 @@ from pathlib import Path
 
 __all__ = ["grade", "grade_notebook", "sandbox_available", "journal_path", "find_submissions", "summarize", "write", "Row", "WorkerPool"]
 
-FIELDS = ["submission", "exercise", "kind", "check", "passed", "status", "hint", "detail", "seconds"]
+from .class_report import FIELDS, format_summary, summarize, write  # noqa: F401 - the class report, re-exported
+from .isolation import _TOKEN, _kill_submission, _sandboxed, sandbox_available  # noqa: F401 - re-exported
 
 # Runs first in the learner's kernel: the notebook's own checks become no-ops (the grader runs them itself).
 _PREAMBLE = '''
@@ -335,74 +334,6 @@ def find_submissions(paths) -> list[Path]:
     return found
 
 
-_TOKEN = "SIMLIB_GRADE_SUBMISSION"
-
-
-def _tagged(token: str) -> list[int]:
-    """Pids of the processes whose environment carries ``token`` (the submission's: kernels, workers, strays)."""
-    found, needle = [], f"{_TOKEN}={token}".encode()
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def _kill_submission(child, token: str) -> None:
-    """Kill the child's session and process group, then every process tagged with the submission's token."""
-    for _ in range(3):
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
-        pids = _tagged(token)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            child.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        if not pids:
-            return
-        time.sleep(0.2)
-
-
-def sandbox_available() -> bool:
-    """Whether ``sandbox="unshare"`` works here (user, mount and network namespaces)."""
-    import shutil
-    if not shutil.which("unshare") or not shutil.which("ip"):
-        return False
-    try:
-        return subprocess.run(["unshare", "-r", "-n", "-m", "--fork", "true"], capture_output=True,
-                              timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-def _sandboxed(command: list[str], hide: list[Path], workdir: Path) -> list[str]:
-    """``command`` inside new user, mount and network namespaces: loopback only, the course read-only, the
-    submitted folders hidden (unless the working directory lies inside one)."""
-    import shlex
-    root = _course_root().resolve()
-    steps = ["ip link set lo up", f"mount --bind {shlex.quote(str(root))} {shlex.quote(str(root))}",
-             f"mount -o remount,bind,ro {shlex.quote(str(root))}"]
-    for folder in hide:
-        folder = folder.resolve()
-        if folder != root and folder not in workdir.resolve().parents and folder != workdir.resolve() \
-                and root not in folder.parents:
-            steps.append(f"mount -t tmpfs -o size=1m none {shlex.quote(str(folder))}")
-    steps.append("exec " + " ".join(shlex.quote(c) for c in command))
-    return ["unshare", "-r", "-n", "-m", "--fork", "sh", "-c", " && ".join(steps)]
-
-
 def _grade_in_child(path: Path, timeout: float, check_timeout: float, solutions, kernel_name: str,
                     sandbox: str | None = None, hide=()) -> list[Row]:
     """Grade one submission in a fresh child process (own session, own working directory holding only a copy
@@ -421,7 +352,7 @@ def _grade_in_child(path: Path, timeout: float, check_timeout: float, solutions,
                    "--rows", str(out), "--timeout", str(timeout), "--check-timeout", str(check_timeout),
                    "--kernel", kernel_name] + (["--solutions", str(solutions)] if solutions else [])
         if sandbox == "unshare":
-            command = _sandboxed(command, list(hide), work)
+            command = _sandboxed(command, list(hide), work, _course_root())
         elif sandbox:
             raise ValueError(f"unknown sandbox {sandbox!r}: use 'unshare' or none")
         env = {**os.environ, _TOKEN: token}
@@ -555,66 +486,6 @@ def _child_main(argv=None) -> int:
         f.flush()
         os.fsync(f.fileno())
     return 0
-
-
-def summarize(rows) -> list[dict]:
-    """Per exercise: submissions, how many passed every check, not implemented, errors or time-outs, and the
-    pass rate of each check."""
-    by_exercise: dict = {}
-    for r in rows:
-        by_exercise.setdefault(r.exercise, {}).setdefault(r.submission, []).append(r)
-    summary = []
-    for exercise, subs in sorted(by_exercise.items()):
-        checks: dict = {}
-        for rs in subs.values():
-            for r in rs:
-                if r.kind == "check":
-                    checks.setdefault(r.check, []).append(r.passed)
-
-        def status(rs):
-            graded = [r for r in rs if r.kind == "check"]
-            if graded and all(r.passed for r in graded):
-                return "pass"
-            return next((s for s in ("not implemented", "timeout", "error", "fail")
-                         if any(r.status == s for r in rs if not r.passed)), "fail")
-
-        outcomes = [status(rs) for rs in subs.values()]
-        summary.append(dict(exercise=exercise, submissions=len(subs), passed=outcomes.count("pass"),
-                            failed=outcomes.count("fail"), not_implemented=outcomes.count("not implemented"),
-                            errors=outcomes.count("error"), timeouts=outcomes.count("timeout"),
-                            check_pass_rate={name: round(sum(v) / len(v), 3) for name, v in checks.items()}))
-    return summary
-
-
-def write(rows, out: Path | str) -> dict:
-    """Write ``out`` (CSV, one row per submission and check), ``out`` with ``.json`` (rows and summary) and
-    ``<stem>_summary.csv``; returns the paths."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    data = [asdict(r) for r in rows]
-    with open(out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(data)
-    summary = summarize(rows)
-    json_path = out.with_suffix(".json")
-    json_path.write_text(json.dumps({"rows": data, "summary": summary}, indent=2, ensure_ascii=False))
-    summary_path = out.with_name(out.stem + "_summary.csv")
-    with open(summary_path, "w", newline="") as f:
-        cols = ["exercise", "submissions", "passed", "failed", "not_implemented", "errors", "timeouts"]
-        writer = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(summary)
-    return dict(csv=out, json=json_path, summary=summary_path)
-
-
-def format_summary(rows) -> str:
-    lines = [f"{'exercise':<22} {'submissions':>11} {'passed':>6} {'failed':>6} {'todo':>4} {'error':>5} "
-             f"{'timeout':>7}"]
-    for s in summarize(rows):
-        lines.append(f"{s['exercise']:<22} {s['submissions']:>11} {s['passed']:>6} {s['failed']:>6} "
-                     f"{s['not_implemented']:>4} {s['errors']:>5} {s['timeouts']:>7}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

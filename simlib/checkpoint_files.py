@@ -1,0 +1,325 @@
+"""The checkpoint folder on disk: naming, listing, verification (manifest and structure), rotation, disk errors.
+
+:mod:`simlib.checkpoint` saves and loads through DCP; this module is what it checks on disk before and after: a
+folder ``step_00000040/`` counts only when its ``.metadata`` is there, its ``manifest.json`` (size and SHA-256 of
+every file) matches and every entry of the ``.metadata`` lies inside its file. :func:`preflight` checks, before
+training, that the folder can be written and has room. Everything here is re-exported by :mod:`simlib.checkpoint`.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+MANIFEST, META = "manifest.json", "meta.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read (disk full, read-only, corrupted); the message says what to do."""
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint was saved by another task, plan or optimizer than the one resuming from it."""
+
+
+class CheckpointFallbackWarning(UserWarning):
+    """The newest checkpoint could not be read: an older one was loaded instead."""
+
+_NAME = re.compile(r"^step_(\d{8})$")
+
+
+# ── helpers ──
+def _dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    return dist.get_rank() if _dist() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if _dist() else 1
+
+
+def _barrier() -> None:
+    if _dist():
+        dist.barrier()
+
+
+def _state_dict(state) -> dict:
+    if hasattr(state, "state_dict"):
+        return dict(state.state_dict())
+    if isinstance(state, dict):
+        return dict(state)
+    raise TypeError(f"state must have state_dict()/load_state_dict() or be a dict, got {type(state).__name__}")
+
+
+def _folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _structure_problem(path: Path) -> str | None:
+    """Does every entry DCP's ``.metadata`` lists lie inside its file? (None: yes; else what is wrong)."""
+    try:
+        md = dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - any failure to parse is the answer
+        return f"its .metadata cannot be read ({type(exc).__name__}: {str(exc)[:120]})"
+    sizes: dict[str, int] = {}
+    for index, info in (md.storage_data or {}).items():
+        name = info.relative_path
+        if name not in sizes:
+            f = path / name
+            sizes[name] = f.stat().st_size if f.is_file() else -1
+        if sizes[name] < 0:
+            return f"its file {name} is missing"
+        if info.offset + info.length > sizes[name]:
+            return (f"its file {name} is truncated ({sizes[name]:,} bytes, entry {index.fqn!r} ends at "
+                    f"{info.offset + info.length:,})")
+    return None
+
+
+def _write_manifest(path: Path) -> None:
+    files = {f.name: [f.stat().st_size, _sha256(f)] for f in sorted(path.iterdir())
+             if f.is_file() and f.name != MANIFEST}
+    tmp = path / (MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"files": files}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path / MANIFEST)
+
+
+_verified: dict = {}  # folder -> the (name, size, mtime) of its files when it last verified: not hashed again
+
+
+def _stamp(path: Path) -> tuple:
+    try:
+        return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir()))
+    except OSError:
+        return ()
+
+
+def verify(path) -> str | None:
+    """Check a committed checkpoint: None when it is whole, else one line saying what is wrong.
+
+    The manifest (sizes and SHA-256 of every file, written before the commit) catches changed, truncated and
+    missing files; the structure check catches a ``.metadata`` that points outside its files. A folder whose files
+    have not changed (names, sizes, modification times) since it last verified in this process is not re-read."""
+    path = Path(path)
+    stamp = _stamp(path)
+    if stamp and _verified.get(str(path)) == stamp:
+        return None
+    problem = _verify(path)
+    if problem is None and stamp:
+        _verified[str(path)] = stamp
+    return problem
+
+
+def _verify(path: Path) -> str | None:
+    if not (path / ".metadata").is_file():
+        return "it has no .metadata (it was never committed)"
+    manifest = path / MANIFEST
+    if manifest.is_file():
+        try:
+            files = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError, OSError) as exc:
+            return f"its {MANIFEST} cannot be read ({exc})"
+        for name, (size, digest) in files.items():
+            f = path / name
+            if not f.is_file():
+                return f"its file {name} is missing"
+            if f.stat().st_size != size:
+                return f"its file {name} has {f.stat().st_size:,} bytes, {size:,} were written"
+            if _sha256(f) != digest:
+                return f"its file {name} does not match the checksum written with it (corrupted)"
+    return _structure_problem(path)
+
+
+def _errno_of(exc) -> int | None:
+    """The OS error number somewhere in ``exc`` (its causes, DCP's per-rank failures), or one read from a message."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if isinstance(e, tuple):  # DCP's failures: (exception, traceback) by rank
+            todo += [x for x in e if isinstance(x, BaseException)]
+            continue
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno:
+            return e.errno
+        text = str(e)
+        for code, words in ((errno.ENOSPC, "No space left"), (errno.EROFS, "Read-only file system"),
+                            (errno.EACCES, "Permission denied"), (errno.EDQUOT, "Disk quota exceeded"),
+                            (errno.EFBIG, "File too large")):
+            if words in text:
+                return code
+        todo += [e.__cause__, e.__context__]
+        todo += list((getattr(e, "failures", None) or {}).values())
+    return None
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:,.1f} MB"
+
+
+def _disk_error(exc, root: Path, step: int, expected: int | None = None) -> CheckpointError:
+    """One line for a save that failed on the disk: which folder, why, what is free, what to do."""
+    code = _errno_of(exc)
+    try:
+        free = shutil.disk_usage(root if root.exists() else root.parent).free
+    except OSError:
+        free = None
+    prev = latest(root)
+    kept = f"the previous checkpoint {prev.name} is intact" if prev else "no earlier checkpoint exists"
+    need = f"; a checkpoint needs about {_mb(expected)}" if expected else ""
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or (free is not None and expected and free < expected) \
+            or "unexpected pos" in str(exc):
+        why = (f"the disk holding {root} is full ({_mb(free)} free{need})" if free is not None else
+               f"the disk holding {root} is full")
+        todo = "free space there, or give a checkpoint_dir on a larger disk"
+    elif code == errno.EROFS:
+        why, todo = f"{root} is on a read-only file system", "give a checkpoint_dir on a writable disk"
+    elif code in (errno.EACCES, errno.EPERM):
+        why, todo = f"{root} is not writable by this user", "fix its permissions or give another checkpoint_dir"
+    else:
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        todo = "see the cause above"
+    return CheckpointError(f"checkpoint of step {step} not saved: {why}; {kept}, and the partial folder was "
+                           f"removed: {todo}")
+
+
+def _state_bytes(sd) -> int:
+    if isinstance(sd, torch.Tensor):
+        return sd.numel() * sd.element_size()
+    if isinstance(sd, dict):
+        return sum(_state_bytes(v) for v in sd.values())
+    if isinstance(sd, (list, tuple)):
+        return sum(_state_bytes(v) for v in sd)
+    return 0
+
+
+def _nonfinite(sd, prefix="") -> str | None:
+    """The name of the first floating-point tensor in ``sd`` holding NaN or inf, or None."""
+    if isinstance(sd, torch.Tensor):
+        return prefix.rstrip(".") if sd.is_floating_point() and not bool(torch.isfinite(sd).all()) else None
+    items = sd.items() if isinstance(sd, dict) else enumerate(sd) if isinstance(sd, (list, tuple)) else ()
+    for k, v in items:
+        bad = _nonfinite(v, f"{prefix}{k}.")
+        if bad:
+            return bad
+    return None
+
+
+def _gather(obj) -> list:
+    if not _dist():
+        return [obj]
+    out = [None] * _world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def preflight(directory, state=None, keep: int = 2) -> int:
+    """Before training: can ``directory`` be created and written, and does it have room? Every rank calls it.
+
+    Returns the expected size of one checkpoint in bytes (0 without ``state``); raises :class:`CheckpointError`
+    (the same line on every rank) when the folder is not writable or a checkpoint does not fit; warns when fewer
+    than ``keep + 1`` fit (``keep`` kept plus the one being written)."""
+    root = Path(directory)
+    mine = _state_bytes(_state_dict(state)) if state is not None else 0
+    sizes = _gather(mine)
+    sharded = bool(getattr(state, "shard", ""))
+    expected = sum(sizes) if sharded else sizes[0]
+    problem, warn = None, None
+    if _rank() == 0:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            probe = root / f".simlib-write-test-{os.getpid()}"
+            with open(probe, "wb") as f:
+                f.write(b"\0" * 4096)
+                f.flush()
+                os.fsync(f.fileno())
+            probe.unlink()
+            free = shutil.disk_usage(root).free
+            if expected and free < expected:
+                problem = (f"checkpoint_dir {root} has {_mb(free)} free, one checkpoint needs about {_mb(expected)}: "
+                           "free space there, or give a checkpoint_dir on a larger disk")
+            elif expected and free < (keep + 1) * expected:
+                warn = (f"checkpoint_dir {root} has {_mb(free)} free: room for {free // expected} checkpoint(s) of "
+                        f"about {_mb(expected)}, while {keep + 1} are on disk during a save (keep={keep})")
+        except OSError as exc:
+            code = exc.errno
+            what = {errno.EROFS: "is on a read-only file system", errno.EACCES: "is not writable by this user",
+                    errno.EPERM: "is not writable by this user", errno.ENOSPC: "is on a full disk",
+                    errno.EDQUOT: "is over its disk quota"}.get(code, f"cannot be written ({exc.strerror or exc})")
+            problem = (f"checkpoint_dir {root} {what}: nothing would be saved; give a checkpoint_dir on a writable "
+                       "disk with room")
+    if _dist():
+        box = [problem, warn]
+        dist.broadcast_object_list(box, src=0)
+        problem, warn = box
+    if problem:
+        raise CheckpointError(problem)
+    if warn and _rank() == 0:
+        warnings.warn(warn, stacklevel=2)
+    return expected
+
+
+
+def list_checkpoints(directory) -> list[tuple[int, Path]]:
+    """Whole checkpoints in ``directory`` as ``(step, path)``, oldest first (``.partial`` folders excluded)."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _NAME.match(p.name)
+        if m and p.is_dir() and (p / ".metadata").is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest(directory) -> Path | None:
+    """The newest whole checkpoint in ``directory``, or None."""
+    found = list_checkpoints(directory)
+    return found[-1][1] if found else None
+
+
+def _rotate(root: Path, keep: int) -> None:
+    """Remove checkpoints older than the ``keep`` newest that verify: a corrupted one never pushes out a good one."""
+    good = 0
+    for _, p in reversed(list_checkpoints(root)):
+        if good >= keep:
+            shutil.rmtree(p, ignore_errors=True)
+        elif verify(p) is None:
+            good += 1

@@ -1,0 +1,78 @@
+"""A submission's processes, kept apart and ended: the token every one of them carries in its environment, the kill
+of its session and of every tagged process, and the optional ``unshare`` sandbox (no network, the course read-only,
+the submitted folders hidden). Used by :mod:`simlib.grading.batch`, which re-exports ``sandbox_available``.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+_TOKEN = "SIMLIB_GRADE_SUBMISSION"
+
+
+def _tagged(token: str) -> list[int]:
+    """Pids of the processes whose environment carries ``token`` (the submission's: kernels, workers, strays)."""
+    found, needle = [], f"{_TOKEN}={token}".encode()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _kill_submission(child, token: str) -> None:
+    """Kill the child's session and process group, then every process tagged with the submission's token."""
+    for _ in range(3):
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+        pids = _tagged(token)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if not pids:
+            return
+        time.sleep(0.2)
+
+
+def sandbox_available() -> bool:
+    """Whether ``sandbox="unshare"`` works here (user, mount and network namespaces)."""
+    import shutil
+    if not shutil.which("unshare") or not shutil.which("ip"):
+        return False
+    try:
+        return subprocess.run(["unshare", "-r", "-n", "-m", "--fork", "true"], capture_output=True,
+                              timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _sandboxed(command: list[str], hide: list[Path], workdir: Path, root: Path) -> list[str]:
+    """``command`` inside new user, mount and network namespaces: loopback only, the course read-only, the
+    submitted folders hidden (unless the working directory lies inside one)."""
+    import shlex
+    root = root.resolve()
+    steps = ["ip link set lo up", f"mount --bind {shlex.quote(str(root))} {shlex.quote(str(root))}",
+             f"mount -o remount,bind,ro {shlex.quote(str(root))}"]
+    for folder in hide:
+        folder = folder.resolve()
+        if folder != root and folder not in workdir.resolve().parents and folder != workdir.resolve() \
+                and root not in folder.parents:
+            steps.append(f"mount -t tmpfs -o size=1m none {shlex.quote(str(folder))}")
+    steps.append("exec " + " ".join(shlex.quote(c) for c in command))
+    return ["unshare", "-r", "-n", "-m", "--fork", "sh", "-c", " && ".join(steps)]
