@@ -36,9 +36,9 @@ def mesh_lines(plan, local_world_size: int) -> list[str]:
     """The rank grid, group by group, with the node of each rank (``local_world_size`` ranks per node)."""
     mesh = plan.mesh
     node = lambda r: r // max(1, local_world_size)  # noqa: E731
-    lines = [f"mesh dp={plan.dp} x pp={plan.pp} x tp={plan.tp} = {plan.world_size} ranks "
-             f"(grid = arange(world).view(dp, pp, tp)); {local_world_size} rank(s) per node"]
-    for axis in ("tp", "pp", "dp"):
+    lines = [f"mesh dp={plan.dp} x pp={plan.pp} x cp={plan.cp} x tp={plan.tp} = {plan.world_size} ranks "
+             f"(grid = arange(world).view(dp, pp, cp, tp)); {local_world_size} rank(s) per node"]
+    for axis in ("tp", "cp", "ep", "pp", "dp"):
         if getattr(plan, axis) == 1:
             continue
         groups = mesh.groups_of(axis)

@@ -15,6 +15,13 @@ How the project splits it (``simlib.parallelize`` calls these through ``simlib.p
                                       final LayerNorm and the head on the last; the tied embedding matrix is on
                                       both, and its two gradients are summed after the pipeline flush (Megatron's
                                       "embedding group")
+    context_parallel(model, split)    every attention becomes ring attention over ``split``'s group and the
+                                      embedding takes the global positions of this rank's zig-zag slice, while
+                                      the split is on (``simlib.parallel.context``)
+
+The MoE variant (``GPTConfig(moe_experts=4, moe_top_k=2)``): every block's MLP is a top-k routed mixture of
+experts (``simlib.parallel.experts.MoEFeedForward``), whose experts ``simlib.parallelize`` shares out over the
+expert-parallel group.
 """
 from __future__ import annotations
 
@@ -34,18 +41,26 @@ class GPTConfig:
     hidden: int = 128        # H
     num_layers: int = 4
     num_heads: int = 4       # nh; head size H / nh
-    ffn: int | None = None   # MLP width (default 4 H)
+    ffn: int | None = None   # MLP width (default 4 H); each expert's width in the MoE variant
     seed: int = 0            # initial weights: the same on every rank
+    moe_experts: int = 0     # 0: dense MLPs; E > 0: every MLP a mixture of E experts (the MoE variant)
+    moe_top_k: int = 1       # experts per token
+    moe_capacity_factor: float = 1.25  # tokens an expert takes: ceil(factor · tokens · k / E); the rest dropped
+    moe_aux_coeff: float = 0.01        # weight of the Switch load-balancing loss (Fedus et al. 2021)
 
-    def num_parameters(self) -> int:
+    def num_parameters(self, active: bool = False) -> int:
+        """Parameters of the model (``active``: those one token uses: k experts of E, and the router)."""
         h, f = self.hidden, self.ffn or 4 * self.hidden
-        block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
+        mlp = (h * f + f) + (f * h + h)
+        if self.moe_experts:
+            mlp = (min(self.moe_top_k, self.moe_experts) if active else self.moe_experts) * mlp + h * self.moe_experts
+        block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + mlp
         return self.vocab_size * h + self.seq_len * h + self.num_layers * block + 2 * h
 
     def flops_per_token(self) -> float:
-        """Training FLOPs per token: 6 per weight (forward 2, backward 4) plus attention's scores and mixing,
-        12·L·T·H, halved by the causal mask (Kaplan et al. 2020 count it the same way)."""
-        weights = self.num_parameters() - self.seq_len * self.hidden  # the position table is a lookup
+        """Training FLOPs per token: 6 per weight used (forward 2, backward 4) plus attention's scores and
+        mixing, 12·L·T·H, halved by the causal mask (Kaplan et al. 2020 count it the same way)."""
+        weights = self.num_parameters(active=True) - self.seq_len * self.hidden  # the position table is a lookup
         return 6 * weights + 6 * self.num_layers * self.seq_len * self.hidden
 
 
@@ -57,7 +72,12 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.hidden)
         self.attn = SelfAttention(cfg.hidden, cfg.num_heads, causal=True)   # fused qkv, out projection
         self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.mlp = FeedForward(cfg.hidden, cfg.ffn)                        # fc1, GELU, fc2
+        if cfg.moe_experts:                                                # router, E x (fc1, GELU, fc2)
+            from ...parallel.experts import MoEFeedForward
+            self.mlp = MoEFeedForward(cfg.hidden, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity_factor,
+                                      cfg.ffn, cfg.moe_aux_coeff)
+        else:
+            self.mlp = FeedForward(cfg.hidden, cfg.ffn)                    # fc1, GELU, fc2
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -71,9 +91,13 @@ class Embedding(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
+        self.split = None  # context parallelism: a simlib.parallel.context.ContextSplit
 
     def forward(self, idx):
-        positions = torch.arange(idx.shape[1], device=idx.device)
+        if self.split is not None and self.split.active:  # this rank's slice of each sequence
+            positions = self.split.positions(idx.shape[1], idx.device)
+        else:
+            positions = torch.arange(idx.shape[1], device=idx.device)
         return self.wte(idx) + self.wpe(positions)  # (B, T, H) + (T, H)
 
 
@@ -99,14 +123,16 @@ class GPT(nn.Module):
         self.head = Head(cfg, self.embed.wte)
         self.apply(self._init)
         for block in self.blocks:  # GPT-2: residual projections scaled by 1/sqrt(2 L)
-            for proj in (block.attn.out, block.mlp.fc2):
+            mlps = block.mlp.moe.experts if cfg.moe_experts else [block.mlp]
+            for proj in (block.attn.out, *(mlp.fc2 for mlp in mlps)):
                 nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.num_layers))
 
     @staticmethod
     def _init(m):
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, std=0.02)
-            nn.init.zeros_(m.bias)
+            if m.bias is not None:  # the MoE router has none
+                nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
 
@@ -138,6 +164,17 @@ def tensor_parallel(model: GPT, group, log=None) -> GPT:
     for block in model.blocks:
         block.attn = TensorParallelAttention.from_dense(block.attn, group, log)
         block.mlp = TensorParallelMLP.from_dense(block.mlp, group, log)
+    return model
+
+
+def context_parallel(model: GPT, split) -> GPT:
+    """Attention as ring attention over ``split.group`` and the embedding at this rank's global positions,
+    while ``split`` is on (``simlib.parallel.context.ContextSplit``); in place, the same parameters."""
+    from ...parallel.context import ContextParallelAttention
+
+    model.embed.split = split
+    for block in model.blocks:
+        block.attn = ContextParallelAttention(block.attn, split)
     return model
 
 
