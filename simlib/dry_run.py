@@ -61,7 +61,9 @@ def dry_run(spec) -> int:
     print(f"simlib train {spec.project} --dry-run: nothing is started")
     print(f"world    {where}")
     print(f"task     {type(spec.task).__name__}: {model.name}, {model.params:,} parameters (simulator's count), "
-          f"global batch {spec.task.global_batch}")
+          f"global batch {spec.task.global_batch}"
+          + (f"; the MoE variant has {spec.task.config.num_parameters():,} ({spec.task.config.num_parameters(True):,}"
+             " used per token)" if getattr(spec.task, "moe_experts", 0) else ""))
     budget = {k: v for k, v in spec.budget.items() if v is not None}
     print(f"budget   {', '.join(f'{k}={v}' for k, v in budget.items())}")
     print(f"optim    {', '.join(f'{k}={v}' for k, v in dataclasses.asdict(spec.optim).items())}")
@@ -72,6 +74,11 @@ def dry_run(spec) -> int:
               + ", ".join(f"{k}={v}" for k, v in changed.items()))
         for line in mesh_lines(plan, local):
             print("  " + line)
+        if plan.cp > 1 or plan.ep > 1 or getattr(spec.task, "moe_experts", 0):
+            print("  memory and step time: not priced here (this simulator's Strategy prices dense dp/tp/pp plans;"
+                  " simlib.sim.context_experts prices context-parallel attention and MoE layers)")
+            print(f"  output   {spec.folders[name]}/ (run.jsonl, summary.json, config.toml)")
+            continue
         strategy = strategy_for(plan, spec.task, spec.optim)
         mem = sim.memory_per_device(model, strategy)
         print("  memory per rank (simulator, first pipeline stage): "

@@ -204,8 +204,9 @@ def pipeline_stages(model: GPT, pp_rank: int, pp_size: int) -> list[nn.Module]:
     return [Stage(model, ranges[pp_rank], first=pp_rank == 0, last=pp_rank == pp_size - 1)]
 
 
-def dense_state_dict(model: GPT, tp_group=None) -> dict:
-    """The unsplit model's weights from a tensor-parallel one (a collective over ``tp_group``), or a copy.
+def dense_state_dict(model: GPT, tp_group=None, ep_group=None) -> dict:
+    """The unsplit model's weights from a tensor-parallel one (a collective over ``tp_group``), or a copy;
+    under expert parallelism, every expert gathered from the ranks of ``ep_group`` (a collective too).
 
     Column-parallel weights are gathered along their output rows (qkv's rows are laid out (3, heads, head
     size), so each of q, k, v is put back head by head); row-parallel weights along their input columns.
@@ -215,6 +216,8 @@ def dense_state_dict(model: GPT, tp_group=None) -> dict:
     from ...parallel.tensor import TensorParallelAttention
 
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if ep_group is not None and dist.get_world_size(ep_group) > 1:
+        state = _gather_experts(model, state, ep_group)
     if tp_group is None or dist.get_world_size(tp_group) == 1:
         return state
     tp = dist.get_world_size(tp_group)
@@ -236,4 +239,23 @@ def dense_state_dict(model: GPT, tp_group=None) -> dict:
             state[p + "mlp.fc1." + suffix] = gather(state[p + "mlp.fc1." + suffix], 0)
         state[p + "attn.out.weight"] = gather(state[p + "attn.out.weight"], 1)
         state[p + "mlp.fc2.weight"] = gather(state[p + "mlp.fc2.weight"], 1)
+    return state
+
+
+def _gather_experts(model: GPT, state: dict, ep_group) -> dict:
+    """Local expert j of EP rank r is expert r·E/ep + j of the model: gather every expert under its own name."""
+    import torch.distributed as dist
+
+    ep = dist.get_world_size(ep_group)
+    for i, block in enumerate(model.blocks):
+        local = len(block.mlp.moe.experts)
+        prefix = f"blocks.{i}.mlp.moe.experts."
+        names = [k for k in state if k.startswith(prefix)]
+        for name in names:
+            j, rest = name[len(prefix):].split(".", 1)
+            parts = [torch.empty_like(state[name]) for _ in range(ep)]
+            dist.all_gather(parts, state[name].contiguous(), group=ep_group)
+            del state[name]
+            for r, part in enumerate(parts):
+                state[f"{prefix}{r * local + int(j)}.{rest}"] = part
     return state
