@@ -175,10 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the project (or project = \"gpt\" in the [run] table of --config)")
     p.add_argument("--config", default=None, help="TOML file: [run], [plan], [optim], [budget], [task] tables")
     p.add_argument("--world-size", type=int, default=None,
-                   help="processes (default 2, or the launcher's world under torchrun/srun, or dp x tp x pp)")
-    p.add_argument("--plan", nargs="+", default=None, choices=["single", "dp", "dp+acc", "tp", "pp"],
+                   help="processes (default 2, or the launcher's world under torchrun/srun, or dp x tp x pp x cp)")
+    p.add_argument("--plan", nargs="+", default=None, choices=["single", "dp", "dp+acc", "tp", "pp", "cp"],
                    help="named plans (default dp); several write one folder each under --out; --plan.* fields "
-                        "apply on top. vision and finance have no tp/pp (refused)")
+                        "apply on top (e.g. --plan.ep 2 --task.moe-experts 4: the GPT's MoE variant). vision and "
+                        "finance have no tp/pp/cp (refused)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per process (default cores // local "
                                                              "ranks)")
     p.add_argument("--quick", action="store_true", help="a small model and few steps (also SIMLIB_QUICK=1)")

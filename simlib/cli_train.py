@@ -67,16 +67,17 @@ def _task_overrides(project: str, values: dict, defaults) -> object:
 
 def _build_plan(project: str, name: str, world: int, fields: dict, several: bool, checkpoints=None):
     """A named plan (``dp``, ``tp``...) on ``world`` ranks, then the ``[plan]`` fields over it. Given degrees
-    replace the name's: ``--plan.tp 2`` on 4 ranks is dp 2 x tp 2 (dp fills the world)."""
+    replace the name's: ``--plan.tp 2`` on 4 ranks is dp 2 x tp 2 (dp fills the world; so does it for cp)."""
     from .projects.gpt import run as project_gpt
     from .train import Plan
-    degrees = {k: fields[k] for k in ("dp", "tp", "pp") if k in fields}
+    degrees = {k: fields[k] for k in ("dp", "tp", "pp", "cp") if k in fields}
     if degrees:
         if several:
-            raise ValueError("--plan.dp/--plan.tp/--plan.pp describe one plan: give one --plan name with them")
-        tp, pp = degrees.get("tp", 1), degrees.get("pp", 1)
-        dp = degrees.get("dp", world // (tp * pp) if world % (tp * pp) == 0 else 1)
-        base = dict(dp=dp, tp=tp, pp=pp)
+            raise ValueError("--plan.dp/--plan.tp/--plan.pp/--plan.cp describe one plan: give one --plan name with "
+                             "them")
+        tp, pp, cp = degrees.get("tp", 1), degrees.get("pp", 1), degrees.get("cp", 1)
+        dp = degrees.get("dp", world // (tp * pp * cp) if world % (tp * pp * cp) == 0 else 1)
+        base = dict(dp=dp, tp=tp, pp=pp, cp=cp)
         if pp > 1:
             base["accumulation"] = max(4, pp)
     else:
@@ -121,8 +122,8 @@ def resolve(args) -> RunSpec:
         world = launcher["world_size"]
     elif requested is not None:
         world = requested
-    elif any(k in plan_fields for k in ("dp", "tp", "pp")):
-        world = plan_fields.get("dp", 1) * plan_fields.get("tp", 1) * plan_fields.get("pp", 1)
+    elif any(k in plan_fields for k in ("dp", "tp", "pp", "cp")):
+        world = plan_fields.get("dp", 1) * plan_fields.get("tp", 1) * plan_fields.get("pp", 1) * plan_fields.get("cp", 1)
     else:
         world = 2
     if world < 1:

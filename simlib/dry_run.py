@@ -36,9 +36,9 @@ def mesh_lines(plan, local_world_size: int) -> list[str]:
     """The rank grid, group by group, with the node of each rank (``local_world_size`` ranks per node)."""
     mesh = plan.mesh
     node = lambda r: r // max(1, local_world_size)  # noqa: E731
-    lines = [f"mesh dp={plan.dp} x pp={plan.pp} x tp={plan.tp} = {plan.world_size} ranks "
-             f"(grid = arange(world).view(dp, pp, tp)); {local_world_size} rank(s) per node"]
-    for axis in ("tp", "pp", "dp"):
+    lines = [f"mesh dp={plan.dp} x pp={plan.pp} x cp={plan.cp} x tp={plan.tp} = {plan.world_size} ranks "
+             f"(grid = arange(world).view(dp, pp, cp, tp)); {local_world_size} rank(s) per node"]
+    for axis in ("tp", "cp", "ep", "pp", "dp"):
         if getattr(plan, axis) == 1:
             continue
         groups = mesh.groups_of(axis)
@@ -61,7 +61,9 @@ def dry_run(spec) -> int:
     print(f"simlib train {spec.project} --dry-run: nothing is started")
     print(f"world    {where}")
     print(f"task     {type(spec.task).__name__}: {model.name}, {model.params:,} parameters (simulator's count), "
-          f"global batch {spec.task.global_batch}")
+          f"global batch {spec.task.global_batch}"
+          + (f"; the MoE variant has {spec.task.config.num_parameters():,} ({spec.task.config.num_parameters(True):,}"
+             " used per token)" if getattr(spec.task, "moe_experts", 0) else ""))
     budget = {k: v for k, v in spec.budget.items() if v is not None}
     print(f"budget   {', '.join(f'{k}={v}' for k, v in budget.items())}")
     print(f"optim    {', '.join(f'{k}={v}' for k, v in dataclasses.asdict(spec.optim).items())}")
@@ -72,6 +74,11 @@ def dry_run(spec) -> int:
               + ", ".join(f"{k}={v}" for k, v in changed.items()))
         for line in mesh_lines(plan, local):
             print("  " + line)
+        if plan.cp > 1 or plan.ep > 1 or getattr(spec.task, "moe_experts", 0):
+            print("  memory and step time: not priced here (this simulator's Strategy prices dense dp/tp/pp plans;"
+                  " simlib.sim.context_experts prices context-parallel attention and MoE layers)")
+            print(f"  output   {spec.folders[name]}/ (run.jsonl, summary.json, config.toml)")
+            continue
         strategy = strategy_for(plan, spec.task, spec.optim)
         mem = sim.memory_per_device(model, strategy)
         print("  memory per rank (simulator, first pipeline stage): "

@@ -15,6 +15,13 @@ in a fixed order, and the training loop never asks which were applied.
                               wraps with ``simlib.parallel.zero`` (stages 1, 2) or ``zero3`` (stage 3)
     (``plan.sync_batchnorm``: first, every BatchNorm becomes ``simlib.parallel.batchnorm.SyncBatchNorm`` over the
     DP group, so its statistics cover the global batch)
+    context / experts         ``plan.cp``: ``task.context_parallel(model, split)`` (ring attention over the CP
+                              group, ``simlib.parallel.context``); each step cuts the sequences of this rank's
+                              samples into its zig-zag slice, and data parallelism (step 4) runs over the
+                              ``dp x cp`` ranks. MoE layers (``simlib.parallel.experts.MoEFeedForward``) route
+                              over the step's whole batch (the ``dp x cp`` ranks); ``plan.ep``: each keeps its
+                              ``E / ep`` experts, and the gradients are averaged after the backward, shared
+                              weights over ``dp x cp``, each expert over the ranks holding it
 
 It returns a :class:`ParallelModel`: the local module the optimizer updates, and one method,
 ``forward_backward(x, y)``, that runs one step's forward and backward on this rank's share of the batch
@@ -84,6 +91,8 @@ class ParallelModel:
     timeline: object = None
     scaler: object = None        # simlib.parallel.precision.LossScaler when the plan scales the loss
     zero_optimizer: object = None  # ZeRO-1/2 under PP: the ShardedOptimizer (its owner of each parameter)
+    split: object = None         # cp > 1: the simlib.parallel.context.ContextSplit of every step
+    moe: list = field(default_factory=list)  # the model's MoE layers when dp x cp > 1 (MoEFeedForward)
 
     # ── data ──
     def shard(self, x, y):
@@ -100,7 +109,44 @@ class ParallelModel:
         """
         if self.plan.pp > 1:
             return self._pipeline_step(x, y)
+        if self.split is not None or self.moe:
+            return self._context_expert_step(x, y)
         return self._accumulation_step(x, y)
+
+    def _context_expert_step(self, x, y):
+        """The accumulation step with this rank's slice of each sequence (cp) and the MoE layers routing over
+        the ``dp x cp`` ranks; under ep, then the gradients averaged (:meth:`_average_expert_parallel`)."""
+        from contextlib import ExitStack
+        plan, g = self.plan, self.groups
+        with ExitStack() as scope:
+            if self.split is not None:
+                x, y = self.split.shard(x, 1), self.split.shard(y, 1)
+                scope.enter_context(self.split.on())
+            # the auxiliary loss's weight: the ranks its gradient is averaged over, the 1/k, the loss scale
+            aux_scale = plan.dp * plan.cp / plan.accumulation * (self.scaler.scale if self.scaler else 1.0)
+            for layer in self.moe:
+                scope.enter_context(layer.over(g.dp_cp_group, aux_scale))
+            loss = self._accumulation_step(x, y)
+        if plan.ep > 1:
+            with _span(self.timeline, "comm", "expert-parallel grads"):
+                self._average_expert_parallel()
+        return loss
+
+    def expert_parameter_ids(self) -> set[int]:
+        return {id(p) for layer in self.moe for p in layer.expert_parameters}
+
+    def _average_expert_parallel(self) -> None:
+        """Shared weights: mean over the dp x cp ranks. An expert's gradient already sums what the tokens of
+        its EP group sent it; the mean over the ranks holding that expert, / ep, is its share of the mean loss."""
+        plan, g = self.plan, self.groups
+        experts = self.expert_parameter_ids()
+        params = [p for p in unique_parameters(self.module) if p.grad is not None]
+        dp_lib.all_reduce_mean_flat([p.grad for p in params if id(p) not in experts], group=g.dp_cp_group)
+        mine = [p.grad for p in params if id(p) in experts]
+        if plan.dp * plan.cp > plan.ep:
+            dp_lib.all_reduce_mean_flat(mine, group=g.expert_dp_group)
+        for grad in mine:
+            grad.div_(plan.ep)
 
     def _accumulation_step(self, x, y):
         """Lesson 03's ``accumulation_step`` (1/k per micro-batch, ``no_sync`` but on the last), without its
@@ -176,7 +222,7 @@ class ParallelModel:
         if self.plan.pp == 1:
             return self.module
         g, mesh = self.groups, self.plan.mesh
-        pipeline = [int(r) for r in mesh.grid[g.dp_rank, :, g.tp_rank]]
+        pipeline = [int(r) for r in mesh.grid[g.dp_rank, :, g.cp_rank, g.tp_rank]]
         for stage in range(self.plan.pp):
             owned = unique_parameters(nn.ModuleList(self.task.pipeline_stages(self.full_model, stage, self.plan.pp)))
             for p in owned:
@@ -190,7 +236,7 @@ class ParallelModel:
         t = torch.tensor([loss if holder else 0.0], dtype=torch.float64, device=self.device)  # NCCL: on the GPU
         if dist.get_world_size() > 1:
             dist.all_reduce(t)
-        return float(t) / self.plan.dp
+        return float(t) / (self.plan.dp * getattr(self.plan, "cp", 1))  # cp: each rank's mean over its equal slice
 
 
 def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None) -> ParallelModel:
@@ -213,6 +259,7 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
                              "activation checkpointing wraps what the forward runs")
         checkpoint_blocks(blocks)
     pm = ParallelModel(model, groups, plan, task, device, full_model, timeline=timeline)
+    _apply_context_experts(pm, model, groups, plan, task)
     if getattr(plan, "scales_loss", False):
         pm.scaler = precision.LossScaler()  # agreed over every rank: TP/PP/ZeRO ranks hold different gradients
     if plan.pp > 1:
@@ -232,9 +279,28 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
         pm.wrapped = apply_zero(model, plan.zero_stage, groups.dp_group, blocks=blocks)
         if plan.zero_stage == 3:
             pm.module = pm.wrapped  # its parameters are the shards; its forward gathers each block
-    elif plan.dp > 1:
-        pm.wrapped = dp_lib.wrap(model, plan.dp_variant, plan.bucket_cap_mb, timeline, group=groups.dp_group)
+    elif plan.dp * getattr(plan, "cp", 1) > 1 and getattr(plan, "ep", 1) == 1:  # ep: _average_expert_parallel
+        pm.wrapped = dp_lib.wrap(model, plan.dp_variant, plan.bucket_cap_mb, timeline, group=groups.dp_cp_group)
     return pm
+
+
+def _apply_context_experts(pm: ParallelModel, model: nn.Module, groups, plan, task) -> None:
+    """cp: ring attention over the CP group (the task's ``context_parallel``); MoE layers: routing over the
+    ``dp x cp`` ranks, and under ep each layer keeps its share of the experts."""
+    cp, ep = getattr(plan, "cp", 1), getattr(plan, "ep", 1)
+    if cp > 1:
+        from .parallel.context import ContextSplit
+        pm.split = ContextSplit(groups.cp_group, layout="zigzag")  # causal work balanced over the CP ranks
+        task.context_parallel(model, pm.split)
+    if plan.dp * cp > 1:
+        from .parallel.experts import MoEFeedForward
+        pm.moe = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+    if ep > 1:
+        if not pm.moe:
+            raise ValueError(f"ep={ep} but {type(model).__name__} has no MoEFeedForward layer to share out: use "
+                             "ep=1, or a mixture-of-experts model (the GPT's moe_experts)")
+        for layer in pm.moe:
+            layer.shard_experts(groups.ep_group)
 
 
 def apply_zero(model: nn.Module, stage: int, group, blocks=None, comm_counter=None) -> nn.Module:
@@ -300,6 +366,8 @@ def clip_grad_norm(pm: ParallelModel, max_norm: float) -> float:
         module = pm.wrapped if pm.wrapped is not None else pm.module
         return float(clip_grad_norm_(list(module.parameters()), max_norm, group=g.dp_group))
     sharded = tensor_parallel_sharded(pm.module) if plan.tp > 1 else set()
+    experts = pm.expert_parameter_ids() if getattr(plan, "ep", 1) > 1 else set()
+    shared_out = torch.zeros((), dtype=torch.float64, device=pm.device)  # ep: each rank's own experts
     tied = {id(p) for p in pm.tied} if not g.pp_is_first_stage else set()
     params = [p for p in unique_parameters(pm.module) if p.grad is not None]
     owned = {id(p) for p, r in pm.zero_optimizer.owner.items() if r == pm.zero_optimizer.rank} if pm.zero_optimizer is not None else None
@@ -311,12 +379,16 @@ def clip_grad_norm(pm: ParallelModel, max_norm: float) -> float:
         sq = p.grad.detach().double().pow(2).sum()
         if id(p) in sharded:
             split += sq
+        elif id(p) in experts:
+            shared_out += sq
         elif id(p) not in tied:
             rest += sq
 
     if plan.tp > 1:
         dist.all_reduce(split, group=g.tp_group)
-    total = split + rest
+    if experts:
+        dist.all_reduce(shared_out, group=g.ep_group)
+    total = split + rest + shared_out
     if plan.pp > 1:
         dist.all_reduce(total, group=g.pp_group)
     if owned is not None and plan.dp > 1:

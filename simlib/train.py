@@ -34,7 +34,9 @@ PRECISIONS = (None, "bf16", "fp16")
 @runtime_checkable
 class Task(Protocol):
     """What a project provides (see ``simlib.tasks``). Optional: ``tensor_parallel(model, tp_group, log)``,
-    ``pipeline_stages(model, pp_rank, pp_size)``, ``blocks(model)``, ``tied_parameters(model)``,
+    ``pipeline_stages(model, pp_rank, pp_size)``, ``context_parallel(model, split)`` (batches (B, T, ...):
+    the sequence on dim 1), ``moe_experts`` (its model's ``simlib.parallel.experts.MoEFeedForward`` layers),
+    ``blocks(model)``, ``tied_parameters(model)``,
     ``tokens_per_sample`` and ``flops_per_sample`` (for tokens/s and MFU), ``check_plan(plan)``."""
 
     name: str
@@ -48,12 +50,21 @@ class Task(Protocol):
 
 @dataclass(frozen=True)
 class Plan:
-    """How the work is split: ``Mesh(dp, pp, tp)`` plus how each part runs. Validated on construction
-    (types) and by :meth:`validate` (against the world size and the task)."""
+    """How the work is split: ``Mesh(dp, pp, tp, cp, ep)`` plus how each part runs. Validated on construction
+    (types) and by :meth:`validate` (against the world size and the task).
+
+    The world is ``dp x tp x pp x cp`` ranks. Context parallelism (``cp``) gives each of ``cp`` ranks a zig-zag
+    slice of every sequence of its data-parallel share, attention runs as ring attention over them, and
+    gradients are averaged over the ``dp x cp`` ranks. Expert parallelism (``ep``) shares a mixture-of-experts
+    model's experts out over groups of ``ep`` of those ``dp x cp`` ranks (it divides ``dp x cp`` and adds no
+    ranks); tokens travel to their experts by all-to-all. ``cp``/``ep`` compose with dp, accumulation,
+    recomputation and bf16; with tp, pp or ZeRO they are refused by :meth:`validate`."""
 
     dp: int = 1                          # data-parallel degree
     tp: int = 1                          # tensor-parallel degree (attention by heads, MLP by columns)
     pp: int = 1                          # pipeline stages
+    cp: int = 1                          # context-parallel degree: each sequence split over cp ranks (ring attention)
+    ep: int = 1                          # expert-parallel degree: MoE experts shared out over ep of the dp x cp ranks
     dp_variant: str = "bucket"           # "bucket" | "flat" | "naive" (simlib.parallel.data) | "ddp" (torch)
     accumulation: int = 1                # gradient accumulation: forward+backward passes per step per DP rank
     pp_microbatches: int | None = None   # pipeline micro-batches per pass when pp > 1 (None: pp of them)
@@ -68,7 +79,7 @@ class Plan:
     sync_batchnorm: bool = False         # BatchNorm statistics over the whole DP group (simlib.parallel.batchnorm)
 
     def __post_init__(self):
-        for name in ("dp", "tp", "pp", "accumulation"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "accumulation"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"Plan.{name} must be an int >= 1, got {v!r}")
@@ -94,11 +105,11 @@ class Plan:
 
     @property
     def mesh(self) -> Mesh:
-        return Mesh(dp=self.dp, pp=self.pp, tp=self.tp)
+        return Mesh(dp=self.dp, pp=self.pp, tp=self.tp, cp=self.cp, ep=self.ep)
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     @property
     def microbatches(self) -> int:
@@ -113,7 +124,8 @@ class Plan:
     @property
     def label(self) -> str:
         """A short name for tables and plots, e.g. ``dp2 acc4`` or ``pp2 1f1b m4``."""
-        parts = [f"{axis}{n}" for axis, n in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)) if n > 1]
+        parts = [f"{axis}{n}" for axis, n in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp), ("cp", self.cp),
+                                              ("ep", self.ep)) if n > 1]
         if self.pp > 1:
             parts.append(f"{self.schedule} m{self.microbatches}")
         if self.accumulation > 1:
@@ -134,8 +146,12 @@ class Plan:
         if self.world_size != world_size:
             options = ", ".join(f"dp={world_size // (t * p)} tp={t} pp={p}" for t in _divisors(world_size)
                                 for p in _divisors(world_size // t))
-            raise ValueError(f"plan dp={self.dp} x tp={self.tp} x pp={self.pp} needs {self.world_size} ranks but the "
-                             f"world has {world_size}: use one of {options}")
+            cp = f" x cp={self.cp}" if self.cp > 1 else ""
+            raise ValueError(f"plan dp={self.dp} x tp={self.tp} x pp={self.pp}{cp} needs {self.world_size} ranks but "
+                             f"the world has {world_size}: use one of {options}"
+                             + (f" (or dp={world_size // self.cp} cp={self.cp})" if cp and world_size % self.cp == 0
+                                else ""))
+        _check_context_experts(self)
         if self.mixed_precision == "fp16" and not torch.cuda.is_available():
             raise ValueError("fp16 needs a GPU (autocast to fp16 and loss scaling); on CPU use mixed_precision='bf16' "
                              "(fp32's range, no scaling), or Plan(loss_scaling=True) to run the scaling path in fp32")
@@ -149,7 +165,8 @@ class Plan:
                              "zero_stage=0 with tp > 1")
         if task is None:
             return
-        for degree, method in ((self.tp, "tensor_parallel"), (self.pp, "pipeline_stages")):
+        for degree, method in ((self.tp, "tensor_parallel"), (self.pp, "pipeline_stages"),
+                               (self.cp, "context_parallel")):
             if degree > 1 and not hasattr(task, method):
                 raise ValueError(f"task {task.name!r} has no {method}(): it cannot be split that way; "
                                  "use data parallelism (dp) only, or a task that implements it (the GPT)")
@@ -157,6 +174,9 @@ class Plan:
             raise ValueError(f"task {task.name!r} has no blocks(): activation checkpointing needs them")
         if hasattr(task, "check_plan"):
             task.check_plan(self)  # the model's own limits: heads, layers, widths
+        if self.ep > 1 and not getattr(task, "moe_experts", 0):
+            raise ValueError(f"task {task.name!r} has no mixture-of-experts layers (moe_experts): ep={self.ep} has "
+                             "no experts to share out; use ep=1, or the GPT's MoE variant")
         per_rank = self.dp * self.accumulation * self.microbatches
         if task.global_batch % per_rank:
             m = self.microbatches
@@ -166,6 +186,31 @@ class Plan:
                              f"{self.accumulation} accumulation steps{pipe}: use accumulation in {ok[:8]}"
                              f"{' ...' if len(ok) > 8 else ''}, or a global batch that is a multiple of "
                              f"{per_rank}")
+
+
+def _check_context_experts(plan) -> None:
+    """How cp and ep compose: world = dp x cp (x tp x pp); ep divides dp x cp. The rest is refused here."""
+    if plan.cp == 1 and plan.ep == 1:
+        return
+    tokens = plan.dp * plan.cp
+    which = " and ".join(f"{k}={getattr(plan, k)}" for k in ("cp", "ep") if getattr(plan, k) > 1)
+    world = plan.world_size  # the suggestions use every rank for dp x cp
+    ok = [f"Plan({', '.join(f'{k}={v}' for k, v in (('dp', world // c), ('cp', c), ('ep', e)) if v > 1)})"
+          for c in _divisors(world) for e in _divisors(world) if c * e > 1][:6]
+    works = f"plans that work on these {world} ranks: {', '.join(ok)}"
+    if tokens % plan.ep:
+        raise ValueError(f"ep={plan.ep} does not divide the dp x cp = {tokens} ranks that hold tokens (expert "
+                         f"parallelism shares the experts out over them, it adds no ranks): {works}")
+    for name, why, off in (("tp", "tensor parallelism", 1), ("pp", "pipeline parallelism", 1),
+                           ("zero_stage", "ZeRO", 0)):
+        if getattr(plan, name) != off:
+            raise ValueError(f"{which} with {name}={getattr(plan, name)} is not supported: here context and expert "
+                             f"parallelism compose with data parallelism (world = dp x cp; ep divides dp x cp), "
+                             f"accumulation, activation checkpointing and bf16, not with {why}. Use {works}")
+    if plan.ep > 1 and plan.dp_variant != "bucket":
+        raise ValueError(f"ep={plan.ep} averages gradients itself (shared weights over dp x cp, each expert over "
+                         f"the ranks holding it), so dp_variant={plan.dp_variant!r} would not be used: leave "
+                         "dp_variant at its default ('bucket')")
 
 
 def _divisors(n: int) -> list[int]:
@@ -393,7 +438,8 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
 def _shard_name(plan, groups) -> str:
     """The part of the model and optimizer this rank holds, when ranks hold different ones (checkpoint keys)."""
     return ".".join([f"pp{groups.pp_rank}"] * (plan.pp > 1) + [f"tp{groups.tp_rank}"] * (plan.tp > 1)
-                    + [f"dp{groups.dp_rank}"] * (plan.zero_stage > 0))  # ZeRO: optimizer sharded over dp
+                    + [f"dp{groups.dp_rank}"] * (plan.zero_stage > 0)  # ZeRO: optimizer sharded over dp
+                    + [f"ep{groups.ep_rank}"] * (plan.ep > 1))  # EP: each rank holds its experts
 
 
 def _accepts_part(task) -> bool:

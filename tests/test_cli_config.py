@@ -135,3 +135,19 @@ def test_doctor_reports_the_launcher_and_world(capsys, monkeypatch):
     assert cli.main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "torchrun" in out and "rank 1 of 4 (local rank 1 of 2, 2 node(s)) started by torchrun" in out
+
+
+def test_context_and_expert_plans_from_the_command_line():
+    spec = cli_train.resolve(_args("gpt", "--quick", "--plan.cp", "2"))
+    assert spec.world_size == 2 and spec.plans["dp"].cp == 2 and spec.plans["dp"].dp == 1  # cp fills the world
+    spec = cli_train.resolve(_args("gpt", "--quick", "--world-size", "4", "--plan.cp", "2"))
+    assert (spec.plans["dp"].dp, spec.plans["dp"].cp) == (2, 2)
+    spec = cli_train.resolve(_args("gpt", "--quick", "--plan", "cp"))
+    assert spec.plans["cp"].cp == 2
+    spec = cli_train.resolve(_args("gpt", "--quick", "--plan.ep", "2", "--task.moe-experts", "4",
+                                   "--task.moe-top-k", "2"))
+    assert (spec.plans["dp"].dp, spec.plans["dp"].ep, spec.task.moe_experts, spec.task.moe_top_k) == (2, 2, 4, 2)
+    with pytest.raises(ValueError, match="this GPT is dense: add --task.moe-experts"):
+        cli_train.resolve(_args("gpt", "--quick", "--plan.ep", "2"))
+    with pytest.raises(ValueError, match="not with tensor parallelism"):
+        cli_train.resolve(_args("gpt", "--quick", "--world-size", "4", "--plan.cp", "2", "--plan.tp", "2"))

@@ -8,15 +8,26 @@ from simlib.parallel.mesh import Mesh
 def test_grid_and_groups():
     mesh = Mesh(dp=2, pp=2)
     assert mesh.world_size == 4
-    assert mesh.grid.tolist() == [[[0], [1]], [[2], [3]]]
+    assert mesh.grid.tolist() == [[[[0]], [[1]]], [[[2]], [[3]]]]  # (dp, pp, cp, tp)
     assert mesh.groups_of("pp") == [[0, 1], [2, 3]]
     assert mesh.groups_of("dp") == [[0, 2], [1, 3]]
     assert mesh.groups_of("tp") == [[0], [1], [2], [3]]
-    assert mesh.coords(3) == dict(dp=1, pp=1, tp=0)
+    assert mesh.coords(3) == dict(dp=1, pp=1, cp=0, tp=0, ep=0)
     m3 = Mesh(dp=2, pp=2, tp=2)
     assert m3.groups_of("tp")[:2] == [[0, 1], [2, 3]]  # tensor-parallel neighbours are consecutive
     assert m3.groups_of("dp")[0] == [0, 4]
     assert sorted(r for g in m3.groups_of("pp") for r in g) == list(range(8))
+
+
+def test_context_and_expert_groups():
+    m = Mesh(dp=2, cp=2, tp=2, ep=2)  # 8 ranks: cp between pp and tp, as picotron's view(dp, pp, cp, tp)
+    assert m.groups_of("tp")[:2] == [[0, 1], [2, 3]] and m.groups_of("cp")[:2] == [[0, 2], [1, 3]]
+    assert m.groups_of("dp_cp") == [[0, 2, 4, 6], [1, 3, 5, 7]]  # the ranks that average gradients
+    assert m.groups_of("ep") == [[0, 2], [4, 6], [1, 3], [5, 7]]  # consecutive blocks of dp x cp
+    assert m.groups_of("expert_dp") == [[0, 4], [2, 6], [1, 5], [3, 7]]  # the ranks holding the same experts
+    assert m.coords(6) == dict(dp=1, pp=0, cp=1, tp=0, ep=1)
+    with pytest.raises(ValueError, match="ep=3 does not divide the dp x cp = 4 ranks"):
+        Mesh(dp=2, cp=2, ep=3)
 
 
 @pytest.mark.parametrize("bad", [dict(dp=0), dict(pp=-1), dict(tp=1.5), dict(dp=True)])

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from .all_to_all import A2ALog, AllToAll, group_rank_size, peer
 
@@ -282,6 +284,33 @@ def _check_qkv(q, k, v, rank):
                          f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
 
 
+def check_same_shape(q, group=None, what: str = "ring attention") -> None:
+    """Raise on every rank of ``group`` if its ranks hold q of different shapes (one small all-gather).
+
+    Blocks of other lengths would be sent around the ring into buffers of this rank's size: a wrong answer,
+    a crash deep in the backend or a hang. Names every rank's local sequence length instead."""
+    rank, n = group_rank_size(group)
+    if n == 1:
+        return
+    shape = torch.tensor(q.shape, dtype=torch.int64, device=q.device)  # NCCL: on the GPU
+    every = [torch.empty_like(shape) for _ in range(n)]
+    dist.all_gather(every, shape, group=group)
+    shapes = [tuple(int(d) for d in t) for t in every]
+    if len(set(shapes)) == 1:
+        return
+    names = [f"rank {peer(group, r)}" for r in range(n)]
+    lengths = {s[-2] for s in shapes}
+    if len(lengths) > 1:
+        held = ", ".join(f"{name}: {s[-2]}" for name, s in zip(names, shapes))
+        raise ValueError(f"{what} needs the same local sequence length on every rank of its group, but the "
+                         f"ranks hold {held} positions: split each sequence into equal parts with "
+                         "shard_sequence (a length that is a multiple of cp, or of 2·cp for the zig-zag split; "
+                         "pad or cut it to one)")
+    held = ", ".join(f"{name}: {s}" for name, s in zip(names, shapes))
+    raise ValueError(f"{what} needs q of one shape (batch, heads, local sequence, head_dim) on every rank of its "
+                     f"group, but the ranks hold {held}: give every rank the same batch rows and heads")
+
+
 def ring_attention(q, k, v, causal: bool = True, layout: str = "contiguous", group=None, log: A2ALog | None = None,
                    stats: dict | None = None) -> torch.Tensor:
     """Attention of this rank's queries over the whole sequence; q, k, v hold this rank's positions.
@@ -290,6 +319,7 @@ def ring_attention(q, k, v, causal: bool = True, layout: str = "contiguous", gro
     """
     rank, n = group_rank_size(group)
     _check_qkv(q, k, v, rank)
+    check_same_shape(q, group)
     check_split(q.shape[-2] * n, n, layout)
     return RingAttention.apply(q, k, v, causal, layout, group, log, stats)
 
@@ -318,6 +348,7 @@ def ulysses_attention(q, k, v, causal: bool = True, group=None, log: A2ALog | No
     """Attention over the whole sequence by re-sharding heads (DeepSpeed-Ulysses); contiguous split only."""
     rank, n = group_rank_size(group)
     _check_qkv(q, k, v, rank)
+    check_same_shape(q, group, "Ulysses attention")
     heads = q.shape[1]
     if heads % n:
         ok = [c for c in range(1, heads + 1) if heads % c == 0]
@@ -327,3 +358,57 @@ def ulysses_attention(q, k, v, causal: bool = True, group=None, log: A2ALog | No
     qh, kh, vh = (seq_to_heads(t, group, log, engine) for t in (q, k, v))
     out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
     return heads_to_seq(out, group, log, engine)
+
+
+# ── in a model: the split of each step, and attention that follows it ────────────────────────────────────────
+class ContextSplit:
+    """Which positions of each sequence this rank holds among the ``cp`` ranks of ``group`` (zig-zag by default).
+
+    The split is on only inside ``with split.on():`` (the trainer's step, which also cuts the batch with
+    :meth:`shard`); outside it the model sees whole sequences (evaluation, generation). torch's own
+    ``context_parallel`` is such a context manager too (torchtitan).
+    """
+
+    def __init__(self, group, layout: str = "zigzag"):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.group, self.layout = group, layout
+        self.rank, self.cp = group_rank_size(group)
+        self.active = False
+
+    @contextmanager
+    def on(self):
+        self.active = True
+        try:
+            yield self
+        finally:
+            self.active = False
+
+    def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's positions of ``x`` along ``dim``."""
+        return shard_sequence(x, self.rank, self.cp, self.layout, dim)
+
+    def positions(self, local_len: int, device=None) -> torch.Tensor:
+        """The global positions of this rank's ``local_len`` tokens, in the order of its local tensor."""
+        chunks = chunks_of(self.rank, self.cp, local_len * self.cp, self.layout)
+        return torch.cat([torch.arange(a, b, device=device) for a, b in chunks])
+
+
+class ContextParallelAttention(nn.Module):
+    """A fused-qkv self-attention (``simlib.models.SelfAttention``: its ``qkv`` and ``out``, shared) that runs
+    as ring attention over ``split.group`` while ``split`` is on, and as the module itself otherwise."""
+
+    def __init__(self, attn: nn.Module, split: ContextSplit, log: A2ALog | None = None):
+        super().__init__()
+        self.qkv, self.out = attn.qkv, attn.out
+        self.num_heads, self.causal = attn.num_heads, attn.causal
+        self.split, self.log = split, log
+
+    def forward(self, x):  # (B, S_local, hidden) -> (B, S_local, hidden)
+        from ..models import attend
+        if not self.split.active:
+            return self.out(attend(self.qkv(x), self.num_heads, self.causal))
+        b, s = x.shape[0], x.shape[1]
+        q, k, v = (t.contiguous() for t in self.qkv(x).view(b, s, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4))
+        y = ring_attention(q, k, v, self.causal, self.split.layout, self.split.group, self.log)  # (B, h, S_local, d)
+        return self.out(y.transpose(1, 2).reshape(b, s, -1))

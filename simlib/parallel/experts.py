@@ -14,10 +14,17 @@ all-to-all brings the outputs home (**combine**); backward runs both in reverse.
 (data-parallel: all-reduce its gradient). The Switch auxiliary loss ``E · Σ_e f_e · P_e`` (f_e: share of
 assignments routed to expert e, P_e: mean router probability of e, both over the whole batch) pushes the
 router towards an even load; each rank returns its share so that the shares add up to it.
+
+In a model (:class:`MoEFeedForward`, the GPT's MoE variant), the ranks that hold parts of one batch (``dp x cp``
+in the trainer) route over that whole batch (``batch_group``: the capacity, the queue and the auxiliary loss's
+``f_e`` over every token of the step, as in the one-process layer — "global-batch" load balancing, Qiu et al.
+2025), while the experts are shared out over a smaller ``ep`` group; the auxiliary loss reaches the backward
+through :class:`AuxLossScaler` (Megatron-Core's ``MoEAuxLossAutoScaler``).
 """
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -90,8 +97,25 @@ def _check(num_experts, top_k, capacity_factor, ep, rank):
                          f"use ep in {ok}, or a number of experts divisible by {ep}")
 
 
+LOCAL = "local"  # batch_group: this rank holds the whole batch
+
+
+def _routing(experts, num_experts, batch_group, ep_group):
+    """(queue positions, global counts, tokens in the batch) over ``batch_group`` ("ep": the ep group)."""
+    if batch_group == LOCAL:
+        pos, totals = queue_positions(experts, num_experts, distributed=False)
+    else:
+        pos, totals = queue_positions(experts, num_experts, ep_group if batch_group == "ep" else batch_group)
+    return pos, totals, int(totals[0].sum())
+
+
 class MoE(nn.Module):
-    """Top-k routed experts in one process: ``forward(x) -> (y, aux_loss, stats)``; x is (..., hidden)."""
+    """Top-k routed experts in one process: ``forward(x) -> (y, aux_loss, stats)``; x is (..., hidden).
+
+    ``batch_group`` (attribute): ``"local"`` (this process holds the whole batch) or the process group whose
+    ranks hold the parts of the batch (routing, capacity and the auxiliary loss over all of them). Every
+    expert runs, on no token too, so each has a gradient (zeros) whatever the routing, as on many ranks.
+    """
 
     def __init__(self, hidden: int = 32, num_experts: int = 4, top_k: int = 1, capacity_factor: float = 1.25,
                  ffn: int | None = None):
@@ -100,22 +124,22 @@ class MoE(nn.Module):
         self.hidden, self.num_experts, self.top_k, self.capacity_factor = hidden, num_experts, top_k, capacity_factor
         self.router = nn.Linear(hidden, num_experts, bias=False)
         self.experts = nn.ModuleList(FeedForward(hidden, ffn) for _ in range(num_experts))
+        self.batch_group = LOCAL
 
     def forward(self, x):
         flat = x.reshape(-1, self.hidden)
         probs, gates, experts = route(self.router(flat), self.top_k)
-        pos, totals = queue_positions(experts, self.num_experts, distributed=False)
-        cap = capacity(flat.shape[0], self.num_experts, self.top_k, self.capacity_factor)
+        pos, totals, global_tokens = _routing(experts, self.num_experts, self.batch_group, None)
+        cap = capacity(global_tokens, self.num_experts, self.top_k, self.capacity_factor)
         keep = pos < cap
         y = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
             token, choice = torch.nonzero((experts == e) & keep, as_tuple=True)
-            if token.numel():
-                y = y.index_add(0, token, expert(flat[token]) * gates[token, choice].unsqueeze(-1))
-        stats = dict(capacity=cap, tokens_per_expert=((experts.unsqueeze(-1) == torch.arange(self.num_experts)) &
-                                                      keep.unsqueeze(-1)).sum((0, 1)).tolist(),
+            y = y.index_add(0, token, expert(flat[token]) * gates[token, choice].unsqueeze(-1))
+        stats = dict(capacity=cap, tokens_per_expert=((experts.unsqueeze(-1) == torch.arange(
+                         self.num_experts, device=x.device)) & keep.unsqueeze(-1)).sum((0, 1)).tolist(),
                      dropped=int((~keep).sum()), assignments=keep.numel())
-        return y.view_as(x), load_balancing_loss(probs, totals, flat.shape[0]), stats
+        return y.view_as(x), load_balancing_loss(probs, totals, global_tokens), stats
 
 
 class ExpertParallelMoE(nn.Module):
@@ -127,32 +151,33 @@ class ExpertParallelMoE(nn.Module):
     """
 
     def __init__(self, router: nn.Linear, experts: nn.ModuleList, num_experts: int, top_k: int,
-                 capacity_factor: float, group=None, log: A2ALog | None = None, engine: str = "native"):
+                 capacity_factor: float, group=None, log: A2ALog | None = None, engine: str = "native",
+                 batch_group="ep"):
         super().__init__()
         rank, ep = group_rank_size(group)
         _check(num_experts, top_k, capacity_factor, ep, rank)
         self.router, self.experts = router, experts
         self.num_experts, self.top_k, self.capacity_factor = num_experts, top_k, capacity_factor
         self.group, self.log, self.engine = group, log, engine
+        self.batch_group = batch_group  # "ep": each rank of ``group`` holds its part of the batch; see MoE
         self.local = num_experts // ep
         self.first = rank * self.local  # global index of this rank's first expert
 
     @classmethod
-    def from_dense(cls, moe: MoE, group=None, log=None, engine="native"):
+    def from_dense(cls, moe: MoE, group=None, log=None, engine="native", batch_group="ep"):
         """Keep the router and this rank's experts (experts r·E/ep ... (r+1)·E/ep - 1) of a :class:`MoE`."""
         rank, ep = group_rank_size(group)
         _check(moe.num_experts, moe.top_k, moe.capacity_factor, ep, rank)
         local = moe.num_experts // ep
         return cls(moe.router, nn.ModuleList(moe.experts[rank * local:(rank + 1) * local]), moe.num_experts,
-                   moe.top_k, moe.capacity_factor, group, log, engine)
+                   moe.top_k, moe.capacity_factor, group, log, engine, batch_group)
 
     def forward(self, x):
         rank, ep = group_rank_size(self.group)
         hidden = x.shape[-1]
         flat = x.reshape(-1, hidden)
         probs, gates, experts = route(self.router(flat), self.top_k)
-        pos, totals = queue_positions(experts, self.num_experts, self.group)
-        global_tokens = int(totals[0].sum())
+        pos, totals, global_tokens = _routing(experts, self.num_experts, self.batch_group, self.group)
         cap = capacity(global_tokens, self.num_experts, self.top_k, self.capacity_factor)
         token, choice = torch.nonzero(pos < cap, as_tuple=True)            # kept assignments
         expert = experts[token, choice]
@@ -165,7 +190,8 @@ class ExpertParallelMoE(nn.Module):
         recv_splits = received.sum(1).tolist()
         rows = AllToAll.apply(flat[token], send_splits, recv_splits, self.group, self.log, "dispatch", self.engine)
         # the experts: received rows are grouped by source rank, then by expert
-        local_expert = torch.repeat_interleave(torch.arange(self.local).repeat(ep), received.reshape(-1))
+        local_expert = torch.repeat_interleave(torch.arange(self.local, device=x.device).repeat(ep),
+                                               received.reshape(-1))
         out = torch.zeros_like(rows)
         for e, module in enumerate(self.experts):  # every expert runs, on no rows too: backward must reach
             idx = torch.nonzero(local_expert == e, as_tuple=True)[0]  # the dispatch on every rank (it is a collective)
@@ -176,6 +202,68 @@ class ExpertParallelMoE(nn.Module):
                      dropped=int((pos >= cap).sum()), assignments=pos.numel(), sent_rows=send_splits,
                      received_rows=recv_splits)
         return y.view_as(x), load_balancing_loss(probs, totals, global_tokens), stats
+
+
+class AuxLossScaler(torch.autograd.Function):
+    """``y`` unchanged in forward; in backward, also the gradient of ``aux`` (a scalar already weighted):
+    how an auxiliary loss computed inside a layer joins the training loss without the loop knowing of it
+    (Megatron-Core's ``MoEAuxLossAutoScaler``)."""
+
+    @staticmethod
+    def forward(ctx, y, aux):
+        ctx.save_for_backward(aux)
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        aux, = ctx.saved_tensors
+        return grad, torch.ones_like(aux)
+
+
+class MoEFeedForward(nn.Module):
+    """A mixture-of-experts layer where a transformer's MLP was: ``forward(x) -> y``, (..., hidden) both.
+
+    The Switch auxiliary loss, times ``aux_coeff``, is added to the backward (:class:`AuxLossScaler`), times
+    ``aux_scale``: 1 in one process; the trainer sets it (:meth:`over`) so that after its gradient averaging
+    the router gets the one-process gradient (the ranks averaged over, over the micro-batches, times the loss
+    scale). ``stats`` and ``aux_loss`` hold the last forward's load and auxiliary loss (this rank's share).
+    """
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int = 1, capacity_factor: float = 1.25,
+                 ffn: int | None = None, aux_coeff: float = 0.01):
+        super().__init__()
+        self.moe = MoE(hidden, num_experts, top_k, capacity_factor, ffn)
+        self.aux_coeff, self.aux_scale = aux_coeff, 1.0
+        self.stats, self.aux_loss = None, None
+
+    def forward(self, x):
+        y, aux, self.stats = self.moe(x)
+        self.aux_loss = aux.detach()
+        if self.aux_coeff and torch.is_grad_enabled() and aux.requires_grad:
+            y = AuxLossScaler.apply(y, aux * (self.aux_coeff * self.aux_scale))
+        return y
+
+    def shard_experts(self, group, log: A2ALog | None = None) -> None:
+        """Keep this rank's ``E / ep`` experts of ``group`` (size ep); tokens reach them by all-to-all."""
+        if isinstance(self.moe, ExpertParallelMoE):
+            raise ValueError("the experts are already shared out over a group")
+        self.moe = ExpertParallelMoE.from_dense(self.moe, group, log, batch_group=LOCAL)
+
+    @property
+    def expert_parameters(self) -> list:
+        """The experts' parameters (under expert parallelism, this rank's experts only)."""
+        return list(self.moe.experts.parameters())
+
+    @contextmanager
+    def over(self, batch_group, aux_scale: float = 1.0):
+        """Route over ``batch_group`` (the ranks holding the step's batch) with the loss weighted
+        ``aux_scale``, inside the block; outside it every rank holds its whole batch (evaluation)."""
+        before = self.moe.batch_group, self.aux_scale
+        self.moe.batch_group, self.aux_scale = batch_group, aux_scale
+        try:
+            yield self
+        finally:
+            self.moe.batch_group, self.aux_scale = before
 
 
 def a2a_volume(tokens_per_rank: int, hidden: int, top_k: int, ep: int, bytes_per_element: int = 4,

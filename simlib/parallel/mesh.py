@@ -1,13 +1,18 @@
-"""The rank grid: which ranks share data, pipeline and tensor parallel groups.
+"""The rank grid: which ranks share data, pipeline, context and tensor parallel groups.
 
 One line makes the grid obvious (picotron's ``ProcessGroupManager``), here kept in a small validated value
 instead of a global:
 
-    grid = torch.arange(world_size).view(dp, pp, tp)     # grid[d, p, t] is a global rank
+    grid = torch.arange(world_size).view(dp, pp, cp, tp)     # grid[d, p, c, t] is a global rank
 
 Ranks that differ only in the tensor coordinate form a tensor-parallel group (neighbours, so on a GPU node
 they share the fastest links), ranks that differ only in the pipeline coordinate a pipeline, ranks that
-differ only in the data coordinate hold the same weights and all-reduce gradients.
+differ only in the context coordinate hold the pieces of the same sequences (ring attention), ranks that
+differ only in the data coordinate hold other samples. The ``dp x cp`` ranks of one (pipeline, tensor)
+position hold the same weights and average their gradients (Megatron-LM's data-parallel group "with context
+parallelism"). Expert parallelism cuts those ``dp x cp`` ranks, in rank order, into groups of ``ep``
+consecutive ranks that share their experts out (``ep_group``); the ranks holding the same experts average
+those experts' gradients (``expert_dp_group``). ``ep`` does not change the world size.
 
     mesh = Mesh(dp=2, pp=2)                 # world size 4
     groups = mesh.build()                   # on every rank, inside simlib.launch: creates the process groups
@@ -19,51 +24,68 @@ from dataclasses import dataclass
 
 import torch
 
-AXES = ("dp", "pp", "tp")
+AXES = ("dp", "pp", "cp", "tp")   # the grid's dimensions, outermost first
+GROUPS = AXES + ("dp_cp", "ep", "expert_dp")  # and the groups built from them
 
 
 @dataclass(frozen=True)
 class Mesh:
-    """Sizes of the data, pipeline and tensor parallel dimensions; their product is the world size."""
+    """Sizes of the data, pipeline, tensor and context parallel dimensions (their product is the world size),
+    and the expert-parallel degree ``ep``, which divides ``dp x cp``."""
 
     dp: int = 1
     pp: int = 1
     tp: int = 1
+    cp: int = 1
+    ep: int = 1
 
     def __post_init__(self):
-        for axis in AXES:
+        for axis in AXES + ("ep",):
             value = getattr(self, axis)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{axis} size must be a positive int, got {value!r}")
+        if (self.dp * self.cp) % self.ep:
+            ok = [e for e in range(1, self.dp * self.cp + 1) if self.dp * self.cp % e == 0]
+            raise ValueError(f"ep={self.ep} does not divide the dp x cp = {self.dp * self.cp} ranks that hold "
+                             f"tokens: use ep in {ok}")
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dp * self.pp * self.cp * self.tp
 
     @property
     def grid(self) -> torch.Tensor:
-        """``grid[d, p, t]`` = global rank; tensor-parallel neighbours are consecutive ranks."""
-        return torch.arange(self.world_size).view(self.dp, self.pp, self.tp)
+        """``grid[d, p, c, t]`` = global rank; tensor-parallel neighbours are consecutive ranks."""
+        return torch.arange(self.world_size).view(self.dp, self.pp, self.cp, self.tp)
 
     def coords(self, rank: int) -> dict:
-        """``{"dp": d, "pp": p, "tp": t}`` of a global rank."""
+        """``{"dp": d, "pp": p, "cp": c, "tp": t, "ep": e}`` of a global rank (``ep``: its place in its
+        expert-parallel group)."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside a mesh of {self.world_size} ranks")
-        d, p, t = (int(i) for i in (self.grid == rank).nonzero()[0])
-        return dict(dp=d, pp=p, tp=t)
+        d, p, c, t = (int(i) for i in (self.grid == rank).nonzero()[0])
+        return dict(dp=d, pp=p, cp=c, tp=t, ep=(d * self.cp + c) % self.ep)
 
     def groups_of(self, axis: str) -> list[list[int]]:
-        """Every group along ``axis``: lists of global ranks that differ only in that coordinate."""
-        if axis not in AXES:
-            raise ValueError(f"unknown axis {axis!r}: use one of {AXES}")
-        dim = AXES.index(axis)
-        moved = self.grid.movedim(dim, -1).reshape(-1, getattr(self, axis))
-        return [row.tolist() for row in moved]
+        """Every group along ``axis`` (one of :data:`GROUPS`): lists of global ranks."""
+        if axis not in GROUPS:
+            raise ValueError(f"unknown axis {axis!r}: use one of {GROUPS}")
+        if axis in AXES:  # ranks that differ only in that coordinate
+            dim = AXES.index(axis)
+            moved = self.grid.movedim(dim, -1).reshape(-1, getattr(self, axis))
+            return [row.tolist() for row in moved]
+        # the dp x cp ranks of each (pp, tp) position, in rank order
+        tokens = self.grid.permute(1, 3, 0, 2).reshape(-1, self.dp * self.cp)
+        if axis == "dp_cp":
+            return [row.tolist() for row in tokens]
+        if axis == "ep":       # consecutive blocks of ep ranks
+            return [block.tolist() for row in tokens for block in row.view(-1, self.ep)]
+        return [col.tolist() for row in tokens for col in row.view(-1, self.ep).T]  # expert_dp: strided
 
     def check_world(self, world_size: int) -> None:
         if world_size != self.world_size:
-            raise ValueError(f"mesh dp={self.dp} x pp={self.pp} x tp={self.tp} needs {self.world_size} ranks, "
-                             f"the world has {world_size}")
+            raise ValueError(f"mesh dp={self.dp} x pp={self.pp} x cp={self.cp} x tp={self.tp} needs "
+                             f"{self.world_size} ranks, the world has {world_size}")
 
     def build(self, timeout: float | None = None) -> "MeshGroups":
         """Create the process groups (a collective: every rank calls it, in the same order).
@@ -80,13 +102,16 @@ class Mesh:
         self.check_world(dist.get_world_size())
         limit = datetime.timedelta(seconds=timeout) if timeout is not None else env.collective_timeout()
         mine = {}
-        for axis in AXES:  # every rank must take part in creating every group
+        extra = ("dp_cp", "ep", "expert_dp") if self.cp > 1 or self.ep > 1 else ()  # else dp_cp is dp
+        for axis in AXES + extra:  # every rank must take part in creating every group
             for ranks in self.groups_of(axis):
                 group = dist.new_group(ranks, timeout=limit)
                 if rank in ranks:
                     mine[axis] = group
         c = self.coords(rank)
-        return MeshGroups(self, rank, c["dp"], c["pp"], c["tp"], mine["dp"], mine["pp"], mine["tp"])
+        return MeshGroups(self, rank, c["dp"], c["pp"], c["tp"], mine["dp"], mine["pp"], mine["tp"],
+                          cp_rank=c["cp"], cp_group=mine["cp"], dp_cp_group=mine.get("dp_cp", mine["dp"]),
+                          ep_rank=c["ep"], ep_group=mine.get("ep"), expert_dp_group=mine.get("expert_dp"))
 
 
 @dataclass(frozen=True)
@@ -101,6 +126,12 @@ class MeshGroups:
     dp_group: object
     pp_group: object
     tp_group: object
+    cp_rank: int = 0
+    cp_group: object = None
+    dp_cp_group: object = None     # the ranks that average gradients: dp x cp (the dp group when cp = 1)
+    ep_rank: int = 0
+    ep_group: object = None        # built when cp > 1 or ep > 1: experts shared out over it
+    expert_dp_group: object = None  # the ranks holding the same experts
 
     @property
     def pp_is_first_stage(self) -> bool:
@@ -111,4 +142,7 @@ class MeshGroups:
         return self.pp_rank == self.mesh.pp - 1
 
     def __repr__(self) -> str:
-        return f"MeshGroups(rank={self.rank}, dp_rank={self.dp_rank}, pp_rank={self.pp_rank}, tp_rank={self.tp_rank})"
+        cp = f", cp_rank={self.cp_rank}" if self.mesh.cp > 1 else ""
+        ep = f", ep_rank={self.ep_rank}" if self.mesh.ep > 1 else ""
+        return (f"MeshGroups(rank={self.rank}, dp_rank={self.dp_rank}, pp_rank={self.pp_rank}, "
+                f"tp_rank={self.tp_rank}{cp}{ep})")

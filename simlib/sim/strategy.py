@@ -152,6 +152,9 @@ class Strategy:
         ``validate`` (the trainer's check, so a plan the trainer refuses is refused here). ``overrides``: what a
         plan does not say (``optimizer``, ``threads``, ``sequence_parallel``, ...)."""
         plan.validate(plan.world_size)
+        if getattr(plan, "cp", 1) > 1 or getattr(plan, "ep", 1) > 1:
+            raise ValueError(f"Strategy prices dp, tp and pp; cp={plan.cp} and ep={plan.ep} are priced by "
+                             "simlib.sim.context_experts (context-parallel attention, MoE all-to-alls)")
         per_step = plan.accumulation * plan.microbatches
         if global_batch % (plan.dp * per_step):
             raise ValueError(f"global batch {global_batch} does not split into dp={plan.dp} x {per_step} "

@@ -15,6 +15,13 @@ How the project splits it (``simlib.parallelize`` calls these through ``simlib.p
                                       final LayerNorm and the head on the last; the tied embedding matrix is on
                                       both, and its two gradients are summed after the pipeline flush (Megatron's
                                       "embedding group")
+    context_parallel(model, split)    every attention becomes ring attention over ``split``'s group and the
+                                      embedding takes the global positions of this rank's zig-zag slice, while
+                                      the split is on (``simlib.parallel.context``)
+
+The MoE variant (``GPTConfig(moe_experts=4, moe_top_k=2)``): every block's MLP is a top-k routed mixture of
+experts (``simlib.parallel.experts.MoEFeedForward``), whose experts ``simlib.parallelize`` shares out over the
+expert-parallel group.
 """
 from __future__ import annotations
 
@@ -34,18 +41,26 @@ class GPTConfig:
     hidden: int = 128        # H
     num_layers: int = 4
     num_heads: int = 4       # nh; head size H / nh
-    ffn: int | None = None   # MLP width (default 4 H)
+    ffn: int | None = None   # MLP width (default 4 H); each expert's width in the MoE variant
     seed: int = 0            # initial weights: the same on every rank
+    moe_experts: int = 0     # 0: dense MLPs; E > 0: every MLP a mixture of E experts (the MoE variant)
+    moe_top_k: int = 1       # experts per token
+    moe_capacity_factor: float = 1.25  # tokens an expert takes: ceil(factor · tokens · k / E); the rest dropped
+    moe_aux_coeff: float = 0.01        # weight of the Switch load-balancing loss (Fedus et al. 2021)
 
-    def num_parameters(self) -> int:
+    def num_parameters(self, active: bool = False) -> int:
+        """Parameters of the model (``active``: those one token uses: k experts of E, and the router)."""
         h, f = self.hidden, self.ffn or 4 * self.hidden
-        block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
+        mlp = (h * f + f) + (f * h + h)
+        if self.moe_experts:
+            mlp = (min(self.moe_top_k, self.moe_experts) if active else self.moe_experts) * mlp + h * self.moe_experts
+        block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + mlp
         return self.vocab_size * h + self.seq_len * h + self.num_layers * block + 2 * h
 
     def flops_per_token(self) -> float:
-        """Training FLOPs per token: 6 per weight (forward 2, backward 4) plus attention's scores and mixing,
-        12·L·T·H, halved by the causal mask (Kaplan et al. 2020 count it the same way)."""
-        weights = self.num_parameters() - self.seq_len * self.hidden  # the position table is a lookup
+        """Training FLOPs per token: 6 per weight used (forward 2, backward 4) plus attention's scores and
+        mixing, 12·L·T·H, halved by the causal mask (Kaplan et al. 2020 count it the same way)."""
+        weights = self.num_parameters(active=True) - self.seq_len * self.hidden  # the position table is a lookup
         return 6 * weights + 6 * self.num_layers * self.seq_len * self.hidden
 
 
@@ -57,7 +72,12 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.hidden)
         self.attn = SelfAttention(cfg.hidden, cfg.num_heads, causal=True)   # fused qkv, out projection
         self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.mlp = FeedForward(cfg.hidden, cfg.ffn)                        # fc1, GELU, fc2
+        if cfg.moe_experts:                                                # router, E x (fc1, GELU, fc2)
+            from ...parallel.experts import MoEFeedForward
+            self.mlp = MoEFeedForward(cfg.hidden, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity_factor,
+                                      cfg.ffn, cfg.moe_aux_coeff)
+        else:
+            self.mlp = FeedForward(cfg.hidden, cfg.ffn)                    # fc1, GELU, fc2
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -71,9 +91,13 @@ class Embedding(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
+        self.split = None  # context parallelism: a simlib.parallel.context.ContextSplit
 
     def forward(self, idx):
-        positions = torch.arange(idx.shape[1], device=idx.device)
+        if self.split is not None and self.split.active:  # this rank's slice of each sequence
+            positions = self.split.positions(idx.shape[1], idx.device)
+        else:
+            positions = torch.arange(idx.shape[1], device=idx.device)
         return self.wte(idx) + self.wpe(positions)  # (B, T, H) + (T, H)
 
 
@@ -99,14 +123,16 @@ class GPT(nn.Module):
         self.head = Head(cfg, self.embed.wte)
         self.apply(self._init)
         for block in self.blocks:  # GPT-2: residual projections scaled by 1/sqrt(2 L)
-            for proj in (block.attn.out, block.mlp.fc2):
+            mlps = block.mlp.moe.experts if cfg.moe_experts else [block.mlp]
+            for proj in (block.attn.out, *(mlp.fc2 for mlp in mlps)):
                 nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.num_layers))
 
     @staticmethod
     def _init(m):
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, std=0.02)
-            nn.init.zeros_(m.bias)
+            if m.bias is not None:  # the MoE router has none
+                nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
 
@@ -141,6 +167,17 @@ def tensor_parallel(model: GPT, group, log=None) -> GPT:
     return model
 
 
+def context_parallel(model: GPT, split) -> GPT:
+    """Attention as ring attention over ``split.group`` and the embedding at this rank's global positions,
+    while ``split`` is on (``simlib.parallel.context.ContextSplit``); in place, the same parameters."""
+    from ...parallel.context import ContextParallelAttention
+
+    model.embed.split = split
+    for block in model.blocks:
+        block.attn = ContextParallelAttention(block.attn, split)
+    return model
+
+
 class Stage(nn.Module):
     """Pipeline stage: [embedding] -> blocks -> [head]. The first takes ids, the last returns logits."""
 
@@ -167,8 +204,9 @@ def pipeline_stages(model: GPT, pp_rank: int, pp_size: int) -> list[nn.Module]:
     return [Stage(model, ranges[pp_rank], first=pp_rank == 0, last=pp_rank == pp_size - 1)]
 
 
-def dense_state_dict(model: GPT, tp_group=None) -> dict:
-    """The unsplit model's weights from a tensor-parallel one (a collective over ``tp_group``), or a copy.
+def dense_state_dict(model: GPT, tp_group=None, ep_group=None) -> dict:
+    """The unsplit model's weights from a tensor-parallel one (a collective over ``tp_group``), or a copy;
+    under expert parallelism, every expert gathered from the ranks of ``ep_group`` (a collective too).
 
     Column-parallel weights are gathered along their output rows (qkv's rows are laid out (3, heads, head
     size), so each of q, k, v is put back head by head); row-parallel weights along their input columns.
@@ -178,6 +216,8 @@ def dense_state_dict(model: GPT, tp_group=None) -> dict:
     from ...parallel.tensor import TensorParallelAttention
 
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if ep_group is not None and dist.get_world_size(ep_group) > 1:
+        state = _gather_experts(model, state, ep_group)
     if tp_group is None or dist.get_world_size(tp_group) == 1:
         return state
     tp = dist.get_world_size(tp_group)
@@ -199,4 +239,23 @@ def dense_state_dict(model: GPT, tp_group=None) -> dict:
             state[p + "mlp.fc1." + suffix] = gather(state[p + "mlp.fc1." + suffix], 0)
         state[p + "attn.out.weight"] = gather(state[p + "attn.out.weight"], 1)
         state[p + "mlp.fc2.weight"] = gather(state[p + "mlp.fc2.weight"], 1)
+    return state
+
+
+def _gather_experts(model: GPT, state: dict, ep_group) -> dict:
+    """Local expert j of EP rank r is expert r·E/ep + j of the model: gather every expert under its own name."""
+    import torch.distributed as dist
+
+    ep = dist.get_world_size(ep_group)
+    for i, block in enumerate(model.blocks):
+        local = len(block.mlp.moe.experts)
+        prefix = f"blocks.{i}.mlp.moe.experts."
+        names = [k for k in state if k.startswith(prefix)]
+        for name in names:
+            j, rest = name[len(prefix):].split(".", 1)
+            parts = [torch.empty_like(state[name]) for _ in range(ep)]
+            dist.all_gather(parts, state[name].contiguous(), group=ep_group)
+            del state[name]
+            for r, part in enumerate(parts):
+                state[f"{prefix}{r * local + int(j)}.{rest}"] = part
     return state

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...train import OptimConfig, Plan
 
-PLAN_NAMES = ("single", "dp", "dp+acc", "tp", "pp")
+PLAN_NAMES = ("single", "dp", "dp+acc", "tp", "pp", "cp")
 
 
 def settings(quick: bool = False) -> dict:
@@ -39,7 +39,8 @@ def plan_for(name: str, world_size: int, micro_batches: int = 4) -> Plan:
                              f"splits the work ({', '.join(n for n in PLAN_NAMES if n != 'single')})")
         return Plan()
     plans = {"dp": Plan(dp=world_size), "dp+acc": Plan(dp=world_size, accumulation=micro_batches),
-             "tp": Plan(tp=world_size), "pp": Plan(pp=world_size, pp_microbatches=max(micro_batches, world_size))}
+             "tp": Plan(tp=world_size), "pp": Plan(pp=world_size, pp_microbatches=max(micro_batches, world_size)),
+             "cp": Plan(cp=world_size)}  # each sequence split zig-zag over the ranks, ring attention
     if name not in plans:
         raise ValueError(f"unknown plan {name!r}: use one of {PLAN_NAMES}")
     return plans[name]
@@ -57,7 +58,8 @@ def train_gpt(plan: Plan, out_dir=None, quick: bool = False, samples: int = 2, s
     record = train(task, plan, out_dir=out_dir, **config)
     pm = record.model
     model = pm.eval_model()  # collective under TP / PP: every rank takes part
-    state = gpt.dense_state_dict(model, pm.groups.tp_group if plan.tp > 1 else None)
+    state = gpt.dense_state_dict(model, pm.groups.tp_group if plan.tp > 1 else None,
+                                 pm.groups.ep_group if plan.ep > 1 else None)
     if out_dir is not None and _is_rank0():  # the weights a grader evaluates itself
         torch.save({"task": _task_fields(task), "state": state}, Path(out_dir) / "final_model.pt")
     texts = [task.sample(model, prompt, sample_tokens, seed=i)
@@ -71,7 +73,8 @@ def train_gpt(plan: Plan, out_dir=None, quick: bool = False, samples: int = 2, s
 
 def _task_fields(task) -> dict:
     return {k: getattr(task, k) for k in ("seq_len", "hidden", "num_layers", "num_heads", "global_batch",
-                                          "eval_windows", "seed")}
+                                          "eval_windows", "seed", "moe_experts", "moe_top_k", "moe_capacity_factor",
+                                          "moe_aux_coeff")}
 
 
 def load_final_model(out_dir):

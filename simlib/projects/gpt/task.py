@@ -26,6 +26,10 @@ class GPTTask:
     global_batch: int = 32           # windows of seq_len tokens per optimizer step, over all ranks
     eval_windows: int = 64           # held-out windows the eval loss averages over
     seed: int = 0
+    moe_experts: int = 0             # the MoE variant: E experts in every block's MLP (0: dense)
+    moe_top_k: int = 1               # experts per token
+    moe_capacity_factor: float = 1.25  # room per expert: ceil(factor · tokens · k / E) tokens of a step
+    moe_aux_coeff: float = 0.01      # weight of the load-balancing loss
     data: text.TextData = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -40,7 +44,8 @@ class GPTTask:
     @property
     def config(self) -> gpt.GPTConfig:
         return gpt.GPTConfig(self.data.vocab_size, self.seq_len, self.hidden, self.num_layers, self.num_heads,
-                             seed=self.seed)
+                             seed=self.seed, moe_experts=self.moe_experts, moe_top_k=self.moe_top_k,
+                             moe_capacity_factor=self.moe_capacity_factor, moe_aux_coeff=self.moe_aux_coeff)
 
     @property
     def tokens_per_sample(self) -> int:
@@ -77,6 +82,9 @@ class GPTTask:
     def pipeline_stages(self, model, pp_rank: int, pp_size: int):
         return gpt.pipeline_stages(model, pp_rank, pp_size)
 
+    def context_parallel(self, model, split):
+        return gpt.context_parallel(model, split)
+
     def tied_parameters(self, model):
         return [model.embed.wte.weight]
 
@@ -91,6 +99,23 @@ class GPTTask:
         if plan.pp > self.num_layers:
             raise ValueError(f"pp={plan.pp} stages but the model has {self.num_layers} blocks: "
                              f"use pp <= {self.num_layers}")
+        cp, ep = getattr(plan, "cp", 1), getattr(plan, "ep", 1)
+        if cp > 1 and self.seq_len % (2 * cp):
+            ok = [c for c in range(1, self.seq_len // 2 + 1) if self.seq_len % (2 * c) == 0]
+            raise ValueError(f"cp={cp}: the zig-zag split cuts each sequence into 2 x cp = {2 * cp} equal chunks, "
+                             f"but seq_len is {self.seq_len}: use cp in {ok}, or a seq_len that is a multiple of "
+                             f"{2 * cp}")
+        if ep > 1 and not self.moe_experts:
+            raise ValueError(f"ep={ep} shares out the experts of the MoE variant, but this GPT is dense: add "
+                             f"--task.moe-experts {2 * ep} (GPTTask(moe_experts={2 * ep})), or use ep=1")
+        if ep > 1 and self.moe_experts % ep:
+            ok = [e for e in range(1, self.moe_experts + 1) if self.moe_experts % e == 0]
+            raise ValueError(f"ep={ep} does not divide the {self.moe_experts} experts: use ep in {ok}")
+        if self.moe_experts and (plan.tp > 1 or plan.pp > 1):
+            raise ValueError(f"the MoE variant (moe_experts={self.moe_experts}) runs with dp, cp and ep, not with "
+                             f"tp={plan.tp} / pp={plan.pp}: use e.g. Plan(dp={plan.world_size}, ep=2)")
+        if self.moe_experts and not 1 <= self.moe_top_k <= self.moe_experts:
+            raise ValueError(f"moe_top_k={self.moe_top_k} must be between 1 and moe_experts={self.moe_experts}")
 
     # ── for people ──
     def sample(self, model, prompt: str = "The ", new_tokens: int = 60, seed: int = 0, **kw) -> str:
