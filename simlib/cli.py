@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(exc: BaseException) -> str:
     """A library error as one line: its first line, and for a worker failure the failing rank and its cause."""
-    from .launch import WorkerError, _cause
+    from .errors import WorkerError, _cause
     if isinstance(exc, WorkerError) and getattr(exc, "failures", None):
         raised = [f for _, f in sorted(exc.failures.items()) if f.type_name not in ("WorkerDied", "Timeout")]
         if raised:  # the error a rank raised says what to do: keep it whole, on one line

@@ -217,3 +217,29 @@ def unpicklable(fn, args, kwargs, error: Exception) -> str:
                     "inside the function, on each rank, or pass plain values (numbers, tensors, dicts) as arguments.")
     return (f"cannot send `{name}` and its arguments to the workers: {type(error).__name__}: {error}. Each worker "
             "is a separate process: create unpicklable objects (locks, open files, clusters) inside the function.")
+
+
+def _cause(err: WorkerError) -> str:
+    """One line: which rank(s) failed and why (a rank that died first; its peers' lost-connection errors after)."""
+    fails = [err.failures[r] for r in sorted(err.failures)]
+    died = [f.rank for f in fails if f.type_name == "WorkerDied"]
+    parts = [f"rank {f.rank} died, {f.message}" if f.message.startswith("killed by") else f"rank {f.rank} died ({f.message})"
+             for f in fails if f.type_name == "WorkerDied"]
+    for f in fails:
+        if f.type_name != "WorkerDied":
+            why = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", f.summary().split(": ", 1)[1])  # Gloo's file:line
+            if len(why) > 90:  # the first sentence is enough here; the error at the end has the whole text
+                why = why.split(". ")[0] + "." if len(why.split(". ")[0]) <= 90 else why[:87] + "..."
+            parts.append(f"rank {f.rank} then failed: {why}" if died else f"rank {f.rank} failed: {why}")
+    return ("; ".join(parts) or str(err).splitlines()[0]).rstrip(".")  # the caller ends the sentence
+
+
+def _exhausted(attempts: list, max_restarts: int) -> WorkerError:
+    """The error once every restart is spent: every attempt's cause, then the last attempt's detail."""
+    lines = [f"attempt {i + 1}: {_cause(e)}" for i, e in enumerate(attempts)]
+    last = attempts[-1]
+    text = (f"failed on all {len(attempts)} attempts (max_restarts={max_restarts} spent):\n" + "\n".join(lines)
+            + "\n--- last attempt ---\n" + str(last))
+    error = type(last)(text, last.failures, last.results)
+    error.attempts = attempts
+    return error

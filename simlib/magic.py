@@ -38,8 +38,11 @@ def _rank_namespace() -> dict:
         import torch
         import torch.distributed as dist
 
-        import simlib
-        ctx = simlib.context()
+        from .env import context
+        ctx = context()
+        # the learner's cells see the package as if they had imported it (a name handed to their code, not a
+        # dependency of this module's: the package's own entry point imports this one)
+        simlib = importlib.import_module(__package__)
         _namespace = {"__name__": "__distributed__", "torch": torch, "dist": dist, "simlib": simlib, "ctx": ctx,
                       "rank": ctx.rank, "world_size": ctx.world_size}
     return _namespace
@@ -119,8 +122,8 @@ def _make_magics():
             self._pids = None  # the workers that hold the namespaces
 
         def _cluster(self, world_size=None):
-            import simlib
-            shared = importlib.import_module("simlib.launch")._shared
+            launch = importlib.import_module(".launch", __package__)  # the module (simlib.launch is the function)
+            shared = launch._shared
             if shared is not None and world_size in (None, shared.world_size):
                 self.world_size = shared.world_size  # the kernel's warm cluster, whatever its options
                 return shared
@@ -129,7 +132,7 @@ def _make_magics():
                     print(f"simlib: {world_size} ranks instead of {self.world_size}: starting new workers "
                           "(variables from earlier cells are gone)", file=sys.stderr)
                 self.world_size = world_size
-            return simlib.cluster(self.world_size)
+            return launch.cluster(self.world_size)
 
         def _call(self, fn, *args, timeout=None):
             cluster = self._cluster()

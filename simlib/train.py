@@ -255,6 +255,7 @@ class TrainState:
     tokens: int = 0
     train_time: float = 0.0   # seconds of training so far (evaluation and checkpoints left out)
     shard: str = ""           # which part of the model this rank holds when ranks differ (TP/PP/ZeRO), e.g. "pp1"
+    scaler: object = None     # fp16's LossScaler: its scale and run of good steps resume with the run
 
     def state_dict(self) -> dict:
         model, optimizer = self.model.state_dict(), self.optimizer.state_dict()
@@ -263,7 +264,8 @@ class TrainState:
         return {"model": model, "optimizer": optimizer,
                 "scheduler": self.scheduler.state_dict(), "step": self.step,
                 "data": {"next_step": self.data_step, "samples": self.samples, "tokens": self.tokens},
-                "train_time": self.train_time, "rng": rng_state()}
+                "train_time": self.train_time, "rng": rng_state(),
+                **({"loss_scaler": self.scaler.state_dict()} if self.scaler is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         part = (lambda d: d[self.shard]) if self.shard else (lambda d: d)
@@ -278,6 +280,8 @@ class TrainState:
             self.data_step = int(state["data"]["next_step"])
             self.samples, self.tokens = int(state["data"]["samples"]), int(state["data"]["tokens"])
         self.train_time = float(state.get("train_time", self.train_time))
+        if "loss_scaler" in state and self.scaler is not None:
+            self.scaler.load_state_dict(state["loss_scaler"])
         if "rng" in state:
             set_rng_state(state["rng"])
 
@@ -331,6 +335,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     pm = parallelize(task.build_model().to(ctx.device), groups, plan, task, ctx.device, tl)
     optimizer, scheduler = build_optimizer(pm, plan, optim, total_steps)
     state = (state_type or TrainState)(pm.module, optimizer, scheduler, shard=_shard_name(plan, groups))
+    state.scaler = pm.scaler
     if plan.checkpoint_dir:
         from . import checkpoint  # torch.distributed.checkpoint, atomic
         state.meta = guards.run_meta(task, plan, optim, optim.decay_steps or total_steps)

@@ -86,3 +86,36 @@ def _one_rank_overflows():
 def test_the_skip_is_agreed_when_ranks_hold_different_gradients(cluster2):
     """Under TP, PP or ZeRO-2/3 ranks hold different gradients: one rank's overflow must stop every rank's step."""
     assert cluster2.call(_one_rank_overflows, timeout=60) == [False, False]
+
+
+def _overflow_then_resume(folder):
+    """Run 1: 2 steps, step 1 overflows (scale halved), checkpoint at step 2. Run 2 resumes to step 4."""
+    import torch.distributed as dist
+
+    from simlib.tasks import RegressionTask
+    from simlib.train import OptimConfig, train
+
+    class Overflow(RegressionTask):
+        def batch(self, step):
+            x, y = super().batch(step)
+            if step == 1:
+                x = x.clone()
+                x[0, 0] = float("inf")
+            return x, y
+
+    task = Overflow(width=16, depth=2, global_batch=16, num_samples=256)
+    plan = Plan(dp=2, loss_scaling=True, checkpoint_dir=folder, checkpoint_every=2)
+    optim = OptimConfig(lr=1e-2, decay_steps=4)  # one schedule for both runs: the second continues the first
+    first = train(task, plan, steps=2, optim=optim, log_every=1, verbose=False, measure_memory=False)
+    resumed = train(task, plan, steps=4, optim=optim, log_every=1, verbose=False, measure_memory=False)
+    return dist.get_rank(), [(r["step"], r["loss_scale"], r["skipped_steps"]) for r in first.rows + resumed.rows]
+
+
+def test_a_resumed_run_keeps_the_loss_scale(cluster2, tmp_path):
+    """The scaler's state is in the checkpoint: after a resume the halved scale and the skip count carry on
+    (a fresh scaler would start again at 2**16 and overflow again on a real fp16 run)."""
+    for rank, rows in cluster2.call(_overflow_then_resume, (str(tmp_path / "ckpt"),), timeout=120):
+        scale0 = rows[0][1]
+        resumed = [r for r in rows[2:]]
+        assert resumed and all(scale == scale0 / 2 and skipped == 1 for _, scale, skipped in resumed), (
+            f"rank {rank}: after the resume {rows}")

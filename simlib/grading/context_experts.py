@@ -6,7 +6,7 @@ round-robin, capacity ignored, gates left out) and names the one the answer matc
 """
 from __future__ import annotations
 
-from . import Result, _close, exercise, max_error
+from .core import Result, _close, exercise, max_error
 
 # ---- ring attention: forward with the online softmax ----
 

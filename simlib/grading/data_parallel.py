@@ -1,7 +1,7 @@
 """Checks for lessons 01-03: ring all-reduce, averaged gradients, bucketed data parallelism, accumulation."""
 from __future__ import annotations
 
-from . import Result, _close, exercise, max_error
+from .core import Result, _close, exercise, max_error
 
 # ---- shared by lessons 01-03: a tiny regression problem and its single-process reference ----
 

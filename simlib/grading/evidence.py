@@ -20,7 +20,7 @@ not do within a grading budget.
 """
 from __future__ import annotations
 
-from . import Result
+from .core import Result
 
 
 def tensor_state(state) -> dict | None:

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 
-from . import TODO, Result, exercise
+from .core import TODO, Result, exercise
 
 _STEPS, _EVERY, _STOP, _KILL = 12, 4, 6, 6
 PARTS = ("optimizer", "rng", "data")

@@ -1,7 +1,7 @@
 """Checks for lesson 07: the sharded optimizer (ZeRO-1) and a ZeRO-3 Linear (gather, free, reduce-scatter)."""
 from __future__ import annotations
 
-from . import Result, _close, exercise, max_error
+from .core import Result, _close, exercise, max_error
 
 # ---- ZeRO-1: ShardedOptimizer(params, optimizer_cls, **kwargs) ----
 

@@ -1,7 +1,7 @@
 """Checks for lessons 04-05: the 1F1B schedule, a pipeline stage with send/recv, tensor-parallel Linear."""
 from __future__ import annotations
 
-from . import Result, _close, exercise, max_error
+from .core import Result, _close, exercise, max_error
 from .data_parallel import _spy_all_reduce
 
 # ---- lesson 04: the 1F1B schedule, and a pipeline stage's forward/backward with send/recv ----

@@ -1,7 +1,7 @@
 """Check for lesson 09b's exercise: prefetching in ZeRO-3 (the next block's all-gather while this one computes)."""
 from __future__ import annotations
 
-from . import Result, _close, exercise
+from .core import Result, _close, exercise
 
 _STEPS = 2
 

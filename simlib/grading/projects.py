@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import TODO, Result, exercise
+from .core import TODO, Result, exercise
 from .evidence import check_consistent, check_first_loss, check_world_size, load_fixed
 
 RESULTS = Path("results/gpt")

@@ -12,7 +12,7 @@ step-0 loss, the last evaluation, the world size across every field the trainer 
 from __future__ import annotations
 
 
-from . import TODO, Result, exercise
+from .core import TODO, Result, exercise
 from .evidence import check_consistent, check_first_loss, check_world_size, load_fixed
 
 VISION_BUDGET_S = 60.0     # seconds of training (the record's train_time): evaluation not counted
