@@ -88,3 +88,64 @@ def test_split_must_divide():
     from simlib.parallel.tensor import _split
     with pytest.raises(ValueError, match="divisible"):
         _split(10, 4, "num_heads")
+
+
+def _sequence_parallel_gpt():
+    """The quick GPT split over the world by TP, with and without sequence parallelism: outputs, gradients,
+    the LayerNorm inputs each rank holds, and the bytes of each collective."""
+    import torch.distributed as dist
+
+    from simlib.parallel import tensor
+    from simlib.projects.gpt import GPTTask
+    from simlib.projects.gpt import model as gpt
+
+    task = GPTTask.quick()
+    x, y = task.batch(0)
+    out = {}
+    for sp in (False, True):
+        model, log = task.build_model(), tensor.CommLog()
+        gpt.tensor_parallel(model, dist.group.WORLD, log, sequence_parallel=sp)
+        held = []  # the LayerNorms' inputs: what a block keeps for its backward outside the split layers
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.register_forward_pre_hook(lambda mod, args: held.append(tuple(args[0].shape)))
+        logits = model(x)
+        task.loss(logits, y).backward()
+        split = {id(p) for m in model.modules() if isinstance(m, (tensor.ColumnParallelLinear,
+                                                                  tensor.RowParallelLinear))
+                 for p in ([m.weight, m.bias] if isinstance(m, tensor.ColumnParallelLinear) else [m.weight])}
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        for n, p in model.named_parameters():  # sum the replicated weights' gradients, as parallelize does
+            if id(p) not in split and sp:
+                dist.all_reduce(grads[n])
+        out[sp] = dict(logits=logits.detach(), held=held, grads=grads,
+                       bytes={k: sum(c[2] for c in log.calls if c[0].startswith(k)) for k in ("f:", "g:", "column",
+                                                                                           "row", "sp:")},
+                       names=sorted({c[0] for c in log.calls}))
+    return out
+
+
+def test_sequence_parallel_gpt_holds_s_over_t_and_matches_tp(cluster2):
+    """Megatron SP (Korthikanti et al. 2022): the same logits and gradients as plain TP; every LayerNorm input is
+    (B, S/t, H) instead of (B, S, H), so those activations take 1/t of the bytes; the blocks' collectives move the
+    same bytes (an all-reduce = a reduce-scatter + an all-gather)."""
+    from simlib.projects.gpt import GPTTask
+    task = GPTTask.quick()
+    outs = cluster2.call(_sequence_parallel_gpt, timeout=60)
+    t, b, s, h = 2, task.global_batch, task.seq_len, task.hidden
+    for rank, out in enumerate(outs):
+        tp, sp = out[False], out[True]
+        torch.testing.assert_close(sp["logits"], tp["logits"], rtol=1e-5, atol=1e-5)
+        for name, g in tp["grads"].items():
+            torch.testing.assert_close(sp["grads"][name], g, rtol=1e-4, atol=1e-6, msg=f"rank {rank} {name}")
+        lns = 2 * task.num_layers + 1
+        assert tp["held"] == [(b, s, h)] * lns and sp["held"] == [(b, s // t, h)] * lns, (tp["held"], sp["held"])
+        held_bytes = {k: sum(4 * x * y * z for x, y, z in out[k]["held"]) for k in (False, True)}
+        assert held_bytes[True] * t == held_bytes[False] == lns * b * s * h * 4
+        assert "f: all-reduce dL/dx" not in sp["names"] and "sp: reduce-scatter dL/dx" in sp["names"]
+        block_bytes = tp["bytes"]["row"] + tp["bytes"]["column"]   # 2 per block, forward and backward
+        assert block_bytes == 4 * task.num_layers * b * s * h * 4
+        logits_bytes = sp["logits"].numel() * 4  # the one extra: the logits gathered for the loss
+        # each all-reduce of P bytes becomes a reduce-scatter and an all-gather of P (payloads logged): twice the
+        # payload, the same bytes on the wire (ring: 2(t-1)/t P for the all-reduce, (t-1)/t P for each of the two)
+        assert sp["bytes"]["sp:"] == 2 * block_bytes + logits_bytes, (sp["bytes"], block_bytes, logits_bytes)

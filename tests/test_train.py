@@ -221,3 +221,32 @@ def test_3d_plan_equals_one_process_on_8_ranks(reference):
         torch.testing.assert_close(losses, ref_losses, **TOL, msg=f"{plan.label}, rank {rank}: losses")
         torch.testing.assert_close(norms, ref_norms, **TOL, msg=f"{plan.label}, rank {rank}: gradient norms")
         torch.testing.assert_close(eval_loss, ref_eval, **TOL, msg=f"{plan.label}, rank {rank}: eval loss")
+
+
+SP_PLANS = {2: [Plan(tp=2, sequence_parallel=True)],
+            4: [Plan(dp=2, tp=2, sequence_parallel=True, accumulation=2),
+                Plan(tp=2, pp=2, pp_microbatches=2, sequence_parallel=True)]}  # (B, S/tp, H) between the stages
+
+
+@pytest.mark.parametrize("world", [2, 4], ids=["tp2 sp", "dp2 tp2 sp acc2, tp2 pp2 sp"])
+def test_sequence_parallel_plans_equal_one_process(request, reference, world):
+    """Plan(sequence_parallel=True): LayerNorms and residuals on S/tp of the sequence, the replicated weights'
+    gradients summed over the TP group after the backward; the same run as one process."""
+    cluster = request.getfixturevalue(f"cluster{world}")
+    ref_losses, ref_norms, ref_eval = reference
+    for plan in SP_PLANS[world]:
+        for rank, (losses, norms, eval_loss) in enumerate(cluster.call(run_plan, (plan,), timeout=120)):
+            torch.testing.assert_close(losses, ref_losses, **TOL, msg=f"{plan.label}, rank {rank}: losses")
+            torch.testing.assert_close(norms, ref_norms, **TOL, msg=f"{plan.label}, rank {rank}: gradient norms")
+            torch.testing.assert_close(eval_loss, ref_eval, **TOL, msg=f"{plan.label}, rank {rank}: eval loss")
+
+
+@pytest.mark.parametrize("plan, world, words", [
+    (Plan(dp=2, sequence_parallel=True), 2, "but tp=1: use tp >= 2"),
+    (Plan(tp=4, sequence_parallel=True), 4, "seq_len is 30: use tp in \\[2, 3, 5"),
+])
+def test_bad_sequence_parallel_plans_are_refused(plan, world, words):
+    from simlib.projects.gpt import GPTTask
+    task = GPTTask.quick(seq_len=30, num_heads=4) if plan.tp == 4 else _task()
+    with pytest.raises(ValueError, match=words):
+        plan.validate(world, task)
