@@ -182,9 +182,10 @@ class Plan:
             raise ValueError(f"task {task.name!r} has no tensor_parallel(..., sequence_parallel) and seq_len: it "
                              "cannot split its sequences; use sequence_parallel=False, or a task that does (the GPT)")
         if self.sequence_parallel and task.seq_len % self.tp:
+            heads = getattr(task, "num_heads", 1)  # tp must divide the heads too (the GPT's check_plan)
+            ok = [t for t in _divisors(task.seq_len) if t > 1 and heads % t == 0]
             raise ValueError(f"sequence_parallel=True splits each sequence over tp={self.tp} ranks, but seq_len is "
-                             f"{task.seq_len}: use tp in {[t for t in _divisors(task.seq_len) if t > 1][:8]}, or "
-                             "sequence_parallel=False")
+                             f"{task.seq_len}: use tp in {ok[:8]}, or sequence_parallel=False")
         if self.activation_checkpointing and not hasattr(task, "blocks"):
             raise ValueError(f"task {task.name!r} has no blocks(): activation checkpointing needs them")
         if hasattr(task, "check_plan"):
