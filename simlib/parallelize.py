@@ -295,7 +295,8 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
         return pm
     if plan.zero_stage:
         blocks = task.blocks(model) if plan.zero_stage == 3 and hasattr(task, "blocks") else None
-        pm.wrapped = apply_zero(model, plan.zero_stage, groups.dp_group, blocks=blocks)
+        pm.wrapped = apply_zero(model, plan.zero_stage, groups.dp_group, blocks=blocks,
+                                param_dtype=precision.DTYPES.get(plan.mixed_precision) if plan.zero_stage == 3 else None)
         if plan.zero_stage == 3:
             pm.module = pm.wrapped  # its parameters are the shards; its forward gathers each block
     elif plan.dp * getattr(plan, "cp", 1) > 1 and getattr(plan, "ep", 1) == 1:  # ep: _average_expert_parallel
@@ -322,15 +323,16 @@ def _apply_context_experts(pm: ParallelModel, model: nn.Module, groups, plan, ta
             layer.shard_experts(groups.ep_group)
 
 
-def apply_zero(model: nn.Module, stage: int, group, blocks=None, comm_counter=None) -> nn.Module:
+def apply_zero(model: nn.Module, stage: int, group, blocks=None, comm_counter=None, param_dtype=None) -> nn.Module:
     """ZeRO ``stage`` over the data-parallel ``group``: ``ZeroDataParallel`` (stages 1, 2: attach its
-    ``ShardedOptimizer`` next) or ``Zero3`` (stage 3: each of ``blocks`` sharded; None: ``blocks_of(model)``)."""
+    ``ShardedOptimizer`` next) or ``Zero3`` (stage 3: each of ``blocks`` sharded; None: ``blocks_of(model)``;
+    ``param_dtype``: FSDP2's mixed-precision policy, weights cast before the all-gather, gradients reduced in fp32)."""
     if stage in (1, 2):
         from .parallel.zero import ZeroDataParallel
         return ZeroDataParallel(model, stage=stage, group=group, comm_counter=comm_counter)
     if stage == 3:
         from .parallel.zero3 import Zero3
-        return Zero3(model, blocks=blocks, group=group, comm_counter=comm_counter)
+        return Zero3(model, blocks=blocks, group=group, comm_counter=comm_counter, param_dtype=param_dtype)
     raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r}")
 
 
