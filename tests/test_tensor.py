@@ -109,7 +109,15 @@ def _sequence_parallel_gpt():
         for m in model.modules():
             if isinstance(m, torch.nn.LayerNorm):
                 m.register_forward_pre_hook(lambda mod, args: held.append(tuple(args[0].shape)))
-        logits = model(x)
+        params = {p.data_ptr() for p in model.parameters()}
+        saved = {}  # what autograd keeps for the backward (activations, not weights), by storage
+
+        def keep(t):
+            if t.is_floating_point() and t.data_ptr() not in params:  # (not token ids nor positions)
+                saved[t.data_ptr()] = max(saved.get(t.data_ptr(), 0), t.untyped_storage().nbytes())
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            logits = model(x)
         task.loss(logits, y).backward()
         split = {id(p) for m in model.modules() if isinstance(m, (tensor.ColumnParallelLinear,
                                                                   tensor.RowParallelLinear))
@@ -118,7 +126,7 @@ def _sequence_parallel_gpt():
         for n, p in model.named_parameters():  # sum the replicated weights' gradients, as parallelize does
             if id(p) not in split and sp:
                 dist.all_reduce(grads[n])
-        out[sp] = dict(logits=logits.detach(), held=held, grads=grads,
+        out[sp] = dict(logits=logits.detach(), held=held, grads=grads, saved=sum(saved.values()),
                        bytes={k: sum(c[2] for c in log.calls if c[0].startswith(k)) for k in ("f:", "g:", "column",
                                                                                            "row", "sp:")},
                        names=sorted({c[0] for c in log.calls}))
@@ -127,8 +135,9 @@ def _sequence_parallel_gpt():
 
 def test_sequence_parallel_gpt_holds_s_over_t_and_matches_tp(cluster2):
     """Megatron SP (Korthikanti et al. 2022): the same logits and gradients as plain TP; every LayerNorm input is
-    (B, S/t, H) instead of (B, S, H), so those activations take 1/t of the bytes; the blocks' collectives move the
-    same bytes (an all-reduce = a reduce-scatter + an all-gather)."""
+    (B, S/t, H) instead of (B, S, H), and the activations kept outside the split layers take 1/t of the bytes
+    (against the formula below); the collectives move TP's bytes (an all-reduce = a reduce-scatter + an
+    all-gather) plus the backward's re-gather of each column layer's input."""
     from simlib.projects.gpt import GPTTask
     task = GPTTask.quick()
     outs = cluster2.call(_sequence_parallel_gpt, timeout=60)
@@ -147,5 +156,13 @@ def test_sequence_parallel_gpt_holds_s_over_t_and_matches_tp(cluster2):
         assert block_bytes == 4 * task.num_layers * b * s * h * 4
         logits_bytes = sp["logits"].numel() * 4  # the one extra: the logits gathered for the loss
         # each all-reduce of P bytes becomes a reduce-scatter and an all-gather of P (payloads logged): twice the
-        # payload, the same bytes on the wire (ring: 2(t-1)/t P for the all-reduce, (t-1)/t P for each of the two)
-        assert sp["bytes"]["sp:"] == 2 * block_bytes + logits_bytes, (sp["bytes"], block_bytes, logits_bytes)
+        # payload, the same bytes on the wire (ring: 2(t-1)/t P for the all-reduce, (t-1)/t P for each of the two);
+        # plus one all-gather of P per column layer in backward: its input is re-gathered, not kept (Megatron's way)
+        regather = 2 * task.num_layers * b * s * h * 4
+        assert sp["bytes"]["sp:"] == 2 * block_bytes + regather + logits_bytes, (sp["bytes"], block_bytes)
+        # activation memory: what plain TP keeps whole outside its split layers -- per block the two LayerNorm
+        # inputs and the inputs of QKV and fc1 (4 s·b·h values; Korthikanti et al.'s "10 sbh" in fp16 counts 2 more
+        # for dropout masks, this GPT has none), plus ln_f's input and output, and each LayerNorm's mean and 1/std
+        # (b·s each) -- SP keeps 1/t of. Measured: the autograd-saved bytes of this rank, TP minus SP.
+        outside = (4 * task.num_layers + 2) * b * s * h * 4 + (2 * task.num_layers + 1) * 2 * b * s * 4
+        assert tp["saved"] - sp["saved"] == outside * (t - 1) // t, (tp["saved"], sp["saved"], outside)

@@ -196,11 +196,35 @@ class ColumnParallelLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight = ctx.saved_tensors
+        x, weight = (t.to(grad_y.dtype) for t in ctx.saved_tensors)  # autocast: a bf16 dL/dy, fp32 saved tensors
         grad_x = None
         if ctx.needs_input_grad[0]:  # (the first layer's input needs none: then no all-reduce either)
             grad_x = _all_reduce((grad_y @ weight).contiguous(), ctx.group, ctx.log, "column: all-reduce dL/dx")
         grad_w = grad_y.reshape(-1, grad_y.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+        grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
+        return grad_x, grad_w, grad_b, None, None
+
+
+class SequenceParallelColumnFunction(torch.autograd.Function):
+    """The column-parallel Linear entered from a sequence-parallel region: all-gather ``x`` (this rank's S/t of
+    the sequence), then ``x @ w_r.T + b_r``. Only the local ``x`` is kept for backward, which all-gathers it again
+    (Megatron-LM does the same): the saved input is 1/t of plain TP's; dL/dx is reduce-scattered, not all-reduced.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, log=None):
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.log, ctx.has_bias = group, log, bias is not None
+        return nn.functional.linear(_gather_seq(x, group, log, "sp: all-gather x"), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight = ctx.saved_tensors
+        full = _gather_seq(x, ctx.group, ctx.log, "sp: all-gather x again").to(grad_y.dtype)  # not kept: re-gathered
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _scatter_seq(grad_y @ weight.to(grad_y.dtype), ctx.group, ctx.log, "sp: reduce-scatter dL/dx")
+        grad_w = grad_y.reshape(-1, grad_y.shape[-1]).T @ full.reshape(-1, full.shape[-1])
         grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
         return grad_x, grad_w, grad_b, None, None
 
@@ -217,7 +241,7 @@ class RowParallelLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight = ctx.saved_tensors
+        x, weight = (t.to(grad_y.dtype) for t in ctx.saved_tensors)  # (autograd casts the grads back to fp32)
         grad_x = grad_y @ weight
         grad_w = grad_y.reshape(-1, grad_y.shape[-1]).T @ x.reshape(-1, x.shape[-1])
         grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
@@ -266,9 +290,8 @@ class ColumnParallelLinear(nn.Module):
         return layer
 
     def forward(self, x):
-        if self.sequence_parallel:
-            x = GatherFromSequenceParallel.apply(x, self.group, self.log)
-            return nn.functional.linear(x, self.weight, self.bias)
+        if self.sequence_parallel:  # GatherFromSequenceParallel and the Linear, keeping only the local input
+            return SequenceParallelColumnFunction.apply(x, self.weight, self.bias, self.group, self.log)
         return ColumnParallelLinearFunction.apply(x, self.weight, self.bias, self.group, self.log)
 
 
