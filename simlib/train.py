@@ -59,7 +59,9 @@ class Plan:
     gradients are averaged over the ``dp x cp`` ranks. Expert parallelism (``ep``) shares a mixture-of-experts
     model's experts out over groups of ``ep`` of those ``dp x cp`` ranks (it divides ``dp x cp`` and adds no
     ranks); tokens travel to their experts by all-to-all. ``cp``/``ep`` compose with dp, accumulation,
-    recomputation and bf16; with tp, pp or ZeRO they are refused by :meth:`validate`."""
+    recomputation and bf16; with tp, pp or ZeRO they are refused by :meth:`validate`. ``sequence_parallel``
+    (tp > 1, seq_len divisible by tp): Megatron's sequence parallelism in the TP regions. ``mixed_precision`` with
+    ``zero_stage=3`` is FSDP2's policy: weights gathered in that dtype, gradients reduced in fp32, fp32 shards."""
 
     dp: int = 1                          # data-parallel degree
     tp: int = 1                          # tensor-parallel degree (attention by heads, MLP by columns)

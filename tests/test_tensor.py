@@ -102,6 +102,17 @@ def _sequence_parallel_gpt():
     task = GPTTask.quick()
     x, y = task.batch(0)
     out = {}
+    # the two functions on their own: x -> all-gather -> x (rank + 1) -> reduce-scatter is x * sum(k + 1); the
+    # backward, all-gather then reduce-scatter of dL/dy, gives dL/dx = dL/dy * sum(k + 1)
+    rank, t = dist.get_rank(), dist.get_world_size()
+    local = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(rank), requires_grad=True)
+    full = tensor.GatherFromSequenceParallel.apply(local, dist.group.WORLD)
+    part = tensor.ReduceScatterToSequenceParallel.apply(full * (rank + 1), dist.group.WORLD)
+    weight = torch.randn(part.shape, generator=torch.Generator().manual_seed(10 + rank))
+    (part * weight).sum().backward()
+    total = t * (t + 1) // 2
+    out["pair"] = (full.shape == (2, 3 * t, 4), float((part - total * local).abs().max()),
+                   float((local.grad - total * weight).abs().max()))
     for sp in (False, True):
         model, log = task.build_model(), tensor.CommLog()
         gpt.tensor_parallel(model, dist.group.WORLD, log, sequence_parallel=sp)
@@ -143,6 +154,7 @@ def test_sequence_parallel_gpt_holds_s_over_t_and_matches_tp(cluster2):
     outs = cluster2.call(_sequence_parallel_gpt, timeout=60)
     t, b, s, h = 2, task.global_batch, task.seq_len, task.hidden
     for rank, out in enumerate(outs):
+        assert out["pair"][0] and max(out["pair"][1:]) < 1e-5, out["pair"]
         tp, sp = out[False], out[True]
         torch.testing.assert_close(sp["logits"], tp["logits"], rtol=1e-5, atol=1e-5)
         for name, g in tp["grads"].items():
