@@ -74,7 +74,7 @@ def check_plan_fields(plan) -> None:
         raise ValueError(f"Plan.checkpoint_every must be an int >= 0 (0: never), got {plan.checkpoint_every!r}")
     if not _is_real(plan.bucket_cap_mb) or not plan.bucket_cap_mb > 0:
         raise ValueError(f"Plan.bucket_cap_mb must be a number > 0, got {plan.bucket_cap_mb!r}")
-    for name in ("activation_checkpointing", "sync_batchnorm"):
+    for name in ("activation_checkpointing", "sync_batchnorm", "sequence_parallel"):
         if not isinstance(getattr(plan, name), bool):
             raise ValueError(f"Plan.{name} must be True or False, got {getattr(plan, name)!r}")
     if plan.checkpoint_dir is not None and not isinstance(plan.checkpoint_dir, (str, bytes)) and \

@@ -3,7 +3,9 @@
 In torchtitan's spirit (``parallelize_llama``): the library holds mechanisms, this function composes them
 in a fixed order, and the training loop never asks which were applied.
 
-    1. tensor parallelism     ``task.tensor_parallel(model, tp_group, log)``   (simlib.parallel.tensor)
+    1. tensor parallelism     ``task.tensor_parallel(model, tp_group, log)``   (simlib.parallel.tensor);
+                              ``plan.sequence_parallel``: with ``sequence_parallel=True``, and after each
+                              backward the replicated weights' gradients summed over the TP group
     2. activation checkpoint  ``torch.utils.checkpoint`` around each of ``task.blocks(model)``
     3. pipeline parallelism   ``task.pipeline_stages(model, pp_rank, pp)`` run by the schedules-as-data
                               executor (simlib.parallel.pipeline); gradients all-reduced over the DP group
@@ -108,10 +110,26 @@ class ParallelModel:
         Returns this rank's mean loss (a float), or None on pipeline ranks without the last stage.
         """
         if self.plan.pp > 1:
-            return self._pipeline_step(x, y)
-        if self.split is not None or self.moe:
-            return self._context_expert_step(x, y)
-        return self._accumulation_step(x, y)
+            loss = self._pipeline_step(x, y)
+        elif self.split is not None or self.moe:
+            loss = self._context_expert_step(x, y)
+        else:
+            loss = self._accumulation_step(x, y)
+        if getattr(self.plan, "sequence_parallel", False):
+            with _span(self.timeline, "comm", "sequence-parallel grads"):
+                self._sum_sequence_parallel()
+        return loss
+
+    def _sum_sequence_parallel(self) -> None:
+        """Sequence parallelism: each TP rank's gradient of a replicated weight (LayerNorms, embeddings, the
+        row-parallel biases) covers its block of the sequence only; the sum over the TP group is the whole."""
+        split = tensor_parallel_sharded(self.module)
+        grads = [p.grad for p in unique_parameters(self.module) if p.grad is not None and id(p) not in split]
+        if grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=self.groups.tp_group)
+            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(part.view_as(g))
 
     def _context_expert_step(self, x, y):
         """The accumulation step with this rank's slice of each sequence (cp) and the MoE layers routing over
@@ -245,7 +263,8 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
     full_model = model
     if plan.tp > 1:
         from .parallel.tensor import CommLog
-        model = task.tensor_parallel(model, groups.tp_group, log=CommLog(timeline=timeline)).to(device)
+        sp = {"sequence_parallel": True} if getattr(plan, "sequence_parallel", False) else {}
+        model = task.tensor_parallel(model, groups.tp_group, log=CommLog(timeline=timeline), **sp).to(device)
     if getattr(plan, "sync_batchnorm", False) and plan.dp > 1:
         from .parallel.batchnorm import convert_sync_batchnorm
         model = convert_sync_batchnorm(model, groups.dp_group)
@@ -276,7 +295,8 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
         return pm
     if plan.zero_stage:
         blocks = task.blocks(model) if plan.zero_stage == 3 and hasattr(task, "blocks") else None
-        pm.wrapped = apply_zero(model, plan.zero_stage, groups.dp_group, blocks=blocks)
+        pm.wrapped = apply_zero(model, plan.zero_stage, groups.dp_group, blocks=blocks,
+                                param_dtype=precision.DTYPES.get(plan.mixed_precision) if plan.zero_stage == 3 else None)
         if plan.zero_stage == 3:
             pm.module = pm.wrapped  # its parameters are the shards; its forward gathers each block
     elif plan.dp * getattr(plan, "cp", 1) > 1 and getattr(plan, "ep", 1) == 1:  # ep: _average_expert_parallel
@@ -303,15 +323,16 @@ def _apply_context_experts(pm: ParallelModel, model: nn.Module, groups, plan, ta
             layer.shard_experts(groups.ep_group)
 
 
-def apply_zero(model: nn.Module, stage: int, group, blocks=None, comm_counter=None) -> nn.Module:
+def apply_zero(model: nn.Module, stage: int, group, blocks=None, comm_counter=None, param_dtype=None) -> nn.Module:
     """ZeRO ``stage`` over the data-parallel ``group``: ``ZeroDataParallel`` (stages 1, 2: attach its
-    ``ShardedOptimizer`` next) or ``Zero3`` (stage 3: each of ``blocks`` sharded; None: ``blocks_of(model)``)."""
+    ``ShardedOptimizer`` next) or ``Zero3`` (stage 3: each of ``blocks`` sharded; None: ``blocks_of(model)``;
+    ``param_dtype``: FSDP2's mixed-precision policy, weights cast before the all-gather, gradients reduced in fp32)."""
     if stage in (1, 2):
         from .parallel.zero import ZeroDataParallel
         return ZeroDataParallel(model, stage=stage, group=group, comm_counter=comm_counter)
     if stage == 3:
         from .parallel.zero3 import Zero3
-        return Zero3(model, blocks=blocks, group=group, comm_counter=comm_counter)
+        return Zero3(model, blocks=blocks, group=group, comm_counter=comm_counter, param_dtype=param_dtype)
     raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r}")
 
 

@@ -12,6 +12,7 @@ per logged step and per evaluation) and ``out_dir/summary.json``; every rank get
 """
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -58,10 +59,13 @@ class Plan:
     gradients are averaged over the ``dp x cp`` ranks. Expert parallelism (``ep``) shares a mixture-of-experts
     model's experts out over groups of ``ep`` of those ``dp x cp`` ranks (it divides ``dp x cp`` and adds no
     ranks); tokens travel to their experts by all-to-all. ``cp``/``ep`` compose with dp, accumulation,
-    recomputation and bf16; with tp, pp or ZeRO they are refused by :meth:`validate`."""
+    recomputation and bf16; with tp, pp or ZeRO they are refused by :meth:`validate`. ``sequence_parallel``
+    (tp > 1, seq_len divisible by tp): Megatron's sequence parallelism in the TP regions. ``mixed_precision`` with
+    ``zero_stage=3`` is FSDP2's policy: weights gathered in that dtype, gradients reduced in fp32, fp32 shards."""
 
     dp: int = 1                          # data-parallel degree
     tp: int = 1                          # tensor-parallel degree (attention by heads, MLP by columns)
+    sequence_parallel: bool = False      # with tp > 1: LayerNorms/residuals hold S/tp of the sequence (Megatron SP)
     pp: int = 1                          # pipeline stages
     cp: int = 1                          # context-parallel degree: each sequence split over cp ranks (ring attention)
     ep: int = 1                          # expert-parallel degree: MoE experts shared out over ep of the dp x cp ranks
@@ -128,6 +132,8 @@ class Plan:
                                               ("ep", self.ep)) if n > 1]
         if self.pp > 1:
             parts.append(f"{self.schedule} m{self.microbatches}")
+        if self.sequence_parallel:
+            parts.append("sp")
         if self.accumulation > 1:
             parts.append(f"acc{self.accumulation}")
         if self.mixed_precision:
@@ -152,6 +158,9 @@ class Plan:
                              + (f" (or dp={world_size // self.cp} cp={self.cp})" if cp and world_size % self.cp == 0
                                 else ""))
         _check_context_experts(self)
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel=True splits the sequence over the tensor-parallel ranks, but tp=1: "
+                             "use tp >= 2 with it (e.g. Plan(tp=2, sequence_parallel=True)), or sequence_parallel=False")
         if self.mixed_precision == "fp16" and not torch.cuda.is_available():
             raise ValueError("fp16 needs a GPU (autocast to fp16 and loss scaling); on CPU use mixed_precision='bf16' "
                              "(fp32's range, no scaling), or Plan(loss_scaling=True) to run the scaling path in fp32")
@@ -170,6 +179,15 @@ class Plan:
             if degree > 1 and not hasattr(task, method):
                 raise ValueError(f"task {task.name!r} has no {method}(): it cannot be split that way; "
                                  "use data parallelism (dp) only, or a task that implements it (the GPT)")
+        if self.sequence_parallel and ("sequence_parallel" not in inspect.signature(task.tensor_parallel).parameters
+                                       or not isinstance(getattr(task, "seq_len", None), int)):
+            raise ValueError(f"task {task.name!r} has no tensor_parallel(..., sequence_parallel) and seq_len: it "
+                             "cannot split its sequences; use sequence_parallel=False, or a task that does (the GPT)")
+        if self.sequence_parallel and task.seq_len % self.tp:
+            heads = getattr(task, "num_heads", 1)  # tp must divide the heads too (the GPT's check_plan)
+            ok = [t for t in _divisors(task.seq_len) if t > 1 and heads % t == 0]
+            raise ValueError(f"sequence_parallel=True splits each sequence over tp={self.tp} ranks, but seq_len is "
+                             f"{task.seq_len}: use tp in {ok[:8]}, or sequence_parallel=False")
         if self.activation_checkpointing and not hasattr(task, "blocks"):
             raise ValueError(f"task {task.name!r} has no blocks(): activation checkpointing needs them")
         if hasattr(task, "check_plan"):

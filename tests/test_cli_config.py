@@ -151,3 +151,11 @@ def test_context_and_expert_plans_from_the_command_line():
         cli_train.resolve(_args("gpt", "--quick", "--plan.ep", "2"))
     with pytest.raises(ValueError, match="not with tensor parallelism"):
         cli_train.resolve(_args("gpt", "--quick", "--world-size", "4", "--plan.cp", "2", "--plan.tp", "2"))
+
+
+def test_sequence_parallel_from_the_command_line():
+    spec = cli_train.resolve(_args("gpt", "--quick", "--plan.tp", "2", "--plan.sequence-parallel"))
+    plan = spec.plans["dp"]
+    assert (plan.tp, plan.sequence_parallel, plan.label) == (2, True, "tp2 sp")
+    with pytest.raises(ValueError, match="but tp=1: use tp >= 2"):
+        cli_train.resolve(_args("gpt", "--quick", "--plan.sequence-parallel"))

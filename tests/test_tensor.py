@@ -88,3 +88,93 @@ def test_split_must_divide():
     from simlib.parallel.tensor import _split
     with pytest.raises(ValueError, match="divisible"):
         _split(10, 4, "num_heads")
+
+
+def _sequence_parallel_gpt():
+    """The quick GPT split over the world by TP, with and without sequence parallelism: outputs, gradients,
+    the LayerNorm inputs each rank holds, and the bytes of each collective."""
+    import torch.distributed as dist
+
+    from simlib.parallel import tensor
+    from simlib.projects.gpt import GPTTask
+    from simlib.projects.gpt import model as gpt
+
+    task = GPTTask.quick()
+    x, y = task.batch(0)
+    out = {}
+    # the two functions on their own: x -> all-gather -> x (rank + 1) -> reduce-scatter is x * sum(k + 1); the
+    # backward, all-gather then reduce-scatter of dL/dy, gives dL/dx = dL/dy * sum(k + 1)
+    rank, t = dist.get_rank(), dist.get_world_size()
+    local = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(rank), requires_grad=True)
+    full = tensor.GatherFromSequenceParallel.apply(local, dist.group.WORLD)
+    part = tensor.ReduceScatterToSequenceParallel.apply(full * (rank + 1), dist.group.WORLD)
+    weight = torch.randn(part.shape, generator=torch.Generator().manual_seed(10 + rank))
+    (part * weight).sum().backward()
+    total = t * (t + 1) // 2
+    out["pair"] = (full.shape == (2, 3 * t, 4), float((part - total * local).abs().max()),
+                   float((local.grad - total * weight).abs().max()))
+    for sp in (False, True):
+        model, log = task.build_model(), tensor.CommLog()
+        gpt.tensor_parallel(model, dist.group.WORLD, log, sequence_parallel=sp)
+        held = []  # the LayerNorms' inputs: what a block keeps for its backward outside the split layers
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.register_forward_pre_hook(lambda mod, args: held.append(tuple(args[0].shape)))
+        params = {p.data_ptr() for p in model.parameters()}
+        saved = {}  # what autograd keeps for the backward (activations, not weights), by storage
+
+        def keep(t):
+            if t.is_floating_point() and t.data_ptr() not in params:  # (not token ids nor positions)
+                saved[t.data_ptr()] = max(saved.get(t.data_ptr(), 0), t.untyped_storage().nbytes())
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            logits = model(x)
+        task.loss(logits, y).backward()
+        split = {id(p) for m in model.modules() if isinstance(m, (tensor.ColumnParallelLinear,
+                                                                  tensor.RowParallelLinear))
+                 for p in ([m.weight, m.bias] if isinstance(m, tensor.ColumnParallelLinear) else [m.weight])}
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        for n, p in model.named_parameters():  # sum the replicated weights' gradients, as parallelize does
+            if id(p) not in split and sp:
+                dist.all_reduce(grads[n])
+        out[sp] = dict(logits=logits.detach(), held=held, grads=grads, saved=sum(saved.values()),
+                       bytes={k: sum(c[2] for c in log.calls if c[0].startswith(k)) for k in ("f:", "g:", "column",
+                                                                                           "row", "sp:")},
+                       names=sorted({c[0] for c in log.calls}))
+    return out
+
+
+def test_sequence_parallel_gpt_holds_s_over_t_and_matches_tp(cluster2):
+    """Megatron SP (Korthikanti et al. 2022): the same logits and gradients as plain TP; every LayerNorm input is
+    (B, S/t, H) instead of (B, S, H), and the activations kept outside the split layers take 1/t of the bytes
+    (against the formula below); the collectives move TP's bytes (an all-reduce = a reduce-scatter + an
+    all-gather) plus the backward's re-gather of each column layer's input."""
+    from simlib.projects.gpt import GPTTask
+    task = GPTTask.quick()
+    outs = cluster2.call(_sequence_parallel_gpt, timeout=60)
+    t, b, s, h = 2, task.global_batch, task.seq_len, task.hidden
+    for rank, out in enumerate(outs):
+        assert out["pair"][0] and max(out["pair"][1:]) < 1e-5, out["pair"]
+        tp, sp = out[False], out[True]
+        torch.testing.assert_close(sp["logits"], tp["logits"], rtol=1e-5, atol=1e-5)
+        for name, g in tp["grads"].items():
+            torch.testing.assert_close(sp["grads"][name], g, rtol=1e-4, atol=1e-6, msg=f"rank {rank} {name}")
+        lns = 2 * task.num_layers + 1
+        assert tp["held"] == [(b, s, h)] * lns and sp["held"] == [(b, s // t, h)] * lns, (tp["held"], sp["held"])
+        held_bytes = {k: sum(4 * x * y * z for x, y, z in out[k]["held"]) for k in (False, True)}
+        assert held_bytes[True] * t == held_bytes[False] == lns * b * s * h * 4
+        assert "f: all-reduce dL/dx" not in sp["names"] and "sp: reduce-scatter dL/dx" in sp["names"]
+        block_bytes = tp["bytes"]["row"] + tp["bytes"]["column"]   # 2 per block, forward and backward
+        assert block_bytes == 4 * task.num_layers * b * s * h * 4
+        logits_bytes = sp["logits"].numel() * 4  # the one extra: the logits gathered for the loss
+        # each all-reduce of P bytes becomes a reduce-scatter and an all-gather of P (payloads logged): twice the
+        # payload, the same bytes on the wire (ring: 2(t-1)/t P for the all-reduce, (t-1)/t P for each of the two);
+        # plus one all-gather of P per column layer in backward: its input is re-gathered, not kept (Megatron's way)
+        regather = 2 * task.num_layers * b * s * h * 4
+        assert sp["bytes"]["sp:"] == 2 * block_bytes + regather + logits_bytes, (sp["bytes"], block_bytes)
+        # activation memory: what plain TP keeps whole outside its split layers -- per block the two LayerNorm
+        # inputs and the inputs of QKV and fc1 (4 s·b·h values; Korthikanti et al.'s "10 sbh" in fp16 counts 2 more
+        # for dropout masks, this GPT has none), plus ln_f's input and output, and each LayerNorm's mean and 1/std
+        # (b·s each) -- SP keeps 1/t of. Measured: the autograd-saved bytes of this rank, TP minus SP.
+        outside = (4 * task.num_layers + 2) * b * s * h * 4 + (2 * task.num_layers + 1) * 2 * b * s * 4
+        assert tp["saved"] - sp["saved"] == outside * (t - 1) // t, (tp["saved"], sp["saved"], outside)

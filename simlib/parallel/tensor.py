@@ -14,6 +14,12 @@ Column then row (the Megatron MLP, or attention split by heads) costs one all-re
 output (B·S·H values) in forward and one of its input gradient in backward, whatever the ffn width.
 Every all-reduce is recorded in a :class:`CommLog` (calls, bytes, seconds) and, when given, as a "comm"
 span of a :class:`simlib.timeline.Timeline`, so the volume can be measured against :func:`comm_volume`.
+
+Sequence parallelism (Korthikanti et al. 2022, "Reducing activation recomputation in large transformer models",
+sec. 4.2.2): between the TP regions (LayerNorms, residuals, dropout) each rank keeps only S/t of the sequence.
+Entering a region all-gathers the sequence (backward: reduce-scatter), leaving it reduce-scatters the partial
+sums (backward: all-gather) instead of the all-reduce: the same bytes (an all-reduce is a reduce-scatter then an
+all-gather), and the activations outside the regions shrink t-fold.
 """
 from __future__ import annotations
 
@@ -43,6 +49,33 @@ class CommLog:
             self.timeline.add("comm", start, end, name=name)
         return t
 
+    def all_gather(self, t: torch.Tensor, group, name: str, dim: int = 1) -> torch.Tensor:
+        """Concatenate every rank's ``t`` along ``dim`` (logged: the gathered tensor's bytes)."""
+        start = time.perf_counter()
+        n = dist.get_world_size(group)
+        local = t.movedim(dim, 0).contiguous()
+        out = local.new_empty((n * local.shape[0], *local.shape[1:]))
+        _all_gather_tensor(out, local, group=group)
+        end = time.perf_counter()
+        self._log(name, out, start, end)
+        return out.movedim(0, dim)
+
+    def reduce_scatter(self, t: torch.Tensor, group, name: str, dim: int = 1) -> torch.Tensor:
+        """Sum ``t`` over the ranks and keep this rank's block ``rank`` of ``dim`` (logged: ``t``'s bytes)."""
+        start = time.perf_counter()
+        n = dist.get_world_size(group)
+        full = t.movedim(dim, 0).contiguous()
+        out = full.new_empty((full.shape[0] // n, *full.shape[1:]))
+        _reduce_scatter_tensor(out, full, group=group)
+        end = time.perf_counter()
+        self._log(name, full, start, end)
+        return out.movedim(0, dim)
+
+    def _log(self, name, t, start, end) -> None:
+        self.calls.append((name, t.numel(), t.numel() * t.element_size(), end - start))
+        if self.timeline is not None:
+            self.timeline.add("comm", start, end, name=name)
+
     @property
     def bytes(self) -> int:
         return sum(c[2] for c in self.calls)
@@ -55,8 +88,21 @@ class CommLog:
         self.calls.clear()
 
 
+# torch 2.13 renamed the tensor-in/tensor-out collectives; older torch (>= 2.4) has the first names only
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _all_reduce(t, group, log, name):
     return log.all_reduce(t, group, name) if log is not None else (dist.all_reduce(t, group=group), t)[1]
+
+
+def _gather_seq(t, group, log, name):
+    return (log or CommLog()).all_gather(t, group, name)
+
+
+def _scatter_seq(t, group, log, name):
+    return (log or CommLog()).reduce_scatter(t, group, name)
 
 
 # ── Megatron's f and g, on their own ─────────────────────────────────────────────────────────────────────
@@ -85,6 +131,59 @@ class ReduceFromTensorParallel(torch.autograd.Function):
         return grad, None, None
 
 
+# ── sequence parallelism: the two that replace f and g ───────────────────────────────────────────────────
+class GatherFromSequenceParallel(torch.autograd.Function):
+    """Entering a TP region: all-gather the sequence (dim 1) in forward; reduce-scatter dL/dx in backward
+    (each rank's heads/columns give a partial dL/dx of the whole sequence; this rank keeps its summed block)."""
+
+    @staticmethod
+    def forward(ctx, x, group, log=None):
+        ctx.group, ctx.log = group, log
+        return _gather_seq(x, group, log, "sp: all-gather x")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _scatter_seq(grad, ctx.group, ctx.log, "sp: reduce-scatter dL/dx"), None, None
+
+
+class ReduceScatterToSequenceParallel(torch.autograd.Function):
+    """Leaving a TP region: reduce-scatter the partial sums along the sequence (dim 1) in forward, instead of
+    ``g``'s all-reduce; all-gather dL/dy in backward (every rank's partial output touched the whole sequence)."""
+
+    @staticmethod
+    def forward(ctx, y, group, log=None):
+        ctx.group, ctx.log = group, log
+        return _scatter_seq(y, group, log, "sp: reduce-scatter y")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_seq(grad, ctx.group, ctx.log, "sp: all-gather dL/dy"), None, None
+
+
+class GatherSequenceReplicated(torch.autograd.Function):
+    """The end of the sequence-parallel model: all-gather the sequence for a computation every rank repeats
+    (the loss); backward keeps this rank's block of dL/dy, no communication (each rank counts its own tokens)."""
+
+    @staticmethod
+    def forward(ctx, x, group, log=None):
+        ctx.rank, ctx.local = dist.get_rank(group), x.shape[1]
+        return _gather_seq(x, group, log, "sp: all-gather output")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[:, ctx.rank * ctx.local:(ctx.rank + 1) * ctx.local], None, None
+
+
+def sequence_slice(length: int, group) -> slice:
+    """This rank's block of a sequence of ``length`` under sequence parallelism over ``group``."""
+    rank, size = _tp(group)
+    if length % size:
+        raise ValueError(f"rank {dist.get_rank()}: sequence parallelism splits the sequence over {size} ranks but "
+                         f"it has {length} positions: use a length that is a multiple of {size}")
+    n = length // size
+    return slice(rank * n, (rank + 1) * n)
+
+
 # ── the two linear layers as autograd functions ──────────────────────────────────────────────────────────
 class ColumnParallelLinearFunction(torch.autograd.Function):
     """``y_r = x @ w_r.T + b_r`` with ``w_r`` this rank's output rows; backward all-reduces dL/dx."""
@@ -97,11 +196,35 @@ class ColumnParallelLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight = ctx.saved_tensors
+        x, weight = (t.to(grad_y.dtype) for t in ctx.saved_tensors)  # autocast: a bf16 dL/dy, fp32 saved tensors
         grad_x = None
         if ctx.needs_input_grad[0]:  # (the first layer's input needs none: then no all-reduce either)
             grad_x = _all_reduce((grad_y @ weight).contiguous(), ctx.group, ctx.log, "column: all-reduce dL/dx")
         grad_w = grad_y.reshape(-1, grad_y.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+        grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
+        return grad_x, grad_w, grad_b, None, None
+
+
+class SequenceParallelColumnFunction(torch.autograd.Function):
+    """The column-parallel Linear entered from a sequence-parallel region: all-gather ``x`` (this rank's S/t of
+    the sequence), then ``x @ w_r.T + b_r``. Only the local ``x`` is kept for backward, which all-gathers it again
+    (Megatron-LM does the same): the saved input is 1/t of plain TP's; dL/dx is reduce-scattered, not all-reduced.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, log=None):
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.log, ctx.has_bias = group, log, bias is not None
+        return nn.functional.linear(_gather_seq(x, group, log, "sp: all-gather x"), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight = ctx.saved_tensors
+        full = _gather_seq(x, ctx.group, ctx.log, "sp: all-gather x again").to(grad_y.dtype)  # not kept: re-gathered
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _scatter_seq(grad_y @ weight.to(grad_y.dtype), ctx.group, ctx.log, "sp: reduce-scatter dL/dx")
+        grad_w = grad_y.reshape(-1, grad_y.shape[-1]).T @ full.reshape(-1, full.shape[-1])
         grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
         return grad_x, grad_w, grad_b, None, None
 
@@ -118,7 +241,7 @@ class RowParallelLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight = ctx.saved_tensors
+        x, weight = (t.to(grad_y.dtype) for t in ctx.saved_tensors)  # (autograd casts the grads back to fp32)
         grad_x = grad_y @ weight
         grad_w = grad_y.reshape(-1, grad_y.shape[-1]).T @ x.reshape(-1, x.shape[-1])
         grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0) if ctx.has_bias else None
@@ -137,7 +260,12 @@ def _split(n: int, tp_size: int, what: str) -> int:
 
 
 class ColumnParallelLinear(nn.Module):
-    """A Linear whose output features are split over the group; the output stays split."""
+    """A Linear whose output features are split over the group; the output stays split.
+
+    ``sequence_parallel``: the input is this rank's block of the sequence, all-gathered first (backward:
+    dL/dx reduce-scattered, so no all-reduce)."""
+
+    sequence_parallel = False
 
     def __init__(self, in_features, out_features, group=None, bias=True, log: CommLog | None = None):
         super().__init__()
@@ -162,11 +290,17 @@ class ColumnParallelLinear(nn.Module):
         return layer
 
     def forward(self, x):
+        if self.sequence_parallel:  # GatherFromSequenceParallel and the Linear, keeping only the local input
+            return SequenceParallelColumnFunction.apply(x, self.weight, self.bias, self.group, self.log)
         return ColumnParallelLinearFunction.apply(x, self.weight, self.bias, self.group, self.log)
 
 
 class RowParallelLinear(nn.Module):
-    """A Linear whose input features are split over the group; takes split input, returns the full output."""
+    """A Linear whose input features are split over the group; takes split input, returns the full output.
+
+    ``sequence_parallel``: returns this rank's block of the sequence (reduce-scatter instead of all-reduce)."""
+
+    sequence_parallel = False
 
     def __init__(self, in_features, out_features, group=None, bias=True, log: CommLog | None = None):
         super().__init__()
@@ -189,6 +323,9 @@ class RowParallelLinear(nn.Module):
         return layer
 
     def forward(self, x):
+        if self.sequence_parallel:
+            y = ReduceScatterToSequenceParallel.apply(nn.functional.linear(x, self.weight), self.group, self.log)
+            return y + self.bias if self.bias is not None else y
         return RowParallelLinearFunction.apply(x, self.weight, self.bias, self.group, self.log)
 
 

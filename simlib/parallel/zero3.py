@@ -5,6 +5,11 @@ Before a block's forward (and again before its backward) its shards are all-gath
 buffer, and freed after; the gradient of the buffer is reduce-scattered back to the shards (mean over the group).
 Shards are flat slices across tensors (padded to a multiple of the world size): exact for optimizers that update
 element by element (``ELEMENTWISE_OPTIMIZERS``), refused for the others.
+
+Mixed precision as FSDP2's ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``: ``Zero3(..., param_dtype=bf16)``
+casts each shard to bf16 *before* the all-gather (half the bytes; the block computes with bf16 weights), and
+reduce-scatters the gradient in ``reduce_dtype`` (fp32 by default) into the fp32 shard's gradient: the shards,
+their gradients and the optimizer's states stay fp32 (the master weights).
 """
 from __future__ import annotations
 
@@ -28,8 +33,10 @@ def shard_key(p: nn.Parameter) -> tuple:
 class _Unit:
     """One block's trainable parameters of one ``key`` as a flat buffer: a 1/N shard kept, the whole only in use."""
 
-    def __init__(self, name, module, key, group, rank, world_size, comm_counter):
+    def __init__(self, name, module, key, group, rank, world_size, comm_counter, param_dtype=None,
+                 reduce_dtype=torch.float32):
         self.name, self.module, self.key = name, module, key
+        self.reduce_dtype = reduce_dtype
         self.group, self.rank, self.world_size = group, rank, world_size
         self.comm_counter = comm_counter
         self.slots = []  # (submodule, attribute, index of its tensor, qualified name)
@@ -61,7 +68,9 @@ class _Unit:
         # every rank keeps its slice of rank 0's values, so all start equal (as DDP's broadcast does)
         dist.broadcast(flat, src=_global_rank(group, 0), group=group)
         self.shard = nn.Parameter(flat[rank * self.chunk:(rank + 1) * self.chunk].clone())
-        self.full = torch.empty(self.chunk * world_size, dtype=flat.dtype, device=flat.device)
+        mixed = param_dtype is not None and flat.is_floating_point()  # (the policy casts floating shards only)
+        self.full = torch.empty(self.chunk * world_size, dtype=param_dtype if mixed else flat.dtype,
+                                device=flat.device)
         del flat
         self.free()
         for mod, attr, *_ in self.slots:
@@ -78,7 +87,11 @@ class _Unit:
             return
         self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
         _count(self.comm_counter, "all_gather", self.full)
-        _all_gather(self.full, self.shard.detach(), group=self.group)
+        _all_gather(self.full, self.source(), group=self.group)
+
+    def source(self) -> torch.Tensor:
+        """What this rank sends to the all-gather: its shard, cast to the compute dtype first (the policy)."""
+        return self.shard.detach().to(self.full.dtype)
 
     def free(self) -> None:
         self.full.untyped_storage().resize_(0)
@@ -104,11 +117,13 @@ class _GatherParams(torch.autograd.Function):
     def backward(ctx, grad_full):
         unit = ctx.unit
         unit.free()  # the block's backward is done: its weights can go before the gradient is reduced
-        grad_shard = torch.empty_like(unit.shard)
+        if grad_full.is_floating_point() and grad_full.dtype != unit.shard.dtype:
+            grad_full = grad_full.to(unit.reduce_dtype)  # the policy: reduce in fp32, not in the compute dtype
+        grad_shard = grad_full.new_empty(unit.chunk)
         _count(unit.comm_counter, "reduce_scatter", grad_full)
         _reduce_scatter(grad_shard, grad_full.contiguous(), group=unit.group)
         grad_shard.div_(unit.world_size)
-        return grad_shard, None
+        return grad_shard.to(unit.shard.dtype), None
 
 
 class Zero3(nn.Module):
@@ -117,10 +132,12 @@ class Zero3(nn.Module):
 
     ``model.parameters()`` yields the shards: build any element-wise optimizer over them, as it is, on every rank
     (``torch.optim.AdamW(zero3.parameters(), ...)``): each rank steps its own shard, nothing to broadcast.
-    ``full_state_dict()`` gathers the whole model (for evaluation or saving).
+    ``full_state_dict()`` gathers the whole model (for evaluation or saving), from the fp32 shards.
+    ``param_dtype`` (e.g. ``torch.bfloat16``): the mixed-precision policy (module docstring); None: the shards'.
     """
 
-    def __init__(self, module: nn.Module, blocks=None, group=None, comm_counter=None):
+    def __init__(self, module: nn.Module, blocks=None, group=None, comm_counter=None, param_dtype=None,
+                 reduce_dtype=torch.float32):
         super().__init__()
         self.group, self.rank, self.world_size = _group_info(group)
         self.module = module
@@ -136,9 +153,11 @@ class Zero3(nn.Module):
             units += [m for m in parts if all(m is not u for u in units)]
         blocks = units
         keys = sorted({shard_key(p) for p in module.parameters() if p.requires_grad}, key=str)
-        self.units = [_Unit(names[id(b)], b, k, self.group, self.rank, self.world_size, comm_counter)
+        policy = dict(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        self.units = [_Unit(names[id(b)], b, k, self.group, self.rank, self.world_size, comm_counter, **policy)
                       for b in blocks for k in keys]
-        self.units += [_Unit("", module, k, self.group, self.rank, self.world_size, comm_counter) for k in keys]
+        self.units += [_Unit("", module, k, self.group, self.rank, self.world_size, comm_counter, **policy)
+                       for k in keys]
         self.units = [u for u in self.units if u.shard is not None]
         self.shards = nn.ParameterList([u.shard for u in self.units])
         for b in module.buffers():
@@ -161,12 +180,13 @@ class Zero3(nn.Module):
     def full_state_dict(self) -> dict:
         """The unsharded parameters and buffers, by the original names, on every rank."""
         out = {}
-        for unit in self.units:
-            unit.gather()
-            pieces = unit.full.split(unit.numels + [unit.padding])
+        for unit in self.units:  # the shards' own dtype (fp32 masters), not the policy's compute dtype
+            full = unit.shard.new_empty(unit.chunk * unit.world_size)
+            _count(unit.comm_counter, "all_gather", full)
+            _all_gather(full, unit.shard.detach(), group=unit.group)
+            pieces = full.split(unit.numels + [unit.padding])
             for _, _, index, name in unit.slots:
                 out[f"{unit.name}.{name}".lstrip(".")] = pieces[index].view(unit.shapes[index]).clone()
-            unit.free()
         for name, t in self.module.state_dict().items():
             out.setdefault(name, t)
         return {k: out[k] for k in sorted(out)}
@@ -175,6 +195,9 @@ class Zero3(nn.Module):
 def _pre_forward(unit):
     def hook(module, args):
         unit.attach()
+        dtype = unit.full.dtype
+        if dtype != unit.shard.dtype:  # the policy casts the block's floating inputs too (FSDP2's cast_forward_inputs)
+            return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
     return hook
 
 

@@ -29,7 +29,8 @@ def issue_gather(unit) -> bool:
         return False
     unit.full.untyped_storage().resize_(unit.full.numel() * unit.full.element_size())
     _count(unit.comm_counter, "all_gather", unit.full)
-    unit.work = _all_gather(unit.full, unit.shard.detach(), group=unit.group, async_op=True)
+    unit.source_buffer = unit.source()  # (cast to the compute dtype under a policy): alive until the wait
+    unit.work = _all_gather(unit.full, unit.source_buffer, group=unit.group, async_op=True)
     return True
 
 

@@ -166,5 +166,6 @@ class Strategy:
                       num_micro_batches=per_step, zero_stage=plan.zero_stage, schedule=plan.schedule,
                       bucket_bytes=plan.bucket_cap_mb * 2 ** 20, overlap=plan.dp_variant in ("bucket", "ddp"),
                       recompute="full" if plan.activation_checkpointing else "none",
-                      dtype=plan.mixed_precision or "fp32")
+                      dtype=plan.mixed_precision or "fp32",
+                      sequence_parallel=getattr(plan, "sequence_parallel", False))
         return cls(**{**fields, **overrides})

@@ -11,6 +11,11 @@ How the project splits it (``simlib.parallelize`` calls these through ``simlib.p
     tensor_parallel(model, group)     attention by heads and the MLP by columns (``simlib.parallel.tensor``,
                                       Megatron's f and g): two all-reduces of (B, T, H) per block in forward,
                                       two in backward; embeddings, LayerNorms and the tied head are replicated
+    tensor_parallel(model, group, sequence_parallel=True)
+                                      the same, and between the TP regions each rank keeps S/t of the sequence:
+                                      the embedding looks up its block, LayerNorms and residuals run on it, each
+                                      region all-gathers / reduce-scatters it, the logits are all-gathered; the
+                                      replicated weights' gradients are summed over the group after the backward
     pipeline_stages(model, r, p)      stage r of p: contiguous blocks, the embedding on the first stage, the
                                       final LayerNorm and the head on the last; the tied embedding matrix is on
                                       both, and its two gradients are summed after the pipeline flush (Megatron's
@@ -92,10 +97,15 @@ class Embedding(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
         self.split = None  # context parallelism: a simlib.parallel.context.ContextSplit
+        self.sp_group = None  # sequence parallelism: look up this rank's block of the sequence only
 
     def forward(self, idx):
         if self.split is not None and self.split.active:  # this rank's slice of each sequence
             positions = self.split.positions(idx.shape[1], idx.device)
+        elif self.sp_group is not None:
+            from ...parallel.tensor import sequence_slice
+            block = sequence_slice(idx.shape[1], self.sp_group)
+            idx, positions = idx[:, block], torch.arange(block.start, block.stop, device=idx.device)
         else:
             positions = torch.arange(idx.shape[1], device=idx.device)
         return self.wte(idx) + self.wpe(positions)  # (B, T, H) + (T, H)
@@ -108,9 +118,14 @@ class Head(nn.Module):
         super().__init__()
         self.ln_f = nn.LayerNorm(cfg.hidden)
         self.wte = [wte]  # a plain list: the tied matrix is registered once, in the embedding
+        self.sp = None    # sequence parallelism: (group, log) to all-gather the logits of the blocks
 
     def forward(self, x):
-        return self.ln_f(x) @ self.wte[0].weight.T  # (B, T, H) @ (H, V)
+        logits = self.ln_f(x) @ self.wte[0].weight.T  # (B, T, H) @ (H, V)
+        if self.sp is not None:
+            from ...parallel.tensor import GatherSequenceReplicated
+            logits = GatherSequenceReplicated.apply(logits, *self.sp)  # (B, T / t, V) -> (B, T, V)
+        return logits
 
 
 class GPT(nn.Module):
@@ -157,13 +172,21 @@ class GPT(nn.Module):
 
 
 # ── how the model splits ─────────────────────────────────────────────────────────────────────────────────
-def tensor_parallel(model: GPT, group, log=None) -> GPT:
-    """Split every block's attention (by heads) and MLP (by columns) over ``group``, in place."""
-    from ...parallel.tensor import TensorParallelAttention, TensorParallelMLP
+def tensor_parallel(model: GPT, group, log=None, sequence_parallel: bool = False) -> GPT:
+    """Split every block's attention (by heads) and MLP (by columns) over ``group``, in place.
+
+    ``sequence_parallel``: outside the split layers each rank holds its block of the sequence (the gradients of
+    the replicated weights are then partial: ``simlib.parallelize`` sums them over ``group``)."""
+    from ...parallel.tensor import ColumnParallelLinear, RowParallelLinear, TensorParallelAttention, TensorParallelMLP
 
     for block in model.blocks:
         block.attn = TensorParallelAttention.from_dense(block.attn, group, log)
         block.mlp = TensorParallelMLP.from_dense(block.mlp, group, log)
+    if sequence_parallel:
+        model.embed.sp_group, model.head.sp = group, (group, log)
+        for m in model.blocks.modules():
+            if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
+                m.sequence_parallel = True
     return model
 
 

@@ -76,8 +76,8 @@ class GPTTask:
         return {"eval_loss": total / count}
 
     # ── how it splits ──
-    def tensor_parallel(self, model, tp_group, log=None):
-        return gpt.tensor_parallel(model, tp_group, log)
+    def tensor_parallel(self, model, tp_group, log=None, sequence_parallel: bool = False):
+        return gpt.tensor_parallel(model, tp_group, log, sequence_parallel)
 
     def pipeline_stages(self, model, pp_rank: int, pp_size: int):
         return gpt.pipeline_stages(model, pp_rank, pp_size)
