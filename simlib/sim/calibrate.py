@@ -216,9 +216,10 @@ def _kernels(single, min_time: float) -> dict:
 
             def both():
                 fwd().sum().backward()
+            # per call, the median: as lesson 09 times its layers (a run after a barrier, the median of repeats)
             with torch.no_grad():
-                out[name]["forward"].append((length, _mean_time(fwd, 1, min_time=min_time, blocks=5)))
-            out[name]["backward"].append((length, _mean_time(both, 1, min_time=min_time, blocks=5)))
+                out[name]["forward"].append((length, _median_time(fwd, 5, min_time=min_time)))
+            out[name]["backward"].append((length, _median_time(both, 5, min_time=min_time)))
     x = torch.randn(4, 4, requires_grad=True)
 
     def chain():  # 32 multiplies and a sum forward; as many nodes backward, and one AccumulateGrad
@@ -226,7 +227,7 @@ def _kernels(single, min_time: float) -> dict:
         for _ in range(32):
             y = y * 1.0
         y.sum().backward()
-    out["op"] = _mean_time(chain, 1, min_time=min_time, blocks=5) / 68  # 68 ops (counted: TorchDispatchMode)
+    out["op"] = _median_time(chain, 5, min_time=min_time) / 68  # 68 ops (counted: TorchDispatchMode)
     return out
 
 
