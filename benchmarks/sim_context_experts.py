@@ -61,7 +61,7 @@ def measure_and_predict(cluster, hardware, sizes: dict, repeats: int = 5) -> lis
     a2a = cluster.run(lesson.a2a_engines_run, nbytes, repeats=2 * repeats)
     rows.append(dict(config=f"all-to-all {nbytes / 2 ** 10:.0f} KB per rank",
                      measured=max(r["native"] for r in a2a),
-                     predicted=model.all_to_all(max(r["bytes"] for r in a2a), cp, hardware.intra), predicted_comm=None))
+                     predicted=model.all_to_all_time(max(r["bytes"] for r in a2a), cp, hardware), predicted_comm=None))
     for row in rows:
         row["error"] = row["predicted"] / row["measured"] - 1
     return rows

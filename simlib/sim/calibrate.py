@@ -116,6 +116,7 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
             cycles = _sync_cycles(group, max(comm_sizes), cycle_repeats)
             if kernels is not None:
                 kernels["sync"] = _small_sync(group)
+                kernels["a2a"] = _all_to_all_times(group, comm_repeats)
             if world_size == 2:
                 p2p = _ping_pong(group, rank, P2P_SIZES, comm_repeats)
         return {"gemms": gemms, "mem_bw": mem_bw, "comm": comm, "acc_bw": acc_bw, "cycles": cycles, "p2p": p2p,
@@ -228,6 +229,24 @@ def _kernels(single, min_time: float) -> dict:
             y = y * 1.0
         y.sum().backward()
     out["op"] = _median_time(chain, 5, min_time=min_time) / 68  # 68 ops (counted: TorchDispatchMode)
+    return out
+
+
+A2A_SIZES = [4 << 10, 64 << 10, 1 << 20]  # bytes of one rank's all-to-all input
+
+
+def _all_to_all_times(group, repeats: int):
+    """[(bytes a rank's input holds, seconds)] of Gloo's ``all_to_all_single`` back to back (its own curve: Gloo
+    runs it as an alltoallv, not the ring of the all-reduce the link is fitted to)."""
+    import torch
+    import torch.distributed as dist
+
+    out = []
+    for size in A2A_SIZES:
+        send = torch.zeros(size // 4)
+        recv = torch.empty_like(send)
+        dist.barrier(group=group)
+        out.append((size, _median_time(lambda: dist.all_to_all_single(recv, send, group=group), repeats)))
     return out
 
 
@@ -357,8 +376,11 @@ def combine_kernels(results) -> dict:
     if not res:
         return None
     out = {name: max(r[name] for r in res) for name in ("op", "sync") if name in res[0]}
+    if "a2a" in res[0]:  # a collective: the slowest rank's time, fitted as α + bytes / B
+        pts = [(size, max(r["a2a"][i][1] for r in res)) for i, (size, _) in enumerate(res[0]["a2a"])]
+        out["a2a"] = fit_p2p([p[0] for p in pts], [p[1] for p in pts])
     for name in res[0]:
-        if name not in ("op", "sync"):
+        if name not in ("op", "sync", "a2a"):
             out[name] = {way: [(length, max(r[name][way][i][1] for r in res))
                                for i, (length, _) in enumerate(pts)] for way, pts in res[0][name].items()}
     return out

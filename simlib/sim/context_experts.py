@@ -89,6 +89,16 @@ def _sync(hardware, processes):
     return (table or {}).get("sync") if processes > 1 else None
 
 
+def all_to_all_time(nbytes, n, hardware, processes=None):
+    """One all-to-all of ``nbytes`` per rank, back to back: Gloo's own measured (α, B) where calibrate() fitted
+    it (``kernels["a2a"]``, α + bytes / B over a rank's input), else the link's α-β with the (n−1)/n factor."""
+    if n <= 1:
+        return 0.0
+    table = hardware._by_world("kernels", processes or n, None) if hasattr(hardware, "_by_world") else None
+    fit = (table or {}).get("a2a")
+    return fit[0] + nbytes / fit[1] if fit else all_to_all(nbytes, n, hardware.intra)
+
+
 def _blocking(nbytes, n, hardware, kind="all_to_all", processes=None):
     """One collective every rank waits on (``kind``: all_to_all, all_gather or p2p) of ``nbytes`` per rank: its
     α-β time, with the latency taken as the measured in-situ wait (:func:`_sync`) where there is one."""
@@ -97,10 +107,13 @@ def _blocking(nbytes, n, hardware, kind="all_to_all", processes=None):
     if kind == "p2p":
         t, alpha = _p2p(nbytes, hardware), ((hardware.p2p_link() if hasattr(hardware, "p2p_link") else None)
                                             or _ab(hardware.intra, 2, nbytes))[0]
-    else:
-        size = nbytes if kind == "all_to_all" else nbytes * n  # all_gather is priced on the gathered size
-        t = (all_to_all if kind == "all_to_all" else all_gather)(size, n, hardware.intra)
-        alpha = (n - 1) * _ab(hardware.intra, n, size)[0]
+    elif kind == "all_to_all":
+        t = all_to_all_time(nbytes, n, hardware, processes)
+        table = hardware._by_world("kernels", processes or n, None) if hasattr(hardware, "_by_world") else None
+        alpha = ((table or {}).get("a2a") or ((n - 1) * _ab(hardware.intra, n, nbytes)[0],))[0]
+    else:  # all_gather, priced on the gathered size
+        t = all_gather(nbytes * n, n, hardware.intra)
+        alpha = (n - 1) * _ab(hardware.intra, n, nbytes * n)[0]
     wait = _sync(hardware, processes or n)
     return t if wait is None else max(t - alpha, 0.0) + wait
 
