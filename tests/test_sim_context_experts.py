@@ -85,3 +85,23 @@ def test_measured_sync_prices_every_blocking_collective():
     # the eager ops: more experts per rank, more ops (each expert's selection, Linears, GELU, copy back)
     few, many = (moe_layer_time(256, 64, e, 2, fast, top_k=2, dtype="fp32")["compute"] for e in (4, 16))
     assert many - few > 6 * (10 + 22) * 1e-5
+
+
+def test_combine_kernels_keeps_the_slowest_rank_and_fits_gloo_all_to_all():
+    from simlib.sim.calibrate import combine_kernels
+    from simlib.sim.context_experts import all_to_all_time
+
+    def rank(scale):
+        return {"kernels": {"ring_full": {"forward": [(64, 1e-3 * scale), (128, 3e-3 * scale)],
+                                          "backward": [(64, 3e-3 * scale), (128, 9e-3 * scale)]},
+                            "op": 1e-5 * scale, "sync": 1e-3 * scale,
+                            "a2a": [(n, 1e-4 * scale + n / 1e8) for n in (4096, 65536, 1 << 20)]}}
+    out = combine_kernels([rank(1.0), rank(2.0), None])  # None: a rank outside the measured world size
+    assert out["ring_full"]["forward"] == [(64, 2e-3), (128, 6e-3)]
+    assert out["op"] == 2e-5 and out["sync"] == 2e-3
+    alpha, bandwidth = out["a2a"]
+    assert alpha == pytest.approx(2e-4, rel=1e-3) and bandwidth == pytest.approx(1e8, rel=1e-3)
+    assert combine_kernels([{"kernels": None}, None]) is None  # calibrate() without kernels=True
+    hw = _measured_box()
+    hw = hw.with_(overheads={"kernels": {2: {**hw.overheads["kernels"][2], "a2a": (2e-4, 1e8)}}})
+    assert all_to_all_time(65536, 2, hw) == pytest.approx(2e-4 + 65536 / 1e8)
