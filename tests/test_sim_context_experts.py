@@ -29,7 +29,79 @@ def test_moe_layer_time_counts_both_all_to_alls():
     hw = sim.preset("h100")
     one = moe_layer_time(8192, 1024, 8, 1, hw)
     four = moe_layer_time(8192, 1024, 8, 4, hw)
-    assert one["comm"] == 0 and four["comm"] == pytest.approx(4 * four["all_to_all"])
+    assert one["comm"] == 0 and four["comm"] == pytest.approx(4 * four["all_to_all"] + four["counts"])
+    assert 0 < four["counts"] < four["all_to_all"]  # the routing counts: small messages before the dispatch
     assert four["compute"] < one["compute"]
     with pytest.raises(ValueError, match="split evenly"):
         moe_layer_time(8192, 1024, 6, 4, hw)
+
+
+def _measured_box(sync=None):
+    """The cpu_box preset with a kernels table as calibrate(kernels=True) leaves it (numbers made up, shapes real)."""
+    from simlib import sim
+    lengths = (64, 128, 256, 512)
+
+    def table(per_entry, per_call):  # seconds = per_call + per_entry · L² (8 heads), backward 3× forward
+        return {"forward": [(n, per_call + per_entry * n * n) for n in lengths],
+                "backward": [(n, 3 * (per_call + per_entry * n * n)) for n in lengths]}
+    kernels = {"ring_full": table(1e-8, 1e-4), "ring_diagonal": table(3e-8, 2e-4), "sdpa": table(2e-8, 1e-4),
+               "op": 1e-5}
+    if sync is not None:
+        kernels["sync"] = sync
+    return sim.preset("cpu").with_(overheads={"kernels": {2: kernels}})
+
+
+def test_kernel_table_is_read_per_block_and_scaled_by_heads():
+    from simlib import sim
+    from simlib.sim.context_experts import kernel_time
+    hw = _measured_box()
+    assert kernel_time(sim.preset("h100"), "ring_full", 128, 8, 2) is None  # presets measure no kernels
+    assert kernel_time(hw, "ring_full", 128, 8, 2, backward=False) == pytest.approx(1e-4 + 1e-8 * 128 ** 2)
+    assert kernel_time(hw, "ring_full", 192, 8, 2) == pytest.approx(3 * (1e-4 + 1e-8 * 192 ** 2))  # linear in L²
+    assert kernel_time(hw, "ring_full", 128, 16, 2) == pytest.approx(2 * kernel_time(hw, "ring_full", 128, 8, 2))
+
+
+def test_measured_ring_counts_full_and_diagonal_blocks_per_rank():
+    from simlib.sim.context_experts import kernel_time, ring_attention_time
+    hw = _measured_box()
+    zig = ring_attention_time(2, 4, 512, 32, 2, hw, "zigzag", dtype="fp32", backward=False)
+    plain = ring_attention_time(2, 4, 512, 32, 2, hw, "contiguous", dtype="fp32", backward=False)
+    full, diag = (kernel_time(hw, k, 128, 8, 2, backward=False) for k in ("ring_full", "ring_diagonal"))
+    assert zig["compute"] == pytest.approx([3 * full + 2 * diag] * 2)  # zig-zag: 5 blocks each, 2 on the diagonal
+    full, diag = (kernel_time(hw, k, 256, 8, 2, backward=False) for k in ("ring_full", "ring_diagonal"))
+    assert plain["compute"] == pytest.approx([diag, full + diag])     # contiguous: rank 1 also sees rank 0's block
+    assert max(plain["compute"]) > max(zig["compute"])
+
+
+def test_measured_sync_prices_every_blocking_collective():
+    from simlib.sim.context_experts import moe_layer_time, ulysses_time
+    slow, fast = _measured_box(sync=5e-3), _measured_box(sync=1e-4)
+    # Ulysses waits on 8 all-to-alls and one shape check; the MoE layer on 2 routing collectives and 4 all-to-alls
+    gap = ulysses_time(2, 4, 512, 32, 2, slow, dtype="fp32")["total"] - ulysses_time(2, 4, 512, 32, 2, fast,
+                                                                                      dtype="fp32")["total"]
+    assert gap == pytest.approx(9 * (5e-3 - 1e-4))
+    moe = [moe_layer_time(256, 64, 8, 2, hw, top_k=2, dtype="fp32")["total"] for hw in (slow, fast)]
+    assert moe[0] - moe[1] == pytest.approx(6 * (5e-3 - 1e-4))
+    # the eager ops: more experts per rank, more ops (each expert's selection, Linears, GELU, copy back)
+    few, many = (moe_layer_time(256, 64, e, 2, fast, top_k=2, dtype="fp32")["compute"] for e in (4, 16))
+    assert many - few > 6 * (10 + 22) * 1e-5
+
+
+def test_combine_kernels_keeps_the_slowest_rank_and_fits_gloo_all_to_all():
+    from simlib.sim.calibrate import combine_kernels
+    from simlib.sim.context_experts import all_to_all_time
+
+    def rank(scale):
+        return {"kernels": {"ring_full": {"forward": [(64, 1e-3 * scale), (128, 3e-3 * scale)],
+                                          "backward": [(64, 3e-3 * scale), (128, 9e-3 * scale)]},
+                            "op": 1e-5 * scale, "sync": 1e-3 * scale,
+                            "a2a": [(n, 1e-4 * scale + n / 1e8) for n in (4096, 65536, 1 << 20)]}}
+    out = combine_kernels([rank(1.0), rank(2.0), None])  # None: a rank outside the measured world size
+    assert out["ring_full"]["forward"] == [(64, 2e-3), (128, 6e-3)]
+    assert out["op"] == 2e-5 and out["sync"] == 2e-3
+    alpha, bandwidth = out["a2a"]
+    assert alpha == pytest.approx(2e-4, rel=1e-3) and bandwidth == pytest.approx(1e8, rel=1e-3)
+    assert combine_kernels([{"kernels": None}, None]) is None  # calibrate() without kernels=True
+    hw = _measured_box()
+    hw = hw.with_(overheads={"kernels": {2: {**hw.overheads["kernels"][2], "a2a": (2e-4, 1e8)}}})
+    assert all_to_all_time(65536, 2, hw) == pytest.approx(2e-4 + 65536 / 1e8)

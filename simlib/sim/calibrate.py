@@ -70,12 +70,15 @@ def _mean_time(fn, repeats: int, min_time: float = 0.0, blocks: int = 5) -> floa
 
 
 def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_sizes=COMM_SIZES,
-                 repeats: int = 5, comm_repeats: int = 10, min_time: float = 0.2, cycle_repeats: int = 5):
-    """Run on every rank of a cluster: ranks < ``world_size`` measure together; the rest return None."""
+                 repeats: int = 5, comm_repeats: int = 10, min_time: float = 0.2, cycle_repeats: int = 5,
+                 kernels: bool = False):
+    """Run on every rank of a cluster: ranks < ``world_size`` measure together; the rest return None.
+    ``kernels``: also time lesson 09's kernels (:func:`_kernels`, :func:`_small_sync`)."""
     import torch
     import torch.distributed as dist
 
     group = subgroup(world_size)
+    singles = _singles() if kernels else None  # every rank takes part in making groups, measuring or not
     rank = dist.get_rank()
     if rank >= world_size:
         return None
@@ -101,6 +104,8 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
         g, h = torch.randn(1 << 20), torch.randn(1 << 20)  # one 1024x1024 weight's gradient (4 MB)
         sync()
         acc_bw = 3 * g.numel() * 4 / _mean_time(lambda: g.add_(h), repeats, min_time=min_time)  # AccumulateGrad: grad += new
+        sync()
+        kernels = _kernels(singles[rank], min_time) if kernels else None
         comm, cycles, p2p = [], [], []
         if world_size > 1:
             for size in comm_sizes:
@@ -109,10 +114,13 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
                 t = _median_time(lambda: dist.all_reduce(buf, group=group), comm_repeats)
                 comm.append((size, t))
             cycles = _sync_cycles(group, max(comm_sizes), cycle_repeats)
+            if kernels is not None:
+                kernels["sync"] = _small_sync(group)
+                kernels["a2a"] = _all_to_all_times(group, comm_repeats)
             if world_size == 2:
                 p2p = _ping_pong(group, rank, P2P_SIZES, comm_repeats)
         return {"gemms": gemms, "mem_bw": mem_bw, "comm": comm, "acc_bw": acc_bw, "cycles": cycles, "p2p": p2p,
-                "layer_factor": layer_factor}
+                "layer_factor": layer_factor, "kernels": kernels}
     finally:
         torch.set_num_threads(old_threads)
 
@@ -161,6 +169,124 @@ def _layer_factor(repeats: int, min_time: float, sync=lambda: None) -> float:
         t_real = _mean_time(real, 1, min_time=max(min_time / 4, 0.04), blocks=1)
         ratios.append(t_real / _mean_time(bare, 1, min_time=max(min_time / 4, 0.04), blocks=1))
     return float(np.median(ratios))
+
+
+_SINGLES: list = []
+# lesson 09's attention kernels, timed at the block lengths its runs take (S/cp and S/2cp, S up to 1024 at
+# cp = 2); batch·heads and head_dim fixed at its quick sizes' (B = 2, H = 4, D = 32)
+KERNEL_HEADS, KERNEL_HEAD_DIM, KERNEL_LENGTHS = 8, 32, (64, 128, 256, 512)
+
+
+def _singles():
+    """One process group per rank holding that rank alone (made once): ring attention at cp = 1 on it."""
+    import torch.distributed as dist
+
+    if not _SINGLES:
+        from .. import env
+        _SINGLES.extend(dist.new_group([r], timeout=env.collective_timeout()) for r in range(dist.get_world_size()))
+    return _SINGLES
+
+
+def _kernels(single, min_time: float) -> dict:
+    """Seconds of the eager kernels lesson 09's layers run, ranks side by side, at each of :data:`KERNEL_LENGTHS`.
+
+    - ``ring_full`` / ``ring_diagonal``: simlib's ring attention on a group of one (one block of L×L scores for
+      8 heads of 32, non-causal / causal), forward and forward + backward. The causal (diagonal) block is
+      its own entry: masking half the scores to -inf makes ``exp`` take its slow path on this CPU (about 10×
+      per element), which no GEMM rate or bandwidth shows.
+    - ``sdpa``: ``F.scaled_dot_product_attention`` (causal), the kernel Ulysses runs on its heads.
+    - ``op``: one eager autograd op on a tiny tensor (a chain of multiplies, forward + backward, per op):
+      the dispatch cost that dominates layers made of many small ops (the MoE layer's routing).
+    Each is {"forward": [(L, s), ...], "backward": [(L, s), ...]} ("backward": forward + backward), except
+    ``op`` (seconds).
+    """
+    import torch
+
+    from ..parallel import context
+    out = {}
+    for name in ("ring_full", "ring_diagonal", "sdpa"):
+        out[name] = {"forward": [], "backward": []}
+        for length in KERNEL_LENGTHS:
+            q, k, v = (torch.randn(1, KERNEL_HEADS, length, KERNEL_HEAD_DIM, requires_grad=True) for _ in range(3))
+            if name == "sdpa":
+                def fwd():
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                def fwd(causal=name == "ring_diagonal"):
+                    return context.RingAttention.apply(q, k, v, causal, "contiguous", single, None, None)
+
+            def both():
+                fwd().sum().backward()
+            # per call, the median: as lesson 09 times its layers (a run after a barrier, the median of repeats)
+            with torch.no_grad():
+                out[name]["forward"].append((length, _median_time(fwd, 5, min_time=min_time)))
+            out[name]["backward"].append((length, _median_time(both, 5, min_time=min_time)))
+    x = torch.randn(4, 4, requires_grad=True)
+
+    def chain():  # 32 multiplies and a sum forward; as many nodes backward, and one AccumulateGrad
+        y = x
+        for _ in range(32):
+            y = y * 1.0
+        y.sum().backward()
+    out["op"] = _median_time(chain, 5, min_time=min_time) / 68  # 68 ops (counted: TorchDispatchMode)
+    return out
+
+
+A2A_SIZES = [4 << 10, 64 << 10, 1 << 20]  # bytes of one rank's all-to-all input
+
+
+def _all_to_all_times(group, repeats: int):
+    """[(bytes a rank's input holds, seconds)] of Gloo's ``all_to_all_single`` back to back (its own curve: Gloo
+    runs it as an alltoallv, not the ring of the all-reduce the link is fitted to)."""
+    import torch
+    import torch.distributed as dist
+
+    out = []
+    for size in A2A_SIZES:
+        send = torch.zeros(size // 4)
+        recv = torch.empty_like(send)
+        dist.barrier(group=group)
+        out.append((size, _median_time(lambda: dist.all_to_all_single(recv, send, group=group), repeats)))
+    return out
+
+
+SYNC_OPS, SYNC_CYCLES = 16, 40  # small ops between two small collectives, and cycles per timed block
+
+
+def _small_sync(group, blocks: int = 5) -> float:
+    """Seconds one small blocking collective adds after a stretch of small ops, ranks side by side.
+
+    Cycles of :data:`SYNC_OPS` tiny multiplies then an all-to-all of 4 KB (as the MoE layer's routing and its
+    dispatch: work, then a collective every rank must reach), minus the same ops without the collective.
+    On a box whose cores the processes share, the collective waits for the peer to be scheduled again: far
+    more than the back-to-back α. Fixed cycle counts on every rank (a collective must be called as often on
+    each); the median over ``blocks`` blocks.
+    """
+    import torch
+    import torch.distributed as dist
+
+    x, send = torch.randn(4, 4), torch.zeros(1024)
+    recv = torch.empty_like(send)
+
+    def burst():
+        y = x
+        for _ in range(SYNC_OPS):
+            y = y * 1.0
+
+    def block(with_collective):
+        t0 = time.perf_counter()
+        for _ in range(SYNC_CYCLES):
+            burst()
+            if with_collective:
+                dist.all_to_all_single(recv, send, group=group)
+        return (time.perf_counter() - t0) / SYNC_CYCLES
+    block(True)  # warm-up
+    extra = []
+    for _ in range(blocks):
+        dist.barrier(group=group)
+        with_c = block(True)
+        extra.append(with_c - block(False))
+    return max(float(np.median(extra)), 0.0)
 
 
 def _sync_cycles(group, size: int, repeats: int):
@@ -244,8 +370,24 @@ def _combine(results):
             float(np.mean([r["layer_factor"] for r in res])))
 
 
+def combine_kernels(results) -> dict:
+    """Every rank's :func:`_kernels` -> the slowest rank's seconds of each (a layer waits for its slowest rank)."""
+    res = [r["kernels"] for r in results if r is not None and r.get("kernels")]
+    if not res:
+        return None
+    out = {name: max(r[name] for r in res) for name in ("op", "sync") if name in res[0]}
+    if "a2a" in res[0]:  # a collective: the slowest rank's time, fitted as α + bytes / B
+        pts = [(size, max(r["a2a"][i][1] for r in res)) for i, (size, _) in enumerate(res[0]["a2a"])]
+        out["a2a"] = fit_p2p([p[0] for p in pts], [p[1] for p in pts])
+    for name in res[0]:
+        if name not in ("op", "sync", "a2a"):
+            out[name] = {way: [(length, max(r[name][way][i][1] for r in res))
+                               for i, (length, _) in enumerate(pts)] for way, pts in res[0][name].items()}
+    return out
+
+
 def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, timeout: float = 120.0,
-              min_time: float | None = None):
+              min_time: float | None = None, kernels: bool = False):
     """Measure this machine and return a :class:`~simlib.sim.hardware.Hardware` for it.
 
     Measures, for each world size w (w processes running at once, cores // w threads each — the default of
@@ -255,7 +397,10 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
     straggler factor, the layer factor (autograd Linear layers over bare GEMMs, :func:`_layer_factor`), the
     all-reduce-after-compute factor (:func:`sync_factors`), the bandwidth of
     ``grad.add_(new)`` on a weight-sized gradient (AccumulateGrad, once per micro-batch), and for 2 ranks a
-    point-to-point (α, B) fitted to an isend/recv ping-pong (pipeline messages).
+    point-to-point (α, B) fitted to an isend/recv ping-pong (pipeline messages), and lesson 09's eager kernels
+    (ring-attention blocks, SDPA, one small autograd op, a small collective's wait: :func:`_kernels`, the
+    slowest rank's) when ``kernels`` (a few seconds more per world size; :mod:`simlib.sim.context_experts`
+    uses them).
     ``cluster``: a warm cluster with at least ``max(world_sizes)`` ranks (one is started and closed if None).
     """
     from .. import env
@@ -277,11 +422,12 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
     try:
         gemm_table, mem, links, curves, raw = {}, {}, {}, {}, {}
         overheads = {"straggler": {}, "comm_in_situ": {}, "accumulate_grad_Bps": {}, "layer_factor": {},
-                     "gemm_shapes": {}, "p2p": None}
+                     "gemm_shapes": {}, "p2p": None, "kernels": {}}
         for w in world_sizes:
             thread_counts = range(1, cores + 1) if w == 1 else [max(1, cores // w)]
             for threads in thread_counts:
-                out = cluster.call(measure_here, (w, threads), {"repeats": repeats, "min_time": min_time},
+                out = cluster.call(measure_here, (w, threads), {"repeats": repeats, "min_time": min_time,
+                                                                "kernels": kernels and threads == max(1, cores // w)},
                                    timeout=timeout)
                 gemms, mem_bw, comm, acc_bw, layer_factor = _combine(out)
                 gemm_table[(w, threads)] = gemms
@@ -293,6 +439,8 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
                 if threads == max(1, cores // w):
                     mem[w] = mem_bw
                     overheads["accumulate_grad_Bps"][w] = acc_bw
+                    if combine_kernels(out):
+                        overheads["kernels"][w] = combine_kernels(out)
                     factors = sync_factors(out)
                     if factors:
                         overheads["straggler"][w], overheads["comm_in_situ"][w] = factors

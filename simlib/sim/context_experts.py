@@ -1,42 +1,165 @@
 """The cost model for lesson 09: all-to-all, context-parallel attention (ring and Ulysses) and an MoE layer.
 
 Same method as :mod:`simlib.sim.cost`: α-β collectives on a :class:`~simlib.sim.hardware.Link`, compute from the
-hardware's GEMM rates. nccl-tests (PERFORMANCE.md) gives all-to-all the bus-bandwidth factor (n−1)/n, like
+hardware's rates. nccl-tests (PERFORMANCE.md) gives all-to-all the bus-bandwidth factor (n−1)/n, like
 all-gather. Kept in its own module so the core cost model stays as it is; :func:`simlib.sim.cost.predict` does
 not price these layers yet.
+
+Compute, two ways. A box that :func:`simlib.sim.calibrate` measured has the times of the eager kernels these
+layers are made of (``Hardware.overheads["kernels"]``: simlib's ring-attention block, full and causal, and
+SDPA, each at the block lengths lesson 09 takes; one small autograd op; the wait of a small blocking
+collective): a kernel of L×L scores is read off its table (linear in L² between measured lengths: a per-call
+cost plus a cost per score entry), scaled by its heads; the MoE layer is its GEMMs plus its counted eager ops
+at the measured cost of one. A preset (no such measurement) prices the blocks' GEMMs at their own size plus the
+element-wise passes at memory bandwidth, and collectives at the link's α-β.
 """
 from __future__ import annotations
 
 from ..parallel import context
 from ..parallel.experts import a2a_volume, capacity
+from .collectives import _ab, all_gather
 from .collectives import all_to_all  # noqa: F401 - priced with the other collectives, re-exported here
 from .cost import gemm_time, p2p
 
+# Passes over the score block (B·H·c·c values) that simlib.parallel.context's ring attention makes besides its
+# GEMMs, counted in its code: forward (block_attention) scale, mask, max, subtract, exp, sum, and the merge's
+# reads, each a read (and most a write) of the block; backward scale, mask, subtract, exp, dP - delta, dS = P·(…).
+SCORE_BYTES_FORWARD = 8     # element moves per score entry (reads + writes), forward
+SCORE_BYTES_BACKWARD = 11   # and backward
+# The MoE layer's row copies besides its GEMMs (simlib.parallel.experts): gather the kept rows, put the experts'
+# outputs back in order, weight them by their gates, add them up per token — each a read and a write of a row.
+ROW_MOVES = 8               # per kept assignment and hidden value, forward; as many again in backward
 
-def _attention_rate(hardware, dtype, processes):
-    """FLOP/s of attention's two matmuls, read as one (c×D)·(D×c) GEMM-sized problem per block."""
-    return hardware.gemm_rate(1.0, dtype, processes) if hasattr(hardware, "gemm_rate") else None
+# Eager ops (aten calls, forward and backward nodes) of ExpertParallelMoE's forward and of its backward, counted
+# with a TorchDispatchMode at ep = 2, top-2, 2/4/8 experts per rank: 83 + 10 per local expert forward (the
+# router, softmax/top-k, the queue positions, the kept rows' gather and sort, the splits; per expert its
+# selection, its two Linears and GELU, the index_copy back), 45 + 22 per local expert backward.
+OPS_FORWARD, OPS_PER_EXPERT_FORWARD, OPS_BACKWARD, OPS_PER_EXPERT_BACKWARD = 83, 10, 45, 22
+
+
+def _op(hardware, processes):
+    """Seconds of one small eager op where calibrate() measured it (``kernels["op"]``), else None."""
+    table = hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None
+    return (table or {}).get("op")
+
+
+def _block_time(c, head_dim, batch_heads, hardware, dtype, processes, backward):
+    """One (c queries × c keys) block for B·H heads: its GEMMs at their own size, plus the score passes."""
+    forward = gemm_time(c, head_dim, c, hardware, dtype, processes) + gemm_time(c, c, head_dim, hardware, dtype,
+                                                                                   processes)
+    # backward: the scores again (QKᵀ), dV += Pᵀ·dO, dP = dO·Vᵀ, dQ += dS·K, dK += dSᵀ·Q
+    back = 3 * gemm_time(c, c, head_dim, hardware, dtype, processes) + 2 * gemm_time(c, head_dim, c, hardware,
+                                                                                      dtype, processes)
+    nbytes = 2 if dtype in ("bf16", "fp16") else 4
+    block = batch_heads * c * c * nbytes
+    passes = SCORE_BYTES_FORWARD + (SCORE_BYTES_BACKWARD if backward else 0)
+    memory = passes * block / hardware.achievable_bandwidth(block, processes)
+    return batch_heads * (forward + (back if backward else 0.0)) + memory
+
+
+def kernel_time(hardware, name, length, batch_heads, processes, backward=True):
+    """Seconds of one calibrated kernel call on ``batch_heads`` heads of ``length`` × ``length`` scores, or None
+    where the box did not measure it (presets).
+
+    Between two measured lengths the time is linear in L² (a per-call cost plus a cost per score entry, both
+    fitted to the two neighbours); outside them the nearest segment's line extends; heads scale it in
+    proportion.
+    """
+    from .calibrate import KERNEL_HEADS
+    table = hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None
+    if not table or name not in table:
+        return None
+    pts = sorted(table[name]["backward" if backward else "forward"])
+    i = next((j for j in range(1, len(pts) - 1) if length <= pts[j][0]), len(pts) - 1)
+    (l1, t1), (l2, t2) = pts[i - 1], pts[i]
+    t = t1 + (t2 - t1) * (length * length - l1 * l1) / (l2 * l2 - l1 * l1)
+    return max(t, 0.0) * batch_heads / KERNEL_HEADS
+
+
+def _p2p(nbytes, hardware):
+    """One point-to-point message: the ping-pong fit where measured, else the link's α-β."""
+    link = hardware.p2p_link() if hasattr(hardware, "p2p_link") else None
+    return link[0] + nbytes / link[1] if link else p2p(nbytes, hardware.intra)
+
+
+def _sync(hardware, processes):
+    """Seconds a blocking collective waits for its peers after a stretch of work, where calibrate() measured it
+    (``kernels["sync"]``: on a box whose cores the ranks share, far more than the back-to-back α); else None."""
+    table = hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None
+    return (table or {}).get("sync") if processes > 1 else None
+
+
+def all_to_all_time(nbytes, n, hardware, processes=None):
+    """One all-to-all of ``nbytes`` per rank, back to back: Gloo's own measured (α, B) where calibrate() fitted
+    it (``kernels["a2a"]``, α + bytes / B over a rank's input), else the link's α-β with the (n−1)/n factor."""
+    if n <= 1:
+        return 0.0
+    table = hardware._by_world("kernels", processes or n, None) if hasattr(hardware, "_by_world") else None
+    fit = (table or {}).get("a2a")
+    return fit[0] + nbytes / fit[1] if fit else all_to_all(nbytes, n, hardware.intra)
+
+
+def _blocking(nbytes, n, hardware, kind="all_to_all", processes=None):
+    """One collective every rank waits on (``kind``: all_to_all, all_gather or p2p) of ``nbytes`` per rank: its
+    α-β time, with the latency taken as the measured in-situ wait (:func:`_sync`) where there is one."""
+    if n <= 1:
+        return 0.0
+    if kind == "p2p":
+        t, alpha = _p2p(nbytes, hardware), ((hardware.p2p_link() if hasattr(hardware, "p2p_link") else None)
+                                            or _ab(hardware.intra, 2, nbytes))[0]
+    elif kind == "all_to_all":
+        t = all_to_all_time(nbytes, n, hardware, processes)
+        table = hardware._by_world("kernels", processes or n, None) if hasattr(hardware, "_by_world") else None
+        alpha = ((table or {}).get("a2a") or ((n - 1) * _ab(hardware.intra, n, nbytes)[0],))[0]
+    else:  # all_gather, priced on the gathered size
+        t = all_gather(nbytes * n, n, hardware.intra)
+        alpha = (n - 1) * _ab(hardware.intra, n, nbytes * n)[0]
+    wait = _sync(hardware, processes or n)
+    return t if wait is None else max(t - alpha, 0.0) + wait
+
+
+def _small_collective(n, hardware):
+    """The shape check both attentions start with (an all-gather of 4 int64 per rank): latency only."""
+    return _blocking(32, n, hardware, "all_gather")
 
 
 def ring_attention_time(batch, heads, seq, head_dim, cp, hardware, layout="zigzag", causal=True, dtype="bf16",
                         backward=True, processes=None) -> dict:
-    """Predicted seconds of one ring-attention layer (forward, and backward ≈ 2.5× forward's matmuls).
+    """Predicted seconds of one ring-attention layer, forward (and backward), as simlib runs it.
 
-    Each rank's compute is its score entries (:func:`context.causal_work`) × B·H × 4·D flops (QKᵀ and PV);
-    each of the cp−1 hops moves one K/V block (2·B·H·S/cp·D elements) point to point and overlaps with the
-    block's compute, so a step costs the larger of the two. The layer waits for the slowest rank.
+    Each rank computes its blocks (:func:`context.causal_work` / c², c the chunk length): per block and head
+    two GEMMs forward and five backward, each priced at its own size (small blocks run far below a big GEMM's
+    rate), plus the element-wise passes over the score block (:data:`SCORE_BYTES_FORWARD`, ``_BACKWARD``) at
+    the achievable memory bandwidth; ranks side by side run at the slowest one's pace (``straggler``). Each of
+    the cp−1 K/V hops (2·B·H·S/cp·D elements, point to point) overlaps with a step's compute; backward's dK/dV
+    hops (cp of them) are waited for before the next step, so they add in full.
     """
     processes = processes or min(cp, hardware.devices_per_node)
     nbytes = 2 if dtype in ("bf16", "fp16") else 4
     work = context.causal_work(seq, cp, layout, causal)
-    s_local = seq // cp
-    rate = _attention_rate(hardware, dtype, processes)
-    hop = p2p(2 * batch * heads * s_local * head_dim * nbytes, hardware.intra) if cp > 1 else 0.0
-    factor = 3.5 if backward else 1.0   # forward + backward (dQ, dK, dV and the recomputed scores)
-    hops = (cp - 1) * (2 if backward else 1)  # backward also carries dK/dV one hop a step
-    compute = [factor * entries * batch * heads * 4 * head_dim / rate for entries in work]
-    # each hop hides behind that step's share of the compute; what sticks out is exposed
-    per_rank = [c + hops * max(0.0, hop - c / cp) for c in compute]
+    c = seq // cp if layout == "contiguous" else seq // (2 * cp)
+    # each rank holds one chunk (contiguous) or two (zig-zag); with a causal mask each chunk meets itself in
+    # one diagonal block (masked, see calibrate._kernels), every other block it computes is full
+    diagonal = (1 if layout == "contiguous" else 2) if causal else 0
+    t_full, t_diag = (kernel_time(hardware, name, c, batch * heads, processes, backward)
+                      for name in ("ring_full", "ring_diagonal"))
+    if t_full is not None and t_diag is not None:  # measured: the slowest rank's times hold the straggler
+        compute = [(entries // (c * c) - diagonal) * t_full + diagonal * t_diag for entries in work]
+    else:
+        per_block = _block_time(c, head_dim, batch * heads, hardware, dtype, processes, backward)
+        straggle = hardware.straggler(processes) if hasattr(hardware, "straggler") else 1.0
+        compute = [straggle * per_block * entries / (c * c) for entries in work]
+    kv = 2 * batch * heads * (seq // cp) * head_dim * nbytes  # one K/V block
+    hop = _p2p(kv, hardware) if cp > 1 else 0.0
+    hops = (cp - 1) * (2 if backward else 1)  # K/V around the ring, forward and again in backward
+    # each K/V hop is started before a step's blocks and waited for after them: what sticks out is exposed,
+    # and the wait itself is a point every rank must reach (the in-situ latency where measured)
+    wait = _blocking(0, cp, hardware, "p2p", processes) if cp > 1 else 0.0
+    # backward sends each step's dK/dV on and waits for it before the next step (RingAttention.backward):
+    # cp blocking hops, in full
+    exposed_dkv = cp * _blocking(kv, cp, hardware, "p2p", processes) if backward and cp > 1 else 0.0
+    per_rank = [t + hops * (max(0.0, hop - t / cp) + wait) + exposed_dkv + _small_collective(cp, hardware)
+                for t in compute]
     return dict(per_rank=per_rank, total=max(per_rank), compute=compute, hop=hop)
 
 
@@ -47,20 +170,30 @@ def ulysses_time(batch, heads, seq, head_dim, cp, hardware, causal=True, dtype="
         raise ValueError(f"Ulysses needs heads ({heads}) divisible by cp ({cp})")
     processes = processes or min(cp, hardware.devices_per_node)
     nbytes = 2 if dtype in ("bf16", "fp16") else 4
-    rate = _attention_rate(hardware, dtype, processes)
-    entries = seq * seq / (2 if causal else 1)
-    factor = 3.5 if backward else 1.0
-    compute = factor * entries * batch * (heads // cp) * 4 * head_dim / rate
-    a2a = all_to_all(batch * heads * (seq // cp) * head_dim * nbytes, cp, hardware.intra)
-    return dict(total=compute + 4 * a2a * (2 if backward else 1), compute=compute, all_to_all=a2a)
+    compute = kernel_time(hardware, "sdpa", seq, batch * heads // cp, processes, backward) if causal else None
+    if compute is None:
+        rate = hardware.gemm_rate(2 * seq * seq * head_dim / 1e9, dtype, processes)  # one head's QKᵀ
+        entries = seq * seq / (2 if causal else 1)
+        compute = (3.5 if backward else 1.0) * entries * batch * (heads // cp) * 4 * head_dim / rate
+    local = batch * heads * (seq // cp) * head_dim * nbytes  # one of q, k, v, out on a rank
+    a2a = _blocking(local, cp, hardware, "all_to_all", processes)
+    calls = 4 * (2 if backward else 1)  # q, k, v in and the output back; dO in and dq, dk, dv back
+    # seq_to_heads / heads_to_seq copy the tensor into its send layout and out of the received one: a read and
+    # a write of it twice per all-to-all
+    copies = calls * 4 * local / hardware.achievable_bandwidth(local, processes) if cp > 1 else 0.0
+    total = compute + calls * a2a + copies + _small_collective(cp, hardware)
+    return dict(total=total, compute=compute, all_to_all=a2a, copies=copies)
 
 
 def moe_layer_time(tokens, hidden, num_experts, ep, hardware, top_k=1, capacity_factor=1.25, ffn=None,
                    dtype="bf16", backward=True, processes=None) -> dict:
     """Predicted seconds of one MoE layer on ``ep`` ranks under a uniform router (``tokens`` in the whole batch).
 
-    Compute: the busiest rank's experts run on at most E/ep · capacity tokens (two GEMMs of hidden × ffn);
-    communication: the dispatch and the combine all-to-alls (and both again in backward).
+    Compute: the router (tokens/ep × hidden × E), and each of the rank's E/ep experts on at most capacity
+    tokens (two GEMMs of hidden × ffn each, priced at their own size), backward twice forward's GEMMs; the
+    GELU and the row copies (:data:`ROW_MOVES`) at the memory bandwidth. Communication: the routing counts
+    (an all-gather of k×E counts and an all-to-all of E counts), then the dispatch and the combine all-to-alls
+    (and both again in backward).
     """
     if num_experts % ep:
         raise ValueError(f"{num_experts} experts do not split evenly over ep = {ep}")
@@ -68,11 +201,26 @@ def moe_layer_time(tokens, hidden, num_experts, ep, hardware, top_k=1, capacity_
     ffn = ffn or 4 * hidden
     nbytes = 2 if dtype in ("bf16", "fp16") else 4
     cap = capacity(tokens, num_experts, top_k, capacity_factor)
-    rows = min(cap, tokens * top_k / num_experts) * (num_experts // ep)
-    forward = gemm_time(rows, hidden, ffn, hardware, dtype, processes) + gemm_time(rows, ffn, hidden, hardware,
-                                                                                   dtype, processes)
-    compute = forward * (3 if backward else 1)
+    per_expert = min(cap, tokens * top_k / num_experts)
+    rows = per_expert * (num_experts // ep)
+    forward = (num_experts // ep) * (gemm_time(per_expert, hidden, ffn, hardware, dtype, processes)
+                                     + gemm_time(per_expert, ffn, hidden, hardware, dtype, processes))
+    forward += gemm_time(tokens // ep, hidden, num_experts, hardware, dtype, processes)  # the router
+    gelu = rows * ffn * nbytes * (2 + (3 if backward else 0))       # read + write; backward reads two, writes
+    moves = rows * hidden * nbytes * ROW_MOVES * (2 if backward else 1)
+    memory = (gelu + moves) / hardware.achievable_bandwidth(rows * hidden * nbytes, processes)
+    compute = forward * (3 if backward else 1) + memory
+    op = _op(hardware, processes)
+    if op:  # a calibrated box: the layer is a few hundred small eager ops, each paying its dispatch
+        local = num_experts // ep
+        ops = OPS_FORWARD + OPS_PER_EXPERT_FORWARD * local
+        if backward:
+            ops += OPS_BACKWARD + OPS_PER_EXPERT_BACKWARD * local
+        compute += ops * op
     vol = a2a_volume(tokens // ep, hidden, top_k, ep, nbytes)
-    one = all_to_all(vol["dispatch"] * ep / max(ep - 1, 1), ep, hardware.intra) if ep > 1 else 0.0
-    comm = one * (4 if backward else 2)
-    return dict(total=compute + comm, compute=compute, all_to_all=one, comm=comm, capacity=cap)
+    one = _blocking(vol["dispatch"] * ep / max(ep - 1, 1), ep, hardware, "all_to_all", processes)
+    # the routing counts: an all-gather of k×E counts (queue_positions), an all-to-all of E (exchange_counts)
+    counts = (_blocking(8 * top_k * num_experts, ep, hardware, "all_gather", processes)
+              + _blocking(8 * num_experts, ep, hardware, "all_to_all", processes))
+    comm = one * (4 if backward else 2) + counts
+    return dict(total=compute + comm, compute=compute, all_to_all=one, counts=counts, comm=comm, capacity=cap)
