@@ -27,6 +27,7 @@ exposed figure here reads CPU threads only.
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import statistics
@@ -216,12 +217,32 @@ def _overlap(xs, ys) -> float:
     return total
 
 
+def _blocked(calls, main_ops, slices) -> list:
+    """[call, resume] for each collective call the main thread blocked in: after the ``c10d::`` call it ran no
+    operator until the first communication slice begun after the call had ended (a synchronous all-reduce). It was
+    in the call until its next operator, as the run record's span around the call counts it (on a loaded machine
+    that includes the wait to be scheduled again). An asynchronous call (a bucket in backward) is followed by
+    operators at once: only its own slice counts."""
+    starts = sorted(e["ts"] for e in main_ops)
+    firsts = sorted((e["ts"], e["ts"] + e["dur"]) for e in slices)
+    out = []
+    for c in calls:
+        end = c["ts"] + c["dur"]
+        k = bisect.bisect_left(starts, end)
+        resume = starts[k] if k < len(starts) else None
+        j = bisect.bisect_left(firsts, (c["ts"], float("-inf")))
+        if resume is not None and j < len(firsts) and firsts[j][1] <= resume:
+            out.append((c["ts"], resume))
+    return out
+
+
 def exposed_comm(trace) -> dict:
     """Exposed communication from a merged trace (a path or the dict :func:`merge` returns).
 
     Per rank and measured step (the simlib step slices; warm-up steps left out): seconds of communication
     (union of the communication slices, and of the main thread's calls into a collective: ``c10d::...``, where
-    it hands the collective over or blocks in it) during which the main thread ran no operator. Returns ``per_rank``
+    it hands the collective over, to its next operator when it blocked in it) during which the main thread ran
+    no operator. Returns ``per_rank``
     ({rank: {step: seconds}}), ``median_per_rank`` and ``exposed_comm_time`` (the mean over ranks of the
     median over steps: how the run record aggregates its own figure), plus the same for ``comm_time``.
     """
@@ -233,8 +254,11 @@ def exposed_comm(trace) -> dict:
     per_rank, comm_per_rank = {}, {}
     for rank, evs in sorted(by_rank.items()):
         steps = [e for e in evs if e["tid"] == STEPS_TID and not e["args"].get("warmup")]
-        comm = _union((e["ts"], e["ts"] + e["dur"]) for e in evs if e.get("cat") == "communication"
-                      or (e["tid"] == COMPUTE_TID and e["name"].startswith(ISSUE_PREFIXES)))
+        slices = [e for e in evs if e.get("cat") == "communication"]
+        calls = [e for e in evs if e["tid"] == COMPUTE_TID and e["name"].startswith(ISSUE_PREFIXES)]
+        comm = _union([(e["ts"], e["ts"] + e["dur"]) for e in slices + calls]
+                      + _blocked(calls, [e for e in evs if e["tid"] == COMPUTE_TID and e.get("cat") == "cpu_op"],
+                                 slices))
         compute = _union(_leaves([e for e in evs if e["tid"] == COMPUTE_TID and e.get("cat") == "cpu_op"
                                   and not e["name"].startswith(ISSUE_PREFIXES + COMM_PREFIXES)]))
         per_rank[rank], comm_per_rank[rank] = {}, {}
