@@ -6,8 +6,8 @@ The full-size GPT (4 blocks), 2 processes, the course's Zero3 against Zero3Prefe
 8 steps each (2 warm-up), alternating twice, each run profiled with ``simlib.debug.trace.profile``. Two measures
 per step: the time the main thread was blocked waiting for all-gathers (timed around each wait; the baseline is
 the same class with its hooks doing nothing, i.e. the plain Zero3), and the trace's exposed communication
-(communication slices during which the main thread ran no operator; it counts Python time between operators
-as exposed, which a loaded machine inflates). Also: losses equal (prefetching changes when parameters arrive, not their values). Target: exposed
+(communication slices and the main thread's collective calls, during which the main thread ran no operator;
+it counts Python time between operators as exposed, which a loaded machine inflates). Also: losses equal (prefetching changes when parameters arrive, not their values). Target: exposed
 communication lower with prefetching. On Gloo/CPU the all-gather shares the two cores with the compute, so
 what it can hide here is bounded; the simulator shows the GPU picture.
 """

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from contextlib import nullcontext
 import numbers
 
 import torch
@@ -126,10 +127,11 @@ def _local_bad(loss, params) -> tuple[bool, bool]:
     return loss_bad, grad_bad
 
 
-def nonfinite(loss, params, norm=None, device=None) -> list[tuple[int, bool, bool]]:
+def nonfinite(loss, params, norm=None, device=None, timeline=None) -> list[tuple[int, bool, bool]]:
     """Which ranks saw a non-finite loss or gradient this step: ``[(rank, loss_bad, grad_bad), ...]`` (empty when
     all is finite), the same answer on every rank. ``norm``: the global gradient norm when one was computed
-    (clipping) - then only the loss needs checking locally. One all-reduce of one number per step."""
+    (clipping) - then only the loss needs checking locally. One all-reduce of one number per step (a "comm" span
+    of ``timeline`` when given: it blocks, so it is exposed communication)."""
     loss_bad, grad_bad = (loss is not None and not math.isfinite(float(loss)),
                           norm is not None and not math.isfinite(norm))
     if norm is None:
@@ -138,8 +140,10 @@ def nonfinite(loss, params, norm=None, device=None) -> list[tuple[int, bool, boo
     if not multi:
         return [(0, loss_bad, grad_bad)] if (loss_bad or grad_bad) else []
     flag = torch.tensor([1.0 if (loss_bad or grad_bad) else 0.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if not flag.item():
+    with timeline.span("comm", name="non-finite check") if timeline is not None else nullcontext():
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        any_bad = flag.item()
+    if not any_bad:
         return []
     everyone = [None] * dist.get_world_size()  # only on a bad step: who saw what
     dist.all_gather_object(everyone, (dist.get_rank(), loss_bad, grad_bad))

@@ -405,15 +405,17 @@ def clip_grad_norm(pm: ParallelModel, max_norm: float) -> float:
         elif id(p) not in tied:
             rest += sq
 
-    if plan.tp > 1:
-        dist.all_reduce(split, group=g.tp_group)
-    if experts:
-        dist.all_reduce(shared_out, group=g.ep_group)
-    total = split + rest + shared_out
-    if plan.pp > 1:
-        dist.all_reduce(total, group=g.pp_group)
-    if owned is not None and plan.dp > 1:
-        dist.all_reduce(total, group=g.dp_group)
+    blocking = plan.tp > 1 or experts or plan.pp > 1 or (owned is not None and plan.dp > 1)
+    with _span(pm.timeline if blocking else None, "comm", "gradient norm"):  # a blocking collective: exposed
+        if plan.tp > 1:
+            dist.all_reduce(split, group=g.tp_group)
+        if experts:
+            dist.all_reduce(shared_out, group=g.ep_group)
+        total = split + rest + shared_out
+        if plan.pp > 1:
+            dist.all_reduce(total, group=g.pp_group)
+        if owned is not None and plan.dp > 1:
+            dist.all_reduce(total, group=g.dp_group)
     norm = float(total.sqrt())
     coef = max_norm / (norm + 1e-6)
     if coef < 1:

@@ -16,12 +16,14 @@ replay produces tables of the same shape, so one plot shows predicted beside mea
 """
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 
 import numpy as np
 
 KINDS = ("step", "forward", "backward", "comm", "optimizer", "wait", "other")
+COMPUTE_KINDS = ("forward", "backward", "optimizer")  # what hides communication (see :func:`exposed_time`)
 COLUMNS = ["rank", "step", "kind", "name", "start", "end", "duration", "warmup"]
 
 
@@ -42,6 +44,7 @@ class Timeline:
         self._rows: list[dict] = []
         self._pending: list[tuple] = []  # CUDA events not yet resolved
         self._cuda_ref = None
+        self._open: dict = {}  # thread id -> holes of the compute spans open on it, innermost last
 
     # ── clock ──
     def _now(self):
@@ -70,16 +73,36 @@ class Timeline:
     # ── recording ──
     @contextmanager
     def span(self, kind: str, name: str | None = None, step: int | None = None):
-        """Time the enclosed block as one span of ``kind`` (one of :data:`KINDS`)."""
+        """Time the enclosed block as one span of ``kind`` (one of :data:`KINDS`).
+
+        A "comm" or "wait" span opened inside a compute span (forward, backward, optimizer) on the same thread is
+        a blocking collective: the thread computed nothing meanwhile, so it is cut out of the compute span (which
+        is recorded as the pieces around it) and counts as exposed, as a profiler trace shows it.
+        """
         if kind not in KINDS:
             raise ValueError(f"unknown span kind {kind!r}: use one of {KINDS}")
         step = self.current_step if step is None else step
+        stack = self._open.setdefault(threading.get_ident(), [])  # [holes, ...] of the open compute spans
+        holes: list = []
+        blocking = kind in ("comm", "wait") and not any(h and h[-1] is None for h in stack)  # outermost only
+        if kind in COMPUTE_KINDS:
+            stack.append(holes)
+        elif blocking:
+            for outer in stack:
+                outer.append(None)  # open hole: a comm span nested in this one does not cut again
         start = self._now()
         try:
             yield
         finally:
             end = self._now()
-            self.add(kind, start, end, name=name, step=step)
+            if kind in COMPUTE_KINDS:
+                stack.pop()
+            elif blocking:
+                for outer in stack:
+                    outer[-1] = (start, end)
+            edges = [start] + [t for hole in holes for t in hole] + [end]
+            for a, b in zip(edges[::2], edges[1::2]):
+                self.add(kind, a, b, name=name, step=step)
 
     def add(self, kind: str, start, end, name: str | None = None, step: int | None = None) -> None:
         """Add a span measured elsewhere (times from ``time.perf_counter`` or CUDA events)."""

@@ -380,7 +380,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
             # by the scaler (that is its job; every rank agrees on it), so the divergence check runs on the others
             finite = pm.scaler.unscale_(unique_parameters(pm.module)) if pm.scaler is not None else True
             norm = clip_grad_norm(pm, optim.grad_clip) if optim.grad_clip and finite else None
-            bad = guards.nonfinite(loss, local_params, norm, ctx.device) if finite else []  # same on every rank
+            bad = guards.nonfinite(loss, local_params, norm, ctx.device, tl) if finite else []  # same on every rank
             if finite and not bad:
                 optimizer.step()
             if pm.scaler is not None:

@@ -83,3 +83,25 @@ def test_exposed_comm_counts_only_what_compute_does_not_hide():
     assert s["comm_time"] == pytest.approx(3.0)          # the spans add up
     assert s["exposed_comm_time"] == pytest.approx(1.0)  # the step waits only for [2, 3]
     assert s["exposed_comm_fraction"] == pytest.approx(0.25)
+
+
+def test_a_blocking_collective_inside_a_compute_span_is_exposed():
+    """A comm span opened inside the optimizer span (the non-finite check's all-reduce) is cut out of it: the
+    optimizer is recorded as the pieces around it, and the collective counts as exposed, as in a profiler trace."""
+    import time
+    tl = Timeline(rank=0)
+    with tl.step(0):
+        with tl.span("optimizer"):
+            time.sleep(0.01)
+            with tl.span("comm", name="non-finite check"):
+                with tl.span("comm", name="inner"):  # nested comm: cut once, by the outermost
+                    time.sleep(0.005)
+                time.sleep(0.005)
+            time.sleep(0.01)
+    df = tl.frame()
+    opt, comm = df[df["kind"] == "optimizer"], df[(df["kind"] == "comm") & (df["name"] == "non-finite check")]
+    assert len(opt) == 2 and len(comm) == 1
+    assert opt["end"].iloc[0] == comm["start"].iloc[0] and opt["start"].iloc[1] == comm["end"].iloc[0]
+    s = summarize(df)
+    assert s["exposed_comm_time"] == pytest.approx(float(comm["duration"].iloc[0]))
+    assert s["optimizer_time"] == pytest.approx(float(opt["duration"].sum())) and s["optimizer_time"] < 0.03

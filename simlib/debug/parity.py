@@ -90,6 +90,7 @@ class Parity:
     parameter: str | None = None     # the parameter furthest outside its band (at first_step, or at the end)
     parameter_ratio: float | None = None  # its difference / its band
     parameters: dict = field(default_factory=dict)  # name -> (difference, band)
+    quantity: str = "loss"           # what the series is (the loss, the gradient norm, ...)
 
     @property
     def agree(self) -> bool:
@@ -99,23 +100,53 @@ class Parity:
         if self.agree:
             worst = max(abs(a - b) / w for a, b, w in zip(self.losses_a, self.losses_b, self.band))
             return (f"{self.label_b} agrees with {self.label_a} within what summation order explains: "
-                    f"{len(self.band)} steps, the largest loss difference is {worst:.2f} of its band; every "
-                    f"parameter inside its band")
+                    f"{len(self.band)} steps, the largest {self.quantity} difference is {worst:.2f} of its band"
+                    + ("; every parameter inside its band" if self.parameters else ""))
         if self.first_step is not None:
             s = self.first_step
-            text = (f"{self.label_b} leaves {self.label_a}'s band at step {s}: loss {self.losses_b[s]:.6f} vs "
+            text = (f"{self.label_b} leaves {self.label_a}'s band at step {s}: {self.quantity} {self.losses_b[s]:.6f} vs "
                     f"{self.losses_a[s]:.6f} (difference {abs(self.losses_b[s] - self.losses_a[s]):.2e}, band "
                     f"{self.band[s]:.2e}; reordering the sums moved it by {self.noise[s]:.2e})")
-            if s == 0:
+            if s == 0 and self.quantity == "loss":
                 text += ". Step 0's loss comes before any update: the forward pass or the data differ"
         else:
-            text = f"{self.label_b}'s losses stay in {self.label_a}'s band, but its parameters do not"
+            text = f"{self.label_b}'s {self.quantity} stays in {self.label_a}'s band, but its parameters do not"
         if self.parameter is not None and self.parameter_ratio is not None and self.parameter_ratio > 1:
             where = f"after {self.first_step} steps" if self.first_step else "at the end"
             diff, band = self.parameters[self.parameter]
             text += (f"; {where} the parameter furthest outside its band is {self.parameter} (difference "
                      f"{diff:.2e}, {self.parameter_ratio:.0f}x its band {band:.2e})")
         return text
+
+
+def bands(reference, twins, factor: float = 4.0, eps: float = EPS32) -> tuple[list, list]:
+    """Per step of a series (losses, gradient norms): the band around ``reference`` and the noise it comes from.
+    ``twins``: the same run with its sums in other orders (permuted samples). The noise at step s is the largest
+    difference any twin showed up to s; the band is ``factor`` x that, plus 16 units in the last place of
+    ``eps`` (the dtype's machine epsilon: 2**-23 for float32) times the value, should reordering change nothing."""
+    if factor < 1:
+        raise ValueError(f"factor must be >= 1 (the band is factor x the permutations' spread), got {factor}")
+    if not twins:
+        raise ValueError("no twins: the band comes from the same run with its sums reordered (permuted samples)")
+    noise, band, running = [], [], 0.0
+    for s, value in enumerate(reference):
+        running = max(running, max(abs(value - t[s]) for t in twins))
+        noise.append(running)
+        band.append(factor * running + 16 * eps * abs(value))
+    return band, noise
+
+
+def verdict(reference, twins, other, label_a: str = "one process", label_b: str = "the plan", factor: float = 4.0,
+            quantity: str = "loss", eps: float = EPS32) -> Parity:
+    """Does the series ``other`` (per step) stay inside the band that ``twins`` (``reference`` with reordered sums)
+    draw around ``reference``? A :class:`Parity` naming the first step outside it (``.agree``, ``str()``)."""
+    if len(other) != len(reference) or any(len(t) != len(reference) for t in twins):
+        raise ValueError(f"the series have different lengths: reference {len(reference)}, twins "
+                         f"{[len(t) for t in twins]}, {label_b} {len(other)}: run the same number of steps")
+    band, noise = bands(reference, twins, factor, eps)
+    outside = [s for s in range(len(reference)) if not abs(reference[s] - other[s]) <= band[s]]  # NaN: outside
+    return Parity(label_a, label_b, list(reference), list(other), band, noise,
+                  first_step=outside[0] if outside else None, quantity=quantity)
 
 
 def _run(task, plan, steps, optim, permutation, parameters, cluster):
@@ -128,13 +159,28 @@ def _run(task, plan, steps, optim, permutation, parameters, cluster):
     return out[0]
 
 
-def _parameter_bands(ref, twins, other, factor):
+def parameter_bands(reference, twins, other, factor: float = 4.0, eps: float = EPS32) -> dict:
+    """Per parameter tensor (state dicts): ``{name: (difference, band)}``, the largest difference between
+    ``other`` and ``reference``, and ``factor`` x the largest one any twin (``reference`` with its sums in another
+    order) left in that tensor, plus 16 units in the last place of ``eps`` times the tensor's largest value.
+    ``other`` agrees when every difference is <= its band (:func:`worst_parameter`)."""
+    if not twins:
+        raise ValueError("no twins: the band comes from the same run with its sums reordered")
     out = {}
-    for name, a in ref.items():
+    for name, a in reference.items():
         noise = max(float((a - t[name]).abs().max()) for t in twins)
-        band = factor * noise + 16 * EPS32 * float(a.abs().max())
+        band = factor * noise + 16 * eps * float(a.abs().max())
         out[name] = (float((a - other[name]).abs().max()), band)
     return out
+
+
+def worst_parameter(bands: dict) -> tuple[str, float]:
+    """The parameter furthest outside (or least inside) its band, and its difference / band (> 1: outside)."""
+    def ratio(k):
+        diff, width = bands[k]
+        return diff / width if width > 0 else (0.0 if diff == 0 else float("inf"))
+    name = max(bands, key=ratio)
+    return name, ratio(name)
 
 
 def compare(task, plan_a, plan_b, steps: int = 10, optim=None, task_b=None, permutations: int = 2,
@@ -155,23 +201,13 @@ def compare(task, plan_a, plan_b, steps: int = 10, optim=None, task_b=None, perm
         return a, twins, b
 
     a, twins, b = runs(steps)
-    la, lb = a["losses"], b["losses"]
-    noise, band, running = [], [], 0.0
-    for s, loss in enumerate(la):
-        running = max(running, max(abs(loss - t["losses"][s]) for t in twins))
-        noise.append(running)
-        band.append(factor * running + 16 * EPS32 * abs(loss))
-    outside = [s for s in range(len(la)) if abs(la[s] - lb[s]) > band[s]]
-    result = Parity(plan_a.label, plan_b.label, la, lb, band, noise, first_step=outside[0] if outside else None)
+    result = verdict(a["losses"], [t["losses"] for t in twins], b["losses"], plan_a.label, plan_b.label, factor)
     if parameters:
         if result.first_step and locate:  # the parameters that produced the first loss outside the band
             a, twins, b = runs(result.first_step)
         if not (result.first_step == 0 and locate):
-            bands = _parameter_bands(a["params"], [t["params"] for t in twins], b["params"], factor)
-            result.parameters = bands
-            name = max(bands, key=lambda k: bands[k][0] / bands[k][1] if bands[k][1] > 0 else float("inf"))
-            diff, width = bands[name]
-            result.parameter, result.parameter_ratio = name, (diff / width if width > 0 else float("inf"))
+            result.parameters = parameter_bands(a["params"], [t["params"] for t in twins], b["params"], factor)
+            result.parameter, result.parameter_ratio = worst_parameter(result.parameters)
     return result
 
 

@@ -13,16 +13,21 @@ the course's own spans (:class:`simlib.timeline.Timeline`: step, forward, backwa
 annotation tracks, placed on the profiler's clock.
 
 :func:`exposed_comm` computes, from the trace alone, the communication no compute overlaps: per rank and step,
-the union of the communication tracks' slices minus the time the main thread was running operators (the
+the union of the communication tracks' slices and of the main thread's collective calls (``c10d::allreduce_``:
+handing a collective over, or blocking in it) minus the time the main thread was running operators (the
 innermost ones: an autograd function whose forward waits for an all-gather is not compute while it waits). It is the
 figure the run record reports as ``exposed_comm_time`` (there from the course's spans), now derived from
-torch's own record of the run: the two are compared in ``tests/test_trace.py`` and the lesson.
+torch's own record of the run: the two are compared in ``tests/test_trace.py`` and the lesson. Both count the
+same things: the measured steps only (warm-up and the logged loss's all-reduce, which runs after the step, left
+out), every collective inside a step (the gradient buckets, the non-finite check, a clipping norm's all-reduce),
+and a collective called inside a compute span as exposed (the record cuts it out of the span).
 
 Limits: one node (every rank's profiler uses the same clock); CUDA kernels appear when CUDA is used, but the
 exposed figure here reads CPU threads only.
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import statistics
@@ -30,7 +35,7 @@ import time
 from pathlib import Path
 
 COMM_PREFIXES = ("gloo:", "nccl:", "ncclDevKernel", "ncclKernel")  # slices that are data in flight
-ISSUE_PREFIXES = ("c10d::", "record_param_comms")  # the main thread handing a collective over (not compute)
+ISSUE_PREFIXES = ("c10d::", "record_param_comms")  # the main thread in a collective call: communication, not compute
 COMPUTE_TID, STEPS_TID, SPANS_TID, COMM_SPANS_TID = 0, 1, 2, 3
 COMM_TID0, MAIN_COMM_TID = 10, 9
 
@@ -204,7 +209,7 @@ def _clip(intervals, lo, hi):
 
 
 def _overlap(xs, ys) -> float:
-    total, j = 0.0, 0
+    total = 0.0
     for a, b in xs:
         for c, d in ys:
             if d > a and c < b:
@@ -212,11 +217,32 @@ def _overlap(xs, ys) -> float:
     return total
 
 
+def _blocked(calls, main_ops, slices) -> list:
+    """[call, resume] for each collective call the main thread blocked in: after the ``c10d::`` call it ran no
+    operator until the first communication slice begun after the call had ended (a synchronous all-reduce). It was
+    in the call until its next operator, as the run record's span around the call counts it (on a loaded machine
+    that includes the wait to be scheduled again). An asynchronous call (a bucket in backward) is followed by
+    operators at once: only its own slice counts."""
+    starts = sorted(e["ts"] for e in main_ops)
+    firsts = sorted((e["ts"], e["ts"] + e["dur"]) for e in slices)
+    out = []
+    for c in calls:
+        end = c["ts"] + c["dur"]
+        k = bisect.bisect_left(starts, end)
+        resume = starts[k] if k < len(starts) else None
+        j = bisect.bisect_left(firsts, (c["ts"], float("-inf")))
+        if resume is not None and j < len(firsts) and firsts[j][1] <= resume:
+            out.append((c["ts"], resume))
+    return out
+
+
 def exposed_comm(trace) -> dict:
     """Exposed communication from a merged trace (a path or the dict :func:`merge` returns).
 
     Per rank and measured step (the simlib step slices; warm-up steps left out): seconds of communication
-    (union of the communication slices) during which the main thread ran no operator. Returns ``per_rank``
+    (union of the communication slices, and of the main thread's calls into a collective: ``c10d::...``, where
+    it hands the collective over, to its next operator when it blocked in it) during which the main thread ran
+    no operator. Returns ``per_rank``
     ({rank: {step: seconds}}), ``median_per_rank`` and ``exposed_comm_time`` (the mean over ranks of the
     median over steps: how the run record aggregates its own figure), plus the same for ``comm_time``.
     """
@@ -228,7 +254,11 @@ def exposed_comm(trace) -> dict:
     per_rank, comm_per_rank = {}, {}
     for rank, evs in sorted(by_rank.items()):
         steps = [e for e in evs if e["tid"] == STEPS_TID and not e["args"].get("warmup")]
-        comm = _union((e["ts"], e["ts"] + e["dur"]) for e in evs if e.get("cat") == "communication")
+        slices = [e for e in evs if e.get("cat") == "communication"]
+        calls = [e for e in evs if e["tid"] == COMPUTE_TID and e["name"].startswith(ISSUE_PREFIXES)]
+        comm = _union([(e["ts"], e["ts"] + e["dur"]) for e in slices + calls]
+                      + _blocked(calls, [e for e in evs if e["tid"] == COMPUTE_TID and e.get("cat") == "cpu_op"],
+                                 slices))
         compute = _union(_leaves([e for e in evs if e["tid"] == COMPUTE_TID and e.get("cat") == "cpu_op"
                                   and not e["name"].startswith(ISSUE_PREFIXES + COMM_PREFIXES)]))
         per_rank[rank], comm_per_rank[rank] = {}, {}

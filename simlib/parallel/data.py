@@ -317,8 +317,9 @@ class DataParallelBucket(_DataParallel):
         return [p not in self.used for p in self.params]
 
     def _launch(self, i: int):
+        with _span(self.timeline, "comm", f"bucket {i} issue"):  # in backward: the main thread does not compute
+            work = dist.all_reduce(self.buffers_[i], group=self.group, async_op=True)
         start = time.perf_counter()
-        work = dist.all_reduce(self.buffers_[i], group=self.group, async_op=True)
         if self.timeline is not None:
             timeline, step = self.timeline, self.timeline.current_step
 
