@@ -151,3 +151,14 @@ def test_context_and_expert_plans_from_the_command_line():
         cli_train.resolve(_args("gpt", "--quick", "--plan.ep", "2"))
     with pytest.raises(ValueError, match="not with tensor parallelism"):
         cli_train.resolve(_args("gpt", "--quick", "--world-size", "4", "--plan.cp", "2", "--plan.tp", "2"))
+
+
+def test_resume_at_the_last_step_finishes(tmp_path):
+    """A restart after the final checkpoint (a node lost during the final eval, a requeued job) has no step left:
+    it reports the run and ends without error (it failed plotting the training curve it no longer has)."""
+    out = tmp_path / "run"
+    args = ["train", "gpt", "--quick", "--world-size", "1", "--plan", "single", "--out", str(out),
+            "--budget.steps", "2", "--budget.eval-every", "2", "--plan.checkpoint-every", "2"]
+    assert cli.main(args) == 0
+    assert cli.main([*args, "--resume"]) == 0
+    assert (out / "loss.png").is_file()
