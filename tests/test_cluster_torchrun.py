@@ -37,8 +37,9 @@ def _clean_env():
              # torch 2.13's c10d rendezvous shares one TCPStore across rounds by default, and then a replacement
              # node cannot join: the surviving rank-0 agent publishes MASTER_ADDR/PORT under the first round's
              # prefix only (it caches them: DynamicRendezvousHandler.next_rendezvous, _bootstrap_store_info), and
-             # the new agent waits for them under the new round's prefix until it times out. Without sharing,
-             # every round publishes them.
+             # the new agent waits for them under the new round's prefix until it times out (seen here without
+             # this: "wait timeout after 60000ms, keys: /torch.rendezvous.simlib-two-nodes.1/MASTER_ADDR", both
+             # agents fail). Without sharing, every round publishes them.
              TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     return e
 
