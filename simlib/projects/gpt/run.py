@@ -124,7 +124,8 @@ def plot_runs(records: dict, path=None, target: float | None = None):
         ev = rec.eval_frame
         rows = rec.frame
         line, = ax_tokens.plot(ev["tokens"], ev["eval_loss"], "o-", ms=3, label=f"{label} (eval)")
-        ax_tokens.plot(rows["tokens"], rows["loss"], color=line.get_color(), alpha=0.3, lw=1)
+        if {"tokens", "loss"} <= set(rows.columns):  # none when a run resumed at its last step (elastic restart)
+            ax_tokens.plot(rows["tokens"], rows["loss"], color=line.get_color(), alpha=0.3, lw=1)
         ax_time.plot(ev["train_time"], ev["eval_loss"], "o-", ms=3, color=line.get_color(), label=label)
     for ax in (ax_tokens, ax_time):
         if target is not None:
