@@ -308,16 +308,16 @@ class Cluster(ElasticWorkers):
         self._fn = fn  # for the hang finder's report, in the learner's file names
         results, failures, died = {}, {}, set()
         first_failure = None
-        for rank, chan in self._conns.items():
-            try:
-                chan.send(("call", call_id, payload))
-            except OSError:  # the worker ended between calls (and the agent may have restarted it)
-                died.add(rank)
-                failures[rank] = RemoteFailure(rank, "WorkerDied", "the worker process had ended before the call "
-                                               "(killed, crashed, or it called os._exit)", "")
-                first_failure = first_failure or time.monotonic()
         deadline = None if timeout is None else time.monotonic() + timeout
-        try:
+        try:  # from the first send on: a Ctrl-C while some ranks already run the call must stop them too
+            for rank, chan in self._conns.items():
+                try:
+                    chan.send(("call", call_id, payload))
+                except OSError:  # the worker ended between calls (and the agent may have restarted it)
+                    died.add(rank)
+                    failures[rank] = RemoteFailure(rank, "WorkerDied", "the worker process had ended before the "
+                                                   "call (killed, crashed, or it called os._exit)", "")
+                    first_failure = first_failure or time.monotonic()
             while len(results) + len(failures) < self.world_size:
                 now = time.monotonic()
                 if first_failure is not None and now - first_failure > self.grace:

@@ -161,14 +161,15 @@ def test_bad_timeout_and_fn():
 
 
 SCRIPT = textwrap.dedent("""
-    import sys, time, simlib
-    def sleepy():
+    import os, sys, time, simlib
+    def sleepy(path):
+        open(f"{path}.{os.environ['RANK']}", "w").close()  # this rank is inside the call
         time.sleep(120)
     if __name__ == "__main__":
         cluster = simlib.Cluster(2)
         open(sys.argv[1], "w").write(" ".join(map(str, cluster.pids)))
         try:
-            cluster.run(sleepy)
+            cluster.run(sleepy, sys.argv[1])
         except KeyboardInterrupt:
             print("interrupted cleanly", flush=True)
             sys.exit(3)
@@ -182,10 +183,11 @@ def _start_script(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script), str(pidfile)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
-    while not (pidfile.exists() and pidfile.read_text().strip()):
+    running = [tmp_path / f"pids.{rank}" for rank in (0, 1)]  # both workers are inside the call (a loaded machine
+    while not (pidfile.exists() and pidfile.read_text().strip() and all(p.exists() for p in running)):  # may lag)
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() else "slow"
         time.sleep(0.2)
-    time.sleep(0.5)
+    time.sleep(0.2)
     return proc, [int(p) for p in pidfile.read_text().split()]
 
 
