@@ -271,7 +271,9 @@ def _checkpoint_calculator_redraws(page):
     text = _all_outputs(page)
     printed = re.search(r"Daly's interval with a one-day MTBF: every ([\d.]+) h", text).group(1)
     shown = re.search(r"Daly: every ([\d.]+) h", text).group(1)
-    assert printed == shown, (printed, shown)
+    # the log slider snaps the save time to its grid (steps 0.1 % apart: the interval moves < 0.1 %), and each side
+    # rounds to 0.01 h: printed 2.26 beside shown 2.25 is the same interval
+    assert abs(float(printed) - float(shown)) <= 0.01 + 1e-3 * float(printed), (printed, shown)
     slider = page.locator(".widget-slider", has_text="save (s)").first
     slider.scroll_into_view_if_needed()
     slider.locator(".noUi-handle").focus()
