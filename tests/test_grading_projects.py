@@ -95,6 +95,13 @@ def test_gpt_plan_fastest_passes_and_planted_fail(gpt_runs, monkeypatch, tmp_pat
     assert not _gpt_check(monkeypatch, gpt_runs, slowest).passed
     single = _gpt_check(monkeypatch, gpt_runs, "single")
     assert not single.passed and "2 processes" in " ".join(r.hint for r in single.failed())
+    # the context-parallel, MoE and 4-process runs of notebook 10 sit beside them: neither an answer nor a rival
+    extra = tmp_path / "extra" / "results" / "gpt"
+    shutil.copytree(gpt_runs, extra)
+    shutil.copytree(gpt_runs / fastest, extra / "cp")
+    cp = _gpt_check(monkeypatch, extra, "cp")
+    assert not cp.passed and "section 4" in " ".join(r.hint for r in cp.failed())
+    assert _gpt_check(monkeypatch, extra, fastest).passed
     for i, bug in enumerate(planted.GPT):
         root = tmp_path / str(i) / "results" / "gpt"
         shutil.copytree(gpt_runs, root)
