@@ -92,7 +92,7 @@ class ParallelModel:
     activation: tuple | None = None                # (shape after the micro-batch dim, dtype) between stages
     timeline: object = None
     scaler: object = None        # simlib.parallel.precision.LossScaler when the plan scales the loss
-    zero_optimizer: object = None  # ZeRO-1/2 under PP: the ShardedOptimizer (its owner of each parameter)
+    zero_optimizer: object = None  # ZeRO-1/2: the ShardedOptimizer (its owner of each parameter)
     split: object = None         # cp > 1: the simlib.parallel.context.ContextSplit of every step
     moe: list = field(default_factory=list)  # the model's MoE layers when dp x cp > 1 (MoEFeedForward)
 
@@ -353,8 +353,8 @@ def build_optimizer(pm: ParallelModel, plan, optim, total_steps: int | None):
         optimizer = ShardedOptimizer([g for g in param_groups if g["params"]], cls, group=pm.groups.dp_group, **hyper)
         if pm.wrapped is not None:
             pm.wrapped.attach(optimizer)
-        else:  # under PP: the pipeline step reduces the gradients (ZeRO-2: to their owners)
-            pm.zero_optimizer = optimizer
+        # (under PP there is no wrapper: the pipeline step reduces the gradients, ZeRO-2 to their owners)
+        pm.zero_optimizer = optimizer  # clipping counts each gradient on its owner only
     elif plan.zero_stage == 3:     # each DP rank steps its flat shards
         from .parallel.zero3 import check_elementwise
         check_elementwise(cls, dist.get_rank())
@@ -382,7 +382,7 @@ def clip_grad_norm(pm: ParallelModel, max_norm: float) -> float:
     clipping) equals ``torch.nn.utils.clip_grad_norm_`` on the unsplit model.
     """
     g, plan = pm.groups, pm.plan
-    if plan.zero_stage and pm.zero_optimizer is None:  # each rank holds only the gradients it owns (ZeRO-1/2: whole tensors; ZeRO-3: shards)
+    if plan.zero_stage == 3:  # each rank holds the gradient shards of its flat shards
         from .parallel.zero import clip_grad_norm_
         module = pm.wrapped if pm.wrapped is not None else pm.module
         return float(clip_grad_norm_(list(module.parameters()), max_norm, group=g.dp_group))

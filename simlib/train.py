@@ -60,8 +60,8 @@ class Plan:
     model's experts out over groups of ``ep`` of those ``dp x cp`` ranks (it divides ``dp x cp`` and adds no
     ranks); tokens travel to their experts by all-to-all. ``cp``/``ep`` compose with dp, accumulation,
     recomputation and bf16; with tp, pp or ZeRO they are refused by :meth:`validate`. ``sequence_parallel``
-    (tp > 1, seq_len divisible by tp): Megatron's sequence parallelism in the TP regions. ``mixed_precision`` with
-    ``zero_stage=3`` is FSDP2's policy: weights gathered in that dtype, gradients reduced in fp32, fp32 shards."""
+    (tp > 1, seq_len divisible by tp): Megatron's SP in the TP regions. ``mixed_precision`` with ``zero_stage=3``
+    is FSDP2's policy (weights gathered in that dtype, fp32 reduce and shards); ZeRO-1/2 go with tp and pp."""
 
     dp: int = 1                          # data-parallel degree
     tp: int = 1                          # tensor-parallel degree (attention by heads, MLP by columns)
@@ -168,10 +168,10 @@ class Plan:
             raise ValueError(f"zero_stage=3 with pp={self.pp} is refused (as DeepSpeed does): every micro-batch would "
                              "all-gather each stage's weights again. Use zero_stage=1 or 2 with pp > 1 (optimizer "
                              "states and gradients sharded over each stage's DP group), or zero_stage=3 with pp=1")
-        if self.zero_stage and self.tp > 1:
-            raise ValueError(f"zero_stage={self.zero_stage} with tp={self.tp} is not supported: ZeRO here shards over "
-                             f"data parallelism only. Use tp=1 with ZeRO (zero_stage=1 or 2 also with pp > 1), or "
-                             "zero_stage=0 with tp > 1")
+        if self.zero_stage == 3 and self.tp > 1:
+            raise ValueError(f"zero_stage=3 with tp={self.tp} is not supported: ZeRO-3 here gathers whole blocks, not "
+                             "TP shards. Use zero_stage=1 or 2 with tp > 1 (sharded over each TP rank's DP group, as "
+                             "Megatron's distributed optimizer), or zero_stage=3 with tp=1")
         if task is None:
             return
         for degree, method in ((self.tp, "tensor_parallel"), (self.pp, "pipeline_stages"),

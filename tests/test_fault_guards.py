@@ -28,7 +28,8 @@ PLANS2 = {"dp2": Plan(dp=2), "tp2": Plan(tp=2), "pp2": Plan(pp=2, accumulation=2
 PLANS4 = {"dp2_tp2": Plan(dp=2, tp=2), "dp2_pp2": Plan(dp=2, pp=2, accumulation=2),
           "tp2_pp2": Plan(tp=2, pp=2, pp_microbatches=2),
           "dp2_pp2_zero1": Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=1),
-          "dp2_pp2_zero2": Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=2)}
+          "dp2_pp2_zero2": Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=2),
+          "dp2_tp2_zero2": Plan(dp=2, tp=2, zero_stage=2)}
 OPTIM = OptimConfig(lr=1e-2, warmup_steps=2, decay_steps=STEPS, grad_clip=1.0, weight_decay=0.1)
 
 

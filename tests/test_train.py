@@ -104,7 +104,8 @@ PLANS2 = [Plan(dp=2), Plan(dp=2, accumulation=2), Plan(dp=2, accumulation=2, dp_
           Plan(dp=2, accumulation=2, loss_scaling=True)]  # fp16's loss scaling, GPU-free: exact in fp32
 PLANS4 = [Plan(dp=2, tp=2), Plan(dp=2, pp=2, pp_microbatches=2, accumulation=2, loss_scaling=True),
           Plan(tp=2, pp=2, pp_microbatches=2), Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=1),
-          Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=2)]  # TP inside each pipeline stage, the tied head summed over stages
+          Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=2),  # TP inside each pipeline stage, the tied head summed over stages
+          Plan(dp=2, tp=2, zero_stage=1), Plan(dp=2, tp=2, zero_stage=2)]  # ZeRO over each TP rank's DP group
 
 
 @pytest.mark.parametrize("world, plans", [(2, PLANS2), (4, PLANS4)], ids=["2 ranks", "4 ranks"])
@@ -149,7 +150,7 @@ def test_zero3_bf16_policy_stays_close_to_bf16_autocast(cluster2, reference):
     (Plan(tp=3), 3, "does not divide the model's 4 attention heads"),
     (Plan(pp=3), 3, "use pp <= 2"),
     (Plan(dp=2, accumulation=3), 2, "does not split into dp=2 ranks x 3 accumulation steps"),
-    (Plan(dp=1, tp=2, zero_stage=1), 2, "ZeRO here shards over data parallelism only"),
+    (Plan(dp=1, tp=2, zero_stage=3), 2, "ZeRO-3 here gathers whole blocks.*zero_stage=1 or 2 with tp > 1"),
     (Plan(pp=2, pp_microbatches=3), 2, "x 3 pipeline micro-batches"),
     (Plan(pp=2, zero_stage=3), 2, "refused \\(as DeepSpeed does\\).*zero_stage=1 or 2 with pp > 1"),
 ])
@@ -246,27 +247,30 @@ def test_the_simulator_reads_the_same_plan():
                                                                                                "fp32")
     s = sim.Strategy.from_plan(Plan(pp=2, pp_microbatches=4, schedule="gpipe"), 32)
     assert (s.pp, s.micro_batch, s.num_micro_batches, s.schedule) == (2, 8, 4, "gpipe")
-    with pytest.raises(ValueError, match="ZeRO here shards over data parallelism only"):
-        sim.Strategy.from_plan(Plan(tp=2, zero_stage=2), 64)
+    s = sim.Strategy.from_plan(Plan(dp=2, tp=2, zero_stage=1), 64)
+    assert (s.dp, s.tp, s.zero_stage) == (2, 2, 1)
+    with pytest.raises(ValueError, match="ZeRO-3 here gathers whole blocks"):
+        sim.Strategy.from_plan(Plan(tp=2, zero_stage=3), 64)
     with pytest.raises(ValueError, match="one pipeline flush per step"):
         sim.Strategy.from_plan(Plan(pp=2, accumulation=2), 64)
 
 
 def test_3d_plan_equals_one_process_on_8_ranks(reference):
-    """Megatron's 3D: dp=2 x tp=2 x pp=2 on 8 processes, one launch (slow on 2 cores: the sizes stay quick)."""
+    """Megatron's 3D: dp=2 x tp=2 x pp=2 on 8 processes, one launch (slow on 2 cores: the sizes stay quick), and
+    the same with ZeRO-1 (optimizer states sharded over each (tp, pp) position's DP group)."""
     import warnings
 
     import simlib
-    plan = Plan(dp=2, tp=2, pp=2, pp_microbatches=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", simlib.OversubscribedWarning)
         cluster = simlib.Cluster(8, timeout=60)
     try:
-        outs = cluster.call(run_plan, (plan,), timeout=300)
+        for plan in (Plan(dp=2, tp=2, pp=2, pp_microbatches=2), Plan(dp=2, tp=2, pp=2, pp_microbatches=2, zero_stage=1)):
+            outs = cluster.call(run_plan, (plan,), timeout=300)
+            for rank, out in enumerate(outs):
+                assert_parity(reference, out, f"{plan.label}, rank {rank}")
     finally:
         cluster.close()
-    for rank, out in enumerate(outs):
-        assert_parity(reference, out, f"{plan.label}, rank {rank}")
 
 
 SP_PLANS = {2: [Plan(tp=2, sequence_parallel=True)],
