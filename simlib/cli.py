@@ -62,7 +62,7 @@ def _scaling(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table, timelines = experiments.scaling(args.world_sizes, mode=args.mode, keep_timelines=True,
-                                           threads_per_worker=args.threads, **defaults)
+                                           threads_per_worker=args.threads, dp_variant=args.dp_variant, **defaults)
     stem = f"scaling_{args.mode}"
     table.to_csv(out / f"{stem}.csv", index=False)
     meta = dict(table.attrs)
@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="measured steps (default 20)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps left out (default 3)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
+    p.add_argument("--dp-variant", choices=["bucket", "flat", "naive", "ddp"], default="bucket",
+                   help="how gradients are averaged: bucket (overlapped with backward, as DDP; default), flat (one "
+                        "all-reduce after backward), naive (one per tensor), ddp (torch's)")
     p.add_argument("--quick", action="store_true", help="small sizes (also SIMLIB_QUICK=1)")
     p.add_argument("--out", default="results", help="output folder (default ./results)")
     p.set_defaults(func=_scaling)

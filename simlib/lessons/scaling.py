@@ -1,8 +1,8 @@
 """Scaling sweeps: the same data-parallel training step over several world sizes, measured.
 
 ``scaling()`` runs, for each world size, fresh processes that train the built-in MLP with data
-parallelism through the one training loop, ``simlib.train`` (forward, backward, one flat all-reduce of the
-gradients, optimizer step), records every span with :class:`simlib.timeline.Timeline`, and returns one row per world size: step time (median and
+parallelism through the one training loop, ``simlib.train`` (forward, backward with the gradients all-reduced
+in buckets while it runs, as DDP does, optimizer step; ``dp_variant="flat"``: one all-reduce after backward), records every span with :class:`simlib.timeline.Timeline`, and returns one row per world size: step time (median and
 spread), throughput, speedup, efficiency and communication fraction.
 
 Strong scaling keeps the global batch fixed (each rank gets ``global_batch / world_size`` samples);
@@ -26,13 +26,14 @@ MODES = ("strong", "weak")
 
 
 def dp_train(width: int = 1024, depth: int = 4, local_batch: int = 256, steps: int = 20, warmup: int = 3,
-             lr: float = 1e-3, seed: int = 0):
+             lr: float = 1e-3, seed: int = 0, dp_variant: str = "bucket"):
     """One rank of a data-parallel run through the one training loop; returns the gathered timeline (on rank
     0) and the final loss.
 
-    ``simlib.train.train`` on the lessons' MLP regression task with ``Plan(dp=world_size, dp_variant="flat")``:
+    ``simlib.train.train`` on the lessons' MLP regression task with ``Plan(dp=world_size, dp_variant=dp_variant)``:
     every rank starts from the same weights, trains on its shard of the global batch, and averages the
-    gradients with one all-reduce of a flat buffer, so the ranks stay identical step after step.
+    gradients (``"bucket"``: in buckets overlapped with backward; ``"flat"``: one all-reduce of a flat buffer after
+    it; ``"ddp"``: torch's DDP), so the ranks stay identical step after step.
     """
     from ..tasks import RegressionTask
     from ..train import OptimConfig, Plan, train
@@ -41,7 +42,7 @@ def dp_train(width: int = 1024, depth: int = 4, local_batch: int = 256, steps: i
     global_batch = local_batch * ctx.world_size
     task = RegressionTask(width=width, depth=depth, global_batch=global_batch, num_samples=global_batch,
                           eval_samples=1, seed=seed)
-    record = train(task, Plan(dp=ctx.world_size, dp_variant="flat"), steps=warmup + steps,
+    record = train(task, Plan(dp=ctx.world_size, dp_variant=dp_variant), steps=warmup + steps,
                    optim=OptimConfig(name="sgd", lr=lr, schedule="constant"), log_every=warmup + steps,
                    warmup=warmup, measure_memory=False, verbose=False)
     return {"timeline": record.timeline if ctx.is_main else None, "loss": record.rows[-1]["loss"]}
@@ -71,7 +72,7 @@ def _row(summary, timeline, world_size, threads, global_batch, local_batch, base
 def scaling(world_sizes=(1, 2, 4), mode: str = "strong", global_batch: int = 1024,
             batch_per_rank: int | None = None, width: int = 1024, depth: int = 4, steps: int = 20,
             warmup: int = 3, threads_per_worker: int = 1, all_cores_baseline: bool = True,
-            progress: bool = True, keep_timelines: bool = False):
+            progress: bool = True, keep_timelines: bool = False, dp_variant: str = "bucket"):
     """Measure data-parallel training over ``world_sizes``; one row per world size (+ a baseline row).
 
     Columns: world_size, threads, global_batch, local_batch, step_time (median s), step_time_p25/p75,
@@ -79,7 +80,8 @@ def scaling(world_sizes=(1, 2, 4), mode: str = "strong", global_batch: int = 102
     (speedup per core used: processes x threads),
     comm_fraction, per-kind times, oversubscribed, and ``baseline`` (None for the sweep; a label for the
     one-process-all-cores row). ``table.attrs`` holds cores, mode and the configuration.
-    With ``keep_timelines=True`` returns ``(table, {world_size: timeline})``.
+    With ``keep_timelines=True`` returns ``(table, {world_size: timeline})``. ``dp_variant``: how gradients are
+    averaged (:data:`simlib.parallel.data.MODES`; ``"bucket"``, overlapped with backward as DDP, by default).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -105,12 +107,12 @@ def scaling(world_sizes=(1, 2, 4), mode: str = "strong", global_batch: int = 102
         local_batch = global_batch // world_size if mode == "strong" else batch_per_rank
         gb = local_batch * world_size
         summary, timeline = measure(world_size, threads=threads, width=width, depth=depth,
-                                    local_batch=local_batch, steps=steps, warmup=warmup)
+                                    local_batch=local_batch, steps=steps, warmup=warmup, dp_variant=dp_variant)
         rows.append(_row(summary, timeline, world_size, threads, gb, local_batch, baseline))
         if baseline is None:
             timelines[world_size] = timeline
     table = speedup_table(rows, mode, cores)
-    table.attrs.update(width=width, depth=depth, steps=steps, warmup=warmup,
+    table.attrs.update(width=width, depth=depth, steps=steps, warmup=warmup, dp_variant=dp_variant,
                        device="cuda" if env.gpu_count() else "cpu")
     return (table, timelines) if keep_timelines else table
 

@@ -25,6 +25,7 @@ Buckets hold one dtype each, so a bf16 parameter never rounds an fp32 gradient.
 """
 from __future__ import annotations
 
+import functools
 import time
 from contextlib import contextmanager, nullcontext
 
@@ -122,11 +123,16 @@ class _DataParallel(nn.Module):
     def _missing(self) -> list[bool]:
         return [p.grad is None for p in self.params]
 
-    def _set_mean(self, p: nn.Parameter, mean: torch.Tensor) -> None:
+    def _set_mean(self, p: nn.Parameter, summed: torch.Tensor) -> None:
+        """``p.grad`` = ``summed`` / world size: the division writes straight into the gradient (one pass over
+        the memory, not a division of the buffer and then a copy)."""
+        summed = summed.view_as(p)
         if p.grad is None:
-            p.grad = mean.view_as(p).clone()
+            p.grad = summed / self.world_size
+        elif p.grad.dtype == summed.dtype:
+            torch.div(summed, self.world_size, out=p.grad)
         else:
-            p.grad.copy_(mean.view_as(p))
+            p.grad.copy_(summed / self.world_size)
 
 
 class DataParallelNaive(_DataParallel):
@@ -179,16 +185,21 @@ class DataParallelFlat(_DataParallel):
         if not self.require_backward_grad_sync:
             return
         missing = self._missing()
-        parts = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
-                 for p in self.params]
-        flat = torch.cat(parts)
-        flat = torch.cat([flat, torch.tensor(missing, dtype=flat.dtype, device=flat.device)])
+        total = sum(p.numel() for p in self.params)
+        if getattr(self, "_flat", None) is None:  # one buffer for every step: no allocation (and page faults) per step
+            dtype = functools.reduce(torch.promote_types, [p.dtype for p in self.params], torch.float32)
+            device = self.params[0].device if self.params else torch.device("cpu")
+            self._flat = torch.empty(total + len(self.params), dtype=dtype, device=device)
+        flat, offset = self._flat, 0
+        for p in self.params:  # pack: a zero where this rank has no gradient
+            view = flat[offset:offset + p.numel()]
+            view.copy_(p.grad.reshape(-1)) if p.grad is not None else view.zero_()
+            offset += p.numel()
+        flat[total:] = torch.tensor(missing, dtype=flat.dtype, device=flat.device)
         with _span(self.timeline, "comm", "all_reduce flat"):
             dist.all_reduce(flat, group=self.group)
-        n = len(self.params)
-        counts = flat[flat.numel() - n:].float().cpu().clone()
+        counts = flat[total:].float().cpu().clone()
         self._check_agreement(counts, missing, "flat")
-        flat /= self.world_size
         offset = 0
         for p, count in zip(self.params, counts):
             if count < self.world_size:
@@ -351,7 +362,6 @@ class DataParallelBucket(_DataParallel):
         finally:
             self._new_step()
         for bucket, buffer in zip(self.buckets, self.buffers_):
-            buffer /= self.world_size
             offset = 0
             for p in bucket:
                 if counts[self.index[p]] < self.world_size or p.grad is not None:
