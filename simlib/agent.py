@@ -299,11 +299,12 @@ class ElasticWorkers:
         failure = failures.get(rank)
         return getattr(failure, "exitcode", None)
 
-    def _kill(self) -> None:
-        """Stop every worker now (SIGKILL to each worker's process group) and wait for the agent."""
+    def _kill(self, wait: float = 15.0) -> None:
+        """Stop every worker now (SIGKILL to each worker's process group) and wait up to ``wait`` s for the agent
+        (a daemon thread: if it is slow to notice, the caller goes on and the next call starts a new one)."""
         _no_more_restarts(getattr(self, "_run_id", None))
         self._kill_workers()
-        self._finish()
+        self._finish(wait)
 
     def _kill_workers(self) -> None:
         for pid in self._pids.values():
