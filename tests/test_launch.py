@@ -161,7 +161,10 @@ def test_bad_timeout_and_fn():
 
 
 SCRIPT = textwrap.dedent("""
-    import os, sys, time, simlib
+    import os, signal, sys, time, simlib
+    # Ctrl-C as a terminal delivers it: a parent that ignores SIGINT passes the ignore on through exec (bash does
+    # that to a background job, so a CI runner started with `&` made this script deaf to the signal)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     def sleepy(path):
         open(f"{path}.{os.environ['RANK']}", "w").close()  # this rank is inside the call
         time.sleep(120)
