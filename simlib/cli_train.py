@@ -308,7 +308,7 @@ def scaling_here(args, sizes: dict) -> int:
         local_batch = sizes["global_batch"] // world
         out = experiments.dp_train(width=sizes["width"], depth=sizes["depth"], local_batch=local_batch,
                                    steps=sizes["steps"], warmup=sizes["warmup"],
-                                   dp_variant=getattr(args, "dp_variant", "bucket"))
+                                   dp_variant=args.dp_variant)
         if ctx.rank == 0:
             timeline = out["timeline"]
             row = experiments._row(summarize(timeline), timeline, world, args.threads, sizes["global_batch"],

@@ -348,8 +348,8 @@ class Cluster(ElasticWorkers):
                     failures[msg[1]] = RemoteFailure(msg[1], "WorkerDied", describe_exit(self._exit_code(msg[1])),
                                                      "")
                     first_failure = first_failure or time.monotonic()
-        except KeyboardInterrupt:  # the workers are killed at once; a loaded machine's agent may take 15 s to see it
-            self._kill(wait=2.0)
+        except KeyboardInterrupt:  # the workers are SIGKILLed at once: the message need not wait long for the agent
+            self._kill(wait=2.0)      # thread (a daemon) to notice; the next call starts a new agent
             self._broken = "the interrupt"
             print(f"simlib: interrupted; stopped all {self.world_size} workers (the next call starts fresh ones)",
                   file=sys.stderr, flush=True)
