@@ -1,6 +1,6 @@
 """Context parallelism on Gloo: attention memory per rank, causal work per rank, bytes moved — against formulas.
 
-- memory: the peak bytes one ring-attention forward allocates per rank (resident high-water mark) for
+- memory: the peak bytes one ring-attention forward allocates per rank (torch's MemTracker: exact) for
   sequence lengths S and cp = 1, 2, 4, against ``context.memory_per_rank`` (target: within 10 %);
 - work: the score entries and compute seconds of each rank with a causal mask, plain split against zig-zag
   (``context.causal_work``: the plain split's slowest rank does 2·cp/(cp+1) times the mean);
@@ -61,7 +61,8 @@ def main(argv=None):
     within = all(abs(r["ratio"] - 1) <= 0.10 for r in memory)
     out = dict(benchmark="context_parallel", machine=report.machine(load), sizes=dict(sizes, seqs=seqs),
                note="2-core machine shared with other jobs (see the load average); cp=4 runs 4 processes on 2 cores, "
-                    "so its times are oversubscribed. Memory: resident high-water mark of one forward per rank.",
+                    "so its times are oversubscribed. Memory: every tensor one forward allocates per rank, counted by "
+                    "torch's MemTracker.",
                memory_contiguous=memory, memory_zigzag=memory_zigzag, memory_within_10_percent=within,
                work=work, comm=comm)
     print("memory within 10 % of the formula (contiguous split):", within)

@@ -79,13 +79,14 @@ _SOLO: dict = {}
 def memory_run(seq=1024, batch=1, heads=4, head_dim=32, layout="contiguous", group=None, solo=False):
     """Peak bytes of one ring-attention forward on this rank, against the formula.
 
-    Measured as the process's resident high-water mark (:func:`simlib.lessons.memory.peak_bytes`:
-    every freed block goes straight back to the system), the median of five forwards; torch's profiler misses
-    the frees of tensors an autograd function drops inside its forward."""
+    Counted exactly by :func:`simlib.lessons.memory.tensor_peak_bytes` (torch's ``MemTracker``: every tensor
+    the forward allocates, from the op that makes it to its free, K/V blocks received included), above the
+    rank's q, k, v. The process's resident high-water mark, used before, read one score block too many now
+    and then on a loaded machine (late frees) and once missed the K/V blocks in flight."""
     import torch
 
     from ..parallel import context
-    from .memory import peak_bytes
+    from .memory import tensor_peak_bytes
     from ..parallel.all_to_all import group_rank_size
     if solo:  # cp = 1 on rank 0 of a cluster (a group of its own), in a worker like the cp > 1 runs
         import torch.distributed as dist
@@ -97,12 +98,7 @@ def memory_run(seq=1024, batch=1, heads=4, head_dim=32, layout="contiguous", gro
     rank, n = group_rank_size(group)
     q, k, v = (context.shard_sequence(t, rank, n, layout) for t in _qkv(batch, heads, seq, head_dim))
     with torch.no_grad():
-        context.ring_attention(q, k, v, True, layout, group=group)  # warm-up: first-use buffers stay out
-        # the median of five: the high-water mark now and then catches a late free of an earlier run's memory
-        # (one extra score block, seen once in a few runs) and, under a loaded machine, once missed the K/V
-        # blocks in flight (21 % low at cp = 2, S = 512); the median drops one outlier either way
-        peak = statistics.median(peak_bytes(lambda: context.ring_attention(q, k, v, True, layout, group=group))
-                                 for _ in range(5))
+        peak = tensor_peak_bytes(lambda: context.ring_attention(q, k, v, True, layout, group=group), q, k, v)
     formula = context.memory_per_rank(batch, heads, seq, head_dim, n, layout)
     return dict(rank=rank, cp=n, seq=seq, layout=layout, measured=peak, formula=formula["total"],
                 scores=formula["scores"])
