@@ -105,12 +105,13 @@ def memory_per_rank(batch: int, heads: int, seq_len: int, head_dim: int, cp: int
                     causal: bool = True, bytes_per_element: int = 4) -> dict:
     """Peak bytes :func:`ring_attention`'s forward allocates on one rank, above its q, k, v.
 
-    Held through the pass: the output and log-sum-exp accumulators, and the K/V blocks in flight (the one
-    being used and the one arriving: none at cp = 1, one pair at cp = 2, two pairs from cp = 3). Per block
-    (:func:`block_attention`): the score matrix (B·H·c·c, the term that grows with the square of the
-    sequence), its causal mask on the diagonal block (1 byte an entry, no B·H), the row maxima and sums
-    (B·H·c each) and the block's output (B·H·c·D). FlashAttention-style kernels never hold a whole score
-    block; this teaching code does, one block at a time.
+    Held through the pass: the output and log-sum-exp accumulators. Per block (:func:`block_attention`): the
+    score matrix (B·H·c·c, the term that grows with the square of the sequence), the row maxima and sums
+    (B·H·c each) and the block's output (B·H·c·D). Besides, which step is the peak: at step 0 a rank attends
+    its own K/V (the causal mask on its diagonal blocks, 1 byte an entry, no B·H) while the first block
+    arrives (one K/V pair in flight); from step 1 it holds the block it received and, from cp = 3, the next
+    one arriving (two pairs), with no mask. FlashAttention-style kernels never hold a whole score block; this
+    teaching code does, one block at a time. ``kv_in_flight`` and ``mask`` are those of the peak step.
     """
     check_split(seq_len, cp, layout)
     b = bytes_per_element
@@ -118,14 +119,15 @@ def memory_per_rank(batch: int, heads: int, seq_len: int, head_dim: int, cp: int
     c = s_local if layout == "contiguous" else s_local // 2
     x = batch * heads * s_local * head_dim * b
     accumulators = x + batch * heads * s_local * b
-    kv_in_flight = 0 if cp == 1 else (2 * x if cp == 2 else 4 * x)
     scores = batch * heads * c * c * b
-    mask = c * c if causal else 0
     block_out = batch * heads * c * head_dim * b
     row_stats = 2 * batch * heads * c * b
-    peak_block = scores + mask + row_stats + block_out
+    first = (0 if cp == 1 else 2 * x, c * c if causal else 0)     # step 0: (K/V in flight, mask)
+    later = (2 * x if cp == 2 else 4 * x, 0) if cp > 1 else first  # steps 1.. (no diagonal block)
+    kv_in_flight, mask = max(first, later, key=sum)
     return dict(accumulators=accumulators, kv_in_flight=kv_in_flight, scores=scores, mask=mask,
-                block_out=block_out + row_stats, total=accumulators + kv_in_flight + peak_block)
+                block_out=block_out + row_stats,
+                total=accumulators + kv_in_flight + mask + scores + block_out + row_stats)
 
 
 def comm_volume(batch: int, heads: int, seq_len: int, head_dim: int, cp: int, kind: str = "ring",
