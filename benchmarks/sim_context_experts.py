@@ -87,7 +87,7 @@ def main(repeats: int = 5) -> dict:
             hardware = calibrate(cluster, world_sizes=(2,), kernels=True)
             rows = []
             for sizes in ([QUICK_SIZES] if quick else [QUICK_SIZES, FULL_SIZES]):
-                rows += measure_and_predict(cluster, hardware, sizes, repeats=3 if quick else 5)
+                rows += measure_and_predict(cluster, hardware, sizes, repeats=7)
             rounds.append(pd.DataFrame(rows))
         seconds = time.perf_counter() - t0
     finally:

@@ -88,7 +88,7 @@ def test_measured_sync_prices_every_blocking_collective():
 
 
 def test_combine_kernels_keeps_the_slowest_rank_and_fits_gloo_all_to_all():
-    from simlib.sim.calibrate import combine_kernels
+    from simlib.sim.kernels import combine_kernels
     from simlib.sim.context_experts import all_to_all_time
 
     def rank(scale):
@@ -105,3 +105,53 @@ def test_combine_kernels_keeps_the_slowest_rank_and_fits_gloo_all_to_all():
     hw = _measured_box()
     hw = hw.with_(overheads={"kernels": {2: {**hw.overheads["kernels"][2], "a2a": (2e-4, 1e8)}}})
     assert all_to_all_time(65536, 2, hw) == pytest.approx(2e-4 + 65536 / 1e8)
+
+
+def test_in_situ_calls_and_the_zigzag_step_replace_the_alpha_beta_guesses():
+    """calibrate(kernels=True) on a box whose ranks share cores: the calls priced by what they add to compute."""
+    from simlib.sim.context_experts import kernel_time, moe_layer_time, ring_attention_time, ulysses_time
+    hw = _measured_box(sync=1e-3)
+    base = hw.overheads["kernels"][2]
+    fits = {"a2a": (2e-3, 1e8), "hop": (1e-3, 2e8), "hop_overlapped": (3e-3, 5e7)}
+    zigzag = {way: [(n, 10 * t) for n, t in pts] for way, pts in base["ring_full"].items()}
+    measured = hw.with_(overheads={"kernels": {2: {**base, "in_situ": fits, "ring_zigzag": zigzag}}})
+    kv = 2 * 2 * 4 * 256 * 32 * 4  # one K/V pair at B=2, H=4, S/cp=256, D=32, fp32
+    ring = ring_attention_time(2, 4, 512, 32, 2, measured, "zigzag", dtype="fp32")
+    full, zz = (kernel_time(measured, k, 128, 8, 2) for k in ("ring_full", "ring_zigzag"))
+    assert ring["compute"] == pytest.approx([zz + 2 * full] * 2)  # own step measured whole, then 2 full blocks
+    comm = ring["per_rank"][0] - ring["compute"][0]
+    # two K/V passes overlapped with compute, two dK/dV passes after it, the shape check (its wait: the sync, 1 ms)
+    assert comm == pytest.approx(2 * (3e-3 + kv / 5e7) + 2 * (1e-3 + kv / 2e8) + 1e-3, rel=1e-5)
+    uly = [ulysses_time(2, 4, 512, 32, 2, box, dtype="fp32") for box in (hw, measured)]
+    assert uly[1]["all_to_all"] == pytest.approx(2e-3 + 2 * 4 * 256 * 32 * 4 / 1e8)
+    assert uly[1]["total"] - uly[0]["total"] == pytest.approx(8 * (uly[1]["all_to_all"] - uly[0]["all_to_all"]))
+    assert moe_layer_time(256, 64, 8, 2, measured, top_k=2, dtype="fp32")["all_to_all"] > \
+        moe_layer_time(256, 64, 8, 2, hw, top_k=2, dtype="fp32")["all_to_all"]
+
+
+def test_moe_op_cost_comes_from_the_measured_layer():
+    from simlib.sim.context_experts import OPS_BACKWARD, OPS_FORWARD, OPS_PER_EXPERT_BACKWARD, \
+        OPS_PER_EXPERT_FORWARD, _moe_compute, moe_layer_time, moe_op_time
+    hw = _measured_box()
+    base = hw.overheads["kernels"][2]
+    cal = dict(tokens=64, hidden=32, num_experts=4, top_k=2, capacity_factor=1.25)
+    gemms, ops, _ = _moe_compute(64, 32, 4, 1, hw, 2, 1.25, 128, "fp32", True, 2)
+    assert ops == OPS_FORWARD + OPS_BACKWARD + 4 * (OPS_PER_EXPERT_FORWARD + OPS_PER_EXPERT_BACKWARD)
+    measured = hw.with_(overheads={"kernels": {2: {**base, "moe": dict(cal, seconds=gemms + ops * 4e-5)}}})
+    assert moe_op_time(hw, 2) == 1e-5                      # no layer measured: the tiny op's cost
+    assert moe_op_time(measured, 2) == pytest.approx(4e-5)  # the layer's time less its GEMMs, per op
+    slow, fast = (moe_layer_time(256, 64, 8, 2, box, top_k=2, dtype="fp32")["compute"] for box in (measured, hw))
+    _, ops_ep2, _ = _moe_compute(256, 64, 8, 2, hw, 2, 1.25, 256, "fp32", True, 2)
+    assert slow - fast == pytest.approx(ops_ep2 * 3e-5)
+
+
+def test_combine_kernels_fits_in_situ_calls_and_keeps_the_slowest_moe():
+    from simlib.sim.kernels import combine_kernels
+
+    def rank(scale):
+        return {"kernels": {"moe": dict(tokens=64, seconds=1e-3 * scale),
+                            "in_situ": {"hop": [(n, scale * (1e-3 + n / 1e9)) for n in (16384, 1 << 20, 4 << 20)]}}}
+    out = combine_kernels([rank(1.0), rank(3.0)])
+    assert out["moe"] == dict(tokens=64, seconds=3e-3)
+    alpha, bandwidth = out["in_situ"]["hop"]
+    assert alpha == pytest.approx(3e-3, rel=1e-3) and bandwidth == pytest.approx(1e9 / 3, rel=1e-3)

@@ -13,8 +13,8 @@ import warnings
 import numpy as np
 
 from .hardware import Hardware, Link, fit_alpha_beta, fit_p2p
+from .kernels import _all_to_all_times, _kernels, _median_time, _singles, _small_sync, combine_kernels, in_situ_comm
 
-# (m, k, n) of the GEMMs we time: squares and the skinny (batch × width × width) shapes of MLP layers
 # (m, k, n) of the GEMMs we time: the shapes of the course's MLP layers, forward / grad-input (batch × width ×
 # width) and grad-weight (width × batch × width), for widths 512 and 1024, plus one large square
 GEMM_SHAPES = ([(m, w, w) for w in (512, 1024) for m in (16, 64, 128, 256)]
@@ -33,18 +33,6 @@ def subgroup(world_size: int):
         from .. import env
         _GROUPS[world_size] = dist.new_group(list(range(world_size)), timeout=env.collective_timeout())
     return _GROUPS[world_size]
-
-
-def _median_time(fn, repeats: int, min_time: float = 0.0) -> float:
-    fn()  # warm-up
-    times = []
-    while len(times) < repeats or sum(times) < min_time:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        if len(times) > 50 * repeats:
-            break
-    return float(np.median(times))
 
 
 def _mean_time(fn, repeats: int, min_time: float = 0.0, blocks: int = 5) -> float:
@@ -105,7 +93,7 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
         sync()
         acc_bw = 3 * g.numel() * 4 / _mean_time(lambda: g.add_(h), repeats, min_time=min_time)  # AccumulateGrad: grad += new
         sync()
-        kernels = _kernels(singles[rank], min_time) if kernels else None
+        kernels = _kernels(singles[rank], min_time, sync) if kernels else None
         comm, cycles, p2p = [], [], []
         if world_size > 1:
             for size in comm_sizes:
@@ -117,6 +105,7 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
             if kernels is not None:
                 kernels["sync"] = _small_sync(group)
                 kernels["a2a"] = _all_to_all_times(group, comm_repeats)
+                kernels["in_situ"] = in_situ_comm(group)
             if world_size == 2:
                 p2p = _ping_pong(group, rank, P2P_SIZES, comm_repeats)
         return {"gemms": gemms, "mem_bw": mem_bw, "comm": comm, "acc_bw": acc_bw, "cycles": cycles, "p2p": p2p,
@@ -169,124 +158,6 @@ def _layer_factor(repeats: int, min_time: float, sync=lambda: None) -> float:
         t_real = _mean_time(real, 1, min_time=max(min_time / 4, 0.04), blocks=1)
         ratios.append(t_real / _mean_time(bare, 1, min_time=max(min_time / 4, 0.04), blocks=1))
     return float(np.median(ratios))
-
-
-_SINGLES: list = []
-# lesson 09's attention kernels, timed at the block lengths its runs take (S/cp and S/2cp, S up to 1024 at
-# cp = 2); batch·heads and head_dim fixed at its quick sizes' (B = 2, H = 4, D = 32)
-KERNEL_HEADS, KERNEL_HEAD_DIM, KERNEL_LENGTHS = 8, 32, (64, 128, 256, 512)
-
-
-def _singles():
-    """One process group per rank holding that rank alone (made once): ring attention at cp = 1 on it."""
-    import torch.distributed as dist
-
-    if not _SINGLES:
-        from .. import env
-        _SINGLES.extend(dist.new_group([r], timeout=env.collective_timeout()) for r in range(dist.get_world_size()))
-    return _SINGLES
-
-
-def _kernels(single, min_time: float) -> dict:
-    """Seconds of the eager kernels lesson 09's layers run, ranks side by side, at each of :data:`KERNEL_LENGTHS`.
-
-    - ``ring_full`` / ``ring_diagonal``: simlib's ring attention on a group of one (one block of L×L scores for
-      8 heads of 32, non-causal / causal), forward and forward + backward. The causal (diagonal) block is
-      its own entry: masking half the scores to -inf makes ``exp`` take its slow path on this CPU (about 10×
-      per element), which no GEMM rate or bandwidth shows.
-    - ``sdpa``: ``F.scaled_dot_product_attention`` (causal), the kernel Ulysses runs on its heads.
-    - ``op``: one eager autograd op on a tiny tensor (a chain of multiplies, forward + backward, per op):
-      the dispatch cost that dominates layers made of many small ops (the MoE layer's routing).
-    Each is {"forward": [(L, s), ...], "backward": [(L, s), ...]} ("backward": forward + backward), except
-    ``op`` (seconds).
-    """
-    import torch
-
-    from ..parallel import context
-    out = {}
-    for name in ("ring_full", "ring_diagonal", "sdpa"):
-        out[name] = {"forward": [], "backward": []}
-        for length in KERNEL_LENGTHS:
-            q, k, v = (torch.randn(1, KERNEL_HEADS, length, KERNEL_HEAD_DIM, requires_grad=True) for _ in range(3))
-            if name == "sdpa":
-                def fwd():
-                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                def fwd(causal=name == "ring_diagonal"):
-                    return context.RingAttention.apply(q, k, v, causal, "contiguous", single, None, None)
-
-            def both():
-                fwd().sum().backward()
-            # per call, the median: as lesson 09 times its layers (a run after a barrier, the median of repeats)
-            with torch.no_grad():
-                out[name]["forward"].append((length, _median_time(fwd, 5, min_time=min_time)))
-            out[name]["backward"].append((length, _median_time(both, 5, min_time=min_time)))
-    x = torch.randn(4, 4, requires_grad=True)
-
-    def chain():  # 32 multiplies and a sum forward; as many nodes backward, and one AccumulateGrad
-        y = x
-        for _ in range(32):
-            y = y * 1.0
-        y.sum().backward()
-    out["op"] = _median_time(chain, 5, min_time=min_time) / 68  # 68 ops (counted: TorchDispatchMode)
-    return out
-
-
-A2A_SIZES = [4 << 10, 64 << 10, 1 << 20]  # bytes of one rank's all-to-all input
-
-
-def _all_to_all_times(group, repeats: int):
-    """[(bytes a rank's input holds, seconds)] of Gloo's ``all_to_all_single`` back to back (its own curve: Gloo
-    runs it as an alltoallv, not the ring of the all-reduce the link is fitted to)."""
-    import torch
-    import torch.distributed as dist
-
-    out = []
-    for size in A2A_SIZES:
-        send = torch.zeros(size // 4)
-        recv = torch.empty_like(send)
-        dist.barrier(group=group)
-        out.append((size, _median_time(lambda: dist.all_to_all_single(recv, send, group=group), repeats)))
-    return out
-
-
-SYNC_OPS, SYNC_CYCLES = 16, 40  # small ops between two small collectives, and cycles per timed block
-
-
-def _small_sync(group, blocks: int = 5) -> float:
-    """Seconds one small blocking collective adds after a stretch of small ops, ranks side by side.
-
-    Cycles of :data:`SYNC_OPS` tiny multiplies then an all-to-all of 4 KB (as the MoE layer's routing and its
-    dispatch: work, then a collective every rank must reach), minus the same ops without the collective.
-    On a box whose cores the processes share, the collective waits for the peer to be scheduled again: far
-    more than the back-to-back α. Fixed cycle counts on every rank (a collective must be called as often on
-    each); the median over ``blocks`` blocks.
-    """
-    import torch
-    import torch.distributed as dist
-
-    x, send = torch.randn(4, 4), torch.zeros(1024)
-    recv = torch.empty_like(send)
-
-    def burst():
-        y = x
-        for _ in range(SYNC_OPS):
-            y = y * 1.0
-
-    def block(with_collective):
-        t0 = time.perf_counter()
-        for _ in range(SYNC_CYCLES):
-            burst()
-            if with_collective:
-                dist.all_to_all_single(recv, send, group=group)
-        return (time.perf_counter() - t0) / SYNC_CYCLES
-    block(True)  # warm-up
-    extra = []
-    for _ in range(blocks):
-        dist.barrier(group=group)
-        with_c = block(True)
-        extra.append(with_c - block(False))
-    return max(float(np.median(extra)), 0.0)
 
 
 def _sync_cycles(group, size: int, repeats: int):
@@ -368,22 +239,6 @@ def _combine(results):
     comm = [(res[0]["comm"][i][0], max(r["comm"][i][1] for r in res)) for i in range(len(res[0]["comm"]))]
     return (gemms, float(np.mean([r["mem_bw"] for r in res])), comm, float(np.mean([r["acc_bw"] for r in res])),
             float(np.mean([r["layer_factor"] for r in res])))
-
-
-def combine_kernels(results) -> dict:
-    """Every rank's :func:`_kernels` -> the slowest rank's seconds of each (a layer waits for its slowest rank)."""
-    res = [r["kernels"] for r in results if r is not None and r.get("kernels")]
-    if not res:
-        return None
-    out = {name: max(r[name] for r in res) for name in ("op", "sync") if name in res[0]}
-    if "a2a" in res[0]:  # a collective: the slowest rank's time, fitted as α + bytes / B
-        pts = [(size, max(r["a2a"][i][1] for r in res)) for i, (size, _) in enumerate(res[0]["a2a"])]
-        out["a2a"] = fit_p2p([p[0] for p in pts], [p[1] for p in pts])
-    for name in res[0]:
-        if name not in ("op", "sync", "a2a"):
-            out[name] = {way: [(length, max(r[name][way][i][1] for r in res))
-                               for i, (length, _) in enumerate(pts)] for way, pts in res[0][name].items()}
-    return out
 
 
 def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, timeout: float = 120.0,

@@ -10,8 +10,9 @@ layers are made of (``Hardware.overheads["kernels"]``: simlib's ring-attention b
 SDPA, each at the block lengths lesson 09 takes; one small autograd op; the wait of a small blocking
 collective): a kernel of L×L scores is read off its table (linear in L² between measured lengths: a per-call
 cost plus a cost per score entry), scaled by its heads; the MoE layer is its GEMMs plus its counted eager ops
-at the measured cost of one. A preset (no such measurement) prices the blocks' GEMMs at their own size plus the
-element-wise passes at memory bandwidth, and collectives at the link's α-β.
+at the cost of one measured in the layer itself. Collectives cost what calibrate() saw them add to the compute
+around them (``kernels["in_situ"]``). A preset (no such measurement) prices the blocks' GEMMs at their own size
+plus the element-wise passes at memory bandwidth, and collectives at the link's α-β.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def kernel_time(hardware, name, length, batch_heads, processes, backward=True):
     fitted to the two neighbours); outside them the nearest segment's line extends; heads scale it in
     proportion.
     """
-    from .calibrate import KERNEL_HEADS
+    from .kernels import KERNEL_HEADS
     table = hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None
     if not table or name not in table:
         return None
@@ -99,11 +100,22 @@ def all_to_all_time(nbytes, n, hardware, processes=None):
     return fit[0] + nbytes / fit[1] if fit else all_to_all(nbytes, n, hardware.intra)
 
 
+def _in_situ(hardware, processes, kind):
+    """(α, B) of what a call of ``kind`` adds to the compute it meets, where calibrate() measured it
+    (``kernels["in_situ"]``, :func:`simlib.sim.kernels.in_situ_comm`: a2a, hop, hop_overlapped), else None."""
+    table = hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None
+    return ((table or {}).get("in_situ") or {}).get(kind)
+
+
 def _blocking(nbytes, n, hardware, kind="all_to_all", processes=None):
-    """One collective every rank waits on (``kind``: all_to_all, all_gather or p2p) of ``nbytes`` per rank: its
-    α-β time, with the latency taken as the measured in-situ wait (:func:`_sync`) where there is one."""
+    """One collective every rank waits on (``kind``: all_to_all, all_gather or p2p) of ``nbytes`` per rank: what
+    it adds to the compute around it where calibrate() measured that (:func:`_in_situ`); else its α-β time, with
+    the latency taken as the measured in-situ wait (:func:`_sync`) where there is one."""
     if n <= 1:
         return 0.0
+    fit = _in_situ(hardware, processes or n, {"all_to_all": "a2a", "p2p": "hop"}.get(kind))
+    if fit:
+        return fit[0] + nbytes / fit[1]
     if kind == "p2p":
         t, alpha = _p2p(nbytes, hardware), ((hardware.p2p_link() if hasattr(hardware, "p2p_link") else None)
                                             or _ab(hardware.intra, 2, nbytes))[0]
@@ -133,17 +145,25 @@ def ring_attention_time(batch, heads, seq, head_dim, cp, hardware, layout="zigza
     the achievable memory bandwidth; ranks side by side run at the slowest one's pace (``straggler``). Each of
     the cp−1 K/V hops (2·B·H·S/cp·D elements, point to point) overlaps with a step's compute; backward's dK/dV
     hops (cp of them) are waited for before the next step, so they add in full.
+
+    On a calibrated box the blocks are read off the measured kernels (a zig-zag rank's own step measured whole:
+    its diagonal blocks cost more beside the full one than alone), and each pass costs what calibrate() saw it
+    add to compute (:func:`simlib.sim.kernels.in_situ_comm`): where the ranks share cores, a K/V pass overlapped
+    with compute is not hidden, its copies take the compute's core.
     """
     processes = processes or min(cp, hardware.devices_per_node)
     nbytes = 2 if dtype in ("bf16", "fp16") else 4
     work = context.causal_work(seq, cp, layout, causal)
     c = seq // cp if layout == "contiguous" else seq // (2 * cp)
     # each rank holds one chunk (contiguous) or two (zig-zag); with a causal mask each chunk meets itself in
-    # one diagonal block (masked, see calibrate._kernels), every other block it computes is full
+    # one diagonal block (masked, see kernels._kernels), every other block it computes is full
     diagonal = (1 if layout == "contiguous" else 2) if causal else 0
-    t_full, t_diag = (kernel_time(hardware, name, c, batch * heads, processes, backward)
-                      for name in ("ring_full", "ring_diagonal"))
-    if t_full is not None and t_diag is not None:  # measured: the slowest rank's times hold the straggler
+    t_full, t_diag, t_zigzag = (kernel_time(hardware, name, c, batch * heads, processes, backward)
+                                for name in ("ring_full", "ring_diagonal", "ring_zigzag"))
+    if t_zigzag is not None and t_full is not None and layout == "zigzag" and causal:
+        # measured as a whole: a zig-zag rank's own step (two diagonal blocks, one full), then full blocks
+        compute = [t_zigzag + (entries // (c * c) - 3) * t_full for entries in work]
+    elif t_full is not None and t_diag is not None:  # measured: the slowest rank's times hold the straggler
         compute = [(entries // (c * c) - diagonal) * t_full + diagonal * t_diag for entries in work]
     else:
         per_block = _block_time(c, head_dim, batch * heads, hardware, dtype, processes, backward)
@@ -158,8 +178,13 @@ def ring_attention_time(batch, heads, seq, head_dim, cp, hardware, layout="zigza
     # backward sends each step's dK/dV on and waits for it before the next step (RingAttention.backward):
     # cp blocking hops, in full
     exposed_dkv = cp * _blocking(kv, cp, hardware, "p2p", processes) if backward and cp > 1 else 0.0
-    per_rank = [t + hops * (max(0.0, hop - t / cp) + wait) + exposed_dkv + _small_collective(cp, hardware)
-                for t in compute]
+    overlapped = _in_situ(hardware, processes, "hop_overlapped") if cp > 1 else None
+    if overlapped:  # measured: what a pass started before the compute and waited for after it adds to it
+        per_rank = [t + hops * (overlapped[0] + kv / overlapped[1]) + exposed_dkv + _small_collective(cp, hardware)
+                    for t in compute]
+    else:
+        per_rank = [t + hops * (max(0.0, hop - t / cp) + wait) + exposed_dkv + _small_collective(cp, hardware)
+                    for t in compute]
     return dict(per_rank=per_rank, total=max(per_rank), compute=compute, hop=hop)
 
 
@@ -185,37 +210,61 @@ def ulysses_time(batch, heads, seq, head_dim, cp, hardware, causal=True, dtype="
     return dict(total=total, compute=compute, all_to_all=a2a, copies=copies)
 
 
+def _moe_compute(tokens, hidden, num_experts, ep, hardware, top_k, capacity_factor, ffn, dtype, backward,
+                 processes):
+    """(GEMMs + memory passes in seconds, eager ops) of one rank's share of the MoE layer."""
+    nbytes = 2 if dtype in ("bf16", "fp16") else 4
+    cap = capacity(tokens, num_experts, top_k, capacity_factor)
+    per_expert = min(cap, tokens * top_k / num_experts)
+    local = num_experts // ep
+    rows = per_expert * local
+    forward = local * (gemm_time(per_expert, hidden, ffn, hardware, dtype, processes)
+                       + gemm_time(per_expert, ffn, hidden, hardware, dtype, processes))
+    forward += gemm_time(tokens // ep, hidden, num_experts, hardware, dtype, processes)  # the router
+    gelu = rows * ffn * nbytes * (2 + (3 if backward else 0))       # read + write; backward reads two, writes
+    moves = rows * hidden * nbytes * ROW_MOVES * (2 if backward else 1)
+    memory = (gelu + moves) / hardware.achievable_bandwidth(rows * hidden * nbytes, processes)
+    ops = OPS_FORWARD + OPS_PER_EXPERT_FORWARD * local
+    if backward:
+        ops += OPS_BACKWARD + OPS_PER_EXPERT_BACKWARD * local
+    return forward * (3 if backward else 1) + memory, ops, cap
+
+
+def moe_op_time(hardware, processes):
+    """Seconds of one of the MoE layer's eager ops on a calibrated box, else None (presets).
+
+    From the layer itself where calibrate() timed it (``kernels["moe"]``: one rank alone at small sizes, forward
+    + backward): its time less its GEMMs and memory passes (priced as :func:`moe_layer_time` prices them),
+    over its counted ops. Otherwise the cost of one tiny autograd op (``kernels["op"]``)."""
+    table = hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None
+    cal = (table or {}).get("moe")
+    if cal:
+        gemms, ops, _ = _moe_compute(cal["tokens"], cal["hidden"], cal["num_experts"], 1, hardware, cal["top_k"],
+                                     cal["capacity_factor"], 4 * cal["hidden"], "fp32", True, processes)
+        return max(cal["seconds"] - gemms, 0.0) / ops
+    return _op(hardware, processes)
+
+
 def moe_layer_time(tokens, hidden, num_experts, ep, hardware, top_k=1, capacity_factor=1.25, ffn=None,
                    dtype="bf16", backward=True, processes=None) -> dict:
     """Predicted seconds of one MoE layer on ``ep`` ranks under a uniform router (``tokens`` in the whole batch).
 
     Compute: the router (tokens/ep × hidden × E), and each of the rank's E/ep experts on at most capacity
     tokens (two GEMMs of hidden × ffn each, priced at their own size), backward twice forward's GEMMs; the
-    GELU and the row copies (:data:`ROW_MOVES`) at the memory bandwidth. Communication: the routing counts
-    (an all-gather of k×E counts and an all-to-all of E counts), then the dispatch and the combine all-to-alls
-    (and both again in backward).
+    GELU and the row copies (:data:`ROW_MOVES`) at the memory bandwidth; on a calibrated box also its eager
+    ops (:data:`OPS_FORWARD` …) at :func:`moe_op_time` each. Communication: the routing counts (an all-gather
+    of k×E counts and an all-to-all of E counts), then the dispatch and the combine all-to-alls (and both
+    again in backward).
     """
     if num_experts % ep:
         raise ValueError(f"{num_experts} experts do not split evenly over ep = {ep}")
     processes = processes or min(ep, hardware.devices_per_node)
     ffn = ffn or 4 * hidden
     nbytes = 2 if dtype in ("bf16", "fp16") else 4
-    cap = capacity(tokens, num_experts, top_k, capacity_factor)
-    per_expert = min(cap, tokens * top_k / num_experts)
-    rows = per_expert * (num_experts // ep)
-    forward = (num_experts // ep) * (gemm_time(per_expert, hidden, ffn, hardware, dtype, processes)
-                                     + gemm_time(per_expert, ffn, hidden, hardware, dtype, processes))
-    forward += gemm_time(tokens // ep, hidden, num_experts, hardware, dtype, processes)  # the router
-    gelu = rows * ffn * nbytes * (2 + (3 if backward else 0))       # read + write; backward reads two, writes
-    moves = rows * hidden * nbytes * ROW_MOVES * (2 if backward else 1)
-    memory = (gelu + moves) / hardware.achievable_bandwidth(rows * hidden * nbytes, processes)
-    compute = forward * (3 if backward else 1) + memory
-    op = _op(hardware, processes)
+    compute, ops, cap = _moe_compute(tokens, hidden, num_experts, ep, hardware, top_k, capacity_factor, ffn, dtype,
+                                     backward, processes)
+    op = moe_op_time(hardware, processes)
     if op:  # a calibrated box: the layer is a few hundred small eager ops, each paying its dispatch
-        local = num_experts // ep
-        ops = OPS_FORWARD + OPS_PER_EXPERT_FORWARD * local
-        if backward:
-            ops += OPS_BACKWARD + OPS_PER_EXPERT_BACKWARD * local
         compute += ops * op
     vol = a2a_volume(tokens // ep, hidden, top_k, ep, nbytes)
     one = _blocking(vol["dispatch"] * ep / max(ep - 1, 1), ep, hardware, "all_to_all", processes)
