@@ -123,3 +123,20 @@ def test_unshard_inverts_shard():
         for cp in (1, 2, 3, 4):
             pieces = [context.shard_sequence(x, r, cp, layout) for r in range(cp)]
             assert torch.equal(context.unshard_sequence(pieces, layout), x)
+
+
+def test_tensor_peak_bytes_counts_live_tensors_exactly():
+    """Lesson 09's memory measure (torch's MemTracker): the most bytes alive at once, inputs left out."""
+    import torch
+
+    from simlib.lessons.memory import tensor_peak_bytes
+    x = torch.ones(1 << 18)  # 1 MiB the function reads: not counted
+
+    def fn():
+        a = torch.ones(1 << 18) + x   # 1 MiB
+        b = torch.ones(1 << 19)       # 2 MiB: 3 MiB alive here
+        del a
+        c = torch.ones(1 << 18)       # a's MiB is back: still 3 MiB
+        return b.sum() + c.sum()      # and three 4-byte scalars
+    assert tensor_peak_bytes(fn, x) == (3 << 20) + 12
+    assert tensor_peak_bytes(lambda: None) == 0

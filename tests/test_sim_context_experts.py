@@ -59,6 +59,13 @@ def test_kernel_table_is_read_per_block_and_scaled_by_heads():
     assert kernel_time(hw, "ring_full", 128, 8, 2, backward=False) == pytest.approx(1e-4 + 1e-8 * 128 ** 2)
     assert kernel_time(hw, "ring_full", 192, 8, 2) == pytest.approx(3 * (1e-4 + 1e-8 * 192 ** 2))  # linear in L²
     assert kernel_time(hw, "ring_full", 128, 16, 2) == pytest.approx(2 * kernel_time(hw, "ring_full", 128, 8, 2))
+    kernels = hw.overheads["kernels"][2]
+    d64 = {way: [(n, 2 * t) for n, t in pts] for way, pts in kernels["ring_full"].items()}
+    hw = hw.with_(overheads={"kernels": {2: {**kernels, "ring_full/d64": d64}}})  # measured at head_dim 64 too
+    one = kernel_time(hw, "ring_full", 128, 8, 2)
+    assert kernel_time(hw, "ring_full", 128, 8, 2, head_dim=64) == pytest.approx(2 * one)
+    assert kernel_time(hw, "ring_full", 128, 8, 2, head_dim=32) == kernel_time(hw, "ring_full", 128, 8, 2,
+                                                                               head_dim=128) == one
 
 
 def test_measured_ring_counts_full_and_diagonal_blocks_per_rank():

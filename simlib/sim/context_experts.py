@@ -58,16 +58,19 @@ def _block_time(c, head_dim, batch_heads, hardware, dtype, processes, backward):
     return batch_heads * (forward + (back if backward else 0.0)) + memory
 
 
-def kernel_time(hardware, name, length, batch_heads, processes, backward=True):
+def kernel_time(hardware, name, length, batch_heads, processes, backward=True, head_dim=None):
     """Seconds of one calibrated kernel call on ``batch_heads`` heads of ``length`` × ``length`` scores, or None
     where the box did not measure it (presets).
 
     Between two measured lengths the time is linear in L² (a per-call cost plus a cost per score entry, both
     fitted to the two neighbours); outside them the nearest segment's line extends; heads scale it in
-    proportion.
+    proportion. ``head_dim``: the table measured at that head size (:func:`simlib.sim.kernels.kernel_key`);
+    None or one not measured: the default head size's.
     """
-    from .kernels import KERNEL_HEADS
+    from .kernels import KERNEL_HEADS, kernel_key
     table = hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None
+    if table and head_dim is not None and kernel_key(name, head_dim) in table:
+        name = kernel_key(name, head_dim)
     if not table or name not in table:
         return None
     pts = sorted(table[name]["backward" if backward else "forward"])
@@ -158,7 +161,7 @@ def ring_attention_time(batch, heads, seq, head_dim, cp, hardware, layout="zigza
     # each rank holds one chunk (contiguous) or two (zig-zag); with a causal mask each chunk meets itself in
     # one diagonal block (masked, see kernels._kernels), every other block it computes is full
     diagonal = (1 if layout == "contiguous" else 2) if causal else 0
-    t_full, t_diag, t_zigzag = (kernel_time(hardware, name, c, batch * heads, processes, backward)
+    t_full, t_diag, t_zigzag = (kernel_time(hardware, name, c, batch * heads, processes, backward, head_dim)
                                 for name in ("ring_full", "ring_diagonal", "ring_zigzag"))
     if t_zigzag is not None and t_full is not None and layout == "zigzag" and causal:
         # measured as a whole: a zig-zag rank's own step (two diagonal blocks, one full), then full blocks
@@ -195,7 +198,8 @@ def ulysses_time(batch, heads, seq, head_dim, cp, hardware, causal=True, dtype="
         raise ValueError(f"Ulysses needs heads ({heads}) divisible by cp ({cp})")
     processes = processes or min(cp, hardware.devices_per_node)
     nbytes = 2 if dtype in ("bf16", "fp16") else 4
-    compute = kernel_time(hardware, "sdpa", seq, batch * heads // cp, processes, backward) if causal else None
+    compute = (kernel_time(hardware, "sdpa", seq, batch * heads // cp, processes, backward, head_dim) if causal
+               else None)
     if compute is None:
         rate = hardware.gemm_rate(2 * seq * seq * head_dim / 1e9, dtype, processes)  # one head's QKᵀ
         entries = seq * seq / (2 if causal else 1)
@@ -227,7 +231,10 @@ def _moe_compute(tokens, hidden, num_experts, ep, hardware, top_k, capacity_fact
     ops = OPS_FORWARD + OPS_PER_EXPERT_FORWARD * local
     if backward:
         ops += OPS_BACKWARD + OPS_PER_EXPERT_BACKWARD * local
-    return forward * (3 if backward else 1) + memory, ops, cap
+    # the experts and the router are autograd Linear layers: what they take over the bare GEMMs (transposed
+    # weights, bias, outputs allocated, cold weights) is the calibrated layer factor (1 on a preset)
+    layer = hardware.layer_factor(processes) if hasattr(hardware, "layer_factor") else 1.0
+    return forward * (3 if backward else 1) * layer + memory, ops, cap
 
 
 def moe_op_time(hardware, processes):

@@ -31,6 +31,15 @@ _SINGLES: list = []
 # lesson 09's attention kernels, timed at the block lengths its runs take (S/cp and S/2cp, S up to 1024 at
 # cp = 2); batch·heads and head_dim fixed at its quick sizes' (B = 2, H = 4, D = 32)
 KERNEL_HEADS, KERNEL_HEAD_DIM, KERNEL_LENGTHS = 8, 32, (64, 128, 256, 512)
+# and at full size (S = 2048, head_dim 64): another head size, longer blocks, and SDPA over the whole sequence
+KERNEL_HEAD_DIMS = (32, 64)
+KERNEL_LENGTHS_OF = {"ring_full": KERNEL_LENGTHS + (1024,), "ring_diagonal": KERNEL_LENGTHS + (1024,),
+                     "ring_zigzag": KERNEL_LENGTHS, "sdpa": KERNEL_LENGTHS[1:] + (1024, 2048)}
+
+
+def kernel_key(name: str, head_dim: int) -> str:
+    """The table entry of kernel ``name`` measured at ``head_dim`` (``name`` itself at :data:`KERNEL_HEAD_DIM`)."""
+    return name if head_dim == KERNEL_HEAD_DIM else f"{name}/d{head_dim}"
 
 
 def _singles():
@@ -44,10 +53,11 @@ def _singles():
 
 
 def _kernels(single, min_time: float, sync=lambda: None, repeats: int | None = None) -> dict:
-    """Seconds of the eager kernels lesson 09's layers run, ranks side by side, at each of :data:`KERNEL_LENGTHS`.
+    """Seconds of the eager kernels lesson 09's layers run, ranks side by side, at the lengths lesson 09 takes
+    (:data:`KERNEL_LENGTHS_OF`) for 8 heads of 32 and of 64 (entries ``name`` and ``name/d64``).
 
-    - ``ring_full`` / ``ring_diagonal``: simlib's ring attention on a group of one (one block of L×L scores for
-      8 heads of 32, non-causal / causal), forward and forward + backward. The causal (diagonal) block is
+    - ``ring_full`` / ``ring_diagonal``: simlib's ring attention on a group of one (one block of L×L scores,
+      non-causal / causal), forward and forward + backward. The causal (diagonal) block is
       its own entry: masking half the scores to -inf makes ``exp`` take its slow path on this CPU (about 10×
       per element), which no GEMM rate or bandwidth shows.
     - ``ring_zigzag``: the same, causal, on two chunks of L in the zig-zag layout: the step where a zig-zag rank
@@ -71,11 +81,12 @@ def _kernels(single, min_time: float, sync=lambda: None, repeats: int | None = N
     from ..parallel import context
     repeats = repeats or KERNEL_REPEATS
     out = {}
-    for name in ("ring_full", "ring_diagonal", "ring_zigzag", "sdpa"):
-        out[name] = {"forward": [], "backward": []}
-        for length in KERNEL_LENGTHS:
+    for name, head_dim in ((n, d) for n in KERNEL_LENGTHS_OF for d in KERNEL_HEAD_DIMS):
+        key = kernel_key(name, head_dim)
+        out[key] = {"forward": [], "backward": []}
+        for length in KERNEL_LENGTHS_OF[name]:
             span = 2 * length if name == "ring_zigzag" else length  # zig-zag: two chunks of ``length``
-            q, k, v = (torch.randn(1, KERNEL_HEADS, span, KERNEL_HEAD_DIM, requires_grad=True) for _ in range(3))
+            q, k, v = (torch.randn(1, KERNEL_HEADS, span, head_dim, requires_grad=True) for _ in range(3))
             if name == "sdpa":
                 def fwd():
                     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -86,8 +97,8 @@ def _kernels(single, min_time: float, sync=lambda: None, repeats: int | None = N
             def both():
                 fwd().sum().backward()
             with torch.no_grad():
-                out[name]["forward"].append((length, _after_barrier_time(fwd, sync, repeats)))
-            out[name]["backward"].append((length, _after_barrier_time(both, sync, repeats)))
+                out[key]["forward"].append((length, _after_barrier_time(fwd, sync, repeats)))
+            out[key]["backward"].append((length, _after_barrier_time(both, sync, repeats)))
     x = torch.randn(4, 4, requires_grad=True)
 
     def chain():  # 32 multiplies and a sum forward; as many nodes backward, and one AccumulateGrad
