@@ -149,6 +149,7 @@ def test_sequence_parallel_gpt_holds_s_over_t_and_matches_tp(cluster2):
     (B, S/t, H) instead of (B, S, H), and the activations kept outside the split layers take 1/t of the bytes
     (against the formula below); the collectives move TP's bytes (an all-reduce = a reduce-scatter + an
     all-gather) plus the backward's re-gather of each column layer's input."""
+    from simlib.parallel.step_memory import sequence_parallel_outside
     from simlib.projects.gpt import GPTTask
     task = GPTTask.quick()
     outs = cluster2.call(_sequence_parallel_gpt, timeout=60)
@@ -176,5 +177,33 @@ def test_sequence_parallel_gpt_holds_s_over_t_and_matches_tp(cluster2):
         # inputs and the inputs of QKV and fc1 (4 s·b·h values; Korthikanti et al.'s "10 sbh" in fp16 counts 2 more
         # for dropout masks, this GPT has none), plus ln_f's input and output, and each LayerNorm's mean and 1/std
         # (b·s each) -- SP keeps 1/t of. Measured: the autograd-saved bytes of this rank, TP minus SP.
-        outside = (4 * task.num_layers + 2) * b * s * h * 4 + (2 * task.num_layers + 1) * 2 * b * s * 4
+        # (simlib.parallel.step_memory.sequence_parallel_outside: (4L + 2)·b·s·h·4 + (2L + 1)·2·b·s·4 bytes)
+        outside = sequence_parallel_outside(task)
         assert tp["saved"] - sp["saved"] == outside * (t - 1) // t, (tp["saved"], sp["saved"], outside)
+
+
+def test_sequence_parallel_lowers_a_whole_steps_peak_by_the_formula(cluster2):
+    """The peak bytes of a whole training step (forward, backward, AdamW step; torch's MemTracker, after a warm-up
+    step) per rank, Plan(tp=2) against Plan(tp=2, sequence_parallel=True): lower by the formula's activation
+    saving. Tolerance b·s·8 bytes, from the measurement: both peaks sit at the loss with no parameter gradient yet
+    (without SP at the start of the backward, with SP in the forward), and the targets' int64 copy the loss's
+    reshape makes (b·s·8 B) is alive at SP's peak only. Measured at this size: 661,636 B against the formula's
+    665,600 (-3,964 = -4,096 for the targets + 128 for the int64 positions SP looks up for half the sequence
+    + 4), on both ranks, the same bytes every run (60 of 60 under load, since the logits gather runs in place:
+    see step_peak; benchmarks/sp_memory.py: larger sizes, and a batch-2 size where the peak is at the end of the
+    backward and SP saves nothing). An SP that kept the whole sequence would save nothing."""
+    from simlib.parallel.step_memory import sequence_parallel_saving, step_peak
+    from simlib.projects.gpt import GPTTask
+    from simlib.train import Plan
+    task = GPTTask.quick()
+    saving = sequence_parallel_saving(task, 2)
+    runs = {sp: cluster2.call(step_peak, (task, Plan(tp=2, sequence_parallel=sp)), timeout=120) for sp in (False, True)}
+    for rank in range(2):
+        tp, sp = runs[False][rank], runs[True][rank]
+        for run in (tp, sp):  # the peak is activation-bound here: at the loss, before any parameter gradient
+            assert run["peak_in"] == "forward and backward" and run["at_peak"]["Gradient"] == 0, run
+            # AdamW's exp_avg and exp_avg_sq (fp32) and a 4-byte step per tensor: the same with and without SP
+            assert run["at_peak"]["Optstate"] == 8 * run["params"] + 4 * run["param_tensors"], run
+        assert tp["at_peak"]["Parameter"] == sp["at_peak"]["Parameter"] == 4 * tp["params"]
+        saved = tp["peak"] - sp["peak"]
+        assert abs(saved - saving) <= task.global_batch * task.seq_len * 8, (rank, tp, sp, saving)

@@ -349,3 +349,61 @@ def test_zero3_bf16_policy_halves_the_gather_and_matches_fsdp2(cluster2):
             torch.testing.assert_close(bf16["grads"][name], want, atol=1e-6, rtol=1e-5, msg=f"rank {rank} {name}")
             torch.testing.assert_close(fp32["grads"][name], out["one_process"][name], **TOL)
             torch.testing.assert_close(bf16["grads"][name], out["one_process"][name], atol=2e-2, rtol=2e-2)
+
+
+def _prefetch_policy(steps=3):
+    """Zero3 and Zero3Prefetch on the quick GPT (3 blocks), fp32 and under the bf16 policy: per step the loss,
+    the shards' gradients and the bytes all-gathered; the prefetch counts."""
+    import torch.distributed as dist
+
+    from simlib.parallel import zero
+    from simlib.parallel.zero3 import Zero3
+    from simlib.parallel.zero_prefetch import Zero3Prefetch
+    from simlib.projects.gpt.task import GPTTask
+    task = GPTTask.quick(num_layers=3, global_batch=8)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for label, cls, dtype in (("zero3 bf16", Zero3, torch.bfloat16), ("prefetch bf16", Zero3Prefetch, torch.bfloat16),
+                              ("prefetch fp32", Zero3Prefetch, None)):
+        model = task.build_model()  # seeded: the same weights for all three
+        counter = zero.CommCounter()
+        z = cls(model, blocks=task.blocks(model), comm_counter=counter, param_dtype=dtype)
+        opt = torch.optim.AdamW(z.parameters(), lr=1e-2)
+        run = dict(losses=[], grads=[], gathered=[], logits_dtype=None)
+        for step in range(steps):
+            x, y = task.batch(step, rank, n)
+            counter.reset()
+            opt.zero_grad()
+            logits = z(x)
+            loss = task.loss(logits, y)
+            loss.backward()
+            run["gathered"].append(counter.bytes["all_gather"])
+            run["losses"].append(loss.detach().clone())
+            run["grads"].append([u.shard.grad.clone() for u in z.units])
+            run["logits_dtype"] = logits.dtype
+            opt.step()
+        run["counts"] = dict(getattr(z, "counts", {}))
+        run["block_units"] = sum(len(b) for b in getattr(z, "blocks", []))
+        run["root_units"] = sum(1 for u in z.units if not u.name)
+        out[label] = run
+    return out
+
+
+def test_zero3_prefetch_takes_the_bf16_policy(cluster2):
+    """Zero3Prefetch under FSDP2's policy (bf16 gathered, fp32 reduce): bit-equal losses and gradients to Zero3
+    under the same policy (prefetching changes when the weights arrive, not what they are), half the fp32
+    gather's bytes every step, and every block's gather, forward and backward, found in flight."""
+    steps = 3
+    for rank, out in enumerate(cluster2.run(_prefetch_policy, steps)):
+        ref, pre, fp32 = out["zero3 bf16"], out["prefetch bf16"], out["prefetch fp32"]
+        assert pre["logits_dtype"] == torch.bfloat16 and fp32["logits_dtype"] == torch.float32
+        for step in range(steps):
+            assert torch.equal(pre["losses"][step], ref["losses"][step]), (rank, step, pre["losses"], ref["losses"])
+            for i, (g, want) in enumerate(zip(pre["grads"][step], ref["grads"][step])):
+                assert g.dtype == torch.float32 and torch.equal(g, want), (rank, step, i, (g - want).abs().max())
+            assert pre["gathered"][step] == ref["gathered"][step], (rank, step)
+            assert 2 * pre["gathered"][step] == fp32["gathered"][step], (rank, step, pre["gathered"], fp32["gathered"])
+        assert not torch.equal(pre["losses"][-1], fp32["losses"][-1])  # the policy did change the computation
+        assert pre["block_units"] > 0
+        assert pre["counts"] == {"prefetched": 2 * steps * pre["block_units"],
+                                 "waited": 2 * steps * pre["root_units"]}, (rank, pre["counts"])

@@ -52,10 +52,14 @@ class CommLog:
     def all_gather(self, t: torch.Tensor, group, name: str, dim: int = 1) -> torch.Tensor:
         """Concatenate every rank's ``t`` along ``dim`` (logged: the gathered tensor's bytes)."""
         start = time.perf_counter()
-        n = dist.get_world_size(group)
-        local = t.movedim(dim, 0).contiguous()
-        out = local.new_empty((n * local.shape[0], *local.shape[1:]))
-        _all_gather_tensor(out, local, group=group)
+        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        local = t.movedim(dim, 0)
+        out = t.new_empty((n * local.shape[0], *local.shape[1:]))
+        # in place, as FSDP2 gathers: this rank's block of the output is the input. No buffer of its own that
+        # Gloo's worker thread would free late (it needs the GIL to), after the peak (simlib.parallel.step_memory)
+        mine = out[rank * local.shape[0]:(rank + 1) * local.shape[0]]
+        mine.copy_(local)
+        _all_gather_tensor(out, mine, group=group)
         end = time.perf_counter()
         self._log(name, out, start, end)
         return out.movedim(0, dim)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+import torch
 from torch import nn
 
 from .zero import _all_gather, _count
@@ -46,11 +47,15 @@ def wait_gather(unit) -> bool:
 
 class Zero3Prefetch(Zero3):
     """:class:`Zero3` whose blocks prefetch their neighbour's parameters (forward: the next; backward: the
-    previous). ``counts``: ``{"prefetched": gathers found in flight, "waited": gathers started from scratch}``;
-    ``blocked_s``: the time the main thread spent waiting for all-gathers (what prefetching is meant to cut)."""
+    previous), under the same mixed-precision policy (``param_dtype``, ``reduce_dtype``: FSDP2's
+    ``MixedPrecisionPolicy``; a prefetched gather sends the shard already cast). ``counts``: ``{"prefetched":
+    gathers found in flight, "waited": gathers started from scratch}``; ``blocked_s``: the time the main thread
+    spent waiting for all-gathers (what prefetching is meant to cut)."""
 
-    def __init__(self, module: nn.Module, blocks=None, group=None, comm_counter=None):
-        super().__init__(module, blocks=blocks, group=group, comm_counter=comm_counter)
+    def __init__(self, module: nn.Module, blocks=None, group=None, comm_counter=None, param_dtype=None,
+                 reduce_dtype=torch.float32):
+        super().__init__(module, blocks=blocks, group=group, comm_counter=comm_counter, param_dtype=param_dtype,
+                         reduce_dtype=reduce_dtype)
         # the blocks in forward order, each a list of its units (one per kind of parameter); the root comes last
         self.blocks = []
         for u in self.units:
@@ -86,7 +91,6 @@ class Zero3Prefetch(Zero3):
         return gather_waiting_first
 
     def _hook_backward(self, output, i):
-        import torch
         if not torch.is_grad_enabled():
             return output
         outs = output if isinstance(output, (tuple, list)) else (output,)
