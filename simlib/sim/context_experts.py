@@ -205,13 +205,20 @@ def ulysses_time(batch, heads, seq, head_dim, cp, hardware, causal=True, dtype="
         entries = seq * seq / (2 if causal else 1)
         compute = (3.5 if backward else 1.0) * entries * batch * (heads // cp) * 4 * head_dim / rate
     local = batch * heads * (seq // cp) * head_dim * nbytes  # one of q, k, v, out on a rank
-    a2a = _blocking(local, cp, hardware, "all_to_all", processes)
+    a2a = _blocking(local, cp, hardware, "all_to_all", processes)  # one that meets the ranks after compute
     calls = 4 * (2 if backward else 1)  # q, k, v in and the output back; dO in and dq, dk, dv back
+    # where calibrate() measured both: a call right after another collective finds the ranks in step and costs
+    # what one after a barrier does (q, k, v after the shape check; dk, dv after dq); the output, dO and dq come
+    # after compute
+    in_step = (all_to_all_time(local, cp, hardware, processes)
+               if _in_situ(hardware, processes, "a2a") and cp > 1 else a2a)
+    after_compute = 3 if backward else 1
     # seq_to_heads / heads_to_seq copy the tensor into its send layout and out of the received one: a read and
     # a write of it twice per all-to-all
     copies = calls * 4 * local / hardware.achievable_bandwidth(local, processes) if cp > 1 else 0.0
-    total = compute + calls * a2a + copies + _small_collective(cp, hardware)
-    return dict(total=total, compute=compute, all_to_all=a2a, copies=copies)
+    comm = after_compute * a2a + (calls - after_compute) * in_step
+    total = compute + comm + copies + _small_collective(cp, hardware)
+    return dict(total=total, compute=compute, all_to_all=a2a, all_to_all_in_step=in_step, copies=copies)
 
 
 def _moe_compute(tokens, hidden, num_experts, ep, hardware, top_k, capacity_factor, ffn, dtype, backward,
@@ -276,7 +283,10 @@ def moe_layer_time(tokens, hidden, num_experts, ep, hardware, top_k=1, capacity_
     vol = a2a_volume(tokens // ep, hidden, top_k, ep, nbytes)
     one = _blocking(vol["dispatch"] * ep / max(ep - 1, 1), ep, hardware, "all_to_all", processes)
     # the routing counts: an all-gather of k×E counts (queue_positions), an all-to-all of E (exchange_counts)
-    counts = (_blocking(8 * top_k * num_experts, ep, hardware, "all_gather", processes)
-              + _blocking(8 * num_experts, ep, hardware, "all_to_all", processes))
+    # (where calibrate() measured calls after compute, the second finds the ranks in step: a call after a barrier)
+    counts_a2a = (all_to_all_time(8 * num_experts, ep, hardware, processes)
+                  if _in_situ(hardware, processes, "a2a") and ep > 1 else
+                  _blocking(8 * num_experts, ep, hardware, "all_to_all", processes))
+    counts = _blocking(8 * top_k * num_experts, ep, hardware, "all_gather", processes) + counts_a2a
     comm = one * (4 if backward else 2) + counts
     return dict(total=compute + comm, compute=compute, all_to_all=one, counts=counts, comm=comm, capacity=cap)
