@@ -79,6 +79,7 @@ def step_peak(task, plan, steps: int = 2, optim=None) -> dict:
         with tracker:
             loss = one_step(x, y, tracker)
         at_peak = tracker.get_tracker_snapshot("peak")[ctx.device]
+
     def by_kind(snapshot):  # MemTracker's keys are enum members: their names ("Activation", ...) travel better
         return {getattr(k, "value", k): int(v) for k, v in snapshot.items() if k != "Total"}
     peak = int(at_peak["Total"])
