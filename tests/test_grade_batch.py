@@ -229,6 +229,24 @@ def test_a_killed_grader_keeps_its_rows_and_resumes(tmp_path):
         time.sleep(1)
     os.killpg(grader.pid, signal.SIGKILL)  # mid-class: b's notebook is sleeping
     grader.wait()
+    # b's grading child (a session of its own) notices its grader is gone and ends with its kernel, not at its
+    # own 300 s timeout
+    marker = str(folder / f"b_{EXERCISE}").encode()
+
+    def b_processes():
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+        return found
+    gone_by = time.monotonic() + 15
+    while b_processes() and time.monotonic() < gone_by:
+        time.sleep(0.5)
+    assert not b_processes(), "the killed grader's child outlived it"
     assert journal.exists() and f"a_{EXERCISE}" in journal.read_text() and f"b_{EXERCISE}" not in journal.read_text()
     said = []
     rows = batch.grade([folder], timeout=10, journal=journal, progress=said.append)

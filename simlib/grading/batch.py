@@ -44,7 +44,7 @@ from pathlib import Path
 __all__ = ["grade", "grade_notebook", "sandbox_available", "journal_path", "find_submissions", "summarize", "write", "Row", "WorkerPool"]
 
 from .class_report import FIELDS, format_summary, summarize, write  # noqa: F401 - the class report, re-exported
-from .isolation import _TOKEN, _kill_submission, _sandboxed, sandbox_available  # noqa: F401 - re-exported
+from .isolation import _TOKEN, _kill_submission, _sandboxed, end_with_parent, sandbox_available  # noqa: F401
 
 # Runs first in the learner's kernel: the notebook's own checks become no-ops (the grader runs them itself).
 _PREAMBLE = '''
@@ -350,7 +350,8 @@ def _grade_in_child(path: Path, timeout: float, check_timeout: float, solutions,
         out = work / f"rows-{token}.json"
         command = [sys.executable, "-m", "simlib.grading.batch", "--one", str(copy), "--name", name,
                    "--rows", str(out), "--timeout", str(timeout), "--check-timeout", str(check_timeout),
-                   "--kernel", kernel_name] + (["--solutions", str(solutions)] if solutions else [])
+                   "--kernel", kernel_name, "--parent", str(os.getpid())]
+        command += ["--solutions", str(solutions)] if solutions else []
         if sandbox == "unshare":
             command = _sandboxed(command, list(hide), work, _course_root())
         elif sandbox:
@@ -476,7 +477,10 @@ def _child_main(argv=None) -> int:
     parser.add_argument("--check-timeout", type=float, default=30.0)
     parser.add_argument("--kernel", default="python3")
     parser.add_argument("--solutions", default=None)
+    parser.add_argument("--parent", type=int, default=None, help="the grader's pid: end with it")
     args = parser.parse_args(argv)
+    if args.parent:
+        end_with_parent(args.parent)
     rows = grade_notebook(args.one, args.timeout, None, args.check_timeout, args.solutions, args.kernel)
     for r in rows:
         r.submission = args.name

@@ -50,6 +50,35 @@ def _kill_submission(child, token: str) -> None:
         time.sleep(0.2)
 
 
+def end_with_parent(parent: int, interval: float = 1.0) -> None:
+    """In a grading child: when the grader ``parent`` dies (killed, or its terminal closed), kill this
+    submission's processes (this process group and every process tagged with its token) and exit, instead of
+    running on, orphaned, until the submission's own timeout. A daemon thread polls the parent's pid."""
+    import threading
+    token = os.environ.get(_TOKEN, "")
+
+    def watch():
+        while True:
+            time.sleep(interval)
+            try:
+                os.kill(parent, 0)
+                continue
+            except ProcessLookupError:
+                pass
+            except PermissionError:  # alive, not ours to signal
+                continue
+            for pid in _tagged(token) if token else []:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+            finally:
+                os._exit(1)
+    threading.Thread(target=watch, name="simlib-grade-parent-watch", daemon=True).start()
+
+
 def sandbox_available() -> bool:
     """Whether ``sandbox="unshare"`` works here (user, mount and network namespaces)."""
     import shutil
