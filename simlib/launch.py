@@ -235,6 +235,11 @@ class Cluster(ElasticWorkers):
         print(f"[rank{rank}] {line}", file=sys.stderr if stream == "stderr" else sys.stdout, flush=True)
 
     def _drain(self) -> None:
+        """Empty the queue after a call: print the workers' output; keep what workers the agent has already
+        restarted said ("conn", "ready", "fatal") for :meth:`_await_workers`. Dropped, a new worker's connection
+        was closed with its message, and the worker, seeing it close, exited: the agent then ended and the
+        restart failed with "the workers exited before they joined" (seen in a loaded CI run, when the agent
+        restarted the workers within the grace time after a killed rank)."""
         while True:
             try:
                 msg = self._queue.get_nowait()
@@ -242,6 +247,8 @@ class Cluster(ElasticWorkers):
                 return
             if msg[0] == "out":
                 self._print(msg)
+            elif msg[0] in ("conn", "ready", "fatal"):
+                self._stash.append(msg)
 
     def run(self, fn, *args, **kwargs) -> list:
         """Run ``fn(*args, **kwargs)`` on every rank; return the results by rank."""

@@ -212,3 +212,22 @@ def test_killed_caller_leaves_no_orphan(tmp_path, alive):
     while [p for p in pids if alive(p)] and time.time() < deadline:
         time.sleep(0.2)
     assert not [p for p in pids if alive(p)]
+
+
+def test_after_a_call_messages_of_restarted_workers_are_kept():
+    """A call that fails ends its loop, then empties the queue; workers the elastic agent has already restarted
+    may have connected by then. Their messages must wait for _await_workers: a dropped connection closes, the new
+    worker exits, and the restart fails with "the workers exited before they joined" (seen in a loaded CI run)."""
+    import queue
+
+    from simlib.launch import Cluster
+    cluster = Cluster.__new__(Cluster)  # no workers needed: only the queue and the stash
+    cluster._queue, cluster._stash, printed = queue.Queue(), [], []
+    cluster._print = printed.append
+    messages = [("out", 0, "text"), ("conn", "a new worker's connection"), ("ready", 1), ("fatal", 0, "failure"),
+                ("result", 0, 7, True, b""), ("eof", 1, None)]
+    for msg in messages:
+        cluster._queue.put(msg)
+    cluster._drain()
+    assert printed == [messages[0]]
+    assert cluster._stash == messages[1:4]  # stale results and EOFs of the old workers are dropped
