@@ -10,7 +10,8 @@ them with worker processes of its own. The child hands back only plain data (JSO
 text); the grader process never unpickles a learner's object, so an object whose unpickling runs code acts
 inside that one child and cannot change another submission's grade. When the child ends (or its time is up)
 every process of the submission is killed: the child's session and process group, and every process that
-carries the submission's token in its environment (kernels and workers start sessions of their own).
+carries the submission's token in its environment (kernels and workers start sessions of their own). A child
+whose grader dies does that itself (``--parent``: :func:`simlib.grading.isolation.end_with_parent`).
 
 Rows are appended to a journal (``<out>.rows.jsonl``, fsynced) as each submission finishes; a grader that is
 stopped and started again with the same ``--out`` skips the submissions already in it (same path, same bytes).
