@@ -28,6 +28,17 @@ def _tagged(token: str) -> list[int]:
     return found
 
 
+def _kill_tagged(token: str) -> list[int]:
+    """SIGKILL every process tagged with ``token`` (:func:`_tagged`); returns their pids."""
+    pids = _tagged(token)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return pids
+
+
 def _kill_submission(child, token: str) -> None:
     """Kill the child's session and process group, then every process tagged with the submission's token."""
     for _ in range(3):
@@ -35,12 +46,7 @@ def _kill_submission(child, token: str) -> None:
             os.killpg(child.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError, OSError):
             pass
-        pids = _tagged(token)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        pids = _kill_tagged(token)
         try:
             child.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -67,11 +73,8 @@ def end_with_parent(parent: int, interval: float = 1.0) -> None:
                 pass
             except PermissionError:  # alive, not ours to signal
                 continue
-            for pid in _tagged(token) if token else []:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            if token:
+                _kill_tagged(token)
             try:
                 os.killpg(os.getpgid(0), signal.SIGKILL)
             finally:

@@ -38,10 +38,15 @@ ROW_MOVES = 8               # per kept assignment and hidden value, forward; as 
 OPS_FORWARD, OPS_PER_EXPERT_FORWARD, OPS_BACKWARD, OPS_PER_EXPERT_BACKWARD = 83, 10, 45, 22
 
 
+def _measured(hardware, processes) -> dict:
+    """What calibrate(kernels=True) measured on this box for ``processes`` ranks (``overheads["kernels"]``); {}
+    on a preset."""
+    return (hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None) or {}
+
+
 def _op(hardware, processes):
     """Seconds of one small eager op where calibrate() measured it (``kernels["op"]``), else None."""
-    table = hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None
-    return (table or {}).get("op")
+    return _measured(hardware, processes).get("op")
 
 
 def _block_time(c, head_dim, batch_heads, hardware, dtype, processes, backward):
@@ -68,10 +73,10 @@ def kernel_time(hardware, name, length, batch_heads, processes, backward=True, h
     None or one not measured: the default head size's.
     """
     from .kernels import KERNEL_HEADS, kernel_key
-    table = hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None
-    if table and head_dim is not None and kernel_key(name, head_dim) in table:
+    table = _measured(hardware, processes)
+    if head_dim is not None and kernel_key(name, head_dim) in table:
         name = kernel_key(name, head_dim)
-    if not table or name not in table:
+    if name not in table:
         return None
     pts = sorted(table[name]["backward" if backward else "forward"])
     i = next((j for j in range(1, len(pts) - 1) if length <= pts[j][0]), len(pts) - 1)
@@ -89,8 +94,7 @@ def _p2p(nbytes, hardware):
 def _sync(hardware, processes):
     """Seconds a blocking collective waits for its peers after a stretch of work, where calibrate() measured it
     (``kernels["sync"]``: on a box whose cores the ranks share, far more than the back-to-back α); else None."""
-    table = hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None
-    return (table or {}).get("sync") if processes > 1 else None
+    return _measured(hardware, processes).get("sync") if processes > 1 else None
 
 
 def all_to_all_time(nbytes, n, hardware, processes=None):
@@ -98,16 +102,14 @@ def all_to_all_time(nbytes, n, hardware, processes=None):
     it (``kernels["a2a"]``, α + bytes / B over a rank's input), else the link's α-β with the (n−1)/n factor."""
     if n <= 1:
         return 0.0
-    table = hardware._by_world("kernels", processes or n, None) if hasattr(hardware, "_by_world") else None
-    fit = (table or {}).get("a2a")
+    fit = _measured(hardware, processes or n).get("a2a")
     return fit[0] + nbytes / fit[1] if fit else all_to_all(nbytes, n, hardware.intra)
 
 
 def _in_situ(hardware, processes, kind):
     """(α, B) of what a call of ``kind`` adds to the compute it meets, where calibrate() measured it
     (``kernels["in_situ"]``, :func:`simlib.sim.kernels.in_situ_comm`: a2a, hop, hop_overlapped), else None."""
-    table = hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None
-    return ((table or {}).get("in_situ") or {}).get(kind)
+    return (_measured(hardware, processes).get("in_situ") or {}).get(kind)
 
 
 def _blocking(nbytes, n, hardware, kind="all_to_all", processes=None):
@@ -124,13 +126,21 @@ def _blocking(nbytes, n, hardware, kind="all_to_all", processes=None):
                                             or _ab(hardware.intra, 2, nbytes))[0]
     elif kind == "all_to_all":
         t = all_to_all_time(nbytes, n, hardware, processes)
-        table = hardware._by_world("kernels", processes or n, None) if hasattr(hardware, "_by_world") else None
-        alpha = ((table or {}).get("a2a") or ((n - 1) * _ab(hardware.intra, n, nbytes)[0],))[0]
+        alpha = (_measured(hardware, processes or n).get("a2a") or ((n - 1) * _ab(hardware.intra, n, nbytes)[0],))[0]
     else:  # all_gather, priced on the gathered size
         t = all_gather(nbytes * n, n, hardware.intra)
         alpha = (n - 1) * _ab(hardware.intra, n, nbytes * n)[0]
     wait = _sync(hardware, processes or n)
     return t if wait is None else max(t - alpha, 0.0) + wait
+
+
+def _in_step(nbytes, n, hardware, processes=None):
+    """An all-to-all right after another collective: where calibrate() measured calls after compute, such a call
+    finds the ranks in step and costs what one after a barrier does (:func:`all_to_all_time`); else as any
+    blocking one (:func:`_blocking`)."""
+    if n > 1 and _in_situ(hardware, processes or n, "a2a"):
+        return all_to_all_time(nbytes, n, hardware, processes)
+    return _blocking(nbytes, n, hardware, "all_to_all", processes)
 
 
 def _small_collective(n, hardware):
@@ -182,12 +192,11 @@ def ring_attention_time(batch, heads, seq, head_dim, cp, hardware, layout="zigza
     # cp blocking hops, in full
     exposed_dkv = cp * _blocking(kv, cp, hardware, "p2p", processes) if backward and cp > 1 else 0.0
     overlapped = _in_situ(hardware, processes, "hop_overlapped") if cp > 1 else None
-    if overlapped:  # measured: what a pass started before the compute and waited for after it adds to it
-        per_rank = [t + hops * (overlapped[0] + kv / overlapped[1]) + exposed_dkv + _small_collective(cp, hardware)
-                    for t in compute]
-    else:
-        per_rank = [t + hops * (max(0.0, hop - t / cp) + wait) + exposed_dkv + _small_collective(cp, hardware)
-                    for t in compute]
+
+    def exposed_hop(t):  # measured: what a pass started before the compute and waited for after it adds to it
+        return overlapped[0] + kv / overlapped[1] if overlapped else max(0.0, hop - t / cp) + wait
+    check = _small_collective(cp, hardware)
+    per_rank = [t + hops * exposed_hop(t) + exposed_dkv + check for t in compute]
     return dict(per_rank=per_rank, total=max(per_rank), compute=compute, hop=hop)
 
 
@@ -207,11 +216,9 @@ def ulysses_time(batch, heads, seq, head_dim, cp, hardware, causal=True, dtype="
     local = batch * heads * (seq // cp) * head_dim * nbytes  # one of q, k, v, out on a rank
     a2a = _blocking(local, cp, hardware, "all_to_all", processes)  # one that meets the ranks after compute
     calls = 4 * (2 if backward else 1)  # q, k, v in and the output back; dO in and dq, dk, dv back
-    # where calibrate() measured both: a call right after another collective finds the ranks in step and costs
-    # what one after a barrier does (q, k, v after the shape check; dk, dv after dq); the output, dO and dq come
+    # q, k, v come right after the shape check and dk, dv after dq (:func:`_in_step`); the output, dO and dq
     # after compute
-    in_step = (all_to_all_time(local, cp, hardware, processes)
-               if _in_situ(hardware, processes, "a2a") and cp > 1 else a2a)
+    in_step = _in_step(local, cp, hardware, processes)
     after_compute = 3 if backward else 1
     # seq_to_heads / heads_to_seq copy the tensor into its send layout and out of the received one: a read and
     # a write of it twice per all-to-all
@@ -250,8 +257,7 @@ def moe_op_time(hardware, processes):
     From the layer itself where calibrate() timed it (``kernels["moe"]``: one rank alone at small sizes, forward
     + backward): its time less its GEMMs and memory passes (priced as :func:`moe_layer_time` prices them),
     over its counted ops. Otherwise the cost of one tiny autograd op (``kernels["op"]``)."""
-    table = hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None
-    cal = (table or {}).get("moe")
+    cal = _measured(hardware, processes).get("moe")
     if cal:
         gemms, ops, _ = _moe_compute(cal["tokens"], cal["hidden"], cal["num_experts"], 1, hardware, cal["top_k"],
                                      cal["capacity_factor"], 4 * cal["hidden"], "fp32", True, processes)
@@ -283,10 +289,8 @@ def moe_layer_time(tokens, hidden, num_experts, ep, hardware, top_k=1, capacity_
     vol = a2a_volume(tokens // ep, hidden, top_k, ep, nbytes)
     one = _blocking(vol["dispatch"] * ep / max(ep - 1, 1), ep, hardware, "all_to_all", processes)
     # the routing counts: an all-gather of k×E counts (queue_positions), an all-to-all of E (exchange_counts)
-    # (where calibrate() measured calls after compute, the second finds the ranks in step: a call after a barrier)
-    counts_a2a = (all_to_all_time(8 * num_experts, ep, hardware, processes)
-                  if _in_situ(hardware, processes, "a2a") and ep > 1 else
-                  _blocking(8 * num_experts, ep, hardware, "all_to_all", processes))
-    counts = _blocking(8 * top_k * num_experts, ep, hardware, "all_gather", processes) + counts_a2a
+    # (the second right after the first: :func:`_in_step`)
+    counts = (_blocking(8 * top_k * num_experts, ep, hardware, "all_gather", processes)
+              + _in_step(8 * num_experts, ep, hardware, processes))
     comm = one * (4 if backward else 2) + counts
     return dict(total=compute + comm, compute=compute, all_to_all=one, counts=counts, comm=comm, capacity=cap)
