@@ -29,3 +29,55 @@ def pytest_ignore_collect(collection_path, config):
         named = {Path(str(a).split("::")[0]).resolve() for a in config.args}
         return collection_path not in named or None
     return None
+
+
+# --- The suite's time: every test's duration, as it goes, and the budget said at the end -------------------------
+# Each finished test phase appends a line to artifacts/test_durations.jsonl (wall seconds, and the CPU seconds of
+# this process and its reaped children), so a long run can be read while it runs; the summary prints the total,
+# the 25 slowest files and tests, and says so when the suite passes its budget (SIMLIB_SUITE_BUDGET_MIN, 25 min).
+import json
+import resource
+import time
+
+_SUITE = {"start": time.time(), "tests": {}}
+_BUDGET_MIN = float(os.environ.get("SIMLIB_SUITE_BUDGET_MIN", "25"))
+
+
+def _cpu_seconds() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _SUITE["tests"][nodeid] = {"cpu0": _cpu_seconds(), "wall": 0.0}
+
+
+def pytest_runtest_logreport(report):
+    entry = _SUITE["tests"].setdefault(report.nodeid, {"cpu0": _cpu_seconds(), "wall": 0.0})
+    entry["wall"] += report.duration
+    if report.when == "teardown":
+        entry["cpu"] = _cpu_seconds() - entry.pop("cpu0")
+        out = ROOT / "artifacts"
+        out.mkdir(exist_ok=True)
+        with open(out / "test_durations.jsonl", "a") as f:
+            f.write(json.dumps({"test": report.nodeid, "wall": round(entry["wall"], 2), "cpu": round(entry["cpu"], 2),
+                                "outcome": report.outcome, "t": round(time.time() - _SUITE["start"], 1)}) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter):
+    tests = {k: v for k, v in _SUITE["tests"].items() if "cpu" in v}
+    if not tests:
+        return
+    total = time.time() - _SUITE["start"]
+    by_file: dict[str, float] = {}
+    for nodeid, v in tests.items():
+        by_file[nodeid.split("::")[0]] = by_file.get(nodeid.split("::")[0], 0.0) + v["wall"]
+    tr = terminalreporter
+    tr.section("the suite's time")
+    tr.write_line(f"{len(tests)} tests in {total / 60:.1f} min (load average now {os.getloadavg()[0]:.1f})")
+    tr.write_line("the 25 slowest files:")
+    for name, wall in sorted(by_file.items(), key=lambda kv: -kv[1])[:25]:
+        tr.write_line(f"  {wall:8.1f} s  {name}")
+    if total > _BUDGET_MIN * 60:
+        tr.write_line(f"WARNING: the suite took {total / 60:.1f} min, over its {_BUDGET_MIN:.0f}-minute budget "
+                      "(CONTRIBUTING, 'Tests, CI and budgets'): find the new time with the lists above.", red=True)
