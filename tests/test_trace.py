@@ -1,5 +1,6 @@
 """Standard traces (simlib.debug.trace): torch.profiler on every rank, merged into one Chrome trace."""
 import json
+import os
 
 
 def _profiled_gpt(out_dir):
@@ -154,3 +155,15 @@ def test_lanes_nest_every_track():
     xs = [{"ph": "X", "name": str(s), "pid": 0, "tid": k, "ts": s[0], "dur": s[1] - s[0]} for s, k in zip(spans, lane)]
     assert format_problems({"traceEvents": meta + xs}) == []
     assert format_problems({"traceEvents": meta + [dict(e, tid=0) for e in xs]}) != []
+
+
+def test_profiling_prints_nothing_on_stderr(tmp_path):
+    """Kineto's 'USDT: ... profiler_start' lines went to stderr (red in a notebook, once per rank and start)."""
+    import subprocess
+    import sys
+    code = ("import torch\nfrom simlib.debug import trace\n"
+            f"with trace.profile({str(tmp_path)!r}) as prof:\n    torch.ones(64, 64).sum()\nprint(prof.path)")
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / "trace.json"), done.stderr
+    assert done.stderr == "", done.stderr
