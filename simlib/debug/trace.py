@@ -153,7 +153,8 @@ def merge(paths) -> dict:
     """One Chrome trace from per-rank profiler traces (files written by :class:`profile`): process ``r`` is rank
     ``r``; its main thread is "compute (main thread)", every other thread with data in flight becomes a
     "communication" track, and the course's spans become the "simlib steps" / "simlib spans" / "simlib comm spans"
-    tracks. Times are on one clock, from the earliest event."""
+    / "simlib waits" tracks (and "... (2)", ... where a family's spans overlap without nesting: :func:`lanes`).
+    Times are on one clock, from the earliest event."""
     per_rank = [_load(p) for p in paths]
     events, t0 = [], None
     for data in per_rank:
@@ -227,12 +228,13 @@ def lanes(intervals) -> list[int]:
 
 
 def _metadata(rank: int, names: dict) -> list:
-    """The process row "rank r" and its tracks' names, in the order of the dict (metadata events carry a ts:
-    the format lists it among every event's fields, and strict readers refuse an event without it)."""
+    """The process row "rank r" and its tracks' names, sorted by track with each track's further lanes after it
+    (metadata events carry a ``ts`` too: the format lists it among every event's fields)."""
     events = [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "ts": 0, "args": {"name": f"rank {rank}"}},
               {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "ts": 0, "args": {"sort_index": rank}}]
     for index, tid in enumerate(sorted(names, key=lambda t: divmod(t, LANES) if t >= LANES else (t, 0))):
-        events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "ts": 0, "args": {"name": names[tid]}})
+        events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "ts": 0,
+                       "args": {"name": names[tid]}})
         events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid, "ts": 0,
                        "args": {"sort_index": index}})
     return events
