@@ -17,6 +17,16 @@ def _ax(ax, figsize=(6, 4)):
     return ax
 
 
+def integer_ticks(ax, which: str = "x"):
+    """Ticks at whole numbers only on the named axes (``"x"``, ``"y"`` or ``"xy"``) of ``ax``: for an axis that
+    counts (ranks, experts, degrees, micro-batches), where matplotlib's default locator would put ticks at -0.5,
+    0.25, ... Returns ``ax``."""
+    from matplotlib.ticker import MaxNLocator
+    for name in which:
+        getattr(ax, f"{name}axis").set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    return ax
+
+
 def _mark_oversubscribed(ax, table, cores):
     """Shade the world sizes above the core count: there the workers share cores."""
     if cores is None:

@@ -200,7 +200,10 @@ def summarize(df) -> dict:
     return out
 
 
-def _union(intervals):
+def union(intervals) -> list:
+    """Sorted, disjoint ``[start, end]`` intervals covering the same time as ``intervals`` (pairs, any order).
+    The one interval union of the course: the run record's exposed time here and the trace's
+    (:func:`simlib.debug.trace.exposed_comm`) both use it."""
     merged = []
     for start, end in sorted(intervals):
         if merged and start <= merged[-1][1]:
@@ -210,15 +213,20 @@ def _union(intervals):
     return merged
 
 
+def overlap(xs, ys) -> float:
+    """Time that interval lists ``xs`` and ``ys`` share, each already a :func:`union` (disjoint within itself)."""
+    total = 0.0
+    for a, b in xs:
+        for c, d in ys:
+            if d > a and c < b:
+                total += min(b, d) - max(a, c)
+    return total
+
+
 def exposed_time(spans, hidden_by=("forward", "backward", "optimizer"), kind="comm") -> float:
     """Seconds of ``kind`` spans (of one rank and step) that no ``hidden_by`` span overlaps."""
     def intervals(mask):
-        return _union(zip(spans.loc[mask, "start"], spans.loc[mask, "end"]))
+        return union(zip(spans.loc[mask, "start"], spans.loc[mask, "end"]))
 
     comm = intervals(spans["kind"] == kind)
-    compute = intervals(spans["kind"].isin(hidden_by))
-    total = 0.0
-    for c0, c1 in comm:
-        covered = sum(max(0.0, min(c1, b) - max(c0, a)) for a, b in compute)
-        total += (c1 - c0) - covered
-    return total
+    return sum(b - a for a, b in comm) - overlap(comm, intervals(spans["kind"].isin(hidden_by)))

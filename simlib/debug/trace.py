@@ -12,6 +12,12 @@ threads; ``gloo:all_reduce`` is the time the data was in flight, including the w
 the course's own spans (:class:`simlib.timeline.Timeline`: step, forward, backward, comm, optimizer, wait) as
 annotation tracks, placed on the profiler's clock.
 
+The file keeps the trace format's rules, so every viewer draws it as recorded: a thread's complete (``"X"``)
+events are drawn as a stack, so the slices of one track nest (a bucket's all-reduce, running on Gloo's thread, and
+the main thread's wait for it overlap without nesting: they are on tracks of their own, and a family of spans that
+overlaps itself, such as several buckets in flight, gets as many tracks as it needs, see :func:`lanes`); metadata
+(``"M"``) events name every process and track and carry a ``ts``.
+
 :func:`exposed_comm` computes, from the trace alone, the communication no compute overlaps: per rank and step,
 the union of the communication tracks' slices and of the main thread's collective calls (``c10d::allreduce_``:
 handing a collective over, or blocking in it) minus the time the main thread was running operators (the
@@ -34,10 +40,17 @@ import statistics
 import time
 from pathlib import Path
 
+from ..timeline import overlap, union
+
 COMM_PREFIXES = ("gloo:", "nccl:", "ncclDevKernel", "ncclKernel")  # slices that are data in flight
 ISSUE_PREFIXES = ("c10d::", "record_param_comms")  # the main thread in a collective call: communication, not compute
-COMPUTE_TID, STEPS_TID, SPANS_TID, COMM_SPANS_TID = 0, 1, 2, 3
+COMPUTE_TID, STEPS_TID, SPANS_TID, COMM_SPANS_TID, WAIT_SPANS_TID = 0, 1, 2, 3, 4
 COMM_TID0, MAIN_COMM_TID = 10, 9
+LANES = 1000  # track t's further tracks (when its spans overlap without nesting) are LANES * t + 1, + 2, ...
+SPAN_FAMILIES = {  # the course's spans, by kind, onto tracks: (track, its name)
+    "step": (STEPS_TID, "simlib steps"), "comm": (COMM_SPANS_TID, "simlib comm spans"),
+    "wait": (WAIT_SPANS_TID, "simlib waits")}
+OTHER_SPANS = (SPANS_TID, "simlib spans")  # forward, backward, optimizer, other
 
 
 class profile:
@@ -54,6 +67,7 @@ class profile:
         self.path = None
 
     def __enter__(self) -> "profile":
+        quiet_profiler()
         import torch
         import torch.distributed as dist
         from torch.profiler import ProfilerActivity, record_function
@@ -103,6 +117,16 @@ class profile:
             self.path.write_text(json.dumps(merged))
 
 
+def quiet_profiler() -> None:
+    """Keep Kineto's (torch.profiler's C++ side) ``USDT: ... profiler_start`` / ``profiler_stop`` lines off stderr,
+    where a notebook shows them in red on every rank. Kineto reads ``KINETO_LOG_LEVEL`` once, when a process first
+    profiles; its levels run VERBOSE 0, INFO 1, WARNING 2, ERROR 3, STAGE 4, USDT 5, and torch's own default
+    already hides everything below USDT (seen on torch 2.13: no STAGE line, only the two USDT ones), so 6 hides
+    those two and nothing torch would otherwise show. A value the user set is kept."""
+    import os
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+
 def _clock_marks(record_function, n: int = 5) -> list[float]:
     """perf_counter readings taken inside ``simlib.clock`` slices: each slice starts (profiler clock) just before
     its reading, so the largest (slice start - reading) over several marks is the closest estimate of the offset
@@ -129,7 +153,8 @@ def merge(paths) -> dict:
     """One Chrome trace from per-rank profiler traces (files written by :class:`profile`): process ``r`` is rank
     ``r``; its main thread is "compute (main thread)", every other thread with data in flight becomes a
     "communication" track, and the course's spans become the "simlib steps" / "simlib spans" / "simlib comm spans"
-    tracks. Times are on one clock, from the earliest event."""
+    / "simlib waits" tracks (and "... (2)", ... where a family's spans overlap without nesting: :func:`lanes`).
+    Times are on one clock, from the earliest event."""
     per_rank = [_load(p) for p in paths]
     events, t0 = [], None
     for data in per_rank:
@@ -145,7 +170,7 @@ def merge(paths) -> dict:
         comm_threads = sorted({e["tid"] for e in xs if e["tid"] != main and e["name"].startswith(COMM_PREFIXES)})
         tids = {main: COMPUTE_TID, **{t: COMM_TID0 + i for i, t in enumerate(comm_threads)}}
         names = {COMPUTE_TID: "compute (main thread)", STEPS_TID: "simlib steps", SPANS_TID: "simlib spans",
-                 COMM_SPANS_TID: "simlib comm spans"}
+                 COMM_SPANS_TID: "simlib comm spans", WAIT_SPANS_TID: "simlib waits"}
         names.update({COMM_TID0 + i: f"communication (thread {t})" for i, t in enumerate(comm_threads)})
         clock_ts = sorted(e["ts"] for e in xs if e["name"] == "simlib.clock")
         for e in xs:
@@ -156,26 +181,63 @@ def merge(paths) -> dict:
             if e["tid"] == main and e["name"].startswith(COMM_PREFIXES):
                 out.update(cat="communication", tid=MAIN_COMM_TID)  # a blocking send/recv runs on the main thread
                 names[MAIN_COMM_TID] = "communication (main thread, blocking)"
-            elif tids[e["tid"]] >= COMM_TID0:
-                out["cat"] = "communication"
+            elif tids[e["tid"]] >= COMM_TID0 and e["name"].startswith(COMM_PREFIXES):
+                out["cat"] = "communication"  # the operators Gloo runs inside it (copies) keep their own category
             events.append(out)
         simlib = data.get("simlibSpans")
         if simlib and len(clock_ts) == len(simlib["clock"]):  # perf_counter seconds -> merged trace microseconds
             offset = max(ts - c * 1e6 for ts, c in zip(clock_ts, simlib["clock"])) + base
-            for s in simlib["spans"]:
-                tid = STEPS_TID if s["kind"] == "step" else COMM_SPANS_TID if s["kind"] in ("comm", "wait") \
-                    else SPANS_TID
-                events.append({"ph": "X", "cat": "simlib", "name": s["name"], "pid": rank, "tid": tid,
-                               "ts": s["start"] * 1e6 + offset, "dur": (s["end"] - s["start"]) * 1e6,
-                               "args": {"kind": s["kind"], "step": s["step"], "warmup": s["warmup"]}})
-        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-        for tid, name in names.items():
-            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
-            events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
-                           "args": {"sort_index": tid}})
+            spans = [dict(s, ts=s["start"] * 1e6 + offset, dur=(s["end"] - s["start"]) * 1e6)
+                     for s in simlib["spans"]]
+            for family in [*SPAN_FAMILIES, None]:
+                track, name = SPAN_FAMILIES.get(family, OTHER_SPANS)
+                mine = [s for s in spans if (s["kind"] if s["kind"] in SPAN_FAMILIES else None) == family]
+                lane = lanes([(s["ts"], s["ts"] + s["dur"]) for s in mine])
+                for k in range(1, max(lane, default=0) + 1):
+                    names[LANES * track + k] = f"{name} ({k + 1})"
+                for s, k in zip(mine, lane):
+                    events.append({"ph": "X", "cat": "simlib", "name": s["name"], "pid": rank,
+                                   "tid": LANES * track + k if k else track,
+                                   "ts": s["ts"], "dur": s["dur"],
+                                   "args": {"kind": s["kind"], "step": s["step"], "warmup": s["warmup"]}})
+        events += _metadata(rank, names)
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"source": "simlib.debug.trace.merge", "ranks": len(per_rank)}}
+
+
+def lanes(intervals) -> list[int]:
+    """For each ``(start, end)``, the track (0, 1, ...) to draw it on so that the intervals on every track nest
+    (a viewer stacks one thread's slices; two that overlap without nesting would be drawn as a staircase of
+    frames that never close). Greedy, in order of start (the longer first): the first track whose innermost
+    open interval is gone or contains it."""
+    order = sorted(range(len(intervals)), key=lambda i: (intervals[i][0], -intervals[i][1]))
+    stacks: list[list] = []  # per track: the ends of the intervals still open, innermost last
+    out = [0] * len(intervals)
+    for i in order:
+        start, end = intervals[i]
+        for k, stack in enumerate(stacks + [[]]):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or end <= stack[-1]:
+                break
+        if k == len(stacks):
+            stacks.append(stack)
+        stacks[k].append(end)
+        out[i] = k
+    return out
+
+
+def _metadata(rank: int, names: dict) -> list:
+    """The process row "rank r" and its tracks' names, sorted by track with each track's further lanes after it
+    (metadata events carry a ``ts`` too: the format lists it among every event's fields)."""
+    events = [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "ts": 0, "args": {"name": f"rank {rank}"}},
+              {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "ts": 0, "args": {"sort_index": rank}}]
+    for index, tid in enumerate(sorted(names, key=lambda t: divmod(t, LANES) if t >= LANES else (t, 0))):
+        events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "ts": 0,
+                       "args": {"name": names[tid]}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid, "ts": 0,
+                       "args": {"sort_index": index}})
+    return events
 
 
 def _main_tid(events) -> int | None:
@@ -194,27 +256,8 @@ def _leaves(events) -> list:
     return [(a, b) for k, (a, b) in enumerate(spans) if k + 1 == len(spans) or spans[k + 1][0] >= b]
 
 
-def _union(intervals):
-    merged = []
-    for a, b in sorted(intervals):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return merged
-
-
 def _clip(intervals, lo, hi):
     return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
-
-
-def _overlap(xs, ys) -> float:
-    total = 0.0
-    for a, b in xs:
-        for c, d in ys:
-            if d > a and c < b:
-                total += min(b, d) - max(a, c)
-    return total
 
 
 def _blocked(calls, main_ops, slices) -> list:
@@ -256,17 +299,17 @@ def exposed_comm(trace) -> dict:
         steps = [e for e in evs if e["tid"] == STEPS_TID and not e["args"].get("warmup")]
         slices = [e for e in evs if e.get("cat") == "communication"]
         calls = [e for e in evs if e["tid"] == COMPUTE_TID and e["name"].startswith(ISSUE_PREFIXES)]
-        comm = _union([(e["ts"], e["ts"] + e["dur"]) for e in slices + calls]
+        comm = union([(e["ts"], e["ts"] + e["dur"]) for e in slices + calls]
                       + _blocked(calls, [e for e in evs if e["tid"] == COMPUTE_TID and e.get("cat") == "cpu_op"],
                                  slices))
-        compute = _union(_leaves([e for e in evs if e["tid"] == COMPUTE_TID and e.get("cat") == "cpu_op"
+        compute = union(_leaves([e for e in evs if e["tid"] == COMPUTE_TID and e.get("cat") == "cpu_op"
                                   and not e["name"].startswith(ISSUE_PREFIXES + COMM_PREFIXES)]))
         per_rank[rank], comm_per_rank[rank] = {}, {}
         for s in steps:
             lo, hi = s["ts"], s["ts"] + s["dur"]
             c = _clip(comm, lo, hi)
             total = sum(b - a for a, b in c)
-            per_rank[rank][s["args"]["step"]] = (total - _overlap(c, _clip(compute, lo, hi))) / 1e6
+            per_rank[rank][s["args"]["step"]] = (total - overlap(c, _clip(compute, lo, hi))) / 1e6
             comm_per_rank[rank][s["args"]["step"]] = total / 1e6
     medians = {r: statistics.median(v.values()) for r, v in per_rank.items() if v}
     comm_medians = {r: statistics.median(v.values()) for r, v in comm_per_rank.items() if v}
@@ -286,7 +329,7 @@ def check(path) -> dict:
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
     comm_slices = {}
     for e in events:
-        if e["ph"] == "X" and e.get("cat") == "communication":
+        if e["ph"] == "X" and e.get("cat") == "communication":  # data in flight (gloo:..., nccl...), not the copies
             comm_slices[e["pid"]] = comm_slices.get(e["pid"], 0) + 1
     return {"processes": processes, "threads": threads, "comm_slices": comm_slices,
             "events": sum(e["ph"] == "X" for e in events)}

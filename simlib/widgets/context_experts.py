@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import plots
 from ._common import _figure, _wire
 
 
@@ -47,6 +48,7 @@ def context_figure(seq: int = 4096, cp: int = 4, heads: int = 8, batch: int = 1,
     ax_w.bar(x - 0.2, plain, 0.4, label=f"plain split (slowest {context.imbalance(plain):.2f}x mean)")
     ax_w.bar(x + 0.2, zig, 0.4, label=f"zig-zag (slowest {context.imbalance(zig):.2f}x mean)")
     ax_w.set(xlabel="rank", ylabel="score entries per (batch, head)", title=f"causal work per rank, cp={cp}")
+    plots.integer_ticks(ax_w)
     for ax in (ax_m, ax_c, ax_w):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -106,10 +108,12 @@ def moe_figure(num_experts: int = 8, ep: int = 4, capacity_factor: float = 1.25,
         m = np.asarray(measured, dtype=float)
         ax_e.plot(e, m * tokens * top_k / max(m.sum(), 1), "ko", ms=5, label="measured here (scaled)")
     ax_e.set(xlabel="expert", ylabel="token assignments", title="load per expert")
+    plots.integer_ticks(ax_e)
     per_rank = kept.reshape(ep, -1).sum(1)
     ax_r.bar(np.arange(ep), per_rank, color="tab:green")
     ax_r.axhline(per_rank.mean(), color="k", ls=":", label="mean")
     ax_r.set(xlabel="rank (holds E/ep experts)", ylabel="tokens to compute", title="load per rank")
+    plots.integer_ticks(ax_r)
     degrees = [d for d in (1, 2, 4, 8, 16, 32, 64) if num_experts % d == 0]
     share = kept.sum() / load.sum()
     ax_v.plot(degrees, [a2a_volume(tokens // d, hidden, top_k, d, 2, share)["dispatch"] / 2 ** 20 for d in degrees],
