@@ -177,3 +177,27 @@ def test_dry_run_and_from_plan_are_one_mapping_and_price_pipelines_cp_and_ep():
     assert (s.dp, s.cp, s.ep, s.cp_kind, s.world_size) == (2, 2, 4, "ring", 4)
     p = sim.predict(model, sim.preset("h100"), s)
     assert p.step_time > 0 and p.breakdown["ep_comm"] > 0 and p.breakdown["cp_comm"] >= 0
+
+
+# ── Blackwell presets and FP8 ──
+def test_blackwell_presets_and_fp8_gemms():
+    b200, nvl72, b300 = sim.preset("b200"), sim.preset("gb200"), sim.preset("b300")
+    assert b200.peak("fp8") == 2 * b200.peak("bf16") and b200.peak("fp4") == 2 * b200.peak("fp8")
+    assert nvl72.devices_per_node == 72 and b300.memory_bytes > nvl72.memory_bytes > b200.memory_bytes
+    # a B200 reaches ~1.5 PFLOP/s on a large bf16 GEMM (measured), an H100 ~0.78
+    assert 1.4e15 < b200.gemm_rate(1000, "bf16") < 1.55e15 and sim.dgx_h100().gemm_rate(1000, "bf16") < 0.8e15
+    h100 = sim.dgx_h100()
+    assert h100.gemm_rate(1000, "fp8") / h100.gemm_rate(1000, "bf16") == pytest.approx(1414 / 780)
+    # tp = 16 fits inside an NVL72 domain, not inside a DGX
+    sim.Strategy(tp=16, dp=4).validate(hardware=nvl72)
+    with pytest.raises(ValueError, match="spans more than one node"):
+        sim.Strategy(tp=16, dp=4).validate(hardware=b200)
+    # FP8: attention GEMMs stay 16-bit; current scaling costs more casts than delayed
+    m = sim.llama_size("llama3-8b")
+    s = sim.Strategy(dtype="fp8", micro_batch=1, attention="unfused")
+    table = sim.operator_table(m, h100, s)
+    scores = table[table.op == "scores Q·Kᵀ"].iloc[0]
+    assert scores.tflops < 0.8 * h100.peak("bf16") / 1e12
+    delayed, current = (gpt_stage(m, h100, s.replace(fp8_recipe=r, attention="flash"))["forward"]
+                        for r in ("delayed", "current"))
+    assert current > delayed

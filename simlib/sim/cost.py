@@ -117,7 +117,7 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
     stages = s.stage_layers(model.layers) if s.virtual_stages == 1 else [model.layers // s.pp] * s.pp
     dense_end = model.dense_layers if model.experts else model.layers
     # the logits GEMM stays in 16 bits under FP8 training (Transformer Engine converts the layers' Linears)
-    ends_strategy = s.replace(dtype="bf16") if s.dtype == "fp8" else s
+    ends_strategy = s.replace(dtype="bf16") if s.dtype in ("fp8", "fp4") else s
     embed, head = embedding_ops(model, s.micro_batch, s.tp, w, s.cp), head_ops(model, s.micro_batch, s.tp, w, s.cp)
 
     def t_end(items):

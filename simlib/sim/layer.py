@@ -120,13 +120,17 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
                     *([Op("attention dropout backward", "memory", (2 * w + 1) * ss)] if model.dropout else []),
                     Op("softmax backward", "memory", 3 * w * ss), *_backward_gemms(scores), *rope_bwd]
 
+    # FP8 casts: read 2 bytes, write 1 (and its transpose, 1 more); "current" scaling reads the tensor once more
+    # for its amax before casting, "blockwise"/"mx" quantize the transposed copy with its own scales (a re-read)
+    extra = 0 if fp8 in (True, "delayed") else w
+
     def cast(name, gemm):   # FP8: cast the GEMM's activation input to FP8 (read 2, write 1 byte) and transpose it
         m, k, _ = gemm.shape
-        return [Op(f"{name} FP8 cast + transpose", "memory", (w + 2) * m * k)] if fp8 else []
+        return [Op(f"{name} FP8 cast + transpose", "memory", (w + 2 + extra) * m * k)] if fp8 else []
 
     def cast_bwd(name, gemm):  # FP8 backward: cast and transpose the incoming gradient
         m, _, n = gemm.shape
-        return [Op(f"{name} grad FP8 cast + transpose", "memory", (w + 2) * m * n)] if fp8 else []
+        return [Op(f"{name} grad FP8 cast + transpose", "memory", (w + 2 + extra) * m * n)] if fp8 else []
 
     eager_fwd, eager_bwd = [], []
     if kernels == "eager":   # the extra traffic of running the element-wise parts op by op (see docstring)
@@ -197,11 +201,17 @@ def embedding_ops(model, micro_batch: int, tp: int = 1, width: int = 2, cp: int 
                 backward=[Op("embedding grad", "memory", (2 * width + 1) * t * h + 2 * table)])
 
 
+LOW_PRECISION_EXEMPT = ("scores", "context P", "recompute scores", "recompute context", "router",
+                        "recompute router")
+
+
 def gemm_parts(op: Op, hardware, strategy=None, processes: int = 1, threads=None):
     """(math, memory) seconds of a GEMM: its FLOPs at the GEMM efficiency for its size, and its own bytes at
     the achievable bandwidth for one GEMM of the batch."""
     m, k, n = op.shape
     dtype = strategy.dtype if strategy is not None else "bf16"
+    if dtype in ("fp8", "fp4") and op.name.startswith(LOW_PRECISION_EXEMPT):
+        dtype = "bf16"   # FP8/FP4 recipes convert the Linears only: attention's GEMMs and the router stay 16-bit
     if hardware.peak_flops:   # a GPU: the whole batched call sets the efficiency
         math = op.flops / hardware.gemm_rate(op.flops / 1e9, dtype)
     else:                     # a calibrated CPU box: its measured table per GEMM
@@ -286,7 +296,8 @@ def strategy_layer_ops(model, strategy, expert_layer: bool = False) -> dict:
     """:func:`layer_ops` for one micro-batch of ``strategy`` (an MoE layer if ``expert_layer``)."""
     s = strategy
     return layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, 2 if s.mixed_precision else 4, s.attention,
-                     s.dtype == "fp8", s.kernels, s.cp, s.cp_kind, s.ep, expert_layer, s.expert_imbalance)
+                     s.fp8_recipe if s.dtype in ("fp8", "fp4") else False, s.kernels, s.cp, s.cp_kind, s.ep,
+                     expert_layer, s.expert_imbalance)
 
 
 def operator_table(model, hardware, strategy, processes: int = 1):

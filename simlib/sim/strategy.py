@@ -17,7 +17,7 @@ ATTENTION = ("unfused", "flash", "flash1")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 CP_KINDS = ("allgather", "ring", "ulysses")
 FP8_RECIPES = ("delayed", "current", "blockwise", "mx")
-DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
+DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8", "fp4")
 OPTIMIZERS = ("adam", "sgd", "sgd_momentum")
 
 
@@ -139,7 +139,7 @@ class Strategy:
 
     @property
     def mixed_precision(self) -> bool:
-        return self.dtype in ("bf16", "fp16", "fp8")
+        return self.dtype in ("bf16", "fp16", "fp8", "fp4")
 
     def validate(self, world_size: int | None = None, model=None, hardware=None) -> "Strategy":
         """Check the degrees against a world size, a model and a machine; return self (raises ValueError)."""
