@@ -188,10 +188,10 @@ def test_blackwell_presets_and_fp8_gemms():
     assert 1.4e15 < b200.gemm_rate(1000, "bf16") < 1.55e15 and sim.dgx_h100().gemm_rate(1000, "bf16") < 0.8e15
     h100 = sim.dgx_h100()
     assert h100.gemm_rate(1000, "fp8") / h100.gemm_rate(1000, "bf16") == pytest.approx(1414 / 780)
-    # tp = 16 fits inside an NVL72 domain, not inside a DGX
-    sim.Strategy(tp=16, dp=4).validate(hardware=nvl72)
+    # tp = 24 fits inside an NVL72 domain, not inside a DGX
+    sim.Strategy(tp=24, dp=3).validate(hardware=nvl72)
     with pytest.raises(ValueError, match="spans more than one node"):
-        sim.Strategy(tp=16, dp=4).validate(hardware=b200)
+        sim.Strategy(tp=24, dp=3).validate(hardware=b200)
     # FP8: attention GEMMs stay 16-bit; current scaling costs more casts than delayed
     m = sim.llama_size("llama3-8b")
     s = sim.Strategy(dtype="fp8", micro_batch=1, attention="unfused")
