@@ -64,7 +64,7 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         raise ValueError(f"attention must be 'unfused', 'flash' or 'flash1', got {attention!r}")
     b, s, h, a = micro_batch, model.seq_len, model.hidden, model.heads
     sq = s // cp                                   # queries (and tokens) of each sequence on this rank
-    t, d, heads = b * sq, h // a, a // tp          # tokens, head dimension, heads on this rank
+    t, d, heads = b * sq, model.head_dim, a // tp  # tokens, head dimension, heads on this rank
     w = width
     th, th_tp = t * h, t * h / tp                  # a full activation, and its tensor-parallel share
     local = th / tp if sequence_parallel else th   # layer norm / dropout / residual: sequence-sharded or whole
@@ -92,7 +92,7 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         g_fwd, g_bwd = collective("g all-reduce", "all_reduce"), []
 
     qkv = _gemm("QKV", t, h, model.qkv_width // tp)
-    proj = _gemm("attention out", t, h // tp, h)
+    proj = _gemm("attention out", t, model.q_width // tp, h)
     up = _gemm("MLP up" + (" + gate" if model.gated_mlp else ""), t, h, model.up_width // tp)
     down = _gemm("MLP down", t, model.ffn // tp, h)
     norm = "RMSNorm" if model.norm == "rmsnorm" else "layer norm"
@@ -261,7 +261,7 @@ def linear_gemms(model, forward):
         m, k, n = op.shape
         if op.name == "QKV":
             h, kvd = model.hidden, model.kv * model.head_dim
-            q = n * h // model.qkv_width
+            q = n * model.q_width // model.qkv_width
             kv = (n - q) // 2
             out += [_gemm("Q", m, k, q), _gemm("K", m, k, kv), _gemm("V", m, k, kv)]
         elif op.name.startswith("MLP up") and model.gated_mlp:

@@ -50,6 +50,7 @@ class ModelSpec:
     shared_experts: int = 0      # experts every token goes through (DeepSeekMoE), each of width expert_ffn
     dense_layers: int = 0        # leading layers with a dense MLP instead (DeepSeek-V3: the first 3)
     capacity_factor: float = 0.0  # tokens an expert takes, over the even share (0: dropless, no cap)
+    head_size: int = 0           # GPT: head dimension when it is not hidden / heads (Qwen3: 128); 0: hidden/heads
 
     def __post_init__(self):
         for name in ("params", "layers", "hidden", "seq_len", "heads"):
@@ -84,12 +85,17 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def q_width(self) -> int:
+        """Width of Q (and of the attention output before its projection): heads × head_dim."""
+        return self.heads * self.head_dim
 
     @property
     def qkv_width(self) -> int:
         """Output width of the fused QKV projection: h for Q, 2·kv·d for K and V."""
-        return self.hidden + 2 * self.kv * self.head_dim
+        return self.q_width + 2 * self.kv * self.head_dim
 
     @property
     def up_width(self) -> int:
@@ -140,9 +146,9 @@ class ModelSpec:
         t, h, s, a = micro_batch * self.seq_len, self.hidden, self.seq_len, self.heads
         heads_here = max(a // tp, 1)
         gemms = [(t, h, self.qkv_width // tp, layers),                   # QKV, column-parallel
-                 (s, h // a, s, micro_batch * heads_here * layers),      # scores Q·Kᵀ per head
-                 (s, s, h // a, micro_batch * heads_here * layers),      # scores · V
-                 (t, h // tp, h, layers)]                                # output projection, row-parallel
+                 (s, self.head_dim, s, micro_batch * heads_here * layers),  # scores Q·Kᵀ per head
+                 (s, s, self.head_dim, micro_batch * heads_here * layers),  # scores · V
+                 (t, self.q_width // tp, h, layers)]                     # output projection, row-parallel
         moe = self.moe_layers if layers == self.layers else round(self.moe_layers * layers / self.layers)
         if layers - moe:
             gemms += self.mlp_gemms(t, tp, layers - moe, False)          # MLP up (and gate), down
@@ -203,7 +209,8 @@ def transformer(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab
                 kv_heads: int = 0, ffn_hidden: int = 0, gated_mlp: bool = False, tied_embeddings: bool = True,
                 norm: str = "layernorm", position: str = "learned", bias: bool = True, dropout: bool = True,
                 experts: int = 0, top_k: int = 1, expert_ffn: int = 0, shared_experts: int = 0,
-                dense_layers: int = 0, capacity_factor: float = 0.0, name: str | None = None) -> ModelSpec:
+                dense_layers: int = 0, capacity_factor: float = 0.0, head_dim: int = 0,
+                name: str | None = None) -> ModelSpec:
     """A decoder-only transformer of any of today's families; parameters counted from its shapes.
 
     Per layer: Q and output projections h·h each, K and V h·(kv·d) each, the MLP (3 if gated else 2)·h·f,
@@ -216,14 +223,14 @@ def transformer(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab
     for label, value in (("layers", layers), ("hidden", hidden), ("heads", heads), ("seq_len", seq_len)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be a positive int, got {value!r}")
-    if hidden % heads:
-        raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
+    if hidden % heads and not head_dim:
+        raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads}), or give head_dim")
     kv = kv_heads or heads
     if heads % kv:
         raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
-    d, f = hidden // heads, ffn_hidden or 4 * hidden
+    d, f = head_dim or hidden // heads, ffn_hidden or 4 * hidden
     norm_params = (2 if norm == "layernorm" and bias else 1) * hidden
-    attention = 2 * hidden * hidden + 2 * hidden * kv * d + (2 * hidden + 2 * kv * d if bias else 0)
+    attention = 2 * hidden * heads * d + 2 * hidden * kv * d + (hidden + heads * d + 2 * kv * d if bias else 0)
     mlp = (3 if gated_mlp else 2) * hidden * f + ((2 if gated_mlp else 1) * f + hidden if bias else 0)
     per_layer = attention + mlp + 2 * norm_params
     moe_extra = 0
@@ -238,7 +245,7 @@ def transformer(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab
                      gated_mlp=gated_mlp, tied_embeddings=tied_embeddings, norm=norm, position=position,
                      dropout=dropout, experts=experts, top_k=top_k, expert_ffn=expert_ffn if experts else 0,
                      shared_experts=shared_experts, dense_layers=dense_layers if experts else 0,
-                     capacity_factor=capacity_factor)
+                     capacity_factor=capacity_factor, head_size=head_dim if head_dim != hidden // heads else 0)
 
 
 def llama(layers: int, hidden: int, heads: int, kv_heads: int, ffn_hidden: int, seq_len: int = 4096,
@@ -270,6 +277,11 @@ LLAMA_SIZES = {
                           seq_len=4096, experts=8, top_k=2),
     "deepseek-moe-16b": dict(layers=28, hidden=2048, heads=16, kv_heads=16, ffn_hidden=10944, vocab=102400,
                              seq_len=4096, experts=64, top_k=6, expert_ffn=1408, shared_experts=2, dense_layers=1),
+    # Qwen3 MoE (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B configs): head_dim 128 (not hidden/heads), 128 experts
+    "qwen3-30b-a3b": dict(layers=48, hidden=2048, heads=32, kv_heads=4, ffn_hidden=6144, vocab=151936,
+                          seq_len=4096, experts=128, top_k=8, expert_ffn=768, head_dim=128),
+    "qwen3-235b-a22b": dict(layers=94, hidden=4096, heads=64, kv_heads=4, ffn_hidden=12288, vocab=151936,
+                            seq_len=4096, experts=128, top_k=8, expert_ffn=1536, head_dim=128),
     "qwen1.5-moe-a2.7b": dict(layers=24, hidden=2048, heads=16, kv_heads=16, ffn_hidden=5632, vocab=151936,
                               seq_len=4096, experts=60, top_k=4, expert_ffn=1408, shared_experts=4),
 }
