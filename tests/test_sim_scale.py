@@ -201,3 +201,23 @@ def test_blackwell_presets_and_fp8_gemms():
     delayed, current = (gpt_stage(m, h100, s.replace(fp8_recipe=r, attention="flash"))["forward"]
                         for r in ("delayed", "current"))
     assert current > delayed
+
+
+# ── the cluster-scale validation set ──
+def test_scale_runs_are_stated_with_sources_and_a_fixed_split():
+    from simlib.sim import scale_runs
+    rows = scale_runs.load_rows()
+    assert len(rows) >= 50 and all(r["source_url"].startswith("https://") for r in rows)
+    by_group = {}
+    for r in rows:   # within each source and version, file order alternates fit, test
+        by_group.setdefault((r["source"], r["version"]), []).append(r["split"])
+    for splits in by_group.values():
+        assert splits == ["fit" if i % 2 == 0 else "test" for i in range(len(splits))]
+    kinds = {k for r in rows for k in scale_runs.kinds_of(r)}
+    assert kinds == set(scale_runs.KINDS)
+    row = next(r for r in rows if r["model"] == "llama3-405b" and r["cp"] > 1 and r["gpu"] == "h100"
+               and r["source"] == "megatron-bridge")
+    out = scale_runs.predict_row(row)
+    assert out["expressible"] and out["predicted"] > 0 and "long_context" in out["kinds"]
+    dsv3 = scale_runs.predict_row(next(r for r in rows if r["model"] == "deepseek-v3"))
+    assert not dsv3["expressible"] and "latent attention" in dsv3["reason"]

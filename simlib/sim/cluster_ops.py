@@ -27,6 +27,14 @@ from __future__ import annotations
 
 from .ops import Op as _op, _backward_gemms, _gemm
 
+# Seconds an MoE layer's forward + backward costs beyond its kernels, as Megatron-Core's all-to-all dispatcher ran in
+# the published runs: it copies the tokens-per-expert counts to the host (device-to-host syncs) before each
+# dispatch, so the GPU idles while the host launches what follows. FITTED: the median over the 9 MoE rows of the
+# *fit* half of ``data/scale_runs.csv`` of (measured − predicted step) per MoE layer pass (they range 0.45–20 ms;
+# Qwen3-30B on Blackwell 6.3–7.0 ms at micro-batches 1 to 8, i.e. fixed per pass, not per token). Nothing of the
+# test half was used. A third of it is charged to forward, two thirds to backward.
+MOE_LAYER_OVERHEAD = 6.4e-3
+
 
 def cp_ops(model, micro_batch: int, tp: int, cp: int, kind: str, width: int = 2) -> dict:
     """The context-parallel collectives of one layer's attention, {"forward": [...], "backward": [...]}, on the

@@ -31,6 +31,7 @@ from .collectives import (all_gather, all_reduce, hierarchical_all_reduce, p2p, 
 from .compute import gemm_time, gemms_time  # noqa: F401
 from .layer import (embedding_ops, exposed_comm, head_ops, op_time, ops_time, recompute_ops,  # noqa: F401
                     strategy_layer_ops)
+from .cluster_ops import MOE_LAYER_OVERHEAD
 from .overlap import tp_overlap_exposed
 from .memory import activation_bytes_per_layer, check_fits, memory_per_device
 from .topology import Placement, group_collective, group_ranks, p2p_time, placement
@@ -108,13 +109,15 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
         part = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model)
         (fc, fslow), (bc, bslow), (ac, aslow) = comm(ops["forward"]), comm(ops["backward"]), comm(part)
         (fullc, fullslow) = comm(full)
+        host = MOE_LAYER_OVERHEAD if expert_layer and hardware.peak_flops else 0.0   # GPUs: the dispatcher's syncs
+        fslow, bslow = fslow + host / 3, bslow + 2 * host / 3
         return dict(fwd=t(ops["forward"]) + fslow, bwd=t(ops["backward"]) + bslow, again=t(part) + aslow,
                     again_full=t(full) + fullslow, fcomm=fc, bcomm=bc, again_comm=ac, again_full_comm=fullc)
 
     kinds = {False: price(False)}
     if model.experts:
         kinds[True] = price(True)
-    stages = s.stage_layers(model.layers) if s.virtual_stages == 1 else [model.layers // s.pp] * s.pp
+    stages = s.stage_layers(model.layers) if s.virtual_stages == 1 else [model.layers / s.pp] * s.pp
     dense_end = model.dense_layers if model.experts else model.layers
     # the logits GEMM stays in 16 bits under FP8 training (Transformer Engine converts the layers' Linears)
     ends_strategy = s.replace(dtype="bf16") if s.dtype in ("fp8", "fp4") else s
@@ -284,7 +287,7 @@ def bucket_comm_times(model, hardware, strategy, processes=1) -> list[float]:
         return group_collective("all_reduce", b, place, hardware)
 
     out = [sync(b, place) * factor + pack * b for b in gradient_buckets(model, s)]
-    if getattr(model, "experts", 0) and s.dp * s.cp // s.ep > 1:   # each expert's over the ranks that hold it
+    if getattr(model, "experts", 0) and s.expert_dp > 1:   # each expert's over the ranks that hold it
         expert_place = placement(s, hardware, "expert_dp")
         nbytes = model.expert_params / (s.ep * s.pp) * (2 if s.mixed_precision else 4)
         out += [sync(b, expert_place) * factor + pack * b for b in bucket_sizes(nbytes, s.bucket_bytes)]

@@ -68,6 +68,8 @@ class Strategy:
                                      # split evenly over the middle stages
     pipeline_flushes: int = 1        # pp > 1: pipeline flushes per step (a plan that accumulates over pipeline
                                      # passes flushes once per pass); num_micro_batches counts all of them
+    pipeline_outer: bool = False     # Megatron-LM's rank order (tp-cp-ep-dp-pp): pipeline stages outermost, so a
+                                     # data-/expert-parallel group is tp·cp ranks apart (not tp·cp·pp)
     fp8_recipe: str = "delayed"      # dtype="fp8": Transformer Engine's scaling recipe (delayed / current
                                      # per-tensor, blockwise 1x128 as DeepSeek-V3, mx: MXFP8 on Blackwell)
 
@@ -119,7 +121,7 @@ class Strategy:
     @property
     def expert_dp(self) -> int:
         """Ranks holding the same experts, which average their gradients: dp × cp / ep."""
-        return self.dp * self.cp // self.ep
+        return max(1, self.dp * self.cp // self.ep)
 
     def stage_layers(self, layers: int) -> list[int]:
         """Layers on each pipeline stage: ``first_stage_layers`` / ``last_stage_layers`` where set, the rest
@@ -154,7 +156,9 @@ class Strategy:
             chunks = self.pp * self.virtual_stages
             if self.first_stage_layers or self.last_stage_layers:
                 self.stage_layers(model.layers)
-            elif model.layers % chunks:
+            elif model.layers % chunks and (self.virtual_stages == 1 or (model.layers + 2) % chunks):
+                # (Megatron's account_for_embedding/loss_in_pipeline_split: embedding and loss count as a layer
+                # each, so 126 + 2 layers split into 8 x 8 chunks)
                 raise ValueError(f"{model.layers} layers do not split into pp × virtual_stages = {chunks} equal "
                                  "stages")
             if model.kind == "gpt":
@@ -237,9 +241,10 @@ def _check_scale(s) -> None:
                          f"a multiple of pipeline_flushes ({s.pipeline_flushes})")
     if s.cp_kind not in CP_KINDS:
         raise ValueError(f"cp_kind must be one of {CP_KINDS}, got {s.cp_kind!r}")
-    if (s.dp * s.cp) % s.ep:
+    if (s.dp * s.cp) % s.ep and (s.ep < s.dp * s.cp or (s.tp * s.dp * s.cp) % s.ep):
         raise ValueError(f"ep={s.ep} does not divide the dp x cp = {s.dp * s.cp} ranks that hold tokens (expert "
-                         "parallelism is folded into data parallelism): use a divisor of dp x cp")
+                         "parallelism is folded into data parallelism): use a divisor of dp x cp (or, as "
+                         "Megatron's MoE parallel folding, a multiple of it that divides tp x dp x cp)")
     if not s.expert_imbalance >= 1.0:
         raise ValueError(f"expert_imbalance is the busiest rank's tokens over the mean: >= 1, got "
                          f"{s.expert_imbalance!r}")

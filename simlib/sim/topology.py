@@ -41,14 +41,19 @@ def group_ranks(strategy, kind: str, index: int = 0) -> list[int]:
     Group 0 of each kind starts at rank 0 (every group of a kind has the same shape on whole nodes)."""
     s = strategy
     cp = getattr(s, "cp", 1)
-    tokens = [index + d * s.tp * cp * s.pp + c * s.tp for d in range(s.dp) for c in range(cp)]  # dp_cp order
+    outer = getattr(s, "pipeline_outer", False)     # Megatron's order: view(pp, dp, cp, tp)
+    dp_stride = s.tp * cp * (1 if outer else s.pp)
+    tokens = [index + d * dp_stride + c * s.tp for d in range(s.dp) for c in range(cp)]  # dp_cp order
     if kind == "dp_cp":
         return tokens
     if kind == "ep":
-        return tokens[:getattr(s, "ep", 1)]
+        ep = getattr(s, "ep", 1)
+        if ep > len(tokens):   # Megatron's MoE parallel folding: tensor-parallel ranks join the expert group
+            return sorted(t + r for t in tokens for r in range(s.tp))[:ep]
+        return tokens[:ep]
     if kind == "expert_dp":
         return tokens[::getattr(s, "ep", 1)]
-    stride = {"tp": 1, "cp": s.tp, "pp": s.tp * cp, "dp": s.tp * cp * s.pp}.get(kind)
+    stride = {"tp": 1, "cp": s.tp, "pp": s.tp * cp * (s.dp if outer else 1), "dp": dp_stride}.get(kind)
     if stride is None:
         raise ValueError(f"group kind must be tp, cp, pp, dp, dp_cp, ep or expert_dp, got {kind!r}")
     size = {"tp": s.tp, "cp": cp, "pp": s.pp, "dp": s.dp}[kind]
@@ -124,6 +129,9 @@ def p2p_time(size: float, strategy, hardware) -> float:
 def same_node(strategy, hardware) -> bool:
     """Do all pipeline neighbours (ranks tp apart, in every replica) share a node?"""
     g, s = hardware.devices_per_node, strategy
-    step = s.tp * getattr(s, "cp", 1)   # pipeline neighbours are tp × cp ranks apart
+    step = s.tp * getattr(s, "cp", 1)   # pipeline neighbours are tp × cp ranks apart (× dp in Megatron's order)
+    if getattr(s, "pipeline_outer", False):
+        return all(r // g == (r + step * s.dp) // g for p in range(s.pp - 1) for d in range(s.dp)
+                   for r in [(p * s.dp + d) * step])
     return all(r // g == (r + step) // g
                for d in range(s.dp) for p in range(s.pp - 1) for r in [(d * s.pp + p) * step])
