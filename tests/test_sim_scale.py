@@ -221,3 +221,11 @@ def test_scale_runs_are_stated_with_sources_and_a_fixed_split():
     assert out["expressible"] and out["predicted"] > 0 and "long_context" in out["kinds"]
     dsv3 = scale_runs.predict_row(next(r for r in rows if r["model"] == "deepseek-v3"))
     assert not dsv3["expressible"] and "latent attention" in dsv3["reason"]
+
+
+def test_power_capped_hopper_parts_are_slower_than_sxm():
+    m = sim.llama_size("llama3-8b")
+    s = sim.Strategy(dp=8, micro_batch=1, num_micro_batches=4, attention="flash", zero_stage=1, dtype="fp8")
+    sxm, nvl, pcie = (sim.predict(m, sim.preset(name), s).step_time for name in ("h100", "h100-nvl", "h100-pcie"))
+    assert sxm < nvl < pcie
+    assert sim.preset("h100-nvl").memory_bytes > sim.preset("h100").memory_bytes

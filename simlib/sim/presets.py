@@ -1,12 +1,12 @@
-"""Blackwell presets: DGX B200, GB200 NVL72 (a 72-GPU NVLink domain) and B300, with their sources.
+"""Blackwell presets (DGX B200, GB200 NVL72 as a 72-GPU NVLink domain, B300) and Hopper's PCIe/NVL parts.
 
 Peaks are dense (no 2:4 sparsity), per GPU, from NVIDIA's datasheets as tabulated by G. Lockwood's notes
 (glennklockwood.com/garden/processors/B200, citing NVIDIA): HGX/DGX B200 at 1,000 W — BF16 2.25 PFLOP/s, FP8
 4.5, FP4 9, TF32 1.1, FP32 0.08; GB200 at 1,200 W — BF16 2.5, FP8 5, FP4 10, TF32 1.25, FP32 0.09. Memory: DGX
 B200 1,440 GB for 8 GPUs (180 GB each; nvidia-smi shows 179 GiB, Vultr's HGX B200 listing), GB200 186 GB (MLPerf's
 "GB200-186GB"; 185 GiB), HBM3e at 8 TB/s; capacities below in GiB as a process sees them.
-B300 (Blackwell Ultra, HGX B300 / GB300): 288 GB HBM3e (268 GiB) at 8 TB/s; its dense FP4 rises to 15 PFLOP/s (GB300) while
-BF16 and FP8 stay as GB200's (NVIDIA's Blackwell Ultra announcement, GTC 2025; an assumption where the datasheet
+B300 (Blackwell Ultra, HGX B300 / GB300): 288 GB HBM3e (268 GiB) at 8 TB/s; its dense FP4 rises to 15 PFLOP/s
+(GB300) while BF16 and FP8 stay as GB200's (NVIDIA's Blackwell Ultra announcement, GTC 2025; an assumption where the datasheet
 was not read here). NVLink 5: 1.8 TB/s per GPU both ways, 900 GB/s each way.
 
 Links, measured where possible: eight B200s reach an all-reduce bus bandwidth of "830+" GB/s (NVIDIA/nccl issue
@@ -23,8 +23,9 @@ about 1.6 PFLOP/s forward in bf16 (cuDNN/FA4 figures quoted publicly, ~70 % of 2
 """
 from __future__ import annotations
 
-from .hardware import (AZURE_H200_ALLREDUCE, CALCULON_GEMM_EFFICIENCY, CALCULON_MEM_EFFICIENCY, GiB, PRESETS,
-                       Hardware, Link, anchored)
+from .hardware import (AZURE_H200_ALLREDUCE, CALCULON_GEMM_EFFICIENCY, CALCULON_MEM_EFFICIENCY,
+                       H100_FLASH_ATTENTION, H100_FP8_GEMM_EFFICIENCY, H100_GEMM_EFFICIENCY, PRESETS, GiB, Hardware,
+                       Link, anchored)
 
 B200_BF16_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 1.51 / 2.25)
 B200_FP8_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 1.51 / 2.25 * 0.905)
@@ -75,3 +76,36 @@ def dgx_b300(nvl72: bool = False) -> Hardware:
 
 # the names ``sim.preset`` knows (hardware.PRESETS is the one registry)
 PRESETS.update({"b200": dgx_b200, "gb200": gb200_nvl72, "b300": dgx_b300, "gb300": lambda: dgx_b300(nvl72=True)})
+
+
+# ───────────── power-capped and memory-variant Hopper parts (H100 PCIe, H100 NVL) ─────────────
+# NVIDIA H100 datasheet, dense = half the sparse figures it prints: H100 PCIe (80 GB HBM2e, 2.0 TB/s, 300-350 W)
+# BF16 756 TFLOP/s, FP8 1,513; H100 NVL (94 GB HBM3, 3.9 TB/s, 350-400 W) BF16 835, FP8 1,671 — the lower board
+# power is in these peaks (lower sustained clocks). Links: PCIe Gen5 x16 between cards (~50 GB/s of bus bandwidth
+# assumed, 64 GB/s line rate each way); an NVL pair's NVLink bridge (600 GB/s both ways) is not modelled (a node
+# of 8 is priced on PCIe). GEMMs: the SXM part's measured fraction of peak (an assumption: the power cap may lower it
+# further). The 500 W H100 with 96 GB HBM2e of torchtitan's table has no published peak: it stays inexpressible.
+
+
+def _hopper_variant(name, bf16, fp8, memory_gib, hbm, source) -> Hardware:
+    return Hardware(
+        name=name, peak_flops={"bf16": bf16, "fp16": bf16, "fp8": fp8, "fp32": bf16 / 14.8},  # fp32 ≈ as SXM's ratio
+        memory_bytes=memory_gib * GiB,
+        memory_bandwidth=hbm, attention_efficiency=H100_FLASH_ATTENTION,
+        intra=Link(10e-6, 50e9, {}, "PCIe Gen5 x16: ~50 GB/s bus bandwidth assumed (64 GB/s line rate)"),
+        inter=Link(5e-6, 47e9, {}, "NDR 400 Gb/s per GPU (nccl-tests #290); α assumed"),
+        devices_per_node=8, gemm_table={"bf16": H100_GEMM_EFFICIENCY, "fp8": H100_FP8_GEMM_EFFICIENCY},
+        mem_efficiency=CALCULON_MEM_EFFICIENCY, source=source)
+
+
+def h100_pcie() -> Hardware:
+    """H100 PCIe: 80 GB HBM2e at 2.0 TB/s, 756 TFLOP/s bf16 dense (NVIDIA H100 datasheet); 8 cards on PCIe."""
+    return _hopper_variant("H100 PCIe (8 per node)", 756e12, 1513e12, 80, 2.0e12, "NVIDIA H100 datasheet (PCIe)")
+
+
+def h100_nvl() -> Hardware:
+    """H100 NVL: 94 GB HBM3 at 3.9 TB/s, 835 TFLOP/s bf16 dense (NVIDIA H100 datasheet); 8 cards on PCIe."""
+    return _hopper_variant("H100 NVL (8 per node)", 835e12, 1671e12, 94, 3.9e12, "NVIDIA H100 datasheet (NVL)")
+
+
+PRESETS.update({"h100-pcie": h100_pcie, "h100-nvl": h100_nvl})
