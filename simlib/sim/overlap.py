@@ -38,5 +38,7 @@ def tp_overlap_exposed(ops, times, exposed, hardware, strategy, processes=1):
 
 
 # A GEMM overlapped with TP communication runs slower: the communication kernels take SMs (and memory
-# bandwidth) from it. Assumption pending a measurement: 10 %.
+# bandwidth) from it. Public measurements put it near 10 %: AG+GEMM overlap kernels ran at 0.885 and 0.923 of the
+# plain GEMM's speed (ROCm/TransformerEngine PR 707, 2026, on AMD GPUs), and DeepEP's communication kernels take 20
+# of an H800's 132 SMs from the GEMM beside them (deepseek-ai/DeepEP issue 61). Not fitted to any run.
 TP_OVERLAP_GEMM_SLOWDOWN = 0.10
