@@ -90,6 +90,7 @@ def dry_run(spec) -> int:
                   f"{p.optimizer * 1e3:.1f}); memory {fits} in {hw.memory_bytes / 2 ** 30:.0f} GiB")
         print(f"  output   {spec.folders[name]}/ (run.jsonl, summary.json, config.toml)"
               + (f"; checkpoints in {plan.checkpoint_dir}" if plan.checkpoint_dir else ""))
-    print(f"\nthe prediction uses the {spec.hardware!r} preset (--hardware cpu|a100|h100); "
+    names = "|".join(sorted(sim.hardware.PRESETS))
+    print(f"\nthe prediction uses the {spec.hardware!r} preset (--hardware {names}); "
           "sim.calibrate() measures this machine for closer numbers")
     return 0
