@@ -15,21 +15,22 @@ def sim_model(task):
     if hasattr(task, "sim_spec"):
         return task.sim_spec()
     if all(hasattr(task, k) for k in ("num_layers", "hidden", "num_heads", "seq_len")):
+        if getattr(task, "moe_experts", 0):   # the MoE variant: every block's MLP a mixture of experts
+            return sim.transformer(task.num_layers, task.hidden, task.num_heads, task.seq_len,
+                                   task.config.vocab_size, experts=task.moe_experts, top_k=task.moe_top_k,
+                                   capacity_factor=task.moe_capacity_factor,
+                                   name=f"GPT {task.num_layers}x{task.hidden} MoE {task.moe_experts}")
         return sim.gpt(task.num_layers, task.hidden, task.num_heads, seq_len=task.seq_len,
                        vocab=task.config.vocab_size, name=f"GPT {task.num_layers}x{task.hidden}")
     raise ValueError(f"task {task.name!r} has no sim_spec(): the simulator cannot price it")
 
 
 def strategy_for(plan, task, optim):
-    """The simulator's :class:`simlib.sim.Strategy` for a trainer's :class:`simlib.train.Plan`."""
+    """The simulator's :class:`simlib.sim.Strategy` for a trainer's :class:`simlib.train.Plan`: the one mapping,
+    :meth:`Strategy.from_plan` (pipeline micro-batches, flushes, cp and ep included), with the optimizer."""
     from .sim import Strategy
-    per_rank = task.global_batch // (plan.dp * plan.accumulation)
     optimizer = "adam" if optim.name == "adamw" else ("sgd_momentum" if optim.momentum else "sgd")
-    return Strategy(dp=plan.dp, tp=plan.tp, pp=plan.pp, micro_batch=max(1, per_rank),
-                    num_micro_batches=plan.accumulation, zero_stage=plan.zero_stage,
-                    bucket_bytes=plan.bucket_cap_mb * 2 ** 20,
-                    recompute="full" if plan.activation_checkpointing else "none", schedule=plan.schedule,
-                    dtype=plan.mixed_precision or "fp32", optimizer=optimizer)
+    return Strategy.from_plan(plan, task.global_batch, optimizer=optimizer)
 
 
 def mesh_lines(plan, local_world_size: int) -> list[str]:
@@ -74,11 +75,6 @@ def dry_run(spec) -> int:
               + ", ".join(f"{k}={v}" for k, v in changed.items()))
         for line in mesh_lines(plan, local):
             print("  " + line)
-        if plan.cp > 1 or plan.ep > 1 or getattr(spec.task, "moe_experts", 0):
-            print("  memory and step time: not priced here (this simulator's Strategy prices dense dp/tp/pp plans;"
-                  " simlib.sim.context_experts prices context-parallel attention and MoE layers)")
-            print(f"  output   {spec.folders[name]}/ (run.jsonl, summary.json, config.toml)")
-            continue
         strategy = strategy_for(plan, spec.task, spec.optim)
         mem = sim.memory_per_device(model, strategy)
         print("  memory per rank (simulator, first pipeline stage): "
@@ -94,6 +90,7 @@ def dry_run(spec) -> int:
                   f"{p.optimizer * 1e3:.1f}); memory {fits} in {hw.memory_bytes / 2 ** 30:.0f} GiB")
         print(f"  output   {spec.folders[name]}/ (run.jsonl, summary.json, config.toml)"
               + (f"; checkpoints in {plan.checkpoint_dir}" if plan.checkpoint_dir else ""))
-    print(f"\nthe prediction uses the {spec.hardware!r} preset (--hardware cpu|a100|h100); "
+    names = "|".join(sorted(sim.hardware.PRESETS))
+    print(f"\nthe prediction uses the {spec.hardware!r} preset (--hardware {names}); "
           "sim.calibrate() measures this machine for closer numbers")
     return 0

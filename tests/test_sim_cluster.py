@@ -112,7 +112,13 @@ def test_placement_follows_the_rank_grid():
     assert topology.placement(sim.Strategy(tp=8, dp=2), hw, "tp").intra_node
     assert topology.group_ranks(sim.Strategy(dp=2, pp=2, tp=2), "pp") == [0, 2]
     with pytest.raises(ValueError, match="group kind"):
-        topology.group_ranks(sim.Strategy(), "cp")
+        topology.group_ranks(sim.Strategy(), "xp")
+    # view(dp, pp, cp, tp): cp ranks tp apart, pp stride tp·cp; ep takes consecutive dp × cp ranks (cp first)
+    s = sim.Strategy(dp=4, pp=2, cp=2, tp=2, ep=4)
+    assert topology.group_ranks(s, "cp") == [0, 2] and topology.group_ranks(s, "pp") == [0, 4]
+    assert topology.group_ranks(s, "dp") == [0, 8, 16, 24]
+    assert topology.group_ranks(s, "ep") == [0, 2, 8, 10]
+    assert topology.group_ranks(s, "expert_dp") == [0, 16]
 
 
 def test_group_collectives_by_hand():

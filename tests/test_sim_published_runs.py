@@ -119,6 +119,11 @@ def test_tp_comm_overlap_hides_collectives_behind_gemms():
     s = sim.Strategy(tp=8, micro_batch=1, sequence_parallel=True, recompute="selective")
     plain, overlapped = gpt_stage(m, sim.dgx_h100(), s), gpt_stage(m, sim.dgx_h100(), s.replace(tp_overlap=True))
     assert 0 <= overlapped["forward_comm"] < plain["forward_comm"]
-    assert overlapped["forward"] == plain["forward"]                # compute unchanged, only exposure
+    # partial: the first/last chunk of each collective (1/tp of it) stays exposed, and the GEMMs that share
+    # their SMs with communication run slower (compute grows)
+    assert overlapped["forward_comm"] >= plain["forward_comm"] / 8 * 0.999
+    assert overlapped["forward"] > plain["forward"]
+    gain = (plain["forward"] + plain["forward_comm"]) / (overlapped["forward"] + overlapped["forward_comm"]) - 1
+    assert 0 < gain < 0.35   # torchtitan measured up to ~29 % on the forward pass (async TP post, 2024)
     with pytest.raises(ValueError, match="sequence_parallel"):
         sim.Strategy(tp=8, tp_overlap=True)

@@ -251,8 +251,9 @@ def test_the_simulator_reads_the_same_plan():
     assert (s.dp, s.tp, s.zero_stage) == (2, 2, 1)
     with pytest.raises(ValueError, match="ZeRO-3 here gathers whole blocks"):
         sim.Strategy.from_plan(Plan(tp=2, zero_stage=3), 64)
-    with pytest.raises(ValueError, match="one pipeline flush per step"):
-        sim.Strategy.from_plan(Plan(pp=2, accumulation=2), 64)
+    # a pipeline plan that accumulates: every micro-batch priced, one pipeline flush (and bubble) per pass
+    s = sim.Strategy.from_plan(Plan(pp=2, accumulation=2), 64)
+    assert (s.micro_batch, s.num_micro_batches, s.pipeline_flushes) == (16, 4, 2)
 
 
 def test_3d_plan_equals_one_process_on_8_ranks(reference):

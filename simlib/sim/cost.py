@@ -29,9 +29,12 @@ from dataclasses import dataclass, field
 from .collectives import (all_gather, all_reduce, hierarchical_all_reduce, p2p, reduce_scatter,  # noqa: F401
                           ring_all_reduce, tree_all_reduce)
 from .compute import gemm_time, gemms_time  # noqa: F401
-from .layer import embedding_ops, head_ops, layer_ops, ops_time, recompute_ops
+from .layer import (embedding_ops, exposed_comm, head_ops, op_time, ops_time, recompute_ops,  # noqa: F401
+                    strategy_layer_ops)
+from .cluster_ops import MOE_LAYER_OVERHEAD
+from .overlap import tp_overlap_exposed
 from .memory import activation_bytes_per_layer, check_fits, memory_per_device
-from .topology import Placement, group_collective, p2p_time, placement
+from .topology import Placement, group_collective, group_ranks, p2p_time, placement
 
 
 # ───────────────────────── compute ─────────────────────────
@@ -83,45 +86,79 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
 
     s = strategy
     w = 2 if s.mixed_precision else 4
-    ops = layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, w, s.attention, s.dtype == "fp8", s.kernels)
-    layers = model.layers / s.pp
-    if s.recompute == "every_other":   # torchtitan's layer-level selective AC: every second layer in full
-        again_layers, again = layers / 2, recompute_ops(ops["forward"], "full")
-    else:
-        again_layers, again = layers, recompute_ops(ops["forward"], s.recompute, model)
+    compute = ("gemm", "memory", "attention")
 
-    def t(items, kind):
-        return sum(ops_time(items, hardware, s, processes, s.threads, k) for k in kind)
+    def t(items, kinds=compute):
+        return sum(ops_time(items, hardware, s, processes, s.threads, k) for k in kinds)
 
-    compute, comm = ("gemm", "memory", "attention"), ("comm",)
-    layer_fwd, layer_bwd = t(ops["forward"], compute), t(ops["backward"], compute)
-    layer_again = again_layers / layers * t(again, compute) if layers else 0.0
-    forward_comm = layers * t(ops["forward"], comm)
-    backward_comm = layers * t(ops["backward"], comm) + again_layers * t(again, comm)
-    if s.tp_overlap:
-        # Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers): each tensor-parallel all-gather /
-        # reduce-scatter is split into chunks pipelined with the GEMM it feeds or follows, so per layer only
-        # what exceeds the layer's GEMM time stays exposed (an upper bound on the overlap, not validated here)
-        gemms = ("gemm",)
-        forward_comm = layers * max(0.0, t(ops["forward"], comm) - t(ops["forward"], gemms))
-        backward_comm = layers * max(0.0, t(ops["backward"], comm) - t(ops["backward"], gemms)) + \
-            again_layers * max(0.0, t(again, comm) - t(again, gemms))
-    out = dict(forward=layers * layer_fwd, backward=layers * layer_bwd + again_layers * t(again, compute),
-               forward_comm=forward_comm, backward_comm=backward_comm,
-               layer_forward=layer_fwd, layer_backward=layer_bwd + layer_again)
+    def comm(all_items):   # what of a list's collectives compute does not hide (ring hops, TP overlap), by group
+        exposed, slow = {}, 0.0
+        for group in ("tp", "cp", "ep"):
+            items = [op for op in all_items if op.kind != "comm" or op.group == group]
+            times = [op_time(op, hardware, s, processes, s.threads) if op.kind == "comm" else
+                     (op_time(op, hardware, s, processes, s.threads) if op.kind == "attention" or
+                      op.name.startswith(("scores", "context P", "scale+mask")) else 0.0) for op in items]
+            exposed[group] = exposed_comm(items, times)
+            if s.tp_overlap and group == "tp":
+                exposed[group], slow = tp_overlap_exposed(items, times, exposed[group], hardware, s, processes)
+        return exposed, slow
+
+    def price(expert_layer):
+        ops = strategy_layer_ops(model, s, expert_layer)
+        full = recompute_ops(ops["forward"], "full")
+        part = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model)
+        (fc, fslow), (bc, bslow), (ac, aslow) = comm(ops["forward"]), comm(ops["backward"]), comm(part)
+        (fullc, fullslow) = comm(full)
+        host = MOE_LAYER_OVERHEAD if expert_layer and hardware.peak_flops else 0.0   # GPUs: the dispatcher's syncs
+        fslow, bslow = fslow + host / 3, bslow + 2 * host / 3
+        return dict(fwd=t(ops["forward"]) + fslow, bwd=t(ops["backward"]) + bslow, again=t(part) + aslow,
+                    again_full=t(full) + fullslow, fcomm=fc, bcomm=bc, again_comm=ac, again_full_comm=fullc)
+
+    kinds = {False: price(False)}
+    if model.experts:
+        kinds[True] = price(True)
+    stages = s.stage_layers(model.layers) if s.virtual_stages == 1 else [model.layers / s.pp] * s.pp
+    dense_end = model.dense_layers if model.experts else model.layers
     # the logits GEMM stays in 16 bits under FP8 training (Transformer Engine converts the layers' Linears)
-    ends_strategy = s.replace(dtype="bf16") if s.dtype == "fp8" else s
-    ends = [embedding_ops(model, s.micro_batch, s.tp, w), head_ops(model, s.micro_batch, s.tp, w)]
-    if s.pp == 1:
-        ends = [{k: ends[0][k] + ends[1][k] for k in ("forward", "backward")}]
+    ends_strategy = s.replace(dtype="bf16") if s.dtype in ("fp8", "fp4") else s
+    embed, head = embedding_ops(model, s.micro_batch, s.tp, w, s.cp), head_ops(model, s.micro_batch, s.tp, w, s.cp)
 
     def t_end(items):
         return sum(ops_time(items, hardware, ends_strategy, processes, s.threads, k) for k in compute)
 
-    extra = max(ends, key=lambda e: t_end(e["forward"] + e["backward"]))
-    out["forward"] += t_end(extra["forward"])
-    out["backward"] += t_end(extra["backward"])
-    return out
+    best = None
+    for i, n in enumerate(stages):
+        start = sum(stages[:i])
+        dense = max(0, min(dense_end, start + n) - start)
+        counts = {False: dense, True: n - dense} if model.experts else {False: n}
+        out = dict(forward=0.0, backward=0.0, forward_comm=0.0, backward_comm=0.0, cp_comm=0.0, ep_comm=0.0)
+        left = s.recompute_layers
+        for moe, c in counts.items():
+            k = kinds[moe]
+            if s.recompute == "every_other":     # torchtitan's layer-level AC: every second layer in full
+                r, again, again_comm = c / 2, k["again_full"], k["again_full_comm"]
+            elif s.recompute_layers:             # Megatron's --recompute-num-layers: the stage's first ones
+                r, again, again_comm = min(left, c), k["again_full"], k["again_full_comm"]
+                left -= r
+            else:
+                r, again, again_comm = c, k["again"], k["again_comm"]
+            out["forward"] += c * k["fwd"]
+            out["backward"] += c * k["bwd"] + r * again
+            out["forward_comm"] += c * sum(k["fcomm"].values())
+            out["backward_comm"] += c * sum(k["bcomm"].values()) + r * sum(again_comm.values())
+            for g in ("cp", "ep"):
+                out[f"{g}_comm"] += c * (k["fcomm"][g] + k["bcomm"][g]) + r * again_comm[g]
+        layers_here = max(n, 1)
+        out["layer_forward"] = out["forward"] / layers_here
+        out["layer_backward"] = out["backward"] / layers_here
+        ends = ([embed] if i == 0 else []) + ([head] if i == len(stages) - 1 else [])
+        for e in ends:
+            out["forward"] += t_end(e["forward"])
+            out["backward"] += t_end(e["backward"])
+        total = out["forward"] + out["backward"] + out["forward_comm"] + out["backward_comm"]
+        if best is None or total > best[0]:
+            best = (total, out)
+    return best[1]
 
 
 def stage_times(model, hardware, strategy, processes=1):
@@ -179,8 +216,10 @@ def elementwise_bytes(model, strategy) -> float:
 
 
 def grad_bytes(model, strategy) -> float:
+    """Bytes of the dense gradients one rank all-reduces over dp × cp (experts' are synced apart)."""
     bytes_per = 2 if strategy.mixed_precision else 4
-    return model.params / (strategy.tp * strategy.pp) * bytes_per
+    experts = model.expert_params if getattr(model, "experts", 0) else 0
+    return (model.params - experts) / (strategy.tp * strategy.pp) * bytes_per
 
 
 def bucket_sizes(total_bytes, bucket_bytes):
@@ -219,7 +258,7 @@ def dp_comm_time(model, hardware, strategy, processes=1) -> tuple[float, float]:
     on the rank grid (``topology``). Each bucket is packed flat, divided and unpacked (6 bytes moved per byte).
     """
     s = strategy
-    if s.dp == 1:
+    if s.dp * s.cp == 1:
         return 0.0, 0.0
     times = bucket_comm_times(model, hardware, s, processes)
     total = sum(times)
@@ -235,28 +274,32 @@ def bucket_comm_times(model, hardware, strategy, processes=1) -> list[float]:
     wake up, caches are cold, and the cores are the same ones compute just used), measured by calibrate().
     """
     s = strategy
-    if s.dp == 1:
+    if s.dp * s.cp == 1:
         return []
     pack = 6.0 / hardware.mem_rate(processes)
     factor = hardware.comm_in_situ(processes)
-    place = placement(s, hardware, "dp")
+    place = placement(s, hardware, "dp" if s.cp == 1 else "dp_cp")   # dense gradients: over dp × cp
 
-    def sync(b):
+    def sync(b, place):
         if s.zero_stage == 3:  # reduce-scatter the gradients; all-gather the weights for forward and backward
             return (group_collective("reduce_scatter", b, place, hardware)
                     + 2 * group_collective("all_gather", b, place, hardware))
         return group_collective("all_reduce", b, place, hardware)
 
-    return [sync(b) * factor + pack * b for b in gradient_buckets(model, s)]
+    out = [sync(b, place) * factor + pack * b for b in gradient_buckets(model, s)]
+    if getattr(model, "experts", 0) and s.expert_dp > 1:   # each expert's over the ranks that hold it
+        expert_place = placement(s, hardware, "expert_dp")
+        nbytes = model.expert_params / (s.ep * s.pp) * (2 if s.mixed_precision else 4)
+        out += [sync(b, expert_place) * factor + pack * b for b in bucket_sizes(nbytes, s.bucket_bytes)]
+    return out
 
 
 def shard_placement(strategy, hardware) -> Placement:
-    """Where one FSDP shard group lies: ``shard_degree`` data-parallel ranks, every tp·pp-th rank of the grid."""
+    """Where one FSDP shard group lies: the first ``shard_degree`` of the dp × cp ranks of the grid."""
     s, g = strategy, hardware.devices_per_node
     counts: dict[int, int] = {}
-    for i in range(s.shard_degree):
-        node = i * s.tp * s.pp // g
-        counts[node] = counts.get(node, 0) + 1
+    for r in group_ranks(s, "dp_cp")[:s.shard_degree]:
+        counts[r // g] = counts.get(r // g, 0) + 1
     return Placement("dp", s.shard_degree, max(counts.values()), len(counts))
 
 
@@ -307,7 +350,9 @@ def fsdp_comm(model, hardware, strategy, layer_forward: float, layer_backward: f
 def optimizer_time(model, hardware, strategy, processes=1) -> float:
     """The optimizer reads and writes every local parameter's state: bandwidth-bound."""
     s = strategy
-    params_here = model.params / (s.tp * s.pp) / (s.shard_degree if s.zero_stage >= 1 else 1)
+    experts = model.expert_params if getattr(model, "experts", 0) else 0
+    params_here = ((model.params - experts) / (s.tp * s.pp) / (s.shard_degree if s.zero_stage >= 1 else 1)
+                   + experts / (s.ep * s.pp) / (max(1, s.dp * s.cp // s.ep) if s.zero_stage >= 1 else 1))
     moved = {"sgd": 12.0, "sgd_momentum": 20.0, "adam": 36.0}[s.optimizer]  # fp32 reads + writes per param
     zero_grad = 4.0  # zero_grad(set_to_none=False) writes the gradients
     total = params_here * (moved + zero_grad)
@@ -341,7 +386,7 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
     s = strategy.validate(model=model, hardware=hardware)
     processes = processes or min(s.world_size, hardware.devices_per_node)
     m, v = s.num_micro_batches, s.virtual_stages
-    act_bytes = s.micro_batch * model.seq_len * model.hidden * (2 if s.mixed_precision else 4)
+    act_bytes = s.micro_batch * model.seq_len // s.cp * model.hidden * (2 if s.mixed_precision else 4)
     if model.kind == "gpt":
         st = gpt_stage(model, hardware, s, processes)
         t_fwd, t_bwd = st["forward"], st["backward"]
@@ -351,7 +396,11 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
         tp_per_mb = 4 * ring_all_reduce(act_bytes, s.tp, hardware.intra) * model.layers / s.pp if s.tp > 1 else 0
     compute = m * (t_fwd + t_bwd)
     tp_comm = m * tp_per_mb
-    bubble = (s.pp - 1) * (t_fwd + t_bwd + tp_per_mb) / v if s.pp > 1 else 0.0
+    cluster = {}   # of tp_comm: what the context- and expert-parallel collectives take (exposed)
+    if model.kind == "gpt" and (s.cp > 1 or s.ep > 1):
+        cluster = dict(cp_comm=m * st["cp_comm"], ep_comm=m * st["ep_comm"])
+        tp_comm -= cluster["cp_comm"] + cluster["ep_comm"]
+    bubble = s.pipeline_flushes * (s.pp - 1) * (t_fwd + t_bwd + tp_per_mb) / v if s.pp > 1 else 0.0
     pp_messages = 2 * m * v if s.pp > 1 else 0
     pp_comm = pp_messages * p2p_time(act_bytes, s, hardware)
     if s.fsdp and model.kind == "gpt":
@@ -361,7 +410,7 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
         dp_total, dp_last = dp_comm_time(model, hardware, s, processes)
         dp_exposed = max(dp_last, dp_total - t_bwd) if s.overlap else dp_total
     embed = embedding_sync_time(model, hardware, s)
-    exposed = tp_comm + pp_comm + dp_exposed + embed
+    exposed = tp_comm + sum(cluster.values()) + pp_comm + dp_exposed + embed
     opt = optimizer_time(model, hardware, s, processes)
     step = compute + bubble + exposed + opt
     mem = memory_per_device(model, s)
@@ -377,7 +426,7 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
     return Prediction(step, compute, exposed, bubble, opt, throughput, tokens, mfu, mem, fits,
                       dict(forward=t_fwd * m, backward=t_bwd * m, tp_comm=tp_comm, pp_comm=pp_comm,
                            pp_messages=pp_messages, dp_comm=dp_total, dp_exposed=dp_exposed,
-                           embedding_sync=embed))
+                           embedding_sync=embed, **cluster))
 
 
 def scaling(model, hardware, strategies, processes=None):

@@ -306,6 +306,9 @@ H100_GEMM_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 780 / 989)
 # 2048 rows). ``dgx_h100(software="2023")`` anchors the curve there.
 H100_MATMUL_2023_TFLOPS = 549.5
 H100_GEMM_EFFICIENCY_2023 = anchored(CALCULON_GEMM_EFFICIENCY, H100_MATMUL_2023_TFLOPS / 989)
+# FP8 GEMMs on H100 reach a lower fraction of their (twice as high) peak: 1,414 TFLOP/s = 71.4 % of 1,979 for
+# Llama-70B's QKV shape 16384×8192×1280 (cuBLASLt's scaled_mm, meta-pytorch/float8_experimental PR 38, Aug 2023)
+H100_FP8_GEMM_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 1414 / 1979)
 
 # Azure's published nccl-tests all-reduce bus bandwidth, 8 GPUs in one node, (bytes, GB/s).
 AZURE_A100_80GB_ALLREDUCE = [(1 << 20, 36), (16 << 20, 109), (128 << 20, 174), (1 << 30, 228)]
@@ -365,8 +368,8 @@ def dgx_h100(software: str = "today") -> Hardware:
     Between nodes: 47 GB/s per NIC measured on NDR (nccl-tests issue 290); α = 5 µs assumed.
     GEMM efficiency: Calculon's curve anchored at a measured 780 TFLOP/s bf16 matmul (:data:`H100_GEMM_EFFICIENCY`);
     achievable memory bandwidth: Calculon's table. Fused attention: FlashAttention-2 on H100
-    (:data:`H100_FLASH_ATTENTION`). FP8 GEMMs: the FP8 peak with the bf16 GEMM-efficiency curve (an assumption:
-    no public FP8 GEMM sweep is encoded here).
+    (:data:`H100_FLASH_ATTENTION`). FP8 GEMMs: the FP8 peak on the same curve anchored at a measured FP8
+    matmul (:data:`H100_FP8_GEMM_EFFICIENCY`, 71 % of the FP8 peak where bf16 reaches 79 %).
     ``software="2023"``: the GEMM curve anchored at the 549.5 TFLOP/s PyTorch measured on H100 with cuBLAS 12.0
     (:data:`H100_GEMM_EFFICIENCY_2023`), for runs made with the software of 2023.
     """
@@ -379,7 +382,8 @@ def dgx_h100(software: str = "today") -> Hardware:
         memory_bytes=80 * GiB, memory_bandwidth=3.35e12, attention_efficiency=H100_FLASH_ATTENTION,
         intra=Link(h200.alpha, 370e9, {}, "ring busbw 370 GB/s (nccl-tests #212); α fitted to Azure H200"),
         inter=Link(5e-6, 47e9, {}, "NDR 400 Gb/s: ~46-48 GB/s per NIC (nccl-tests #290); α assumed"),
-        devices_per_node=8, gemm_table={"bf16": table}, mem_efficiency=CALCULON_MEM_EFFICIENCY,
+        devices_per_node=8, gemm_table={"bf16": table, "fp8": H100_FP8_GEMM_EFFICIENCY},
+        mem_efficiency=CALCULON_MEM_EFFICIENCY,
         source="NVIDIA H100 datasheet; nccl-tests #212, #290; Azure nccl-tests (H200); Calculon"
                + ("; pytorch/pytorch#100850 (2023 matmul)" if software == "2023" else ""))
 

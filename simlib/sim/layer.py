@@ -21,50 +21,17 @@ are per element: 2 for an fp16/bf16 tensor, 1 for a dropout mask.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
+from .cluster_ops import cp_ops, exposed_comm, moe_ops  # noqa: F401 - exposed_comm: used by cost
 from .compute import gemm_time
+from .ops import Op, _backward_gemms, _gemm  # noqa: F401 - Op is this module's vocabulary
 from .topology import group_collective, placement
 
 
-@dataclass(frozen=True)
-class Op:
-    """One operator of a layer on one tensor-parallel rank: a GEMM ``(m, k, n)`` repeated ``count`` times, a
-    memory-bound kernel moving ``bytes``, or a collective of ``bytes`` (``collective``: all_reduce, ...)."""
-
-    name: str
-    kind: str                 # "gemm" | "memory" | "comm" | "attention" (a fused FlashAttention kernel)
-    bytes: float              # memory traffic (gemm, memory) or message size (comm), all counts together
-    shape: tuple = ()         # gemm: (m, k, n)
-    count: int = 1            # gemm: how many such GEMMs (batched attention: micro_batch × heads per rank)
-    collective: str = ""      # comm: all_reduce | reduce_scatter | all_gather
-
-    @property
-    def flops(self) -> float:
-        if self.kind == "attention":   # causal: half of Q·Kᵀ and P·V (2·s²·d each); backward 2.5× (Dao 2023)
-            s, d, _ = self.shape
-            forward = 2.0 * s * s * d * self.count
-            return 2.5 * forward if "backward" in self.name else forward
-        if self.kind != "gemm":
-            return 0.0
-        m, k, n = self.shape
-        return 2.0 * m * k * n * self.count
-
-
-def _gemm(name, m, k, n, count=1, width=2):
-    """A GEMM (m×k)·(k×n), ``count`` of them: reads both inputs, writes the output."""
-    return Op(name, "gemm", width * (m * k + k * n + m * n) * count, (m, k, n), count)
-
-
-def _backward_gemms(op: Op, skip_dgrad: bool = False):
-    """Each forward GEMM x·W has a data-gradient GEMM (m×n)·(n×k) and a weight-gradient GEMM (k×m)·(m×n)."""
-    m, k, n = op.shape
-    out = [] if skip_dgrad else [_gemm(f"{op.name} dgrad", m, n, k, op.count)]
-    return out + [_gemm(f"{op.name} wgrad", k, m, n, op.count)]
-
-
 def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = False, width: int = 2,
-              attention: str = "unfused", fp8: bool = False, kernels: str = "fused") -> dict:
+              attention: str = "unfused", fp8: bool = False, kernels: str = "fused", cp: int = 1,
+              cp_kind: str = "allgather", ep: int = 1, expert_layer: bool = False, imbalance: float = 1.0) -> dict:
     """Forward and backward operators of one GPT layer for one micro-batch on one tensor-parallel rank.
 
     ``width``: bytes per activation element (2 for fp16/bf16). With sequence parallelism the layer norms and
@@ -86,17 +53,22 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
     element forward, ≈60 backward, where a fused kernel moves 4 and 16), rotary embeddings through complex fp32
     (≈20 bytes per element each way), SwiGLU as ``silu`` then ``·`` (10 forward, 18 backward), grouped-query K and V
     repeated to all heads before attention, and the attention output transposed back to contiguous.
+
+    ``cp`` > 1: the layer works on s/cp tokens of each sequence, its attention on s/cp queries against all s keys
+    (causal, zig-zag balanced), with the context-parallel collectives of ``cp_kind`` (:func:`cluster_ops.cp_ops`).
+    ``expert_layer``: the MLP is the model's mixture of experts on ``ep`` ranks (:func:`cluster_ops.moe_ops`).
     """
     if model.kind != "gpt":
         raise ValueError("layer_ops describes a GPT layer; an MLP is priced by its GEMMs (cost.stage_times)")
     if attention not in ("unfused", "flash", "flash1"):
         raise ValueError(f"attention must be 'unfused', 'flash' or 'flash1', got {attention!r}")
     b, s, h, a = micro_batch, model.seq_len, model.hidden, model.heads
-    t, d, heads = b * s, h // a, a // tp           # tokens, head dimension, heads on this rank
+    sq = s // cp                                   # queries (and tokens) of each sequence on this rank
+    t, d, heads = b * sq, model.head_dim, a // tp  # tokens, head dimension, heads on this rank
     w = width
     th, th_tp = t * h, t * h / tp                  # a full activation, and its tensor-parallel share
     local = th / tp if sequence_parallel else th   # layer norm / dropout / residual: sequence-sharded or whole
-    ss = b * heads * s * s                         # attention score elements on this rank
+    ss = b * heads * sq * s                        # attention score elements on this rank
     mask = 1 if model.dropout else 0               # a dropout keeps a 1-byte mask per element
     f_tp = t * model.ffn / tp                      # MLP inner activation elements on this rank
     qkv_tp = t * model.qkv_width / tp
@@ -120,7 +92,7 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         g_fwd, g_bwd = collective("g all-reduce", "all_reduce"), []
 
     qkv = _gemm("QKV", t, h, model.qkv_width // tp)
-    proj = _gemm("attention out", t, h // tp, h)
+    proj = _gemm("attention out", t, model.q_width // tp, h)
     up = _gemm("MLP up" + (" + gate" if model.gated_mlp else ""), t, h, model.up_width // tp)
     down = _gemm("MLP down", t, model.ffn // tp, h)
     norm = "RMSNorm" if model.norm == "rmsnorm" else "layer norm"
@@ -136,11 +108,11 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         if model.position == "rope" else []
     rope_bwd = [Op("rotary embedding backward", "memory", 2 * w * t * (h + model.kv * d) / tp)] if rope else []
     if attention != "unfused":
-        core_fwd = [*rope, Op(f"{attention} attention", "attention", 0.0, (s, d, s), b * heads)]
-        core_bwd = [Op(f"{attention} attention backward", "attention", 0.0, (s, d, s), b * heads), *rope_bwd]
+        core_fwd = [*rope, Op(f"{attention} attention", "attention", 0.0, (sq, d, s), b * heads)]
+        core_bwd = [Op(f"{attention} attention backward", "attention", 0.0, (sq, d, s), b * heads), *rope_bwd]
     else:
-        scores = _gemm("scores Q·Kᵀ", s, d, s, b * heads)
-        context = _gemm("context P·V", s, s, d, b * heads)
+        scores = _gemm("scores Q·Kᵀ", sq, d, s, b * heads)
+        context = _gemm("context P·V", sq, s, d, b * heads)
         core_fwd = [*rope, scores, Op("scale+mask+softmax (fused)", "memory", 2 * w * ss),
                     *([Op("attention dropout", "memory", (2 * w + 1) * ss)] if model.dropout else []), context,
                     Op("context permute", "memory", 2 * w * th_tp)]
@@ -148,13 +120,17 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
                     *([Op("attention dropout backward", "memory", (2 * w + 1) * ss)] if model.dropout else []),
                     Op("softmax backward", "memory", 3 * w * ss), *_backward_gemms(scores), *rope_bwd]
 
+    # FP8 casts: read 2 bytes, write 1 (and its transpose, 1 more); "current" scaling reads the tensor once more
+    # for its amax before casting, "blockwise"/"mx" quantize the transposed copy with its own scales (a re-read)
+    extra = 0 if fp8 in (True, "delayed") else w
+
     def cast(name, gemm):   # FP8: cast the GEMM's activation input to FP8 (read 2, write 1 byte) and transpose it
         m, k, _ = gemm.shape
-        return [Op(f"{name} FP8 cast + transpose", "memory", (w + 2) * m * k)] if fp8 else []
+        return [Op(f"{name} FP8 cast + transpose", "memory", (w + 2 + extra) * m * k)] if fp8 else []
 
     def cast_bwd(name, gemm):  # FP8 backward: cast and transpose the incoming gradient
         m, _, n = gemm.shape
-        return [Op(f"{name} grad FP8 cast + transpose", "memory", (w + 2) * m * n)] if fp8 else []
+        return [Op(f"{name} grad FP8 cast + transpose", "memory", (w + 2 + extra) * m * n)] if fp8 else []
 
     eager_fwd, eager_bwd = [], []
     if kernels == "eager":   # the extra traffic of running the element-wise parts op by op (see docstring)
@@ -170,18 +146,26 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         pairs.append(("attention output made contiguous", 2 * w * th_tp, 2 * w * th_tp))
         eager_fwd = [Op(name, "memory", fwd) for name, fwd, _ in pairs]
         eager_bwd = [Op(f"{name} backward", "memory", bwd) for name, _, bwd in pairs]
+    context_par = cp_ops(model, b, tp, cp, cp_kind, w)
+    core_fwd = [*context_par["forward"], *core_fwd]
+    core_bwd = [*core_bwd, *context_par["backward"]]
+    if expert_layer:   # the mixture of experts replaces the MLP (its own collectives, tp's for shared experts)
+        experts = moe_ops(model, t, tp, ep, w, imbalance, sequence_parallel, fp8)
+        mlp_fwd, mlp_bwd = experts["forward"], experts["backward"]
+    else:
+        mlp_fwd = [*f_fwd, *cast("MLP up", up), up, act, *cast("MLP down", down), down, *g_fwd]
+        mlp_bwd = [*g_bwd, *cast_bwd("MLP down", down), *_backward_gemms(down), act_bwd, *cast_bwd("MLP up", up),
+                   *_backward_gemms(up), *f_bwd]
     forward = [
         *eager_fwd,
         Op(f"{norm} 1", "memory", 2 * w * local), *f_fwd, *cast("QKV", qkv), qkv, *core_fwd,
         *cast("attention out", proj), proj, *g_fwd,
         Op(add, "memory", (3 * w + mask) * local),
-        Op(f"{norm} 2", "memory", 2 * w * local), *f_fwd, *cast("MLP up", up), up, act,
-        *cast("MLP down", down), down, *g_fwd,
+        Op(f"{norm} 2", "memory", 2 * w * local), *mlp_fwd,
         Op(add, "memory", (3 * w + mask) * local),
     ]
     backward = [  # reverse order; a backward kernel reads the saved input and the incoming grad, writes a grad
-        Op(add_bwd, "memory", (3 * w + mask) * local), *g_bwd, *cast_bwd("MLP down", down),
-        *_backward_gemms(down), act_bwd, *cast_bwd("MLP up", up), *_backward_gemms(up), *f_bwd,
+        Op(add_bwd, "memory", (3 * w + mask) * local), *mlp_bwd,
         Op(f"{norm} 2 backward (+ residual grad)", "memory", 8 * w * local),
         Op(add_bwd, "memory", (3 * w + mask) * local), *g_bwd, *cast_bwd("attention out", proj),
         *_backward_gemms(proj), *core_bwd,
@@ -193,7 +177,7 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
     return dict(forward=forward, backward=backward)
 
 
-def head_ops(model, micro_batch: int, tp: int = 1, width: int = 2) -> dict:
+def head_ops(model, micro_batch: int, tp: int = 1, width: int = 2, cp: int = 1) -> dict:
     """The last stage's logits GEMM (vocabulary split over tp) and the vocab-parallel cross-entropy.
 
     Cross-entropy works in fp32 on t × V/tp logits: forward ≈ 38 bytes per logit (cast to fp32, max, subtract,
@@ -201,20 +185,24 @@ def head_ops(model, micro_batch: int, tp: int = 1, width: int = 2) -> dict:
     ``vocab_parallel_cross_entropy``; an approximation of its kernels."""
     if not model.vocab:
         return dict(forward=[], backward=[])
-    t, h = micro_batch * model.seq_len, model.hidden
+    t, h = micro_batch * model.seq_len // cp, model.hidden
     logits = _gemm("logits", t, h, model.vocab // tp)
     n = t * model.vocab / tp
     return dict(forward=[logits, Op("cross-entropy (fp32)", "memory", 38.0 * n)],
                 backward=[Op("cross-entropy backward", "memory", 22.0 * n), *_backward_gemms(logits)])
 
 
-def embedding_ops(model, micro_batch: int, tp: int = 1, width: int = 2) -> dict:
+def embedding_ops(model, micro_batch: int, tp: int = 1, width: int = 2, cp: int = 1) -> dict:
     """The first stage's embedding lookup + dropout, and its gradient (a dense V/tp × h table, zeroed and
     accumulated each micro-batch)."""
-    t, h = micro_batch * model.seq_len, model.hidden
+    t, h = micro_batch * model.seq_len // cp, model.hidden
     table = width * (model.vocab // tp) * h if model.vocab else 0.0
     return dict(forward=[Op("embedding lookup + dropout", "memory", (4 * width + 1) * t * h)],
                 backward=[Op("embedding grad", "memory", (2 * width + 1) * t * h + 2 * table)])
+
+
+LOW_PRECISION_EXEMPT = ("scores", "context P", "recompute scores", "recompute context", "router",
+                        "recompute router")
 
 
 def gemm_parts(op: Op, hardware, strategy=None, processes: int = 1, threads=None):
@@ -222,6 +210,8 @@ def gemm_parts(op: Op, hardware, strategy=None, processes: int = 1, threads=None
     the achievable bandwidth for one GEMM of the batch."""
     m, k, n = op.shape
     dtype = strategy.dtype if strategy is not None else "bf16"
+    if dtype in ("fp8", "fp4") and op.name.startswith(LOW_PRECISION_EXEMPT):
+        dtype = "bf16"   # FP8/FP4 recipes convert the Linears only: attention's GEMMs and the router stay 16-bit
     if hardware.peak_flops:   # a GPU: the whole batched call sets the efficiency
         math = op.flops / hardware.gemm_rate(op.flops / 1e9, dtype)
     else:                     # a calibrated CPU box: its measured table per GEMM
@@ -242,7 +232,8 @@ def op_time(op: Op, hardware, strategy=None, processes: int = 1, threads=None) -
                                          op.name.split()[0])
     if strategy is None:
         raise ValueError("a collective needs the strategy (its group's placement)")
-    return group_collective(op.collective, op.bytes, placement(strategy, hardware, "tp"), hardware)
+    place = placement(strategy, hardware, op.group)
+    return op.count * group_collective(op.collective, op.bytes / op.count, place, hardware)
 
 
 def attention_rate(hardware, direction: str, kernel: str = "flash") -> float:
@@ -270,7 +261,7 @@ def linear_gemms(model, forward):
         m, k, n = op.shape
         if op.name == "QKV":
             h, kvd = model.hidden, model.kv * model.head_dim
-            q = n * h // model.qkv_width
+            q = n * model.q_width // model.qkv_width
             kv = (n - q) // 2
             out += [_gemm("Q", m, k, q), _gemm("K", m, k, kv), _gemm("V", m, k, kv)]
         elif op.name.startswith("MLP up") and model.gated_mlp:
@@ -288,7 +279,7 @@ def recompute_ops(forward, recompute: str, model=None):
     (the memory-bound kernels and those GEMMs: torchtitan ``activation_checkpoint.py``); none — nothing.
     ("every_other", full recomputation of every second layer, is applied per layer by the caller.)"""
     def again(op):
-        return Op(f"recompute {op.name}", op.kind, op.bytes, op.shape, op.count, op.collective)
+        return replace(op, name=f"recompute {op.name}")
 
     if recompute == "full":
         return [again(op) for op in forward]
@@ -301,15 +292,21 @@ def recompute_ops(forward, recompute: str, model=None):
     return []
 
 
+def strategy_layer_ops(model, strategy, expert_layer: bool = False) -> dict:
+    """:func:`layer_ops` for one micro-batch of ``strategy`` (an MoE layer if ``expert_layer``)."""
+    s = strategy
+    return layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, 2 if s.mixed_precision else 4, s.attention,
+                     s.fp8_recipe if s.dtype in ("fp8", "fp4") else False, s.kernels, s.cp, s.cp_kind, s.ep,
+                     expert_layer, s.expert_imbalance)
+
+
 def operator_table(model, hardware, strategy, processes: int = 1):
     """One row per operator of one layer (forward, recomputation, backward) for one micro-batch: kind,
     GFLOPs, MB moved, milliseconds, achieved TFLOP/s and which limit binds (math, memory, link)."""
     import pandas as pd
 
     s = strategy
-    width = 2 if s.mixed_precision else 4
-    ops = layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, width, s.attention, s.dtype == "fp8",
-                    s.kernels)
+    ops = strategy_layer_ops(model, s, expert_layer=bool(getattr(model, "experts", 0)))
     rows = []
     again = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model)
     for phase, items in (("forward", ops["forward"]), ("recompute", again),

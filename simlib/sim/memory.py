@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from .strategy import Strategy
 
@@ -78,9 +79,30 @@ def in_flight_micro_batches(strategy) -> int:
     """Micro-batches whose activations one (first-stage) device holds at the peak."""
     if strategy.pp == 1:
         return 1  # accumulation: one micro-batch's activations at a time
+    per_flush = strategy.num_micro_batches // getattr(strategy, "pipeline_flushes", 1)
     if strategy.schedule == "gpipe":
-        return strategy.num_micro_batches
-    return min(strategy.pp, strategy.num_micro_batches)
+        return per_flush
+    return min(strategy.pp, per_flush)
+
+
+def moe_activation_delta(model, micro_batch: int, tp: int = 1, cp: int = 1, imbalance: float = 1.0,
+                         recompute: str = "none") -> float:
+    """Bytes an MoE layer keeps beyond a dense layer's (negative if less), for one micro-batch: the dense MLP's
+    saved tensors (its input, up/gate output, activation) replaced by the router's fp32 probabilities, the
+    permuted token copies the experts take (t/tp · k · imbalance rows: input, up/gate output, activation) and
+    the shared experts' tensors (split over tp like a dense MLP). 0 under full recomputation (only the layer's
+    input is kept)."""
+    if not getattr(model, "experts", 0) or recompute in ("full",):
+        return 0.0
+    from .cluster_ops import expert_rows
+    t = micro_batch * model.seq_len / cp
+    g, f = (2 if model.gated_mlp else 1), model.expert_width
+    dense = 2.0 * t * (model.up_width + model.ffn + (model.ffn if model.gated_mlp else 0)) / tp
+    rows = expert_rows(model, t / tp, imbalance)
+    routed = 2.0 * rows * (model.hidden + g * f + (f if g == 2 else 0)) + 4.0 * t / tp * model.experts
+    fs = model.shared_experts * f
+    shared = 2.0 * t * (g * fs + (fs if g == 2 else 0)) / tp
+    return routed + shared - dense
 
 
 def interleave_factor(strategy) -> float:
@@ -90,20 +112,43 @@ def interleave_factor(strategy) -> float:
 
 
 def memory_per_device(model, strategy) -> dict:
-    """Bytes per device: weights, gradients, optimizer, activations and total (first pipeline stage)."""
+    """Bytes per device: weights, gradients, optimizer, activations and total (first pipeline stage).
+
+    Context parallelism: each rank keeps the activations of s/cp tokens; weights are replicated over cp and
+    (dense) states sharded over dp × cp under ZeRO (Megatron's distributed optimizer). Experts: a rank holds
+    E/ep of them whole, their states sharded over the dp × cp / ep ranks that hold the same experts."""
     w_b, g_b, o_b = param_bytes(strategy)
-    params_here = model.params / (strategy.tp * strategy.pp)
-    dp = strategy.shard_degree
-    weights = params_here * w_b / (dp if strategy.zero_stage >= 3 else 1)
-    grads = params_here * g_b / (dp if strategy.zero_stage >= 2 else 1)
-    optimizer = params_here * o_b / (dp if strategy.zero_stage >= 1 else 1)
-    layers_here = model.layers / strategy.pp
-    per_layer = activation_bytes_per_layer(model, strategy.micro_batch, strategy.tp, strategy.recompute,
+    cp, ep = getattr(strategy, "cp", 1), getattr(strategy, "ep", 1)
+    experts = model.expert_params if getattr(model, "experts", 0) else 0
+    stages = strategy.stage_layers(model.layers) if strategy.virtual_stages == 1 and model.kind == "gpt" else None
+    share = stages[0] / model.layers if stages else 1 / strategy.pp   # the first stage's share of the layers
+    dense_here = (model.params - experts) / (strategy.tp * strategy.pp)
+    expert_here = experts * share / ep
+    dp, edp = strategy.shard_degree, max(1, strategy.dp * cp // ep)
+    params_here = dense_here + expert_here
+
+    def sharded(nbytes, stage):
+        return nbytes * (dense_here / (dp if strategy.zero_stage >= stage else 1)
+                         + expert_here / (edp if strategy.zero_stage >= stage else 1))
+    weights, grads, optimizer = sharded(w_b, 3), sharded(g_b, 2), sharded(o_b, 1)
+    layers_here = model.layers * share
+    seq_model = replace(model, seq_len=model.seq_len // cp) if cp > 1 else model
+    per_layer = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, strategy.recompute,
                                            strategy.sequence_parallel, strategy.attention)
-    activations = per_layer * layers_here * in_flight_micro_batches(strategy) * interleave_factor(strategy)
+    moe_here = max(0, layers_here - model.dense_layers) if getattr(model, "experts", 0) else 0
+    moe_extra = moe_activation_delta(model, strategy.micro_batch, strategy.tp, cp, strategy.expert_imbalance,
+                                     strategy.recompute) if moe_here else 0.0
+    if strategy.recompute == "full" and strategy.recompute_layers:   # only that many layers recomputed
+        kept = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, "none",
+                                          strategy.sequence_parallel, strategy.attention)
+        r = min(strategy.recompute_layers, layers_here)
+        stage_acts = r * per_layer + (layers_here - r) * kept
+    else:
+        stage_acts = per_layer * layers_here + moe_here * moe_extra
+    activations = stage_acts * in_flight_micro_batches(strategy) * interleave_factor(strategy)
     if strategy.recompute in ("full", "every_other", "op") and model.kind == "gpt":
-        activations += activation_bytes_per_layer(model, strategy.micro_batch, strategy.tp, "none",
-                                                  strategy.sequence_parallel, strategy.attention)
+        activations += activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, "none",
+                                                  strategy.sequence_parallel, strategy.attention) + moe_extra
     if strategy.fsdp and model.kind == "gpt":
         # FSDP's working set: the unit being computed and the one prefetched, gathered in the parameter dtype,
         # and their unsharded gradients before the reduce-scatter (Zhao et al. 2023 §3.2)
@@ -112,7 +157,7 @@ def memory_per_device(model, strategy) -> dict:
         weights += 2 * per_unit * w_b if strategy.zero_stage >= 3 else 0.0
         grads += 2 * per_unit * reduce_b
     if model.kind == "gpt" and model.vocab and strategy.pp == 1:
-        activations += 4.0 * strategy.micro_batch * model.seq_len * model.vocab / strategy.tp
+        activations += 4.0 * strategy.micro_batch * model.seq_len / cp * model.vocab / strategy.tp
     total = weights + grads + optimizer + activations
     return dict(weights=weights, gradients=grads, optimizer=optimizer, activations=activations, total=total)
 

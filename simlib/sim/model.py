@@ -42,6 +42,15 @@ class ModelSpec:
     norm: str = "layernorm"      # GPT: "layernorm" | "rmsnorm"
     position: str = "learned"    # GPT: "learned" (a table of s×h) | "rope" | "alibi" (no parameters)
     dropout: bool = True         # GPT: dropout after attention and the residual branches (Megatron's GPT: yes)
+    # mixture of experts (GPT only; 0 experts: a dense model). Switch Transformer (Fedus et al. 2021), Mixtral
+    # (Jiang et al. 2024), DeepSeekMoE's fine-grained and shared experts (Dai et al. 2024)
+    experts: int = 0             # routed experts per MoE layer
+    top_k: int = 1               # experts each token is routed to
+    expert_ffn: int = 0          # inner width of one expert (0: ffn); fine-grained experts are narrower
+    shared_experts: int = 0      # experts every token goes through (DeepSeekMoE), each of width expert_ffn
+    dense_layers: int = 0        # leading layers with a dense MLP instead (DeepSeek-V3: the first 3)
+    capacity_factor: float = 0.0  # tokens an expert takes, over the even share (0: dropless, no cap)
+    head_size: int = 0           # GPT: head dimension when it is not hidden / heads (Qwen3: 128); 0: hidden/heads
 
     def __post_init__(self):
         for name in ("params", "layers", "hidden", "seq_len", "heads"):
@@ -56,6 +65,13 @@ class ModelSpec:
             raise ValueError(f"position must be 'learned', 'rope' or 'alibi', got {self.position!r}")
         if self.kv_heads < 0 or (self.kv_heads and self.heads % self.kv_heads):
             raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
+        if self.experts:
+            if self.kind != "gpt" or self.experts < 1 or not 1 <= self.top_k <= self.experts:
+                raise ValueError(f"an MoE GPT needs experts >= 1 and 1 <= top_k <= experts, got experts="
+                                 f"{self.experts}, top_k={self.top_k}")
+            if not 0 <= self.dense_layers < self.layers or self.capacity_factor < 0 or self.shared_experts < 0:
+                raise ValueError(f"dense_layers must be in [0, layers), capacity_factor and shared_experts >= 0; "
+                                 f"got {self.dense_layers}, {self.capacity_factor}, {self.shared_experts}")
 
     @property
     def kv(self) -> int:
@@ -69,12 +85,17 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def q_width(self) -> int:
+        """Width of Q (and of the attention output before its projection): heads × head_dim."""
+        return self.heads * self.head_dim
 
     @property
     def qkv_width(self) -> int:
         """Output width of the fused QKV projection: h for Q, 2·kv·d for K and V."""
-        return self.hidden + 2 * self.kv * self.head_dim
+        return self.q_width + 2 * self.kv * self.head_dim
 
     @property
     def up_width(self) -> int:
@@ -84,6 +105,34 @@ class ModelSpec:
     @property
     def tokens_per_sample(self) -> int:
         return self.seq_len
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts (0 for a dense model)."""
+        return self.layers - self.dense_layers if self.experts else 0
+
+    @property
+    def expert_width(self) -> int:
+        """Inner width of one expert."""
+        return self.expert_ffn or self.ffn
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of the routed experts over all MoE layers (split over expert-parallel ranks)."""
+        return self.moe_layers * self.experts * (3 if self.gated_mlp else 2) * self.hidden * self.expert_width
+
+    def mlp_gemms(self, t: int, tp: int, layers: int, moe: bool):
+        """The MLP's forward GEMMs for ``t`` tokens over ``layers`` layers: a dense MLP, or the router, the
+        routed experts (t·k rows in all, as one grouped call per layer) and the shared experts."""
+        h = self.hidden
+        if not moe:
+            return [(t, h, self.up_width // tp, layers), (t, self.ffn // tp, h, layers)]
+        g, f = (2 if self.gated_mlp else 1), self.expert_width
+        out = [(t, h, self.experts, layers), (t * self.top_k, h, g * f, layers), (t * self.top_k, f, h, layers)]
+        if self.shared_experts:
+            fs = self.shared_experts * f
+            out += [(t, h, g * fs // tp, layers), (t, fs // tp, h, layers)]
+        return out
 
     def forward_gemms(self, micro_batch: int, tp: int = 1, layers: int | None = None):
         """GEMMs of one forward pass over ``layers`` blocks as (m, k, n, count); TP splits them Megatron-style."""
@@ -97,11 +146,14 @@ class ModelSpec:
         t, h, s, a = micro_batch * self.seq_len, self.hidden, self.seq_len, self.heads
         heads_here = max(a // tp, 1)
         gemms = [(t, h, self.qkv_width // tp, layers),                   # QKV, column-parallel
-                 (s, h // a, s, micro_batch * heads_here * layers),      # scores Q·Kᵀ per head
-                 (s, s, h // a, micro_batch * heads_here * layers),      # scores · V
-                 (t, h // tp, h, layers),                                # output projection, row-parallel
-                 (t, h, self.up_width // tp, layers),                    # MLP up (and gate)
-                 (t, self.ffn // tp, h, layers)]                         # MLP down
+                 (s, self.head_dim, s, micro_batch * heads_here * layers),  # scores Q·Kᵀ per head
+                 (s, s, self.head_dim, micro_batch * heads_here * layers),  # scores · V
+                 (t, self.q_width // tp, h, layers)]                     # output projection, row-parallel
+        moe = self.moe_layers if layers == self.layers else round(self.moe_layers * layers / self.layers)
+        if layers - moe:
+            gemms += self.mlp_gemms(t, tp, layers - moe, False)          # MLP up (and gate), down
+        if moe:
+            gemms += self.mlp_gemms(t, tp, moe, True)
         if layers == self.layers and self.vocab:
             gemms.append((t, h, self.vocab // tp, 1))                    # logits
         return gemms
@@ -156,40 +208,54 @@ def gpt(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab: int = 
 def transformer(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab: int = 51200, *,
                 kv_heads: int = 0, ffn_hidden: int = 0, gated_mlp: bool = False, tied_embeddings: bool = True,
                 norm: str = "layernorm", position: str = "learned", bias: bool = True, dropout: bool = True,
+                experts: int = 0, top_k: int = 1, expert_ffn: int = 0, shared_experts: int = 0,
+                dense_layers: int = 0, capacity_factor: float = 0.0, head_dim: int = 0,
                 name: str | None = None) -> ModelSpec:
     """A decoder-only transformer of any of today's families; parameters counted from its shapes.
 
     Per layer: Q and output projections h·h each, K and V h·(kv·d) each, the MLP (3 if gated else 2)·h·f,
     biases where ``bias``, and two norms (LayerNorm: weight and bias; RMSNorm: weight). Once: the embedding
-    V·h (twice if untied), a learned position table s·h, and the final norm."""
+    V·h (twice if untied), a learned position table s·h, and the final norm.
+
+    ``experts`` > 0 makes the MLP of every layer after the first ``dense_layers`` a mixture of experts: a router
+    (h·E), ``experts`` routed experts and ``shared_experts`` shared ones, each a (gated) MLP of width
+    ``expert_ffn`` (default ``ffn_hidden``); each token goes to ``top_k`` routed experts (no biases in them)."""
     for label, value in (("layers", layers), ("hidden", hidden), ("heads", heads), ("seq_len", seq_len)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be a positive int, got {value!r}")
-    if hidden % heads:
-        raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads})")
+    if hidden % heads and not head_dim:
+        raise ValueError(f"hidden ({hidden}) must be a multiple of heads ({heads}), or give head_dim")
     kv = kv_heads or heads
     if heads % kv:
         raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
-    d, f = hidden // heads, ffn_hidden or 4 * hidden
+    d, f = head_dim or hidden // heads, ffn_hidden or 4 * hidden
     norm_params = (2 if norm == "layernorm" and bias else 1) * hidden
-    attention = 2 * hidden * hidden + 2 * hidden * kv * d + (2 * hidden + 2 * kv * d if bias else 0)
+    attention = 2 * hidden * heads * d + 2 * hidden * kv * d + (hidden + heads * d + 2 * kv * d if bias else 0)
     mlp = (3 if gated_mlp else 2) * hidden * f + ((2 if gated_mlp else 1) * f + hidden if bias else 0)
     per_layer = attention + mlp + 2 * norm_params
-    params = (layers * per_layer + vocab * hidden * (1 if tied_embeddings else 2)
+    moe_extra = 0
+    if experts:   # an MoE layer's MLP: the router, routed and shared experts instead of the dense MLP
+        ef = expert_ffn or f
+        moe_mlp = hidden * experts + (experts + shared_experts) * (3 if gated_mlp else 2) * hidden * ef
+        moe_extra = (layers - dense_layers) * (moe_mlp - mlp)
+    params = (layers * per_layer + moe_extra + vocab * hidden * (1 if tied_embeddings else 2)
               + (seq_len * hidden if position == "learned" else 0) + norm_params)
     return ModelSpec(name or f"transformer {params / 1e9:.1f}B", params, layers, hidden, seq_len=seq_len,
                      heads=heads, vocab=vocab, kind="gpt", kv_heads=kv if kv != heads else 0, ffn_hidden=f,
                      gated_mlp=gated_mlp, tied_embeddings=tied_embeddings, norm=norm, position=position,
-                     dropout=dropout)
+                     dropout=dropout, experts=experts, top_k=top_k, expert_ffn=expert_ffn if experts else 0,
+                     shared_experts=shared_experts, dense_layers=dense_layers if experts else 0,
+                     capacity_factor=capacity_factor, head_size=head_dim if head_dim != hidden // heads else 0)
 
 
 def llama(layers: int, hidden: int, heads: int, kv_heads: int, ffn_hidden: int, seq_len: int = 4096,
-          vocab: int = 32000, name: str | None = None) -> ModelSpec:
+          vocab: int = 32000, name: str | None = None, **moe) -> ModelSpec:
     """A Llama-family decoder (Touvron et al. 2023; Llama 3: Dubey et al. 2024): grouped-query attention,
-    SwiGLU MLP of width ``ffn_hidden``, RMSNorm, rotary positions, untied embeddings, no biases, no dropout."""
+    SwiGLU MLP of width ``ffn_hidden``, RMSNorm, rotary positions, untied embeddings, no biases, no dropout.
+    ``moe``: :func:`transformer`'s expert arguments (Mixtral is a Llama with 8 experts, top-2)."""
     return transformer(layers, hidden, heads, seq_len, vocab, kv_heads=kv_heads, ffn_hidden=ffn_hidden,
                        gated_mlp=True, tied_embeddings=False, norm="rmsnorm", position="rope", bias=False,
-                       dropout=False, name=name)
+                       dropout=False, name=name, **moe)
 
 
 # Llama shapes from the model cards / torchtitan's model args (layers, hidden, heads, kv_heads, ffn, vocab, seq)
@@ -201,6 +267,23 @@ LLAMA_SIZES = {
     "llama3-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128256, seq_len=8192),
     "llama3-405b": dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248, vocab=128256,
                         seq_len=8192),
+    # mixtures of experts with Llama-style layers, from their configs on the Hugging Face hub: Mixtral (Jiang et
+    # al. 2024, mistralai/Mixtral-8x7B-v0.1, -8x22B-v0.1), DeepSeekMoE 16B (Dai et al. 2024,
+    # deepseek-ai/deepseek-moe-16b-base: 64 fine-grained experts of 1408, 2 shared, top-6, first layer dense),
+    # Qwen1.5-MoE-A2.7B (Qwen/Qwen1.5-MoE-A2.7B: 60 experts of 1408, top-4, one shared of 5632 = 4 x 1408)
+    "mixtral-8x7b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=32000,
+                         seq_len=4096, experts=8, top_k=2),
+    "mixtral-8x22b": dict(layers=56, hidden=6144, heads=48, kv_heads=8, ffn_hidden=16384, vocab=32768,
+                          seq_len=4096, experts=8, top_k=2),
+    "deepseek-moe-16b": dict(layers=28, hidden=2048, heads=16, kv_heads=16, ffn_hidden=10944, vocab=102400,
+                             seq_len=4096, experts=64, top_k=6, expert_ffn=1408, shared_experts=2, dense_layers=1),
+    # Qwen3 MoE (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B configs): head_dim 128 (not hidden/heads), 128 experts
+    "qwen3-30b-a3b": dict(layers=48, hidden=2048, heads=32, kv_heads=4, ffn_hidden=6144, vocab=151936,
+                          seq_len=4096, experts=128, top_k=8, expert_ffn=768, head_dim=128),
+    "qwen3-235b-a22b": dict(layers=94, hidden=4096, heads=64, kv_heads=4, ffn_hidden=12288, vocab=151936,
+                            seq_len=4096, experts=128, top_k=8, expert_ffn=1536, head_dim=128),
+    "qwen1.5-moe-a2.7b": dict(layers=24, hidden=2048, heads=16, kv_heads=16, ffn_hidden=5632, vocab=151936,
+                              seq_len=4096, experts=60, top_k=4, expert_ffn=1408, shared_experts=4),
 }
 
 

@@ -72,8 +72,6 @@ def why_inexpressible(row: dict) -> str:
         reasons.append(f"hardware {row['gpu']!r} has no preset" + (
             " (the source: H100 at a 500 W limit with HBM2e, whose peak FLOP/s it says it does not know)"
             if row["gpu"].startswith("h100_96") else ""))
-    if row["cp"] > 1:
-        reasons.append("context parallelism is not in the cost model")
     if "compile" in row["note"]:
         reasons.append("torch.compile's kernel fusion is not in the cost model")
     if row["cpu_offload"] == "True":
@@ -93,7 +91,7 @@ def model_of(row: dict):
 
 def strategy_of(row: dict) -> Strategy:
     dp = row["gpus"] // (row["tp"] * row["pp"] * row["cp"])
-    return Strategy(dp=dp, tp=row["tp"], pp=row["pp"], micro_batch=row["micro_batch"],
+    return Strategy(dp=dp, tp=row["tp"], pp=row["pp"], cp=row["cp"], cp_kind="ring", micro_batch=row["micro_batch"],
                     num_micro_batches=row["global_batch"] // (dp * row["micro_batch"]),
                     zero_stage=SHARDING[row["sharding"]], fsdp=True, recompute=RECOMPUTE[row["recompute"]],
                     attention=ATTENTION[row["attention"]], dtype=PRECISION[row["precision"]],

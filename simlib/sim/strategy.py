@@ -1,8 +1,10 @@
 """How a job is split: data, tensor and pipeline degrees, micro-batches, ZeRO, buckets, overlap, recomputation.
 
-The rank grid is ``arange(world_size).view(dp, pp, tp)`` (tensor-parallel ranks adjacent, so they share a
-node, as in Megatron-LM and picotron); :class:`Strategy` validates the degrees instead of keeping globals, and
-against a machine: a tensor-parallel group must sit inside one node (tp divides the node's devices) unless
+The rank grid is ``arange(world_size).view(dp, pp, cp, tp)`` (tensor-parallel ranks adjacent, so they share a
+node, as in Megatron-LM and picotron; then context-parallel ones; ``simlib.parallel.mesh`` uses the same order),
+and expert parallelism cuts the dp × cp ranks that hold tokens into groups of ``ep`` consecutive ones (it adds no
+ranks: Megatron-LM folds expert parallelism into data parallelism); :class:`Strategy` validates the degrees
+instead of keeping globals, and against a machine: a tensor-parallel group must sit inside one node (tp divides the node's devices) unless
 ``tp_across_nodes=True`` asks for it (then it is priced on the inter-node link). ``simlib.sim.topology`` places
 every group of the grid on the nodes.
 """
@@ -13,7 +15,9 @@ from dataclasses import dataclass, replace
 RECOMPUTE = ("none", "selective", "op", "every_other", "full")
 ATTENTION = ("unfused", "flash", "flash1")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
-DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
+CP_KINDS = ("allgather", "ring", "ulysses")
+FP8_RECIPES = ("delayed", "current", "blockwise", "mx")
+DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8", "fp4")
 OPTIMIZERS = ("adam", "sgd", "sgd_momentum")
 
 
@@ -49,6 +53,25 @@ class Strategy:
     reduce_dtype: str = ""           # dtype of gradient reduction ("fp32": FSDP's fp32 reduce; "": as dtype)
     kernels: str = "fused"           # "eager": norms, rotary, SwiGLU as separate PyTorch ops (no torch.compile)
     tp_overlap: bool = False         # Megatron's --tp-comm-overlap: TP collectives pipelined with their GEMMs
+    # ── cluster scale (all default to "off", so older strategies mean what they meant) ──
+    cp: int = 1                      # context-parallel degree: each sequence split over cp ranks (zig-zag)
+    cp_kind: str = "allgather"       # "allgather": K/V all-gathered before attention (Llama 3); "ring": K/V
+                                     # passed around the ring, overlapped with the blocks (TE's p2p); "ulysses":
+                                     # all-to-all from sequence to heads and back (DeepSpeed-Ulysses)
+    ep: int = 1                      # expert-parallel degree: the routed experts shared out over ep of the
+                                     # dp × cp ranks (their tokens sent by all-to-all); divides dp × cp
+    expert_imbalance: float = 1.0    # tokens on the busiest expert-parallel rank over the mean (router balance)
+    recompute_layers: int = 0        # with recompute="full": only this many layers per stage recomputed
+                                     # (Megatron's --recompute-num-layers with --recompute-method block; 0: all)
+    first_stage_layers: int = 0      # uneven pipeline: layers on the first / last stage (Megatron's
+    last_stage_layers: int = 0       # --decoder-first/last-pipeline-num-layers; 0: an even share), the rest
+                                     # split evenly over the middle stages
+    pipeline_flushes: int = 1        # pp > 1: pipeline flushes per step (a plan that accumulates over pipeline
+                                     # passes flushes once per pass); num_micro_batches counts all of them
+    pipeline_outer: bool = False     # Megatron-LM's rank order (tp-cp-ep-dp-pp): pipeline stages outermost, so a
+                                     # data-/expert-parallel group is tp·cp ranks apart (not tp·cp·pp)
+    fp8_recipe: str = "delayed"      # dtype="fp8": Transformer Engine's scaling recipe (delayed / current
+                                     # per-tensor, blockwise 1x128 as DeepSeek-V3, mx: MXFP8 on Blackwell)
 
     def __post_init__(self):
         for name in ("dp", "tp", "pp", "micro_batch", "num_micro_batches", "virtual_stages"):
@@ -89,10 +112,21 @@ class Strategy:
             raise ValueError(f"kernels must be 'fused' or 'eager', got {self.kernels!r}")
         if self.reduce_dtype not in ("",) + DTYPES:
             raise ValueError(f"reduce_dtype must be '' or one of {DTYPES}, got {self.reduce_dtype!r}")
+        _check_scale(self)
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same experts, which average their gradients: dp × cp / ep."""
+        return max(1, self.dp * self.cp // self.ep)
+
+    def stage_layers(self, layers: int) -> list[int]:
+        """Layers on each pipeline stage: ``first_stage_layers`` / ``last_stage_layers`` where set, the rest
+        spread evenly over the other stages (raises ValueError if they do not split evenly)."""
+        return _stage_layers(self, layers)
 
     @property
     def global_batch(self) -> int:
@@ -101,23 +135,30 @@ class Strategy:
 
     @property
     def shard_degree(self) -> int:
-        """Ranks each parameter/gradient/optimizer state is sharded over under ZeRO/FSDP."""
-        return self.shard_size or self.dp
+        """Ranks each (dense) parameter/gradient/optimizer state is sharded over under ZeRO/FSDP: dp × cp
+        (context-parallel ranks hold the same weights: Megatron's distributed optimizer shards over both)."""
+        return self.shard_size or self.dp * self.cp
 
     @property
     def mixed_precision(self) -> bool:
-        return self.dtype in ("bf16", "fp16", "fp8")
+        return self.dtype in ("bf16", "fp16", "fp8", "fp4")
 
     def validate(self, world_size: int | None = None, model=None, hardware=None) -> "Strategy":
         """Check the degrees against a world size, a model and a machine; return self (raises ValueError)."""
         if world_size is not None:
             _positive_int("world_size", world_size)
             if self.world_size != world_size:
-                raise ValueError(f"dp × tp × pp = {self.dp} × {self.tp} × {self.pp} = {self.world_size}, but the "
-                                 f"world has {world_size} ranks: the degrees must multiply to the world size")
+                raise ValueError(f"dp × tp × pp × cp = {self.dp} × {self.tp} × {self.pp} × {self.cp} = "
+                                 f"{self.world_size}, but the world has {world_size} ranks: the degrees must "
+                                 "multiply to the world size")
         if model is not None:
+            _check_scale_model(self, model)
             chunks = self.pp * self.virtual_stages
-            if model.layers % chunks:
+            if self.first_stage_layers or self.last_stage_layers:
+                self.stage_layers(model.layers)
+            elif model.layers % chunks and (self.virtual_stages == 1 or (model.layers + 2) % chunks):
+                # (Megatron's account_for_embedding/loss_in_pipeline_split: embedding and loss count as a layer
+                # each, so 126 + 2 layers split into 8 x 8 chunks)
                 raise ValueError(f"{model.layers} layers do not split into pp × virtual_stages = {chunks} equal "
                                  "stages")
             if model.kind == "gpt":
@@ -150,22 +191,88 @@ class Strategy:
         """The strategy a ``simlib.train.Plan`` runs for ``global_batch`` samples per step: the same degrees,
         micro-batches, ZeRO stage, precision, recomputation and buckets. The plan is checked first by its own
         ``validate`` (the trainer's check, so a plan the trainer refuses is refused here). ``overrides``: what a
-        plan does not say (``optimizer``, ``threads``, ``sequence_parallel``, ...)."""
+        plan does not say (``optimizer``, ``threads``, ``sequence_parallel``, ...).
+
+        Every sample of a step goes through the plan's accumulation × pipeline micro-batches on each data-parallel
+        rank, so micro_batch = global_batch / (dp × accumulation × pp_microbatches). A pipeline plan that also
+        accumulates flushes its pipeline ``accumulation`` times a step (``pipeline_flushes``: a bubble each).
+        cp and ep map one to one (cp splits each sequence with
+        the plan's zig-zag ring attention, ``cp_kind="ring"`` unless overridden)."""
         plan.validate(plan.world_size)
-        if getattr(plan, "cp", 1) > 1 or getattr(plan, "ep", 1) > 1:
-            raise ValueError(f"Strategy prices dp, tp and pp; cp={plan.cp} and ep={plan.ep} are priced by "
-                             "simlib.sim.context_experts (context-parallel attention, MoE all-to-alls)")
         per_step = plan.accumulation * plan.microbatches
         if global_batch % (plan.dp * per_step):
             raise ValueError(f"global batch {global_batch} does not split into dp={plan.dp} x {per_step} "
                              "micro-batches: use a multiple of their product")
-        if plan.pp > 1 and plan.accumulation > 1:
-            raise ValueError(f"the simulator prices one pipeline flush per step; the plan runs {plan.accumulation}: "
-                             f"simulate pp_microbatches={per_step}, accumulation=1 (the same samples, one flush)")
-        fields = dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, micro_batch=global_batch // (plan.dp * per_step),
+        fields = dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=getattr(plan, "cp", 1), ep=getattr(plan, "ep", 1),
+                      micro_batch=global_batch // (plan.dp * per_step),
                       num_micro_batches=per_step, zero_stage=plan.zero_stage, schedule=plan.schedule,
                       bucket_bytes=plan.bucket_cap_mb * 2 ** 20, overlap=plan.dp_variant in ("bucket", "ddp"),
                       recompute="full" if plan.activation_checkpointing else "none",
                       dtype=plan.mixed_precision or "fp32",
                       sequence_parallel=getattr(plan, "sequence_parallel", False))
+        if plan.pp > 1:
+            fields["pipeline_flushes"] = plan.accumulation
+        if fields["cp"] > 1:
+            fields["cp_kind"] = "ring"   # simlib's context parallelism is zig-zag ring attention
         return cls(**{**fields, **overrides})
+
+
+def _stage_layers(s, layers: int) -> list[int]:
+    if s.pp == 1:
+        return [layers]
+    first, last = s.first_stage_layers, s.last_stage_layers
+    ends = (1 if first else 0) + (1 if last else 0)
+    rest, middle = layers - first - last, s.pp - ends
+    if rest < 0 or (middle and rest % middle) or (not middle and rest):
+        raise ValueError(f"{layers} layers do not split as first_stage_layers={first}, last_stage_layers={last} "
+                         f"and an even share on the other {middle} stage(s): choose ends that leave a multiple of "
+                         f"{middle or 1}")
+    even = rest // middle if middle else 0
+    return [first or even] + [even] * (s.pp - 2) + [last or even]
+
+
+def _check_scale(s) -> None:
+    """Strategy's own checks of the cluster-scale fields (cp, ep, uneven stages, partial recompute, FP8 recipe):
+    kept apart so that one shared validation can call it."""
+    for name in ("cp", "ep", "pipeline_flushes"):
+        _positive_int(name, getattr(s, name))
+    if s.num_micro_batches % s.pipeline_flushes:
+        raise ValueError(f"num_micro_batches ({s.num_micro_batches}) counts every flush's micro-batches: it must be "
+                         f"a multiple of pipeline_flushes ({s.pipeline_flushes})")
+    if s.cp_kind not in CP_KINDS:
+        raise ValueError(f"cp_kind must be one of {CP_KINDS}, got {s.cp_kind!r}")
+    if (s.dp * s.cp) % s.ep and (s.ep < s.dp * s.cp or (s.tp * s.dp * s.cp) % s.ep):
+        raise ValueError(f"ep={s.ep} does not divide the dp x cp = {s.dp * s.cp} ranks that hold tokens (expert "
+                         "parallelism is folded into data parallelism): use a divisor of dp x cp (or, as "
+                         "Megatron's MoE parallel folding, a multiple of it that divides tp x dp x cp)")
+    if not s.expert_imbalance >= 1.0:
+        raise ValueError(f"expert_imbalance is the busiest rank's tokens over the mean: >= 1, got "
+                         f"{s.expert_imbalance!r}")
+    for name in ("recompute_layers", "first_stage_layers", "last_stage_layers"):
+        value = getattr(s, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if s.recompute_layers and s.recompute != "full":
+        raise ValueError("recompute_layers recomputes that many whole layers per stage: it needs recompute='full'")
+    if (s.first_stage_layers or s.last_stage_layers) and (s.pp == 1 or s.virtual_stages > 1):
+        raise ValueError("first_stage_layers / last_stage_layers need pp > 1 without interleaving")
+    if s.fp8_recipe not in FP8_RECIPES:
+        raise ValueError(f"fp8_recipe must be one of {FP8_RECIPES}, got {s.fp8_recipe!r}")
+
+
+def _check_scale_model(s, model) -> None:
+    """cp and ep against a model's shape: the zig-zag split needs 2·cp chunks of the sequence, Ulysses heads
+    that split over tp × cp, expert parallelism experts that split over ep."""
+    if s.cp > 1:
+        if model.kind != "gpt":
+            raise ValueError("context parallelism splits a sequence: it needs a GPT model")
+        if model.seq_len % (2 * s.cp):
+            raise ValueError(f"sequence {model.seq_len} does not split into 2 x cp = {2 * s.cp} zig-zag chunks")
+        if s.cp_kind == "ulysses" and model.heads % (s.tp * s.cp):
+            raise ValueError(f"Ulysses needs the {model.heads} heads to split over tp x cp = {s.tp * s.cp}")
+    if s.ep > 1 and not getattr(model, "experts", 0):
+        raise ValueError(f"ep={s.ep} shares out experts, but {model.name} has none (a dense model): use ep=1")
+    if getattr(model, "experts", 0) and model.experts % s.ep:
+        raise ValueError(f"{model.experts} experts do not split over ep = {s.ep}")
+    if s.recompute_layers and s.pp > 0 and s.recompute_layers > max(_stage_layers(s, model.layers)):
+        raise ValueError(f"recompute_layers={s.recompute_layers} is more than a stage's layers")

@@ -34,14 +34,29 @@ class Placement:
 
 
 def group_ranks(strategy, kind: str, index: int = 0) -> list[int]:
-    """Global ranks of the ``index``-th member set of a group ("tp", "pp" or "dp") of the grid view(dp, pp, tp).
+    """Global ranks of the ``index``-th member set of a group of the grid view(dp, pp, cp, tp): "tp", "cp",
+    "pp", "dp", "dp_cp" (the dp × cp ranks that average dense gradients), "ep" (ep consecutive ranks of those,
+    cp first: ``simlib.parallel.mesh``'s order) or "expert_dp" (the ranks holding the same experts).
 
     Group 0 of each kind starts at rank 0 (every group of a kind has the same shape on whole nodes)."""
     s = strategy
-    stride = {"tp": 1, "pp": s.tp, "dp": s.tp * s.pp}.get(kind)
+    cp = getattr(s, "cp", 1)
+    outer = getattr(s, "pipeline_outer", False)     # Megatron's order: view(pp, dp, cp, tp)
+    dp_stride = s.tp * cp * (1 if outer else s.pp)
+    tokens = [index + d * dp_stride + c * s.tp for d in range(s.dp) for c in range(cp)]  # dp_cp order
+    if kind == "dp_cp":
+        return tokens
+    if kind == "ep":
+        ep = getattr(s, "ep", 1)
+        if ep > len(tokens):   # Megatron's MoE parallel folding: tensor-parallel ranks join the expert group
+            return sorted(t + r for t in tokens for r in range(s.tp))[:ep]
+        return tokens[:ep]
+    if kind == "expert_dp":
+        return tokens[::getattr(s, "ep", 1)]
+    stride = {"tp": 1, "cp": s.tp, "pp": s.tp * cp * (s.dp if outer else 1), "dp": dp_stride}.get(kind)
     if stride is None:
-        raise ValueError(f"group kind must be 'tp', 'pp' or 'dp', got {kind!r}")
-    size = {"tp": s.tp, "pp": s.pp, "dp": s.dp}[kind]
+        raise ValueError(f"group kind must be tp, cp, pp, dp, dp_cp, ep or expert_dp, got {kind!r}")
+    size = {"tp": s.tp, "cp": cp, "pp": s.pp, "dp": s.dp}[kind]
     return [index + i * stride for i in range(size)]
 
 
@@ -63,12 +78,26 @@ def _ring(kind, size, n, link):
 
 def group_collective(kind: str, size: float, place: Placement, hardware) -> float:
     """Seconds of an all-reduce / reduce-scatter / all-gather of ``size`` bytes (the full tensor) over a group
-    placed as ``place``: intra-node ring, inter-node ring (one member per node), or hierarchical."""
-    if kind not in ("all_reduce", "reduce_scatter", "all_gather"):
-        raise ValueError(f"collective must be all_reduce, reduce_scatter or all_gather, got {kind!r}")
+    placed as ``place``: intra-node ring, inter-node ring (one member per node), or hierarchical.
+
+    ``all_to_all`` (``size``: one rank's buffer): each rank sends (k−1)/n of it over the node's links and
+    (n−k)/n over its own NIC at the same time, so the slower share sets the time (α: n−1 steps).
+    ``p2p``: one message of ``size`` to a neighbour of the group (a ring's hop: over the NIC as soon as the group
+    spans nodes, since the ring steps in lockstep)."""
+    if kind not in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "p2p"):
+        raise ValueError(f"collective must be all_reduce, reduce_scatter, all_gather, all_to_all or p2p, "
+                         f"got {kind!r}")
     n, k, nodes = place.size, place.per_node, place.nodes
     if n == 1:
         return 0.0
+    if kind == "p2p":
+        return cost.p2p(size, hardware.intra if nodes == 1 else hardware.inter)
+    if kind == "all_to_all":
+        if nodes == 1:
+            return cost.all_to_all(size, n, hardware.intra)
+        a_in, b_in = cost._ab(hardware.intra, k, size * (k - 1) / n) if k > 1 else (0.0, 1.0)
+        a_out, b_out = cost._ab(hardware.inter, nodes, size * (n - k) / n)
+        return (k - 1) * a_in + (n - k) * a_out + max(size * (k - 1) / n / b_in, size * (n - k) / n / b_out)
     if nodes == 1:
         if kind == "all_reduce":
             return cost.all_reduce(size, n, hardware)  # the calibrated curve where measured, else the ring
@@ -100,5 +129,9 @@ def p2p_time(size: float, strategy, hardware) -> float:
 def same_node(strategy, hardware) -> bool:
     """Do all pipeline neighbours (ranks tp apart, in every replica) share a node?"""
     g, s = hardware.devices_per_node, strategy
-    return all(r // g == (r + s.tp) // g
-               for d in range(s.dp) for p in range(s.pp - 1) for r in [(d * s.pp + p) * s.tp])
+    step = s.tp * getattr(s, "cp", 1)   # pipeline neighbours are tp × cp ranks apart (× dp in Megatron's order)
+    if getattr(s, "pipeline_outer", False):
+        return all(r // g == (r + step * s.dp) // g for p in range(s.pp - 1) for d in range(s.dp)
+                   for r in [(p * s.dp + d) * step])
+    return all(r // g == (r + step) // g
+               for d in range(s.dp) for p in range(s.pp - 1) for r in [(d * s.pp + p) * step])

@@ -1,0 +1,143 @@
+"""Context- and expert-parallel operators of a layer at cluster scale (what :mod:`simlib.sim.layer` adds).
+
+**Context parallelism** (cp ranks share each sequence, zig-zag split so that causal work is even: every rank
+attends s/cp queries against the whole sequence, half masked). Three ways to bring each rank the keys and values
+it needs, as Transformer Engine and DeepSpeed run them:
+
+- ``allgather`` (Llama 3, Dubey et al. 2024 §3.3.2): all-gather K and V over the cp group before attention,
+  reduce-scatter their gradients after (and all-gather again in backward); with grouped-query attention K/V are
+  small, and the collective is exposed.
+- ``ring`` (Liu et al. 2023, Ring Attention; TE's ``cp_comm_type="p2p"``): cp − 1 hops of one K/V block, each
+  started before a block of attention and waited for after it; a hop is exposed only where it takes longer than
+  one step's attention (1/cp of the rank's attention). Backward passes K/V and dK/dV together.
+- ``ulysses`` (Jacobs et al. 2023, DeepSpeed-Ulysses): all-to-all Q, K, V from sequence to heads and the output
+  back (four each way), exposed.
+
+**Experts** (a mixture-of-experts MLP; Megatron-Core's all-to-all token dispatcher): the router GEMM (h → E) and
+its softmax/top-k, a permute that groups each token's k copies by expert, the *dispatch* all-to-all over the ep
+group, the experts' GEMMs as one grouped call per projection (E/ep local experts, rows = tokens × k on average,
+times the load imbalance on the busiest rank), the *combine* all-to-all back, and an unpermute that weights and
+sums the k outputs. Shared experts (DeepSeekMoE) run as a dense MLP beside them. With tp > 1 each tensor-parallel
+rank routes its own sequence-parallel share of the tokens (Megatron's expert tensor parallelism of 1: experts
+whole, not split over tp). Capacity (``ModelSpec.capacity_factor`` > 0) caps the busiest expert's rows at that
+factor of the even share, so the imbalance counted is min(imbalance, capacity factor).
+"""
+from __future__ import annotations
+
+
+from .ops import Op as _op, _backward_gemms, _gemm
+
+# Seconds an MoE layer's forward + backward costs beyond its kernels, as Megatron-Core's all-to-all dispatcher ran in
+# the published runs: it copies the tokens-per-expert counts to the host (device-to-host syncs) before each
+# dispatch, so the GPU idles while the host launches what follows. FITTED: the median over the 9 MoE rows of the
+# *fit* half of ``data/scale_runs.csv`` of (measured − predicted step) per MoE layer pass (they range 0.45–20 ms;
+# Qwen3-30B on Blackwell 6.3–7.0 ms at micro-batches 1 to 8, i.e. fixed per pass, not per token). Nothing of the
+# test half was used. A third of it is charged to forward, two thirds to backward.
+MOE_LAYER_OVERHEAD = 6.4e-3
+
+
+def cp_ops(model, micro_batch: int, tp: int, cp: int, kind: str, width: int = 2) -> dict:
+    """The context-parallel collectives of one layer's attention, {"forward": [...], "backward": [...]}, on the
+    "cp" group. Empty for cp = 1."""
+    if cp == 1:
+        return dict(forward=[], backward=[])
+    b, s, d = micro_batch, model.seq_len, model.head_dim
+    kv_full = width * 2 * b * s * model.kv * d / tp          # K and V of the whole sequence on this tp rank
+    if kind == "allgather":
+        return dict(forward=[_op("CP all-gather K, V", "comm", kv_full, collective="all_gather", group="cp")],
+                    backward=[_op("CP all-gather K, V again", "comm", kv_full, collective="all_gather", group="cp"),
+                              _op("CP reduce-scatter dK, dV", "comm", kv_full, collective="reduce_scatter",
+                                  group="cp")])
+    if kind == "ring":
+        hop = kv_full / cp
+        return dict(forward=[_op("CP ring K/V hops", "comm", (cp - 1) * hop, count=cp - 1, collective="p2p",
+                                 group="cp", overlap="attention")],
+                    backward=[_op("CP ring K/V + dK/dV hops", "comm", 2 * (cp - 1) * hop, count=cp - 1,
+                                  collective="p2p", group="cp", overlap="attention")])
+    if kind == "ulysses":
+        q = width * b * s / cp * model.hidden / tp             # one rank's Q (and the output)
+        kv = width * b * s / cp * model.kv * d / tp           # one rank's K (and V)
+        ins = [_op(f"Ulysses all-to-all {x}", "comm", size, collective="all_to_all", group="cp")
+               for x, size in (("Q", q), ("K", kv), ("V", kv))]
+        out = [_op("Ulysses all-to-all output", "comm", q, collective="all_to_all", group="cp")]
+        back = [_op(f"Ulysses all-to-all d{x}", "comm", size, collective="all_to_all", group="cp")
+                for x, size in (("O", q), ("Q", q), ("K", kv), ("V", kv))]
+        return dict(forward=ins + out, backward=back)
+    raise ValueError(f"cp_kind must be 'allgather', 'ring' or 'ulysses', got {kind!r}")
+
+
+def expert_rows(model, tokens: float, imbalance: float = 1.0) -> float:
+    """Rows (token copies) the busiest expert-parallel rank runs through its experts: tokens × top_k on
+    average (every rank of the group sends as many as it receives), times the imbalance; a capacity factor
+    caps it (and below 1 drops tokens even when balanced)."""
+    skew = min(imbalance, model.capacity_factor) if model.capacity_factor else imbalance
+    return tokens * model.top_k * skew
+
+
+def moe_ops(model, tokens: int, tp: int, ep: int, width: int = 2, imbalance: float = 1.0,
+            sequence_parallel: bool = False, fp8: bool = False) -> dict:
+    """The MoE MLP of one layer on one rank (after the second norm) for the ``tokens`` of its micro-batch
+    (micro_batch × seq_len / cp), forward and backward, with the shared experts; the collectives on the "ep"
+    group (dispatch, combine) and, for shared experts with tp > 1, the tensor-parallel ones."""
+    w, h, E = width, model.hidden, model.experts
+    t_full = tokens
+    t = t_full / tp        # tokens this rank routes (its sequence-parallel share)
+    rows = expert_rows(model, t, imbalance)
+    local = E // ep
+    g, f = (2 if model.gated_mlp else 1), model.expert_width
+    per = max(int(round(rows / local)), 1)
+    router = _gemm("router", int(t), h, E)
+    up = _gemm("experts up" + (" + gate" if model.gated_mlp else "") + " (grouped)", per, h, g * f, local)
+    down = _gemm("experts down (grouped)", per, f, h, local)
+    a2a = ep > 1
+    fwd = [router, _op("router softmax + top-k (fp32)", "memory", 4 * 3 * t * E),
+           _op("permute tokens to experts", "memory", 2 * w * rows * h),
+           *([_op("dispatch all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
+           *([_op("experts FP8 cast", "memory", (w + 2) * rows * h)] if fp8 else []), up,
+           _op("experts SwiGLU" if model.gated_mlp else "experts GeLU", "memory", (3 if g == 2 else 2) * w * rows * f),
+           *([_op("experts FP8 cast (down)", "memory", (w + 2) * rows * f)] if fp8 else []), down,
+           *([_op("combine all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
+           _op("unpermute, weight by gate, sum", "memory", 2 * w * rows * h + w * t * h)]
+    bwd = [_op("unpermute backward", "memory", 2 * w * rows * h + w * t * h),
+           *([_op("combine backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]
+             if a2a else []),
+           *_backward_gemms(down),
+           _op("experts activation backward", "memory", (5 if g == 2 else 4) * w * rows * f),
+           *_backward_gemms(up),
+           *([_op("dispatch backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]
+             if a2a else []),
+           _op("permute backward", "memory", 2 * w * rows * h),
+           _op("router softmax backward", "memory", 4 * 3 * t * E), *_backward_gemms(router)]
+    if model.shared_experts:   # a dense MLP of width shared × f, split over tp like any MLP
+        fs = model.shared_experts * f
+        s_up, s_down = _gemm("shared experts up", t_full, h, g * fs // tp), _gemm("shared experts down", t_full,
+                                                                                  fs // tp, h)
+        comm = tp > 1
+        kind_in, kind_out = ("all_gather", "reduce_scatter") if sequence_parallel else ("", "all_reduce")
+        full = w * t_full * h
+        fwd += [*([_op("shared f all-gather", "comm", full, collective=kind_in)] if comm and kind_in else []),
+                s_up, _op("shared experts activation", "memory", (3 if g == 2 else 2) * w * t_full * fs / tp),
+                s_down, *([_op("shared g " + kind_out, "comm", full, collective=kind_out)] if comm else [])]
+        bwd += [*_backward_gemms(s_down),
+                _op("shared experts activation backward", "memory", (5 if g == 2 else 4) * w * t_full * fs / tp),
+                *_backward_gemms(s_up),
+                *([_op("shared f backward " + ("reduce-scatter" if kind_in else "all-reduce"), "comm", full,
+                       collective="reduce_scatter" if kind_in else "all_reduce")] if comm else [])]
+    return dict(forward=fwd, backward=bwd)
+
+
+def exposed_comm(ops, times) -> float:
+    """Seconds of the collectives in ``ops`` (each op's time in ``times``, same order) that compute does not
+    hide: all of each, except a ring's K/V hops (``overlap="attention"``), where each of the ``count`` hops is
+    exposed by what it takes beyond one ring step's attention (the rank's attention / (count + 1))."""
+    attention = sum(t for op, t in zip(ops, times)
+                    if op.kind == "attention" or op.name.startswith(("scores", "context P", "scale+mask")))
+    out = 0.0
+    for op, t in zip(ops, times):
+        if op.kind != "comm":
+            continue
+        if op.overlap == "attention":
+            out += op.count * max(0.0, t / op.count - attention / (op.count + 1))
+        else:
+            out += t
+    return out

@@ -1,0 +1,43 @@
+"""The operator a layer is made of (:class:`Op`) and the GEMMs' backward rule: shared by :mod:`simlib.sim.layer`
+and :mod:`simlib.sim.cluster_ops`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operator of a layer on one tensor-parallel rank: a GEMM ``(m, k, n)`` repeated ``count`` times, a
+    memory-bound kernel moving ``bytes``, or a collective of ``bytes`` (``collective``: all_reduce, ...)."""
+
+    name: str
+    kind: str                 # "gemm" | "memory" | "comm" | "attention" (a fused FlashAttention kernel)
+    bytes: float              # memory traffic (gemm, memory) or message size (comm), all counts together
+    shape: tuple = ()         # gemm: (m, k, n)
+    count: int = 1            # gemm: how many such GEMMs (batched attention: micro_batch × heads per rank)
+    collective: str = ""      # comm: all_reduce | reduce_scatter | all_gather | all_to_all | p2p
+    group: str = "tp"         # comm: the group of the rank grid it runs on (tp, cp, ep; see topology)
+    overlap: str = ""         # comm: "attention" — a ring's hops, hidden behind the attention steps
+
+    @property
+    def flops(self) -> float:
+        if self.kind == "attention":   # causal: half of Q·Kᵀ and P·V (2·s²·d each); backward 2.5× (Dao 2023)
+            s_q, d, s_k = self.shape    # context parallelism: s/cp queries against the whole sequence
+            forward = 2.0 * s_q * s_k * d * self.count
+            return 2.5 * forward if "backward" in self.name else forward
+        if self.kind != "gemm":
+            return 0.0
+        m, k, n = self.shape
+        return 2.0 * m * k * n * self.count
+
+
+def _gemm(name, m, k, n, count=1, width=2):
+    """A GEMM (m×k)·(k×n), ``count`` of them: reads both inputs, writes the output."""
+    return Op(name, "gemm", width * (m * k + k * n + m * n) * count, (m, k, n), count)
+
+
+def _backward_gemms(op: Op, skip_dgrad: bool = False):
+    """Each forward GEMM x·W has a data-gradient GEMM (m×n)·(n×k) and a weight-gradient GEMM (k×m)·(m×n)."""
+    m, k, n = op.shape
+    out = [] if skip_dgrad else [_gemm(f"{op.name} dgrad", m, n, k, op.count)]
+    return out + [_gemm(f"{op.name} wgrad", k, m, n, op.count)]

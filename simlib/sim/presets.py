@@ -1,0 +1,111 @@
+"""Blackwell presets (DGX B200, GB200 NVL72 as a 72-GPU NVLink domain, B300) and Hopper's PCIe/NVL parts.
+
+Peaks are dense (no 2:4 sparsity), per GPU, from NVIDIA's datasheets as tabulated by G. Lockwood's notes
+(glennklockwood.com/garden/processors/B200, citing NVIDIA): HGX/DGX B200 at 1,000 W — BF16 2.25 PFLOP/s, FP8
+4.5, FP4 9, TF32 1.1, FP32 0.08; GB200 at 1,200 W — BF16 2.5, FP8 5, FP4 10, TF32 1.25, FP32 0.09. Memory: DGX
+B200 1,440 GB for 8 GPUs (180 GB each; nvidia-smi shows 179 GiB, Vultr's HGX B200 listing), GB200 186 GB (MLPerf's
+"GB200-186GB"; 185 GiB), HBM3e at 8 TB/s; capacities below in GiB as a process sees them.
+B300 (Blackwell Ultra, HGX B300 / GB300): 288 GB HBM3e (268 GiB) at 8 TB/s; its dense FP4 rises to 15 PFLOP/s
+(GB300) while BF16 and FP8 stay as GB200's (NVIDIA's Blackwell Ultra announcement, GTC 2025; an assumption where the datasheet
+was not read here). NVLink 5: 1.8 TB/s per GPU both ways, 900 GB/s each way.
+
+Links, measured where possible: eight B200s reach an all-reduce bus bandwidth of "830+" GB/s (NVIDIA/nccl issue
+1807, 2025); a GB200's NVLink p2p measured ~770 GB/s one way (Azure/AI-benchmarking-guide issue 7). We take
+800 GB/s as the NVLink-5 ring bus bandwidth in an NVL72 domain (an assumption between the two) and α from the
+H200 fit. Between domains: one ConnectX-7 400 Gb/s NIC per GPU on B200/GB200 (~47 GB/s measured on NDR,
+nccl-tests issue 290), ConnectX-8 800 Gb/s on B300 (2 × that, an assumption).
+
+GEMMs: Calculon's curve anchored at measured matmuls — B200 bf16 1.51 PFLOP/s at 3072³ (67 % of peak) and NVFP4
+5.50 PFLOP/s at 6144³ (61 %) (pytorch/ao PR 2427, torchao's bench_matmul.py on a B200, 2025). FP8 is not in that
+log: FP8 is anchored at bf16's efficiency × 0.905, the FP8/bf16 ratio measured on H100
+(:data:`~simlib.sim.hardware.H100_FP8_GEMM_EFFICIENCY`). Fused attention: FlashAttention on Blackwell reaches
+about 1.6 PFLOP/s forward in bf16 (cuDNN/FA4 figures quoted publicly, ~70 % of 2.25; an assumption), 55 % backward.
+"""
+from __future__ import annotations
+
+from .hardware import (AZURE_H200_ALLREDUCE, CALCULON_GEMM_EFFICIENCY, CALCULON_MEM_EFFICIENCY,
+                       H100_FLASH_ATTENTION, H100_FP8_GEMM_EFFICIENCY, H100_GEMM_EFFICIENCY, PRESETS, GiB, Hardware,
+                       Link, anchored)
+
+B200_BF16_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 1.51 / 2.25)
+B200_FP8_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 1.51 / 2.25 * 0.905)
+B200_FP4_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 5.50 / 9.0)
+BLACKWELL_ATTENTION = {"flash": {"forward": 0.70, "backward": 0.55},
+                       "flash1": {"forward": 0.70 * 0.40 / 0.73, "backward": 0.55 * 0.25 / 0.50}}
+NVLINK5_BUSBW = 800e9          # B/s ring bus bandwidth (see the module docstring)
+NDR_NIC, XDR_NIC = 47e9, 94e9  # B/s per GPU: ConnectX-7 400 Gb/s measured; ConnectX-8 800 Gb/s assumed 2x
+
+
+def _blackwell(name, peaks, memory_gb, devices_per_node, nic, source) -> Hardware:
+    h200 = Link.from_busbw(AZURE_H200_ALLREDUCE, 8)
+    return Hardware(
+        name=name, peak_flops=peaks, memory_bytes=memory_gb * GiB,
+        memory_bandwidth=8.0e12, attention_efficiency=BLACKWELL_ATTENTION,
+        intra=Link(h200.alpha, NVLINK5_BUSBW, {}, "NVLink 5: ~800 GB/s ring busbw (nccl #1807, Azure guide #7)"),
+        inter=Link(5e-6, nic, {}, f"{nic / 1e9:.0f} GB/s per GPU NIC; α assumed"),
+        devices_per_node=devices_per_node, mem_efficiency=CALCULON_MEM_EFFICIENCY,
+        gemm_table={"bf16": B200_BF16_EFFICIENCY, "fp16": B200_BF16_EFFICIENCY, "fp8": B200_FP8_EFFICIENCY,
+                    "fp4": B200_FP4_EFFICIENCY},
+        source=source)
+
+
+def dgx_b200() -> Hardware:
+    """DGX B200: 8 B200 (1,000 W) per node on NVLink 5, 180 GB HBM3e each, one 400 Gb/s NIC per GPU."""
+    return _blackwell("DGX B200", {"bf16": 2.25e15, "fp16": 2.25e15, "fp8": 4.5e15, "fp4": 9e15, "tf32": 1.1e15,
+                                   "fp32": 80e12}, 179, 8, NDR_NIC,
+                      "NVIDIA DGX B200 datasheet (via glennklockwood.com); nccl #1807; pytorch/ao PR 2427")
+
+
+def gb200_nvl72() -> Hardware:
+    """GB200 NVL72: 72 B200 (1,200 W) in one NVLink domain (18 trays of 4), 186 GB HBM3e each, one ConnectX-7
+    400 Gb/s NIC per GPU between racks. ``devices_per_node`` is the NVLink domain: a tensor-, context- or
+    expert-parallel group of up to 72 stays on NVLink."""
+    return _blackwell("GB200 NVL72", {"bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15, "fp4": 10e15, "tf32": 1.25e15,
+                                      "fp32": 90e12}, 185, 72, NDR_NIC,
+                      "NVIDIA GB200 NVL72 datasheet (via glennklockwood.com); MLPerf GB200-186GB; Azure guide #7")
+
+
+def dgx_b300(nvl72: bool = False) -> Hardware:
+    """B300 (Blackwell Ultra): 288 GB HBM3e, FP4 15 PFLOP/s dense, one ConnectX-8 800 Gb/s NIC per GPU; 8 per
+    NVLink domain (HGX/DGX B300), or 72 with ``nvl72=True`` (GB300 NVL72)."""
+    return _blackwell("GB300 NVL72" if nvl72 else "DGX B300",
+                      {"bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15, "fp4": 15e15, "tf32": 1.25e15, "fp32": 90e12},
+                      268, 72 if nvl72 else 8, XDR_NIC,
+                      "NVIDIA Blackwell Ultra (GTC 2025) announcement; peaks partly assumed (module docstring)")
+
+
+# the names ``sim.preset`` knows (hardware.PRESETS is the one registry)
+PRESETS.update({"b200": dgx_b200, "gb200": gb200_nvl72, "b300": dgx_b300, "gb300": lambda: dgx_b300(nvl72=True)})
+
+
+# ───────────── power-capped and memory-variant Hopper parts (H100 PCIe, H100 NVL) ─────────────
+# NVIDIA H100 datasheet, dense = half the sparse figures it prints: H100 PCIe (80 GB HBM2e, 2.0 TB/s, 300-350 W)
+# BF16 756 TFLOP/s, FP8 1,513; H100 NVL (94 GB HBM3, 3.9 TB/s, 350-400 W) BF16 835, FP8 1,671 — the lower board
+# power is in these peaks (lower sustained clocks). Links: PCIe Gen5 x16 between cards (~50 GB/s of bus bandwidth
+# assumed, 64 GB/s line rate each way); an NVL pair's NVLink bridge (600 GB/s both ways) is not modelled (a node
+# of 8 is priced on PCIe). GEMMs: the SXM part's measured fraction of peak (an assumption: the power cap may lower it
+# further). The 500 W H100 with 96 GB HBM2e of torchtitan's table has no published peak: it stays inexpressible.
+
+
+def _hopper_variant(name, bf16, fp8, memory_gib, hbm, source) -> Hardware:
+    return Hardware(
+        name=name, peak_flops={"bf16": bf16, "fp16": bf16, "fp8": fp8, "fp32": bf16 / 14.8},  # fp32 ≈ as SXM's ratio
+        memory_bytes=memory_gib * GiB,
+        memory_bandwidth=hbm, attention_efficiency=H100_FLASH_ATTENTION,
+        intra=Link(10e-6, 50e9, {}, "PCIe Gen5 x16: ~50 GB/s bus bandwidth assumed (64 GB/s line rate)"),
+        inter=Link(5e-6, 47e9, {}, "NDR 400 Gb/s per GPU (nccl-tests #290); α assumed"),
+        devices_per_node=8, gemm_table={"bf16": H100_GEMM_EFFICIENCY, "fp8": H100_FP8_GEMM_EFFICIENCY},
+        mem_efficiency=CALCULON_MEM_EFFICIENCY, source=source)
+
+
+def h100_pcie() -> Hardware:
+    """H100 PCIe: 80 GB HBM2e at 2.0 TB/s, 756 TFLOP/s bf16 dense (NVIDIA H100 datasheet); 8 cards on PCIe."""
+    return _hopper_variant("H100 PCIe (8 per node)", 756e12, 1513e12, 80, 2.0e12, "NVIDIA H100 datasheet (PCIe)")
+
+
+def h100_nvl() -> Hardware:
+    """H100 NVL: 94 GB HBM3 at 3.9 TB/s, 835 TFLOP/s bf16 dense (NVIDIA H100 datasheet); 8 cards on PCIe."""
+    return _hopper_variant("H100 NVL (8 per node)", 835e12, 1671e12, 94, 3.9e12, "NVIDIA H100 datasheet (NVL)")
+
+
+PRESETS.update({"h100-pcie": h100_pcie, "h100-nvl": h100_nvl})
