@@ -12,7 +12,7 @@
 from .cost import (Prediction, all_gather, all_reduce, hierarchical_all_reduce, p2p, predict, reduce_scatter,
                    ring_all_reduce, scaling, tree_all_reduce)
 from .calibrate import calibrate
-from .hardware import Hardware, Link, cpu_box, dgx_a100, dgx_h100, fit_alpha_beta, preset
+from .hardware import Hardware, Link, cpu_box, dgx_a100, dgx_h100, dgx_h200, fit_alpha_beta, preset
 from .layer import Op, layer_ops, operator_table
 from .memory import DoesNotFit, check_fits, memory_per_device, min_devices_to_fit
 from .model import GPT_SIZES, LLAMA_SIZES, ModelSpec, from_module, gpt, gpt_size, llama, llama_size, transformer
@@ -21,7 +21,7 @@ from . import published, runs
 from .strategy import Strategy
 from .topology import Placement, group_collective, placement
 
-__all__ = ["Hardware", "Link", "calibrate", "cpu_box", "dgx_a100", "dgx_h100", "preset", "fit_alpha_beta",
+__all__ = ["Hardware", "Link", "calibrate", "cpu_box", "dgx_a100", "dgx_h100", "dgx_h200", "preset", "fit_alpha_beta",
            "ModelSpec", "from_module", "gpt", "gpt_size", "Strategy", "predict", "scaling", "Prediction",
            "memory_per_device", "check_fits", "min_devices_to_fit", "DoesNotFit", "ring_all_reduce",
            "tree_all_reduce", "all_gather", "reduce_scatter", "all_reduce", "hierarchical_all_reduce", "p2p",
