@@ -62,7 +62,8 @@ def _scaling(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table, timelines = experiments.scaling(args.world_sizes, mode=args.mode, keep_timelines=True,
-                                           threads_per_worker=args.threads, dp_variant=args.dp_variant, **defaults)
+                                           threads_per_worker=args.threads, dp_variant=args.dp_variant,
+                                           devices=args.devices, **defaults)
     stem = f"scaling_{args.mode}"
     table.to_csv(out / f"{stem}.csv", index=False)
     meta = dict(table.attrs)
@@ -76,6 +77,8 @@ def _scaling(args) -> int:
             "efficiency", "comm_fraction", "oversubscribed", "baseline"]
     with __import__("pandas").option_context("display.width", 160, "display.float_format", "{:.4g}".format):
         print(table[cols].to_string(index=False))
+    if meta.get("placement_note"):
+        print(f"\n{meta['placement_note']}")
     print(f"\nwrote {out / stem}.png, {stem}_timeline.png, {stem}.csv, {stem}.json"
           f"  ({meta['cores']} cores; speedup is against 1 process x {args.threads} thread(s))")
     return 0
@@ -156,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dp-variant", choices=["bucket", "flat", "naive", "ddp"], default="bucket",
                    help="how gradients are averaged: bucket (overlapped with backward, as DDP; default), flat (one "
                         "all-reduce after backward), naive (one per tensor), ddp (torch's)")
+    p.add_argument("--devices", choices=["auto", "cpu", "gpu-shared", "gpus"], default="auto",
+                   help="where every world size runs, alike: cpu, gpus (one per rank, NCCL; stops at the GPU count), "
+                        "gpu-shared (all ranks on cuda:0 over Gloo); auto: cpu without a GPU, gpus when there is "
+                        "one per rank, else gpu-shared")
     p.add_argument("--quick", action="store_true", help="small sizes (also SIMLIB_QUICK=1)")
     p.add_argument("--out", default="results", help="output folder (default ./results)")
     p.set_defaults(func=_scaling)

@@ -85,9 +85,9 @@ def dry_run(spec) -> int:
             print(f"  predicted step on {hw.name}: not priced ({exc})")
         else:
             fits = "fits" if p.fits else "DOES NOT FIT"
-            print(f"  predicted step on {hw.name}: {p.step_time * 1e3:.1f} ms (compute {p.compute * 1e3:.1f}, "
-                  f"exposed comm {p.exposed_comm * 1e3:.1f}, bubble {p.bubble * 1e3:.1f}, optimizer "
-                  f"{p.optimizer * 1e3:.1f}); memory {fits} in {hw.memory_bytes / 2 ** 30:.0f} GiB")
+            print(f"  predicted step on {hw.name}: {p.step_time * 1e3:.3g} ms (compute {p.compute * 1e3:.3g}, "
+                  f"exposed comm {p.exposed_comm * 1e3:.3g}, bubble {p.bubble * 1e3:.3g}, optimizer "
+                  f"{p.optimizer * 1e3:.3g}); memory {fits} in {hw.memory_bytes / 2 ** 30:.0f} GiB")
         print(f"  output   {spec.folders[name]}/ (run.jsonl, summary.json, config.toml)"
               + (f"; checkpoints in {plan.checkpoint_dir}" if plan.checkpoint_dir else ""))
     names = "|".join(sorted(sim.hardware.PRESETS))

@@ -136,6 +136,9 @@ def scaling_figure(table, path=None):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     speedup(table, ax=axes[0])
     efficiency(table, ax=axes[1])
+    note = table.attrs.get("placement_note")  # where the ranks ran, when it needs saying (lessons.scaling.placement)
+    if note:
+        fig.suptitle(note, fontsize=9)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=110)

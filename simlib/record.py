@@ -4,8 +4,10 @@
                           "step_time", "spans": {"forward", "backward", "comm", "optimizer", "wait"},
                           "grad_norm", "train_time"} (and "peak_memory" on the step it was measured),
                           and one per evaluation {"step", "eval": {...}, "tokens", "samples", "train_time"}
-    out_dir/summary.json  plan, world size, threads, tokens/s (warm-up left out, median step), MFU against
-                          this machine's measured matmul rate, time and tokens to the target, final eval
+    out_dir/summary.json  plan, world size, threads, tokens/s (warm-up left out, median step), MFU (on a GPU
+                          against its datasheet peak for the run's dtype, with a measured large GEMM beside
+                          it; on a CPU against the measured matmul rate; "mfu_peak" says which), time and
+                          tokens to the target, final eval
 
 ``RunRecord.load(out_dir)`` reads them back (for plots, and for graders that recompute what they check).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -57,13 +60,22 @@ def build_summary(task, plan, ctx, state, timeline, rows, evals, target, peak_me
         timing = summarize(timeline)
     except ValueError:  # fewer steps than the warm-up: no throughput to report
         timing = {}
-    # every rank's peak memory and matmul rate (MFU compares with the sum over ranks)
-    mine = [peak_memory, matmul_rate]
+    # every rank's peak memory, matmul rate and, on a GPU, that GPU's peak (MFU compares with their sum)
+    gpu = None
+    if ctx.device.type == "cuda":
+        from .debug.mfu import device_peak
+        try:
+            gpu = {**device_peak(ctx.device, plan.mixed_precision), "where": [socket.gethostname(), str(ctx.device)]}
+        except Exception as exc:  # noqa: BLE001 - MFU is a report: a failed yardstick must not lose the run
+            import warnings
+            warnings.warn(f"MFU: the GPU's peak could not be read or measured ({exc}); MFU uses the measured "
+                          "512^3 matmul instead", stacklevel=2)
+    mine = [peak_memory, matmul_rate, gpu]
     everyone = [mine]
     if dist.is_initialized() and dist.get_world_size() > 1:
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
-    peaks = [p for p, _ in everyone if p is not None]
+    peaks = [p for p, _, _ in everyone if p is not None]
     step_time = timing.get("step_time")
     summary = {
         "task": task.name, "plan": asdict(plan), "plan_label": plan.label, "world_size": ctx.world_size,
@@ -78,18 +90,30 @@ def build_summary(task, plan, ctx, state, timeline, rows, evals, target, peak_me
         "optimizer_time": timing.get("optimizer_time"), "comm_time": timing.get("comm_time"),
         "wait_time": timing.get("wait_time"), "exposed_comm_time": timing.get("exposed_comm_time"),
         "peak_memory_bytes": max(peaks) if peaks else None,
-        "matmul_gflops_per_rank": [r / 1e9 for _, r in everyone],
+        "matmul_gflops_per_rank": [r / 1e9 for _, r, _ in everyone],
         "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "final_loss": rows[-1]["loss"] if rows else None,
         "final_eval": evals[-1]["eval"] if evals else None, "target": target,
     }
     flops = getattr(task, "flops_per_sample", None)
     if flops and step_time:
-        summary["mfu"] = flops * task.global_batch / step_time / sum(r for _, r in everyone)
         summary["mfu_flops"] = f"{type(task).__name__}.flops_per_sample = {flops:.4g} per sample"
-        summary["mfu_peak"] = ("measured: the best of 5 512^3 matmuls on each rank with its threads ("
-                               + ("fp32 and " + plan.mixed_precision if plan.mixed_precision else "fp32")
-                               + "), summed over ranks")
+        gpus = {tuple(g["where"]): g for _, _, g in everyone if g}  # each GPU once, however many ranks share it
+        if gpus:
+            peak = sum(g["peak"] for g in gpus.values())
+            first = next(iter(gpus.values()))
+            summary["mfu_peak"] = first["text"] + (f"; x {len(gpus)} GPUs" if len(gpus) > 1 else "")
+            summary["mfu_peak_source"] = first["source"]
+            summary["mfu_peak_flops"] = peak
+            summary["large_gemm_tflops_per_gpu"] = [g["measured_large_gemm"] / 1e12 for g in gpus.values()]
+        else:  # a CPU: this process's measured matmul rate is the honest peak
+            peak = sum(r for _, r, _ in everyone)
+            summary["mfu_peak"] = ("measured: the best of 5 512^3 matmuls on each rank with its threads ("
+                                   + ("fp32 and " + plan.mixed_precision if plan.mixed_precision else "fp32")
+                                   + "), summed over ranks")
+            summary["mfu_peak_source"] = "measured"
+            summary["mfu_peak_flops"] = peak
+        summary["mfu"] = flops * task.global_batch / step_time / peak
     summary.update(time_to_target(evals, target))
     return summary
 

@@ -51,6 +51,18 @@ def _collective(name):
     return fake
 
 
+_RealGenerator = torch.Generator
+
+
+class _Generator(_RealGenerator):
+    def __new__(cls, device="cpu"):
+        device = torch.device(device)
+        return _RealGenerator.__new__(cls, "cpu" if device.type == "meta" else device)
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+
 def _all_gather_object(out, obj, group=None):
     for i in range(len(out)):
         out[i] = obj
@@ -76,8 +88,10 @@ def guarded(world_size: int = 2, rank: int = 0):
                  "reduce_scatter_tensor", "send", "recv", "isend", "irecv", "reduce", "all_to_all_single"):
         patches.append(mock.patch.object(dist, name, _collective(name)))
     # Reading a meta tensor (a loss printed, a time, a state sent home): 1.0 for a scalar, zeros of its shape.
-    real = {name: getattr(torch.Tensor, name) for name in ("__float__", "__bool__", "item", "tolist", "cpu")}
+    real = {name: getattr(torch.Tensor, name) for name in ("__float__", "__int__", "__index__", "__bool__", "item",
+                                                           "tolist", "cpu")}
     fake = {"__float__": lambda t: 1.0, "item": lambda t: 1.0,  # 1, not 0: runners divide by times
+            "__int__": lambda t: 0, "__index__": lambda t: 0,  # a token id read back (CUDA reads it; meta cannot)
             "__bool__": lambda t: True,  # "all finite?" reads True: the guard checks placement, not values
             "tolist": lambda t: torch.zeros(t.shape, dtype=t.dtype).tolist(),
             "cpu": lambda t, *a, **k: torch.zeros(t.shape, dtype=t.dtype)}
@@ -85,7 +99,9 @@ def guarded(world_size: int = 2, rank: int = 0):
         patches.append(mock.patch.object(
             torch.Tensor, name,
             (lambda name: lambda t, *a, **k: fake[name](t, *a, **k) if t.is_meta else real[name](t, *a, **k))(name)))
-    # The trainer's MFU yardstick seeds a generator on ctx.device; meta has no generators (CUDA has).
+    # Meta has no random generators (CUDA has): a generator asked for on meta is made on the CPU (sampling text,
+    # the MFU yardstick). A CPU generator that a GPU run would hand to a CUDA op is the one thing this lets by.
+    patches.append(mock.patch.object(torch, "Generator", _Generator))
     patches.append(mock.patch("simlib.train._matmul_rate", lambda device, *a, **k: 1.0))
     with contextlib.ExitStack() as stack:
         for p in patches:

@@ -4,6 +4,14 @@ data and buffers on ``ctx.device`` (checked on CPU with a fake accelerator; see 
 A runner that builds anything on the CPU by default fails here, where on a real GPU machine it would silently
 train on the CPU or crash at its first collective under NCCL. Torch's own DDP and pipelining are left out: they
 need a real process group, and they are torch's to get right.
+
+What it missed until the first real GPU run (notebook 12 failed on an H200): it drove the training loop only with
+the lessons' MLP and the GPT task, never the projects' own tasks through their runners. The loop moves the
+batches it is given to ctx.device, so the only tensors it cannot move are those a task makes itself -- its
+held-out data in ``evaluate`` -- and the finance task handed CPU paths to a CUDA model there. Now every project
+(gpt, vision, finance) runs through ``run_project`` at world 1 (as a notebook's kernel does) and through each
+rank's ``_train_worker`` at world 2, evaluation included, and the state a runner brings home must be on the CPU
+(``run_project`` at world 1 returned it on the device, ``train_on`` on the CPU).
 """
 import pytest
 
@@ -51,6 +59,38 @@ def _lesson(name):
     return run
 
 
+def _project(name, world_size, **overrides):
+    """A project's runner as each rank runs it: ``run_project`` in-process at world 1 (what a notebook's kernel
+    does), ``_train_worker`` (each rank of ``train_on`` / ``run_project(name, n)``) at world 2. The trained state
+    it brings home must be on the CPU whatever the device, as ``train_on``'s is."""
+    def run():
+        from simlib.projects import runner
+        spec = dict(quick=True, verbose=False, steps=2, eval_every=2, **overrides)
+        if world_size == 1:
+            record, state = runner.run_project(name, 1, **spec)
+        else:
+            from simlib.train import Plan
+            full = {**runner.PROJECTS[name](True), **{k: v for k, v in spec.items() if k != "quick"}}
+            task = full.pop("task")
+            plan = Plan(dp=world_size, sync_batchnorm=(name == "vision"))
+            record, state = runner._train_worker(task, plan, full, None)
+        off = sorted({str(v.device) for v in state.values() if v.device.type != "cpu"})
+        if off:
+            raise OffDevice(f"{name}'s runner brought its trained state home on {off}, not on the CPU: "
+                            "a caller (a notebook, grading) loads it into a CPU model")
+        return record
+    return run
+
+
+def _gpt_project(world_size):
+    def run():
+        from simlib.projects.gpt import run as project
+        plan = project.plan_for("dp" if world_size > 1 else "single", world_size)
+        return project.train_gpt(plan, quick=True, steps=2, eval_every=2, verbose=False, samples=1,
+                                 sample_tokens=4)
+    return run
+
+
 RUNNERS = {
     "train mlp single": (_train("mlp"), 1),
     "train mlp dp bucket": (_train("mlp", dp=2), 2),
@@ -63,6 +103,9 @@ RUNNERS = {
     "train gpt dp x tp": (_train("gpt", dp=2, tp=2), 4),
     "train gpt recompute": (_train("gpt", dp=2, activation_checkpointing=True), 2),
 }
+RUNNERS.update({f"project {name} world {w}": (_project(name, w), w)
+                for name in ("gpt", "vision", "finance") for w in (1, 2)})
+RUNNERS.update({f"project gpt train_gpt world {w}": (_gpt_project(w), w) for w in (1, 2)})
 RUNNERS.update({name: (_lesson(name), 2) for name in [
     "experiments.dp_train", "data.run_data_parallel bucket", "data.run_data_parallel naive",
     "data.run_data_parallel flat", "accumulate.run_accumulation", "collectives.bandwidth_sweep",

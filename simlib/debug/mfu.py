@@ -20,9 +20,13 @@ which gives the full 12·L·T·H — twice the causal term. ``simlib.projects.gp
 record's MFU uses) counts 6 per *parameter*, biases and LayerNorm included: about 1 % above this formula at the
 course's sizes, so the record's MFU errs high by that much, not more.
 
-**Peak.** Either this machine's measured matmul rate — the best of several fp32 (and, for a mixed-precision
-plan, low-precision) ``512³`` matmuls on each rank with its threads, summed over ranks: what the run record uses
-(``summary["mfu_peak"]`` says so) — or a GPU's datasheet peak from :data:`DATASHEET`.
+**Peak.** On a GPU, the datasheet's dense peak for the run's dtype (:data:`DATASHEET`, by the name torch reports;
+:func:`device_peak`), counted once per GPU however many ranks share it, with a measured large-GEMM rate
+(``4096³``) beside it; a GPU the table does not know is measured instead. On a CPU there is no honest datasheet
+figure for "this process with its threads", so the peak is the measured matmul rate: the best of several fp32
+(and, for a mixed-precision plan, low-precision) ``512³`` matmuls on each rank with its threads, summed over
+ranks. (A ``512³`` matmul is the wrong yardstick on a GPU: launch-bound, 11 TFLOP/s on an H200 that does 785 on
+large bf16 GEMMs, so MFU read 13.7 % for a run that used 0.1 %.) The run's ``summary["mfu_peak"]`` says which.
 """
 from __future__ import annotations
 
@@ -30,11 +34,24 @@ import time
 from contextlib import contextmanager
 
 DATASHEET = {
-    # dense (no sparsity) peak FLOP/s from NVIDIA's datasheets; "fp32" is the non-tensor-core rate
+    # Dense (no sparsity) peak FLOP/s per GPU from NVIDIA's datasheets; "fp32" is the non-tensor-core rate, "tf32"
+    # the tensor cores' (what torch uses for fp32 matmuls when allowed). A key's words must all appear in the name
+    # torch reports (case-insensitive); the first key that matches wins, so the more specific come first.
+    "H100 PCIe": {"fp32": 51.2e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12},
+    "H100 NVL": {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12},
     "H100 SXM": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
-    "H200": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
+    "H100": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},  # torch: "NVIDIA H100 80GB HBM3"
+    "H200": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},  # H100's compute, 4.8 TB/s HBM3e
     "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+    "A10G": {},  # AWS's variant of the A10: no NVIDIA datasheet figures; measured instead
+    "A10": {"fp32": 31.2e12, "tf32": 62.5e12, "bf16": 125e12, "fp16": 125e12},
+    "L40S": {"fp32": 91.6e12, "tf32": 183e12, "bf16": 362e12, "fp16": 362e12},
+    "L4": {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12},
+    "T4": {"fp32": 8.1e12, "fp16": 65e12},  # Turing: fp16 tensor cores, no bf16
+    "V100 PCIe": {"fp32": 14e12, "fp16": 112e12},
+    "V100": {"fp32": 15.7e12, "fp16": 125e12},  # SXM2; Volta: fp16 tensor cores, no bf16, no tf32
 }
+LARGE_GEMM = 4096  # the measured large-GEMM rate beside the datasheet's peak: (4096 x 4096) @ (4096 x 4096)
 
 
 def matmul_weights(config) -> int:
@@ -116,8 +133,62 @@ def measured_peak(device=None, dtypes=("float32",), size: int = 512, repeats: in
 
 
 def datasheet_peak(gpu_name: str, dtype: str = "bf16") -> float | None:
-    """The datasheet's dense peak for a GPU whose name contains a key of :data:`DATASHEET` (None if unknown)."""
+    """The datasheet's dense peak of ``dtype`` for the first :data:`DATASHEET` key whose words all appear in
+    ``gpu_name`` (case-insensitive, not inside a longer number: "A10" is not in "A100", "L4" not in "L40S"), or
+    None for a GPU or a dtype the table does not know."""
+    import re
+    name = gpu_name.upper()
     for key, peaks in DATASHEET.items():
-        if all(word in gpu_name for word in key.split()):
+        if all(re.search(rf"(?<![0-9]){re.escape(part.upper())}(?![0-9])", name) for part in key.split()):
             return peaks.get(dtype)
     return None
+
+
+def run_dtype(mixed_precision: str | None) -> str:
+    """The dtype a run's matmuls use on a GPU: the plan's ``bf16``/``fp16``; for fp32, ``tf32`` when torch lets
+    fp32 matmuls use the tensor cores (``torch.set_float32_matmul_precision("high")``, which
+    ``torch.backends.cuda.matmul.allow_tf32 = True`` also sets), else ``fp32``."""
+    import torch
+    if mixed_precision:
+        return mixed_precision
+    return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+def large_gemm_rate(device, dtype: str, size: int = LARGE_GEMM, repeats: int = 5) -> float:
+    """The best FLOP/s of ``repeats`` ``size³`` matmuls in ``dtype`` on ``device`` (a GPU: host clock around a
+    synchronised product). What the GPU reaches on a large GEMM, beside its datasheet peak."""
+    import torch
+    device = torch.device(device)
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
+    g = torch.Generator(device=device).manual_seed(0)
+    a, b = (torch.randn(size, size, device=device, generator=g).to(torch_dtype) for _ in range(2))
+    best = 0.0
+    for i in range(repeats + 1):
+        torch.cuda.synchronize(device) if device.type == "cuda" else None
+        t0 = time.perf_counter()
+        a @ b
+        torch.cuda.synchronize(device) if device.type == "cuda" else None
+        if i:  # the first is warm-up (kernel selection)
+            best = max(best, 2 * size ** 3 / (time.perf_counter() - t0))
+    return best
+
+
+def device_peak(device, mixed_precision: str | None, name: str | None = None, measure=large_gemm_rate) -> dict:
+    """MFU's peak for one GPU: the datasheet's dense peak for the run's dtype (``source`` "datasheet"), with the
+    measured large-GEMM rate beside it; a GPU the table does not know is measured instead (``source`` "measured").
+
+    Returns ``peak`` (FLOP/s), ``source``, ``dtype``, ``name``, ``measured_large_gemm`` (FLOP/s) and ``text``
+    (one line for the run's summary). ``name``: the GPU's name (default: torch's for ``device``)."""
+    import torch
+    device = torch.device(device)
+    name = name or torch.cuda.get_device_name(device)
+    dtype = run_dtype(mixed_precision)
+    sheet = datasheet_peak(name, dtype)
+    measured = measure(device, dtype)
+    gemm = f"{LARGE_GEMM}^3 {dtype} GEMM measured at {measured / 1e12:.0f} TFLOP/s"
+    if sheet:
+        return {"peak": sheet, "source": "datasheet", "dtype": dtype, "name": name, "measured_large_gemm": measured,
+                "text": f"datasheet: {name} dense {dtype} {sheet / 1e12:.1f} TFLOP/s (simlib.debug.mfu.DATASHEET); "
+                        f"{gemm} ({measured / sheet:.0%} of it)"}
+    return {"peak": measured, "source": "measured", "dtype": dtype, "name": name, "measured_large_gemm": measured,
+            "text": f"measured: no datasheet entry for {name!r} in {dtype}, so the peak is the {gemm}"}

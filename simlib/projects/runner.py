@@ -108,6 +108,7 @@ def run_project(name: str, world_size: int = 1, quick: bool = False, out_dir=Non
             record = train(task, plan, out_dir=out_dir, verbose=verbose, **spec)
         finally:
             torch.set_num_threads(previous)
-        return record, {k: v.detach().clone() for k, v in record.model.module.state_dict().items()}
+        # on the CPU, as train_on's: a caller loads it into a CPU model whatever device trained it
+        return record, {k: v.detach().cpu().clone() for k, v in record.model.module.state_dict().items()}
     return train_on(world_size, task, plan, cluster=cluster, threads=threads, out_dir=out_dir, verbose=verbose,
                     timeout=timeout, **spec)

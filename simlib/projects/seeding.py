@@ -56,8 +56,11 @@ def check_distinct(x: torch.Tensor, group=None, what: str = "batch") -> None:
     """
     world = dist.get_world_size(group)
     mine = fingerprints(x)
+    if dist.get_backend(group) == "nccl":  # NCCL gathers GPU tensors only (Gloo takes CPU ones on any device)
+        mine = mine.to(torch.device("cuda", torch.cuda.current_device()))
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine, group=group)
+    gathered = [g.cpu() for g in gathered]
     same = duplicate_parts([g.unsqueeze(1) for g in gathered])
     if same:
         pairs = ", ".join(f"ranks {i} and {j}" for i, j in same)

@@ -16,7 +16,7 @@
 from .cost import (Prediction, all_gather, all_reduce, hierarchical_all_reduce, p2p, predict, reduce_scatter,
                    ring_all_reduce, scaling, tree_all_reduce)
 from .calibrate import calibrate
-from .hardware import Hardware, Link, cpu_box, dgx_a100, dgx_h100, fit_alpha_beta, preset
+from .hardware import Hardware, Link, cpu_box, dgx_a100, dgx_h100, dgx_h200, fit_alpha_beta, preset
 from .presets import dgx_b200, dgx_b300, gb200_nvl72
 from .layer import Op, layer_ops, operator_table
 from .memory import DoesNotFit, check_fits, memory_per_device, min_devices_to_fit
@@ -26,7 +26,7 @@ from . import published, runs, scale_runs
 from .strategy import Strategy
 from .topology import Placement, group_collective, placement
 
-__all__ = ["Hardware", "Link", "calibrate", "cpu_box", "dgx_a100", "dgx_h100", "dgx_b200", "gb200_nvl72",
+__all__ = ["Hardware", "Link", "calibrate", "cpu_box", "dgx_a100", "dgx_h100", "dgx_h200", "dgx_b200", "gb200_nvl72",
            "dgx_b300", "preset", "fit_alpha_beta",
            "ModelSpec", "from_module", "gpt", "gpt_size", "Strategy", "predict", "scaling", "Prediction",
            "memory_per_device", "check_fits", "min_devices_to_fit", "DoesNotFit", "ring_all_reduce",

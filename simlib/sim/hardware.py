@@ -418,3 +418,43 @@ def preset(name: str) -> Hardware:
     except KeyError:
         raise ValueError(f"unknown hardware preset {name!r}: use one of {sorted(PRESETS)}") from None
 
+
+
+# ── DGX H200, calibrated on a real H200 (the course's GPU check, benchmarks/results/gpu_check.json) ──
+# Measured on one NVIDIA H200 (torch 2.11 + CUDA 13, 2026-12-04; CUDA events, median of 20), (GEMM GFLOPs,
+# TFLOP/s): square m = k = n = 512, 1024, 4096, 8192, and 2048 x 12288 x 4096 (a GPT MLP's shape).
+H200_MEASURED_GEMM = {
+    "bf16": [(0.268, 11.3), (2.15, 83.8), (137.4, 715.2), (206.2, 771.6), (1099.5, 784.7)],
+    "fp32": [(0.268, 6.66), (2.15, 26.5), (137.4, 50.4), (206.2, 50.8), (1099.5, 50.9)],
+}
+H200_HBM_MEASURED = 4.32e12  # x.add_(y) on 2 GiB tensors: 0.90 of the datasheet's 4.8 TB/s
+
+
+def dgx_h200() -> Hardware:
+    """DGX H200: 8 H200 SXM per node (the H100's compute on NVLink 4 / NVSwitch, 141 GB of HBM3e at 4.8 TB/s).
+
+    Peak 989 TFLOP/s bf16/fp16 dense, 1979 fp8, 67 fp32 (NVIDIA H200 datasheet: the H100 SXM's). GEMM efficiency:
+    **measured on a real H200** by the course's GPU check (:data:`H200_MEASURED_GEMM`: bf16 785 TFLOP/s at 8192³
+    = 0.79 of peak, 84 at 1024³, 11 at 512³: small GEMMs are launch-bound; fp32 without tf32 ≈ 50 at every large
+    shape). Memory: 139.8 GiB as torch reports it; HBM3e 4.8 TB/s (datasheet) with Calculon's achievable-bandwidth
+    table, whose 0.90 for large kernels is what the check measured (4.32 TB/s, :data:`H200_HBM_MEASURED`).
+    Inside a node: Azure's published nccl-tests all-reduce bus bandwidth on 8x H200 with NVLink SHARP (53 GB/s at
+    1 MB, 240 at 16 MB, 413 at 128 MB, 468 at 1 GB), used as the curve; α fitted to it. Between nodes: one NDR
+    400 Gb/s NIC per GPU, ~47 GB/s measured (nccl-tests issue 290); α = 5 µs assumed. Fused attention:
+    FlashAttention-2 on Hopper (:data:`H100_FLASH_ATTENTION`). Not measured here: multi-GPU collectives (the check
+    ran on one GPU), fp8.
+    """
+    peak = {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12}
+    table = {dtype: [(g, t * 1e12 / peak[dtype]) for g, t in points] for dtype, points in H200_MEASURED_GEMM.items()}
+    table["fp16"] = table["bf16"]  # the same tensor-core rate (datasheet); fp16 itself not measured
+    return Hardware(
+        name="DGX H200", peak_flops=peak, memory_bytes=139.8 * GiB, memory_bandwidth=4.8e12,
+        attention_efficiency=H100_FLASH_ATTENTION,
+        intra=Link.from_busbw(AZURE_H200_ALLREDUCE, 8, "Azure nccl-tests, 8x H200 (NVLink SHARP)", keep_curve=True),
+        inter=Link(5e-6, 47e9, {}, "NDR 400 Gb/s: ~46-48 GB/s per NIC (nccl-tests #290); α assumed"),
+        devices_per_node=8, gemm_table=table, mem_efficiency=CALCULON_MEM_EFFICIENCY,
+        source="NVIDIA H200 datasheet; GEMM and HBM measured on an H200 (benchmarks/results/gpu_check.json); "
+               "Azure nccl-tests (H200); nccl-tests #290; Calculon (memory efficiency)")
+
+
+PRESETS["h200"] = dgx_h200

@@ -251,10 +251,11 @@ class HedgingTask:
         net = model
         while hasattr(net, "module") and isinstance(net.module, nn.Module):
             net = net.module
+        device = next(net.parameters()).device  # the held-out paths are made on the CPU: to the model's device
         out = {}
         for label, paths in (("sim", self.test_paths()), ("real", real_windows(self.days, self.test_start))):
             pay = self.payoff(paths)
-            out[f"rmse_{label}"] = float(torch.sqrt(self.loss(net(paths).float(), pay)))
+            out[f"rmse_{label}"] = float(torch.sqrt(self.loss(net(paths.to(device)).float().cpu(), pay)))
             out[f"bs_rmse_{label}"] = float(torch.sqrt(self.loss(self.bs_hedge(paths), pay)))
         out["eval_loss"] = out["rmse_sim"] ** 2
         return out
