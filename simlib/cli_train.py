@@ -49,7 +49,7 @@ def _project_defaults(project: str, size: str, world_size: int = 1) -> dict:
     from .projects.runner import project_settings
     spec = dict(project_settings(project, size, world_size))
     task, optim, plan = spec.pop("task"), spec.pop("optim"), spec.pop("plan", None) or {}
-    return {"task": task, "optim": optim, "budget": spec, "plan": plan}
+    return {"task": task, "optim": optim, "budget": spec, "plan": plan, "note": spec.pop("note", "")}
 
 
 def _task_overrides(project: str, values: dict, defaults) -> object:
@@ -126,6 +126,8 @@ def resolve(args) -> RunSpec:
                                       launcher["local_world_size"] if launcher else world, backend)
     quick = size == "quick"
     defaults = _project_defaults(project, size, world)
+    if defaults["note"] and not given.get("task", {}).get("corpus"):
+        size_reason = "; ".join(r for r in (size_reason, defaults["note"]) if r)
     merged = cfg.merge({"optim": cfg.as_dict(defaults["optim"]), "budget": defaults["budget"]}, given)
     task = _task_overrides(project, given.get("task", {}), defaults["task"])
     optim = OptimConfig(**merged["optim"])

@@ -136,3 +136,18 @@ def test_compile_falls_back_to_eager_with_one_line_and_the_same_output(capsys):
     compile_blocks(works, backend="eager")                              # a backend that works: no message
     assert torch.allclose(works(idx), reference) and capsys.readouterr().err == ""
     assert list(works.state_dict()) == list(GPT(cfg).state_dict())      # in place: same keys for checkpoints
+
+
+def test_batches_made_on_the_gpu_fall_back_to_the_cpu_with_the_same_samples():
+    from simlib.projects import data_device
+    from simlib.projects.finance import HedgingTask
+    from simlib.projects.vision import DigitsTask
+    with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
+        DigitsTask(augment_on="tpu")
+    if torch.cuda.is_available():
+        pytest.skip("this checks the CPU fallback")
+    assert data_device("cuda").type == "cpu"
+    a, b = DigitsTask(global_batch=8), DigitsTask(global_batch=8, augment_on="cuda")
+    assert torch.equal(a.batch(3)[0], b.batch(3)[0])
+    f, g = HedgingTask(global_batch=64, block=32), HedgingTask(global_batch=64, block=32, paths_on="cuda")
+    assert torch.equal(f.batch(2)[0], g.batch(2)[0]) and torch.equal(f.test_paths(64), g.test_paths(64))

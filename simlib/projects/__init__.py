@@ -13,3 +13,14 @@ def positive_int(name, value):
     """Raise ``ValueError`` unless ``value`` is an int >= 1 (a bool is not): the projects' argument check."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def data_device(choice: str):
+    """Where a project makes its batches: ``"cuda"`` is this rank's GPU when there is one (the GPU sizes, whose CPU
+    cannot warp images or draw paths as fast as the GPU trains on them), else the CPU; ``"cpu"`` the CPU."""
+    import torch
+    if choice not in ("cpu", "cuda"):
+        raise ValueError(f"data device must be 'cpu' or 'cuda', got {choice!r}")
+    if choice == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

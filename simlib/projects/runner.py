@@ -111,6 +111,7 @@ def run_project(name: str, world_size: int = 1, quick: bool = False, out_dir=Non
         raise ValueError(f"unknown project {name!r}: choose one of {sorted(PROJECTS)}")
     defaults = project_settings(name, size or ("quick" if quick else "full"), world_size)
     fields = defaults.pop("plan", None) or {}
+    defaults.pop("note", None)
     spec = {**defaults, **overrides}
     task = spec.pop("task")
     plan = spec.pop("plan", None) or Plan(dp=world_size, sync_batchnorm=(name == "vision" and world_size > 1),
