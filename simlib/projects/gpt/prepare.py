@@ -184,11 +184,12 @@ def _read_text(path, limit: int | None = None):
 def _encode_file(path, out, tok, log=print) -> int:
     count = 0
     with open(out, "wb") as f:
-        for text in _read_text(path):
+        for i, text in enumerate(_read_text(path)):
             ids = encode_long(text, tok)
             ids.tofile(f)
             count += len(ids)
-            log(f"  {out.name}: {count:,} tokens")
+            if i % 16 == 15:  # every ~128 MB of text
+                log(f"  {out.name.removesuffix('.tmp')}: {count:,} tokens so far")
     return count
 
 
@@ -210,6 +211,10 @@ def prepare(corpus: str = "tinystories", out=None, vocab_size: int = 8192, sha25
             valid_path = folder / "raw" / Path(spec.valid.url).name
             valid_src = Source(spec.valid.url, spec.valid.size, spec.valid.sha256 or recorded.get("valid"))
             digests["valid"] = download(valid_src, valid_path, timeout, log)
+        for key, src in (("train", train_src), ("valid", spec.valid)):
+            if src is not None and not (src.sha256 or recorded.get(key)):
+                log(f"no sha256 stated for {Path(src.url).name}: recorded {digests[key]} in meta.json, which every "
+                    "later run checks; compare it with the SHA256 on the dataset's file page")
         source = {"name": spec.name, "about": spec.about, "licence": spec.licence,
                   "urls": [spec.train.url] + ([spec.valid.url] if spec.valid else [])}
     elif local.is_file():
