@@ -151,3 +151,18 @@ def test_batches_made_on_the_gpu_fall_back_to_the_cpu_with_the_same_samples():
     assert torch.equal(a.batch(3)[0], b.batch(3)[0])
     f, g = HedgingTask(global_batch=64, block=32), HedgingTask(global_batch=64, block=32, paths_on="cuda")
     assert torch.equal(f.batch(2)[0], g.batch(2)[0]) and torch.equal(f.test_paths(64), g.test_paths(64))
+
+
+def test_gpu_facts_read_from_nvidia_smi_without_touching_cuda(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho \"$@\" > \"$(dirname \"$0\")/args\"\nprintf 'NVIDIA H200, 143771, 9.0\\n"
+                   "Tesla T4, 15360, 7.5\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,3")
+    facts = gpu.gpu_facts()
+    assert [f["capability"] for f in facts] == [(9, 0), (7, 5)] and round(facts[1]["memory_gib"]) == 15
+    assert "-i 0,3" in (tmp_path / "args").read_text()                  # SLURM's mask is passed on
+    assert gpu.precision_for(facts) == "fp16" and gpu.micro_batch_for(facts) == 8   # the smallest GPU decides
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpu.gpu_facts() == []

@@ -15,12 +15,17 @@ def positive_int(name, value):
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
+def check_data_device(name: str, choice) -> None:
+    """``ValueError`` unless ``choice`` is "cpu" or "cuda" (without touching CUDA: the launcher's parent checks it)."""
+    if choice not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be 'cpu' or 'cuda', got {choice!r}")
+
+
 def data_device(choice: str):
     """Where a project makes its batches: ``"cuda"`` is this rank's GPU when there is one (the GPU sizes, whose CPU
     cannot warp images or draw paths as fast as the GPU trains on them), else the CPU; ``"cpu"`` the CPU."""
     import torch
-    if choice not in ("cpu", "cuda"):
-        raise ValueError(f"data device must be 'cpu' or 'cuda', got {choice!r}")
+    check_data_device("the data device", choice)
     if choice == "cuda" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

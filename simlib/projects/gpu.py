@@ -44,10 +44,15 @@ def gpu_facts() -> list[dict]:
     there (no CUDA context in this process: the launcher's parent stays off the GPU), else from torch."""
     import os
     smi = shutil.which("nvidia-smi")
-    if smi and not os.environ.get("CUDA_VISIBLE_DEVICES"):  # with a mask, only torch knows which GPUs are visible
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not visible.strip():
+        return []                                    # every GPU hidden
+    if smi:
+        cmd = [smi, "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"]
+        if visible:
+            cmd += ["-i", visible]                   # SLURM's mask: indices or UUIDs, as nvidia-smi takes them
         try:
-            out = subprocess.run([smi, "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=20, check=True).stdout
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
             facts = []
             for line in out.strip().splitlines():
                 name, mib, cap = (part.strip() for part in line.split(","))
@@ -56,7 +61,7 @@ def gpu_facts() -> list[dict]:
             if facts:
                 return facts
         except (OSError, ValueError, subprocess.SubprocessError):
-            pass  # an old driver without compute_cap: ask torch
+            pass  # an old driver without compute_cap, or a mask nvidia-smi does not take: ask torch
     import torch
     if not torch.cuda.is_available():
         return []

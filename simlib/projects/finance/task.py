@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import data_device, positive_int
+from .. import check_data_device, data_device, positive_int
 from ..seeding import generator, mix
 
 __all__ = ["HedgingTask", "HedgeNet", "load_sp500", "calibrate", "bs_call_price", "bs_delta", "real_windows",
@@ -162,7 +162,7 @@ class HedgingTask:
             raise ValueError(f"global_batch {self.global_batch} must be a multiple of block {self.block}")
         if not 0 <= self.cost < 0.1:
             raise ValueError(f"cost is a fraction per unit traded in [0, 0.1), got {self.cost!r}")
-        data_device(self.paths_on)  # "cpu" or "cuda", checked
+        check_data_device("paths_on", self.paths_on)
         if self.paths_seeding not in SEEDINGS:
             raise ValueError(f"paths_seeding must be one of {SEEDINGS}, got {self.paths_seeding!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:

@@ -135,6 +135,10 @@ def plot_runs(records: dict, path=None, target: float | None = None):
         if {"tokens", "loss"} <= set(rows.columns):  # none when a run resumed at its last step (elastic restart)
             ax_tokens.plot(rows["tokens"], rows["loss"], color=line.get_color(), alpha=0.3, lw=1)
         ax_time.plot(ev["train_time"], ev["eval_loss"], "o-", ms=3, color=line.get_color(), label=label)
+    top = max((float(rec.eval_frame["eval_loss"].max()) for rec in records.values() if len(rec.eval_frame)),
+              default=None)
+    if top is not None and ax_tokens.get_ylim()[1] > top + 1:  # a warm-up spike of the training loss would
+        ax_tokens.set_ylim(top=top + 0.5)                      # flatten the curves that matter: clip it
     for ax in (ax_tokens, ax_time):
         if target is not None:
             ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g}")

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import data_device, positive_int
+from .. import check_data_device, data_device, positive_int
 from ..seeding import generator
 
 __all__ = ["DigitsTask", "ResNet", "BasicBlock", "load_digits_split", "baseline_logistic", "LOADERS"]
@@ -123,7 +123,7 @@ class DigitsTask:
             positive_int(key, getattr(self, key))
         if self.image_size < 8:
             raise ValueError(f"image_size must be >= 8 (the digits are 8x8), got {self.image_size}")
-        data_device(self.augment_on)  # "cpu" or "cuda", checked
+        check_data_device("augment_on", self.augment_on)
         if self.loader not in LOADERS:
             raise ValueError(f"loader must be one of {LOADERS}, got {self.loader!r}")
         if not 0 < self.holdout < 1:
