@@ -298,6 +298,11 @@ def pick_size(flag: str | None, preset: str | None, quick: bool, env_quick: bool
             where = "--size" if flag else "[task] size"
             raise ValueError(f"--quick (or [run] quick = true) asks for the quick size, but {where} says {chosen!r}: "
                              "give one of them")
+        if chosen == "gpu":  # asked for: run it, but never silently on CPU ranks
+            fits, why = auto_size(world_size, local_world_size, backend)
+            if fits != "gpu":
+                return chosen, (f"asked for, but {why}: the ranks run on the CPU, where one step of this size takes "
+                                "minutes (--size full is the CPU size)")
         return chosen, ""
     if quick or env_quick:
         return "quick", ""

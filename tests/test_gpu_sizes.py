@@ -64,7 +64,8 @@ def test_auto_size_needs_a_gpu_per_rank():
 
 def test_pick_size_precedence_and_conflicts():
     from simlib.config import pick_size
-    assert pick_size("gpu", None, False, True, 1, 1) == ("gpu", "")      # --size beats SIMLIB_QUICK
+    size, why = pick_size("gpu", None, False, True, 1, 1)              # --size beats SIMLIB_QUICK
+    assert size == "gpu" and (why == "" if torch.cuda.is_available() else "the ranks run on the CPU" in why)
     assert pick_size(None, "full", False, False, 1, 1) == ("full", "")
     assert pick_size(None, None, False, True, 1, 1) == ("quick", "")
     with pytest.raises(ValueError, match="give one of them"):
