@@ -6,6 +6,8 @@
     finance.HedgingTask  project 3: deep hedging of an option on Monte-Carlo paths calibrated to the S&P 500
                          series that ships inside the ``arch`` package; tested on the later, real years
     seeding              per-sample seeds, and the check that catches the same seed on every rank
+    gpu                  each project's GPU size (``simlib train <name> --size gpu``; chosen by itself when every
+                         rank has a GPU): GPT-2 small's shape, a ResNet on 64x64 digits, 131k paths a step
 """
 
 
