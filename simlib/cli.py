@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads per process (default cores // local "
                                                              "ranks)")
     p.add_argument("--quick", action="store_true", help="a small model and few steps (also SIMLIB_QUICK=1)")
+    p.add_argument("--size", default=None, choices=["quick", "full", "gpu"],
+                   help="quick, full (the CPU size) or gpu (simlib.projects.gpu: GPT-2 small's shape, bf16/fp16); "
+                        "default: gpu when every rank has a GPU of its own, else full ([task] size in --config)")
     p.add_argument("--out", default=None, help="output folder (default results/gpt; results/<project>/dp<N>)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --plan.checkpoint-dir (default <out>/checkpoints)")
@@ -206,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     from . import config as _config
     _config.add_flags(p)
     p.set_defaults(func=_train)
+    from .projects.gpt import prepare as _prepare
+    _prepare.add_parser(sub)  # simlib prepare gpt: the one step that downloads
     return parser
 
 

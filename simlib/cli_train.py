@@ -39,18 +39,17 @@ class RunSpec:
     resume: bool = False
     timeout: float | None = None  # seconds a collective waits for a peer (a stopped rank ends the run then)
     config: dict = field(default_factory=dict)   # the resolved configuration per folder (what config.toml holds)
+    size: str = "full"            # "quick", "full" or "gpu" (simlib.projects.gpu)
+    size_reason: str = ""         # why, when simlib chose it (every rank has a GPU: the GPU size)
 
 
-def _project_defaults(project: str, quick: bool) -> dict:
-    """The project's standard task, optimizer and budget (one source: project_gpt / projects.runner)."""
-    if project == "gpt":
-        from .projects.gpt import run as project_gpt
-        spec = dict(project_gpt.settings(quick))
-    else:
-        from .projects.runner import PROJECTS as RUNS
-        spec = dict(RUNS[project](quick))
-    task, optim = spec.pop("task"), spec.pop("optim")
-    return {"task": task, "optim": optim, "budget": spec}
+def _project_defaults(project: str, size: str, world_size: int = 1) -> dict:
+    """The project's standard task, optimizer, budget and plan fields at ``size`` (one source:
+    ``projects.runner.project_settings``; the GPU size from ``projects.gpu``)."""
+    from .projects.runner import project_settings
+    spec = dict(project_settings(project, size, world_size))
+    task, optim, plan = spec.pop("task"), spec.pop("optim"), spec.pop("plan", None) or {}
+    return {"task": task, "optim": optim, "budget": spec, "plan": plan, "note": spec.pop("note", "")}
 
 
 def _task_overrides(project: str, values: dict, defaults) -> object:
@@ -105,14 +104,7 @@ def resolve(args) -> RunSpec:
         raise ValueError(f"unknown project {project!r}: use one of {', '.join(PROJECTS)}")
     if args.project and run.get("project") not in (None, args.project):
         raise ValueError(f"--config is for project {run['project']!r}, not {args.project!r}")
-    quick = bool(args.quick or run.get("quick") or env.quick())
-    defaults = _project_defaults(project, quick)
     given = cfg.merge(file_layer, flag_layer)
-    merged = cfg.merge({"optim": cfg.as_dict(defaults["optim"]), "budget": defaults["budget"]}, given)
-    task = _task_overrides(project, given.get("task", {}), defaults["task"])
-    optim = OptimConfig(**merged["optim"])
-    budget = cfg.as_dict(cfg.Budget(**merged["budget"]))
-    names = args.plan or run.get("plan") or ["dp"]
     plan_fields = given.get("plan", {})
 
     requested = args.world_size if args.world_size is not None else run.get("world_size")
@@ -128,6 +120,20 @@ def resolve(args) -> RunSpec:
         world = 2
     if world < 1:
         raise ValueError(f"--world-size must be >= 1, got {world}")
+    backend = getattr(args, "backend", None) or run.get("backend") or "auto"
+    size, size_reason = cfg.pick_size(getattr(args, "size", None), run.pop("size", None),
+                                      bool(args.quick or run.get("quick")), env.quick(), world,
+                                      launcher["local_world_size"] if launcher else world, backend)
+    quick = size == "quick"
+    defaults = _project_defaults(project, size, world)
+    if defaults["note"] and not given.get("task", {}).get("corpus"):
+        size_reason = "; ".join(r for r in (size_reason, defaults["note"]) if r)
+    merged = cfg.merge({"optim": cfg.as_dict(defaults["optim"]), "budget": defaults["budget"]}, given)
+    task = _task_overrides(project, given.get("task", {}), defaults["task"])
+    optim = OptimConfig(**merged["optim"])
+    budget = cfg.as_dict(cfg.Budget(**merged["budget"]))
+    names = args.plan or run.get("plan") or ["dp"]
+    plan_fields = {**defaults["plan"], **plan_fields}  # the size's precision and accumulation, under the flags
 
     out = Path(args.out or run.get("out") or f"results/{project}")
     plans, folders = {}, {}
@@ -146,15 +152,16 @@ def resolve(args) -> RunSpec:
         raise ValueError(f"--timeout must be a number of seconds > 0, got {timeout!r}")
     spec = RunSpec(project, world, plans, folders, task, optim, budget, quick,
                    args.threads if args.threads is not None else run.get("threads"), out, launcher,
-                   hardware=getattr(args, "hardware", None) or run.get("hardware") or "cpu",
-                   backend=getattr(args, "backend", None) or run.get("backend") or "auto",
-                   resume=bool(args.resume), timeout=getattr(args, "timeout", None))
+                   hardware=getattr(args, "hardware", None) or run.get("hardware") or "cpu", backend=backend,
+                   resume=bool(args.resume), timeout=getattr(args, "timeout", None), size=size,
+                   size_reason=size_reason)
     for name, plan in plans.items():
         spec.config[name] = {
             "run": {k: v for k, v in dict(project=project, world_size=world, plan=[name], quick=quick,
                                           threads=spec.threads, out=str(folders[name]), hardware=spec.hardware,
                                           backend=spec.backend).items() if v is not None},
-            "plan": cfg.as_dict(plan), "optim": cfg.as_dict(optim), "budget": budget, "task": cfg.as_dict(task)}
+            "plan": cfg.as_dict(plan), "optim": cfg.as_dict(optim), "budget": budget,
+            "task": {"size": size, **cfg.as_dict(task)}}
     return spec
 
 
@@ -213,6 +220,8 @@ def _announce(spec: RunSpec, name: str, plan) -> None:
              else f"{plan.world_size} process(es)")
     print(f"simlib train {spec.project}: plan {name} ({plan.label}) on {where}{' (quick)' if spec.quick else ''}"
           f" -> {spec.folders[name]}", flush=True)
+    if spec.size == "gpu" or spec.size_reason:
+        print(f"  size {spec.size}" + (f": {spec.size_reason}" if spec.size_reason else " (asked for)"), flush=True)
 
 
 def _finish(spec: RunSpec, records: dict) -> None:

@@ -271,10 +271,43 @@ def load(path) -> dict:
         if section not in known or not isinstance(values, dict):
             raise ValueError(f"{path}: unknown section [{section}]{_nearest(section, list(known) + ['run'])}")
         for key, value in values.items():
+            if section == "task" and key == "size":  # the preset: quick, full or gpu (see pick_size)
+                from .projects.gpu import SIZES
+                if value not in SIZES:
+                    raise ValueError(f"{path}: [task] size = {value!r}: use one of {', '.join(map(repr, SIZES))}")
+                out.setdefault("run", {})["size"] = value
+                continue
             if key not in known[section]:
                 raise ValueError(f"{path}: unknown key {key!r} in [{section}]{_nearest(key, known[section])}")
             out.setdefault(section, {})[key] = convert(known[section][key], value)
     return out
+
+
+def pick_size(flag: str | None, preset: str | None, quick: bool, env_quick: bool, world_size: int,
+              local_world_size: int, backend: str = "auto") -> tuple[str, str]:
+    """(size, why) of a run: ``--size`` wins, then ``[task] size`` of ``--config``, then ``--quick`` / ``[run]
+    quick`` / ``SIMLIB_QUICK=1`` (quick); with none of them, "gpu" when every rank has a GPU of its own (said so:
+    the reason is printed), else "full". ``why`` is "" when the caller chose."""
+    from .projects.gpu import SIZES, auto_size
+    for value, where in ((flag, "--size"), (preset, "[task] size")):
+        if value is not None and value not in SIZES:
+            raise ValueError(f"{where} {value!r}: use one of {', '.join(SIZES)}")
+    chosen = flag or preset
+    if chosen is not None:
+        if quick and chosen != "quick":
+            where = "--size" if flag else "[task] size"
+            raise ValueError(f"--quick (or [run] quick = true) asks for the quick size, but {where} says {chosen!r}: "
+                             "give one of them")
+        if chosen == "gpu":  # asked for: run it, but never silently on CPU ranks
+            fits, why = auto_size(world_size, local_world_size, backend)
+            if fits != "gpu":
+                return chosen, (f"asked for, but {why}: the ranks run on the CPU, where one step of this size takes "
+                                "minutes (--size full is the CPU size)")
+        return chosen, ""
+    if quick or env_quick:
+        return "quick", ""
+    size, why = auto_size(world_size, local_world_size, backend)
+    return size, (why if size == "gpu" else "")
 
 
 def _nearest(word, options) -> str:

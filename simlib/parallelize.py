@@ -360,7 +360,7 @@ def build_optimizer(pm: ParallelModel, plan, optim, total_steps: int | None):
         check_elementwise(cls, dist.get_rank())
         optimizer = cls(pm.wrapped.param_groups(weight_decay=optim.weight_decay), **hyper)
     else:
-        optimizer = cls(param_groups, **hyper)
+        optimizer = cls(param_groups, **hyper, **fused_adamw(cls, params))
     horizon = optim.decay_steps or total_steps
 
     def factor(step: int) -> float:
@@ -372,6 +372,16 @@ def build_optimizer(pm: ParallelModel, plan, optim, total_steps: int | None):
         return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def fused_adamw(cls, params) -> dict:
+    """``{"fused": True}`` for AdamW when every parameter is a floating-point CUDA tensor and this torch has the
+    fused kernel (one launch for the whole update instead of several per tensor); else ``{}`` (CPU: foreach)."""
+    import inspect
+    if cls is not torch.optim.AdamW or "fused" not in inspect.signature(cls).parameters:
+        return {}
+    ok = bool(params) and all(p.is_cuda and p.is_floating_point() for p in params)
+    return {"fused": True} if ok else {}
 
 
 def clip_grad_norm(pm: ParallelModel, max_norm: float) -> float:

@@ -6,6 +6,8 @@
     finance.HedgingTask  project 3: deep hedging of an option on Monte-Carlo paths calibrated to the S&P 500
                          series that ships inside the ``arch`` package; tested on the later, real years
     seeding              per-sample seeds, and the check that catches the same seed on every rank
+    gpu                  each project's GPU size (``simlib train <name> --size gpu``; chosen by itself when every
+                         rank has a GPU): GPT-2 small's shape, a ResNet on 64x64 digits, 131k paths a step
 """
 
 
@@ -13,3 +15,19 @@ def positive_int(name, value):
     """Raise ``ValueError`` unless ``value`` is an int >= 1 (a bool is not): the projects' argument check."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def check_data_device(name: str, choice) -> None:
+    """``ValueError`` unless ``choice`` is "cpu" or "cuda" (without touching CUDA: the launcher's parent checks it)."""
+    if choice not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be 'cpu' or 'cuda', got {choice!r}")
+
+
+def data_device(choice: str):
+    """Where a project makes its batches: ``"cuda"`` is this rank's GPU when there is one (the GPU sizes, whose CPU
+    cannot warp images or draw paths as fast as the GPU trains on them), else the CPU; ``"cpu"`` the CPU."""
+    import torch
+    check_data_device("the data device", choice)
+    if choice == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -88,15 +88,34 @@ def finance_run(quick: bool = False) -> dict:
 PROJECTS = {"gpt": gpt_run, "vision": vision_run, "finance": finance_run}  # the one registry of projects
 
 
+def project_settings(name: str, size: str = "full", world_size: int = 1) -> dict:
+    """The standard run of project ``name`` at ``size``: "quick", "full" (the CPU sizes above) or "gpu"
+    (:mod:`simlib.projects.gpu`; its dict adds ``plan``: the Plan fields that size needs, e.g. bf16)."""
+    from .gpu import SIZES, settings
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}: use one of {', '.join(SIZES)}")
+    if size == "gpu":
+        return settings(name, world_size)
+    if name not in PROJECTS:
+        raise ValueError(f"unknown project {name!r}: choose one of {sorted(PROJECTS)}")
+    return PROJECTS[name](size == "quick")
+
+
 def run_project(name: str, world_size: int = 1, quick: bool = False, out_dir=None, threads: int | None = None,
-                cluster=None, verbose: bool = True, timeout: float | None = None, **overrides):
-    """The standard run of project ``name`` on ``world_size`` ranks (DP; SyncBatchNorm for vision)."""
+                cluster=None, verbose: bool = True, timeout: float | None = None, size: str | None = None,
+                **overrides):
+    """The standard run of project ``name`` on ``world_size`` ranks (DP; SyncBatchNorm for vision).
+    ``size``: "quick", "full" or "gpu" (default: "quick" if ``quick`` else "full")."""
     from ..train import Plan
     if name not in PROJECTS:
         raise ValueError(f"unknown project {name!r}: choose one of {sorted(PROJECTS)}")
-    spec = {**PROJECTS[name](quick), **overrides}
+    defaults = project_settings(name, size or ("quick" if quick else "full"), world_size)
+    fields = defaults.pop("plan", None) or {}
+    defaults.pop("note", None)
+    spec = {**defaults, **overrides}
     task = spec.pop("task")
-    plan = spec.pop("plan", None) or Plan(dp=world_size, sync_batchnorm=(name == "vision" and world_size > 1))
+    plan = spec.pop("plan", None) or Plan(dp=world_size, sync_batchnorm=(name == "vision" and world_size > 1),
+                                          **fields)
     if world_size == 1 and cluster is None:
         import torch
 

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import positive_int
-from ..seeding import generator
+from .. import check_data_device, data_device, positive_int
+from ..seeding import generator, mix
 
 __all__ = ["HedgingTask", "HedgeNet", "load_sp500", "calibrate", "bs_call_price", "bs_delta", "real_windows",
            "hedge_pnl", "SEEDINGS"]
@@ -150,6 +150,8 @@ class HedgingTask:
     cost: float = 0.002              # proportional transaction cost (20 basis points per unit traded)
     train_end: str = "2012-12-31"    # calibration uses prices up to here; the test years start after
     paths_seeding: str = "per_block"  # or "same_seed": every rank draws from (seed, step) - the bug
+    paths_on: str = "cpu"            # where training paths are drawn: "cpu", or "cuda" (this rank's GPU when there
+                                     # is one: the GPU size; a CUDA generator per block, so other numbers)
     seed: int = 0
     name: str = field(default="finance", init=False)
 
@@ -160,6 +162,7 @@ class HedgingTask:
             raise ValueError(f"global_batch {self.global_batch} must be a multiple of block {self.block}")
         if not 0 <= self.cost < 0.1:
             raise ValueError(f"cost is a fraction per unit traded in [0, 0.1), got {self.cost!r}")
+        check_data_device("paths_on", self.paths_on)
         if self.paths_seeding not in SEEDINGS:
             raise ValueError(f"paths_seeding must be one of {SEEDINGS}, got {self.paths_seeding!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -174,12 +177,15 @@ class HedgingTask:
     def test_start(self) -> str:
         return str((np.datetime64(self.train_end) + np.timedelta64(1, "D")))
 
-    def simulate(self, n: int, keys) -> torch.Tensor:
-        """``n`` GBM paths (n, days+1) from S_0 = 1 with the calibrated vol and zero drift, from ``keys``' stream."""
+    def simulate(self, n: int, keys, device=None) -> torch.Tensor:
+        """``n`` GBM paths (n, days+1) from S_0 = 1 with the calibrated vol and zero drift, from ``keys``' stream,
+        on ``device`` (default: where ``paths_on`` says; a CUDA generator seeded from the same keys there)."""
         dt = 1 / TRADING_DAYS
-        z = torch.randn(n, self.days, generator=generator(*keys))
+        dev = torch.device(device) if device is not None else data_device(self.paths_on)
+        gen = generator(*keys) if dev.type == "cpu" else torch.Generator(device=dev).manual_seed(mix(*keys))
+        z = torch.randn(n, self.days, generator=gen, device=dev)
         steps = -0.5 * self.vol ** 2 * dt + self.vol * math.sqrt(dt) * z
-        return torch.cat([torch.ones(n, 1), torch.exp(torch.cumsum(steps, 1))], 1)
+        return torch.cat([torch.ones(n, 1, device=dev), torch.exp(torch.cumsum(steps, 1))], 1)
 
     def batch(self, step: int, part: int = 0, parts: int = 1):
         """(paths, payoff) of part ``part`` of ``parts``: only this part's blocks are simulated."""
@@ -228,7 +234,7 @@ class HedgingTask:
 
     def test_paths(self, n: int = 4096) -> torch.Tensor:
         """Held-out simulated paths: a stream (seed, 7) that training never draws from."""
-        return self.simulate(n, (self.seed, 7))
+        return self.simulate(n, (self.seed, 7), device="cpu")  # the same held-out paths at every size
 
     def bs_hedge(self, paths) -> torch.Tensor:
         """The baseline: hedged value with Black-Scholes deltas at the training years' volatility."""

@@ -69,6 +69,39 @@ class GPTConfig:
         return 6 * weights + 6 * self.num_layers * self.seq_len * self.hidden
 
 
+def compile_blocks(model: "GPT", backend="inductor") -> None:
+    """``torch.compile`` each block in place (``nn.Module.compile``: the parameters and state_dict keys stay as
+    they are, so TP, PP, recomputation and checkpoints see the same model; torchtitan compiles per block too).
+    Compilation happens at the first forward; if it fails there, :func:`uncompile_blocks` runs the model eagerly
+    and says why. The backward graph is lowered at that same forward (not lazily at the first backward), so a
+    compiler failure shows up where it can be caught."""
+    import torch._functorch.config as functorch_config
+    if hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        functorch_config.force_non_lazy_backward_lowering = True
+    for block in model.blocks:
+        block.compile(backend=backend)
+
+
+def uncompile_blocks(model: "GPT", exc: BaseException) -> bool:
+    """After ``exc`` in a compiled forward: back to eager blocks (same numbers, slower), one line on stderr naming
+    the rank and the cause; False when no block was compiled (the error is the model's own)."""
+    import sys
+
+    compiled = [b for b in model.blocks if getattr(b, "_compiled_call_impl", None) is not None]
+    if not compiled:
+        return False
+    for block in compiled:
+        block._compiled_call_impl = None
+    import torch.distributed as dist
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    inner = getattr(exc, "inner_exception", None) or exc.__cause__ or exc   # the compiler's own error
+    cause = (str(inner).strip().splitlines() or [""])[0][:300]
+    print(f"[rank{rank}] torch.compile failed ({type(inner).__name__}: {cause}); the GPT runs eagerly instead (same "
+          "results, slower). Usual causes: no C++ compiler, or no Triton for this GPU (compute capability < 7.0); "
+          "--task.compile false silences this", file=sys.stderr, flush=True)
+    return True
+
+
 class Block(nn.Module):
     """Pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(x)). (B, T, H) -> (B, T, H)."""
 
@@ -153,9 +186,17 @@ class GPT(nn.Module):
 
     def forward(self, idx):                 # (B, T) token ids
         x = self.embed(idx)                 # (B, T, H)
-        for block in self.blocks:
-            x = block(x)                    # (B, T, H)
-        return self.head(x)                 # (B, T, V) logits
+        try:
+            h = x
+            for block in self.blocks:
+                h = block(h)                # (B, T, H)
+        except Exception as exc:            # noqa: BLE001 - only a compiled model retries, eagerly
+            if not uncompile_blocks(self, exc):
+                raise
+            h = x
+            for block in self.blocks:
+                h = block(h)
+        return self.head(h)                 # (B, T, V) logits
 
     @torch.no_grad()
     def generate(self, idx, new_tokens: int, temperature: float = 0.8, top_k: int | None = 40, seed: int = 0):

@@ -2,6 +2,9 @@
 
     task = GPTTask()                 # full size: learns visibly in ~5 min on a 2-core laptop
     task = GPTTask.quick()           # a few seconds: tests and SIMLIB_QUICK=1 notebooks
+    task = GPTTask(seq_len=1024, hidden=768, num_layers=12, num_heads=12,
+                   corpus="~/.cache/simlib/gpt/tinystories")   # the GPU size (simlib.projects.gpu) on a
+                                                               # corpus made by `simlib prepare gpt`
     record = simlib.train.train(task, Plan(dp=2), tokens=task.full_tokens, eval_every=50)
 """
 from __future__ import annotations
@@ -16,7 +19,7 @@ from . import model as gpt, text
 
 @dataclass
 class GPTTask:
-    """A small GPT on the Python docs corpus (byte-level BPE, 1,024 tokens)."""
+    """A GPT on the shipped Shakespeare (byte-level BPE, 1,024 tokens), or on a corpus ``simlib prepare`` made."""
 
     name: str = "gpt"
     seq_len: int = 64
@@ -30,10 +33,14 @@ class GPTTask:
     moe_top_k: int = 1               # experts per token
     moe_capacity_factor: float = 1.25  # room per expert: ceil(factor · tokens · k / E) tokens of a step
     moe_aux_coeff: float = 0.01      # weight of the load-balancing loss
+    corpus: str = ""                 # "" the shipped Shakespeare; else a folder made by `simlib prepare gpt`
+    compile: bool = False            # torch.compile each block (falls back to eager, saying why, if it fails)
     data: text.TextData = field(init=False, repr=False)
 
     def __post_init__(self):
-        self.data = text.TextData(self.seq_len, self.seed, self.eval_windows)
+        if self.corpus:
+            self.corpus = str(text.resolve_folder(self.corpus))
+        self.data = text.TextData(self.seq_len, self.seed, self.eval_windows, self.corpus)
 
     @classmethod
     def quick(cls, **overrides) -> "GPTTask":
@@ -57,7 +64,10 @@ class GPTTask:
 
     # ── the Task protocol ──
     def build_model(self) -> gpt.GPT:
-        return gpt.GPT(self.config)
+        model = gpt.GPT(self.config)
+        if self.compile:
+            gpt.compile_blocks(model)
+        return model
 
     def batch(self, step: int, part: int = 0, parts: int = 1):
         return self.data.batch(step, self.global_batch, part, parts)
@@ -120,9 +130,9 @@ class GPTTask:
     # ── for people ──
     def sample(self, model, prompt: str = "The ", new_tokens: int = 60, seed: int = 0, **kw) -> str:
         device = next(model.parameters()).device
-        idx = text.encode(prompt).unsqueeze(0).to(device)
+        idx = text.encode(prompt, self.data.tokenizer).unsqueeze(0).to(device)
         was = model.training
         model.eval()
         out = gpt.GPT.generate(model, idx, new_tokens, seed=seed, **kw)
         model.train(was)
-        return text.decode(out[0])
+        return text.decode(out[0], self.data.tokenizer)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import positive_int
+from .. import check_data_device, data_device, positive_int
 from ..seeding import generator
 
 __all__ = ["DigitsTask", "ResNet", "BasicBlock", "load_digits_split", "baseline_logistic", "LOADERS"]
@@ -111,6 +111,8 @@ class DigitsTask:
     loader: str = "global"           # "global": slices of one seeded global batch (world-size invariant);
                                      # "per_rank": each rank draws its own batch, seed (seed, step, rank);
                                      # "same_seed": the bug - each rank draws from (seed, step) alone
+    augment_on: str = "cpu"          # where images are upscaled and warped: "cpu", or "cuda" (this rank's GPU
+                                     # when there is one: the GPU size; the same draws, rounded differently)
     seed: int = 0
     holdout: float = 0.25
     name: str = field(default="vision", init=False)
@@ -121,6 +123,7 @@ class DigitsTask:
             positive_int(key, getattr(self, key))
         if self.image_size < 8:
             raise ValueError(f"image_size must be >= 8 (the digits are 8x8), got {self.image_size}")
+        check_data_device("augment_on", self.augment_on)
         if self.loader not in LOADERS:
             raise ValueError(f"loader must be one of {LOADERS}, got {self.loader!r}")
         if not 0 < self.holdout < 1:
@@ -185,7 +188,8 @@ class DigitsTask:
             gen = generator(*keys)
             idx = self._indices(step, b, keys + (1,))  # its own stream, apart from the augmentations
             theta = self._augment_params(b, gen)
-        return self._images(x_tr[idx], theta), y_tr[idx]
+        dev = data_device(self.augment_on)  # the draws above stay on the CPU: the same batch on any device
+        return self._images(x_tr[idx].to(dev), theta.to(dev)), y_tr[idx].to(dev)
 
     def _images(self, x8: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
         x = upscale(x8, self.image_size)
