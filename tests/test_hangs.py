@@ -28,6 +28,22 @@ def skip_on_rank1():
     return "done"
 
 
+def busy_in_a_loop():
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(16)
+    dist.all_reduce(t)  # PLANTED-LAST
+    if dist.get_rank() == 1:
+        stuck()  # rank 1 never reaches the second all_reduce: it is busy, not in a collective
+    dist.all_reduce(t)
+    return "done"
+
+
+def stuck():
+    n = 0
+    while n >= 0: n += 1  # noqa: E701  PLANTED-STUCK (one line: the signal lands on it whatever bytecode runs)
+
+
 def wrong_op_on_rank2():
     import torch
     import torch.distributed as dist
@@ -82,7 +98,7 @@ def _planted_many(n, fns):
 
 
 def test_two_ranks_rank_that_skipped_a_collective_and_buckets_out_of_order():
-    text, buckets = _planted_many(2, [skip_on_rank1, buckets_in_another_order])
+    text, buckets, busy = _planted_many(2, [skip_on_rank1, buckets_in_another_order, busy_in_a_loop])
     line = _line(skip_on_rank1, "PLANTED-SKIP")
     assert "WorkerTimeout" in text or "timed out" in text.lower() or "timeout" in text.lower()
     assert (f"rank 0 called all_reduce(shape [1024], float32) at test_hangs.py:{line} in skip_on_rank1; "
@@ -93,6 +109,10 @@ def test_two_ranks_rank_that_skipped_a_collective_and_buckets_out_of_order():
     assert "call #0 on group WORLD" in buckets, buckets
     assert f"rank 0 is in all_reduce(shape [4], float32) at test_hangs.py:{line}" in buckets
     assert f"rank 1 is in all_reduce(shape [6], float32) at test_hangs.py:{line}" in buckets
+    # a rank busy in a Python loop: named with its last collective *and* where its stack is now (SIGUSR2 dump)
+    last, now = _line(busy_in_a_loop, "PLANTED-LAST"), _line(stuck, "PLANTED-STUCK")
+    assert (f"rank 1 never called it (its last there was all_reduce(shape [16], float32) at test_hangs.py:{last} "
+            f"in busy_in_a_loop; then it was still running at test_hangs.py:{now} in stuck (stopped))") in busy, busy
 
 
 def test_three_ranks_a_rank_in_another_collective():
