@@ -125,14 +125,54 @@ def _probe_checkpoint(answer, seed):
     return dict(out=out, ops=[])
 
 
+def _probe_ring_attention(answer, seed):
+    """Random batch, heads, positions per rank and head size, with and without the causal mask; float64."""
+    import torch
+    import torch.distributed as dist
+
+    from simlib.parallel.context import shard_sequence
+    rank, n, draw, out = dist.get_rank(), dist.get_world_size(), random.Random(seed), []
+    for causal in (False, True):
+        b, h, local, d = draw.randint(1, 2), draw.randint(1, 3), draw.randint(1, 5), draw.randint(2, 6)
+        g = torch.Generator().manual_seed(seed * 13 + causal)
+        q, k, v = (torch.randn(b, h, local * n, d, generator=g, dtype=torch.float64) * 3 for _ in range(3))
+        y = answer(*(shard_sequence(t, rank, n).clone() for t in (q, k, v)), causal)
+        out.append(y.detach().clone() if isinstance(y, torch.Tensor) else repr(y))
+    return dict(out=out, ops=_ops())
+
+
+def _probe_moe(answer, seed):
+    """Random hidden size, experts (a multiple of the world size), tokens per rank, capacity factor."""
+    import torch
+    import torch.distributed as dist
+
+    from simlib.parallel.experts import MoE
+    rank, n, draw, out = dist.get_rank(), dist.get_world_size(), random.Random(seed), []
+    for i in range(2):
+        hidden, experts, tokens = draw.randint(2, 6), n * draw.randint(1, 3), draw.randint(1, 6)
+        factor = draw.choice([0.5, 1.0, 1.5, 8.0])
+        torch.manual_seed(seed + i)
+        moe = MoE(hidden, experts, 1, factor, ffn=4).double()
+        x = torch.randn(tokens * n, hidden, generator=torch.Generator().manual_seed(seed + i), dtype=torch.float64)
+        local = experts // n
+        with torch.no_grad():
+            y = answer(x[rank * tokens:(rank + 1) * tokens].clone(), moe.router,
+                       torch.nn.ModuleList(moe.experts[rank * local:(rank + 1) * local]), experts, factor)
+        out.append(y.detach().clone() if isinstance(y, torch.Tensor) else repr(y))
+    return dict(out=out, ops=_ops())
+
+
 # exercise notebook -> (grading name, probe, world sizes the probe runs on; () = in this process)
 PROBES = {
     "01_ring_all_reduce": ("ring_all_reduce", _probe_ring, (2, 3, 4)),
     "02_average_gradients": ("average_gradients", _probe_average, (2, 3, 4)),
     "05_tp_linear": ("tp_linear", _probe_tp, (2, 3, 4)),
     "07_checkpoint_placement": ("checkpoint_placement", _probe_checkpoint, ()),
+    "09_ring_attention": ("ring_attention", _probe_ring_attention, (2, 3, 4)),
+    "09_moe_dispatch": ("moe_dispatch", _probe_moe, (2, 3, 4)),
 }
-ORDER = ("07_checkpoint_placement", "02_average_gradients", "05_tp_linear", "01_ring_all_reduce")  # cheap first
+ORDER = ("07_checkpoint_placement", "02_average_gradients", "05_tp_linear", "01_ring_all_reduce",  # cheap first
+         "09_moe_dispatch", "09_ring_attention")
 
 
 def _same(a, b) -> bool:
