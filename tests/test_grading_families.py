@@ -38,6 +38,13 @@ def test_family6_counts_come_from_the_graders_recorder(clusters):
     assert "all_gather" in report.failed()[0].detail
 
 
+def test_family4_moe_sizes_that_differ_from_each_other(clusters):
+    """Tokens per rank (6 or 7) differ from the hidden size (8) and from one world size to the next: an answer
+    that takes the token count for the hidden size passed when both were 8."""
+    report = grading.check("moe_dispatch", families.FAMILY4["moe_dispatch"], clusters=clusters, quiet=True)
+    assert not report.passed and report.status in ("fail", "error"), report
+
+
 def test_family4_an_answer_right_only_on_the_lessons_instance_fails_on_fresh_ones():
     report = grading.check("checkpoint_placement", families.FAMILY4["checkpoint_placement"], quiet=True)
     assert [r.name for r in report.failed()] == ["40 fresh random problems: least recomputation that fits"], report

@@ -141,7 +141,13 @@ def _check_ring_attention(answer, grader):
 
 # ---- MoE dispatch and combine over all-to-all ----
 
-_MOE = dict(hidden=8, num_experts=12, local_tokens=8, seed=0)  # 12 experts split over 2, 3 and 4 ranks
+_MOE = dict(hidden=8, num_experts=12, seed=0)  # 12 experts split over 2, 3 and 4 ranks
+
+
+def _local_tokens(world_size: int) -> int:
+    """6 or 7 tokens per rank: never the hidden size (8) or the expert count (12), so an answer that takes one
+    dimension for another (x.shape[0] for x.shape[1]) fails, and not the same on every world size."""
+    return 6 + world_size % 2
 
 
 def _moe_problem(world_size, skew):
@@ -151,7 +157,7 @@ def _moe_problem(world_size, skew):
     torch.manual_seed(_MOE["seed"])
     moe = MoE(_MOE["hidden"], _MOE["num_experts"], 1, 1.0, ffn=16).double()
     g = torch.Generator().manual_seed(_MOE["seed"] + 10 * world_size)
-    x = torch.randn(_MOE["local_tokens"] * world_size, _MOE["hidden"], generator=g, dtype=torch.float64)
+    x = torch.randn(_local_tokens(world_size) * world_size, _MOE["hidden"], generator=g, dtype=torch.float64)
     if skew:  # most tokens prefer expert 0, so its capacity overflows
         with torch.no_grad():
             moe.router.weight[0] += 3.0
