@@ -187,3 +187,27 @@ def test_a_subgroup_mismatch_is_the_cause_even_when_the_barrier_after_it_came_fi
     assert d["group"] == "ranks 1,3" and not d["behind"], d
     text = hangs.diagnose(logs, 4)
     assert "on group ranks 1,3" in text and "rank 3 is in all_reduce(shape [128]" in text, text
+
+
+def test_where_picks_the_main_threads_innermost_frame_of_the_learners_code():
+    """Without processes: a faulthandler dump with two threads; the header names the main thread, and the frames of
+    torch and the standard library inside the learner's call are skipped."""
+    import os
+    import threading
+
+    import torch
+    torch_file = os.path.join(os.path.dirname(torch.__file__), "distributed", "distributed_c10d.py")
+    stdlib_file = threading.__file__
+    dump = ("simlib main thread 0x00007f0000000001\n"
+            "Thread 0x00007f0000000002 (most recent call first):\n"
+            f'  File "{stdlib_file}", line 320 in wait\n'
+            '  File "/work/other.py", line 3 in relay\n\n'
+            "Current thread 0x00007f0000000001 (most recent call first):\n"
+            f'  File "{torch_file}", line 2500 in all_reduce\n'
+            '  File "/work/hang.py", line 8 in stuck\n'
+            '  File "/work/hang.py", line 5 in main\n')
+    from simlib.debug import stacks
+    assert stacks.where(dump) == "/work/hang.py:8:stuck"
+    other = dump.replace("simlib main thread 0x00007f0000000001", "simlib main thread 0x00007f0000000002")
+    assert stacks.where(other) == "/work/other.py:3:relay"  # the header decides, not "Current thread"
+    assert stacks.where("") is None

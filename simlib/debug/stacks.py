@@ -33,7 +33,7 @@ def install(path: str) -> bool:
     thread). Returns False where the platform has no such signal."""
     if SIGNAL is None:
         return False
-    f = open(path, "a", buffering=1)  # O_APPEND: each dump lands at the end, whatever the reader did
+    f = open(path, "w", buffering=1)  # a restarted worker starts the file again: the header names its thread
     f.write(_HEADER % threading.main_thread().ident)
     f.flush()
     faulthandler.register(SIGNAL, file=f, all_threads=True, chain=False)
