@@ -397,7 +397,7 @@ class Cluster(ElasticWorkers):
         from .debug import hangs
         finder = hangs.failure_report(os.path.join(self._log_dir, "collectives") if self.hang_finder else None,
                                       self.world_size, results, failures, pending, error_type is WorkerTimeout,
-                                      getattr(self, "_fn", None))
+                                      getattr(self, "_fn", None), {r: self._pids.get(r) for r in pending})
         if finder:
             lines.append(finder)
         detail = "\n".join(f"--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}" for f in by_rank if f.traceback)

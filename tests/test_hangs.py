@@ -28,6 +28,22 @@ def skip_on_rank1():
     return "done"
 
 
+def busy_in_a_loop():
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(16)
+    dist.all_reduce(t)  # PLANTED-LAST
+    if dist.get_rank() == 1:
+        stuck()  # rank 1 never reaches the second all_reduce: it is busy, not in a collective
+    dist.all_reduce(t)
+    return "done"
+
+
+def stuck():
+    n = 0
+    while n >= 0: n += 1  # noqa: E701  PLANTED-STUCK (one line: the signal lands on it whatever bytecode runs)
+
+
 def wrong_op_on_rank2():
     import torch
     import torch.distributed as dist
@@ -82,7 +98,7 @@ def _planted_many(n, fns):
 
 
 def test_two_ranks_rank_that_skipped_a_collective_and_buckets_out_of_order():
-    text, buckets = _planted_many(2, [skip_on_rank1, buckets_in_another_order])
+    text, buckets, busy = _planted_many(2, [skip_on_rank1, buckets_in_another_order, busy_in_a_loop])
     line = _line(skip_on_rank1, "PLANTED-SKIP")
     assert "WorkerTimeout" in text or "timed out" in text.lower() or "timeout" in text.lower()
     assert (f"rank 0 called all_reduce(shape [1024], float32) at test_hangs.py:{line} in skip_on_rank1; "
@@ -93,6 +109,10 @@ def test_two_ranks_rank_that_skipped_a_collective_and_buckets_out_of_order():
     assert "call #0 on group WORLD" in buckets, buckets
     assert f"rank 0 is in all_reduce(shape [4], float32) at test_hangs.py:{line}" in buckets
     assert f"rank 1 is in all_reduce(shape [6], float32) at test_hangs.py:{line}" in buckets
+    # a rank busy in a Python loop: named with its last collective *and* where its stack is now (SIGUSR2 dump)
+    last, now = _line(busy_in_a_loop, "PLANTED-LAST"), _line(stuck, "PLANTED-STUCK")
+    assert (f"rank 1 never called it (its last there was all_reduce(shape [16], float32) at test_hangs.py:{last} "
+            f"in busy_in_a_loop; then it was still running at test_hangs.py:{now} in stuck (stopped))") in busy, busy
 
 
 def test_three_ranks_a_rank_in_another_collective():
@@ -167,3 +187,27 @@ def test_a_subgroup_mismatch_is_the_cause_even_when_the_barrier_after_it_came_fi
     assert d["group"] == "ranks 1,3" and not d["behind"], d
     text = hangs.diagnose(logs, 4)
     assert "on group ranks 1,3" in text and "rank 3 is in all_reduce(shape [128]" in text, text
+
+
+def test_where_picks_the_main_threads_innermost_frame_of_the_learners_code():
+    """Without processes: a faulthandler dump with two threads; the header names the main thread, and the frames of
+    torch and the standard library inside the learner's call are skipped."""
+    import os
+    import threading
+
+    import torch
+    torch_file = os.path.join(os.path.dirname(torch.__file__), "distributed", "distributed_c10d.py")
+    stdlib_file = threading.__file__
+    dump = ("simlib main thread 0x00007f0000000001\n"
+            "Thread 0x00007f0000000002 (most recent call first):\n"
+            f'  File "{stdlib_file}", line 320 in wait\n'
+            '  File "/work/other.py", line 3 in relay\n\n'
+            "Current thread 0x00007f0000000001 (most recent call first):\n"
+            f'  File "{torch_file}", line 2500 in all_reduce\n'
+            '  File "/work/hang.py", line 8 in stuck\n'
+            '  File "/work/hang.py", line 5 in main\n')
+    from simlib.debug import stacks
+    assert stacks.where(dump) == "/work/hang.py:8:stuck"
+    other = dump.replace("simlib main thread 0x00007f0000000001", "simlib main thread 0x00007f0000000002")
+    assert stacks.where(other) == "/work/other.py:3:relay"  # the header decides, not "Current thread"
+    assert stacks.where("") is None

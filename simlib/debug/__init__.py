@@ -1,6 +1,8 @@
 """Tools for when a distributed run misbehaves (lesson 09b).
 
 - :mod:`simlib.debug.hangs`   the hang finder: each rank's sequence of collectives, and where they part
+  (:mod:`~simlib.debug.divergence` reads the logs and writes the report, :mod:`~simlib.debug.stacks` asks a
+  silent rank for its Python stack before it is stopped)
 - :mod:`simlib.debug.trace`   torch.profiler on every rank, merged into one Chrome/Perfetto trace
 - :mod:`simlib.debug.parity`  loss parity between two plans, with tolerance bands from summation order
 - :mod:`simlib.debug.mfu`     model FLOPs of the GPT, checked against torch's FLOP counter; MFU with a stated peak

@@ -13,6 +13,10 @@ line as it finishes (``✔`` / ``✘`` and a hint) and ``check`` returns a :clas
 - Each exercise runs on 2, 3 and 4 ranks (and several sizes), so code right only for one world size, a power
   of two or a hard-coded constant fails; rules such as "send/recv only" are checked where a renamed call
   cannot slip past (torch's dispatcher) and by the volume the ring must send.
+- The algorithm is checked, not only its output (:mod:`simlib.grading.contracts`): the ring all-reduce and ring
+  attention talk to their neighbours only, the MoE moves tokens by all-to-all, the TP layers make one all-reduce
+  each way. Problems that an answer could rebuild are joined by ones drawn at check time from ``secrets``, and an
+  answer run in this process is refused when it calls the grader's own code and stopped after a time limit.
 
 Adding checks for a new exercise (lessons 04+ do the same): write a generator decorated with
 :func:`exercise` that takes ``(answer, grader)`` and yields :class:`Result` values. ``grader.run(world_size,

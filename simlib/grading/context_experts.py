@@ -24,10 +24,12 @@ def _ra_harness(answer, causal):
     import torch.distributed as dist
 
     from ..parallel.context import shard_sequence
+    from .contracts import recorder
     rank, n = dist.get_rank(), dist.get_world_size()
     q, k, v = (shard_sequence(t, rank, n) for t in _ra_problem(n))
-    out = answer(q.clone(), k.clone(), v.clone(), causal)
-    return out.detach().clone() if hasattr(out, "detach") else out
+    with recorder() as rec:  # the grader's: every message and collective, whatever name the answer used
+        out = answer(q.clone(), k.clone(), v.clone(), causal)
+    return dict(out=out.detach().clone() if hasattr(out, "detach") else out, calls=rec.calls, block=k.numel())
 
 
 def _attention(q, k, v, visible):
@@ -88,12 +90,17 @@ _RA_HINTS = {
 
 def _run_ring(answer, grader, world_size, causal):
     from ..parallel.context import unshard_sequence
+    from .contracts import contract
     outs = grader.run(world_size, _ra_harness, answer, causal, what=f"your ring attention on {world_size} ranks")
+    # the contract: K/V blocks travel to the next rank only, n - 1 hops of K and V, no collective
+    breach = next((b for r, o in enumerate(outs) for b in [contract(
+        o["calls"], r, world_size, only={"send", "recv"}, neighbours=True,
+        max_sent=2 * (world_size - 1) * o["block"])] if b), "")
     try:
         import torch
-        return unshard_sequence([torch.as_tensor(o) for o in outs])
+        return unshard_sequence([torch.as_tensor(o["out"]) for o in outs]), breach
     except Exception:  # noqa: BLE001 - wrong shapes: reported as a difference
-        return None
+        return None, breach
 
 
 @exercise("ring_attention")
@@ -101,8 +108,16 @@ def _check_ring_attention(answer, grader):
     for world_size in (2, 3, 4):  # 3: not a power of two, so the ring's hops must be counted, not assumed
         for causal in (False, True):  # without the mask first: the merge alone, then the mask
             variants = _ra_variants(world_size, causal)
-            got = _run_ring(answer, grader, world_size, causal)
+            got, breach = _run_ring(answer, grader, world_size, causal)
             ok = got is not None and _close(got, variants["right"], rtol=1e-6, atol=1e-8)
+            if ok and breach:  # the right numbers by another algorithm
+                yield Result(f"{world_size} ranks, {'causal' if causal else 'no mask'}: K/V passed around the ring "
+                             "(send/recv to neighbours only)", False,
+                             "ring attention never gathers K/V: each rank sends its current K/V block to rank + 1 "
+                             "and receives the next from rank − 1 (isend/irecv or batch_isend_irecv), n − 1 times, "
+                             "merging each block as it arrives; no all_gather, broadcast or all-to-all",
+                             breach)
+                return
             hint = ""
             if not ok:
                 mistake = _which(got, variants) if got is not None else None
@@ -126,7 +141,13 @@ def _check_ring_attention(answer, grader):
 
 # ---- MoE dispatch and combine over all-to-all ----
 
-_MOE = dict(hidden=8, num_experts=12, local_tokens=8, seed=0)  # 12 experts split over 2, 3 and 4 ranks
+_MOE = dict(hidden=8, num_experts=12, seed=0)  # 12 experts split over 2, 3 and 4 ranks
+
+
+def _local_tokens(world_size: int) -> int:
+    """6 or 7 tokens per rank: never the hidden size (8) or the expert count (12), so an answer that takes one
+    dimension for another (x.shape[0] for x.shape[1]) fails, and not the same on every world size."""
+    return 6 + world_size % 2
 
 
 def _moe_problem(world_size, skew):
@@ -136,7 +157,7 @@ def _moe_problem(world_size, skew):
     torch.manual_seed(_MOE["seed"])
     moe = MoE(_MOE["hidden"], _MOE["num_experts"], 1, 1.0, ffn=16).double()
     g = torch.Generator().manual_seed(_MOE["seed"] + 10 * world_size)
-    x = torch.randn(_MOE["local_tokens"] * world_size, _MOE["hidden"], generator=g, dtype=torch.float64)
+    x = torch.randn(_local_tokens(world_size) * world_size, _MOE["hidden"], generator=g, dtype=torch.float64)
     if skew:  # most tokens prefer expert 0, so its capacity overflows
         with torch.no_grad():
             moe.router.weight[0] += 3.0
@@ -153,9 +174,10 @@ def _moe_harness(answer, capacity_factor, skew):
     moe, x = _moe_problem(n, skew)
     local = _MOE["num_experts"] // n
     experts = torch.nn.ModuleList(moe.experts[rank * local:(rank + 1) * local])
-    with torch.no_grad():
+    from .contracts import recorder
+    with torch.no_grad(), recorder() as rec:  # the grader's record of every collective
         y = answer(shard(x, rank, n).clone(), moe.router, experts, _MOE["num_experts"], capacity_factor)
-    return y.detach().clone() if hasattr(y, "detach") else y
+    return dict(y=y.detach().clone() if hasattr(y, "detach") else y, calls=rec.calls)
 
 
 def _moe_reference(world_size, capacity_factor, skew, mistake=None):
@@ -198,12 +220,23 @@ def _moe_check(answer, grader, world_size, capacity_factor, skew, label):
     import torch
     outs = grader.run(world_size, _moe_harness, answer, capacity_factor, skew,
                       what=f"your MoE layer on {world_size} ranks")
+    from .contracts import contract
     want = _moe_reference(world_size, capacity_factor, skew)
     try:
-        got = torch.cat([torch.as_tensor(o) for o in outs])
+        got = torch.cat([torch.as_tensor(o["y"]) for o in outs])
     except Exception:  # noqa: BLE001
         got = None
     ok = got is not None and _close(got, want, rtol=1e-6, atol=1e-8)
+    # the contract: tokens travel by all-to-all (dispatch and combine); other collectives carry counts at most
+    breach = next((b for r, o in enumerate(outs) for b in [contract(
+        o["calls"], r, world_size, only={"all_to_all_single", "all_to_all"}, small=_MOE["num_experts"] * world_size,
+        at_least={"all_to_all_single|all_to_all": 2})] if b), "")
+    if ok and breach:
+        yield Result(f"{world_size} ranks, {label}: tokens dispatched and combined by all-to-all", False,
+                     "expert parallelism moves each token only to the rank of its expert and back: two all-to-alls "
+                     "(all_to_all_single with per-rank splits), not an all_gather of every token or a broadcast",
+                     breach)
+        return
     hint = ""
     if not ok:
         for mistake in ("wrong_rank", "capacity_ignored", "gate_not_applied"):

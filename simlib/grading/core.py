@@ -352,3 +352,50 @@ def _close(actual, expected, rtol=1e-5, atol=1e-6) -> bool:
         return True
     except AssertionError:
         return False
+
+
+class UsedTheGrader(RuntimeError):
+    """The answer called the grader's own code (its reference solver, its problem builders)."""
+
+
+class AnswerTimeout(RuntimeError):
+    """One call of the answer ran past its limit."""
+
+
+ANSWER_CALL_LIMIT = 10.0  # seconds for one call of an answer that a check runs in its own process
+
+
+def refuse_grader_calls(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in this process, refused (``UsedTheGrader``) if it calls into ``simlib/grading/``
+    (an answer that returns the grader's reference proves nothing) and stopped (``AnswerTimeout``) after
+    ``ANSWER_CALL_LIMIT`` seconds (in the main thread, where a timer signal can interrupt it)."""
+    import os
+    import signal
+    import sys
+    import threading
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    caught = []
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(here) and not caught:
+            caught.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}")
+
+    def expire(*_):
+        raise AnswerTimeout(f"one call of your function ran longer than {ANSWER_CALL_LIMIT:g} s")
+
+    timed = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    if timed:
+        old_handler = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, ANSWER_CALL_LIMIT)
+    old = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        sys.setprofile(old)
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old_handler)
+    if caught:
+        raise UsedTheGrader(f"your answer called the grader's own {caught[0]}")
+    return out

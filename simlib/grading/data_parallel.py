@@ -126,37 +126,11 @@ def _spy_all_reduce(calls: list, flags: dict):
 _RING_CASES = {2: [(8,), (7,)], 3: [(9,), (10,), (2,)], 4: [(16,), (10,), (3,), (3, 4)]}
 
 
-def _message_recorder():
-    """A dispatch mode that sees every c10d operation this thread runs, whatever name it was called by.
-
-    Collectives reach torch's dispatcher as ``c10d.allreduce_``, ``c10d.broadcast_``, ... and point-to-point
-    messages as ``c10d.send`` / ``c10d.recv_``, whether called as ``dist.all_reduce``, through an alias bound
-    earlier, through ``torch.distributed.distributed_c10d`` or on a ProcessGroup object: a rule checked here
-    cannot be bypassed by renaming, as one that replaces ``dist.all_reduce`` can.
-    """
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.collectives, self.sent = [], 0  # collective op names; elements sent point-to-point
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = str(func.overloadpacket)
-            if name.startswith("c10d."):
-                op = name.split(".", 1)[1]
-                if op == "send":
-                    self.sent += sum(t.numel() for t in args[0])
-                elif op not in ("recv_", "recv_any_source_", "barrier", "monitored_barrier_"):
-                    self.collectives.append(op.rstrip("_"))
-            return func(*args, **(kwargs or {}))
-
-    return Recorder()
-
-
 def _ring_harness(answer, shapes):
     import torch
     import torch.distributed as dist
+
+    from .contracts import recorder
     rank = dist.get_rank()
     out = []
     for i, shape in enumerate(shapes):
@@ -165,12 +139,12 @@ def _ring_harness(answer, shapes):
         expected = x.clone()
         dist.all_reduce(expected)
         given = x.clone()
-        with _message_recorder() as recorder:
+        with recorder() as rec:  # the grader's, at the dispatcher (simlib.grading.contracts)
             returned = answer(given)
         result = returned if isinstance(returned, torch.Tensor) else given
         out.append(dict(shape=tuple(shape), result=result.detach().clone(), expected=expected,
                         in_place=torch.equal(given, result) if given.shape == result.shape else False,
-                        used=sorted(set(recorder.collectives)), sent=recorder.sent))
+                        used=sorted(set(rec.collectives)), sent=rec.sent))
     return out
 
 

@@ -46,11 +46,30 @@ class _RankStreams:
         return getattr(self.task, name)
 
     def build_model(self):
+        import random
+
+        import numpy as np
         import torch
         import torch.distributed as dist
         model = self.task.build_model()
-        torch.manual_seed(1000 + 7919 * (dist.get_rank() if dist.is_initialized() else 0))
+        seed = 1000 + 7919 * (dist.get_rank() if dist.is_initialized() else 0)
+        torch.manual_seed(seed)  # every generator a full state must save: torch CPU (and CUDA), Python, NumPy
+        random.seed(seed + 1)
+        np.random.seed(seed + 2)
         return model
+
+    def batch(self, step, part=0, parts=1):
+        """The task's batch, its inputs scaled by a jitter drawn from Python's, NumPy's (and CUDA's) generators:
+        a state that saves torch's CPU generator alone does not resume bit-equal."""
+        import random
+
+        import numpy as np
+        import torch
+        x, y = self.task.batch(step, part, parts)
+        jitter = 1.0 + 0.05 * (random.random() - 0.5) + 0.05 * (float(np.random.rand()) - 0.5)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            jitter += 0.05 * (float(torch.rand((), device="cuda")) - 0.5)
+        return x * jitter, y
 
 
 def _task():

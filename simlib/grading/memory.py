@@ -1,7 +1,7 @@
 """Checks for lesson 07: the sharded optimizer (ZeRO-1) and a ZeRO-3 Linear (gather, free, reduce-scatter)."""
 from __future__ import annotations
 
-from .core import Result, _close, exercise, max_error
+from .core import AnswerTimeout, Result, UsedTheGrader, _close, exercise, max_error, refuse_grader_calls
 
 # ---- ZeRO-1: ShardedOptimizer(params, optimizer_cls, **kwargs) ----
 
@@ -392,3 +392,47 @@ def _check_checkpoint_placement(answer, grader):
                      f"your blocks recompute {cost:,} FLOPs; the least that fits is {best:,}")
         if cost != best:  # the first budget that shows the mistake names it; later ones would only guess
             return
+    yield _checkpoint_fresh_problems(answer)
+
+
+def _checkpoint_fresh_problems(answer, count: int = 40):
+    """Problems drawn now from a grader-private source (``secrets``: no answer can rebuild them), 1 to 8 blocks,
+    any budget between the floor and the total: an answer right only on the lesson's model (a hard-coded set, a
+    range that misses the last block or the largest subsets) fails here. The seed is shown to reproduce it."""
+    import random
+    import secrets
+    seed = secrets.randbits(32)
+    draw = random.Random(seed)
+    for case in range(count):
+        n = 1 + case % 8
+        acts = [draw.randint(10, 4000) for _ in range(n)]
+        inputs = [draw.randint(1, a) for a in acts]
+        flops = [draw.randint(1, 5000) for _ in range(n)]
+        budget = draw.randint(sum(inputs), sum(acts))
+        what = f"{n} blocks, activation_bytes={acts}, input_bytes={inputs}, recompute_flops={flops}, budget={budget}"
+        try:
+            chosen = sorted(set(int(i) for i in refuse_grader_calls(answer, list(acts), list(inputs), list(flops),
+                                                                     budget)))
+        except UsedTheGrader as exc:
+            return Result("40 fresh random problems: your own solver", False,
+                          "solve the problem with your own code: calling the grader's reference is not an answer",
+                          str(exc))
+        except AnswerTimeout as exc:
+            return Result("40 fresh random problems: least recomputation that fits", False, "with n blocks there "
+                          "are 2^n subsets (256 for 8): an exhaustive search ends in milliseconds; look for a loop "
+                          "that never ends on some problems", f"{exc} on {what} (seed {seed})", status="timeout")
+        except Exception as exc:  # noqa: BLE001 - the learner's code on a new problem
+            return Result("40 fresh random problems: least recomputation that fits", False,
+                          "your function raised on a problem other than the lesson's: it must work for any number "
+                          "of blocks and any budget", f"{type(exc).__name__}: {exc} on {what} (seed {seed})")
+        kept = sum(inputs[i] if i in chosen else acts[i] for i in range(n)) if all(
+            0 <= i < n for i in chosen) else None
+        cost, best = sum(flops[i] for i in chosen if 0 <= i < n), _best_cost(acts, inputs, flops, budget)
+        if kept is None or kept > budget or cost != best:
+            got = "invalid indices" if kept is None else f"kept {kept:,} B, recompute {cost:,}"
+            return Result("40 fresh random problems: least recomputation that fits", False,
+                          "right on the lesson's model but not on another: consider every block (indices 0 .. n-1) "
+                          "and every subset size from 0 to n, with kept = activation_bytes of the others + "
+                          "input_bytes of the checkpointed ones <= budget",
+                          f"{what}: you chose {chosen} ({got}); the optimum recomputes {best:,} (seed {seed})")
+    return Result("40 fresh random problems: least recomputation that fits", True, detail=f"seed {seed}")

@@ -1,0 +1,106 @@
+"""Algorithm contracts: what an answer must communicate, recorded where no name or alias can slip past.
+
+An exercise teaches an algorithm, and a right output does not prove it: a ring attention that all-gathers K/V
+and runs attention locally, or an MoE dispatch that all-gathers every token, gives the same numbers. The grader
+therefore records every collective and message each rank makes while the answer runs, at torch's dispatcher
+(:func:`recorder`): collectives reach it as ``c10d.allreduce_``, ``c10d.alltoall_base_``, ... and messages as
+``c10d.send`` / ``c10d.recv_``, whether the answer called ``dist.all_reduce``, an alias it bound before the
+grader ran (``from torch.distributed import all_reduce as ar``), ``distributed_c10d`` or a ``ProcessGroup``
+method. The recorder is the grader's, so its counts never come from the answer's own attributes.
+
+:func:`contract` then states, per rank, what the exercise allows (``only`` these collectives, messages to
+``neighbours`` only, at most ``max_sent`` elements sent, at least ``at_least`` calls of an operation) and
+returns the first breach as a sentence, or "" when the rank kept to it.
+"""
+from __future__ import annotations
+
+# dispatcher op -> the torch.distributed name a learner knows
+NAMES = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced", "allgather": "all_gather",
+         "_allgather_base": "all_gather_into_tensor", "allgather_into_tensor_coalesced": "all_gather_into_tensor",
+         "allgather_coalesced": "all_gather_coalesced", "reduce_scatter": "reduce_scatter",
+         "_reduce_scatter_base": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+         "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "broadcast": "broadcast",
+         "reduce": "reduce", "gather": "gather", "scatter": "scatter", "barrier": "barrier",
+         "monitored_barrier": "monitored_barrier", "send": "send", "recv": "recv", "recv_any_source": "recv"}
+
+
+def recorder():
+    """A dispatch mode (``with recorder() as rec:``) noting every c10d operation this thread runs:
+    ``rec.calls`` holds ``{"op", "peer", "numel"}`` per call (``peer``: the destination of a send, the source
+    of a receive; ``numel``: the largest tensor it moves); ``rec.collectives`` the collectives' names;
+    ``rec.sent`` the elements sent point-to-point."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        @property
+        def collectives(self) -> list:
+            return [c["op"] for c in self.calls if c["op"] not in ("send", "recv", "barrier", "monitored_barrier")]
+
+        @property
+        def sent(self) -> int:
+            return sum(c["numel"] for c in self.calls if c["op"] == "send")
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func.overloadpacket)
+            if name.startswith("c10d."):
+                raw = name.split(".", 1)[1].rstrip("_")
+                op = NAMES.get(raw, raw)
+                peer = int(args[2]) if op in ("send", "recv") and len(args) > 2 and raw != "recv_any_source" \
+                    else None
+                self.calls.append(dict(op=op, peer=peer, numel=_largest(args)))
+            return func(*args, **(kwargs or {}))
+
+    return Recorder()
+
+
+def _largest(args) -> int:
+    """The largest tensor among a c10d operation's arguments (lists of tensors and lists of lists included)."""
+    best = 0
+    for a in args:
+        if hasattr(a, "numel") and hasattr(a, "shape"):
+            best = max(best, a.numel())
+        elif isinstance(a, (list, tuple)):
+            best = max(best, _largest(a))
+    return best
+
+
+def summary(calls) -> dict:
+    """``{op: count}`` of a rank's calls."""
+    out: dict = {}
+    for c in calls:
+        out[c["op"]] = out.get(c["op"], 0) + 1
+    return out
+
+
+def contract(calls, rank: int, world_size: int, only=None, neighbours: bool = False, max_sent: int | None = None,
+             at_least: dict | None = None, small: int | None = None) -> str:
+    """The first way rank ``rank``'s ``calls`` break the contract, as a sentence; "" when they keep it.
+
+    ``only``: the operations allowed (a call outside them of at most ``small`` elements is tolerated: counts, a
+    flag); ``at_least``: ``{"op|other_op": n}``, calls of those operations together."""
+    ops = summary(c for c in calls if small is None or only is None or c["op"] in only or c["numel"] > small)
+    if only is not None:
+        other = sorted(op for op in ops if op not in set(only) | {"barrier"})
+        if other:
+            return (f"rank {rank} called {', '.join(f'{op} ({ops[op]}x)' for op in other)}; this exercise allows only "
+                    f"{', '.join(sorted(only))}")
+    if neighbours:
+        near = {(rank + 1) % world_size, (rank - 1) % world_size}
+        far = sorted({c["peer"] for c in calls if c["op"] in ("send", "recv") and c["peer"] not in near})
+        if far:
+            return (f"rank {rank} exchanged messages with rank(s) {far}; a ring talks to its neighbours only "
+                    f"(ranks {sorted(near)})")
+    if max_sent is not None:
+        sent = sum(c["numel"] for c in calls if c["op"] == "send")
+        if sent > max_sent:
+            return f"rank {rank} sent {sent:,} elements; the algorithm sends at most {max_sent:,}"
+    for names, least in (at_least or {}).items():
+        got = sum(ops.get(op, 0) for op in names.split("|"))
+        if got < least:
+            return (f"rank {rank} called {names.replace('|', ' or ')} {got} time(s); the algorithm needs at least "
+                    f"{least}")
+    return ""

@@ -1,0 +1,78 @@
+"""Issue 33's families of holes, closed by design: a planted wrong answer per family (tests/planted/families.py)
+that the old checks passed must now fail, with the check that names the family; the solutions still pass
+(tests/test_grading.py)."""
+import cloudpickle
+import pytest
+
+from simlib import grading
+
+from planted import families  # noqa: E402
+
+cloudpickle.register_pickle_by_value(families)
+
+
+@pytest.fixture(scope="module")
+def clusters(cluster2, cluster3, cluster4):
+    return {2: cluster2, 3: cluster3, 4: cluster4}
+
+
+@pytest.mark.parametrize("exercise", sorted(families.FAMILY3))
+def test_family3_the_algorithm_is_checked_not_only_the_output(exercise, clusters):
+    """Right numbers by all_gather (one through an alias bound before the grader ran): the dispatcher-level
+    recorder sees it, and the contract (ring: neighbours-only send/recv; MoE: all-to-all) fails it."""
+    report = grading.check(exercise, families.FAMILY3[exercise], clusters=clusters, quiet=True)
+    assert not report.passed, report
+    failed = report.failed()[0]
+    assert "all_gather" in failed.detail and ("ring" in failed.name or "all-to-all" in failed.name), failed.line()
+    assert all("ring" in r.name or "all-to-all" in r.name for r in report.failed()), \
+        "only the contract fails: the numbers are right"
+
+
+def test_family6_counts_come_from_the_graders_recorder(clusters):
+    """A column-parallel layer that all-gathers the weights through an alias: the old spy on dist.all_reduce saw
+    one all-reduce each way and passed it; the dispatcher-level recorder sees the all-gathers."""
+    report = grading.check("tp_linear", families.FAMILY6["tp_linear"], clusters=clusters, quiet=True)
+    assert not report.passed, report
+    assert [r.name for r in report.failed()] == [f"{n} ranks: one all-reduce in forward, one in backward"
+                                                 for n in (2, 3, 4)], report.results
+    assert "all_gather" in report.failed()[0].detail
+
+
+def test_family4_moe_sizes_that_differ_from_each_other(clusters):
+    """Tokens per rank (6 or 7) differ from the hidden size (8) and from one world size to the next: an answer
+    that takes the token count for the hidden size passed when both were 8."""
+    report = grading.check("moe_dispatch", families.FAMILY4["moe_dispatch"], clusters=clusters, quiet=True)
+    assert not report.passed and report.status in ("fail", "error"), report
+
+
+def test_family4_an_answer_right_only_on_the_lessons_instance_fails_on_fresh_ones():
+    report = grading.check("checkpoint_placement", families.FAMILY4["checkpoint_placement"], quiet=True)
+    assert [r.name for r in report.failed()] == ["40 fresh random problems: least recomputation that fits"], report
+    assert "seed" in report.failed()[0].detail and all(r.passed for r in report.results[:-1])
+
+
+@pytest.mark.parametrize("bug", sorted(families.FAMILY2))
+def test_family2_problems_are_drawn_at_check_time_and_the_reference_is_refused(bug):
+    report = grading.check("checkpoint_placement", families.FAMILY2[bug], quiet=True)
+    assert not report.passed and all(r.passed for r in report.results[:-1]), report
+    failed = report.failed()[0]
+    assert failed.name.startswith("40 fresh random problems"), failed.line()
+    if bug == "calls_the_reference":
+        assert "grader's own memory.py:_best_set" in failed.detail, failed.line()
+
+
+def test_family6_every_call_of_an_answer_run_in_the_graders_process_has_a_time_limit(monkeypatch):
+    from simlib.grading import core
+    monkeypatch.setattr(core, "ANSWER_CALL_LIMIT", 1.0)
+    report = grading.check("checkpoint_placement", families.FAMILY6["checkpoint_placement"], quiet=True)
+    failed = report.failed()
+    assert len(failed) == 1 and failed[0].status == "timeout" and "longer than 1 s" in failed[0].detail, report
+
+
+def test_family6_the_full_state_check_draws_from_every_generator(cluster2):
+    """A state that saves torch's CPU generator only: the task now draws from Python's and NumPy's too (and
+    CUDA's where there is one), so the resumed run leaves the uninterrupted one."""
+    report = grading.check("full_state", families.FAMILY6["full_state"], clusters={2: cluster2}, quiet=True)
+    assert not report.passed, report
+    assert [r.name for r in report.failed()] == ["2 ranks: the resumed curve equals the uninterrupted one, bit for "
+                                                 "bit"], "\n".join(r.line() for r in report.results)
