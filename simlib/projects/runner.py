@@ -31,9 +31,7 @@ def train_on(world_size: int, task, plan, cluster=None, threads: int | None = No
     ``timeout``: seconds a collective may wait for a peer on fresh workers (default simlib.launch's)."""
     from ..launch import launch
 
-    if plan.world_size != world_size:
-        raise ValueError(f"plan {plan.label!r} needs {plan.world_size} ranks, not {world_size}")
-    plan.validate(world_size, task)  # the trainer's own check, here before any process starts
+    plan.validate(world_size, task)  # the trainer's own check, here before any process starts (then remembered)
     if cluster is not None:
         if cluster.world_size != world_size:
             raise ValueError(f"the cluster has {cluster.world_size} ranks; this run needs {world_size}")

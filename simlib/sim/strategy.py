@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..parallel import dims
+
 RECOMPUTE = ("none", "selective", "op", "every_other", "full")
 ATTENTION = ("unfused", "flash", "flash1")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -51,10 +53,9 @@ class Strategy:
     tp_overlap: bool = False         # Megatron's --tp-comm-overlap: TP collectives pipelined with their GEMMs
 
     def __post_init__(self):
-        for name in ("dp", "tp", "pp", "micro_batch", "num_micro_batches", "virtual_stages"):
+        dims.check(dp=self.dp, tp=self.tp, pp=self.pp, zero_stage=self.zero_stage, owner="Strategy")  # the Plan's rules
+        for name in ("micro_batch", "num_micro_batches", "virtual_stages"):
             _positive_int(name, getattr(self, name))
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if not self.bucket_bytes or self.bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {self.bucket_bytes!r}")
         if self.recompute not in RECOMPUTE:
@@ -111,10 +112,7 @@ class Strategy:
     def validate(self, world_size: int | None = None, model=None, hardware=None) -> "Strategy":
         """Check the degrees against a world size, a model and a machine; return self (raises ValueError)."""
         if world_size is not None:
-            _positive_int("world_size", world_size)
-            if self.world_size != world_size:
-                raise ValueError(f"dp × tp × pp = {self.dp} × {self.tp} × {self.pp} = {self.world_size}, but the "
-                                 f"world has {world_size} ranks: the degrees must multiply to the world size")
+            dims.check(dp=self.dp, tp=self.tp, pp=self.pp, world_size=world_size, owner="Strategy")
         if model is not None:
             chunks = self.pp * self.virtual_stages
             if model.layers % chunks:
@@ -156,9 +154,8 @@ class Strategy:
             raise ValueError(f"Strategy prices dp, tp and pp; cp={plan.cp} and ep={plan.ep} are priced by "
                              "simlib.sim.context_experts (context-parallel attention, MoE all-to-alls)")
         per_step = plan.accumulation * plan.microbatches
-        if global_batch % (plan.dp * per_step):
-            raise ValueError(f"global batch {global_batch} does not split into dp={plan.dp} x {per_step} "
-                             "micro-batches: use a multiple of their product")
+        dims.check(dp=plan.dp, global_batch=global_batch, accumulation=plan.accumulation,
+                   microbatches=plan.microbatches)
         if plan.pp > 1 and plan.accumulation > 1:
             raise ValueError(f"the simulator prices one pipeline flush per step; the plan runs {plan.accumulation}: "
                              f"simulate pp_microbatches={per_step}, accumulation=1 (the same samples, one flush)")
