@@ -21,6 +21,7 @@ from .parallel import dims
 from .parallel.data import MODES as DP_VARIANTS
 from .parallel.mesh import Mesh
 
+PLAN_NAMES = ("single", "dp", "dp+acc", "tp", "pp", "cp")  # named plans: simlib train --plan NAME
 SCHEDULES = ("gpipe", "1f1b")
 PRECISIONS = (None, "bf16", "fp16")
 
@@ -206,6 +207,22 @@ def _check_context_experts(plan) -> None:
                          "dp_variant at its default ('bucket')")
 
 
+def named_plan(name: str, world_size: int, micro_batches: int = 4) -> Plan:
+    """The plan called ``name`` (one of :data:`PLAN_NAMES`) on ``world_size`` processes: every rank in that one
+    dimension (``dp+acc``: with ``micro_batches`` accumulation steps; ``pp``: that many pipeline micro-batches)."""
+    if name not in PLAN_NAMES:
+        raise ValueError(f"unknown plan {name!r}: use one of {PLAN_NAMES}")
+    if name == "single" or world_size == 1:
+        if name == "single" and world_size != 1:
+            raise ValueError(f"plan 'single' runs on 1 process, not {world_size}: use --world-size 1, or a plan that "
+                             f"splits the work ({', '.join(n for n in PLAN_NAMES if n != 'single')})")
+        return Plan()
+    return {"dp": lambda: Plan(dp=world_size), "dp+acc": lambda: Plan(dp=world_size, accumulation=micro_batches),
+            "tp": lambda: Plan(tp=world_size),
+            "pp": lambda: Plan(pp=world_size, pp_microbatches=max(micro_batches, world_size)),
+            "cp": lambda: Plan(cp=world_size)}[name]()  # cp: each sequence split zig-zag, ring attention
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """Optimizer and learning-rate schedule (linear warm-up, then cosine decay to ``min_lr_ratio`` x lr)."""
@@ -225,4 +242,4 @@ class OptimConfig:
         guards.check_optim(self)  # every field, one line naming the wrong one
 
 
-__all__ = ["Plan", "OptimConfig", "SCHEDULES", "PRECISIONS", "DP_VARIANTS"]
+__all__ = ["Plan", "OptimConfig", "named_plan", "PLAN_NAMES", "SCHEDULES", "PRECISIONS", "DP_VARIANTS"]
