@@ -35,7 +35,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-NOT_FROM_CLI = ("task", "plan", "optim", "out_dir", "verbose", "state_type")  # train() arguments set otherwise
+NOT_FROM_CLI = ("task", "plan", "optim", "out_dir", "verbose", "state_type", "step_hook")  # train() arguments set otherwise
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -42,6 +43,22 @@ class Task(Protocol):
     def batch(self, step: int): ...       # the GLOBAL batch (x, y) of ``step``, deterministic
     def loss(self, output, target): ...   # mean over the samples given
     def evaluate(self, model) -> dict: ...  # held-out metrics, e.g. {"eval_loss": 2.1}
+
+
+@dataclass
+class StepInfo:
+    """What a step hook sees (``train(..., step_hook=hook)``): ``hook(info)`` is called as each step starts and
+    may return a context manager, entered around the whole step (forward, backward, optimizer and scheduler
+    step); callables it appends to ``after_backward`` run once the gradients are complete, before the optimizer.
+    The peak-memory tracker (``simlib.parallel.step_memory.StepMemory``) is one: a tool that needs the training
+    step uses this one instead of a copy of it."""
+
+    step: int
+    x: object                   # this rank's batch (inputs, targets), on its device
+    y: object
+    model: ParallelModel        # .module: the local parameters; .forward_backward, .groups, .plan
+    optimizer: object
+    after_backward: list = field(default_factory=list)
 
 
 @dataclass
@@ -118,7 +135,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
           optim: OptimConfig = OptimConfig(), eval_every: int = 0, log_every: int = 10, out_dir=None,
           target: dict | None = None, stop_at_target: bool = False, warmup: int = 2, measure_memory: bool = True,
           verbose: bool = True, state_type: type | None = None, nonfinite: str = "stop",
-          allow_changes=()) -> RunRecord:
+          allow_changes=(), step_hook=None) -> RunRecord:
     """Train ``task`` under ``plan`` for one budget (``steps``, ``tokens``, ``samples`` or ``seconds``).
 
     Call on every rank. ``eval_every``: evaluate every k steps (and at the end) if > 0. ``target``: e.g.
@@ -130,6 +147,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     :class:`simlib.guards.NonFiniteError` naming the step) or ``"skip"`` (skip its update; counted in
     ``summary["skipped_steps"]``). ``allow_changes``: fields (``"optim.lr"``, ``"task.seed"``, ``"optim"``, ``"*"``)
     allowed to differ from the checkpoint resumed from; any other difference is refused, naming the field.
+    ``step_hook``: called with a :class:`StepInfo` as each step starts (see there).
     """
     from . import env
     from .timeline import Timeline
@@ -162,9 +180,11 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     skipped = 0  # steps whose update was skipped for NaN/inf (nonfinite="skip")
     local_params = [p for g in optimizer.param_groups for p in g["params"]]
 
-    def one_step(x, y):
+    def one_step(x, y, after_backward=()):
         optimizer.zero_grad(set_to_none=True)
         loss = pm.forward_backward(x, y)
+        for hook in after_backward:
+            hook()
         with tl.span("optimizer"):
             # loss scaling (fp16): gradients back to their true size; a step with inf/NaN on any rank is skipped
             # by the scaler (that is its job; every rank agrees on it), so the divergence check runs on the others
@@ -196,14 +216,17 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
             x, y = pm.shard(x, y)
         lr = scheduler.get_last_lr()[0]
         t0 = time.perf_counter()
-        with tl.step(step):
+        info = StepInfo(step, x, y, pm, optimizer) if step_hook is not None else None
+        hooked = (step_hook(info) if info is not None else None) or nullcontext()
+        after = info.after_backward if info is not None else ()
+        with tl.step(step), hooked:
             if measure_memory and step == first_step + 1 and ctx.device.type == "cpu":
                 from .parallel.accumulate import peak_memory as measure
                 box = {}
-                peak_memory = measure(lambda: box.update(out=one_step(x, y)))
+                peak_memory = measure(lambda: box.update(out=one_step(x, y, after)))
                 loss, norm, bad = box["out"]
             else:
-                loss, norm, bad = one_step(x, y)
+                loss, norm, bad = one_step(x, y, after)
         if bad:
             if nonfinite == "stop":
                 from .checkpoint import latest
@@ -287,4 +310,5 @@ def _evaluate(task, pm, state, evals, writer, verbose) -> None:
         print(f"eval at step {state.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)
 
 
-__all__ = ["Plan", "OptimConfig", "Task", "TrainState", "RunRecord", "train", "parallelize", "build_optimizer"]
+__all__ = ["Plan", "OptimConfig", "Task", "TrainState", "StepInfo", "RunRecord", "train", "parallelize",
+           "build_optimizer"]
