@@ -163,3 +163,13 @@ def test_circles_through_dynamic_imports_are_found(tmp_path):
     graph = import_graph(pkg)
     assert sorted(cycles(graph)) == [["pkg", "pkg.magic"], ["pkg.a", "pkg.b"], ["pkg.reg", "pkg.run"]], graph
     assert graph["pkg.alone"] == set()
+
+
+def test_building_blocks_do_not_import_the_layers_above():
+    """``simlib/parallel/`` holds what ``parallelize`` composes: blocks with explicit arguments. None imports the
+    trainer, the plan, ``parallelize`` or anything that drives them (step_memory is a hook the loop calls)."""
+    above = ("simlib.train", "simlib.plan", "simlib.parallelize", "simlib.projects", "simlib.lessons",
+             "simlib.grading", "simlib.debug", "simlib.cli", "simlib.widgets", "simlib.sim")
+    bad = {m: sorted(d for d in deps if d.startswith(above))
+           for m, deps in import_graph().items() if m.startswith("simlib.parallel.")}
+    assert not any(bad.values()), {m: d for m, d in bad.items() if d}
