@@ -66,6 +66,10 @@ def test_a_registered_project_trains_through_the_cli(tiny, tmp_path, capsys):
     assert summary["steps"] == 6 and summary["final_eval"]["eval_loss"] > 0
     assert "width = 3" in (out / "config.toml").read_text()  # the flag reached the task
     assert "run record in" in capsys.readouterr().out
+    import os
+
+    import torch.distributed as dist
+    assert "RANK" not in os.environ and not dist.is_initialized()  # the one-process run left nothing behind
     record, state = runner.run_project("tiny", 1, quick=True, verbose=False)  # the runner finds it too
     assert set(state) == {"weight", "bias"} and record.summary["steps"] == 6
     assert runner.PROJECTS["tiny"](True)["task"] == TinyTask()  # what the grader's _standard(name) reads

@@ -6,6 +6,9 @@
     finance.HedgingTask  project 3: deep hedging of an option on Monte-Carlo paths calibrated to the S&P 500
                          series that ships inside the ``arch`` package; tested on the later, real years
     seeding              per-sample seeds, and the check that catches the same seed on every rank
+
+Each project's standard run is its folder's ``run.py``; :mod:`simlib.projects.registry` registers them (one line
+each), and ``simlib train``, :mod:`simlib.projects.runner`, the benchmarks and the grader find them there.
 """
 
 

@@ -47,6 +47,35 @@ def train_on(world_size: int, task, plan, cluster=None, threads: int | None = No
     return outs[0]
 
 
+def _train_here(train_fn, task, plan, threads, **train_kwargs):
+    """One rank, in this process: with ``threads``, then everything as it was. The one-process group (and the
+    RANK/WORLD_SIZE/MASTER_* variables that made it) goes when it was made here, so that a later ``simlib train``
+    in this process does not take itself for a rank of a launcher's world."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from .. import env
+    keys = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+    saved, had_group = {k: os.environ.get(k) for k in keys}, dist.is_initialized()
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        record = train_fn(task, plan, **train_kwargs)
+    finally:
+        torch.set_num_threads(previous)
+        if not had_group:
+            env.shutdown()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return record, {k: v.detach().clone() for k, v in record.model.module.state_dict().items()}
+
+
 def load_state(task, state):
     """A fresh model of ``task`` holding ``state`` (what :func:`train_on` brought back), ready to evaluate."""
     model = task.build_model()
@@ -82,14 +111,6 @@ def run_project(name: str, world_size: int = 1, quick: bool = False, out_dir=Non
     plan = spec.pop("plan", None) or Plan(dp=world_size, **project.plan_defaults({"dp": world_size}))
     train_fn = project.train_rank()
     if world_size == 1 and cluster is None:
-        import torch
-        previous = torch.get_num_threads()
-        if threads:
-            torch.set_num_threads(threads)
-        try:
-            record = train_fn(task, plan, out_dir=out_dir, verbose=verbose, **spec)
-        finally:
-            torch.set_num_threads(previous)
-        return record, {k: v.detach().clone() for k, v in record.model.module.state_dict().items()}
+        return _train_here(train_fn, task, plan, threads, out_dir=out_dir, verbose=verbose, **spec)
     return train_on(world_size, task, plan, cluster=cluster, threads=threads, out_dir=out_dir, verbose=verbose,
                     timeout=timeout, train_fn=train_fn, **spec)
