@@ -2,7 +2,7 @@
 
 Per rank, the peak bytes of one whole step (forward, backward, AdamW step; a warm-up step first, so the optimizer's
 states exist as in every later step), measured with torch's ``MemTracker``
-(``simlib.parallel.step_memory.step_peak``), with what made up the peak (parameters, gradients, optimizer states,
+(``simlib.debug.memory.step_peak``), with what made up the peak (parameters, gradients, optimizer states,
 activations, backward temporaries, the batch). The difference (no SP minus SP) is compared with the formula's
 activation saving (``sequence_parallel_saving``: the replicated activations outside the split layers, of which
 SP keeps 1/t), at sizes where activations decide the peak and at one where parameters and their states do.
@@ -14,7 +14,8 @@ import time
 import warnings
 
 import simlib
-from simlib.parallel.step_memory import sequence_parallel_outside, sequence_parallel_saving, step_peak
+from simlib.debug.memory import step_peak
+from simlib.parallel.step_memory import sequence_parallel_outside, sequence_parallel_saving
 from simlib.projects.gpt import GPTTask
 from simlib.train import Plan
 
@@ -81,7 +82,7 @@ def main() -> dict:
                target="where activations decide the peak, the whole step's peak falls by the formula's activation "
                       "saving (within 1 %)",
                met=bool(worst <= 0.01), worst_relative_deviation=round(worst, 6), rows=rows,
-               method="simlib.parallel.step_memory.step_peak on a warm 2-process Gloo cluster, one thread per "
+               method="simlib.debug.memory.step_peak on a warm 2-process Gloo cluster, one thread per "
                       "worker: the GPT task under Plan(tp=2) and Plan(tp=2, sequence_parallel=True), AdamW "
                       "(OptimConfig()), one warm-up step, then one step under torch.distributed._tools.mem_tracker."
                       f"MemTracker; peak = its 'peak' snapshot's Total; each run {REPEATS} times (deterministic: "
@@ -99,7 +100,7 @@ def main() -> dict:
                            "nothing there although the formula's activation saving is 1.18 MB",
                note="Gloo's worker thread frees a collective's tensors late when it must wait for the GIL: before "
                     "the logits gather ran in place, its contiguous input copy (b*s*V*4/t B) was still alive at SP's "
-                    "peak in 8 of 60 runs under load; in place, 0 of 60 (simlib.parallel.step_memory.step_peak)",
+                    "peak in 8 of 60 runs under load; in place, 0 of 60 (simlib.debug.memory.step_peak)",
                machine=report.machine(load), seconds=round(time.time() - started, 1))
     report.write(out)
     return out

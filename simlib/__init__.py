@@ -15,4 +15,13 @@ __all__ = ["launch", "Cluster", "cluster", "Interrupted", "init", "context", "qu
 def load_ipython_extension(ipython) -> None:
     """``%load_ext simlib``: the ``%%distributed`` cell magic and its companions (see :mod:`simlib.magic`)."""
     from .magic import load_ipython_extension as load
-    load(ipython)
+    load(ipython, _in_rank)
+
+
+def _in_rank(name: str, *args):
+    """Worker side of a distributed cell: ``simlib.magic``'s ``name``, given this package (the learner's
+    namespace holds it) by the package itself, so that ``magic`` never imports the package above it."""
+    import sys
+
+    from . import magic
+    return getattr(magic, name)(sys.modules[__name__], *args)

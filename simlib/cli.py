@@ -1,5 +1,5 @@
 """Command line: ``simlib scaling`` (the main job), ``simlib doctor``, ``simlib run module:function``,
-``simlib train gpt|vision|finance`` (the hands-on projects)."""
+``simlib train <project>`` (the hands-on projects of ``simlib.projects.registry``)."""
 from __future__ import annotations
 
 import argparse
@@ -175,18 +175,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait")
     p.set_defaults(func=_run)
 
-    p = sub.add_parser("train", help="hands-on project: GPT (text), vision (digits) or finance (hedging), "
-                                     "trained through simlib.train; writes the run record",
+    from .plan import PLAN_NAMES
+    from .projects.registry import PROJECTS
+    p = sub.add_parser("train", help="hands-on project: " + ", ".join(f"{n} ({p.about})" if p.about else n
+                                                                   for n, p in PROJECTS.items())
+                       + "; trained through simlib.train; writes the run record",
                        description="Every field of Plan, OptimConfig, the budget and the task is a flag "
                        "(--plan.zero-stage 2) and a key of the --config TOML file ([plan] zero_stage = 2); flags win "
                        "over the file, the file over the project's defaults. Under torchrun or srun each process "
                        "is one rank of the launcher's world.")
-    p.add_argument("project", nargs="?", choices=["gpt", "vision", "finance"],
+    p.add_argument("project", nargs="?", choices=list(PROJECTS),
                    help="the project (or project = \"gpt\" in the [run] table of --config)")
     p.add_argument("--config", default=None, help="TOML file: [run], [plan], [optim], [budget], [task] tables")
     p.add_argument("--world-size", type=int, default=None,
                    help="processes (default 2, or the launcher's world under torchrun/srun, or dp x tp x pp x cp)")
-    p.add_argument("--plan", nargs="+", default=None, choices=["single", "dp", "dp+acc", "tp", "pp", "cp"],
+    p.add_argument("--plan", nargs="+", default=None, choices=list(PLAN_NAMES),
                    help="named plans (default dp); several write one folder each under --out; --plan.* fields "
                         "apply on top (e.g. --plan.ep 2 --task.moe-experts 4: the GPT's MoE variant). vision and "
                         "finance have no tp/pp/cp (refused)")

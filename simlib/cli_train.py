@@ -17,8 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import config as cfg
-
-PROJECTS = ("gpt", "vision", "finance")
+from .projects.registry import PROJECTS, get as project_of
 
 
 @dataclass
@@ -67,8 +66,7 @@ def _task_overrides(project: str, values: dict, defaults) -> object:
 def _build_plan(project: str, name: str, world: int, fields: dict, several: bool, checkpoints=None):
     """A named plan (``dp``, ``tp``...) on ``world`` ranks, then the ``[plan]`` fields over it. Given degrees
     replace the name's: ``--plan.tp 2`` on 4 ranks is dp 2 x tp 2 (dp fills the world; so does it for cp)."""
-    from .projects.gpt import run as project_gpt
-    from .train import Plan
+    from .plan import Plan, named_plan
     degrees = {k: fields[k] for k in ("dp", "tp", "pp", "cp") if k in fields}
     if degrees:
         if several:
@@ -80,9 +78,8 @@ def _build_plan(project: str, name: str, world: int, fields: dict, several: bool
         if pp > 1:
             base["accumulation"] = max(4, pp)
     else:
-        base = cfg.as_dict(project_gpt.plan_for(name, world))
-    if project == "vision" and "sync_batchnorm" not in fields:
-        base["sync_batchnorm"] = base.get("dp", 1) > 1  # BatchNorm statistics over the whole global batch
+        base = cfg.as_dict(named_plan(name, world))
+    base.update({k: v for k, v in project_of(project).plan_defaults(base).items() if k not in fields})
     if checkpoints is not None and fields.get("checkpoint_dir") is None:
         base["checkpoint_dir"] = str(checkpoints)  # saving or resuming, and no folder given: the run's own
         fields = {k: v for k, v in fields.items() if k != "checkpoint_dir"}
@@ -98,10 +95,9 @@ def resolve(args) -> RunSpec:
     flag_layer = cfg.from_args(args)
     project = args.project or run.get("project")
     if project is None:
-        raise ValueError("name the project: simlib train gpt|vision|finance (or project = \"gpt\" in the [run] "
+        raise ValueError(f"name the project: simlib train {'|'.join(PROJECTS)} (or project = \"gpt\" in the [run] "
                          "table of --config)")
-    if project not in PROJECTS:
-        raise ValueError(f"unknown project {project!r}: use one of {', '.join(PROJECTS)}")
+    project_of(project)  # an unknown name: one line listing the registered ones
     if args.project and run.get("project") not in (None, args.project):
         raise ValueError(f"--config is for project {run['project']!r}, not {args.project!r}")
     given = cfg.merge(file_layer, flag_layer)
@@ -141,7 +137,7 @@ def resolve(args) -> RunSpec:
         needs_folder = bool(args.resume or plan_fields.get("checkpoint_every"))
         plan = _build_plan(project, name, world, plan_fields, len(names) > 1, out if needs_folder else None)
         folder = out / name if len(names) > 1 else out
-        if project != "gpt" and len(names) == 1 and not (args.out or run.get("out")):
+        if project_of(project).folder_per_plan and len(names) == 1 and not (args.out or run.get("out")):
             folder = out / (f"dp{world}" if name == "dp" and not plan_fields else plan.label.replace(" ", "_"))
         if needs_folder:
             plan = _build_plan(project, name, world, plan_fields, len(names) > 1, folder / "checkpoints")
@@ -225,35 +221,24 @@ def _announce(spec: RunSpec, name: str, plan) -> None:
 
 
 def _finish(spec: RunSpec, records: dict) -> None:
-    """Rank 0: the overlay plot of every plan's curves (GPT), and where everything went."""
-    if spec.project == "gpt":
-        from .projects.gpt import run as project_gpt
-        target = next(iter((spec.budget.get("target") or {None: None}).values()))
-        project_gpt.plot_runs(records, spec.out / "loss.png", target=target)
-        print(f"wrote {spec.out / 'loss.png'}" + ("" if len(records) > 1 else
-              f", {spec.out / 'run.jsonl'}, {spec.out / 'summary.json'}, {spec.out / 'config.toml'}"))
-    else:
-        for name in records:
-            print(f"run record in {spec.folders[name]}/ (run.jsonl, summary.json, config.toml)")
+    """Rank 0: what the project draws from every plan's run (the GPT's overlay plot), and where everything went."""
+    wrote = project_of(spec.project).finish(records, spec.out, spec.budget.get("target"))
+    for name in records:
+        print(f"run record in {spec.folders[name]}/ (run.jsonl, summary.json, config.toml)")
+    if wrote:
+        print("wrote " + ", ".join(str(p) for p in wrote))
 
 
 def _run_local(spec: RunSpec) -> int:
-    """No launcher: fresh local ranks per plan through simlib.launch (the laptop path)."""
+    """No launcher: fresh local ranks per plan through simlib.launch (the laptop path); one process runs here."""
+    from .projects.runner import run_project
     records = {}
     for name, plan in spec.plans.items():
         _announce(spec, name, plan)
         _save_config(spec, name)
-        folder = str(spec.folders[name])
-        if spec.project == "gpt":
-            from .projects.gpt import run as project_gpt
-            records[name] = project_gpt.run(plan, plan.world_size, quick=spec.quick, out_dir=folder,
-                                            threads=spec.threads, collective_timeout=spec.timeout, task=spec.task,
-                                            optim=spec.optim, **spec.budget)
-        else:
-            from .projects.runner import run_project
-            records[name], _ = run_project(spec.project, plan.world_size, quick=spec.quick, out_dir=folder,
-                                           threads=spec.threads, timeout=spec.timeout, plan=plan, task=spec.task, optim=spec.optim,
-                                           **spec.budget)
+        records[name], _ = run_project(spec.project, plan.world_size, quick=spec.quick, out_dir=str(spec.folders[name]),
+                                       threads=spec.threads, timeout=spec.timeout, plan=plan, task=spec.task,
+                                       optim=spec.optim, **spec.budget)
         _report(spec, name, records[name])
     _finish(spec, records)
     return 0
@@ -266,20 +251,14 @@ def _run_here(spec: RunSpec) -> int:
     from . import env
     torch.set_num_threads(spec.threads or env.threads_per_worker(spec.launcher["local_world_size"]))
     ctx = env.init(spec.backend, **({"timeout": spec.timeout} if spec.timeout else {}))
+    train_rank = project_of(spec.project).train_rank()
     records = {}
     try:
         for name, plan in spec.plans.items():
             if ctx.rank == 0:
                 _announce(spec, name, plan)
                 _save_config(spec, name)
-            folder = str(spec.folders[name])
-            if spec.project == "gpt":
-                from .projects.gpt import run as project_gpt
-                record = project_gpt.train_gpt(plan, out_dir=folder, quick=spec.quick, task=spec.task,
-                                               optim=spec.optim, **spec.budget)
-            else:
-                from .train import train
-                record = train(spec.task, plan, out_dir=folder, optim=spec.optim, **spec.budget)
+            record = train_rank(spec.task, plan, out_dir=str(spec.folders[name]), optim=spec.optim, **spec.budget)
             records[name] = record
             if ctx.rank == 0:
                 _report(spec, name, record)

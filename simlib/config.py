@@ -35,7 +35,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-NOT_FROM_CLI = ("task", "plan", "optim", "out_dir", "verbose", "state_type")  # train() arguments set otherwise
+NOT_FROM_CLI = ("task", "plan", "optim", "out_dir", "verbose", "state_type", "step_hook")  # train() arguments set otherwise
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,9 @@ class Budget:
 
 
 def task_classes() -> dict:
-    """The projects' task dataclasses, by project name."""
-    from .projects.gpt.task import GPTTask
-    from .projects.finance import HedgingTask
-    from .projects.vision import DigitsTask
-    return {"gpt": GPTTask, "vision": DigitsTask, "finance": HedgingTask}
+    """The projects' task dataclasses, by project name (each registered project's ``TASK``)."""
+    from .projects.registry import PROJECTS
+    return {name: project.task_class for name, project in PROJECTS.items()}
 
 
 def sections() -> dict:
@@ -209,8 +207,7 @@ _SECTION_HELP = {
     "plan": "how the work is split (simlib.train.Plan)",
     "optim": "optimizer and learning-rate schedule (simlib.train.OptimConfig)",
     "budget": "how long to train and what to record (simlib.train.train's arguments)",
-    "task": "the project's model and data (GPTTask, DigitsTask, HedgingTask; a field the project lacks is "
-            "refused)",
+    "task": "the project's model and data (its task dataclass; a field the project lacks is refused)",
 }
 
 

@@ -58,11 +58,15 @@ def dry_run(spec) -> int:
     where = (f"{spec.launcher['launcher']}'s world of {spec.world_size} ({spec.launcher['nodes']} node(s))"
              if spec.launcher else f"{spec.world_size} local process(es), spawned by simlib.launch")
     hw = sim.preset(spec.hardware)
-    model = sim_model(spec.task)
+    try:
+        model, unpriced = sim_model(spec.task), ""
+    except ValueError as exc:  # a project the simulator has no formulas for: validated and mapped, not priced
+        model, unpriced = None, str(exc)
     print(f"simlib train {spec.project} --dry-run: nothing is started")
     print(f"world    {where}")
-    print(f"task     {type(spec.task).__name__}: {model.name}, {model.params:,} parameters (simulator's count), "
-          f"global batch {spec.task.global_batch}"
+    print(f"task     {type(spec.task).__name__}: "
+          + (f"{model.name}, {model.params:,} parameters (simulator's count)" if model else unpriced)
+          + f", global batch {spec.task.global_batch}"
           + (f"; the MoE variant has {spec.task.config.num_parameters():,} ({spec.task.config.num_parameters(True):,}"
              " used per token)" if getattr(spec.task, "moe_experts", 0) else ""))
     budget = {k: v for k, v in spec.budget.items() if v is not None}
@@ -75,6 +79,10 @@ def dry_run(spec) -> int:
               + ", ".join(f"{k}={v}" for k, v in changed.items()))
         for line in mesh_lines(plan, local):
             print("  " + line)
+        if model is None:
+            print(f"  memory and step time: not priced ({unpriced})")
+            print(f"  output   {spec.folders[name]}/ (run.jsonl, summary.json, config.toml)")
+            continue
         strategy = strategy_for(plan, spec.task, spec.optim)
         mem = sim.memory_per_device(model, strategy)
         print("  memory per rank (simulator, first pipeline stage): "

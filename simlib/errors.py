@@ -142,7 +142,8 @@ def restore_filenames(text: str, fn) -> str:
 
 
 _SIMLIB = os.path.dirname(os.path.abspath(__file__))
-_PLUMBING = {os.path.join(_SIMLIB, name) for name in ("worker.py", "magic.py", os.path.join("debug", "hangs.py"))}
+_PLUMBING = {os.path.join(_SIMLIB, name)  # __init__.py: its _in_rank hands a distributed cell to magic.py
+             for name in ("worker.py", "magic.py", "__init__.py", os.path.join("debug", "hangs.py"))}
 _FRAME = re.compile(r'^  File "([^"]+)", line (\d+)(.*)$')
 
 

@@ -465,6 +465,11 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = e
 _shared: Cluster | None = None
 
 
+def shared_cluster() -> Cluster | None:
+    """This process's warm cluster (:func:`cluster`'s), or None when there is none."""
+    return _shared
+
+
 def cluster(world_size: int, **options) -> Cluster:
     """This process's warm cluster of ``world_size`` workers: started on first use, then returned again.
 

@@ -25,14 +25,14 @@ The function style (``simlib.launch(fn, n)``) stays the way for scripts; this is
 from __future__ import annotations
 
 import ast
-import importlib
 import sys
 
 _namespace: dict | None = None  # in a worker: this rank's variables, kept between cells
 
 
-def _rank_namespace() -> dict:
-    """This worker's namespace for distributed cells (created on first use)."""
+def _rank_namespace(package) -> dict:
+    """This worker's namespace for distributed cells (created on first use). ``package``: the ``simlib`` package
+    object, handed in by the package's own entry point (``simlib._in_rank``): this module imports nothing above it."""
     global _namespace
     if _namespace is None:
         import torch
@@ -40,21 +40,19 @@ def _rank_namespace() -> dict:
 
         from .env import context
         ctx = context()
-        # the learner's cells see the package as if they had imported it (a name handed to their code, not a
-        # dependency of this module's: the package's own entry point imports this one)
-        simlib = importlib.import_module(__package__)
-        _namespace = {"__name__": "__distributed__", "torch": torch, "dist": dist, "simlib": simlib, "ctx": ctx,
+        # the learner's cells see the package as if they had imported it
+        _namespace = {"__name__": "__distributed__", "torch": torch, "dist": dist, "simlib": package, "ctx": ctx,
                       "rank": ctx.rank, "world_size": ctx.world_size}
     return _namespace
 
 
-def _run_cell(source: str, filename: str, ranks) -> str | None:
+def _run_cell(package, source: str, filename: str, ranks) -> str | None:
     """Worker side of ``%%distributed``: run ``source`` in this rank's namespace; the repr of a last
     expression (if not None) comes back, as IPython would show it."""
     import torch.distributed as dist
     if ranks is not None and dist.get_rank() not in ranks:
         return None
-    ns = _rank_namespace()
+    ns = _rank_namespace(package)
     tree = ast.parse(source, filename)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     exec(compile(tree, filename, "exec"), ns)  # noqa: S102 - the learner's own cell
@@ -64,8 +62,8 @@ def _run_cell(source: str, filename: str, ranks) -> str | None:
     return None
 
 
-def _get(names: list[str]) -> dict:
-    ns = _rank_namespace()
+def _get(package, names: list[str]) -> dict:
+    ns = _rank_namespace(package)
     missing = [n for n in names if n not in ns]
     if missing:
         import torch.distributed as dist
@@ -74,8 +72,8 @@ def _get(names: list[str]) -> dict:
     return {n: ns[n] for n in names}
 
 
-def _set(values: dict) -> None:
-    _rank_namespace().update(values)
+def _set(package, values: dict) -> None:
+    _rank_namespace(package).update(values)
 
 
 def _cell_number(shell) -> int:
@@ -102,12 +100,13 @@ def _parse_ranks(text: str | None, world_size: int):
     return ranks
 
 
-def load_ipython_extension(ipython) -> None:
-    """Register ``%%distributed``, ``%dist_pull``, ``%dist_push`` and ``%dist_close``."""
-    ipython.register_magics(_make_magics()(ipython))
+def load_ipython_extension(ipython, in_rank) -> None:
+    """Register ``%%distributed``, ``%dist_pull``, ``%dist_push`` and ``%dist_close``. ``in_rank(name, *args)``:
+    the worker-side entry (``simlib._in_rank``) that calls this module's ``name`` with the package."""
+    ipython.register_magics(_make_magics(in_rank)(ipython))
 
 
-def _make_magics():
+def _make_magics(in_rank):
     from IPython.core import magic_arguments as ma
     from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
@@ -122,8 +121,8 @@ def _make_magics():
             self._pids = None  # the workers that hold the namespaces
 
         def _cluster(self, world_size=None):
-            launch = importlib.import_module(".launch", __package__)  # the module (simlib.launch is the function)
-            shared = launch._shared
+            from .launch import cluster, shared_cluster
+            shared = shared_cluster()
             if shared is not None and world_size in (None, shared.world_size):
                 self.world_size = shared.world_size  # the kernel's warm cluster, whatever its options
                 return shared
@@ -132,12 +131,12 @@ def _make_magics():
                     print(f"simlib: {world_size} ranks instead of {self.world_size}: starting new workers "
                           "(variables from earlier cells are gone)", file=sys.stderr)
                 self.world_size = world_size
-            return launch.cluster(self.world_size)
+            return cluster(self.world_size)
 
         def _call(self, fn, *args, timeout=None):
             cluster = self._cluster()
             try:
-                return cluster.call(fn, args, timeout=timeout or self.timeout)
+                return cluster.call(in_rank, (fn.__name__, *args), timeout=timeout or self.timeout)
             finally:
                 pids = cluster.pids  # empty when the call stopped the workers (an interrupt, a hang)
                 if pids and self._pids and pids != self._pids:
@@ -191,7 +190,8 @@ def _make_magics():
         @line_magic
         def dist_close(self, line):
             """Stop the workers of distributed cells (their variables go with them)."""
-            shared = importlib.import_module("simlib.launch")._shared
+            from .launch import shared_cluster
+            shared = shared_cluster()
             if shared is not None:
                 shared.close()
             self._pids = None

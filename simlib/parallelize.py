@@ -316,9 +316,8 @@ def _apply_context_experts(pm: ParallelModel, model: nn.Module, groups, plan, ta
         from .parallel.experts import MoEFeedForward
         pm.moe = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
     if ep > 1:
-        if not pm.moe:
-            raise ValueError(f"ep={ep} but {type(model).__name__} has no MoEFeedForward layer to share out: use "
-                             "ep=1, or a mixture-of-experts model (the GPT's moe_experts)")
+        from .parallel import dims
+        dims.check(dp=plan.dp, cp=cp, ep=ep, experts=len(pm.moe), task=f"{task.name} ({type(model).__name__})")
         for layer in pm.moe:
             layer.shard_experts(groups.ep_group)
 
@@ -327,13 +326,15 @@ def apply_zero(model: nn.Module, stage: int, group, blocks=None, comm_counter=No
     """ZeRO ``stage`` over the data-parallel ``group``: ``ZeroDataParallel`` (stages 1, 2: attach its
     ``ShardedOptimizer`` next) or ``Zero3`` (stage 3: each of ``blocks`` sharded; None: ``blocks_of(model)``;
     ``param_dtype``: FSDP2's mixed-precision policy, weights cast before the all-gather, gradients reduced in fp32)."""
+    from .parallel import dims
+    dims.check(zero_stage=stage)
+    if stage == 0:
+        raise ValueError("apply_zero(stage=0): stage 0 is plain data parallelism, use simlib.parallel.data.wrap")
     if stage in (1, 2):
         from .parallel.zero import ZeroDataParallel
         return ZeroDataParallel(model, stage=stage, group=group, comm_counter=comm_counter)
-    if stage == 3:
-        from .parallel.zero3 import Zero3
-        return Zero3(model, blocks=blocks, group=group, comm_counter=comm_counter, param_dtype=param_dtype)
-    raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r}")
+    from .parallel.zero3 import Zero3
+    return Zero3(model, blocks=blocks, group=group, comm_counter=comm_counter, param_dtype=param_dtype)
 
 
 def build_optimizer(pm: ParallelModel, plan, optim, total_steps: int | None):

@@ -147,7 +147,7 @@ def test_context_and_expert_plans_from_the_command_line():
     spec = cli_train.resolve(_args("gpt", "--quick", "--plan.ep", "2", "--task.moe-experts", "4",
                                    "--task.moe-top-k", "2"))
     assert (spec.plans["dp"].dp, spec.plans["dp"].ep, spec.task.moe_experts, spec.task.moe_top_k) == (2, 2, 4, 2)
-    with pytest.raises(ValueError, match="this GPT is dense: add --task.moe-experts"):
+    with pytest.raises(ValueError, match="is dense.*--task.moe-experts"):
         cli_train.resolve(_args("gpt", "--quick", "--plan.ep", "2"))
     with pytest.raises(ValueError, match="not with tensor parallelism"):
         cli_train.resolve(_args("gpt", "--quick", "--world-size", "4", "--plan.cp", "2", "--plan.tp", "2"))

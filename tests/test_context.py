@@ -29,12 +29,12 @@ def _cp_harness(kind, layout, causal, seq=S, heads=H):
     import torch.distributed as dist
 
     from simlib.parallel import context
-    from simlib.parallel.all_to_all import A2ALog
+    from simlib.parallel.comm_log import CommLog
     rank, n = dist.get_rank(), dist.get_world_size()
     q, k, v, weights = (context.shard_sequence(t, rank, n, layout) for t in _problem(seq=seq, heads=heads))
     for t in (q, k, v):
         t.requires_grad_()
-    log, stats = A2ALog(), {}
+    log, stats = CommLog(), {}
     if kind == "ring":
         out = context.ring_attention(q, k, v, causal, layout, log=log, stats=stats)
     else:

@@ -33,11 +33,11 @@ def _ep_harness(top_k, capacity_factor, engine="native"):
     import torch.distributed as dist
 
     from simlib.models import shard
-    from simlib.parallel.all_to_all import A2ALog
+    from simlib.parallel.comm_log import CommLog
     from simlib.parallel.experts import ExpertParallelMoE
     rank, n = dist.get_rank(), dist.get_world_size()
     moe, x, weights = _problem(top_k, capacity_factor)
-    log = A2ALog()
+    log = CommLog()
     layer = ExpertParallelMoE.from_dense(moe, log=log, engine=engine)
     x = shard(x, rank, n).clone().requires_grad_()
     y, aux, stats = layer(x)
@@ -49,7 +49,7 @@ def _ep_harness(top_k, capacity_factor, engine="native"):
     return dict(y=y.detach(), x_grad=x.grad, aux=float(total_aux), stats=stats, router=layer.router.weight.grad,
                 experts={f"experts.{rank * local + i}.{name}": p.grad for i, e in enumerate(layer.experts)
                          for name, p in e.named_parameters() if p.grad is not None},
-                bytes={name: sum(c[1] for c in log.calls if c[0] == name) for name in
+                bytes={name: log.bytes_by_name().get(name, 0) for name in
                        ("dispatch", "combine", "dispatch (backward)", "combine (backward)")})
 
 

@@ -3,8 +3,10 @@
 The import graph is read from the source with ``ast``: every ``import`` and ``from ... import`` of a simlib
 module, at module level *and* inside functions (a function-level import hides a circle from Python, not from a
 reader). ``from . import x`` counts as an import of the submodule ``x`` when there is one, else of the package.
-A module that takes the package object to hand to a learner's namespace (``importlib.import_module``) is not an
-import the graph sees; CONTRIBUTING says where each layer may import from.
+Dynamic imports count too: ``importlib.import_module(name[, package])`` and ``__import__(name)`` with a constant
+name (absolute or relative), ``__package__`` (the package) or ``__name__``; with a computed name, every simlib
+module the file names in a string constant (a registry's ``"simlib.projects.gpt.run"``) is taken as imported.
+CONTRIBUTING says where each layer may import from.
 """
 from __future__ import annotations
 
@@ -16,23 +18,52 @@ PACKAGE = ROOT / "simlib"
 MAX_LINES = 500
 
 
-def _modules() -> dict[str, tuple[pathlib.Path, bool]]:
+def _modules(package: pathlib.Path = PACKAGE) -> dict[str, tuple[pathlib.Path, bool]]:
     mods = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
         is_init = parts[-1] == "__init__"
         mods[".".join(parts[:-1] if is_init else parts)] = (path, is_init)
     return mods
 
 
-def import_graph() -> dict[str, set[str]]:
-    """simlib module -> the simlib modules it imports (anywhere in its source)."""
-    mods = _modules()
+def _resolve(name: str, package: str) -> str:
+    """``importlib.import_module``'s resolution of a relative name (``.launch``, ``..train``) in ``package``."""
+    if not name.startswith("."):
+        return name
+    level = len(name) - len(name.lstrip("."))
+    base = package.split(".")[:len(package.split(".")) - (level - 1)]
+    return ".".join(base + ([name.lstrip(".")] if name.lstrip(".") else []))
+
+
+def _dynamic_targets(node: ast.Call, name: str, package: str, literals: set[str]) -> set[str]:
+    """What an ``import_module``/``__import__`` call imports: its constant name resolved, else every literal."""
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if called not in ("import_module", "__import__") or not node.args:
+        return set()
+    arg = node.args[0]
+    anchor = package
+    if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+        anchor = node.args[1].value
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return {_resolve(arg.value, anchor)}
+    if isinstance(arg, ast.Name) and arg.id in ("__package__", "__name__"):
+        return {package if arg.id == "__package__" else name}
+    return set(literals)  # computed: whatever simlib module the file names may be the one
+
+
+def import_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the modules of the same package it imports (anywhere in its source, in any form)."""
+    mods = _modules(package)
     graph = {}
     for name, (path, is_init) in mods.items():
         here = name.split(".") if is_init else name.split(".")[:-1]
+        tree = ast.parse(path.read_text(), str(path))
+        literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                    and n.value in mods}
         deps = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = here[:len(here) - (node.level - 1)]
@@ -44,6 +75,8 @@ def import_graph() -> dict[str, set[str]]:
                     deps.add(sub if sub in mods else target)
             elif isinstance(node, ast.Import):
                 deps.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.Call):
+                deps.update(_dynamic_targets(node, name, ".".join(here), literals))
         graph[name] = {d for d in deps if d in mods and d != name}
     return graph
 
@@ -108,3 +141,35 @@ def test_the_circle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": set()}) == []
     graph = import_graph()
     assert "simlib.launch" in graph["simlib"] and "simlib.grading.core" in graph["simlib.grading.memory"]
+    assert "simlib.projects.gpt.run" in graph["simlib.projects.registry"]  # a registry's computed import
+
+
+def test_circles_through_dynamic_imports_are_found(tmp_path):
+    """A package imported back by ``importlib.import_module(__package__)`` (simlib <-> magic until issue 34), by a
+    relative constant name, by ``__import__``, or by a name computed from the module names a file spells."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    files = {
+        "__init__.py": "def load():\n    from . import magic\n",
+        "magic.py": "import importlib\ndef ns():\n    return importlib.import_module(__package__)\n",
+        "a.py": "from importlib import import_module\ndef f():\n    return import_module('.b', __package__)\n",
+        "b.py": "def g():\n    return __import__('pkg.a')\n",
+        "reg.py": "import importlib\nMODS = {'x': 'pkg.run'}\ndef get(k):\n    return importlib.import_module(MODS[k])\n",
+        "run.py": "def h():\n    from .reg import MODS\n",
+        "alone.py": "import importlib\ndef f(name):\n    return importlib.import_module(name)\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    graph = import_graph(pkg)
+    assert sorted(cycles(graph)) == [["pkg", "pkg.magic"], ["pkg.a", "pkg.b"], ["pkg.reg", "pkg.run"]], graph
+    assert graph["pkg.alone"] == set()
+
+
+def test_building_blocks_do_not_import_the_layers_above():
+    """``simlib/parallel/`` holds what ``parallelize`` composes: blocks with explicit arguments. None imports the
+    trainer, the plan, ``parallelize`` or anything that drives them (step_memory is a hook the loop calls)."""
+    above = ("simlib.train", "simlib.plan", "simlib.parallelize", "simlib.projects", "simlib.lessons",
+             "simlib.grading", "simlib.debug", "simlib.cli", "simlib.widgets", "simlib.sim")
+    bad = {m: sorted(d for d in deps if d.startswith(above))
+           for m, deps in import_graph().items() if m.startswith("simlib.parallel.")}
+    assert not any(bad.values()), {m: d for m, d in bad.items() if d}

@@ -192,7 +192,8 @@ def test_sequence_parallel_lowers_a_whole_steps_peak_by_the_formula(cluster2):
     + 4), on both ranks, the same bytes every run (60 of 60 under load, since the logits gather runs in place:
     see step_peak; benchmarks/sp_memory.py: larger sizes, and a batch-2 size where the peak is at the end of the
     backward and SP saves nothing). An SP that kept the whole sequence would save nothing."""
-    from simlib.parallel.step_memory import sequence_parallel_saving, step_peak
+    from simlib.debug.memory import step_peak
+    from simlib.parallel.step_memory import sequence_parallel_saving
     from simlib.projects.gpt import GPTTask
     from simlib.train import Plan
     task = GPTTask.quick()

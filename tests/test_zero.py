@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from simlib.lessons import memory as ze
+from simlib.parallel.comm_log import CommLog
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -302,14 +303,14 @@ def _zero3_policy():
     out = {}
     for label, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
         model, _, _ = ze._problem(16, 2, 8, 0)
-        counter = zero.CommCounter()
+        counter = CommLog()
         z = zero3.Zero3(model, comm_counter=counter, param_dtype=dtype)
         before = z.full_state_dict()
         counter.reset()
         pred = z(xs)
         torch.nn.functional.mse_loss(pred.float(), ys).backward()
         opt = torch.optim.SGD(z.parameters(), lr=1.0)  # after one step: before - after = the averaged gradient
-        out[label] = dict(bytes=dict(counter.bytes), pred_dtype=pred.dtype,
+        out[label] = dict(bytes=counter.bytes_by_name(), pred_dtype=pred.dtype,
                           shard_dtypes={str(u.shard.dtype) for u in z.units},
                           grad_dtypes={str(u.shard.grad.dtype) for u in z.units})
         opt.step()
@@ -366,7 +367,7 @@ def _prefetch_policy(steps=3):
     for label, cls, dtype in (("zero3 bf16", Zero3, torch.bfloat16), ("prefetch bf16", Zero3Prefetch, torch.bfloat16),
                               ("prefetch fp32", Zero3Prefetch, None)):
         model = task.build_model()  # seeded: the same weights for all three
-        counter = zero.CommCounter()
+        counter = CommLog()
         z = cls(model, blocks=task.blocks(model), comm_counter=counter, param_dtype=dtype)
         opt = torch.optim.AdamW(z.parameters(), lr=1e-2)
         run = dict(losses=[], grads=[], gathered=[], logits_dtype=None)
@@ -377,7 +378,7 @@ def _prefetch_policy(steps=3):
             logits = z(x)
             loss = task.loss(logits, y)
             loss.backward()
-            run["gathered"].append(counter.bytes["all_gather"])
+            run["gathered"].append(counter.bytes_by_name()["all_gather"])
             run["losses"].append(loss.detach().clone())
             run["grads"].append([u.shard.grad.clone() for u in z.units])
             run["logits_dtype"] = logits.dtype

@@ -5,5 +5,6 @@
   silent rank for its Python stack before it is stopped)
 - :mod:`simlib.debug.trace`   torch.profiler on every rank, merged into one Chrome/Perfetto trace
 - :mod:`simlib.debug.parity`  loss parity between two plans, with tolerance bands from summation order
+- :mod:`simlib.debug.memory`  the peak memory of a whole training step, by kind (the loop's ``StepMemory`` hook)
 - :mod:`simlib.debug.mfu`     model FLOPs of the GPT, checked against torch's FLOP counter; MFU with a stated peak
 """

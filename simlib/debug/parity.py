@@ -150,12 +150,12 @@ def verdict(reference, twins, other, label_a: str = "one process", label_b: str 
 
 
 def _run(task, plan, steps, optim, permutation, parameters, cluster):
-    import simlib
+    from ..launch import launch
     world = plan.world_size
     if cluster is not None and cluster.world_size == world:
         out = cluster.run(run_plan, task, plan, steps, optim, permutation, parameters)
     else:
-        out = simlib.launch(run_plan, world, task, plan, steps, optim, permutation, parameters)
+        out = launch(run_plan, world, task, plan, steps, optim, permutation, parameters)
     return out[0]
 
 

@@ -22,12 +22,12 @@ def attention_equal_run(kind="ring", layout="contiguous", causal=True, batch=2, 
     import torch.distributed as dist
 
     from ..parallel import context
-    from ..parallel.all_to_all import A2ALog
+    from ..parallel.comm_log import CommLog
     rank, n = dist.get_rank(), dist.get_world_size()
     full = _qkv(batch, heads, seq, head_dim, dtype=torch.float64)
     weights = torch.randn(batch, heads, seq, head_dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     q, k, v = (context.shard_sequence(t, rank, n, layout).requires_grad_() for t in full)
-    log, stats = A2ALog(), {}
+    log, stats = CommLog(), {}
     fn = context.ring_attention if kind == "ring" else context.ulysses_attention
     out = fn(q, k, v, causal, layout, log=log, stats=stats) if kind == "ring" else fn(q, k, v, causal, log=log)
     forward_bytes = log.bytes
@@ -126,13 +126,13 @@ def ring_vs_ulysses_run(batch=2, heads=8, seq=1024, head_dim=32, repeats=5, engi
     import torch.distributed as dist
 
     from ..parallel import context
-    from ..parallel.all_to_all import A2ALog
+    from ..parallel.comm_log import CommLog
     rank, n = dist.get_rank(), dist.get_world_size()
     out = dict(rank=rank)
     for kind, layout in (("ring", "zigzag"), ("ulysses", "contiguous")):
         full = _qkv(batch, heads, seq, head_dim)
         q, k, v = (context.shard_sequence(t, rank, n, layout).requires_grad_() for t in full)
-        times, log = [], A2ALog()
+        times, log = [], CommLog()
         for i in range(repeats + 1):
             log.clear()
             dist.barrier()
@@ -171,11 +171,11 @@ def moe_equal_run(tokens=48, hidden=16, num_experts=8, top_k=2, capacity_factor=
     import torch.distributed as dist
 
     from ..models import shard
-    from ..parallel.all_to_all import A2ALog
+    from ..parallel.comm_log import CommLog
     from ..parallel.experts import ExpertParallelMoE
     rank, n = dist.get_rank(), dist.get_world_size()
     moe, x = _moe_problem(tokens, hidden, num_experts, top_k, capacity_factor, dtype=torch.float64)
-    log = A2ALog()
+    log = CommLog()
     layer = ExpertParallelMoE.from_dense(moe, log=log)
     xl = shard(x, rank, n).clone().requires_grad_()
     y, aux, stats = layer(xl)
@@ -210,11 +210,11 @@ def moe_load_run(tokens=256, hidden=64, num_experts=8, top_k=1, capacity_factor=
     import torch.distributed as dist
 
     from ..models import shard
-    from ..parallel.all_to_all import A2ALog
+    from ..parallel.comm_log import CommLog
     from ..parallel.experts import ExpertParallelMoE, a2a_bytes_from_counts, a2a_volume
     rank, n = dist.get_rank(), dist.get_world_size()
     moe, x = _moe_problem(tokens, hidden, num_experts, top_k, capacity_factor, skew=skew)
-    log = A2ALog()
+    log = CommLog()
     layer = ExpertParallelMoE.from_dense(moe, log=log, engine=engine)
     xl = shard(x, rank, n)
     times, a2a = [], []

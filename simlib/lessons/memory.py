@@ -19,6 +19,7 @@ from .. import env
 from ..models import BlockMLP, make_regression
 from ..parallel import precision as prec
 from ..parallel import recompute, zero, zero3
+from ..parallel.comm_log import CommLog
 from ..parallelize import apply_zero
 from .data_parallel import count_all_reduces
 
@@ -103,7 +104,7 @@ def run_memory(variant="zero2", steps=3, width=32, depth=2, global_batch=16, lr=
                          f"use a multiple of {world}")
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else \
         torch.device("cpu")
-    counter = zero.CommCounter()
+    counter = CommLog()  # simlib.parallel.comm_log: every collective ZeRO issues
     out: dict = {"rank": rank, "world_size": world, "variant": variant}
     built: dict = {}
     if device.type == "cpu" and measure_peak:
@@ -142,7 +143,7 @@ def run_memory(variant="zero2", steps=3, width=32, depth=2, global_batch=16, lr=
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
             losses.append(loss.item())
-        comm = dict(counter.bytes)
+        comm = counter.bytes_by_name()
         if ddp_counter is not None:
             comm["all_reduce"] = ddp_counter["bytes"]
         out.update(losses=losses, step_times=times, comm_bytes=comm)

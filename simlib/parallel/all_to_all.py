@@ -9,40 +9,16 @@ Two engines with one interface: ``"native"`` is ``dist.all_to_all_single`` (Gloo
 alltoallv); ``"p2p"`` builds it from ``batch_isend_irecv``, one send and one recv per peer — the way to
 see what the collective does, and the fallback on a backend without it. ``AllToAll`` is the autograd
 function: its backward is the all-to-all with the splits swapped. Every call is recorded in a
-:class:`A2ALog` (elements sent to other ranks, bytes, seconds).
+:class:`simlib.parallel.comm_log.CommLog` (the bytes sent to other ranks, seconds).
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-
 import torch
 import torch.distributed as dist
 
-
-@dataclass
-class A2ALog:
-    """One row per all-to-all (or ring send): (name, bytes this rank sent to other ranks, seconds)."""
-
-    calls: list = field(default_factory=list)
-
-    def add(self, name: str, nbytes: int, seconds: float) -> None:
-        self.calls.append((name, int(nbytes), seconds))
-
-    @property
-    def bytes(self) -> int:
-        return sum(c[1] for c in self.calls)
-
-    @property
-    def seconds(self) -> float:
-        return sum(c[2] for c in self.calls)
-
-    def bytes_of(self, prefix: str) -> int:
-        return sum(c[1] for c in self.calls if c[0].startswith(prefix))
-
-    def clear(self) -> None:
-        self.calls.clear()
+from .comm_log import CommLog
 
 
 def group_rank_size(group=None) -> tuple[int, int]:
@@ -57,7 +33,7 @@ def peer(group, group_rank: int) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
-def all_to_all(x: torch.Tensor, in_splits: list[int], out_splits: list[int], group=None, log: A2ALog | None = None,
+def all_to_all(x: torch.Tensor, in_splits: list[int], out_splits: list[int], group=None, log: CommLog | None = None,
                name: str = "all-to-all", engine: str = "native") -> torch.Tensor:
     """Send ``x``'s dim-0 pieces ``in_splits`` to ranks 0..n-1; receive ``out_splits`` rows from each."""
     rank, n = group_rank_size(group)

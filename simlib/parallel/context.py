@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .all_to_all import A2ALog, AllToAll, group_rank_size, peer
+from .all_to_all import AllToAll, group_rank_size, peer
+from .comm_log import CommLog
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -191,9 +192,8 @@ def _ring_pass(tensors, group, log, name, tag=0):
 def _wait(requests, log, start):
     for req in requests:
         req.wait()
-    if log is not None and log.calls:
-        name, nbytes, _ = log.calls[-1]
-        log.calls[-1] = (name, nbytes, time.perf_counter() - start)
+    if log is not None:
+        log.finish_last(start)
 
 
 def _slices(rank, cp, seq_len, layout):
@@ -313,7 +313,7 @@ def check_same_shape(q, group=None, what: str = "ring attention") -> None:
                      f"group, but the ranks hold {held}: give every rank the same batch rows and heads")
 
 
-def ring_attention(q, k, v, causal: bool = True, layout: str = "contiguous", group=None, log: A2ALog | None = None,
+def ring_attention(q, k, v, causal: bool = True, layout: str = "contiguous", group=None, log: CommLog | None = None,
                    stats: dict | None = None) -> torch.Tensor:
     """Attention of this rank's queries over the whole sequence; q, k, v hold this rank's positions.
 
@@ -345,7 +345,7 @@ def heads_to_seq(x, group=None, log=None, engine="native"):
     return recv.view(n, b, hl, s // n, d).transpose(0, 1).reshape(b, n * hl, s // n, d)
 
 
-def ulysses_attention(q, k, v, causal: bool = True, group=None, log: A2ALog | None = None,
+def ulysses_attention(q, k, v, causal: bool = True, group=None, log: CommLog | None = None,
                       engine: str = "native") -> torch.Tensor:
     """Attention over the whole sequence by re-sharding heads (DeepSpeed-Ulysses); contiguous split only."""
     rank, n = group_rank_size(group)
@@ -400,7 +400,7 @@ class ContextParallelAttention(nn.Module):
     """A fused-qkv self-attention (``simlib.models.SelfAttention``: its ``qkv`` and ``out``, shared) that runs
     as ring attention over ``split.group`` while ``split`` is on, and as the module itself otherwise."""
 
-    def __init__(self, attn: nn.Module, split: ContextSplit, log: A2ALog | None = None):
+    def __init__(self, attn: nn.Module, split: ContextSplit, log: CommLog | None = None):
         super().__init__()
         self.qkv, self.out = attn.qkv, attn.out
         self.num_heads, self.causal = attn.num_heads, attn.causal

@@ -31,7 +31,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..models import FeedForward
-from .all_to_all import A2ALog, AllToAll, exchange_counts, group_rank_size
+from .all_to_all import AllToAll, exchange_counts, group_rank_size
+from .comm_log import CommLog
 
 
 def capacity(tokens: int, num_experts: int, top_k: int = 1, capacity_factor: float = 1.25) -> int:
@@ -146,12 +147,12 @@ class ExpertParallelMoE(nn.Module):
     """The same layer with ``E / ep`` experts on each rank of ``group`` and each rank's own tokens.
 
     ``forward(x_local) -> (y_local, aux_share, stats)``; all-to-alls are recorded in ``log`` (an
-    :class:`A2ALog`); ``stats`` has the tokens each local expert received, the dropped assignments and
+    :class:`CommLog`); ``stats`` has the tokens each local expert received, the dropped assignments and
     the rows sent to / received from each rank.
     """
 
     def __init__(self, router: nn.Linear, experts: nn.ModuleList, num_experts: int, top_k: int,
-                 capacity_factor: float, group=None, log: A2ALog | None = None, engine: str = "native",
+                 capacity_factor: float, group=None, log: CommLog | None = None, engine: str = "native",
                  batch_group="ep"):
         super().__init__()
         rank, ep = group_rank_size(group)
@@ -243,7 +244,7 @@ class MoEFeedForward(nn.Module):
             y = AuxLossScaler.apply(y, aux * (self.aux_coeff * self.aux_scale))
         return y
 
-    def shard_experts(self, group, log: A2ALog | None = None) -> None:
+    def shard_experts(self, group, log: CommLog | None = None) -> None:
         """Keep this rank's ``E / ep`` experts of ``group`` (size ep); tokens reach them by all-to-all."""
         if isinstance(self.moe, ExpertParallelMoE):
             raise ValueError("the experts are already shared out over a group")

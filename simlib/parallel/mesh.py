@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import dims
+
 AXES = ("dp", "pp", "cp", "tp")   # the grid's dimensions, outermost first
 GROUPS = AXES + ("dp_cp", "ep", "expert_dp")  # and the groups built from them
 
@@ -40,14 +42,7 @@ class Mesh:
     ep: int = 1
 
     def __post_init__(self):
-        for axis in AXES + ("ep",):
-            value = getattr(self, axis)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{axis} size must be a positive int, got {value!r}")
-        if (self.dp * self.cp) % self.ep:
-            ok = [e for e in range(1, self.dp * self.cp + 1) if self.dp * self.cp % e == 0]
-            raise ValueError(f"ep={self.ep} does not divide the dp x cp = {self.dp * self.cp} ranks that hold "
-                             f"tokens: use ep in {ok}")
+        dims.check(dp=self.dp, pp=self.pp, tp=self.tp, cp=self.cp, ep=self.ep, owner="mesh")
 
     @property
     def world_size(self) -> int:
@@ -83,9 +78,7 @@ class Mesh:
         return [col.tolist() for row in tokens for col in row.view(-1, self.ep).T]  # expert_dp: strided
 
     def check_world(self, world_size: int) -> None:
-        if world_size != self.world_size:
-            raise ValueError(f"mesh dp={self.dp} x pp={self.pp} x cp={self.cp} x tp={self.tp} needs "
-                             f"{self.world_size} ranks, the world has {world_size}")
+        dims.check(dp=self.dp, pp=self.pp, tp=self.tp, cp=self.cp, ep=self.ep, world_size=world_size, owner="mesh")
 
     def build(self, timeout: float | None = None) -> "MeshGroups":
         """Create the process groups (a collective: every rank calls it, in the same order).

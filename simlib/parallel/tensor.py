@@ -23,78 +23,12 @@ all-gather), and the activations outside the regions shrink t-fold.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..models import attend
-
-
-@dataclass
-class CommLog:
-    """All-reduces of tensor-parallel layers: one (name, elements, bytes, seconds) row per call."""
-
-    calls: list = field(default_factory=list)
-    timeline: object = None
-
-    def all_reduce(self, t: torch.Tensor, group, name: str) -> torch.Tensor:
-        start = time.perf_counter()
-        dist.all_reduce(t, group=group)
-        end = time.perf_counter()
-        self.calls.append((name, t.numel(), t.numel() * t.element_size(), end - start))
-        if self.timeline is not None:
-            self.timeline.add("comm", start, end, name=name)
-        return t
-
-    def all_gather(self, t: torch.Tensor, group, name: str, dim: int = 1) -> torch.Tensor:
-        """Concatenate every rank's ``t`` along ``dim`` (logged: the gathered tensor's bytes)."""
-        start = time.perf_counter()
-        n, rank = dist.get_world_size(group), dist.get_rank(group)
-        local = t.movedim(dim, 0)
-        out = t.new_empty((n * local.shape[0], *local.shape[1:]))
-        # in place, as FSDP2 gathers: this rank's block of the output is the input. No buffer of its own that
-        # Gloo's worker thread would free late (it needs the GIL to), after the peak (simlib.parallel.step_memory)
-        mine = out[rank * local.shape[0]:(rank + 1) * local.shape[0]]
-        mine.copy_(local)
-        _all_gather_tensor(out, mine, group=group)
-        end = time.perf_counter()
-        self._log(name, out, start, end)
-        return out.movedim(0, dim)
-
-    def reduce_scatter(self, t: torch.Tensor, group, name: str, dim: int = 1) -> torch.Tensor:
-        """Sum ``t`` over the ranks and keep this rank's block ``rank`` of ``dim`` (logged: ``t``'s bytes)."""
-        start = time.perf_counter()
-        n = dist.get_world_size(group)
-        full = t.movedim(dim, 0).contiguous()
-        out = full.new_empty((full.shape[0] // n, *full.shape[1:]))
-        _reduce_scatter_tensor(out, full, group=group)
-        end = time.perf_counter()
-        self._log(name, full, start, end)
-        return out.movedim(0, dim)
-
-    def _log(self, name, t, start, end) -> None:
-        self.calls.append((name, t.numel(), t.numel() * t.element_size(), end - start))
-        if self.timeline is not None:
-            self.timeline.add("comm", start, end, name=name)
-
-    @property
-    def bytes(self) -> int:
-        return sum(c[2] for c in self.calls)
-
-    @property
-    def seconds(self) -> float:
-        return sum(c[3] for c in self.calls)
-
-    def clear(self) -> None:
-        self.calls.clear()
-
-
-# torch 2.13 renamed the tensor-in/tensor-out collectives; older torch (>= 2.4) has the first names only
-_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+from .comm_log import CommLog  # noqa: F401 - the one log (re-exported: tensor.CommLog, as lesson 05 uses it)
 
 
 def _all_reduce(t, group, log, name):

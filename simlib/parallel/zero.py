@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = ["partition", "ShardedOptimizer", "ZeroDataParallel", "ELEMENTWISE_OPTIMIZERS", "clip_grad_norm_",
-           "CommCounter", "state_bytes"]
+           "state_bytes"]
 
 # optimizers whose update of an element depends only on that element's gradient and state: exact on flat shards
 ELEMENTWISE_OPTIMIZERS = ("SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "RMSprop",
@@ -60,23 +60,8 @@ def partition(numels, world_size: int) -> list[int]:
     return owner
 
 
-class CommCounter:
-    """Counts the bytes this rank hands to each collective (``counter.bytes[kind]``), for the volume check."""
-
-    def __init__(self):
-        self.bytes: dict[str, int] = {}
-        self.calls: dict[str, int] = {}
-
-    def add(self, kind: str, tensor: torch.Tensor) -> None:
-        self.bytes[kind] = self.bytes.get(kind, 0) + tensor.numel() * tensor.element_size()
-        self.calls[kind] = self.calls.get(kind, 0) + 1
-
-    def reset(self) -> None:
-        self.bytes.clear()
-        self.calls.clear()
-
-
 def _count(counter, kind, tensor):
+    """Log the bytes this rank hands to a collective in ``counter`` (a ``simlib.parallel.comm_log.CommLog``)."""
     if counter is not None:
         counter.add(kind, tensor)
 

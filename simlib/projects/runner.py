@@ -7,16 +7,18 @@
 """
 from __future__ import annotations
 
+from .registry import PROJECTS, get
+
 __all__ = ["train_on", "load_state", "run_project", "PROJECTS"]
 
 
-def _train_worker(task, plan, kwargs, threads):
+def _train_worker(task, plan, kwargs, threads, train_fn=None):
     import torch
 
     from ..train import train
     if threads:
         torch.set_num_threads(threads)
-    record = train(task, plan, **kwargs)
+    record = (train_fn or train)(task, plan, **kwargs)
     import torch.distributed as dist
     rank = dist.get_rank() if dist.is_initialized() else 0
     state = None
@@ -26,24 +28,53 @@ def _train_worker(task, plan, kwargs, threads):
 
 
 def train_on(world_size: int, task, plan, cluster=None, threads: int | None = None, timeout: float | None = None,
-             **train_kwargs):
+             train_fn=None, **train_kwargs):
     """``train(task, plan, **train_kwargs)`` on ``world_size`` ranks -> (rank 0's RunRecord, its state_dict).
-    ``timeout``: seconds a collective may wait for a peer on fresh workers (default simlib.launch's)."""
+    ``timeout``: seconds a collective may wait for a peer on fresh workers (default simlib.launch's);
+    ``train_fn``: what each rank runs in place of ``train`` (a project's ``train_rank``), same arguments."""
     from ..launch import launch
 
-    if plan.world_size != world_size:
-        raise ValueError(f"plan {plan.label!r} needs {plan.world_size} ranks, not {world_size}")
-    plan.validate(world_size, task)  # the trainer's own check, here before any process starts
+    plan.validate(world_size, task)  # the trainer's own check, here before any process starts (then remembered)
     if cluster is not None:
         if cluster.world_size != world_size:
             raise ValueError(f"the cluster has {cluster.world_size} ranks; this run needs {world_size}")
-        outs = cluster.run(_train_worker, task, plan, train_kwargs, threads)
+        outs = cluster.run(_train_worker, task, plan, train_kwargs, threads, train_fn)
     else:
         kw = {"threads": threads} if threads else {}
         if timeout is not None:
             kw["timeout"] = timeout
-        outs = launch(_train_worker, world_size, task, plan, train_kwargs, None, **kw)
+        outs = launch(_train_worker, world_size, task, plan, train_kwargs, None, train_fn, **kw)
     return outs[0]
+
+
+def _train_here(train_fn, task, plan, threads, **train_kwargs):
+    """One rank, in this process: with ``threads``, then everything as it was. The one-process group (and the
+    RANK/WORLD_SIZE/MASTER_* variables that made it) goes when it was made here, so that a later ``simlib train``
+    in this process does not take itself for a rank of a launcher's world."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from .. import env
+    keys = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+    saved, had_group = {k: os.environ.get(k) for k in keys}, dist.is_initialized()
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        record = train_fn(task, plan, **train_kwargs)
+    finally:
+        torch.set_num_threads(previous)
+        if not had_group:
+            env.shutdown()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    # on the CPU, as train_on's: a caller loads it into a CPU model whatever device trained it
+    return record, {k: v.detach().cpu().clone() for k, v in record.model.module.state_dict().items()}
 
 
 def load_state(task, state):
@@ -53,39 +84,20 @@ def load_state(task, state):
     return model
 
 
-# ---- the projects' standard runs (``simlib train <name>``, the notebooks, the benchmarks, grading) ----
+# ---- the projects' standard runs: registered once, in simlib.projects.registry ----
 def gpt_run(quick: bool = False) -> dict:
-    """Task, budget, optimizer and target of the GPT project's standard run (``simlib.projects.gpt.run``)."""
-    from .gpt.run import settings
-    return settings(quick)
+    """The GPT project's standard run (``PROJECTS["gpt"](quick)``)."""
+    return PROJECTS["gpt"](quick)
 
 
 def vision_run(quick: bool = False) -> dict:
-    """Task, step budget, optimizer and target of the vision project's standard run."""
-    from ..train import OptimConfig
-    from .vision import DigitsTask
-    if quick:
-        task, steps, every, target = DigitsTask(global_batch=64, image_size=12, width=8), 100, 20, 0.92
-    else:
-        task, steps, every, target = DigitsTask(global_batch=128, image_size=16, width=16), 300, 25, 0.97
-    optim = OptimConfig(name="sgd", lr=0.1, momentum=0.9, weight_decay=5e-4, warmup_steps=steps // 20)
-    return dict(task=task, steps=steps, optim=optim, eval_every=every, target={"accuracy": target})
+    """The vision project's standard run (``PROJECTS["vision"](quick)``)."""
+    return PROJECTS["vision"](quick)
 
 
 def finance_run(quick: bool = False) -> dict:
-    """Task, budget, optimizer and target (beat the Black-Scholes delta's held-out loss) of the finance run."""
-    from ..train import OptimConfig
-    from .finance import HedgingTask
-    if quick:
-        task, steps, every = HedgingTask(global_batch=256, days=20, hidden=16), 120, 30
-    else:
-        task, steps, every = HedgingTask(global_batch=512), 400, 50
-    bs = task.evaluate_baseline()
-    return dict(task=task, steps=steps, optim=OptimConfig(name="adamw", lr=3e-3, warmup_steps=steps // 20),
-                eval_every=every, target={"eval_loss": bs["bs_rmse_sim"] ** 2})
-
-
-PROJECTS = {"gpt": gpt_run, "vision": vision_run, "finance": finance_run}  # the one registry of projects
+    """The finance project's standard run (``PROJECTS["finance"](quick)``)."""
+    return PROJECTS["finance"](quick)
 
 
 def project_settings(name: str, size: str = "full", world_size: int = 1) -> dict:
@@ -96,38 +108,27 @@ def project_settings(name: str, size: str = "full", world_size: int = 1) -> dict
         raise ValueError(f"unknown size {size!r}: use one of {', '.join(SIZES)}")
     if size == "gpu":
         return settings(name, world_size)
-    if name not in PROJECTS:
-        raise ValueError(f"unknown project {name!r}: choose one of {sorted(PROJECTS)}")
-    return PROJECTS[name](size == "quick")
+    return get(name)(size == "quick")
 
 
 def run_project(name: str, world_size: int = 1, quick: bool = False, out_dir=None, threads: int | None = None,
                 cluster=None, verbose: bool = True, timeout: float | None = None, size: str | None = None,
                 **overrides):
-    """The standard run of project ``name`` on ``world_size`` ranks (DP; SyncBatchNorm for vision).
-    ``size``: "quick", "full" or "gpu" (default: "quick" if ``quick`` else "full")."""
-    from ..train import Plan
-    if name not in PROJECTS:
-        raise ValueError(f"unknown project {name!r}: choose one of {sorted(PROJECTS)}")
+    """The standard run of project ``name`` on ``world_size`` ranks (the plan: DP, with the project's
+    ``plan_defaults``, e.g. SyncBatchNorm for vision), each rank running the project's ``train_rank``.
+    ``size``: "quick", "full" or "gpu" (default: "quick" if ``quick`` else "full").
+    ``overrides``: ``plan``, ``task``, ``optim`` or budget keywords in place of the standard run's."""
+    from ..plan import Plan
+    project = get(name)
     defaults = project_settings(name, size or ("quick" if quick else "full"), world_size)
     fields = defaults.pop("plan", None) or {}
     defaults.pop("note", None)
     spec = {**defaults, **overrides}
     task = spec.pop("task")
-    plan = spec.pop("plan", None) or Plan(dp=world_size, sync_batchnorm=(name == "vision" and world_size > 1),
-                                          **fields)
+    plan = spec.pop("plan", None) or Plan(dp=world_size, **{**project.plan_defaults({"dp": world_size, **fields}),
+                                                            **fields})
+    train_fn = project.train_rank()
     if world_size == 1 and cluster is None:
-        import torch
-
-        from ..train import train
-        previous = torch.get_num_threads()
-        if threads:
-            torch.set_num_threads(threads)
-        try:
-            record = train(task, plan, out_dir=out_dir, verbose=verbose, **spec)
-        finally:
-            torch.set_num_threads(previous)
-        # on the CPU, as train_on's: a caller loads it into a CPU model whatever device trained it
-        return record, {k: v.detach().cpu().clone() for k, v in record.model.module.state_dict().items()}
+        return _train_here(train_fn, task, plan, threads, out_dir=out_dir, verbose=verbose, **spec)
     return train_on(world_size, task, plan, cluster=cluster, threads=threads, out_dir=out_dir, verbose=verbose,
-                    timeout=timeout, **spec)
+                    timeout=timeout, train_fn=train_fn, **spec)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..parallel import dims
+
 RECOMPUTE = ("none", "selective", "op", "every_other", "full")
 ATTENTION = ("unfused", "flash", "flash1")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
@@ -74,10 +76,9 @@ class Strategy:
                                      # per-tensor, blockwise 1x128 as DeepSeek-V3, mx: MXFP8 on Blackwell)
 
     def __post_init__(self):
-        for name in ("dp", "tp", "pp", "micro_batch", "num_micro_batches", "virtual_stages"):
+        dims.check(dp=self.dp, tp=self.tp, pp=self.pp, zero_stage=self.zero_stage, owner="Strategy")  # the Plan's rules
+        for name in ("micro_batch", "num_micro_batches", "virtual_stages"):
             _positive_int(name, getattr(self, name))
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if not self.bucket_bytes or self.bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {self.bucket_bytes!r}")
         if self.recompute not in RECOMPUTE:
@@ -146,11 +147,7 @@ class Strategy:
     def validate(self, world_size: int | None = None, model=None, hardware=None) -> "Strategy":
         """Check the degrees against a world size, a model and a machine; return self (raises ValueError)."""
         if world_size is not None:
-            _positive_int("world_size", world_size)
-            if self.world_size != world_size:
-                raise ValueError(f"dp × tp × pp × cp = {self.dp} × {self.tp} × {self.pp} × {self.cp} = "
-                                 f"{self.world_size}, but the world has {world_size} ranks: the degrees must "
-                                 "multiply to the world size")
+            dims.check(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, world_size=world_size, owner="Strategy")
         if model is not None:
             _check_scale_model(self, model)
             chunks = self.pp * self.virtual_stages
@@ -200,9 +197,8 @@ class Strategy:
         the plan's zig-zag ring attention, ``cp_kind="ring"`` unless overridden)."""
         plan.validate(plan.world_size)
         per_step = plan.accumulation * plan.microbatches
-        if global_batch % (plan.dp * per_step):
-            raise ValueError(f"global batch {global_batch} does not split into dp={plan.dp} x {per_step} "
-                             "micro-batches: use a multiple of their product")
+        dims.check(dp=plan.dp, global_batch=global_batch, accumulation=plan.accumulation,
+                   microbatches=plan.microbatches)
         fields = dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=getattr(plan, "cp", 1), ep=getattr(plan, "ep", 1),
                       micro_batch=global_batch // (plan.dp * per_step),
                       num_micro_batches=per_step, zero_stage=plan.zero_stage, schedule=plan.schedule,

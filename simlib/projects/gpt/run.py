@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...train import OptimConfig, Plan
+from ...plan import PLAN_NAMES, OptimConfig, Plan, named_plan  # noqa: F401 - PLAN_NAMES: the plans by name
+from .task import GPTTask as TASK  # noqa: F401 - the registry's (simlib.projects.registry)
 
-PLAN_NAMES = ("single", "dp", "dp+acc", "tp", "pp", "cp")
 PROMPTS = ("The ", "KING. ", "What ")  # the samples' beginnings (the shipped corpus is Shakespeare's plays)
 
 
@@ -35,32 +35,26 @@ def settings(quick: bool = False) -> dict:
 
 
 def plan_for(name: str, world_size: int, micro_batches: int = 4) -> Plan:
-    """The plan called ``name`` (one of :data:`PLAN_NAMES`) on ``world_size`` processes."""
-    if name == "single" or world_size == 1:
-        if name not in PLAN_NAMES:
-            raise ValueError(f"unknown plan {name!r}: use one of {PLAN_NAMES}")
-        if name == "single" and world_size != 1:
-            raise ValueError(f"plan 'single' runs on 1 process, not {world_size}: use --world-size 1, or a plan that "
-                             f"splits the work ({', '.join(n for n in PLAN_NAMES if n != 'single')})")
-        return Plan()
-    plans = {"dp": Plan(dp=world_size), "dp+acc": Plan(dp=world_size, accumulation=micro_batches),
-             "tp": Plan(tp=world_size), "pp": Plan(pp=world_size, pp_microbatches=max(micro_batches, world_size)),
-             "cp": Plan(cp=world_size)}  # each sequence split zig-zag over the ranks, ring attention
-    if name not in plans:
-        raise ValueError(f"unknown plan {name!r}: use one of {PLAN_NAMES}")
-    return plans[name]
+    """The plan called ``name`` (one of :data:`PLAN_NAMES`) on ``world_size`` processes (``simlib.plan``'s)."""
+    return named_plan(name, world_size, micro_batches)
 
 
 def train_gpt(plan: Plan, out_dir=None, quick: bool = False, samples: int = 2, sample_tokens: int = 60,
               **overrides):
-    """One rank's part of a project run (call on every rank): train, then generate ``samples`` texts."""
+    """One rank's part of a project run (call on every rank): the standard run of this size, with ``overrides``."""
+    config = {**settings(quick), **overrides}
+    task = config.pop("task")
+    return train_rank(task, plan, out_dir=out_dir, samples=samples, sample_tokens=sample_tokens, **config)
+
+
+def train_rank(task, plan: Plan, out_dir=None, samples: int = 2, sample_tokens: int = 60, **train_kwargs):
+    """What every rank of a GPT run does (the registry's hook): train, save the unsplit weights a grader
+    evaluates, then generate ``samples`` texts."""
     import torch
 
     from . import model as gpt
     from ...train import train
-    config = {**settings(quick), **overrides}
-    task = config.pop("task")
-    record = train(task, plan, out_dir=out_dir, **config)
+    record = train(task, plan, out_dir=out_dir, **train_kwargs)
     pm = record.model
     model = pm.eval_model()  # collective under TP / PP: every rank takes part
     state = gpt.dense_state_dict(model, pm.groups.tp_group if plan.tp > 1 else None,
@@ -122,6 +116,13 @@ def run(plan, world_size: int = 2, quick: bool | None = None, out_dir="results/g
         return cluster.call(train_gpt, (plan,), kwargs, timeout=timeout)[0]
     extra = {} if collective_timeout is None else {"timeout": collective_timeout}
     return launch(train_gpt, plan.world_size, plan, threads=threads, call_timeout=timeout, **extra, **kwargs)[0]
+
+
+def finish(records: dict, out, target=None) -> list:
+    """Rank 0, after every plan (the registry's hook): the overlay plot of every plan's curves."""
+    target = next(iter((target or {None: None}).values()))
+    plot_runs(records, Path(out) / "loss.png", target=target)
+    return [Path(out) / "loss.png"]
 
 
 def plot_runs(records: dict, path=None, target: float | None = None):

@@ -109,15 +109,7 @@ class GPTTask:
         if plan.pp > self.num_layers:
             raise ValueError(f"pp={plan.pp} stages but the model has {self.num_layers} blocks: "
                              f"use pp <= {self.num_layers}")
-        cp, ep = getattr(plan, "cp", 1), getattr(plan, "ep", 1)
-        if cp > 1 and self.seq_len % (2 * cp):
-            ok = [c for c in range(1, self.seq_len // 2 + 1) if self.seq_len % (2 * c) == 0]
-            raise ValueError(f"cp={cp}: the zig-zag split cuts each sequence into 2 x cp = {2 * cp} equal chunks, "
-                             f"but seq_len is {self.seq_len}: use cp in {ok}, or a seq_len that is a multiple of "
-                             f"{2 * cp}")
-        if ep > 1 and not self.moe_experts:
-            raise ValueError(f"ep={ep} shares out the experts of the MoE variant, but this GPT is dense: add "
-                             f"--task.moe-experts {2 * ep} (GPTTask(moe_experts={2 * ep})), or use ep=1")
+        ep = getattr(plan, "ep", 1)  # seq_len against cp, and ep without experts: Plan.validate (parallel.dims)
         if ep > 1 and self.moe_experts % ep:
             ok = [e for e in range(1, self.moe_experts + 1) if self.moe_experts % e == 0]
             raise ValueError(f"ep={ep} does not divide the {self.moe_experts} experts: use ep in {ok}")
