@@ -392,7 +392,10 @@ class Cluster(ElasticWorkers):
                 else:
                     msg += (f"; rank(s) {pending} never answered ({silent}) and were stopped {self.grace:g} s after "
                             "the first failure")
-        by_rank = [failures[r] for r in sorted(failures)]
+        # the cause first: a rank that died (not stopped by SIGTERM, which the agent sends to the others), then
+        # the ranks that failed because it was gone
+        by_rank = sorted(failures.values(), key=lambda f: (f.type_name != "WorkerDied",
+                                                           "SIGTERM" in f.message, f.rank))
         lines = [f.summary() for f in by_rank]
         from .debug import hangs
         finder = hangs.failure_report(os.path.join(self._log_dir, "collectives") if self.hang_finder else None,

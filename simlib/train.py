@@ -200,10 +200,11 @@ class Plan:
             m = self.microbatches
             ok = [k for k in range(1, task.global_batch + 1) if task.global_batch % (self.dp * k * m) == 0]
             pipe = f" x {m} pipeline micro-batches" if self.pp > 1 else ""
+            use = (f"use accumulation in {ok[:8]}{' ...' if len(ok) > 8 else ''}, or" if ok else
+                   f"no accumulation can fix that (it is not a multiple of dp x micro-batches = {self.dp * m}): use")
             raise ValueError(f"global batch {task.global_batch} does not split into dp={self.dp} ranks x "
-                             f"{self.accumulation} accumulation steps{pipe}: use accumulation in {ok[:8]}"
-                             f"{' ...' if len(ok) > 8 else ''}, or a global batch that is a multiple of "
-                             f"{per_rank}")
+                             f"{self.accumulation} accumulation steps{pipe}: {use} a global batch that is a multiple "
+                             f"of {per_rank}")
 
 
 def _check_context_experts(plan) -> None:
@@ -418,7 +419,8 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
             if nonfinite == "stop":
                 from .checkpoint import latest
                 newest = latest(plan.checkpoint_dir) if plan.checkpoint_dir else None
-                raise guards.NonFiniteError(guards.nonfinite_message(step, bad, lr, newest.name if newest else None))
+                raise guards.NonFiniteError(guards.nonfinite_message(step, bad, lr, newest.name if newest else None,
+                                                                     optim.grad_clip))
             skipped += 1
         step_time = time.perf_counter() - t0
         state.train_time += step_time

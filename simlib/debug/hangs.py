@@ -173,9 +173,11 @@ def _wrap(name: str, fn):
             shape, dtype = f"{len(args[0]) if args else 0} ops", ""
         else:
             first = args[0] if args else next(iter(kwargs.values()), None)
-            if name in ("all_gather", "all_gather_object", "gather_object") and len(args) > 1:
+            if name == "all_gather" and len(args) > 1:
                 first = args[1]  # the tensor this rank sends, not the list it receives into
             shape, dtype = _describe(first)
+            if name in ("all_gather_object", "gather_object"):
+                shape, dtype = "", ""  # any picklable object, whose length may differ by rank: nothing to compare
         group = _group_key(arg(args, kwargs, "group"))
         seq = log.group_seq[group] = log.group_seq.get(group, -1) + 1
         site, user = _site(sys._getframe(1))

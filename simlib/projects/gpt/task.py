@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ... import guards
 from . import model as gpt, text
 
 
@@ -33,7 +34,9 @@ class GPTTask:
     data: text.TextData = field(init=False, repr=False)
 
     def __post_init__(self):
+        guards.check_task(self)  # every field, one line naming a wrong one
         self.data = text.TextData(self.seq_len, self.seed, self.eval_windows)
+        guards.check_held_out(self)  # seq_len leaves at least one held-out window
 
     @classmethod
     def quick(cls, **overrides) -> "GPTTask":
