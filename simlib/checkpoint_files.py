@@ -364,6 +364,88 @@ def preflight(directory, state=None, keep: int = 2) -> int:
 
 
 
+# ── one run per folder ──
+LOCK, _LOCK_ENV = ".simlib-run.lock", "SIMLIB_CHECKPOINT_LOCKS"
+_holds: dict = {}  # folder -> [fd, count]: this process's locks (a second train() in it on the same folder: fine)
+
+
+class Hold:
+    """This process's claim on a checkpoint folder; released when closed or garbage-collected (or the process
+    ends: the kernel drops an ``flock`` with its file)."""
+
+    def __init__(self, key: str):
+        self.key = key
+        _holds[key][1] += 1
+
+    def close(self) -> None:
+        entry = _holds.get(self.key)
+        if entry is not None and self.key:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del _holds[self.key]
+                os.close(entry[0])
+        self.key = ""
+
+    __del__ = close
+
+
+def hold(directory) -> Hold | None:
+    """Take ``directory`` for this run: an exclusive ``flock`` on ``directory/.simlib-run.lock`` for as long as the
+    returned :class:`Hold` lives. Raises :class:`CheckpointError` naming the holder when another run has it.
+    A lock taken by the process that launched this one (``simlib train``: its token is in this environment)
+    counts as this run's: returns None."""
+    import fcntl
+    import secrets
+    import socket
+    import time
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    key = str(root.resolve())
+    if key in _holds:
+        return Hold(key)
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:
+            holder = {}
+        os.close(fd)
+        if holder.get("token") and holder["token"] in os.environ.get(_LOCK_ENV, "").split(","):
+            return None  # our own launcher holds it for this run
+        who = (f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')}" if holder
+               else "another process")
+        raise CheckpointError(f"checkpoint_dir {root} is in use by another run ({who}): two runs saving into one "
+                              "folder would overwrite each other's checkpoints; wait for that run to end, or give "
+                              "another checkpoint_dir (--out or --plan.checkpoint-dir)") from None
+    token = secrets.token_hex(8)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), token=token,
+                                  since=time.strftime("%Y-%m-%d %H:%M:%S"))).encode(), 0)
+    os.environ[_LOCK_ENV] = ",".join(t for t in (os.environ.get(_LOCK_ENV), token) if t)  # the workers we start
+    _holds[key] = [fd, 0]
+    return Hold(key)
+
+
+def claim(directory) -> Hold | None:
+    """Every rank calls it at the start of a run: rank 0 takes ``directory`` (:func:`hold`) for the run's life;
+    the same one-line :class:`CheckpointError` on every rank when another run holds it."""
+    held, problem = None, None
+    if _rank() == 0:
+        try:
+            held = hold(directory)
+        except (CheckpointError, OSError) as exc:
+            problem = str(exc)
+    if _dist():
+        box = [problem]
+        dist.broadcast_object_list(box, src=0)
+        problem = box[0]
+    if problem:
+        raise CheckpointError(problem)
+    return held
+
+
 def list_checkpoints(directory) -> list[tuple[int, Path]]:
     """Whole checkpoints in ``directory`` as ``(step, path)``, oldest first (``.partial`` folders excluded)."""
     root = Path(directory)

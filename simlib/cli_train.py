@@ -39,6 +39,7 @@ class RunSpec:
     resume: bool = False
     timeout: float | None = None  # seconds a collective waits for a peer (a stopped rank ends the run then)
     config: dict = field(default_factory=dict)   # the resolved configuration per folder (what config.toml holds)
+    holds: list = field(default_factory=list)    # checkpoint folders this run holds (simlib.checkpoint.hold)
 
 
 def _project_defaults(project: str, quick: bool) -> dict:
@@ -168,6 +169,8 @@ def _check_checkpoints(spec: RunSpec) -> None:
     for name, plan in spec.plans.items():
         if not plan.checkpoint_dir:
             continue
+        if rank0:  # the folder is this run's from here to the end (a second run gets a one-line error)
+            spec.holds.append(checkpoint.hold(plan.checkpoint_dir))
         latest = checkpoint.latest(plan.checkpoint_dir)
         if latest is not None and not (spec.resume or restarted):
             raise ValueError(f"{plan.checkpoint_dir} holds a checkpoint ({latest.name}): add --resume to continue "

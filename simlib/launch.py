@@ -375,7 +375,10 @@ class Cluster(ElasticWorkers):
                              for r in pending})
             error_type = WorkerTimeout
         else:
-            names = ", ".join(str(r) for r in sorted(failures))
+            died_first = sorted(r for r, f in failures.items() if f.type_name == "WorkerDied"
+                                and "SIGTERM" not in f.message)
+            names = ", ".join(str(r) for r in died_first + sorted(set(failures) - set(died_first)))
+            names = names.replace(",", " died first; then", 1) if died_first and len(failures) > 1 else names
             msg = f"{len(failures)} of {self.world_size} rank(s) failed (rank {names})"
             error_type = WorkerError
             if any("timed out" in f.message.lower() or "timeout" in f.message.lower()

@@ -357,6 +357,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     state.scaler = pm.scaler
     if plan.checkpoint_dir:
         from . import checkpoint  # torch.distributed.checkpoint, atomic
+        folder_lock = checkpoint.claim(plan.checkpoint_dir)  # noqa: F841 - the folder is this run's until it returns
         state.meta = guards.run_meta(task, plan, optim, optim.decay_steps or total_steps)
         state.free_changes = guards.free_changes(plan)
         if plan.checkpoint_every:

@@ -271,7 +271,8 @@ def read(directory: str, world_size: int) -> dict[int, list[dict]]:
 
 def _signature(r: dict) -> tuple:
     """What must agree across the ranks of a group for the k-th collective to match."""
-    return (r["op"], r["shape"], r["dtype"], r.get("src"), r.get("dst"))
+    shape = None if r["op"] in ("all_gather_object", "gather_object") else r["shape"]  # any object, any length
+    return (r["op"], shape, r["dtype"], r.get("src"), r.get("dst"))
 
 
 def _where(site: str | None, resolve) -> str:
@@ -392,8 +393,12 @@ def diagnose(logs: dict[int, list[dict]], world_size: int, status: dict[int, str
                 state = status.get(m)
                 behind.append(f"rank {m} never called it ({was}" + (f"; then it {state}" if state else "") + ")")
             lines.append(head + waiting + "; " + "; ".join(behind) + ".")
-            lines.append(f"Rank(s) {d['behind']} behind: look at what they did instead of that call "
-                         f"(a condition on the rank, an early return, a different number of steps or buckets).")
+            if all(status.get(m, "").startswith("died") for m in d["behind"]):
+                lines.append(f"Rank(s) {d['behind']} died before that call: the others waited for them there, and "
+                             "their errors follow from it.")
+            else:
+                lines.append(f"Rank(s) {d['behind']} behind: look at what they did instead of that call "
+                             f"(a condition on the rank, an early return, a different number of steps or buckets).")
         else:
             parts = [f"rank{'s' if len(ms) > 1 else ''} {','.join(map(str, ms))} "
                      f"{'are' if len(ms) > 1 else 'is'} in {describe_call(present[ms[0]], resolve)}"
