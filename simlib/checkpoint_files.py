@@ -435,8 +435,10 @@ def claim(directory) -> Hold | None:
     if _rank() == 0:
         try:
             held = hold(directory)
-        except (CheckpointError, OSError) as exc:
+        except CheckpointError as exc:
             problem = str(exc)
+        except OSError:  # a folder that cannot be written: preflight (or the first save) says so in one line
+            held = None
     if _dist():
         box = [problem]
         dist.broadcast_object_list(box, src=0)

@@ -235,8 +235,9 @@ def nonfinite_message(step: int, bad, lr: float, last_checkpoint=None, grad_clip
     else:
         todo.append(f"a smaller grad_clip (now {grad_clip:g})")
     todo.append("pass nonfinite='skip' to skip such steps and count them")
+    todo = ", ".join(todo[:-1]) + f", or {todo[-1]}"
     return (f"step {step}: {where} (training diverged); stopped before the optimizer step, so the weights are "
-            f"those before step {step}{kept}. " + ", ".join(todo[:-1]).capitalize() + f", or {todo[-1]}")
+            f"those before step {step}{kept}. {todo[0].upper()}{todo[1:]}")
 
 
 def _plain(value):

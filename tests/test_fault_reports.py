@@ -224,7 +224,7 @@ def test_nan_names_its_rank_and_layout_changes_are_not_offered_allow_changes(tmp
     out = cluster2.call(_nan_and_layouts, (str(tmp_path),), timeout=300)[0]
     nan = out["nan"]
     assert "step 2: the loss became NaN or inf on rank(s) [1] first" in nan, nan
-    assert "spread it to rank(s) [0, 1]" in nan and "look at the batch of rank(s) [1]" in nan, nan
+    assert "spread it to rank(s) [0, 1]" in nan and "Look at the batch of rank(s) [1]" in nan, nan
     assert "set OptimConfig(grad_clip" not in nan and "a smaller grad_clip (now 1)" in nan, nan  # it is set
     for allow in ((), ("plan.zero_stage",)):
         text = out[f"zero{allow}"]
@@ -270,10 +270,11 @@ def test_a_process_with_a_cleared_environment_is_cleaned_up(tmp_path):
     import secrets
 
     from simlib.grading import batch, isolation
-    probe = isolation.new_cgroup("probe-" + secrets.token_hex(4))
+    probe = getattr(isolation, "new_cgroup", lambda token: "(before the fix: no cgroups)")("probe-" + secrets.token_hex(4))
     if probe is None:
         pytest.skip("no cgroup can be made here (not root, or no writable hierarchy)")
-    isolation.remove_cgroup(probe)
+    if isinstance(probe, Path):
+        isolation.remove_cgroup(probe)
     mark = "simlib-hider-" + secrets.token_hex(4)
     folder = tmp_path / "class"
     folder.mkdir()
