@@ -325,7 +325,7 @@ def _p_parent(ctx):
         time.sleep(0.2)
     orphans = [w for w in (w0, w1) if _alive(int(w))]
     dir_after_kill = os.path.exists(log_dir)
-    from simlib.launch import _remove_stale_dirs
+    from simlib.agent import _remove_stale_dirs
     _remove_stale_dirs()  # what the next Cluster's start does
     ok = not orphans and not spec_left and not os.path.exists(log_dir)
     return _result(ok, detail=f"workers left running: {orphans or 'none'}; spec with the key on disk after the "

@@ -389,11 +389,11 @@ class Hold:
     __del__ = close
 
 
-def hold(directory) -> Hold | None:
+def hold(directory, for_children: bool = False) -> Hold | None:
     """Take ``directory`` for this run: an exclusive ``flock`` on ``directory/.simlib-run.lock`` for as long as the
     returned :class:`Hold` lives. Raises :class:`CheckpointError` naming the holder when another run has it.
-    A lock taken by the process that launched this one (``simlib train``: its token is in this environment)
-    counts as this run's: returns None."""
+    ``for_children``: the processes this one starts from now on (``simlib train``'s ranks) count the lock as
+    theirs (its token goes into the environment they inherit); a worker whose launcher holds it gets None."""
     import fcntl
     import secrets
     import socket
@@ -423,7 +423,8 @@ def hold(directory) -> Hold | None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), token=token,
                                   since=time.strftime("%Y-%m-%d %H:%M:%S"))).encode(), 0)
-    os.environ[_LOCK_ENV] = ",".join(t for t in (os.environ.get(_LOCK_ENV), token) if t)  # the workers we start
+    if for_children:
+        os.environ[_LOCK_ENV] = ",".join(t for t in (os.environ.get(_LOCK_ENV), token) if t)
     _holds[key] = [fd, 0]
     return Hold(key)
 

@@ -170,7 +170,7 @@ def _check_checkpoints(spec: RunSpec) -> None:
         if not plan.checkpoint_dir:
             continue
         if rank0:  # the folder is this run's from here to the end (a second run gets a one-line error)
-            spec.holds.append(checkpoint.hold(plan.checkpoint_dir))
+            spec.holds.append(checkpoint.hold(plan.checkpoint_dir, for_children=True))
         latest = checkpoint.latest(plan.checkpoint_dir)
         if latest is not None and not (spec.resume or restarted):
             raise ValueError(f"{plan.checkpoint_dir} holds a checkpoint ({latest.name}): add --resume to continue "
