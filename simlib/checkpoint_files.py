@@ -259,6 +259,31 @@ def _with_rng(sd: dict, gathered: list) -> dict:
     return sd
 
 
+def _first_step_state(state) -> dict | None:
+    """The optimizer state a first step will create (Adam's moments, SGD's momentum), on the meta device (no
+    memory): at start-up a fresh optimizer holds none, while every checkpoint will. None when it already has
+    some (or cannot be told). A copy of the optimizer over meta tensors steps, not the real one (no hooks run)."""
+    optimizer = getattr(state, "optimizer", None)
+    inner = getattr(optimizer, "local", optimizer)  # ZeRO-1/2: the rank's inner optimizer
+    if not isinstance(inner, torch.optim.Optimizer) or inner.state:
+        return None
+    groups = []
+    for g in inner.param_groups:
+        params = []
+        for p in g["params"]:
+            local = p.to_local() if hasattr(p, "to_local") else p
+            m = torch.nn.Parameter(torch.empty_like(local, device="meta"), requires_grad=p.requires_grad)
+            m.grad = torch.empty_like(m) if p.requires_grad else None
+            params.append(m)
+        groups.append({**{k: v for k, v in g.items() if k not in ("params", "foreach", "fused")}, "params": params})
+    try:
+        probe = type(inner)(groups)  # every hyperparameter comes with its group
+        probe.step()
+    except Exception:  # noqa: BLE001 - an optimizer that does not run on meta tensors: no estimate of its state
+        return None
+    return probe.state_dict()["state"]
+
+
 def _save_bytes(sd: dict, meta=None, ranks: int = 1, root=".") -> int:
     """Bytes one save of ``sd`` (as :func:`_with_rng` gives it) writes, an upper bound: DCP's data file (each
     tensor and each other value through ``torch.save``), its ``.metadata`` (pickled: every entry's shape, dtype
@@ -324,6 +349,9 @@ def preflight(directory, state=None, keep: int = 2) -> int:
     sd = _state_dict(state) if state is not None else {}
     rngs = _gather(sd.get(PER_RANK_KEY))
     meta = getattr(state, "meta", None)
+    first = _first_step_state(state) if state is not None else None
+    if first:  # what the optimizer will hold from its first step on (saved under its own name: the same bytes)
+        sd["optimizer_first_step"] = first
     mine = _save_bytes(_with_rng(sd, rngs), meta, _world(), root) if state is not None else 0
     sizes = _gather(mine)
     sharded = bool(getattr(state, "shard", ""))

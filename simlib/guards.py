@@ -240,6 +240,13 @@ def nonfinite_message(step: int, bad, lr: float, last_checkpoint=None, grad_clip
             f"those before step {step}{kept}. {todo[0].upper()}{todo[1:]}")
 
 
+def nonfinite_error(step: int, bad, lr: float, checkpoint_dir=None, grad_clip=None) -> NonFiniteError:
+    """:class:`NonFiniteError` with :func:`nonfinite_message`, naming the newest checkpoint in ``checkpoint_dir``."""
+    from .checkpoint import latest
+    newest = latest(checkpoint_dir) if checkpoint_dir else None
+    return NonFiniteError(nonfinite_message(step, bad, lr, newest.name if newest else None, grad_clip))
+
+
 def _plain(value):
     if isinstance(value, (str, bool, int, float)) or value is None:
         return value

@@ -418,10 +418,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
                 loss, norm, bad = one_step(x, y)
         if bad:
             if nonfinite == "stop":
-                from .checkpoint import latest
-                newest = latest(plan.checkpoint_dir) if plan.checkpoint_dir else None
-                raise guards.NonFiniteError(guards.nonfinite_message(step, bad, lr, newest.name if newest else None,
-                                                                     optim.grad_clip))
+                raise guards.nonfinite_error(step, bad, lr, plan.checkpoint_dir, optim.grad_clip)
             skipped += 1
         step_time = time.perf_counter() - t0
         state.train_time += step_time

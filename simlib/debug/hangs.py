@@ -173,11 +173,9 @@ def _wrap(name: str, fn):
             shape, dtype = f"{len(args[0]) if args else 0} ops", ""
         else:
             first = args[0] if args else next(iter(kwargs.values()), None)
-            if name == "all_gather" and len(args) > 1:
+            if name in ("all_gather", "all_gather_object", "gather_object") and len(args) > 1:
                 first = args[1]  # the tensor this rank sends, not the list it receives into
-            shape, dtype = _describe(first)
-            if name in ("all_gather_object", "gather_object"):
-                shape, dtype = "", ""  # any picklable object, whose length may differ by rank: nothing to compare
+            shape, dtype = ("", "") if name in ("all_gather_object", "gather_object") else _describe(first)  # any len
         group = _group_key(arg(args, kwargs, "group"))
         seq = log.group_seq[group] = log.group_seq.get(group, -1) + 1
         site, user = _site(sys._getframe(1))
@@ -271,8 +269,7 @@ def read(directory: str, world_size: int) -> dict[int, list[dict]]:
 
 def _signature(r: dict) -> tuple:
     """What must agree across the ranks of a group for the k-th collective to match."""
-    shape = None if r["op"] in ("all_gather_object", "gather_object") else r["shape"]  # any object, any length
-    return (r["op"], shape, r["dtype"], r.get("src"), r.get("dst"))
+    return (r["op"], r["shape"], r["dtype"], r.get("src"), r.get("dst"))
 
 
 def _where(site: str | None, resolve) -> str:
@@ -393,12 +390,10 @@ def diagnose(logs: dict[int, list[dict]], world_size: int, status: dict[int, str
                 state = status.get(m)
                 behind.append(f"rank {m} never called it ({was}" + (f"; then it {state}" if state else "") + ")")
             lines.append(head + waiting + "; " + "; ".join(behind) + ".")
-            if all(status.get(m, "").startswith("died") for m in d["behind"]):
-                lines.append(f"Rank(s) {d['behind']} died before that call: the others waited for them there, and "
-                             "their errors follow from it.")
-            else:
-                lines.append(f"Rank(s) {d['behind']} behind: look at what they did instead of that call "
-                             f"(a condition on the rank, an early return, a different number of steps or buckets).")
+            lines.append(f"Rank(s) {d['behind']} died before it: the others' errors follow from that." if all(
+                status.get(m, "").startswith("died") for m in d["behind"]) else f"Rank(s) {d['behind']} behind: look "
+                "at what they did instead of that call (a condition on the rank, an early return, a different "
+                "number of steps or buckets).")
         else:
             parts = [f"rank{'s' if len(ms) > 1 else ''} {','.join(map(str, ms))} "
                      f"{'are' if len(ms) > 1 else 'is'} in {describe_call(present[ms[0]], resolve)}"
@@ -421,9 +416,7 @@ def report(directory: str, world_size: int, status=None, resolve=None, only_if_d
     """:func:`diagnose` on the logs in ``directory``; None when there are none (or, with ``only_if_divergent``,
     when the sequences agree)."""
     logs = read(directory, world_size)
-    if not any(logs.values()):
-        return None
-    if only_if_divergent and first_divergence(logs, world_size) is None:
+    if not any(logs.values()) or (only_if_divergent and first_divergence(logs, world_size) is None):
         return None
     return diagnose(logs, world_size, status, resolve)
 

@@ -1,7 +1,7 @@
 """A submission's processes, kept apart and ended: a cgroup of its own where one can be made (every process it
 starts is born there, whatever it does to its session or environment), the token every one of them carries in its
-environment, the kill of its cgroup, its session and every tagged process, and the optional ``unshare`` sandbox (no network, the course read-only,
-the submitted folders hidden). Used by :mod:`simlib.grading.batch`, which re-exports ``sandbox_available``.
+environment, the kill of its cgroup, its session and every tagged process, and the optional ``unshare`` sandbox
+(no network, the course read-only, the submitted folders hidden). Used by :mod:`simlib.grading.batch`, which re-exports ``sandbox_available``.
 """
 from __future__ import annotations
 
