@@ -432,7 +432,7 @@ def _p_cli(ctx):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default=None, help="run the probes whose name contains this")
+    parser.add_argument("--only", default=None, help="run the probes whose name contains this (a|b: either)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     load_before = os.getloadavg()
@@ -441,7 +441,7 @@ def main():
     rows = []
     try:
         for name, fn in PROBES:
-            if args.only and args.only not in name:
+            if args.only and not any(part in name for part in args.only.split("|")):
                 continue
             t0 = time.perf_counter()
             try:

@@ -248,7 +248,7 @@ def _with_cmdline(mark):
     return found
 
 
-@probe("class grading: a submission that kills `simlib grade`, rerun twice")
+@probe("class grading: a submission that kills `simlib grade`, then a rerun")
 def _p_grade_killer(ctx):
     folder = Path(ctx.dir()) / "class"
     folder.mkdir(parents=True)

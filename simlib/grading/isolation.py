@@ -63,9 +63,13 @@ def new_cgroup(token: str) -> Path | None:
 
 
 def join_cgroup(path) -> None:
-    """Move this process into ``path`` (run in the child between fork and exec: all it starts is born there)."""
-    with open(Path(path) / "cgroup.procs", "w") as f:
-        f.write(str(os.getpid()))
+    """Move this process into ``path`` (run in the child between fork and exec: all it starts is born there).
+    Where that fails (the group was removed meanwhile), the token and the session still find its processes."""
+    try:
+        with open(Path(path) / "cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        pass
 
 
 def _members(path: Path) -> list[int]:
