@@ -59,8 +59,8 @@ __all__ = ["save", "load_latest", "load", "latest", "leaving_out", "list_checkpo
 from .checkpoint_files import (  # noqa: F401 - the folder on disk; re-exported here, where callers import it
     _NAME, META, PER_RANK_KEY, CheckpointError, CheckpointFallbackWarning, CheckpointMismatch, _barrier, _disk_error,
     _dist, _folder_bytes, _fsync_dir, _gather, _nonfinite, _rank, _rotate, _save_bytes, _stamp, _state_dict,
-    _structure_problem, _verified, _with_rng, _world, _write_manifest, claim, hold, latest, list_checkpoints, preflight,
-    verify)
+    _structure_problem, _verified, _with_rng, _world, _write_manifest, latest, list_checkpoints, preflight, verify)
+from .checkpoint_lock import claim, hold  # noqa: F401 - one run per folder
 
 
 
