@@ -240,6 +240,25 @@ def test_nan_names_its_rank_and_layout_changes_are_not_offered_allow_changes(tmp
         assert "allow_changes" not in text and "\n" not in text, text
 
 
+def test_a_whole_checkpoint_loaded_into_rank_parts_names_the_plan_change(tmp_path, one_process):
+    """Without the run's meta (a state of one's own, lesson 08), the load itself tells the change of layout from a
+    fresh optimizer."""
+    from simlib.train import TrainState
+
+    def state(shard=""):
+        model = _reg().build_model()
+        optimizer = torch.optim.AdamW(model.parameters())
+        return TrainState(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+                          shard=shard)
+    whole = state()
+    x, y = _reg().batch(0)
+    _reg().loss(whole.model(x), y).backward()
+    whole.optimizer.step()
+    checkpoint.save(tmp_path, whole, step=1)
+    with pytest.raises(ValueError, match=r"whole \(unsharded\) model and optimizer.*\(dp0 here\): the plan changed"):
+        checkpoint.load(tmp_path / "step_00000001", state("dp0"))
+
+
 def test_impossible_global_batch_says_what_would_work():
     with pytest.raises(ValueError) as info:
         Plan(dp=4).validate(4, _reg(global_batch=6))
