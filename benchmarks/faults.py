@@ -9,6 +9,10 @@ torch.distributed.checkpoint, the elastic agent behind simlib.launch) and record
 
     python benchmarks/faults.py [--only substring] [--out benchmarks/results/faults.json]
 
+The probes live here and in ``faults_reports.py`` (what issue 38 found: unverifiable checkpoints, two runs in one
+folder, the disk estimate, task sizes, reports of a killed rank and of NaN, layout changes, class grading);
+``faults_common.py`` holds what they share.
+
 The full disk is a real one: a tmpfs mounted with a size limit (needs root; else that probe says it was skipped).
 """
 from __future__ import annotations
@@ -34,35 +38,10 @@ from simlib import checkpoint
 from simlib.train import OptimConfig, Plan
 
 import report  # benchmarks/report.py: machine info and the JSON file
+from faults_common import (EVERY, OPTIM, PLANS, PROBES, STEPS, STOP, Context, _alive, _error_line, _gpt,  # noqa: F401
+                           _losses, _one_line, _result, probe)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-EVERY, STOP, STEPS = 3, 5, 8
-OPTIM = OptimConfig(lr=1e-2, warmup_steps=2, decay_steps=STEPS, grad_clip=1.0, weight_decay=0.1)
-PLANS = {"dp2": Plan(dp=2), "tp2": Plan(tp=2), "pp2": Plan(pp=2, accumulation=2),
-         "zero1": Plan(dp=2, zero_stage=1), "zero2": Plan(dp=2, zero_stage=2), "zero3": Plan(dp=2, zero_stage=3)}
-
-
-def _gpt(**kw):
-    from simlib.projects.gpt.task import GPTTask
-    return GPTTask.quick(global_batch=8, eval_windows=4, **kw)
-
-
-def _losses(plan, steps, task=None, **kw):
-    from simlib.train import train
-    record = train(task or _gpt(), plan, steps=steps, optim=kw.pop("optim", OPTIM), log_every=1, verbose=False,
-                   measure_memory=False, **kw)
-    return {r["step"]: r["loss"] for r in record.rows}
-
-
-def _error_line(exc) -> str:
-    text = " ".join(str(exc).split()) if str(exc) else type(exc).__name__
-    return f"{type(exc).__name__}: {text[:400]}"
-
-
-def _one_line(exc) -> bool:
-    return "\n" not in str(exc).strip() and len(str(exc)) > 0
-
 
 # ── probes on the warm 2-rank cluster: checkpoints ──
 def _corrupt(path: Path, how: str) -> None:
@@ -220,22 +199,6 @@ def _value():
     return float(t)
 
 
-# ── the probes ──
-PROBES = []
-
-
-def probe(name):
-    def add(fn):
-        PROBES.append((name, fn))
-        return fn
-    return add
-
-
-def _result(ok_right=None, ok_error=None, detail="", nothing_lost=True, **extra):
-    outcome = "right" if ok_right else "clear error" if ok_error else "FAIL"
-    return dict(outcome=outcome, detail=detail, nothing_lost=nothing_lost, **extra)
-
-
 for _how in ("random bytes", "truncated", "metadata deleted", "file deleted"):
     def _p(ctx, how=_how):
         out = ctx.cluster.call(_newest_broken, (ctx.dir(), how), timeout=600)[0]
@@ -362,21 +325,12 @@ def _p_parent(ctx):
         time.sleep(0.2)
     orphans = [w for w in (w0, w1) if _alive(int(w))]
     dir_after_kill = os.path.exists(log_dir)
-    from simlib.launch import _remove_stale_dirs
+    from simlib.agent import _remove_stale_dirs
     _remove_stale_dirs()  # what the next Cluster's start does
     ok = not orphans and not spec_left and not os.path.exists(log_dir)
     return _result(ok, detail=f"workers left running: {orphans or 'none'}; spec with the key on disk after the "
                               f"start: {spec_left}; its folder left by the kill: {dir_after_kill}, removed at the "
                               f"next start: {not os.path.exists(log_dir)}")
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 @probe("one Cluster called from two threads")
@@ -476,25 +430,9 @@ def _p_cli(ctx):
     return _result(ok_error=ok, detail=" | ".join(lines))
 
 
-class Context:
-    def __init__(self, root):
-        self.root, self.n = Path(root), 0
-        self.cluster = simlib.Cluster(2, timeout=30)
-        self.checkpoint_bytes = self.cluster.call(_checkpoint_bytes, (self.dir(),), timeout=600)[0]
-
-    def dir(self) -> str:
-        self.n += 1
-        return str(self.root / f"p{self.n:02d}")
-
-
-def _checkpoint_bytes(base):
-    _losses(Plan(dp=2, checkpoint_dir=base, checkpoint_every=EVERY), EVERY)
-    return sum(f.stat().st_size for f in checkpoint.latest(base).rglob("*") if f.is_file())
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default=None, help="run the probes whose name contains this")
+    parser.add_argument("--only", default=None, help="run the probes whose name contains this (a|b: either)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     load_before = os.getloadavg()
@@ -503,7 +441,7 @@ def main():
     rows = []
     try:
         for name, fn in PROBES:
-            if args.only and args.only not in name:
+            if args.only and not any(part in name for part in args.only.split("|")):
                 continue
             t0 = time.perf_counter()
             try:
@@ -524,6 +462,8 @@ def main():
     path = report.write(result, args.out)
     print(f"\n{counts}; wrote {path}")
 
+
+import faults_reports  # noqa: E402,F401 - the probes of issue 38, after these (they register themselves)
 
 if __name__ == "__main__":
     main()

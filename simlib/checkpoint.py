@@ -54,15 +54,14 @@ from torch.distributed.checkpoint.api import CheckpointException  # a BaseExcept
 
 __all__ = ["save", "load_latest", "load", "latest", "leaving_out", "list_checkpoints", "rng_state", "set_rng_state",
            "Saved", "PER_RANK_KEY", "checkpoint_interval", "wasted_fraction", "verify", "preflight", "CheckpointError",
-           "CheckpointMismatch", "CheckpointFallbackWarning", "compare_meta"]
+           "CheckpointMismatch", "CheckpointFallbackWarning", "compare_meta", "hold", "claim"]
 
 from .checkpoint_files import (  # noqa: F401 - the folder on disk; re-exported here, where callers import it
-    _NAME, META, CheckpointError, CheckpointFallbackWarning, CheckpointMismatch, _barrier, _disk_error, _dist,
-    _folder_bytes, _fsync_dir, _gather, _nonfinite, _rank, _rotate, _stamp, _state_bytes, _state_dict,
-    _structure_problem, _verified, _world,
-    _write_manifest, latest, list_checkpoints, preflight, verify)
+    _NAME, META, PER_RANK_KEY, CheckpointError, CheckpointFallbackWarning, CheckpointMismatch, _barrier, _disk_error,
+    _dist, _folder_bytes, _fsync_dir, _gather, _nonfinite, _rank, _rotate, _save_bytes, _stamp, _state_dict,
+    _structure_problem, _verified, _with_rng, _world, _write_manifest, latest, list_checkpoints, preflight, verify)
+from .checkpoint_lock import claim, hold  # noqa: F401 - one run per folder
 
-PER_RANK_KEY = "rng"  # a top-level key of the state dict whose value differs by rank
 
 
 @dataclass
@@ -122,6 +121,14 @@ def _check_meta(path: Path, state, allow_changes) -> list:
     current = json.loads(json.dumps(current, default=str))  # as it would be saved (tuples become lists)
     diffs = compare_meta(saved, current)
     free = set(getattr(state, "free_changes", ()))  # what the caller can resume across (e.g. the DP degree)
+    layout = _layout_changes(diffs, saved)
+    if layout:  # each rank's part is stored under the saved layout: no allow_changes can load it into another
+        saved_plan = ", ".join(f"{k.split('.', 1)[1]}={a!r}" for k, a, _ in layout)
+        listed = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, a, b in layout)
+        raise CheckpointMismatch(
+            f"{path} was saved under another parallel layout ({listed}): each rank's part of the model and "
+            f"optimizer is stored for that layout, and this checkpoint cannot be resharded into another. Resume "
+            f"with the saved layout (Plan({saved_plan}, ...)), or give another checkpoint_dir to start afresh")
     allow = set(allow_changes or ())
     wrong = [d for d in diffs if d[0] not in free and d[0] not in allow and "*" not in allow
              and d[0].split(".")[0] not in allow]
@@ -131,6 +138,17 @@ def _check_meta(path: Path, state, allow_changes) -> list:
             f"{path} was saved by another run than this one ({listed}). Resume with the same settings, use another "
             f"checkpoint_dir, or accept the change explicitly: allow_changes={tuple(k for k, _, _ in wrong)!r}")
     return [d for d in diffs if d[0] not in free]
+
+
+LAYOUT = ("plan.tp", "plan.pp", "plan.ep", "plan.zero_stage")  # they decide which part each rank holds
+
+
+def _layout_changes(diffs, saved: dict) -> list:
+    """The differences that change what each rank holds (the shards of TP, PP, EP; ZeRO's optimizer shards over
+    dp, so there the DP degree too)."""
+    zero = bool((saved.get("plan") or {}).get("zero_stage")) or any(
+        k == "plan.zero_stage" and b for k, _, b in diffs)
+    return [d for d in diffs if d[0] in LAYOUT or (d[0] == "plan.dp" and zero)]
 
 
 # ── save ──
@@ -164,14 +182,8 @@ def save(directory, state, step: int | None = None, keep: int = 2, _before_commi
                               "- resume from it with a lower lr or a grad_clip")
     meta = getattr(state, "meta", None) if meta is None else meta
     if PER_RANK_KEY in sd:  # every rank's RNG state, gathered: DCP keeps one copy of a key, from one rank
-        mine = sd[PER_RANK_KEY]
-        gathered = [None] * _world()
-        if _dist():
-            dist.all_gather_object(gathered, mine)
-        else:
-            gathered = [mine]
-        sd[PER_RANK_KEY] = {"by_rank": pickle.dumps(gathered), "world_size": _world()}
-    expected = _state_bytes(sd)
+        sd = _with_rng(sd, _gather(sd[PER_RANK_KEY]))
+    expected = _save_bytes(sd, meta, _world(), root)
     problem = None
     if _rank() == 0:
         try:
@@ -281,10 +293,15 @@ def load(path, state, skip=(), allow_changes=()) -> Saved:
         shown = ", ".join(extra[:5]) + (" ..." if len(extra) > 5 else "")
         shards = sorted({k.split(".")[1] for k in extra if k.split(".")[0] in ("model", "optimizer")
                          and re.match(r"^(pp|tp|dp)\d", k.split(".")[1] if "." in k else "")})
+        mine = getattr(state, "shard", "")
         if shards:
             hint = (f"The checkpoint holds the parts of a sharded plan ({', '.join(shards)}) that no rank of this "
                     "run asks for: it was saved under another plan (tp, pp, zero_stage or the dp degree of ZeRO). "
                     "Resume under the plan that saved it.")
+        elif mine and any(k.split(".")[0] in ("model", "optimizer") for k in extra):
+            hint = (f"The checkpoint holds a whole (unsharded) model and optimizer, saved by a plan without tp, pp, "
+                    f"ep or ZeRO, while this run's ranks hold parts ({mine} here): the plan changed. Resume under the "
+                    "plan that saved it (e.g. zero_stage=0), or give another checkpoint_dir.")
         else:
             hint = ("Usually a fresh optimizer: its state (Adam's moments) is empty until its first step, so DCP "
                     "would skip it. Build the optimizer part with torch.distributed.checkpoint.state_dict."

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
+import pickle
 import re
 import shutil
+import uuid
 import warnings
 from pathlib import Path
 
@@ -21,6 +24,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 MANIFEST, META = "manifest.json", "meta.json"
+PER_RANK_KEY = "rng"  # a top-level key of the state dict whose value differs by rank
 
 
 class CheckpointError(RuntimeError):
@@ -149,19 +153,21 @@ def _verify(path: Path) -> str | None:
     if not (path / ".metadata").is_file():
         return "it has no .metadata (it was never committed)"
     manifest = path / MANIFEST
-    if manifest.is_file():
-        try:
-            files = json.loads(manifest.read_text())["files"]
-        except (ValueError, KeyError, OSError) as exc:
-            return f"its {MANIFEST} cannot be read ({exc})"
-        for name, (size, digest) in files.items():
-            f = path / name
-            if not f.is_file():
-                return f"its file {name} is missing"
-            if f.stat().st_size != size:
-                return f"its file {name} has {f.stat().st_size:,} bytes, {size:,} were written"
-            if _sha256(f) != digest:
-                return f"its file {name} does not match the checksum written with it (corrupted)"
+    if not manifest.is_file():  # every commit writes one first: without it nothing can say the files are whole
+        return (f"it has no {MANIFEST} (deleted, or not written by simlib.checkpoint.save), so its files cannot "
+                "be verified")
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, OSError) as exc:
+        return f"its {MANIFEST} cannot be read ({exc})"
+    for name, (size, digest) in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"its file {name} is missing"
+        if f.stat().st_size != size:
+            return f"its file {name} has {f.stat().st_size:,} bytes, {size:,} were written"
+        if _sha256(f) != digest:
+            return f"its file {name} does not match the checksum written with it (corrupted)"
     return _structure_problem(path)
 
 
@@ -193,15 +199,28 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:,.1f} MB"
 
 
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Timed out waiting",
+              "Socket Timeout", "Connection refused")
+
+
 def _disk_error(exc, root: Path, step: int, expected: int | None = None) -> CheckpointError:
-    """One line for a save that failed on the disk: which folder, why, what is free, what to do."""
+    """One line for a save that failed: which folder, why (the disk, or a rank lost during the save's
+    collectives), what is free, what is on disk now, what to do."""
+    partial = root / f"step_{step:08d}.partial"
+    prev = latest(root)
+    kept = f"the previous checkpoint {prev.name} is intact" if prev else "no earlier checkpoint exists"
+    left = (f"{partial.name} is still on disk (never loaded: only committed folders are; the next save removes "
+            "it)" if partial.exists() else "the partial folder was removed")
+    lost = next((w for w in _PEER_LOST if w in str(exc) or w in str(exc.__cause__ or "")), None)
+    if lost and _errno_of(exc) is None:
+        return CheckpointError(f"checkpoint of step {step} not saved on rank {_rank()}: another rank was lost during "
+                               f"the save ({lost}; the rank that died is named first); {kept}, and {left}: resume "
+                               "from the newest checkpoint")
     code = _errno_of(exc)
     try:
         free = shutil.disk_usage(root if root.exists() else root.parent).free
     except OSError:
         free = None
-    prev = latest(root)
-    kept = f"the previous checkpoint {prev.name} is intact" if prev else "no earlier checkpoint exists"
     need = f"; a checkpoint needs about {_mb(expected)}" if expected else ""
     if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or (free is not None and expected and free < expected) \
             or "unexpected pos" in str(exc):
@@ -215,18 +234,89 @@ def _disk_error(exc, root: Path, step: int, expected: int | None = None) -> Chec
     else:
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         todo = "see the cause above"
-    return CheckpointError(f"checkpoint of step {step} not saved: {why}; {kept}, and the partial folder was "
-                           f"removed: {todo}")
+    return CheckpointError(f"checkpoint of step {step} not saved: {why}; {kept}, and {left}: {todo}")
 
 
-def _state_bytes(sd) -> int:
-    if isinstance(sd, torch.Tensor):
-        return sd.numel() * sd.element_size()
-    if isinstance(sd, dict):
-        return sum(_state_bytes(v) for v in sd.values())
-    if isinstance(sd, (list, tuple)):
-        return sum(_state_bytes(v) for v in sd)
-    return 0
+_OVERHEAD: dict = {}  # (dtype, ndim) -> bytes torch.save adds around one tensor's data
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    """What DCP writes for one tensor: ``torch.save`` of it (a small zip archive around the data, which it pads
+    to 64-byte alignment), measured once per dtype and rank."""
+    key = (t.dtype, t.dim())
+    if key not in _OVERHEAD:
+        probe = torch.zeros((1,) * t.dim(), dtype=t.dtype)
+        buf = io.BytesIO()
+        torch.save(probe, buf)
+        _OVERHEAD[key] = buf.tell() - probe.element_size() + 64
+    return _OVERHEAD[key] + t.numel() * t.element_size()
+
+
+def _with_rng(sd: dict, gathered: list) -> dict:
+    """``sd`` as :func:`simlib.checkpoint.save` writes it: every rank's RNG state, gathered and pickled once."""
+    if PER_RANK_KEY in sd:
+        sd = {**sd, PER_RANK_KEY: {"by_rank": pickle.dumps(gathered), "world_size": len(gathered)}}
+    return sd
+
+
+def _first_step_state(state) -> dict | None:
+    """The optimizer state a first step will create (Adam's moments, SGD's momentum), on the meta device (no
+    memory): at start-up a fresh optimizer holds none, while every checkpoint will. None when it already has
+    some (or cannot be told). A copy of the optimizer over meta tensors steps, not the real one (no hooks run)."""
+    optimizer = getattr(state, "optimizer", None)
+    inner = getattr(optimizer, "local", optimizer)  # ZeRO-1/2: the rank's inner optimizer
+    if not isinstance(inner, torch.optim.Optimizer) or inner.state:
+        return None
+    groups = []
+    for g in inner.param_groups:
+        params = []
+        for p in g["params"]:
+            local = p.to_local() if hasattr(p, "to_local") else p
+            m = torch.nn.Parameter(torch.empty_like(local, device="meta"), requires_grad=p.requires_grad)
+            m.grad = torch.empty_like(m) if p.requires_grad else None
+            params.append(m)
+        groups.append({**{k: v for k, v in g.items() if k not in ("params", "foreach", "fused")}, "params": params})
+    try:
+        probe = type(inner)(groups)  # every hyperparameter comes with its group
+        probe.step()
+    except Exception:  # noqa: BLE001 - an optimizer that does not run on meta tensors: no estimate of its state
+        return None
+    return probe.state_dict()["state"]
+
+
+def _save_bytes(sd: dict, meta=None, ranks: int = 1, root=".") -> int:
+    """Bytes one save of ``sd`` (as :func:`_with_rng` gives it) writes, an upper bound: DCP's data file (each
+    tensor and each other value through ``torch.save``), its ``.metadata`` (pickled: every entry's shape, dtype
+    and place in its file), ``meta.json`` and ``manifest.json`` (``ranks``: the data files listed)."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.checkpoint.default_planner import _create_default_local_metadata
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import MetadataIndex, StorageMeta, TensorStorageMetadata
+
+    flat, mappings = flatten_state_dict(sd)
+    data = 0
+    for value in flat.values():
+        if isinstance(value, torch.Tensor):
+            data += _tensor_bytes(value.to_local() if hasattr(value, "to_local") else value)
+        else:
+            buf = io.BytesIO()
+            torch.save(value, buf)
+            data += buf.tell()
+    md = _create_default_local_metadata(flat)
+    far = 2 ** 62  # offsets and lengths pickle at most this long
+    storage = {}
+    for fqn, item in md.state_dict_metadata.items():
+        chunks = item.chunks if isinstance(item, TensorStorageMetadata) else [None]
+        for i, chunk in enumerate(chunks):
+            index = MetadataIndex(fqn, chunk.offsets, i) if chunk is not None else MetadataIndex(fqn)
+            storage[index] = _StorageInfo(f"__{ranks - 1}_0.distcp", far, far)
+    md.storage_data, md.planner_data = storage, mappings
+    md.storage_meta = StorageMeta(checkpoint_id=Path(root, "step_00000000.partial"), save_id=str(uuid.uuid4()),
+                                  load_id=str(uuid.uuid4()))
+    metadata = len(pickle.dumps(md)) + 256  # + what a version of DCP may add (module names, a version string)
+    names = [f"__{r}_0.distcp" for r in range(ranks)] + [".metadata"] + ([META] if meta else [])
+    manifest = len(json.dumps({"files": {n: [far, "0" * 64] for n in names}}, indent=1))
+    return data + metadata + manifest + (len(json.dumps(meta, indent=1, default=str)) if meta else 0)
 
 
 def _nonfinite(sd, prefix="") -> str | None:
@@ -256,10 +346,16 @@ def preflight(directory, state=None, keep: int = 2) -> int:
     (the same line on every rank) when the folder is not writable or a checkpoint does not fit; warns when fewer
     than ``keep + 1`` fit (``keep`` kept plus the one being written)."""
     root = Path(directory)
-    mine = _state_bytes(_state_dict(state)) if state is not None else 0
+    sd = _state_dict(state) if state is not None else {}
+    rngs = _gather(sd.get(PER_RANK_KEY))
+    meta = getattr(state, "meta", None)
+    first = _first_step_state(state) if state is not None else None
+    if first:  # what the optimizer will hold from its first step on (saved under its own name: the same bytes)
+        sd["optimizer_first_step"] = first
+    mine = _save_bytes(_with_rng(sd, rngs), meta, _world(), root) if state is not None else 0
     sizes = _gather(mine)
     sharded = bool(getattr(state, "shard", ""))
-    expected = sum(sizes) if sharded else sizes[0]
+    expected = sum(sizes) if sharded else sizes[0]  # DP: every rank holds the same state, DCP writes it once
     problem, warn = None, None
     if _rank() == 0:
         try:

@@ -40,6 +40,7 @@ class RunSpec:
     config: dict = field(default_factory=dict)   # the resolved configuration per folder (what config.toml holds)
     size: str = "full"            # "quick", "full" or "gpu" (simlib.projects.gpu)
     size_reason: str = ""         # why, when simlib chose it (every rank has a GPU: the GPU size)
+    holds: list = field(default_factory=list)    # checkpoint folders this run holds (simlib.checkpoint.hold)
 
 
 def _project_defaults(project: str, size: str, world_size: int = 1) -> dict:
@@ -171,6 +172,8 @@ def _check_checkpoints(spec: RunSpec) -> None:
     for name, plan in spec.plans.items():
         if not plan.checkpoint_dir:
             continue
+        if rank0:  # the folder is this run's from here to the end (a second run gets a one-line error)
+            spec.holds.append(checkpoint.hold(plan.checkpoint_dir, for_children=True))
         latest = checkpoint.latest(plan.checkpoint_dir)
         if latest is not None and not (spec.resume or restarted):
             raise ValueError(f"{plan.checkpoint_dir} holds a checkpoint ({latest.name}): add --resume to continue "

@@ -69,6 +69,69 @@ def check_optim(cfg) -> None:
                          f"got {cfg.grad_clip!r}")
 
 
+# each project's task fields: ints >= 1, ints >= 0, True/False, numbers in a range ((low, high): low < v <= high,
+# or low <= v when the low end is given as a list), dates
+TASK_FIELDS = {
+    "GPTTask": dict(positive=("seq_len", "hidden", "num_layers", "num_heads", "global_batch", "eval_windows",
+                              "moe_top_k"), counts=("seed", "moe_experts"),
+                    numbers={"moe_capacity_factor": (0, math.inf), "moe_aux_coeff": ([0], math.inf)}),
+    "DigitsTask": dict(positive=("global_batch", "image_size", "width", "blocks_per_stage"), counts=("seed",),
+                       flags=("augment",), numbers={"holdout": (0, 1 - 1e-9)}),
+    "HedgingTask": dict(positive=("global_batch", "days", "block", "hidden", "depth"), counts=("seed",),
+                        numbers={"cost": ([0], 0.1 - 1e-12)}, dates=("train_end",)),
+}
+
+
+def check_task(task) -> None:
+    """Every field of a project's task (:data:`TASK_FIELDS`), before anything is built or launched: one line
+    naming the first wrong one (a size of 0 would otherwise surface as a torch error, or at the first evaluation)."""
+    c = type(task).__name__
+    spec = TASK_FIELDS.get(c, {})
+    for name in spec.get("positive", ()):
+        v = getattr(task, name)
+        if not _is_int(v) or v < 1:
+            raise ValueError(f"{c}.{name} must be an int >= 1, got {v!r}")
+    for name in spec.get("counts", ()):
+        v = getattr(task, name)
+        if not _is_int(v) or v < 0:
+            raise ValueError(f"{c}.{name} must be an int >= 0, got {v!r}")
+    for name in spec.get("flags", ()):
+        if not isinstance(getattr(task, name), bool):
+            raise ValueError(f"{c}.{name} must be True or False, got {getattr(task, name)!r}")
+    for name, (low, high) in spec.get("numbers", {}).items():
+        v, closed = getattr(task, name), isinstance(low, list)
+        lo = low[0] if closed else low
+        if not _is_real(v) or not (lo <= v if closed else lo < v) or v > high:
+            where = (f">= {lo:g}" if closed else f"> {lo:g}") + (f" and < {high:.3g}" if high < math.inf else "")
+            raise ValueError(f"{c}.{name} must be a number {where}, got {v!r}")
+    for name in spec.get("dates", ()):
+        v = getattr(task, name)
+        import numpy as np
+        try:
+            if not isinstance(v, str):
+                raise ValueError(v)
+            np.datetime64(v, "D")
+        except ValueError:
+            raise ValueError(f"{c}.{name} must be a date 'YYYY-MM-DD', got {v!r}") from None
+    if c == "GPTTask":
+        if task.hidden % task.num_heads:
+            ok = [h for h in range(1, task.hidden + 1) if task.hidden % h == 0][:8]
+            raise ValueError(f"GPTTask.hidden {task.hidden} is not a multiple of num_heads {task.num_heads}: use "
+                             f"num_heads in {ok}")
+        if task.moe_experts and task.moe_top_k > task.moe_experts:
+            raise ValueError(f"GPTTask.moe_top_k {task.moe_top_k} must be between 1 and moe_experts "
+                             f"{task.moe_experts}")
+
+
+def check_held_out(task) -> None:
+    """A GPT task's ``seq_len`` leaves at least one held-out window to evaluate on (else the first evaluation,
+    after training, would fail)."""
+    if task.data.eval_windows < 1:
+        tokens = len(task.data.held_out)
+        raise ValueError(f"GPTTask.seq_len {task.seq_len} is longer than the held-out text ({tokens:,} tokens): "
+                         f"use seq_len <= {tokens - 1}")
+
+
 def check_plan_fields(plan) -> None:
     """The fields of a ``Plan`` that its own mesh checks do not cover."""
     if not _is_int(plan.checkpoint_every) or plan.checkpoint_every < 0:
@@ -150,14 +213,38 @@ def nonfinite(loss, params, norm=None, device=None, timeline=None) -> list[tuple
     return [e for e in everyone if e[1] or e[2]]
 
 
-def nonfinite_message(step: int, bad, lr: float, last_checkpoint=None) -> str:
-    ranks = sorted({r for r, _, _ in bad})
-    what = " and ".join(w for w, on in (("the loss", any(b[1] for b in bad)),
-                                        ("the gradients", any(b[2] for b in bad))) if on) or "the step"
+def nonfinite_message(step: int, bad, lr: float, last_checkpoint=None, grad_clip=None) -> str:
+    """One line for a non-finite step: the rank(s) whose own loss went NaN/inf first (a local value, before any
+    collective), then where the gradient all-reduce spread it; remedies that are not already in force."""
+    origin = sorted(r for r, loss_bad, _ in bad if loss_bad)
+    spread = sorted(r for r, _, grad_bad in bad if grad_bad)
+    if origin:
+        where = f"the loss became NaN or inf on rank(s) {origin} first (computed there, before any collective)"
+        if [r for r in spread if r not in origin]:
+            where += f"; the gradient all-reduce then spread it to rank(s) {spread}"
+    else:
+        where = (f"the gradients became NaN or inf on rank(s) {spread} while every loss was finite (after the "
+                 "all-reduce, which hands one rank's NaN to all: the rank it began on is not known)")
     kept = f"; the newest checkpoint is {last_checkpoint}" if last_checkpoint else ""
-    return (f"step {step}: {what} became NaN or inf on rank(s) {ranks} (training diverged); stopped before the "
-            f"optimizer step, so the weights are those before step {step}{kept}. Lower the lr (now {lr:.3g}), set "
-            "OptimConfig(grad_clip=1.0), or pass nonfinite='skip' to skip such steps and count them")
+    todo = []
+    if origin and any(r not in origin for r, _, _ in bad):  # some ranks' losses were fine: their data differ
+        todo.append(f"look at the batch of rank(s) {origin} at step {step} (NaN or inf in the data?)")
+    todo.append(f"lower the lr (now {lr:.3g})")
+    if grad_clip is None:
+        todo.append("set OptimConfig(grad_clip=1.0)")
+    else:
+        todo.append(f"a smaller grad_clip (now {grad_clip:g})")
+    todo.append("pass nonfinite='skip' to skip such steps and count them")
+    todo = ", ".join(todo[:-1]) + f", or {todo[-1]}"
+    return (f"step {step}: {where} (training diverged); stopped before the optimizer step, so the weights are "
+            f"those before step {step}{kept}. {todo[0].upper()}{todo[1:]}")
+
+
+def nonfinite_error(step: int, bad, lr: float, checkpoint_dir=None, grad_clip=None) -> NonFiniteError:
+    """:class:`NonFiniteError` with :func:`nonfinite_message`, naming the newest checkpoint in ``checkpoint_dir``."""
+    from .checkpoint import latest
+    newest = latest(checkpoint_dir) if checkpoint_dir else None
+    return NonFiniteError(nonfinite_message(step, bad, lr, newest.name if newest else None, grad_clip))
 
 
 def _plain(value):

@@ -375,7 +375,10 @@ class Cluster(ElasticWorkers):
                              for r in pending})
             error_type = WorkerTimeout
         else:
-            names = ", ".join(str(r) for r in sorted(failures))
+            died_first = sorted(r for r, f in failures.items() if f.type_name == "WorkerDied"
+                                and "SIGTERM" not in f.message)
+            names = ", ".join(str(r) for r in died_first + sorted(set(failures) - set(died_first)))
+            names = names.replace(",", " died first; then", 1) if died_first and len(failures) > 1 else names
             msg = f"{len(failures)} of {self.world_size} rank(s) failed (rank {names})"
             error_type = WorkerError
             if any("timed out" in f.message.lower() or "timeout" in f.message.lower()
@@ -392,7 +395,10 @@ class Cluster(ElasticWorkers):
                 else:
                     msg += (f"; rank(s) {pending} never answered ({silent}) and were stopped {self.grace:g} s after "
                             "the first failure")
-        by_rank = [failures[r] for r in sorted(failures)]
+        # the cause first: a rank that died (not stopped by SIGTERM, which the agent sends to the others), then
+        # the ranks that failed because it was gone
+        by_rank = sorted(failures.values(), key=lambda f: (f.type_name != "WorkerDied",
+                                                           "SIGTERM" in f.message, f.rank))
         lines = [f.summary() for f in by_rank]
         from .debug import hangs
         finder = hangs.failure_report(os.path.join(self._log_dir, "collectives") if self.hang_finder else None,

@@ -164,6 +164,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     state.scaler = pm.scaler
     if plan.checkpoint_dir:
         from . import checkpoint  # torch.distributed.checkpoint, atomic
+        folder_lock = checkpoint.claim(plan.checkpoint_dir)  # noqa: F841 - the folder is this run's until it returns
         state.meta = guards.run_meta(task, plan, optim, optim.decay_steps or total_steps)
         state.free_changes = guards.free_changes(plan)
         if plan.checkpoint_every:
@@ -229,9 +230,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
                 loss, norm, bad = one_step(x, y, after)
         if bad:
             if nonfinite == "stop":
-                from .checkpoint import latest
-                newest = latest(plan.checkpoint_dir) if plan.checkpoint_dir else None
-                raise guards.NonFiniteError(guards.nonfinite_message(step, bad, lr, newest.name if newest else None))
+                raise guards.nonfinite_error(step, bad, lr, plan.checkpoint_dir, optim.grad_clip)
             skipped += 1
         step_time = time.perf_counter() - t0
         state.train_time += step_time

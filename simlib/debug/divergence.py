@@ -174,8 +174,10 @@ def diagnose(logs: dict[int, list[dict]], world_size: int, status: dict[int, str
                 state = status.get(m)
                 behind.append(f"rank {m} never called it ({was}" + (f"; then it {state}" if state else "") + ")")
             lines.append(head + waiting + "; " + "; ".join(behind) + ".")
-            lines.append(f"Rank(s) {d['behind']} behind: look at what they did instead of that call "
-                         f"(a condition on the rank, an early return, a different number of steps or buckets).")
+            lines.append(f"Rank(s) {d['behind']} died before it: the others' errors follow from that." if all(
+                status.get(m, "").startswith("died") for m in d["behind"]) else f"Rank(s) {d['behind']} behind: look "
+                "at what they did instead of that call (a condition on the rank, an early return, a different "
+                "number of steps or buckets).")
         else:
             parts = [f"rank{'s' if len(ms) > 1 else ''} {','.join(map(str, ms))} "
                      f"{'are' if len(ms) > 1 else 'is'} in {describe_call(present[ms[0]], resolve)}"

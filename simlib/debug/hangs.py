@@ -162,7 +162,7 @@ def _wrap(name: str, fn):
             first = args[0] if args else next(iter(kwargs.values()), None)
             if name in ("all_gather", "all_gather_object", "gather_object") and len(args) > 1:
                 first = args[1]  # the tensor this rank sends, not the list it receives into
-            shape, dtype = _describe(first)
+            shape, dtype = ("", "") if name in ("all_gather_object", "gather_object") else _describe(first)  # any len
         group = _group_key(arg(args, kwargs, "group"))
         seq = log.group_seq[group] = log.group_seq.get(group, -1) + 1
         site, user = _site(sys._getframe(1))

@@ -9,12 +9,15 @@ course's own ``solutions/`` notebook, not by the submission's copy - and the chi
 them with worker processes of its own. The child hands back only plain data (JSON rows: pass/fail, numbers,
 text); the grader process never unpickles a learner's object, so an object whose unpickling runs code acts
 inside that one child and cannot change another submission's grade. When the child ends (or its time is up)
-every process of the submission is killed: the child's session and process group, and every process that
-carries the submission's token in its environment (kernels and workers start sessions of their own). A child
+every process of the submission is killed: its cgroup (made for it where the grader may: root, no systemd needed;
+a process cannot leave it by a new session or a cleared environment), the child's session and process group, and
+every process that carries the submission's token in its environment. A child
 whose grader dies does that itself (``--parent``: :func:`simlib.grading.isolation.end_with_parent`).
 
 Rows are appended to a journal (``<out>.rows.jsonl``, fsynced) as each submission finishes; a grader that is
-stopped and started again with the same ``--out`` skips the submissions already in it (same path, same bytes).
+stopped and started again with the same ``--out`` skips the submissions already in it (same path, same bytes),
+and turns one that was started and never finished (it stopped the grader) into a failed row
+(:mod:`simlib.grading.journal`).
 
 ``sandbox="unshare"`` (``simlib grade --sandbox unshare``, Linux with unprivileged user namespaces) runs each
 child in new user, mount and network namespaces: no network but loopback, the course folder mounted read-only,
@@ -45,7 +48,10 @@ from pathlib import Path
 __all__ = ["grade", "grade_notebook", "sandbox_available", "journal_path", "find_submissions", "summarize", "write", "Row", "WorkerPool"]
 
 from .class_report import FIELDS, format_summary, summarize, write  # noqa: F401 - the class report, re-exported
-from .isolation import _TOKEN, _kill_submission, _sandboxed, end_with_parent, sandbox_available  # noqa: F401
+from . import journal as _journal
+from .isolation import (_CGROUP, _TOKEN, _kill_submission, _sandboxed, end_with_parent, join_cgroup,  # noqa: F401
+                        new_cgroup, remove_cgroup, remove_stale_cgroups, sandbox_available)
+from .journal import journal_path  # noqa: F401 - where `simlib grade --out` journals
 
 # Runs first in the learner's kernel: the notebook's own checks become no-ops (the grader runs them itself).
 _PREAMBLE = '''
@@ -341,6 +347,7 @@ def _grade_in_child(path: Path, timeout: float, check_timeout: float, solutions,
     of the notebook); read back plain JSON rows; kill every process of the submission at the end."""
     name = str(path)
     token = secrets.token_hex(12)
+    cgroup = new_cgroup(token)  # every process of the submission is born in it (None: none can be made here)
     work = Path(tempfile.mkdtemp(prefix="simlib-grade-"))
     try:
         copy = work / path.name
@@ -357,22 +364,23 @@ def _grade_in_child(path: Path, timeout: float, check_timeout: float, solutions,
             command = _sandboxed(command, list(hide), work, _course_root())
         elif sandbox:
             raise ValueError(f"unknown sandbox {sandbox!r}: use 'unshare' or none")
-        env = {**os.environ, _TOKEN: token}
+        env = {**os.environ, _TOKEN: token, **({_CGROUP: str(cgroup)} if cgroup else {})}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_course_root()), env.get("PYTHONPATH", "")) if p)
         # the notebook's run, its export and every check, with room for kernel start-up and worker launches
         limit = timeout + 180 + 20 * check_timeout
         t0 = time.monotonic()
         child = subprocess.Popen(command, cwd=work, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 preexec_fn=(lambda: join_cgroup(cgroup)) if cgroup else None)
         try:
             log, _ = child.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
-            _kill_submission(child, token)
+            _kill_submission(child, token, cgroup)
             log = b""
             return [Row(name, "?", "run", f"grading finished within {limit:g} s", False, "timeout",
                         detail="the submission's grading process was stopped", seconds=time.monotonic() - t0)]
         finally:
-            _kill_submission(child, token)
+            _kill_submission(child, token, cgroup)
         try:
             data = json.loads(out.read_text())
             rows = [Row(**{k: r[k] for k in FIELDS}) for r in data]
@@ -386,42 +394,8 @@ def _grade_in_child(path: Path, timeout: float, check_timeout: float, solutions,
     finally:
         import shutil
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _digest(path: Path) -> str:
-    import hashlib
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    except OSError:
-        return ""
-
-
-def journal_path(out) -> Path:
-    out = Path(out)
-    return out.with_name(out.stem + ".rows.jsonl")
-
-
-def _read_journal(journal: Path) -> dict:
-    """{(submission, digest): [Row]} of the submissions a stopped run finished."""
-    done: dict = {}
-    if not journal.exists():
-        return done
-    for line in journal.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-            done[(entry["submission"], entry["digest"])] = [Row(**{k: r[k] for k in FIELDS}) for r in entry["rows"]]
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut short when the grader was killed: that submission is graded again
-    return done
-
-
-def _append(journal: Path, submission: str, digest: str, rows) -> None:
-    journal.parent.mkdir(parents=True, exist_ok=True)
-    with open(journal, "a") as f:
-        f.write(json.dumps({"submission": submission, "digest": digest, "rows": [asdict(r) for r in rows]},
-                           ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+        if cgroup:
+            remove_cgroup(cgroup)
 
 
 def grade(submissions, timeout: float = 300.0, check_timeout: float = 30.0, reuse: bool = False,
@@ -442,21 +416,33 @@ def grade(submissions, timeout: float = 300.0, check_timeout: float = 30.0, reus
     trusted = reuse or clusters
     shared = WorkerPool(clusters) if trusted else None
     journal = Path(journal) if journal else None
-    done = _read_journal(journal) if journal else {}
+    done, started = _journal.read(journal, Row) if journal else ({}, set())
     hide = sorted({Path(p) if Path(p).is_dir() else Path(p).parent for p in submissions})
+    remove_stale_cgroups()
     rows = []
     try:
         for i, path in enumerate(paths, 1):
             t0 = time.monotonic()
-            digest = _digest(path)
+            digest = _journal.digest(path)
             if (str(path), digest) in done:
                 mine = done[(str(path), digest)]
                 say(f"[{i}/{len(paths)}] {path}: graded before (journal), skipped")
+            elif (str(path), digest) in started:
+                mine = [_journal.stopped_row(Row, str(path))]
+                _journal.append(journal, str(path), digest, mine)
+                say(f"[{i}/{len(paths)}] {path}: the grader stopped while it ran before: a failed row, not run again")
             else:
-                mine = (grade_notebook(path, timeout, shared, check_timeout, solutions, kernel_name) if trusted else
-                        _grade_in_child(path, timeout, check_timeout, solutions, kernel_name, sandbox, hide))
                 if journal:
-                    _append(journal, str(path), digest, mine)
+                    _journal.append(journal, str(path), digest, started=True)
+                try:
+                    mine = (grade_notebook(path, timeout, shared, check_timeout, solutions, kernel_name) if trusted
+                            else _grade_in_child(path, timeout, check_timeout, solutions, kernel_name, sandbox, hide))
+                except KeyboardInterrupt:  # the instructor's Ctrl-C: grade it again next time
+                    if journal:
+                        _journal.append(journal, str(path), digest, interrupted=True)
+                    raise
+                if journal:
+                    _journal.append(journal, str(path), digest, mine)
                 checks = [r for r in mine if r.kind == "check"]
                 say(f"[{i}/{len(paths)}] {path}: {sum(r.passed for r in checks)}/{len(checks)} checks passed "
                     f"({time.monotonic() - t0:.0f} s)")

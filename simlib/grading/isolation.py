@@ -1,6 +1,7 @@
-"""A submission's processes, kept apart and ended: the token every one of them carries in its environment, the kill
-of its session and of every tagged process, and the optional ``unshare`` sandbox (no network, the course read-only,
-the submitted folders hidden). Used by :mod:`simlib.grading.batch`, which re-exports ``sandbox_available``.
+"""A submission's processes, kept apart and ended: a cgroup of its own where one can be made (every process it
+starts is born there, whatever it does to its session or environment), the token every one of them carries in its
+environment, the kill of its cgroup, its session and every tagged process, and the optional ``unshare`` sandbox
+(no network, the course read-only, the submitted folders hidden). Used by :mod:`simlib.grading.batch`, which re-exports ``sandbox_available``.
 """
 from __future__ import annotations
 
@@ -39,14 +40,88 @@ def _kill_tagged(token: str) -> list[int]:
     return pids
 
 
-def _kill_submission(child, token: str) -> None:
-    """Kill the child's session and process group, then every process tagged with the submission's token."""
+_CGROUP = "SIMLIB_GRADE_CGROUP"
+_HIERARCHIES = ("/sys/fs/cgroup/unified", "/sys/fs/cgroup/pids", "/sys/fs/cgroup")  # cgroup v2, v1 "pids", either
+
+
+def new_cgroup(token: str) -> Path | None:
+    """A control group of the submission's own, where this user may make one (root; no systemd needed): every
+    process the submission starts is born in it, whatever its session, process group or environment (a cleared
+    environment loses the token), so :func:`kill_cgroup` finds them all. None where no hierarchy is writable."""
+    for base in map(Path, _HIERARCHIES):
+        if not (base / "cgroup.procs").is_file():
+            continue
+        path = base / f"simlib-grade-{token}"
+        try:
+            path.mkdir()
+        except OSError:
+            continue
+        if (path / "cgroup.procs").is_file():
+            return path
+        remove_cgroup(path)
+    return None
+
+
+def join_cgroup(path) -> None:
+    """Move this process into ``path`` (run in the child between fork and exec: all it starts is born there).
+    Where that fails (the group was removed meanwhile), the token and the session still find its processes."""
+    try:
+        with open(Path(path) / "cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        pass
+
+
+def _members(path: Path) -> list[int]:
+    try:
+        return [int(x) for x in (path / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def kill_cgroup(path, spare: int | None = None) -> list[int]:
+    """SIGKILL every process in the cgroup ``path`` (but ``spare``), again until none is left (a fork between
+    the read and the kill is caught by the next round); returns their pids."""
+    path, killed = Path(path), []
+    for _ in range(100):
+        pids = [p for p in _members(path) if p != spare]
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        killed += pids
+        time.sleep(0.02)
+    return killed
+
+
+def remove_cgroup(path) -> None:
+    try:
+        Path(path).rmdir()
+    except OSError:
+        pass
+
+
+def remove_stale_cgroups() -> None:
+    """Empty submission cgroups left by a grader that was killed (its children ended, their group stayed)."""
+    for base in map(Path, _HIERARCHIES):
+        for path in base.glob("simlib-grade-*") if base.is_dir() else ():
+            if not _members(path):
+                remove_cgroup(path)
+
+
+def _kill_submission(child, token: str, cgroup=None) -> None:
+    """Kill every process of the submission: its cgroup's members (where it has one: nothing escapes it), the
+    child's session and process group, and every process tagged with the submission's token."""
     for _ in range(3):
+        pids = kill_cgroup(cgroup) if cgroup else []
         try:
             os.killpg(child.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError, OSError):
             pass
-        pids = _kill_tagged(token)
+        pids += _kill_tagged(token)
         try:
             child.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -73,6 +148,8 @@ def end_with_parent(parent: int, interval: float = 1.0) -> None:
                 pass
             except PermissionError:  # alive, not ours to signal
                 continue
+            if os.environ.get(_CGROUP):
+                kill_cgroup(os.environ[_CGROUP], spare=os.getpid())
             if token:
                 _kill_tagged(token)
             try:

@@ -91,9 +91,10 @@ def _batch(global_batch, dp, accumulation, microbatches) -> None:
         return
     ok = [k for k in range(1, global_batch + 1) if global_batch % (dp * k * microbatches) == 0]
     pipe = f" x {microbatches} pipeline micro-batches" if microbatches > 1 else ""
+    use = (f"use accumulation in {ok[:8]}{' ...' if len(ok) > 8 else ''}, or" if ok else
+           f"no accumulation can fix that (it is not a multiple of dp x micro-batches = {dp * microbatches}): use")
     raise ValueError(f"global batch {global_batch} does not split into dp={dp} ranks x {accumulation} accumulation "
-                     f"steps{pipe}: use accumulation in {ok[:8]}{' ...' if len(ok) > 8 else ''}, or a global batch "
-                     f"that is a multiple of {per_rank}")
+                     f"steps{pipe}: {use} a global batch that is a multiple of {per_rank}")
 
 
 def _sequence(seq_len, cp, tp, sequence_parallel, heads) -> None:

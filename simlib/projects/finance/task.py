@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ... import guards
 from .. import check_data_device, data_device, positive_int
 from ..seeding import generator, mix
 
@@ -156,6 +157,7 @@ class HedgingTask:
     name: str = field(default="finance", init=False)
 
     def __post_init__(self):
+        guards.check_task(self)  # every field, one line naming a wrong one
         for key in ("global_batch", "days", "block", "hidden", "depth"):
             positive_int(key, getattr(self, key))
         if self.global_batch % self.block:

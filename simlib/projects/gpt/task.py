@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ... import guards
 from . import model as gpt, text
 
 
@@ -38,9 +39,11 @@ class GPTTask:
     data: text.TextData = field(init=False, repr=False)
 
     def __post_init__(self):
+        guards.check_task(self)  # every field, one line naming a wrong one
         if self.corpus:
             self.corpus = str(text.resolve_folder(self.corpus))
         self.data = text.TextData(self.seq_len, self.seed, self.eval_windows, self.corpus)
+        guards.check_held_out(self)  # seq_len leaves at least one held-out window
 
     @classmethod
     def quick(cls, **overrides) -> "GPTTask":

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ... import guards
 from .. import check_data_device, data_device, positive_int
 from ..seeding import generator
 
@@ -119,6 +120,7 @@ class DigitsTask:
     _data: tuple = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        guards.check_task(self)  # every field, one line naming a wrong one
         for key in ("global_batch", "image_size", "width", "blocks_per_stage"):
             positive_int(key, getattr(self, key))
         if self.image_size < 8:
