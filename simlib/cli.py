@@ -1,5 +1,5 @@
 """Command line: ``simlib scaling`` (the main job), ``simlib doctor``, ``simlib run module:function``,
-``simlib train gpt|vision|finance`` (the hands-on projects)."""
+``simlib train gpt|vision|finance`` (the hands-on projects), ``simlib plan`` (design a run)."""
 from __future__ import annotations
 
 import argparse
@@ -122,6 +122,11 @@ def _train(args) -> int:
     return cli_train.run(args)
 
 
+def _plan(args) -> int:
+    from .sim import planner_cli
+    return planner_cli.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="simlib", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -199,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     from . import config as _config
     _config.add_flags(p)
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("plan", help="every valid plan of a model on a cluster, ranked by the simulator; writes the "
+                                    "best as simlib train's TOML and an sbatch script")
+    from .sim import planner_cli
+    planner_cli.add_arguments(p)
+    p.set_defaults(func=_plan)
     return parser
 
 

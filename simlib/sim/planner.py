@@ -243,6 +243,7 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
     attention = attention or ("unfused" if dtype == "fp32" else "flash")
     space = dict(space or {})
     fixed = {"dtype": dtype, "attention": attention, **space.get("fixed", {})}
+    fixed.setdefault("bucket_bytes", _trainer_bucket_bytes())  # the trainer's default bucket, as it runs
     if task is not None:
         fixed.setdefault("optimizer", "adam")
     space["fixed"] = fixed
@@ -317,6 +318,11 @@ def _agrees(result, pricer, check: int) -> bool:
         if not math.isclose(r["step_time"], want, rel_tol=1e-9):
             return False
     return True
+
+
+def _trainer_bucket_bytes() -> float:
+    from ..train import Plan
+    return next(f.default for f in dataclasses.fields(Plan) if f.name == "bucket_cap_mb") * 2 ** 20
 
 
 _PLAN_CACHE: dict = {}

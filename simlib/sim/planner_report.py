@@ -32,7 +32,7 @@ def where_time_goes(result, entry) -> str:
 
 
 def _gb(x: float) -> str:
-    return f"{x / 1e9:.1f} GB"
+    return f"{x / 1e9:.1f} GB" if abs(x) >= 1e8 else f"{x / 1e6:.2f} MB"
 
 
 def why_slower(result, entry, best) -> str:
@@ -153,7 +153,7 @@ def toml(result, entry=None, project: str = "gpt", steps: int | None = None) -> 
     s = entry["strategy"]
     header = [f"simlib plan: {label(s)} on {result.world_size} x {result.hardware.name}",
               f"predicted: step {entry['step_time']:.4g} s, {entry['tokens_per_s']:,.0f} tokens/s, MFU "
-              f"{entry['mfu']:.1%}, {entry['memory']['total'] / 1e9:.1f} GB per device",
+              f"{entry['mfu']:.1%}, {_gb(entry['memory']['total'])} per device",
               f"task: {what}", f"run: simlib train --config THIS_FILE (under torchrun/srun: one rank per device)"]
     run = dict(project=project, world_size=result.world_size)
     sections = [("run", run), ("plan", changed), ("task", task)]
