@@ -178,6 +178,7 @@ def candidates(model, hardware, world: int, global_batch: int, space: dict | Non
     tpo_opts = space.get("tp_overlap", (False, True))
     overlap_opts = space.get("overlap", (True, False))
     max_mb = space.get("max_micro_batch", 64)
+    counts = space.get("num_micro_batches")  # None: every count that divides the batch
     fixed = space.get("fixed", {})
     degrees, notes = degree_options(world, model, hardware)
     for dp, tp, pp, cp, ep in degrees:
@@ -189,6 +190,8 @@ def candidates(model, hardware, world: int, global_batch: int, space: dict | Non
             if mb > max_mb:
                 continue
             m = per_rank // mb
+            if counts is not None and m not in counts:
+                continue
             scheds = [("1f1b", 1)] if pp == 1 else [
                 (sc, v) for sc in schedules
                 for v in ([1] if sc != "interleaved" else [v for v in divisors(model.layers // pp or 1)
@@ -224,7 +227,7 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
     1e4 is read as GB). task: a project's task (``simlib train`` runs the chosen plan: validated with
     ``Plan.validate(world, task)``); trainer_only: keep only plans ``simlib train`` runs. space: narrow or widen
     the search (``zero_stage``, ``recompute``, ``fsdp``, ``schedule``, ``max_virtual_stages``,
-    ``sequence_parallel``, ``tp_overlap``, ``overlap``, ``max_micro_batch``; ``fixed``: Strategy fields for
+    ``sequence_parallel``, ``tp_overlap``, ``overlap``, ``max_micro_batch``, ``num_micro_batches``; ``fixed``: Strategy fields for
     every plan, e.g. ``optimizer``). check: how many of the top plans are re-priced by ``sim.predict``.
     """
     from .strategy import Strategy
