@@ -22,6 +22,7 @@ from simlib import sim
 from simlib.dry_run import sim_model
 from simlib.projects.gpt import GPTTask
 from simlib.projects.runner import train_on
+from simlib.sim.planner_report import spearman
 
 import report  # benchmarks/report.py: machine info and the JSON file
 
@@ -29,19 +30,6 @@ import report  # benchmarks/report.py: machine info and the JSON file
 # emulates, and the overlap options are left out to keep the run to minutes; the planner prices them)
 SPACE = dict(zero_stage=(0,), recompute=("none", "full"), schedule=("1f1b",), overlap=(True,),
              sequence_parallel=(False,), num_micro_batches=(1, 4))
-
-
-def spearman(a, b) -> float:
-    def ranks(x):
-        order = sorted(range(len(x)), key=lambda i: x[i])
-        r = [0.0] * len(x)
-        for pos, i in enumerate(order):
-            r[i] = float(pos)
-        return r
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    return cov / (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
 
 
 def main():

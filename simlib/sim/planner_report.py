@@ -20,9 +20,9 @@ def terms(result, entry) -> dict:
     """Seconds per step of each term (compute without its recomputation; the recomputation apart)."""
     pricer = FastPricer(result.model, result.hardware)
     again = pricer.recompute_time(entry["strategy"])
-    out = {k: entry.get(k, 0.0) for k, _ in TERMS if k not in ("compute", "recompute")}
+    out = {k: entry.get(k, 0.0) for k, _ in TERMS}
     out.update(compute=entry["compute"] - again, recompute=again)
-    return out
+    return out  # in TERMS order: compute, recompute, bubble, tp, pp, dp, embedding, optimizer
 
 
 def where_time_goes(result, entry) -> str:
@@ -116,6 +116,22 @@ def report(result, top: int = 3, n_alt: int = 3) -> str:
                      f"({run['step_time'] / best['step_time'] - 1:+.1%}); the best needs: "
                      f"{best['why_not_trainer'].replace('simlib train has no knob for ', '')}")
     return "\n".join(lines)
+
+
+def spearman(a, b) -> float:
+    """Spearman's rank correlation of two equal-length sequences (ties broken by position; no SciPy needed)."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"spearman needs two sequences of the same length >= 2, got {len(a)} and {len(b)}")
+
+    def ranks(x):
+        out = [0.0] * len(x)
+        for pos, i in enumerate(sorted(range(len(x)), key=lambda i: x[i])):
+            out[i] = float(pos)
+        return out
+    ra, rb = ranks(a), ranks(b)
+    mean = (len(a) - 1) / 2
+    cov = sum((x - mean) * (y - mean) for x, y in zip(ra, rb))
+    return cov / sum((x - mean) ** 2 for x in ra)
 
 
 # ---- files ----
