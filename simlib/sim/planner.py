@@ -292,12 +292,12 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
     ranked.sort(key=_order)
     result = PlanResult(model, hw, devices, global_batch, limit, ranked, too_big, refused, notes, task=task,
                         considered=considered, trainer_only=trainer_only,
-                        extra={"duplicates": duplicates})
+                        extra={"duplicates": duplicates, "pricer": pricer})
     result.exact = pricer.exact or not _agrees(result, pricer, check)
     if result.exact and not pricer.exact:
         notes.append("the fast pricing disagreed with sim.predict on a top plan: every plan re-priced by "
                      "sim.predict (slower; the simulator changed since simlib.sim.planner_cost was written)")
-        exact_pricer = FastPricer(model, hw, processes, exact=True)
+        exact_pricer = result.extra["pricer"] = FastPricer(model, hw, processes, exact=True)
         for r in ranked:
             r.update(exact_pricer.price(r["strategy"], global_batch))
         ranked.sort(key=_order)

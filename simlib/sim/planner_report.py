@@ -16,10 +16,16 @@ TERMS = (("compute", "compute"), ("recompute", "recomputation"), ("bubble", "pip
          ("embedding_sync", "embedding sync"), ("optimizer", "optimizer"))
 
 
+def pricer_of(result) -> FastPricer:
+    """The search's own pricer (its caches warm), or a new one for a result made elsewhere."""
+    if "pricer" not in result.extra:
+        result.extra["pricer"] = FastPricer(result.model, result.hardware, exact=result.exact)
+    return result.extra["pricer"]
+
+
 def terms(result, entry) -> dict:
     """Seconds per step of each term (compute without its recomputation; the recomputation apart)."""
-    pricer = FastPricer(result.model, result.hardware)
-    again = pricer.recompute_time(entry["strategy"])
+    again = pricer_of(result).recompute_time(entry["strategy"])
     out = {k: entry.get(k, 0.0) for k, _ in TERMS}
     out.update(compute=entry["compute"] - again, recompute=again)
     return out  # in TERMS order: compute, recompute, bubble, tp, pp, dp, embedding, optimizer
@@ -43,7 +49,7 @@ def why_slower(result, entry, best) -> str:
     return "; ".join(worse + better) or "the same terms within 1 %"
 
 
-def alternatives(result, n: int = 3) -> list[dict]:
+def other_layouts(result, n: int = 3) -> list[dict]:
     """The fastest plan of each other layout (dp, tp, pp[, cp, ep]), fastest first."""
     key = lambda s: (s.dp, s.tp, s.pp, getattr(s, "cp", 1), getattr(s, "ep", 1))  # noqa: E731
     won, seen, out = key(result.best["strategy"]), set(), []
@@ -65,7 +71,7 @@ def faster_but_too_big(result, n: int = 3) -> list[dict]:
         k = (s.dp, s.tp, s.pp, s.micro_batch, s.recompute)
         if k not in closest or r["excess"] < closest[k]["excess"]:
             closest[k] = r
-    pricer = FastPricer(result.model, result.hardware)
+    pricer = pricer_of(result)
     best, out = result.best["step_time"], []
     for r in sorted(closest.values(), key=lambda r: r["excess"])[:300]:
         priced = pricer.price(r["strategy"], result.global_batch)
@@ -74,7 +80,7 @@ def faster_but_too_big(result, n: int = 3) -> list[dict]:
     return sorted(out, key=lambda r: r["step_time"])[:n]
 
 
-def report(result, top: int = 3, n_alt: int = 3) -> str:
+def report(result, top: int = 3, alternatives: int = 3) -> str:
     m, hw = result.model, result.hardware
     lines = [f"{m.name}: {m.params / 1e9:.2f} B parameters, sequence {m.seq_len}; {result.world_size} x {hw.name} "
              f"({hw.devices_per_node} per node); global batch {result.global_batch} "
@@ -95,7 +101,7 @@ def report(result, top: int = 3, n_alt: int = 3) -> str:
                      f"tokens/s, MFU {r['mfu']:.1%}, {_gb(r['memory']['total'])} per device ({trainer})")
         lines.append(f"   time: {where_time_goes(result, r)}")
     best = result.best
-    alts = alternatives(result, n_alt)
+    alts = other_layouts(result, alternatives)
     if alts:
         lines.append("\nthe best of other layouts, and why they lose:")
         for r in alts:
