@@ -94,3 +94,43 @@ def test_errors_are_one_line():
         sim.plan("9B")
     with pytest.raises(ValueError, match="global_batch"):
         sim.plan("8B", global_batch=0)
+
+
+def test_fast_path_out_of_step_falls_back_to_predict(monkeypatch):
+    """If the cached pricing ever disagrees with sim.predict (the simulator changed), every plan is re-priced
+    by predict and the result says so: no silently wrong ranking."""
+    from simlib.sim import planner_cost
+    real = planner_cost.FastPricer.price
+
+    def off_by_a_bit(self, s, global_batch):
+        out = real(self, s, global_batch)
+        if not self.exact:
+            out["step_time"] *= 1.01
+        return out
+    monkeypatch.setattr(planner_cost.FastPricer, "price", off_by_a_bit)
+    r = sim.plan("8B", "h100", nodes=1, global_batch=16, space=dict(recompute=("full",), max_micro_batch=2))
+    assert r.exact and any("re-priced by sim.predict" in n for n in r.notes)
+    p = sim.predict(r.model, r.hardware, r.best["strategy"])
+    assert r.best["step_time"] == pytest.approx(p.step_time, rel=1e-12)
+
+
+def test_cli_writes_the_files(tmp_path, capsys):
+    from simlib import cli
+    rc = cli.main(["plan", "8B", "--nodes", "1", "--global-batch", "16", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "best plans" in out
+    assert {p.name for p in tmp_path.iterdir()} == {"plans.csv", "plan.toml", "plan.sbatch"}
+    assert cli.main(["plan", "405B", "--nodes", "1", "--global-batch", "8"]) == 1  # nothing fits: said, exit 1
+    assert "no plan of llama3-405b fits" in capsys.readouterr().out
+
+
+def test_widget_figure_draws_the_search(search70):
+    import matplotlib
+    matplotlib.use("Agg")
+    from simlib import widgets
+    fig, caption = widgets.planner_figure(result=search70, top=5)
+    assert planner.label(search70.best["strategy"]) in caption
+    bars = fig.axes[0].patches
+    assert len(bars) == 5 * 8  # five plans, eight terms each
+    total = sum(b.get_width() for b in bars[-8:])  # the top bar (drawn last) is the best plan
+    assert total == pytest.approx(search70.best["step_time"], rel=1e-9)
