@@ -93,8 +93,9 @@ class PlanResult:
         """The ``simlib.train.Plan`` that runs ``entry`` (None if ``simlib train`` cannot: then
         ``entry["why_not_trainer"]`` says why). Asked when needed: it costs more than pricing."""
         if "plan" not in entry:
+            cache = self.extra.setdefault("trainer_cache", {})
             entry["plan"], entry["why_not_trainer"] = trainer_plan(entry["strategy"], self.global_batch,
-                                                                   self.world_size, self.task)
+                                                                   self.world_size, self.task, cache)
         return entry["plan"]
 
     @property
@@ -254,6 +255,7 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
         space = {"fsdp": (False,), "recompute": ("none", "full"), "schedule": ("1f1b", "gpipe"),
                  "tp_overlap": (False,), **space}
     pricer = FastPricer(model, hw, processes, exact=exact)
+    trainer_cache: dict = {}
     ranked, too_big, refused, considered, seen, duplicates = [], [], {}, 0, set(), 0
     notes = list(degree_options(devices, model, hw)[1])
     for layout, knobs in candidates(model, hw, devices, global_batch, space):
@@ -282,7 +284,7 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
                 too_big.append(dict(strategy=s, memory=mem, excess=mem["total"] - limit))
                 continue
             if trainer_only:
-                runnable, why = trainer_plan(s, global_batch, devices, task)
+                runnable, why = trainer_plan(s, global_batch, devices, task, trainer_cache)
                 if runnable is None:
                     refused[why] = refused.get(why, 0) + 1
                     continue
@@ -292,7 +294,8 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
     ranked.sort(key=_order)
     result = PlanResult(model, hw, devices, global_batch, limit, ranked, too_big, refused, notes, task=task,
                         considered=considered, trainer_only=trainer_only,
-                        extra={"duplicates": duplicates, "pricer": pricer})
+                        extra={"duplicates": duplicates, "pricer": pricer,
+                               "trainer_cache": trainer_cache})
     result.exact = pricer.exact or not _agrees(result, pricer, check)
     if result.exact and not pricer.exact:
         notes.append("the fast pricing disagreed with sim.predict on a top plan: every plan re-priced by "
@@ -328,20 +331,16 @@ def _trainer_bucket_bytes() -> float:
     return next(f.default for f in dataclasses.fields(Plan) if f.name == "bucket_cap_mb") * 2 ** 20
 
 
-_PLAN_CACHE: dict = {}
-
-
-def trainer_plan(s, global_batch: int, world: int, task=None):
+def trainer_plan(s, global_batch: int, world: int, task=None, cache: dict | None = None):
     """(the ``simlib.train.Plan`` that runs strategy ``s``, None) or (None, why ``simlib train`` cannot).
 
     The Plan is built from ``s``, checked by ``Plan.validate(world, task)`` (the trainer's one check) and mapped
     back by ``Strategy.from_plan`` (the one Plan -> Strategy mapping): it runs ``s`` only if that gives ``s``
     back, field for field. A field that differs is one the trainer has no knob for (FSDP, selective
-    recomputation, interleaving, ...) and is named."""
+    recomputation, interleaving, ...) and is named. ``cache``: answers of one search (same task, batch, world)."""
     from ..train import Plan
-    key = (s, global_batch, world, id(task))
-    if key in _PLAN_CACHE:
-        return _PLAN_CACHE[key]
+    if cache is not None and s in cache:
+        return cache[s]
     m = s.num_micro_batches
     fields_ = dict(dp=s.dp, tp=s.tp, pp=s.pp, sequence_parallel=s.sequence_parallel,
                    accumulation=m if s.pp == 1 else 1, pp_microbatches=m if s.pp > 1 else None,
@@ -364,9 +363,8 @@ def trainer_plan(s, global_batch: int, world: int, task=None):
         diff = [f.name for f in dataclasses.fields(s) if getattr(s, f.name) != getattr(back, f.name)]
         out = (p, "") if not diff else (None, "simlib train has no knob for " + ", ".join(
             f"{k}={getattr(s, k)!r}" for k in diff))
-    if len(_PLAN_CACHE) > 200_000:
-        _PLAN_CACHE.clear()
-    _PLAN_CACHE[key] = out
+    if cache is not None:
+        cache[s] = out
     return out
 
 
