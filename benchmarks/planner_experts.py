@@ -23,6 +23,18 @@ BUDGET_S = float(os.environ.get("PLANNER_EXPERTS_BUDGET_S", "1e9"))  # stop earl
 
 
 def cases():
+    """Every stateable run, taken round-robin over the sources (a run stopped by its budget still covers each)."""
+    by_source: dict = {}
+    for case in _cases():
+        by_source.setdefault(case[0].rsplit(" ", 1)[0].split(" #")[0], []).append(case)
+    queues = list(by_source.values())
+    while any(queues):
+        for q in queues:
+            if q:
+                yield q.pop(0)
+
+
+def _cases():
     for row in runs.load_rows():
         if runs.why_inexpressible(row):
             continue
