@@ -1,5 +1,5 @@
 """Command line: ``simlib scaling`` (the main job), ``simlib doctor``, ``simlib run module:function``,
-``simlib train <project>`` (the hands-on projects of ``simlib.projects.registry``)."""
+``simlib train <project>`` (the hands-on projects of ``simlib.projects.registry``), ``simlib plan`` (design a run)."""
 from __future__ import annotations
 
 import argparse
@@ -125,6 +125,11 @@ def _train(args) -> int:
     return cli_train.run(args)
 
 
+def _plan(args) -> int:
+    from .sim import planner_cli
+    return planner_cli.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="simlib", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -214,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_train)
     from .projects.gpt import prepare as _prepare
     _prepare.add_parser(sub)  # simlib prepare gpt: the one step that downloads
+
+    p = sub.add_parser("plan", help="every valid plan of a model on a cluster, ranked by the simulator; writes the "
+                                    "best as simlib train's TOML and an sbatch script")
+    from .sim import planner_cli
+    planner_cli.add_arguments(p)
+    p.set_defaults(func=_plan)
     return parser
 
 

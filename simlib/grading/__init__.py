@@ -40,3 +40,4 @@ from . import data_parallel, fault_tolerance, model_parallel, projects, vision_f
 from . import memory  # noqa: E402,F401  (lesson 07)
 from . import context_experts  # noqa: E402,F401  (lesson 09)
 from . import prefetch  # noqa: E402,F401  (lesson 09b)
+from . import planner  # noqa: E402,F401  (lesson 13)

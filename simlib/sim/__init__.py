@@ -7,6 +7,7 @@
     sim.operator_table(sim.gpt_size("7B"), sim.dgx_a100(), strategy)   # a layer, operator by operator
     sim.published.published_table()                                    # Megatron-LM's published runs, predicted
     sim.runs.validation_table()            # every published run of four sources (MPT, Llama, Megatron), predicted
+    sim.plan("70B", "h100", nodes=128, global_batch=1024)   # every valid plan, priced and ranked
     sim.llama_size("llama3-8b"); sim.Strategy(..., attention="flash", fsdp=True, zero_stage=3)
     sim.Strategy(dp=8, tp=8, pp=16, cp=16, cp_kind="ring")          # context parallelism (allgather, ring, ulysses)
     sim.llama_size("qwen3-30b-a3b"); sim.Strategy(dp=8, ep=8)        # experts shared over ep ranks (all-to-all)
@@ -21,6 +22,7 @@ from .presets import dgx_b200, dgx_b300, gb200_nvl72
 from .layer import Op, layer_ops, operator_table
 from .memory import DoesNotFit, check_fits, memory_per_device, min_devices_to_fit
 from .model import GPT_SIZES, LLAMA_SIZES, ModelSpec, from_module, gpt, gpt_size, llama, llama_size, transformer
+from .planner import PlanResult, plan
 from .replay import replay_data_parallel, replay_pipeline, replay_pipeline_model
 from . import published, runs, scale_runs
 from .strategy import Strategy
@@ -33,5 +35,4 @@ __all__ = ["Hardware", "Link", "calibrate", "cpu_box", "dgx_a100", "dgx_h100", "
            "tree_all_reduce", "all_gather", "reduce_scatter", "all_reduce", "hierarchical_all_reduce", "p2p",
            "GPT_SIZES", "replay_data_parallel", "replay_pipeline", "replay_pipeline_model", "Op", "layer_ops",
            "operator_table", "Placement", "placement", "group_collective", "published", "runs", "scale_runs",
-           "transformer",
-           "llama", "llama_size", "LLAMA_SIZES"]
+           "transformer", "llama", "llama_size", "LLAMA_SIZES", "plan", "PlanResult"]

@@ -17,7 +17,7 @@ browser, and every number they draw comes from the library code the lesson teach
 Pass what the lesson measured (``measured=...``) and the explorer marks it beside the model's curve.
 
 One module per lesson (``collectives`` 01, ``data_parallel`` 02, ``accumulation`` 03, ``pipeline`` 04, ``tensor`` 05,
-``simulator`` 06, ``memory`` 07, ``fault_tolerance`` 08, ``context_experts`` 09); shared helpers in ``_common``. Every name is here too.
+``simulator`` 06, ``memory`` 07, ``fault_tolerance`` 08, ``context_experts`` 09, ``planner`` 13); shared helpers in ``_common``. Every name is here too.
 """
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ from .simulator import explain, explorer_view, draw_prediction, simulator_explor
 from .memory import draw_memory, memory_explorer, STATE_COLORS
 from .fault_tolerance import checkpoint_interval_explorer
 from .context_experts import context_figure, context_explorer, moe_figure, moe_explorer
+from .planner import planner_figure, planner_explorer
 
 __all__ = ["ring_trace", "ring_figure", "ring_explorer", "alpha_beta_figure", "alpha_beta_explorer",
            "bucket_figure", "bucket_explorer", "accumulation_figure", "accumulation_explorer", "pipeline_figure",
            "pipeline_explorer", "tp_figure", "tp_explorer", "explain", "explorer_view", "draw_prediction",
            "simulator_explorer", "draw_memory", "memory_explorer", "STATE_COLORS", "checkpoint_interval_explorer",
-           "context_figure", "context_explorer", "moe_figure", "moe_explorer"]
+           "context_figure", "context_explorer", "moe_figure", "moe_explorer", "planner_figure", "planner_explorer"]

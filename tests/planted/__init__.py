@@ -24,4 +24,5 @@ PLANTED_IN = {
     "moe_dispatch": ("context_experts", "MOE"),
     "zero3_prefetch": ("prefetch", "PLANTED"),
     "gpt_plan": ("projects", "GPT"),
+    "plan_memory": ("planner", "PLANTED"),
 }

@@ -1,0 +1,372 @@
+"""Design a training run: every valid plan for a model on a cluster, priced by the simulator and ranked.
+
+    result = sim.plan("llama3-70b", "h100", nodes=128, global_batch=1024)   # or a ModelSpec and a Hardware
+    result.table()            # one row per plan that fits, fastest first (step time, tokens/s, MFU, memory)
+    print(result.report())    # the best plans, where their time goes, and why the runners-up lose
+    result.toml()             # the best plan ``simlib train`` runs, as ``simlib train --config`` reads it
+    result.sbatch()           # a SLURM script that runs that TOML with torchrun
+
+The search enumerates the degrees (``dp x tp x pp``, and ``cp``/``ep`` where :class:`~simlib.sim.Strategy`
+has them), the ZeRO stage and FSDP, the recomputation policy, the micro-batch size, the pipeline schedule and its
+virtual stages, and the overlap options. Nothing here decides what is valid: each candidate is a
+:class:`~simlib.sim.Strategy` (its constructor and :meth:`Strategy.validate` refuse what cannot run on this
+model and machine), and whether the trainer runs it is asked of :meth:`simlib.train.Plan.validate` and
+:meth:`Strategy.from_plan` (the trainer's own check and the one mapping from a Plan to a Strategy). Refusals are
+counted by their message. A plan whose memory per GPU exceeds the limit is dropped before it is priced (the
+memory formula costs microseconds, the step time milliseconds) and kept with the bytes it lacks.
+
+Pricing is :func:`simlib.sim.predict`'s, term for term, with its expensive parts — one micro-batch of a pipeline
+stage (:func:`~simlib.sim.cost.gpt_stage`), the data-parallel sync, FSDP's traffic, the pipeline messages, the
+optimizer — computed once per distinct set of the fields they read (:mod:`simlib.sim.planner_cost`). The top
+plans are priced again by ``predict`` itself and must agree to 1e-9; if they do not (the simulator changed),
+every plan is priced by ``predict`` and the result says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+from .planner_cost import FastPricer, divisors, label
+
+SEARCHED = ("degrees (dp x tp x pp)", "ZeRO stage 0-3 and FSDP", "recomputation", "micro-batch size",
+            "pipeline schedule and virtual stages", "data-parallel overlap", "sequence parallelism",
+            "tensor-parallel comm overlap")
+NAMED = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
+
+
+def strategy_accepts(name: str) -> bool:
+    """Whether :class:`~simlib.sim.Strategy` has a field ``name`` (``cp`` and ``ep`` arrive with the MoE work)."""
+    from .strategy import Strategy
+    return name in {f.name for f in dataclasses.fields(Strategy)}
+
+
+def resolve_model(model, seq_len: int | None = None):
+    """A :class:`~simlib.sim.ModelSpec` from a spec, ``"8B"``/``"70B"``/``"405B"`` (Llama 3 shapes) or a
+    ``LLAMA_SIZES``/``GPT_SIZES`` label; ``seq_len`` overrides the shape's context length."""
+    from .model import GPT_SIZES, LLAMA_SIZES, gpt_size, llama_size
+    if not isinstance(model, str):
+        return model if seq_len is None else dataclasses.replace(model, seq_len=seq_len)
+    label = NAMED.get(model.upper(), model)
+    if label in LLAMA_SIZES:
+        return llama_size(label, seq_len)
+    if label in GPT_SIZES:
+        return gpt_size(label, seq_len or 2048)
+    raise ValueError(f"unknown model {model!r}: use one of {sorted(NAMED)}, {sorted(LLAMA_SIZES)}, "
+                     f"{sorted(GPT_SIZES)}, or a ModelSpec (sim.llama(...), sim.transformer(...))")
+
+
+def resolve_hardware(cluster):
+    from .hardware import Hardware, preset
+    return cluster if isinstance(cluster, Hardware) else preset(cluster)
+
+
+@dataclass
+class PlanResult:
+    """What :func:`plan` found: the ranked plans, the rejected ones and why, and how long the search took."""
+
+    model: object
+    hardware: object
+    world_size: int
+    global_batch: int
+    memory_limit: float
+    ranked: list                  # dicts, fastest first: "strategy", "step_time", "tokens_per_s", "mfu", ...
+    too_big: list                 # dicts: "strategy", "memory", "excess" (bytes over the limit)
+    refused: dict                 # validation message -> count
+    notes: list
+    task: object = None
+    seconds: float = 0.0
+    considered: int = 0
+    exact: bool = False           # every plan priced by sim.predict (the fast path disagreed or was off)
+    trainer_only: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def best(self) -> dict:
+        if not self.ranked:
+            raise ValueError(self.nothing_fits())
+        return self.ranked[0]
+
+    def trainer(self, entry: dict):
+        """The ``simlib.train.Plan`` that runs ``entry`` (None if ``simlib train`` cannot: then
+        ``entry["why_not_trainer"]`` says why). Asked when needed: it costs more than pricing."""
+        if "plan" not in entry:
+            cache = self.extra.setdefault("trainer_cache", {})
+            entry["plan"], entry["why_not_trainer"] = trainer_plan(entry["strategy"], self.global_batch,
+                                                                   self.world_size, self.task, cache)
+        return entry["plan"]
+
+    @property
+    def best_runnable(self) -> dict | None:
+        """The fastest plan ``simlib train`` runs as it is (``None`` if none does)."""
+        return next((r for r in self.ranked if self.trainer(r) is not None), None)
+
+    @property
+    def plans_per_second(self) -> float:
+        return self.considered / self.seconds if self.seconds else float("inf")
+
+    def nothing_fits(self) -> str:
+        if not self.too_big:
+            top = ", ".join(f"{m!r} ({n})" for m, n in sorted(self.refused.items(), key=lambda kv: -kv[1])[:2])
+            return f"no valid plan for {self.model.name} on {self.world_size} devices: refused by {top}"
+        least = min(self.too_big, key=lambda r: r["excess"])
+        return (f"no plan of {self.model.name} fits {self.memory_limit / 1e9:.1f} GB per device on "
+                f"{self.world_size} devices: the smallest needs {least['memory']['total'] / 1e9:.1f} GB "
+                f"({label(least['strategy'])}); use more devices, a larger memory limit or a smaller model")
+
+    def table(self, top: int | None = None):
+        """The ranked plans as a pandas DataFrame (one row each, fastest first)."""
+        import pandas as pd
+        rows = []
+        for i, r in enumerate(self.ranked[:top]):
+            s = r["strategy"]
+            rows.append(dict(rank=i + 1, plan=label(s), dp=s.dp, tp=s.tp, pp=s.pp, micro_batch=s.micro_batch,
+                             micro_batches=s.num_micro_batches, zero=s.zero_stage, fsdp=s.fsdp,
+                             recompute=s.recompute, schedule=s.schedule if s.pp > 1 else "",
+                             virtual_stages=s.virtual_stages, step_time=r["step_time"],
+                             tokens_per_s=r["tokens_per_s"], mfu=r["mfu"], memory_gb=r["memory"]["total"] / 1e9,
+                             trainer=self.trainer(r) is not None))
+        return pd.DataFrame(rows)
+
+    def report(self, top: int = 3, alternatives: int = 3) -> str:
+        from .planner_report import report
+        return report(self, top, alternatives)
+
+    def toml(self, entry: dict | None = None, **kw) -> str:
+        from .planner_report import toml
+        return toml(self, entry, **kw)
+
+    def sbatch(self, config_path: str = "plan.toml", **kw) -> str:
+        from .planner_report import sbatch
+        return sbatch(self, config_path, **kw)
+
+
+def degree_options(world: int, model, hardware) -> tuple[list[tuple], list[str]]:
+    """(dp, tp, pp, cp, ep) tuples whose product uses every device, and what was not searched and why."""
+    notes = []
+    cp_ok, ep_ok = strategy_accepts("cp"), strategy_accepts("ep")
+    if not cp_ok:
+        notes.append("context parallelism (cp) not searched: sim.Strategy has no cp degree yet (it is priced "
+                     "apart, in simlib.sim.context_experts)")
+    if not ep_ok:
+        notes.append("expert parallelism (ep) not searched: sim.Strategy has no ep degree yet"
+                     + (" (this model is dense)" if not getattr(model, "experts", 0) else ""))
+    out = []
+    for tp in divisors(world):
+        for pp in divisors(world // tp):
+            rest = world // (tp * pp)
+            for cp in (divisors(rest) if cp_ok else [1]):
+                dp = rest // cp
+                # ep adds no ranks: it divides the dp x cp ranks that hold tokens (Plan's rule, validated there)
+                for ep in (divisors(dp * cp) if ep_ok and getattr(model, "experts", 0) else [1]):
+                    out.append((dp, tp, pp, cp, ep))
+    return out, notes
+
+
+def candidates(model, hardware, world: int, global_batch: int, space: dict | None = None):
+    """Every combination of the searched fields, unvalidated, grouped by layout: (layout, [knobs]) where a
+    layout is the degrees, micro-batching and schedule, and the knobs are ZeRO/FSDP, recomputation and
+    overlaps (keyword dicts for :class:`Strategy`, to merge)."""
+    space = dict(space or {})
+    zero = space.get("zero_stage", (0, 1, 2, 3))
+    recompute = space.get("recompute", ("none", "selective", "full"))
+    fsdp_opts = space.get("fsdp", (False, True))
+    schedules = space.get("schedule", ("1f1b", "gpipe", "interleaved"))
+    max_v = space.get("max_virtual_stages", 8)
+    sp_opts = space.get("sequence_parallel", (False, True))
+    tpo_opts = space.get("tp_overlap", (False, True))
+    overlap_opts = space.get("overlap", (True, False))
+    max_mb = space.get("max_micro_batch", 64)
+    counts = space.get("num_micro_batches")  # None: every count that divides the batch
+    fixed = space.get("fixed", {})
+    degrees, notes = degree_options(world, model, hardware)
+    for dp, tp, pp, cp, ep in degrees:
+        if global_batch % dp:
+            continue  # a data-parallel rank needs whole samples: not a plan, not counted as refused
+        per_rank = global_batch // dp
+        extra = {k: v for k, v in (("cp", cp), ("ep", ep)) if v > 1}
+        for mb in divisors(per_rank):
+            if mb > max_mb:
+                continue
+            m = per_rank // mb
+            if counts is not None and m not in counts:
+                continue
+            scheds = [("1f1b", 1)] if pp == 1 else [
+                (sc, v) for sc in schedules
+                for v in ([1] if sc != "interleaved" else [v for v in divisors(model.layers // pp or 1)
+                                                          if 1 < v <= max_v] if model.layers % pp == 0 else [2])]
+            for sched, v in scheds:
+                layout = dict(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_micro_batches=m, schedule=sched,
+                              virtual_stages=v, **extra, **fixed)
+                knobs = [dict(zero_stage=z, fsdp=fsdp, recompute=rc, overlap=ov, sequence_parallel=sp,
+                              tp_overlap=tpo)
+                         for z, rc in itertools.product(zero, recompute)
+                         for fsdp in fsdp_opts if not (fsdp and (z < 2 or dp == 1))
+                         for ov in (overlap_opts if dp > 1 and not fsdp else (True,))
+                         for sp in (sp_opts if tp > 1 else (False,))
+                         for tpo in (tpo_opts if sp else (False,))]
+                yield layout, knobs
+
+
+def _first_line(exc) -> str:
+    text = str(exc).split(":")[0] if ":" in str(exc)[:80] else str(exc)
+    return " ".join(text.split())[:120]
+
+
+def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = None, global_batch: int = 1024,
+         seq_len: int | None = None, memory_limit: float | None = None, dtype: str | None = None,
+         attention: str | None = None, task=None, trainer_only: bool = False, space: dict | None = None,
+         processes: int | None = None, check: int = 5, exact: bool = False) -> PlanResult:
+    """Enumerate, validate, price and rank every plan of ``model`` on ``cluster``.
+
+    model: a ModelSpec or a name (``"8B"``, ``"70B"``, ``"405B"``, ``"llama3-70b"``, ``"7B"``); cluster: a
+    preset name (``"h100"``, ``"a100"``, ``"cpu"``) or a Hardware (``sim.calibrate(cluster)`` for this machine);
+    the world is ``devices`` or ``nodes`` x the preset's devices per node. global_batch: samples (sequences) per
+    optimizer step. memory_limit: bytes per device (default 90 % of the device's, predict's rule; a value below
+    1e4 is read as GB). task: a project's task (``simlib train`` runs the chosen plan: validated with
+    ``Plan.validate(world, task)``); trainer_only: keep only plans ``simlib train`` runs. space: narrow or widen
+    the search (``zero_stage``, ``recompute``, ``fsdp``, ``schedule``, ``max_virtual_stages``,
+    ``sequence_parallel``, ``tp_overlap``, ``overlap``, ``max_micro_batch``, ``num_micro_batches``; ``fixed``: Strategy fields for
+    every plan, e.g. ``optimizer``). check: how many of the top plans are re-priced by ``sim.predict``.
+    """
+    from .strategy import Strategy
+    start = time.perf_counter()
+    model, hw = resolve_model(model, seq_len), resolve_hardware(cluster)
+    if devices is None:
+        devices = (nodes or 1) * hw.devices_per_node
+    if nodes is not None and devices != nodes * hw.devices_per_node:
+        raise ValueError(f"give nodes or devices, not both ({nodes} nodes x {hw.devices_per_node} != {devices})")
+    for name, v in (("devices", devices), ("global_batch", global_batch)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    limit = 0.9 * hw.memory_bytes if memory_limit is None else float(memory_limit)
+    limit = limit * 1e9 if limit < 1e4 else limit
+    dtype = dtype or ("fp32" if hw.name.lower().startswith("cpu") or hw.cores else "bf16")
+    attention = attention or ("unfused" if dtype == "fp32" else "flash")
+    space = dict(space or {})
+    fixed = {"dtype": dtype, "attention": attention, **space.get("fixed", {})}
+    fixed.setdefault("bucket_bytes", _trainer_bucket_bytes())  # the trainer's default bucket, as it runs
+    if task is not None:
+        fixed.setdefault("optimizer", "adam")
+    space["fixed"] = fixed
+    if task is not None and trainer_only:  # what the trainer has: no FSDP, selective recompute, interleaving
+        space = {"fsdp": (False,), "recompute": ("none", "full"), "schedule": ("1f1b", "gpipe"),
+                 "tp_overlap": (False,), **space}
+    pricer = FastPricer(model, hw, processes, exact=exact)
+    trainer_cache: dict = {}
+    ranked, too_big, refused, considered, seen, duplicates = [], [], {}, 0, set(), 0
+    notes = list(degree_options(devices, model, hw)[1])
+    for layout, knobs in candidates(model, hw, devices, global_batch, space):
+        considered += len(knobs)
+        # the layout first, every knob at its default: Strategy.validate reads only the layout, and no knob
+        # makes a refused layout valid, so a refusal here is the refusal of each of its knob combinations
+        try:
+            Strategy(**layout).validate(devices, model, hw)
+        except (ValueError, TypeError) as exc:
+            key = _first_line(exc)
+            refused[key] = refused.get(key, 0) + len(knobs)
+            continue
+        for k in knobs:
+            try:
+                s = Strategy(**layout, **k)  # the knobs' own rules (FSDP's stages, tp_overlap's needs, ...)
+            except (ValueError, TypeError) as exc:
+                key = _first_line(exc)
+                refused[key] = refused.get(key, 0) + 1
+                continue
+            if s in seen:
+                duplicates += 1
+                continue
+            seen.add(s)
+            mem = pricer.memory(s)
+            if mem["total"] > limit:
+                too_big.append(dict(strategy=s, memory=mem, excess=mem["total"] - limit))
+                continue
+            if trainer_only:
+                runnable, why = trainer_plan(s, global_batch, devices, task, trainer_cache)
+                if runnable is None:
+                    refused[why] = refused.get(why, 0) + 1
+                    continue
+            entry = pricer.price(s, global_batch)
+            entry["memory"] = mem
+            ranked.append(entry)
+    ranked.sort(key=_order)
+    result = PlanResult(model, hw, devices, global_batch, limit, ranked, too_big, refused, notes, task=task,
+                        considered=considered, trainer_only=trainer_only,
+                        extra={"duplicates": duplicates, "pricer": pricer,
+                               "trainer_cache": trainer_cache})
+    result.exact = pricer.exact or not _agrees(result, pricer, check)
+    if result.exact and not pricer.exact:
+        notes.append("the fast pricing disagreed with sim.predict on a top plan: every plan re-priced by "
+                     "sim.predict (slower; the simulator changed since simlib.sim.planner_cost was written)")
+        exact_pricer = result.extra["pricer"] = FastPricer(model, hw, processes, exact=True)
+        for r in ranked:
+            r.update(exact_pricer.price(r["strategy"], global_batch))
+        ranked.sort(key=_order)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _order(entry):
+    """Fastest first; plans within 1e-4 of each other in step time: the fewer knobs turned, then less memory."""
+    s = entry["strategy"]
+    knobs = (s.zero_stage > 0) + s.fsdp + (s.recompute != "none") + s.sequence_parallel + s.tp_overlap + \
+        (s.virtual_stages > 1) + (not s.overlap)
+    return (float(f"{entry['step_time']:.4e}"), knobs, entry["memory"]["total"])
+
+
+def _agrees(result, pricer, check: int) -> bool:
+    """The fast path against ``sim.predict`` itself on the top ``check`` plans (and the last one)."""
+    picks = result.ranked[:check] + result.ranked[-1:]
+    for r in picks:
+        want = pricer.predict(r["strategy"]).step_time
+        if not math.isclose(r["step_time"], want, rel_tol=1e-9):
+            return False
+    return True
+
+
+def _trainer_bucket_bytes() -> float:
+    from ..train import Plan
+    return next(f.default for f in dataclasses.fields(Plan) if f.name == "bucket_cap_mb") * 2 ** 20
+
+
+def trainer_plan(s, global_batch: int, world: int, task=None, cache: dict | None = None):
+    """(the ``simlib.train.Plan`` that runs strategy ``s``, None) or (None, why ``simlib train`` cannot).
+
+    The Plan is built from ``s``, checked by ``Plan.validate(world, task)`` (the trainer's one check) and mapped
+    back by ``Strategy.from_plan`` (the one Plan -> Strategy mapping): it runs ``s`` only if that gives ``s``
+    back, field for field. A field that differs is one the trainer has no knob for (FSDP, selective
+    recomputation, interleaving, ...) and is named. ``cache``: answers of one search (same task, batch, world)."""
+    from ..train import Plan
+    if cache is not None and s in cache:
+        return cache[s]
+    m = s.num_micro_batches
+    fields_ = dict(dp=s.dp, tp=s.tp, pp=s.pp, sequence_parallel=s.sequence_parallel,
+                   accumulation=m if s.pp == 1 else 1, pp_microbatches=m if s.pp > 1 else None,
+                   schedule=s.schedule if s.schedule in ("1f1b", "gpipe") else "1f1b",
+                   mixed_precision=None if s.dtype == "fp32" else s.dtype,
+                   activation_checkpointing=s.recompute == "full", zero_stage=s.zero_stage,
+                   dp_variant="bucket" if s.overlap or s.dp == 1 else "flat", bucket_cap_mb=s.bucket_bytes / 2 ** 20)
+    fields_.update({k: getattr(s, k) for k in ("cp", "ep") if getattr(s, k, 1) > 1})
+    try:
+        p = Plan(**fields_)
+        if task is not None:
+            import copy
+            task = copy.copy(task)
+            task.global_batch = global_batch  # the search's batch (a task's own is checked by the trainer too)
+        p.validate(world, task)
+        back = type(s).from_plan(p, global_batch, **{k: getattr(s, k) for k in _NOT_IN_PLAN})
+    except (ValueError, TypeError) as exc:
+        out = (None, "simlib train refuses it: " + _first_line(exc))
+    else:
+        diff = [f.name for f in dataclasses.fields(s) if getattr(s, f.name) != getattr(back, f.name)]
+        out = (p, "") if not diff else (None, "simlib train has no knob for " + ", ".join(
+            f"{k}={getattr(s, k)!r}" for k in diff))
+    if cache is not None:
+        cache[s] = out
+    return out
+
+
+# Strategy fields a Plan does not say (from_plan's overrides): how the machine runs, not how the work is split
+_NOT_IN_PLAN = ("optimizer", "threads", "attention", "kernels", "tp_across_nodes", "reduce_dtype")

@@ -1,0 +1,70 @@
+"""``simlib plan``: the planner from the command line.
+
+    simlib plan 70B --cluster h100 --nodes 128 --global-batch 1024          # a named shape on a preset cluster
+    simlib plan gpt --cluster here --devices 4 --trainer-only               # the GPT project on this machine
+    simlib plan 8B --nodes 8 --memory-gb 60 --out results/plan               # writes plan.toml, plan.sbatch, plans.csv
+
+Prints the report (best plans, where their time goes, why the others lose); writes the best plan ``simlib train``
+runs as ``plan.toml`` (``simlib train --config plan.toml``), a SLURM script that runs it (``plan.sbatch``), and
+every ranked plan (``plans.csv``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+PROJECTS = ("gpt", "vision", "finance")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", help="8B, 70B, 405B (Llama 3 shapes), a label of sim.LLAMA_SIZES / GPT_SIZES, or a "
+                                 "project (gpt, vision, finance: its task, validated as simlib train would)")
+    p.add_argument("--cluster", default="h100", help="hardware preset (h100, a100, a100-40gb, cpu) or 'here' "
+                                                      "(calibrate this machine: about a minute)")
+    p.add_argument("--nodes", type=int, default=None, help="nodes of the preset (default 1)")
+    p.add_argument("--devices", type=int, default=None, help="devices in all (instead of --nodes)")
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="samples per step (default 1024; a project's own global batch)")
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--memory-gb", type=float, default=None, help="memory limit per device, GB (default 90 %% of "
+                                                                  "the device's)")
+    p.add_argument("--trainer-only", action="store_true", help="only plans simlib train runs as they are")
+    p.add_argument("--top", type=int, default=3, help="plans explained (default 3)")
+    p.add_argument("--quick", action="store_true", help="a project's quick size (also SIMLIB_QUICK=1)")
+    p.add_argument("--out", default=None, help="folder for plan.toml, plan.sbatch and plans.csv (default: print "
+                                               "only)")
+
+
+def _project(name: str, quick: bool):
+    from ..cli_train import _project_defaults
+    from ..dry_run import sim_model
+    task = _project_defaults(name, "quick" if quick else "full")["task"]
+    return task, sim_model(task)
+
+
+def run(args) -> int:
+    from .. import env
+    from .planner import plan
+    task, model = None, args.model
+    if args.model in PROJECTS:
+        task, model = _project(args.model, bool(args.quick or env.quick()))
+    cluster = args.cluster
+    if cluster == "here":
+        from .calibrate import calibrate
+        world = args.devices or 4
+        cluster = calibrate(world_sizes=tuple(w for w in (1, 2, 4, 8) if w <= world))
+    gb = args.global_batch or (task.global_batch if task is not None else 1024)
+    mem = args.memory_gb * 1e9 if args.memory_gb is not None else None
+    result = plan(model, cluster, nodes=args.nodes, devices=args.devices, global_batch=gb, seq_len=args.seq_len,
+                  memory_limit=mem, task=task, trainer_only=args.trainer_only)
+    print(result.report(top=args.top))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        result.table(1000).to_csv(out / "plans.csv", index=False)  # the fastest 1,000
+        written = ["plans.csv"]
+        if result.ranked and result.best_runnable is not None:
+            (out / "plan.toml").write_text(result.toml(project=args.model if task is not None else "gpt"))
+            (out / "plan.sbatch").write_text(result.sbatch(str(out / "plan.toml")))
+            written += ["plan.toml", "plan.sbatch"]
+        print(f"\nwrote {', '.join(str(out / w) for w in written)}")
+    return 0 if result.ranked else 1

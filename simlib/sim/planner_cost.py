@@ -1,0 +1,151 @@
+"""The planner's pricing: :func:`simlib.sim.predict`'s step, with its costly parts computed once per key.
+
+A search over tens of thousands of plans calls the same few expensive functions with the same arguments again
+and again: one micro-batch of a pipeline stage depends on (micro-batch, tp, pp, recomputation, sequence
+parallelism, dtype, kernels) but not on dp, ZeRO or the schedule; the data-parallel sync depends on
+(dp, tp, pp, ZeRO, buckets) but not on the micro-batch. :class:`FastPricer` keys each part on the fields it
+reads — a copy of the strategy with the fields it does *not* read set to their defaults, so a field added to
+``Strategy`` later stays in every key — and assembles the step exactly as ``predict`` does:
+
+    step = m·(t_fwd + t_bwd) + bubble + tp comm + pp messages + exposed dp sync + embedding sync + optimizer
+
+The planner re-prices its top plans with ``predict`` itself and falls back to it if they disagree.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def label(s) -> str:
+    """A plan's short name: ``dp16 tp8 pp4 1f1b m32 mb1 zero1 full-recompute``."""
+    parts = [f"{a}{getattr(s, a, 1)}" for a in ("dp", "tp", "pp", "cp", "ep") if getattr(s, a, 1) > 1]
+    if s.pp > 1:
+        parts.append(s.schedule + (f" v{s.virtual_stages}" if s.virtual_stages > 1 else ""))
+    parts.append(f"mb{s.micro_batch} x{s.num_micro_batches}")
+    if s.zero_stage:
+        parts.append(("fsdp" if s.fsdp else "zero") + str(s.zero_stage))
+    if s.recompute != "none":
+        parts.append(f"{s.recompute}-recompute")
+    if s.sequence_parallel:
+        parts.append("sp" + ("+overlap" if s.tp_overlap else ""))
+    if s.dp > 1 and not s.overlap and not s.fsdp:
+        parts.append("no-overlap")
+    return " ".join(parts) or "1 device"
+
+
+# fields each cached part does not read, and the value its key sets them to (``Strategy``'s defaults)
+_NOT_STAGE = dict(dp=1, num_micro_batches=1, zero_stage=0, overlap=False, fsdp=False, schedule="1f1b",
+                  virtual_stages=1, bucket_bytes=25e6, shard_size=0, reduce_dtype="")
+_NOT_SYNC = dict(micro_batch=1, num_micro_batches=1, recompute="none", schedule="1f1b", virtual_stages=1,
+                 overlap=False, tp_overlap=False, sequence_parallel=False, fsdp=False, shard_size=0,
+                 reduce_dtype="")
+
+
+class FastPricer:
+    """Prices strategies of one model on one machine; ``exact=True`` calls ``predict`` for every plan."""
+
+    def __init__(self, model, hardware, processes: int | None = None, exact: bool = False):
+        import dataclasses
+
+        from .strategy import Strategy
+        self.model, self.hw, self.processes, self.exact = model, hardware, processes, exact
+        self.gpt = model.kind == "gpt"
+        names = [f.name for f in dataclasses.fields(Strategy)]
+        self._stage_fields = tuple(n for n in names if n not in _NOT_STAGE)
+        self._sync_fields = tuple(n for n in names if n not in _NOT_SYNC)
+        self._stages, self._syncs, self._p2p = {}, {}, {}
+        self._small = lru_cache(maxsize=None)(self._small_uncached)
+
+    def procs(self, s) -> int:
+        return self.processes or min(s.world_size, self.hw.devices_per_node)
+
+    def memory(self, s) -> dict:
+        from .memory import memory_per_device
+        return memory_per_device(self.model, s)
+
+    def predict(self, s):
+        from .cost import predict
+        return predict(self.model, self.hw, s, self.procs(s))
+
+    # ---- the cached parts: keyed on the values of the fields each one reads ----
+    def _small_uncached(self, s, layer_forward, layer_backward, act_bytes):
+        from .cost import fsdp_comm
+        from .topology import p2p_time
+        f = fsdp_comm(self.model, self.hw, s, layer_forward, layer_backward) if s.fsdp else None
+        return f, p2p_time(act_bytes, s, self.hw)
+
+    def parts(self, s):
+        from .cost import dp_comm_time, embedding_sync_time, gpt_stage, optimizer_time
+        p = self.procs(s)
+        key = (p,) + tuple(getattr(s, n) for n in self._stage_fields)
+        stage = self._stages.get(key)
+        if stage is None:
+            stage = self._stages[key] = gpt_stage(self.model, self.hw, s.replace(**_NOT_STAGE), p)
+        key = (p,) + tuple(getattr(s, n) for n in self._sync_fields)
+        sync = self._syncs.get(key)
+        if sync is None:
+            k = s.replace(**_NOT_SYNC)
+            sync = self._syncs[key] = (dp_comm_time(self.model, self.hw, k, p),
+                                       embedding_sync_time(self.model, self.hw, k),
+                                       optimizer_time(self.model, self.hw, k, p))
+        return stage, sync, p
+
+    def recompute_time(self, s) -> float:
+        """Seconds of recomputation per step: backward with this policy minus backward without."""
+        if s.recompute == "none" or not self.gpt:
+            return 0.0
+        with_, _, _ = self.parts(s)
+        without, _, _ = self.parts(s.replace(recompute="none"))
+        return s.num_micro_batches * (with_["backward"] - without["backward"])
+
+    def price(self, s, global_batch: int) -> dict:
+        """Step time, its terms, tokens/s and MFU of ``s`` (a dict; ``strategy`` is ``s``)."""
+        model = self.model
+        if self.exact or not self.gpt:
+            pr = self.predict(s)
+            return dict(strategy=s, step_time=pr.step_time, compute=pr.compute, bubble=pr.bubble,
+                        optimizer=pr.optimizer, exposed_comm=pr.exposed_comm,
+                        tokens_per_s=global_batch * model.seq_len / pr.step_time,
+                        mfu=model.flops_per_sample() * global_batch / (pr.step_time * s.world_size
+                                                                        * self.hw.peak(s.dtype, self.procs(s))),
+                        **{k: pr.breakdown.get(k, 0.0) for k in ("tp_comm", "pp_comm", "dp_exposed", "dp_comm",
+                                                                  "embedding_sync")})
+        # predict(), term for term (simlib/sim/cost.py)
+        st, ((dp_total, dp_last), embed, opt), p = self.parts(s)
+        m, v = s.num_micro_batches, s.virtual_stages
+        act_bytes = s.micro_batch * model.seq_len * model.hidden * (2 if s.mixed_precision else 4)
+        t_fwd, t_bwd = st["forward"], st["backward"]
+        tp_per_mb = st["forward_comm"] + st["backward_comm"]
+        compute = m * (t_fwd + t_bwd)
+        tp_comm = m * tp_per_mb
+        bubble = (s.pp - 1) * (t_fwd + t_bwd + tp_per_mb) / v if s.pp > 1 else 0.0
+        if s.fsdp:
+            f, p2p = self._small(s, st["layer_forward"], st["layer_backward"], act_bytes)
+        else:
+            f, p2p = self._small_p2p(s, act_bytes)
+        pp_comm = (2 * m * v if s.pp > 1 else 0) * p2p
+        if s.fsdp:
+            dp_total, dp_exposed = f["step_total"], f["step_exposed"]
+        else:
+            dp_exposed = max(dp_last, dp_total - t_bwd) if s.overlap else dp_total
+        exposed = tp_comm + pp_comm + dp_exposed + embed
+        step = compute + bubble + exposed + opt
+        mfu = model.flops_per_sample() * global_batch / (step * s.world_size * self.hw.peak(s.dtype, p))
+        return dict(strategy=s, step_time=step, compute=compute, bubble=bubble, optimizer=opt,
+                    exposed_comm=exposed, tokens_per_s=global_batch * model.seq_len / step, mfu=mfu,
+                    tp_comm=tp_comm, pp_comm=pp_comm, dp_exposed=dp_exposed, dp_comm=dp_total,
+                    embedding_sync=embed)
+
+    def _small_p2p(self, s, act_bytes):
+        if s.pp == 1:
+            return None, 0.0
+        key = (act_bytes,) + tuple(getattr(s, n) for n in self._sync_fields)  # p2p_time reads the grid, dtype
+        out = self._p2p.get(key)
+        if out is None:
+            from .topology import p2p_time
+            out = self._p2p[key] = (None, p2p_time(act_bytes, s, self.hw))
+        return out

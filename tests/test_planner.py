@@ -1,0 +1,136 @@
+"""The planner (simlib.sim.planner): its prices are sim.predict's, its validity the trainer's and Strategy's,
+and its TOML is what ``simlib train --config`` reads back into the same Plan. Pure Python, a few seconds."""
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+
+from simlib import sim
+from simlib.sim import planner
+
+
+@pytest.fixture(scope="module")
+def search70():
+    return sim.plan("70B", "h100", nodes=16, global_batch=256)
+
+
+def test_fast_prices_equal_predict(search70):
+    """Every term the planner ranks by is sim.predict's, to 1e-9, on 60 plans drawn from the search."""
+    rng = random.Random(0)
+    entries = rng.sample(search70.ranked, 60)
+    for e in entries:
+        p = sim.predict(search70.model, search70.hardware, e["strategy"])
+        assert e["step_time"] == pytest.approx(p.step_time, rel=1e-9), planner.label(e["strategy"])
+        assert e["bubble"] == pytest.approx(p.bubble, rel=1e-9, abs=1e-12)
+        assert e["exposed_comm"] == pytest.approx(p.exposed_comm, rel=1e-9, abs=1e-12)
+        assert e["memory"]["total"] == pytest.approx(p.memory["total"], rel=1e-12)
+        assert e["mfu"] == pytest.approx(p.mfu, rel=1e-9)
+
+
+def test_ranked_fit_and_rejected_do_not(search70):
+    r = search70
+    assert r.ranked and r.too_big and r.refused
+    times = [e["step_time"] for e in r.ranked]
+    assert times == sorted(times) or all(b >= a * (1 - 1e-4) for a, b in zip(times, times[1:]))
+    assert all(e["memory"]["total"] <= r.memory_limit for e in r.ranked)
+    assert all(e["excess"] > 0 and e["memory"]["total"] > r.memory_limit for e in r.too_big)
+    assert r.considered == len(r.ranked) + len(r.too_big) + sum(r.refused.values()) + r.extra.get("duplicates", 0)
+
+
+def test_refusals_are_strategy_messages():
+    """What the planner refuses, Strategy refuses with the same words (no second copy of the rules)."""
+    r = sim.plan("70B", "h100", nodes=4, global_batch=64)
+    msg = next(m for m in r.refused if "spans more than one node" in m)
+    with pytest.raises(ValueError, match="spans more than one node"):
+        sim.Strategy(dp=2, tp=16).validate(32, r.model, r.hardware)
+    assert msg.startswith("tp = 16") or msg.startswith("tp = 32")
+
+
+def test_trainer_plan_maps_back():
+    """A plan simlib train runs maps back to the same Strategy; one with FSDP names the missing knob."""
+    s = sim.Strategy(dp=2, tp=2, pp=2, micro_batch=1, num_micro_batches=4, zero_stage=1, recompute="full")
+    plan, why = planner.trainer_plan(s, 8, 8)
+    assert why == "" and (plan.dp, plan.tp, plan.pp, plan.pp_microbatches, plan.zero_stage) == (2, 2, 2, 4, 1)
+    assert sim.Strategy.from_plan(plan, 8) == s
+    plan, why = planner.trainer_plan(s.replace(tp=1, pp=1, dp=8, zero_stage=3, fsdp=True), 32, 8)
+    assert plan is None and "fsdp=True" in why
+
+
+def test_cp_ep_said_when_not_searched(search70):
+    have = planner.strategy_accepts("cp")
+    said = any("cp" in n and "not searched" in n for n in search70.notes)
+    assert said != have
+
+
+def test_nothing_fits_says_by_how_much():
+    r = sim.plan("405B", "h100", nodes=1, global_batch=8)
+    assert not r.ranked
+    with pytest.raises(ValueError, match="GB per device"):
+        r.best
+
+
+def test_toml_parses_in_simlib_train(tmp_path, search70):
+    """The TOML is read by simlib train's own resolver into the very Plan the planner chose."""
+    from simlib import cli, cli_train
+    entry = search70.best_runnable
+    path = tmp_path / "plan.toml"
+    path.write_text(search70.toml())
+    args = cli.build_parser().parse_args(["train", "--config", str(path), "--dry-run"])
+    spec = cli_train.resolve(args)
+    (plan,) = spec.plans.values()
+    assert plan == entry["plan"]
+    assert spec.world_size == search70.world_size and spec.task.global_batch == search70.global_batch
+    script = tmp_path / "run.sbatch"
+    script.write_text(search70.sbatch(str(path)))
+    assert "#SBATCH --nodes=16" in script.read_text() and f"--config {path}" in script.read_text()
+    subprocess.run(["bash", "-n", str(script)], check=True)  # the script parses
+
+
+def test_errors_are_one_line():
+    with pytest.raises(ValueError, match="unknown model"):
+        sim.plan("9B")
+    with pytest.raises(ValueError, match="global_batch"):
+        sim.plan("8B", global_batch=0)
+
+
+def test_fast_path_out_of_step_falls_back_to_predict(monkeypatch):
+    """If the cached pricing ever disagrees with sim.predict (the simulator changed), every plan is re-priced
+    by predict and the result says so: no silently wrong ranking."""
+    from simlib.sim import planner_cost
+    real = planner_cost.FastPricer.price
+
+    def off_by_a_bit(self, s, global_batch):
+        out = real(self, s, global_batch)
+        if not self.exact:
+            out["step_time"] *= 1.01
+        return out
+    monkeypatch.setattr(planner_cost.FastPricer, "price", off_by_a_bit)
+    r = sim.plan("8B", "h100", nodes=1, global_batch=16, space=dict(recompute=("full",), max_micro_batch=2))
+    assert r.exact and any("re-priced by sim.predict" in n for n in r.notes)
+    p = sim.predict(r.model, r.hardware, r.best["strategy"])
+    assert r.best["step_time"] == pytest.approx(p.step_time, rel=1e-12)
+
+
+def test_cli_writes_the_files(tmp_path, capsys):
+    from simlib import cli
+    rc = cli.main(["plan", "8B", "--nodes", "1", "--global-batch", "16", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "best plans" in out
+    assert {p.name for p in tmp_path.iterdir()} == {"plans.csv", "plan.toml", "plan.sbatch"}
+    assert cli.main(["plan", "405B", "--nodes", "1", "--global-batch", "8"]) == 1  # nothing fits: said, exit 1
+    assert "no plan of llama3-405b fits" in capsys.readouterr().out
+
+
+def test_widget_figure_draws_the_search(search70):
+    import matplotlib
+    matplotlib.use("Agg")
+    from simlib import widgets
+    fig, caption = widgets.planner_figure(result=search70, top=5)
+    assert planner.label(search70.best["strategy"]) in caption
+    bars = fig.axes[0].patches
+    assert len(bars) == 5 * 8  # five plans, eight terms each
+    total = sum(b.get_width() for b in bars[-8:])  # the top bar (drawn last) is the best plan
+    assert total == pytest.approx(search70.best["step_time"], rel=1e-9)
