@@ -56,18 +56,33 @@ def _indent(text: str) -> str:
 
 
 class _quiet_elastic:
-    """The elastic agent logs each start and each stopped worker; simlib reports those itself."""
+    """The elastic agent logs each start and each stopped worker ("failed (exitcode: -9)" when a Cluster stops its
+    workers); simlib reports those itself (a failure: as a WorkerError naming the rank). One agent thread per
+    Cluster, and clusters overlap (a notebook's cluster2 and cluster4): the loggers stay quiet while any agent runs
+    and get their levels back when the last one ends (restored by the first to end, a second cluster's intended
+    shutdown printed torch's failure lines in red)."""
 
     names = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+    _lock = threading.Lock()
+    _active = 0
+    _levels: dict = {}
 
     def __enter__(self):
-        self.levels = {n: logging.getLogger(n).level for n in self.names}
-        for n in self.names:
-            logging.getLogger(n).setLevel(logging.CRITICAL)
+        cls = type(self)
+        with cls._lock:
+            if cls._active == 0:
+                cls._levels = {n: logging.getLogger(n).level for n in self.names}
+                for n in self.names:
+                    logging.getLogger(n).setLevel(logging.CRITICAL)
+            cls._active += 1
 
     def __exit__(self, *exc):
-        for n, level in self.levels.items():
-            logging.getLogger(n).setLevel(level)
+        cls = type(self)
+        with cls._lock:
+            cls._active -= 1
+            if cls._active == 0:
+                for n, level in cls._levels.items():
+                    logging.getLogger(n).setLevel(level)
 
 
 _agents: dict = {}  # run_id -> the elastic agent of a Cluster (so that closing it can stop its restarts)

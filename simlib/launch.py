@@ -269,8 +269,9 @@ class Cluster(ElasticWorkers):
         if self._broken:
             why = self._broken if isinstance(self._broken, str) else "the failure of the previous call"
             self.restart()
+            # information (the failure itself was raised, as a WorkerError, by the call that failed): stdout
             print(f"simlib: started {self.world_size} fresh workers ({self.last_start_seconds:.1f} s) "
-                  f"after {why}", file=sys.stderr)
+                  f"after {why}", flush=True)
         elif self._closed:  # closed by the user: reopen
             self._start()
         try:

@@ -91,3 +91,32 @@ def test_zero_or_empty_micro_batches_raise_value_error():
         A.accumulation_step(model, opt, [(torch.ones(2, 2), torch.ones(2, 1)), (torch.ones(0, 2), torch.ones(0, 1))])
     with pytest.raises(ValueError, match="int >= 1"):
         A.split_micro_batches(torch.ones(4, 2), torch.ones(4), 0)
+
+
+_PROFILED = """
+import os, sys, torch
+from simlib.grading.memory import _step_memory
+from simlib.parallel.accumulate import peak_memory
+os.environ.pop("KINETO_LOG_LEVEL", None)
+def fn(n=64):
+    torch.ones(n, n) @ torch.ones(n, n)
+    print("a real error, written while profiling", file=sys.stderr, flush=True)
+peak_memory(fn, 64)
+_step_memory(fn)
+"""
+
+
+def test_profiling_prints_no_profiler_lines_but_real_errors_still_show():
+    """peak_memory and the grader's _step_memory (torch's profiler) keep Kineto's "USDT ... profiler_start/stop"
+    lines off stderr, where a notebook shows them in red, without hiding stderr itself (redirecting fd 2 did:
+    anything the profiled code wrote there, a real error included, was lost). In a fresh process: Kineto reads its
+    log level when a process first profiles."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("KINETO_LOG_LEVEL", None)
+    done = subprocess.run([sys.executable, "-c", _PROFILED], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["a real error, written while profiling"] * 2, done.stderr

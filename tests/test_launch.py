@@ -231,3 +231,22 @@ def test_after_a_call_messages_of_restarted_workers_are_kept():
     cluster._drain()
     assert printed == [messages[0]]
     assert cluster._stash == messages[1:4]  # stale results and EOFs of the old workers are dropped
+
+
+def test_elastic_logs_stay_quiet_while_any_cluster_runs():
+    """Clusters overlap (a notebook's cluster2 and cluster4): the first agent to end used to give torch's elastic
+    loggers their levels back while the second ran, and that one's intended shutdown printed "failed (exitcode:
+    -9)" in red. Quiet while any agent runs; the levels come back when the last ends."""
+    import logging
+
+    from simlib.agent import _quiet_elastic
+    log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")  # where "failed (exitcode" is logged
+    before = logging.getLogger("torch.distributed.elastic").level
+    first, second = _quiet_elastic(), _quiet_elastic()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not log.isEnabledFor(logging.ERROR), "the second cluster's agent still runs: its stop must stay quiet"
+    second.__exit__(None, None, None)
+    assert logging.getLogger("torch.distributed.elastic").level == before
+    assert log.isEnabledFor(logging.ERROR)  # outside a Cluster's agent, torch's own logging is untouched

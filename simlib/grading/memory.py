@@ -15,8 +15,9 @@ def _step_memory(fn) -> tuple[int, int]:
     anywhere - the optimizer's ``state``, the learner's own dicts, a temporary full copy - counts."""
     from torch.profiler import ProfilerActivity, profile
 
-    from ..parallel.accumulate import _native_stderr_silenced
-    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    from ..debug.trace import quiet_profiler
+    quiet_profiler()  # Kineto's start/stop lines off stderr; a learner's own errors still show
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     # an allocation counts from its op's start, a free from its op's end: a free attributed to an enclosing
     # record_function (Optimizer.step#...) would otherwise be replayed before the allocations inside it

@@ -11,7 +11,7 @@ outside ``no_sync``, all-reduces the accumulated sum once (torch DDP docs, "no_s
 """
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import torch
 from torch import nn
@@ -85,7 +85,10 @@ def peak_memory(fn, *args, **kwargs) -> int:
     ``torch.cuda.max_memory_allocated`` instead (cheaper, same meaning).
     """
     from torch.profiler import ProfilerActivity, profile
-    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+
+    from ..debug.trace import quiet_profiler
+    quiet_profiler()  # Kineto's start/stop lines off stderr; whatever ``fn`` writes there still shows
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn(*args, **kwargs)
     deltas = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events()
                     if e.self_cpu_memory_usage)
@@ -94,23 +97,3 @@ def peak_memory(fn, *args, **kwargs) -> int:
         live += delta
         peak = max(peak, live)
     return int(peak)
-
-
-@contextmanager
-def _native_stderr_silenced():
-    """The profiler's C++ side prints start/stop lines on fd 2; keep them out of the learner's cell."""
-    import os
-    import sys
-    sys.stderr.flush()
-    try:
-        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    except OSError:
-        yield
-        return
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
