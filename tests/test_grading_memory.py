@@ -46,3 +46,19 @@ def test_planted_bug_is_caught(exercise, bug, clusters):
     assert not report.passed and report.status in ("fail", "error"), report
     hints = " ".join(r.hint for r in report.failed())
     assert HINTS[bug] in hints, "\n".join(r.line() for r in report.results)
+
+
+# ---- issue 33, family 5: every allocation weighed (NumPy too), what stays alive after forward, the sum saved ----
+from planted import m5_memory  # noqa: E402
+
+cloudpickle.register_pickle_by_value(m5_memory)
+M5 = [("sharded_optimizer", f) for f in m5_memory.SHARDED_OPTIMIZER] + \
+     [("zero3_linear", f) for f in m5_memory.ZERO3_LINEAR]
+
+
+@pytest.mark.parametrize("exercise,bug", M5, ids=[b.__name__ for _, b in M5])
+def test_family5_memory_weighed_whole(exercise, bug, clusters):
+    report = grading.check(exercise, bug, clusters=clusters, quiet=True)
+    assert not report.passed and report.status in ("fail", "error"), "\n".join(r.line() for r in report.results)
+    hints = " ".join(r.hint for r in report.failed())
+    assert m5_memory.HINTS[bug.__name__] in hints, "\n".join(r.line() for r in report.results)

@@ -111,3 +111,42 @@ def test_gpt_plan_fastest_passes_and_planted_fail(gpt_runs, monkeypatch, tmp_pat
         assert any(h in hints for h in planted.GPT_HINTS[bug.__name__]), (bug.__name__, hints)
         if bug.__name__ in ("prefilled", "empty"):
             assert report.status == "not implemented"
+
+
+def test_family7_milestone_verifies_what_it_is_told(gpt_runs, monkeypatch, tmp_path):
+    """Issue 33, family 7: a rival that fails verification fails the milestone; an evaluation's claim of the target
+    counts only when the saved weights reach it (re-evaluated here). The target sits between the untrained model's
+    loss and the short runs' final losses (the short runs' own 7.5 is reached by untrained weights)."""
+    import json
+
+    from simlib.grading.projects import _gpt_plan, _verify
+    from simlib.projects.gpt import run as project_gpt
+    from simlib.projects.gpt.task import GPTTask
+    from planted import m7_projects
+    untrained = GPTTask.quick().evaluate(GPTTask.quick().build_model().eval())["eval_loss"]
+    finals = {}
+    for p in ("dp", "tp"):
+        evals = [json.loads(x) for x in (gpt_runs / p / "run.jsonl").read_text().splitlines() if '"eval"' in x]
+        finals[p] = max(evals, key=lambda e: e["step"])["eval"]["eval_loss"]
+    assert max(finals.values()) < untrained - 0.02, (finals, untrained)
+    settings = {**_short_settings(), "target": {"eval_loss": (untrained + max(finals.values())) / 2}}
+    monkeypatch.setattr(project_gpt, "settings", lambda quick=False: settings)
+    times = {p: _verify(gpt_runs / p, p, settings)[1] for p in ("dp", "tp")}
+    assert all(t is not None for t in times.values()), times
+    fastest, slowest = sorted(times, key=times.get)
+
+    def check(root, answer):
+        report = grading.Report("gpt_plan")
+        try:
+            report.results.extend(_gpt_plan(answer, None, root=root))
+        except grading._Stop as stop:
+            report.results.append(stop.result)
+        return report
+    assert check(gpt_runs, fastest).passed
+    for i, bug in enumerate(m7_projects.GPT):
+        root = tmp_path / f"m7_{i}" / "results" / "gpt"
+        shutil.copytree(gpt_runs, root)
+        report = check(root, bug(root, fastest, slowest))
+        assert not report.passed, (bug.__name__, [r.line() for r in report.results])
+        hints = " ".join(r.hint for r in report.failed())
+        assert m7_projects.HINTS[bug.__name__] in hints, (bug.__name__, hints)

@@ -9,16 +9,42 @@ _SO = dict(steps=3, width=12, depth=2, global_batch=24, lr=1e-2)
 WORLD_SIZES = (2, 3, 4)  # 3: code right only for even splits or powers of two fails
 
 
+def _numpy_arrays() -> dict:
+    """{data address: bytes} of every NumPy array that owns its data and that a Python object holds (a list, a
+    dict, an attribute): found through the garbage collector's objects, so arrays kept anywhere count. (Not
+    tracemalloc: under torch's profiler it crashed workers.)"""
+    import gc
+
+    import numpy as np
+    out = {}
+    for o in gc.get_objects():
+        for r in gc.get_referents(o):
+            if type(r) is np.ndarray:
+                while isinstance(r.base, np.ndarray):
+                    r = r.base
+                if r.flags.owndata:
+                    out[r.ctypes.data] = r.nbytes
+    return out
+
+
+def _numpy_kept(before: dict) -> int:
+    return sum(n for ptr, n in _numpy_arrays().items() if ptr not in before)
+
+
 def _step_memory(fn) -> tuple[int, int]:
     """(peak, kept): the most bytes live at once while ``fn()`` ran, above what was live when it started, and the
-    bytes it left allocated. Measured by torch's profiler (every allocation and free of every op), so state kept
-    anywhere - the optimizer's ``state``, the learner's own dicts, a temporary full copy - counts."""
+    bytes it left allocated. Torch's allocations are measured by torch's profiler (every allocation and free of
+    every op), NumPy arrays held by any Python object (torch's profiler does not see them),
+    so state kept anywhere - the optimizer's ``state``, the learner's own dicts, NumPy arrays, a temporary full
+    copy - counts. (NumPy bytes freed within ``fn`` are not in the peak: only what it keeps.)"""
     from torch.profiler import ProfilerActivity, profile
 
     from ..debug.trace import quiet_profiler
     quiet_profiler()  # Kineto's start/stop lines off stderr; a learner's own errors still show
+    numpy_before = _numpy_arrays()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
+    numpy_kept = _numpy_kept(numpy_before)
     # an allocation counts from its op's start, a free from its op's end: a free attributed to an enclosing
     # record_function (Optimizer.step#...) would otherwise be replayed before the allocations inside it
     deltas = sorted((e.time_range.start if e.self_cpu_memory_usage > 0 else e.time_range.end, e.self_cpu_memory_usage)
@@ -27,7 +53,50 @@ def _step_memory(fn) -> tuple[int, int]:
     for _, delta in deltas:
         live += delta
         peak = max(peak, live)
-    return int(peak), int(live)
+    return int(peak) + numpy_kept, int(live) + numpy_kept
+
+
+def _tensor_storages() -> dict:
+    """{storage address: bytes} of every tensor object alive in this process (held anywhere: ctx, globals)."""
+    import gc
+
+    import torch
+    out = {}
+    for o in gc.get_objects():
+        if type(o) is torch.Tensor or isinstance(o, torch.nn.Parameter):
+            storage = o.untyped_storage()
+            out[storage.data_ptr()] = storage.nbytes()
+    return out
+
+
+def _held_new_tensors(before: dict) -> int:
+    """Bytes of tensors not in ``before`` that some Python object holds (a dict, ctx, a list, a module). A tensor
+    only C++ holds (a collective's pending work, autograd's saved slots) is left out here: the saved ones are
+    weighed by saved_tensors_hooks, and c10d lets go of its own in its own time."""
+    import gc
+    import types
+
+    import torch
+    objs = gc.get_objects()
+    new = [o for o in objs if (type(o) is torch.Tensor or isinstance(o, torch.nn.Parameter))
+           and o.untyped_storage().data_ptr() not in before]
+    del objs
+    total, seen = 0, set()
+    for t in new:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen and any(r is not new and not isinstance(r, types.FrameType) for r in gc.get_referrers(t)):
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def _alive_after(fn) -> int:
+    """Bytes ``fn()`` leaves allocated, however held: tensors it left alive that a Python object holds (found by the
+    garbage collector, so an attribute of ``ctx``, a global or a cache counts) and NumPy arrays held by Python objects.
+    Tensors kept by autograd's saved-tensor slots are weighed by saved_tensors_hooks instead."""
+    before, numpy_before = _tensor_storages(), _numpy_arrays()
+    fn()
+    return _held_new_tensors(before) + _numpy_kept(numpy_before)
 
 
 def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr):
@@ -110,7 +179,8 @@ def _check_sharded_optimizer(answer, grader):
         yield Result(f"{world_size} ranks: each rank keeps optimizer state for its own shard only", held,
                      "build the inner optimizer over the parameters this rank owns, not all of them, and keep no "
                      "other per-parameter state of your own: that is the memory ZeRO-1 saves (each parameter's "
-                     "Adam state lives on exactly one rank)",
+                     "Adam state lives on exactly one rank). Every allocation is weighed, torch's (profiler) and "
+                     "NumPy's: state moved into NumPy arrays counts the same",
                      f"bytes kept after the steps per rank {kept}; AdamW over every parameter keeps {full_kept}")
         during = max(peaks) <= share * full_peak
         worst_rank = max(range(world_size), key=lambda r: peaks[r])
@@ -170,21 +240,28 @@ def _zero3_harness(answer, out_features, in_features, batch):
     shard = weight.chunk(n)[rank].clone().requires_grad_(True)
     counts: dict = {}
     restore = _spy_collectives(counts)
-    saved = []
+    saved: dict = {}
+    inputs = {xr.untyped_storage().data_ptr(), shard.untyped_storage().data_ptr()}
 
     def pack(t):  # every tensor autograd keeps for backward, in every node of the graph, behind any view
-        saved.append(t.untyped_storage().nbytes() // max(1, t.element_size()))
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in inputs:  # each storage once, however many views of it are saved
+            saved[storage.data_ptr()] = storage.nbytes() // max(1, t.element_size())
         return t
 
+    box = {}
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            y = answer(xr, shard)
+            # bytes still allocated when forward returns, however they are held (saved, on ctx, in a global)
+            left = _alive_after(lambda: box.update(y=answer(xr, shard)))
+        y = box["y"]
+        alive = (left - y.untyped_storage().nbytes()) // max(1, y.element_size())
         forward_counts = dict(counts)
         (y.pow(2).sum() / b).backward()  # this rank's mean; the mean over ranks is the global batch's mean
     finally:
         restore()
-    return dict(y=y.detach(), grad_x=xr.grad, grad_shard=shard.grad, saved=saved, counts=counts,
-                forward_counts=forward_counts)
+    return dict(y=y.detach(), grad_x=xr.grad, grad_shard=shard.grad, saved=list(saved.values()), counts=counts,
+                forward_counts=forward_counts, alive=alive)
 
 
 def _zero3_reference(world_size, out_features, in_features, batch):
@@ -237,6 +314,21 @@ def _check_zero3_linear(answer, grader):
                  "the input and the shard (ctx.save_for_backward(x, shard)), not the gathered weight, and do the "
                  "matmul inside your autograd.Function. Gather it again in backward",
                  f"largest saved tensor {kept} elements; the whole weight has {full}")
+    # issue 33: the sum of what autograd saves besides the input and the shard, and every byte still allocated
+    # when forward returns, however it is held (ctx.weight = ..., a global, pieces each smaller than the whole)
+    total = max(sum(o["saved"]) for o in outs)
+    yield Result("autograd saves nothing but the input and the shard (the sum of what it keeps, not the largest)",
+                 total < full,
+                 "besides x and the shard, autograd keeps tensors that add up to the whole weight in all (each "
+                 "smaller than it, e.g. its pieces or a copy per row block): save only x and the shard, and gather "
+                 "again in backward", f"{total} elements saved besides x and the shard; the whole weight has {full}")
+    alive = max(o["alive"] for o in outs)
+    yield Result("nothing of the gathered weight is alive after forward (every allocation weighed)", alive < full,
+                 "forward leaves memory of the whole weight's size still alive after forward besides its output "
+                 "(every tensor alive in the process and NumPy's arrays, however held: an attribute of ctx such as "
+                 "ctx.weight = weight, a global, a cache). Keep only x and the shard (ctx.save_for_backward(x, "
+                 "shard)) and let the gathered weight be freed when forward returns",
+                 f"{alive} elements still allocated after forward besides the output; the whole weight has {full}")
     counts, fwd = outs[0]["counts"], outs[0]["forward_counts"]
     want_counts = {"all_gather": 2, "reduce_scatter": 1}
     if counts == want_counts and fwd == {"all_gather": 1}:

@@ -13,8 +13,13 @@ fastest, among the runs the notebook made (``results/gpt/<plan>/``). For every r
 - recomputes the step-0 loss of the project's freshly built model on its first global batch and requires the
   record's to match (the run trained the project's task, not another).
 
-What a learner could still fake: the training times (and intermediate evaluations) in ``run.jsonl``, edited
-consistently — the check does not re-run whole plans to time them.
+- counts a claim of the target only when the saved (final) weights reach it, evaluated here (issue 33: untrained
+  weights behind an intermediate evaluation that claims the target fail);
+- fails when any other milestone plan's run does not check out (a rival is never silently dropped).
+
+What a learner could still fake: the training times and intermediate evaluations in ``run.jsonl``, edited
+consistently, as long as the final weights reach the target; and a 1-process run relabelled in every field as a
+2-process plan (its losses equal a data-parallel run's) — the check does not re-run the plans to time them.
 """
 from __future__ import annotations
 
@@ -94,6 +99,10 @@ def _verify(folder: Path, name: str, cfg: dict):
                           "the run record does not match its weights: rerun the plan instead of editing its files",
                           f"recomputed {recomputed:.4f}, recorded {recorded}"))
     seconds, _ = _time_to_target(record.evals, target)
+    # issue 33: an intermediate evaluation cannot be re-checked (no weights of that step are kept), so a claim of
+    # the target counts only when the weights the grader evaluates reach it too
+    if recomputed > target + 1e-3:
+        seconds = None
     if all(r.passed for r in results):
         return results, seconds
     return results, None
@@ -137,10 +146,13 @@ def _gpt_plan(answer, grader, root=None):
     yield from results
     if not all(r.passed for r in results):
         return
-    yield Result(f"it reaches the project's target eval loss {target:g} (time recomputed from run.jsonl)",
-                 seconds is not None, detail=f"{seconds:.1f} s of training" if seconds is not None else
-                 "no evaluation at or below the target",
-                 hint="this plan did not reach the target within the budget: pick a plan that did")
+    yield Result(f"it reaches the project's target eval loss {target:g} (time recomputed from run.jsonl, the saved "
+                 "weights evaluated here)", seconds is not None,
+                 detail=f"{seconds:.1f} s of training" if seconds is not None else
+                 "no evaluation at or below the target, or the saved weights do not reach it",
+                 hint="this plan did not reach the target within the budget (the check evaluates the saved final "
+                      "weights itself: an earlier evaluation's claim counts only when they reach the target too): "
+                      "pick a plan that did")
     if seconds is None:
         return
     rivals, left_out = {name: seconds}, []
@@ -152,9 +164,16 @@ def _gpt_plan(answer, grader, root=None):
             rivals[other] = t
         elif not all(r.passed for r in checks):
             left_out.append(other)
+    # issue 33: a rival whose record does not check out is not dropped (breaking the faster plan's files would
+    # otherwise make a slower plan the fastest): the comparison needs every rival verified
+    yield Result("every other 2-process plan's run checks out (the comparison needs them all)", not left_out,
+                 hint=f"the runs of {left_out} do not check out (a damaged or edited record, weights that do not match "
+                      "it): rerun those plans with project_gpt.run(plan, 2) so the comparison is against real runs",
+                 detail=f"verified {sorted(rivals)}" + (f"; failed {left_out}" if left_out else ""))
+    if left_out:
+        return
     best = min(rivals, key=rivals.get)
     yield Result("it is the fastest 2-process plan to the target", rivals[name] <= rivals[best],
-                 detail=f"{name}: {rivals[name]:.1f} s; fastest {best}: {rivals[best]:.1f} s"
-                        + (f" (not compared, their records do not check out: {left_out})" if left_out else ""),
+                 detail=f"{name}: {rivals[name]:.1f} s; fastest {best}: {rivals[best]:.1f} s",
                  hint="compare the time_to_target_s column of the table for the 2-process runs (training time "
                       "to the first evaluation at or below the target)")
