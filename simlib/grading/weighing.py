@@ -1,0 +1,94 @@
+"""How much memory an answer uses, however it holds it: the peak and what stays of a step (torch's profiler for
+tensors, the garbage collector's objects for NumPy arrays), and the bytes a call leaves alive. The memory checks
+(:mod:`simlib.grading.memory`) weigh answers with these."""
+from __future__ import annotations
+
+
+def _numpy_arrays() -> dict:
+    """{data address: bytes} of every NumPy array that owns its data and that a Python object holds (a list, a
+    dict, an attribute): found through the garbage collector's objects, so arrays kept anywhere count. (Not
+    tracemalloc: under torch's profiler it crashed workers.)"""
+    import gc
+
+    import numpy as np
+    out = {}
+    for o in gc.get_objects():
+        for r in gc.get_referents(o):
+            if type(r) is np.ndarray:
+                while isinstance(r.base, np.ndarray):
+                    r = r.base
+                if r.flags.owndata:
+                    out[r.ctypes.data] = r.nbytes
+    return out
+
+
+def _numpy_kept(before: dict) -> int:
+    return sum(n for ptr, n in _numpy_arrays().items() if ptr not in before)
+
+
+def _step_memory(fn) -> tuple[int, int]:
+    """(peak, kept): the most bytes live at once while ``fn()`` ran, above what was live when it started, and the
+    bytes it left allocated. Torch's allocations are measured by torch's profiler (every allocation and free of
+    every op), NumPy arrays held by any Python object (torch's profiler does not see them),
+    so state kept anywhere - the optimizer's ``state``, the learner's own dicts, NumPy arrays, a temporary full
+    copy - counts. (NumPy bytes freed within ``fn`` are not in the peak: only what it keeps.)"""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..debug.trace import quiet_profiler
+    quiet_profiler()  # Kineto's start/stop lines off stderr; a learner's own errors still show
+    numpy_before = _numpy_arrays()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    numpy_kept = _numpy_kept(numpy_before)
+    # an allocation counts from its op's start, a free from its op's end: a free attributed to an enclosing
+    # record_function (Optimizer.step#...) would otherwise be replayed before the allocations inside it
+    deltas = sorted((e.time_range.start if e.self_cpu_memory_usage > 0 else e.time_range.end, e.self_cpu_memory_usage)
+                    for e in prof.events() if e.self_cpu_memory_usage)
+    live = peak = 0
+    for _, delta in deltas:
+        live += delta
+        peak = max(peak, live)
+    return int(peak) + numpy_kept, int(live) + numpy_kept
+
+
+def _tensor_storages() -> dict:
+    """{storage address: bytes} of every tensor object alive in this process (held anywhere: ctx, globals)."""
+    import gc
+
+    import torch
+    out = {}
+    for o in gc.get_objects():
+        if type(o) is torch.Tensor or isinstance(o, torch.nn.Parameter):
+            storage = o.untyped_storage()
+            out[storage.data_ptr()] = storage.nbytes()
+    return out
+
+
+def _held_new_tensors(before: dict) -> int:
+    """Bytes of tensors not in ``before`` that some Python object holds (a dict, ctx, a list, a module). A tensor
+    only C++ holds (a collective's pending work, autograd's saved slots) is left out here: the saved ones are
+    weighed by saved_tensors_hooks, and c10d lets go of its own in its own time."""
+    import gc
+    import types
+
+    import torch
+    objs = gc.get_objects()
+    new = [o for o in objs if (type(o) is torch.Tensor or isinstance(o, torch.nn.Parameter))
+           and o.untyped_storage().data_ptr() not in before]
+    del objs
+    total, seen = 0, set()
+    for t in new:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen and any(r is not new and not isinstance(r, types.FrameType) for r in gc.get_referrers(t)):
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def _alive_after(fn) -> int:
+    """Bytes ``fn()`` leaves allocated, however held: tensors it left alive that a Python object holds (found by the
+    garbage collector, so an attribute of ``ctx``, a global or a cache counts) and NumPy arrays held by Python objects.
+    Tensors kept by autograd's saved-tensor slots are weighed by saved_tensors_hooks instead."""
+    before, numpy_before = _tensor_storages(), _numpy_arrays()
+    fn()
+    return _held_new_tensors(before) + _numpy_kept(numpy_before)
