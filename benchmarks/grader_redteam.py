@@ -13,6 +13,7 @@ process died or ran out of time before the grader reported: not counted as caugh
     python benchmarks/grader_redteam.py                 # every answer, then every solution
     python benchmarks/grader_redteam.py --only ring     # answers/solutions whose exercise or file contains "ring"
     python benchmarks/grader_redteam.py --no-solutions --jobs 2 --timeout 240
+    python benchmarks/grader_redteam.py --skip-done                 # resume: grade only what has no verdict yet
 
 Writes ``benchmarks/results/grader_redteam.json`` after every graded answer (a run with ``--only`` updates the
 entries it grades and keeps the others); the catch rate counts the answers present in the file.
@@ -20,6 +21,8 @@ entries it grades and keeps the others); the catch rate counts the answers prese
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import signal
@@ -89,9 +92,14 @@ def child(source_file: str, exercise: str, variable: str) -> None:
     from simlib import grading
 
     report = grading.check(exercise, __main__.__dict__[variable])
-    failed = [str(getattr(r, "name", r))[:200] for r in getattr(report, "results", []) if not getattr(r, "passed", True)]
-    print(MARK + json.dumps({"status": str(report.status), "passed": report.passed, "failed": report.failed,
-                             "failed_checks": failed[:10]}), flush=True)
+    def value(x):
+        return x() if callable(x) else x
+
+    results = list(value(getattr(report, "results", [])) or [])
+    flags = [value(getattr(r, "passed", getattr(r, "ok", None))) for r in results]
+    failed = [str(getattr(r, "name", getattr(r, "check", r)))[:200] for r, ok in zip(results, flags) if ok is False]
+    print(MARK + json.dumps({"status": str(value(report.status)), "checks": len(results),
+                             "failed": len(failed), "failed_checks": failed[:10]}, default=str), flush=True)
     grading.close()
 
 
@@ -121,7 +129,7 @@ def grade(item: dict, timeout: float) -> dict:
         row.update(verdict="no_verdict", tail=out[-1500:])
     else:
         rep = reports[-1]
-        passed = rep["status"] == "pass" or (rep["failed"] == 0 and rep["passed"] > 0)
+        passed = rep["status"] == "pass"
         if item["kind"] == "solution":
             row["verdict"] = "passed" if passed else "failed"
         else:
@@ -130,6 +138,45 @@ def grade(item: dict, timeout: float) -> dict:
         if not passed or item["kind"] == "solution":
             row["tail"] = out[-800:] if not passed else ""
     return row
+
+
+def evidence() -> dict:
+    """For the exercises that need no processes, an instance on which each wrong answer differs from the solution."""
+    import random
+
+    sol = {s["exercise"]: s for s in solutions()}
+    found = {}
+    for item in answers():
+        if item["exercise"] not in ("one_f_one_b", "checkpoint_placement"):
+            continue
+        ref_ns, ans_ns = {}, {}
+        code = sol[item["exercise"]]["code"]
+        code = "\n".join(l for l in code.splitlines() if "checkpoint_problem" not in l and not l.startswith("print"))
+        with contextlib.redirect_stdout(io.StringIO()):  # the solution's demo prints
+            exec(code, ref_ns)
+        exec((ROOT / item["source"]).read_text(), ans_ns)
+        ref, ans, rng = ref_ns[sol[item["exercise"]]["variable"]], ans_ns["ANSWER"], random.Random(0)
+        for _ in range(2000):
+            if item["exercise"] == "one_f_one_b":
+                p = rng.randint(1, 4)
+                args = (rng.randrange(p), p, rng.randint(1, 8))
+                got, want = ans(*args), ref(*args)
+            else:
+                n = rng.randint(2, 6)
+                act = [rng.randint(10, 100) for _ in range(n)]
+                inp = [rng.randint(1, a) for a in act]
+                flops = [rng.randint(1, 100) for _ in range(n)]
+                args = (act, inp, flops, rng.randint(sum(inp), sum(act)))
+                got, want = ans(*args), ref(*args)
+                cost = lambda c: (sum(flops[i] for i in c),
+                                  sum(inp[i] if i in c else act[i] for i in range(n)) <= args[3])
+                got, want = cost(got), cost(want)   # equal cost and fit = an equally good answer
+            if got != want:
+                found[item["id"]] = {"args": repr(args), "answer": repr(got), "solution": repr(want)}
+                break
+        else:
+            found[item["id"]] = None
+    return found
 
 
 def summarise(rows: dict) -> dict:
@@ -160,7 +207,10 @@ def summarise(rows: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", help="grade only answers/solutions whose exercise or id contains this")
+    ap.add_argument("--only", help="grade only answers/solutions whose exercise or id contains this "
+                                   "(several: comma-separated)")
+    ap.add_argument("--skip-done", action="store_true",
+                    help="skip what the results file already holds a verdict for (resume a stopped run)")
     ap.add_argument("--no-solutions", action="store_true", help="skip the solutions")
     ap.add_argument("--solutions-only", action="store_true", help="grade only the solutions")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per answer (default 240)")
@@ -173,10 +223,14 @@ def main() -> None:
     if not args.no_solutions:
         items += solutions()
     if args.only:
-        items = [i for i in items if args.only in i["exercise"] or args.only in i["id"]]
+        wanted = args.only.split(",")
+        items = [i for i in items if any(w in i["exercise"] or w in i["id"] for w in wanted)]
     rows = json.loads(OUT.read_text()).get("rows", {}) if OUT.exists() else {}
+    if args.skip_done:
+        items = [i for i in items if rows.get(i["id"], {}).get("verdict", "no_verdict") == "no_verdict"]
     known = {i["id"] for i in answers()} | {i["id"] for i in solutions()}
     rows = {k: v for k, v in rows.items() if k in known}  # drop answers since removed
+    proof = evidence()
     print(f"grading {len(items)} answers/solutions, {args.jobs} at a time, {args.timeout:.0f} s each", flush=True)
 
     def write():
@@ -184,6 +238,8 @@ def main() -> None:
         OUT.write_text(json.dumps({"what": "grader red team (issue 33): hand-written wrong answers graded through "
                                            "grading.check in a fresh process each",
                                    "timeout_s": args.timeout, "summary": summarise(rows),
+                                   "evidence": {"what": "an instance where the answer differs from the solution "
+                                                        "(exercises that need no processes)", "found": proof},
                                    "rows": dict(sorted(rows.items()))}, indent=1) + "\n")
 
     def one(item):
