@@ -1,0 +1,33 @@
+# exercise: zero3_linear
+# kind: honest
+# mistake: reduce-scatters the weight gradient but forgets to divide by the number of ranks: the shard's gradient is a sum, n times the data-parallel mean.
+import torch
+import torch.distributed as dist
+
+
+class Zero3Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight_shard):
+        n = dist.get_world_size()
+        weight = torch.empty(weight_shard.shape[0] * n, weight_shard.shape[1], dtype=weight_shard.dtype)
+        dist.all_gather_into_tensor(weight, weight_shard.contiguous())
+        ctx.save_for_backward(x, weight_shard)
+        return x @ weight.T
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight_shard = ctx.saved_tensors
+        n = dist.get_world_size()
+        weight = torch.empty(weight_shard.shape[0] * n, weight_shard.shape[1], dtype=weight_shard.dtype)
+        dist.all_gather_into_tensor(weight, weight_shard.contiguous())
+        grad_x = grad_y @ weight
+        grad_shard = torch.empty_like(weight_shard)
+        dist.reduce_scatter_tensor(grad_shard, (grad_y.T @ x).contiguous())
+        return grad_x, grad_shard
+
+
+def zero3_linear(x, weight_shard):
+    return Zero3Linear.apply(x, weight_shard)
+
+
+ANSWER = zero3_linear
