@@ -162,6 +162,78 @@ def _probe_moe(answer, seed):
     return dict(out=out, ops=_ops())
 
 
+def _probe_one_f_one_b(answer, seed):
+    """In one process: every rank's order for 10 random (stages 1-6, micro-batches 1-10) problems."""
+    draw = random.Random(seed)
+    sizes = [(draw.randint(1, 6), draw.randint(1, 10)) for _ in range(10)]
+    return dict(out=[[list(answer(r, p, m)) for r in range(p)] for p, m in sizes], ops=[])
+
+
+def _probe_accumulate(answer, seed):
+    """A random MLP under DDP, k random micro-batches of random (unequal) sizes, random lr; two steps; the
+    weights, what the grads are left at, and how many all-reduces DDP made (counted by a comm hook)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from simlib.lessons.data_parallel import count_all_reduces
+    from simlib.models import MLP
+    import torch.distributed as dist
+    rank, draw = dist.get_rank(), random.Random(seed)
+    width, depth, inputs, k, lr = draw.randint(2, 8), draw.randint(1, 3), draw.randint(1, 5), draw.randint(1, 4), \
+        draw.choice([0.05, 0.1, 0.3])
+    torch.manual_seed(seed)
+    model = MLP(width, depth, in_features=inputs).double()
+    ddp = DDP(model)
+    counter = count_all_reduces(ddp)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed * 31 + rank)
+    batches = [(torch.randn(b, inputs, generator=g, dtype=torch.float64),
+                torch.randn(b, 1, generator=g, dtype=torch.float64)) for b in [draw.randint(1, 4) for _ in range(k)]]
+    for _ in range(2):
+        answer(ddp, opt, batches, torch.nn.functional.mse_loss)
+    return dict(out=[[p.detach().clone() for p in model.parameters()],
+                     [None if p.grad is None else p.grad.clone() for p in model.parameters()]],
+                ops=[counter["calls"]])
+
+
+def _probe_pipeline(answer, seed):
+    """Stages of random depth (a Linear and tanh per layer), random width, micro-batch size and count; float32
+    (what the answer's receive buffers hold); the last stage's loss, every stage's gradients and its sends/recvs."""
+    import torch
+    import torch.distributed as dist
+    rank, draw = dist.get_rank(), random.Random(seed)
+    width, b, m = draw.randint(2, 6), draw.randint(1, 3), draw.randint(1, 5)
+    depths = [draw.randint(1, 3) for _ in range(dist.get_world_size())]
+    torch.manual_seed(seed * 7 + rank)
+    stage = torch.nn.Sequential(*[layer for _ in range(depths[rank]) for layer in (torch.nn.Linear(width, width),
+                                                                                    torch.nn.Tanh())])
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(b, width, generator=g) for _ in range(m)]
+    ys = [torch.randn(b, width, generator=g) for _ in range(m)]
+    loss = answer(stage, xs, ys, (b, width))
+    return dict(out=[loss if loss is None else torch.tensor(float(loss), dtype=torch.float64),
+                     [None if p.grad is None else p.grad.clone() for p in stage.parameters()]], ops=_ops())
+
+
+def _probe_zero3(answer, seed):
+    """Random batch, input size and shard rows; float64; output, input grad and shard grad, and collectives."""
+    import torch
+    import torch.distributed as dist
+    rank, n, draw, out = dist.get_rank(), dist.get_world_size(), random.Random(seed), []
+    for i in range(2):
+        b, fin, rows = draw.randint(1, 5), draw.randint(1, 6), draw.randint(1, 4)
+        g = torch.Generator().manual_seed(seed + i)
+        weight = torch.randn(rows * n, fin, generator=g, dtype=torch.float64)
+        x = torch.randn(b, fin, generator=g, dtype=torch.float64) * (rank + 1)
+        w = torch.randn(b, rows * n, generator=g, dtype=torch.float64)
+        x.requires_grad_()
+        shard = weight[rank * rows:(rank + 1) * rows].clone().requires_grad_()
+        y = answer(x, shard)
+        (y * w).sum().backward()
+        out.append([y.detach().clone(), x.grad, shard.grad])
+    return dict(out=out, ops=_ops())
+
+
 # exercise notebook -> (grading name, probe, world sizes the probe runs on; () = in this process)
 PROBES = {
     "01_ring_all_reduce": ("ring_all_reduce", _probe_ring, (2, 3, 4)),
@@ -170,9 +242,14 @@ PROBES = {
     "07_checkpoint_placement": ("checkpoint_placement", _probe_checkpoint, ()),
     "09_ring_attention": ("ring_attention", _probe_ring_attention, (2, 3, 4)),
     "09_moe_dispatch": ("moe_dispatch", _probe_moe, (2, 3, 4)),
+    "04_one_f_one_b": ("one_f_one_b", _probe_one_f_one_b, ()),
+    "03_accumulate_no_sync": ("accumulate_no_sync", _probe_accumulate, (2, 3, 4)),
+    "04_pipeline_stage": ("pipeline_stage", _probe_pipeline, (2, 3, 4)),
+    "07_zero3_layer": ("zero3_linear", _probe_zero3, (2, 3, 4)),
 }
 ORDER = ("07_checkpoint_placement", "02_average_gradients", "05_tp_linear", "01_ring_all_reduce",  # cheap first
-         "09_moe_dispatch", "09_ring_attention")
+         "09_moe_dispatch", "09_ring_attention", "04_one_f_one_b", "03_accumulate_no_sync", "04_pipeline_stage",
+         "07_zero3_layer")
 
 
 def _same(a, b) -> bool:
