@@ -173,11 +173,11 @@ def _probe_accumulate(answer, seed):
     """A random MLP under DDP, k random micro-batches of random (unequal) sizes, random lr; two steps; the
     weights, what the grads are left at, and how many all-reduces DDP made (counted by a comm hook)."""
     import torch
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from simlib.lessons.data_parallel import count_all_reduces
     from simlib.models import MLP
-    import torch.distributed as dist
     rank, draw = dist.get_rank(), random.Random(seed)
     width, depth, inputs, k, lr = draw.randint(2, 8), draw.randint(1, 3), draw.randint(1, 5), draw.randint(1, 4), \
         draw.choice([0.05, 0.1, 0.3])
