@@ -365,3 +365,13 @@ def describe_world(environ=None) -> str:
         return (f"SLURM job {environ['SLURM_JOB_ID']} outside a job step (the batch script): `srun simlib ...` "
                 "starts one rank per task; without srun simlib spawns its own local ranks")
     return "none: no launcher set RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS; simlib spawns its own local ranks"
+
+
+def quiet_profiler() -> None:
+    """Keep Kineto's (torch.profiler's C++ side) ``USDT: ... profiler_start`` / ``profiler_stop`` lines off stderr,
+    where a notebook shows them in red on every rank. Kineto reads ``KINETO_LOG_LEVEL`` once, when a process first
+    profiles; its levels run VERBOSE 0, INFO 1, WARNING 2, ERROR 3, STAGE 4, USDT 5, and torch's own default
+    already hides everything below USDT (seen on torch 2.13: no STAGE line, only the two USDT ones), so 6 hides
+    those two and nothing torch would otherwise show. A value the user set is kept."""
+    import os
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")

@@ -37,7 +37,7 @@ def test_cp_and_ep_are_validated():
         sim.Strategy(dp=2, cp=2, ep=8)
     with pytest.raises(ValueError, match="cp_kind"):
         sim.Strategy(cp=2, cp_kind="tree")
-    with pytest.raises(ValueError, match="dense model"):
+    with pytest.raises(ValueError, match="is dense"):
         sim.Strategy(dp=2, ep=2).validate(model=llama8b())
     with pytest.raises(ValueError, match="Ulysses"):
         sim.Strategy(cp=16, tp=8, cp_kind="ulysses").validate(model=llama8b())

@@ -40,6 +40,7 @@ import statistics
 import time
 from pathlib import Path
 
+from ..env import quiet_profiler  # noqa: F401 - where lessons and tests found it
 from ..timeline import overlap, union
 
 COMM_PREFIXES = ("gloo:", "nccl:", "ncclDevKernel", "ncclKernel")  # slices that are data in flight
@@ -115,16 +116,6 @@ class profile:
             self.path = self.out_dir / "trace.json"
             merged = merge([self.out_dir / f"rank{r}.json" for r in range(self.world_size)])
             self.path.write_text(json.dumps(merged))
-
-
-def quiet_profiler() -> None:
-    """Keep Kineto's (torch.profiler's C++ side) ``USDT: ... profiler_start`` / ``profiler_stop`` lines off stderr,
-    where a notebook shows them in red on every rank. Kineto reads ``KINETO_LOG_LEVEL`` once, when a process first
-    profiles; its levels run VERBOSE 0, INFO 1, WARNING 2, ERROR 3, STAGE 4, USDT 5, and torch's own default
-    already hides everything below USDT (seen on torch 2.13: no STAGE line, only the two USDT ones), so 6 hides
-    those two and nothing torch would otherwise show. A value the user set is kept."""
-    import os
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
 def _clock_marks(record_function, n: int = 5) -> list[float]:

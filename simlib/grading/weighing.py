@@ -34,7 +34,7 @@ def _step_memory(fn) -> tuple[int, int]:
     copy - counts. (NumPy bytes freed within ``fn`` are not in the peak: only what it keeps.)"""
     from torch.profiler import ProfilerActivity, profile
 
-    from ..debug.trace import quiet_profiler
+    from ..env import quiet_profiler
     quiet_profiler()  # Kineto's start/stop lines off stderr; a learner's own errors still show
     numpy_before = _numpy_arrays()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

@@ -86,7 +86,7 @@ def peak_memory(fn, *args, **kwargs) -> int:
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from ..debug.trace import quiet_profiler
+    from ..env import quiet_profiler
     quiet_profiler()  # Kineto's start/stop lines off stderr; whatever ``fn`` writes there still shows
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn(*args, **kwargs)

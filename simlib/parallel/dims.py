@@ -24,7 +24,8 @@ def divisors(n: int) -> list[int]:
 def check(*, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, zero_stage: int = 0,
           world_size: int | None = None, global_batch: int | None = None, accumulation: int = 1,
           microbatches: int = 1, seq_len: int | None = None, sequence_parallel: bool = False, heads: int = 1,
-          experts: int | None = None, owner: str = "plan", task: str = "") -> None:
+          experts: int | None = None, owner: str = "plan", task: str = "", ep_folds_into_tp: bool = False,
+          ulysses: bool = False) -> None:
     """Raise ``ValueError`` at the first rule these sizes break (``owner`` names the object in the messages:
     ``"plan"``, ``"mesh"``, ``"Strategy"``; ``task`` the task's name). A size left at its default is not checked
     against anything: give what you know.
@@ -34,11 +35,15 @@ def check(*, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, ze
     - ``world_size`` (when given) is ``dp x tp x pp x cp``
     - ``global_batch`` (when given) splits into ``dp x accumulation x microbatches`` equal parts
     - ``seq_len`` (when given) splits into the ``2 x cp`` zig-zag chunks, and over ``tp`` under sequence parallelism
-    - ``experts`` (the model's mixture-of-experts experts, when known): ``ep > 1`` needs some
+    - ``experts`` (the model's mixture-of-experts experts, when known): ``ep > 1`` needs some, and they split
+      over ``ep``
+    - ``ep_folds_into_tp`` (the simulator's Megatron-scale plans): ``ep`` may also be a multiple of ``dp x cp``
+      that divides ``tp x dp x cp`` (Megatron's MoE parallel folding)
+    - ``ulysses`` (all-to-all context parallelism, with ``heads``): the heads split over ``tp x cp``
     """
     check_sizes(owner, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, accumulation=accumulation, microbatches=microbatches,
                 zero_stage=zero_stage)
-    _experts_divide(dp, cp, ep)
+    _experts_divide(dp, cp, ep, tp if ep_folds_into_tp else None)
     if world_size is not None:
         _world(world_size, dp, tp, pp, cp, owner)
     if global_batch is not None:
@@ -46,10 +51,15 @@ def check(*, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, ze
     if seq_len is not None:
         _sequence(seq_len, cp, tp, sequence_parallel, heads)
     if experts is not None and ep > 1 and not experts:
-        where = f"task {task!r}" if task else "the model"
+        where = (f"model {task!r}" if owner == "Strategy" else f"task {task!r}") if task else "the model"
+        also = ("" if owner == "Strategy" else
+                f" (the GPT's MoE variant: --task.moe-experts {2 * ep}, GPTTask(moe_experts={2 * ep}))")
         raise ValueError(f"ep={ep} shares out the experts of a mixture-of-experts model, but {where} is dense (no "
-                         f"experts): use ep=1, or a model with experts (the GPT's MoE variant: "
-                         f"--task.moe-experts {2 * ep}, GPTTask(moe_experts={2 * ep}))")
+                         f"experts): use ep=1, or a model with experts{also}")
+    if experts and experts % ep:
+        raise ValueError(f"{experts} experts do not split over ep={ep}: use ep in {divisors(experts)}")
+    if ulysses and cp > 1 and heads % (tp * cp):
+        raise ValueError(f"Ulysses attention needs the {heads} heads to split over tp x cp = {tp * cp}")
 
 
 def check_sizes(owner: str = "plan", zero_stage: int = 0, **degrees) -> None:
@@ -63,8 +73,10 @@ def check_sizes(owner: str = "plan", zero_stage: int = 0, **degrees) -> None:
         raise ValueError(f"{prefix}zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
 
 
-def _experts_divide(dp, cp, ep) -> None:
+def _experts_divide(dp, cp, ep, tp=None) -> None:
     tokens = dp * cp
+    if tp is not None and ep > tokens and (tp * tokens) % ep == 0:
+        return  # Megatron's MoE parallel folding: the expert groups reach into the tensor-parallel ranks
     if tokens % ep:
         raise ValueError(f"ep={ep} does not divide the dp x cp = {tokens} ranks that hold tokens (expert "
                          f"parallelism shares the experts out over them, it adds no ranks): use ep in "

@@ -237,10 +237,7 @@ def _check_scale(s) -> None:
                          f"a multiple of pipeline_flushes ({s.pipeline_flushes})")
     if s.cp_kind not in CP_KINDS:
         raise ValueError(f"cp_kind must be one of {CP_KINDS}, got {s.cp_kind!r}")
-    if (s.dp * s.cp) % s.ep and (s.ep < s.dp * s.cp or (s.tp * s.dp * s.cp) % s.ep):
-        raise ValueError(f"ep={s.ep} does not divide the dp x cp = {s.dp * s.cp} ranks that hold tokens (expert "
-                         "parallelism is folded into data parallelism): use a divisor of dp x cp (or, as "
-                         "Megatron's MoE parallel folding, a multiple of it that divides tp x dp x cp)")
+    dims.check(dp=s.dp, tp=s.tp, cp=s.cp, ep=s.ep, owner="Strategy", ep_folds_into_tp=True)
     if not s.expert_imbalance >= 1.0:
         raise ValueError(f"expert_imbalance is the busiest rank's tokens over the mean: >= 1, got "
                          f"{s.expert_imbalance!r}")
@@ -262,13 +259,8 @@ def _check_scale_model(s, model) -> None:
     if s.cp > 1:
         if model.kind != "gpt":
             raise ValueError("context parallelism splits a sequence: it needs a GPT model")
-        if model.seq_len % (2 * s.cp):
-            raise ValueError(f"sequence {model.seq_len} does not split into 2 x cp = {2 * s.cp} zig-zag chunks")
-        if s.cp_kind == "ulysses" and model.heads % (s.tp * s.cp):
-            raise ValueError(f"Ulysses needs the {model.heads} heads to split over tp x cp = {s.tp * s.cp}")
-    if s.ep > 1 and not getattr(model, "experts", 0):
-        raise ValueError(f"ep={s.ep} shares out experts, but {model.name} has none (a dense model): use ep=1")
-    if getattr(model, "experts", 0) and model.experts % s.ep:
-        raise ValueError(f"{model.experts} experts do not split over ep = {s.ep}")
+    dims.check(dp=s.dp, tp=s.tp, cp=s.cp, ep=s.ep, owner="Strategy", ep_folds_into_tp=True, task=model.name,
+               seq_len=model.seq_len if s.cp > 1 else None, heads=model.heads, ulysses=s.cp_kind == "ulysses",
+               experts=getattr(model, "experts", 0))
     if s.recompute_layers and s.pp > 0 and s.recompute_layers > max(_stage_layers(s, model.layers)):
         raise ValueError(f"recompute_layers={s.recompute_layers} is more than a stage's layers")
