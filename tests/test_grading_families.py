@@ -76,3 +76,11 @@ def test_family6_the_full_state_check_draws_from_every_generator(cluster2):
     assert not report.passed, report
     assert [r.name for r in report.failed()] == ["2 ranks: the resumed curve equals the uninterrupted one, bit for "
                                                  "bit"], "\n".join(r.line() for r in report.results)
+
+
+def test_family3_a_star_of_sends_is_not_a_ring(clusters):
+    """Send/recv only, the numbers right and the total volume a ring's: only the per-rank contract (neighbours only,
+    each rank sending its 2(n-1)/n share) sees that it is not the algorithm the exercise teaches."""
+    report = grading.check("ring_all_reduce", families.all_reduce_through_rank0, clusters=clusters, quiet=True)
+    assert not report.passed, report
+    assert all("neighbours" in r.name for r in report.failed()), [r.line() for r in report.failed()]

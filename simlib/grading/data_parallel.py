@@ -144,7 +144,7 @@ def _ring_harness(answer, shapes):
         result = returned if isinstance(returned, torch.Tensor) else given
         out.append(dict(shape=tuple(shape), result=result.detach().clone(), expected=expected,
                         in_place=torch.equal(given, result) if given.shape == result.shape else False,
-                        used=sorted(set(rec.collectives)), sent=rec.sent))
+                        used=sorted(set(rec.collectives)), sent=rec.sent, calls=list(rec.calls)))
     return out
 
 
@@ -237,6 +237,15 @@ def _check_ring(answer, grader):
                      "travel as point-to-point messages, chunk by chunk around the ring" if low else
                      "more data went through send/recv than a ring needs: each step sends one chunk (about numel/n "
                      "elements) to the right neighbour, not the whole tensor", detail)
+        from .contracts import contract
+        breaches = [b for r in range(world_size) for i, shape in enumerate(shapes)
+                    if (b := contract(outs[r][i]["calls"], r, world_size, neighbours=True,
+                                      max_sent=_ring_volume(shape, world_size)[1] // world_size))]
+        yield Result(f"{world_size} ranks: each rank talks to its ring neighbours only, sending its share",
+                     not breaches, "a ring all-reduce passes chunks to the next rank only: every rank sends "
+                     "2(n-1) chunks of about numel/n elements to one neighbour and receives as many from the other "
+                     "(a star through one rank, or a tree, moves the same total but not the ring's way)",
+                     breaches[0] if breaches else "")
         in_place = all(c["in_place"] for per in outs for c in per)
         yield Result(f"{world_size} ranks: works in place and returns the tensor", in_place,
                      "like dist.all_reduce, work in place: write the result into the tensor you were given (tensor.view(-1) and "

@@ -193,3 +193,20 @@ def _torch_rng_only():
 
 
 FAMILY6["full_state"] = _torch_rng_only()
+
+
+def all_reduce_through_rank0(tensor):
+    """Family 3 (found by the red team): point-to-point only and the same total volume as a ring (2(n-1) x numel),
+    but a star: every rank ships its tensor to rank 0, which adds them and sends the sum back."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank:
+        dist.send(tensor, 0)
+        dist.recv(tensor, 0)
+        return tensor
+    incoming = torch.empty_like(tensor)
+    for peer in range(1, world):
+        dist.recv(incoming, peer)
+        tensor += incoming
+    for peer in range(1, world):
+        dist.send(tensor, peer)
+    return tensor
