@@ -84,3 +84,15 @@ def test_family3_a_star_of_sends_is_not_a_ring(clusters):
     report = grading.check("ring_all_reduce", families.all_reduce_through_rank0, clusters=clusters, quiet=True)
     assert not report.passed, report
     assert all("neighbours" in r.name for r in report.failed()), [r.line() for r in report.failed()]
+
+
+def test_family4_softmax_without_the_max_fails_on_large_float32_scores(clusters):
+    """The red team's ring attention without the running max: right on every float64 case (exp reaches 709 there),
+    it overflows on float32 scores past 88.7, which the check now draws (the lesson's point is the online softmax)."""
+    import pathlib
+    import runpy
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "redteam" / "ring_attention__no_max_subtraction.py"
+    answer = runpy.run_path(str(path))["ANSWER"]
+    report = grading.check("ring_attention", answer, clusters=clusters, quiet=True)
+    assert not report.passed, report
+    assert [r.name for r in report.failed()] == [r.name for r in report.results if "float32" in r.name]

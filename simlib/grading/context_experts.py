@@ -13,20 +13,28 @@ from .core import Result, _close, exercise, max_error
 _RA = dict(batch=2, heads=3, local=4, head_dim=8, seed=0)  # 4 positions per rank: 8, 12, 16 on 2, 3, 4 ranks
 
 
-def _ra_problem(world_size):
+_LARGE = 40.0  # q scaled so that scores reach ~100: exp() of them overflows float32 (past 88.7) without the max
+
+
+def _ra_problem(world_size, large=False):
+    """q, k, v of the whole sequence, float64; ``large``: float32 values with scores far past exp's float32 range
+    (where subtracting the running max is what keeps the online softmax finite)."""
     import torch
     g = torch.Generator().manual_seed(_RA["seed"] + world_size)
     shape = (_RA["batch"], _RA["heads"], _RA["local"] * world_size, _RA["head_dim"])
-    return [torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(3)]
+    q, k, v = (torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(3))
+    if large:
+        q, k, v = ((q * _LARGE).float(), k.float(), v.float())
+    return [q, k, v]
 
 
-def _ra_harness(answer, causal):
+def _ra_harness(answer, causal, large=False):
     import torch.distributed as dist
 
     from ..parallel.context import shard_sequence
     from .contracts import recorder
     rank, n = dist.get_rank(), dist.get_world_size()
-    q, k, v = (shard_sequence(t, rank, n) for t in _ra_problem(n))
+    q, k, v = (shard_sequence(t, rank, n) for t in _ra_problem(n, large))
     with recorder() as rec:  # the grader's: every message and collective, whatever name the answer used
         out = answer(q.clone(), k.clone(), v.clone(), causal)
     return dict(out=out.detach().clone() if hasattr(out, "detach") else out, calls=rec.calls, block=k.numel())
@@ -137,6 +145,27 @@ def _check_ring_attention(answer, grader):
                          "" if ok or got is None else f"max error {max_error(got, variants['right']):.2g}")
             if not ok:
                 return
+    # numerical stability, the lesson's point: float32 scores past exp's range (every earlier case was float64)
+    import torch
+
+    from ..parallel.context import unshard_sequence
+    world_size = 3
+    q, k, v = _ra_problem(world_size, large=True)
+    pos = torch.arange(q.shape[-2])
+    want = _attention(q.double(), k.double(), v.double(), pos[:, None] >= pos[None, :])
+    outs = grader.run(world_size, _ra_harness, answer, True, True, what="your ring attention on float32, large scores")
+    try:
+        got = unshard_sequence([torch.as_tensor(o["out"]).double() for o in outs])
+        ok = bool(torch.isfinite(got).all()) and _close(got, want, rtol=1e-4, atol=1e-4)
+    except Exception:  # noqa: BLE001 - wrong shapes or no tensor: a difference
+        got, ok = None, False
+    yield Result(f"{world_size} ranks, float32 with scores up to ~{float((q @ k.transpose(-1, -2)).abs().max()) / 8 ** 0.5:.0f}: "
+                 "finite and equal to attention over the whole sequence", ok,
+                 "" if ok else "exp() of a score above 88.7 overflows float32 to inf (and inf/inf is nan): keep the "
+                 "running maximum of each query's scores, subtract it before exp(), and rescale the partial sums when "
+                 "a block raises it (the online softmax's m; with log-sum-exp merging, logsumexp does it for you)",
+                 "" if ok or got is None else ("not finite" if not torch.isfinite(got).all() else
+                                               f"max error {max_error(got, want):.2g}"))
 
 
 # ---- MoE dispatch and combine over all-to-all ----
