@@ -96,3 +96,13 @@ def test_family4_softmax_without_the_max_fails_on_large_float32_scores(clusters)
     report = grading.check("ring_attention", answer, clusters=clusters, quiet=True)
     assert not report.passed, report
     assert [r.name for r in report.failed()] == [r.name for r in report.results if "float32" in r.name]
+
+
+def test_family4_a_sharded_optimizer_that_forwards_only_lr_fails(clusters):
+    """The red team's ShardedOptimizer passing only lr to its inner optimizer: right at AdamW's defaults, 8.5e-3
+    off with the betas, eps and weight decay the check now sets."""
+    import pathlib
+    import runpy
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "redteam" / "sharded_optimizer__only_lr.py"
+    report = grading.check("sharded_optimizer", runpy.run_path(str(path))["ANSWER"], clusters=clusters, quiet=True)
+    assert [r.name for r in report.failed()] == [r.name for r in report.results if "keyword" in r.name], report
