@@ -12,7 +12,8 @@ import dataclasses
 from .planner_cost import FastPricer, label
 
 TERMS = (("compute", "compute"), ("recompute", "recomputation"), ("bubble", "pipeline bubble"),
-         ("tp_comm", "exposed tp comm"), ("pp_comm", "pp messages"), ("dp_exposed", "exposed dp/ZeRO sync"),
+         ("tp_comm", "exposed tp comm"), ("cp_comm", "exposed cp comm"),
+         ("ep_comm", "exposed ep all-to-all"), ("pp_comm", "pp messages"), ("dp_exposed", "exposed dp/ZeRO sync"),
          ("embedding_sync", "embedding sync"), ("optimizer", "optimizer"))
 
 
@@ -28,7 +29,7 @@ def terms(result, entry) -> dict:
     again = pricer_of(result).recompute_time(entry["strategy"])
     out = {k: entry.get(k, 0.0) for k, _ in TERMS}
     out.update(compute=entry["compute"] - again, recompute=again)
-    return out  # in TERMS order: compute, recompute, bubble, tp, pp, dp, embedding, optimizer
+    return out  # in TERMS order: compute, recompute, bubble, tp, cp, ep, pp, dp, embedding, optimizer
 
 
 def where_time_goes(result, entry) -> str:
