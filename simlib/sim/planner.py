@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from .planner_cost import FastPricer, divisors, label
 
 SEARCHED = ("degrees (dp x tp x pp x cp, and ep for an MoE)",
-            "context-parallel kind (all-gather, ring, Ulysses)", "ZeRO stage 0-3 and FSDP", "recomputation", "micro-batch size",
+            "context-parallel kind (all-gather, ring, Ulysses)", "ZeRO stage 0-3 and FSDP", "recomputation",
+            "micro-batch size",
             "pipeline schedule and virtual stages", "data-parallel overlap", "sequence parallelism",
             "tensor-parallel comm overlap")
 NAMED = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
