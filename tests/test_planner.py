@@ -59,10 +59,44 @@ def test_trainer_plan_maps_back():
     assert plan is None and "fsdp=True" in why
 
 
-def test_cp_ep_said_when_not_searched(search70):
-    have = planner.strategy_accepts("cp")
-    said = any("cp" in n and "not searched" in n for n in search70.notes)
-    assert said != have
+NARROW = dict(zero_stage=(1,), recompute=("full",), fsdp=(False,), schedule=("1f1b",), max_micro_batch=1,
+              tp_overlap=(False,), overlap=(True,))
+
+
+def _agree_with_predict(r, entries):
+    for e in entries:
+        p = sim.predict(r.model, r.hardware, e["strategy"])
+        assert e["step_time"] == pytest.approx(p.step_time, rel=1e-9), planner.label(e["strategy"])
+        for k in ("cp_comm", "ep_comm", "pp_comm", "tp_comm"):
+            assert e[k] == pytest.approx(p.breakdown.get(k, 0.0), rel=1e-9, abs=1e-12), k
+        assert e["memory"]["total"] == pytest.approx(p.memory["total"], rel=1e-12)
+
+
+def test_long_context_searches_cp():
+    """An 8B at 131,072 tokens on 64 H100s: context parallelism (every cp_kind) is searched and ranked, priced
+    as sim.predict prices it (pipeline messages carry seq/cp tokens), and nothing is said to be 'not searched'."""
+    r = sim.plan(sim.llama_size("llama3-8b", 131072), "h100", nodes=8, global_batch=64, space=NARROW)
+    cps = [e for e in r.ranked if e["strategy"].cp > 1]
+    assert cps and r.best["strategy"].cp > 1 and not r.notes
+    assert {e["strategy"].cp_kind for e in cps} == {"allgather", "ring", "ulysses"}
+    _agree_with_predict(r, cps[:3] + [e for e in cps if e["strategy"].pp > 1][:3] + cps[-2:])
+    assert any(e["cp_comm"] > 0 for e in cps)
+
+
+def test_moe_searches_ep():
+    """qwen3-30b-a3b on 64 H100s: expert parallelism over the degrees Strategy accepts is searched and ranked,
+    its all-to-all priced as sim.predict prices it; an ep the experts do not split over is refused by Strategy."""
+    r = sim.plan("qwen3-30b-a3b", "h100", nodes=8, global_batch=64, seq_len=4096,
+                 space={**NARROW, "cp_kind": ("ring",)})
+    eps = [e for e in r.ranked if e["strategy"].ep > 1]
+    assert eps and not r.notes
+    assert any(e["ep_comm"] > 0 for e in eps)
+    _agree_with_predict(r, eps[:3] + eps[-2:])
+    seen = [e["strategy"] for e in r.ranked + r.too_big]
+    assert {2, 4, 8, 16, 32, 64} <= {s.ep for s in seen}
+    assert any(s.ep > s.dp * s.cp for s in seen)   # Megatron's MoE parallel folding (tp ranks join ep)
+    dense = sim.plan("8B", "h100", nodes=1, global_batch=16, space=NARROW)
+    assert all(e["strategy"].ep == 1 for e in dense.ranked)
 
 
 def test_nothing_fits_says_by_how_much():

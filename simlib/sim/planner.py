@@ -6,8 +6,8 @@
     result.toml()             # the best plan ``simlib train`` runs, as ``simlib train --config`` reads it
     result.sbatch()           # a SLURM script that runs that TOML with torchrun
 
-The search enumerates the degrees (``dp x tp x pp``, and ``cp``/``ep`` where :class:`~simlib.sim.Strategy`
-has them), the ZeRO stage and FSDP, the recomputation policy, the micro-batch size, the pipeline schedule and its
+The search enumerates the degrees (``dp x tp x pp x cp``, with the context-parallel kind, and ``ep`` for an MoE
+model), the ZeRO stage and FSDP, the recomputation policy, the micro-batch size, the pipeline schedule and its
 virtual stages, and the overlap options. Nothing here decides what is valid: each candidate is a
 :class:`~simlib.sim.Strategy` (its constructor and :meth:`Strategy.validate` refuse what cannot run on this
 model and machine), and whether the trainer runs it is asked of :meth:`simlib.train.Plan.validate` and
@@ -31,16 +31,12 @@ from dataclasses import dataclass, field
 
 from .planner_cost import FastPricer, divisors, label
 
-SEARCHED = ("degrees (dp x tp x pp)", "ZeRO stage 0-3 and FSDP", "recomputation", "micro-batch size",
+SEARCHED = ("degrees (dp x tp x pp x cp, and ep for an MoE)",
+            "context-parallel kind (all-gather, ring, Ulysses)", "ZeRO stage 0-3 and FSDP", "recomputation",
+            "micro-batch size",
             "pipeline schedule and virtual stages", "data-parallel overlap", "sequence parallelism",
             "tensor-parallel comm overlap")
 NAMED = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
-
-
-def strategy_accepts(name: str) -> bool:
-    """Whether :class:`~simlib.sim.Strategy` has a field ``name`` (``cp`` and ``ep`` arrive with the MoE work)."""
-    from .strategy import Strategy
-    return name in {f.name for f in dataclasses.fields(Strategy)}
 
 
 def resolve_model(model, seq_len: int | None = None):
@@ -122,7 +118,8 @@ class PlanResult:
         rows = []
         for i, r in enumerate(self.ranked[:top]):
             s = r["strategy"]
-            rows.append(dict(rank=i + 1, plan=label(s), dp=s.dp, tp=s.tp, pp=s.pp, micro_batch=s.micro_batch,
+            rows.append(dict(rank=i + 1, plan=label(s), dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp,
+                             cp_kind=s.cp_kind if s.cp > 1 else "", ep=s.ep, micro_batch=s.micro_batch,
                              micro_batches=s.num_micro_batches, zero=s.zero_stage, fsdp=s.fsdp,
                              recompute=s.recompute, schedule=s.schedule if s.pp > 1 else "",
                              virtual_stages=s.virtual_stages, step_time=r["step_time"],
@@ -144,25 +141,22 @@ class PlanResult:
 
 
 def degree_options(world: int, model, hardware) -> tuple[list[tuple], list[str]]:
-    """(dp, tp, pp, cp, ep) tuples whose product uses every device, and what was not searched and why."""
-    notes = []
-    cp_ok, ep_ok = strategy_accepts("cp"), strategy_accepts("ep")
-    if not cp_ok:
-        notes.append("context parallelism (cp) not searched: sim.Strategy has no cp degree yet (it is priced "
-                     "apart, in simlib.sim.context_experts)")
-    if not ep_ok:
-        notes.append("expert parallelism (ep) not searched: sim.Strategy has no ep degree yet"
-                     + (" (this model is dense)" if not getattr(model, "experts", 0) else ""))
+    """(dp, tp, pp, cp, ep) tuples whose product dp·tp·pp·cp uses every device, and notes on the search.
+
+    ep adds no ranks: it shares the experts of an MoE model over ranks that already hold tokens. Every divisor
+    of tp·dp·cp is offered and :class:`~simlib.sim.Strategy` keeps the ones it accepts (a divisor of dp·cp, or
+    Megatron's MoE parallel folding: a multiple of dp·cp that divides tp·dp·cp) and the experts split over;
+    the others are counted as refused, with Strategy's message. A dense model gets ep = 1 only."""
+    moe = bool(getattr(model, "experts", 0))
     out = []
     for tp in divisors(world):
         for pp in divisors(world // tp):
             rest = world // (tp * pp)
-            for cp in (divisors(rest) if cp_ok else [1]):
+            for cp in divisors(rest):
                 dp = rest // cp
-                # ep adds no ranks: it divides the dp x cp ranks that hold tokens (Plan's rule, validated there)
-                for ep in (divisors(dp * cp) if ep_ok and getattr(model, "experts", 0) else [1]):
+                for ep in (divisors(tp * dp * cp) if moe else [1]):
                     out.append((dp, tp, pp, cp, ep))
-    return out, notes
+    return out, []
 
 
 def candidates(model, hardware, world: int, global_batch: int, space: dict | None = None):
@@ -181,12 +175,14 @@ def candidates(model, hardware, world: int, global_batch: int, space: dict | Non
     max_mb = space.get("max_micro_batch", 64)
     counts = space.get("num_micro_batches")  # None: every count that divides the batch
     fixed = space.get("fixed", {})
+    cp_kinds = space.get("cp_kind", ("allgather", "ring", "ulysses"))
     degrees, notes = degree_options(world, model, hardware)
     for dp, tp, pp, cp, ep in degrees:
         if global_batch % dp:
             continue  # a data-parallel rank needs whole samples: not a plan, not counted as refused
         per_rank = global_batch // dp
         extra = {k: v for k, v in (("cp", cp), ("ep", ep)) if v > 1}
+        kinds = [dict(cp_kind=k) for k in cp_kinds] if cp > 1 else [{}]
         for mb in divisors(per_rank):
             if mb > max_mb:
                 continue
@@ -197,9 +193,9 @@ def candidates(model, hardware, world: int, global_batch: int, space: dict | Non
                 (sc, v) for sc in schedules
                 for v in ([1] if sc != "interleaved" else [v for v in divisors(model.layers // pp or 1)
                                                           if 1 < v <= max_v] if model.layers % pp == 0 else [2])]
-            for sched, v in scheds:
+            for (sched, v), kind in itertools.product(scheds, kinds):
                 layout = dict(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_micro_batches=m, schedule=sched,
-                              virtual_stages=v, **extra, **fixed)
+                              virtual_stages=v, **extra, **kind, **fixed)
                 knobs = [dict(zero_stage=z, fsdp=fsdp, recompute=rc, overlap=ov, sequence_parallel=sp,
                               tp_overlap=tpo)
                          for z, rc in itertools.product(zero, recompute)
@@ -228,7 +224,8 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
     1e4 is read as GB). task: a project's task (``simlib train`` runs the chosen plan: validated with
     ``Plan.validate(world, task)``); trainer_only: keep only plans ``simlib train`` runs. space: narrow or widen
     the search (``zero_stage``, ``recompute``, ``fsdp``, ``schedule``, ``max_virtual_stages``,
-    ``sequence_parallel``, ``tp_overlap``, ``overlap``, ``max_micro_batch``, ``num_micro_batches``; ``fixed``: Strategy fields for
+    ``sequence_parallel``, ``tp_overlap``, ``overlap``, ``max_micro_batch``, ``num_micro_batches``, ``cp_kind``;
+    ``fixed``: Strategy fields for
     every plan, e.g. ``optimizer``). check: how many of the top plans are re-priced by ``sim.predict``.
     """
     from .strategy import Strategy

@@ -7,7 +7,8 @@ parallelism, dtype, kernels) but not on dp, ZeRO or the schedule; the data-paral
 reads — a copy of the strategy with the fields it does *not* read set to their defaults, so a field added to
 ``Strategy`` later stays in every key — and assembles the step exactly as ``predict`` does:
 
-    step = m·(t_fwd + t_bwd) + bubble + tp comm + pp messages + exposed dp sync + embedding sync + optimizer
+    step = m·(t_fwd + t_bwd) + bubble + tp, cp and ep comm + pp messages + exposed dp sync + embedding sync
+           + optimizer
 
 The planner re-prices its top plans with ``predict`` itself and falls back to it if they disagree.
 """
@@ -22,7 +23,8 @@ def divisors(n: int) -> list[int]:
 
 def label(s) -> str:
     """A plan's short name: ``dp16 tp8 pp4 1f1b m32 mb1 zero1 full-recompute``."""
-    parts = [f"{a}{getattr(s, a, 1)}" for a in ("dp", "tp", "pp", "cp", "ep") if getattr(s, a, 1) > 1]
+    parts = [f"{a}{getattr(s, a, 1)}" + (f"({s.cp_kind})" if a == "cp" else "")
+             for a in ("dp", "tp", "pp", "cp", "ep") if getattr(s, a, 1) > 1]
     if s.pp > 1:
         parts.append(s.schedule + (f" v{s.virtual_stages}" if s.virtual_stages > 1 else ""))
     parts.append(f"mb{s.micro_batch} x{s.num_micro_batches}")
@@ -81,10 +83,12 @@ class FastPricer:
     def parts(self, s):
         from .cost import dp_comm_time, embedding_sync_time, gpt_stage, optimizer_time
         p = self.procs(s)
-        key = (p,) + tuple(getattr(s, n) for n in self._stage_fields)
+        # with ep > 1 the all-to-all's group spans dp (its placement on the nodes): dp stays in the key
+        dp = s.dp if s.ep > 1 else 1
+        key = (p, dp) + tuple(getattr(s, n) for n in self._stage_fields)
         stage = self._stages.get(key)
         if stage is None:
-            stage = self._stages[key] = gpt_stage(self.model, self.hw, s.replace(**_NOT_STAGE), p)
+            stage = self._stages[key] = gpt_stage(self.model, self.hw, s.replace(**{**_NOT_STAGE, "dp": dp}), p)
         key = (p,) + tuple(getattr(s, n) for n in self._sync_fields)
         sync = self._syncs.get(key)
         if sync is None:
@@ -112,17 +116,18 @@ class FastPricer:
                         tokens_per_s=global_batch * model.seq_len / pr.step_time,
                         mfu=model.flops_per_sample() * global_batch / (pr.step_time * s.world_size
                                                                         * self.hw.peak(s.dtype, self.procs(s))),
-                        **{k: pr.breakdown.get(k, 0.0) for k in ("tp_comm", "pp_comm", "dp_exposed", "dp_comm",
-                                                                  "embedding_sync")})
+                        **{k: pr.breakdown.get(k, 0.0) for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm",
+                                                                  "dp_exposed", "dp_comm", "embedding_sync")})
         # predict(), term for term (simlib/sim/cost.py)
         st, ((dp_total, dp_last), embed, opt), p = self.parts(s)
         m, v = s.num_micro_batches, s.virtual_stages
-        act_bytes = s.micro_batch * model.seq_len * model.hidden * (2 if s.mixed_precision else 4)
+        act_bytes = s.micro_batch * model.seq_len // s.cp * model.hidden * (2 if s.mixed_precision else 4)
         t_fwd, t_bwd = st["forward"], st["backward"]
         tp_per_mb = st["forward_comm"] + st["backward_comm"]
         compute = m * (t_fwd + t_bwd)
-        tp_comm = m * tp_per_mb
-        bubble = (s.pp - 1) * (t_fwd + t_bwd + tp_per_mb) / v if s.pp > 1 else 0.0
+        cp_comm, ep_comm = (m * st["cp_comm"], m * st["ep_comm"]) if s.cp > 1 or s.ep > 1 else (0.0, 0.0)
+        tp_comm = m * tp_per_mb - cp_comm - ep_comm   # the stage's comm holds the cp and ep collectives too
+        bubble = s.pipeline_flushes * (s.pp - 1) * (t_fwd + t_bwd + tp_per_mb) / v if s.pp > 1 else 0.0
         if s.fsdp:
             f, p2p = self._small(s, st["layer_forward"], st["layer_backward"], act_bytes)
         else:
@@ -132,13 +137,13 @@ class FastPricer:
             dp_total, dp_exposed = f["step_total"], f["step_exposed"]
         else:
             dp_exposed = max(dp_last, dp_total - t_bwd) if s.overlap else dp_total
-        exposed = tp_comm + pp_comm + dp_exposed + embed
+        exposed = tp_comm + cp_comm + ep_comm + pp_comm + dp_exposed + embed
         step = compute + bubble + exposed + opt
         mfu = model.flops_per_sample() * global_batch / (step * s.world_size * self.hw.peak(s.dtype, p))
         return dict(strategy=s, step_time=step, compute=compute, bubble=bubble, optimizer=opt,
                     exposed_comm=exposed, tokens_per_s=global_batch * model.seq_len / step, mfu=mfu,
-                    tp_comm=tp_comm, pp_comm=pp_comm, dp_exposed=dp_exposed, dp_comm=dp_total,
-                    embedding_sync=embed)
+                    tp_comm=tp_comm, cp_comm=cp_comm, ep_comm=ep_comm, pp_comm=pp_comm, dp_exposed=dp_exposed,
+                    dp_comm=dp_total, embedding_sync=embed)
 
     def _small_p2p(self, s, act_bytes):
         if s.pp == 1:

@@ -11,9 +11,13 @@ import dataclasses
 
 from .planner_cost import FastPricer, label
 
-TERMS = (("compute", "compute"), ("recompute", "recomputation"), ("bubble", "pipeline bubble"),
-         ("tp_comm", "exposed tp comm"), ("pp_comm", "pp messages"), ("dp_exposed", "exposed dp/ZeRO sync"),
-         ("embedding_sync", "embedding sync"), ("optimizer", "optimizer"))
+SPLIT_TERMS = (("compute", "compute"), ("recompute", "recomputation"), ("bubble", "pipeline bubble"),
+               ("tp_comm", "exposed tp comm"), ("cp_comm", "exposed cp comm"), ("ep_comm", "exposed ep all-to-all"),
+               ("pp_comm", "pp messages"), ("dp_exposed", "exposed dp/ZeRO sync"),
+               ("embedding_sync", "embedding sync"), ("optimizer", "optimizer"))
+# the terms as a figure draws them (simlib.widgets.planner_figure: one colour each): cp and ep comm within tp's
+TERMS = tuple((k, "exposed tp/cp/ep comm" if k == "tp_comm" else name) for k, name in SPLIT_TERMS
+              if k not in ("cp_comm", "ep_comm"))
 
 
 def pricer_of(result) -> FastPricer:
@@ -23,17 +27,20 @@ def pricer_of(result) -> FastPricer:
     return result.extra["pricer"]
 
 
-def terms(result, entry) -> dict:
-    """Seconds per step of each term (compute without its recomputation; the recomputation apart)."""
+def terms(result, entry, split: bool = False) -> dict:
+    """Seconds per step of each term (compute without its recomputation; the recomputation apart), in TERMS
+    order; ``split``: the context- and expert-parallel collectives apart from tp's (SPLIT_TERMS order)."""
     again = pricer_of(result).recompute_time(entry["strategy"])
-    out = {k: entry.get(k, 0.0) for k, _ in TERMS}
+    out = {k: entry.get(k, 0.0) for k, _ in SPLIT_TERMS}
     out.update(compute=entry["compute"] - again, recompute=again)
-    return out  # in TERMS order: compute, recompute, bubble, tp, pp, dp, embedding, optimizer
+    if not split:
+        out["tp_comm"] += out.pop("cp_comm") + out.pop("ep_comm")
+    return out
 
 
 def where_time_goes(result, entry) -> str:
-    t, step = terms(result, entry), entry["step_time"]
-    shown = [f"{name} {t[k] / step:.0%}" for k, name in TERMS if t[k] / step >= 0.005]
+    t, step = terms(result, entry, split=True), entry["step_time"]
+    shown = [f"{name} {t[k] / step:.0%}" for k, name in SPLIT_TERMS if t[k] / step >= 0.005]
     return ", ".join(shown)
 
 
@@ -42,8 +49,8 @@ def _gb(x: float) -> str:
 
 
 def why_slower(result, entry, best) -> str:
-    a, b = terms(result, entry), terms(result, best)
-    diffs = sorted(((a[k] - b[k], name) for k, name in TERMS), reverse=True)
+    a, b = terms(result, entry, split=True), terms(result, best, split=True)
+    diffs = sorted(((a[k] - b[k], name) for k, name in SPLIT_TERMS), reverse=True)
     worse = [f"{name} +{d:.3g} s" for d, name in diffs if d > 0.01 * best["step_time"]][:3]
     better = [f"{name} {d:.3g} s" for d, name in diffs[::-1] if d < -0.01 * best["step_time"]][:1]
     return "; ".join(worse + better) or "the same terms within 1 %"
