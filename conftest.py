@@ -55,13 +55,15 @@ def pytest_runtest_logstart(nodeid, location):
 def pytest_runtest_logreport(report):
     entry = _SUITE["tests"].setdefault(report.nodeid, {"cpu0": _cpu_seconds(), "wall": 0.0})
     entry["wall"] += report.duration
+    if report.outcome != "passed" and entry.get("outcome", "passed") == "passed":
+        entry["outcome"] = report.outcome  # the first phase that did not pass (a failed call, a skipped setup)
     if report.when == "teardown":
         entry["cpu"] = _cpu_seconds() - entry.pop("cpu0")
         out = ROOT / "artifacts"
         out.mkdir(exist_ok=True)
         with open(out / "test_durations.jsonl", "a") as f:
             f.write(json.dumps({"test": report.nodeid, "wall": round(entry["wall"], 2), "cpu": round(entry["cpu"], 2),
-                                "outcome": report.outcome, "t": round(time.time() - _SUITE["start"], 1)}) + "\n")
+                                "outcome": entry.get("outcome", "passed"), "t": round(time.time() - _SUITE["start"], 1)}) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter):
