@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
@@ -59,7 +58,8 @@ __all__ = ["save", "load_latest", "load", "latest", "leaving_out", "list_checkpo
 from .checkpoint_files import (  # noqa: F401 - the folder on disk; re-exported here, where callers import it
     _NAME, META, PER_RANK_KEY, CheckpointError, CheckpointFallbackWarning, CheckpointMismatch, _barrier, _disk_error,
     _dist, _folder_bytes, _fsync_dir, _gather, _nonfinite, _rank, _rotate, _save_bytes, _stamp, _state_dict,
-    _structure_problem, _verified, _with_rng, _world, _write_manifest, latest, list_checkpoints, preflight, verify)
+    _structure_problem, _verified, _with_rng, _world, _write_manifest, from_rank0, latest, list_checkpoints, preflight,
+    verify)
 from .checkpoint_lock import claim, hold  # noqa: F401 - one run per folder
 
 
@@ -191,10 +191,7 @@ def save(directory, state, step: int | None = None, keep: int = 2, _before_commi
             shutil.rmtree(partial, ignore_errors=True)  # left by a crash during an earlier save of this step
         except OSError as exc:
             problem = str(_disk_error(exc, root, step, expected))
-    if _dist():
-        box = [problem]
-        dist.broadcast_object_list(box, src=0)
-        problem = box[0]
+    problem = from_rank0(problem)
     if problem:
         raise CheckpointError(problem)
     try:
@@ -210,10 +207,7 @@ def save(directory, state, step: int | None = None, keep: int = 2, _before_commi
         if _rank() == 0:
             shutil.rmtree(partial, ignore_errors=True)
         raise _disk_error(exc, root, step, expected) from exc
-    if _dist():
-        box = [problem]
-        dist.broadcast_object_list(box, src=0)
-        problem = box[0]
+    problem = from_rank0(problem)
     if problem:
         if _rank() == 0:
             shutil.rmtree(partial, ignore_errors=True)
@@ -359,19 +353,14 @@ def load_latest(directory, state, skip=None, allow_changes=()) -> Saved | None:
     headless = sorted((p.name for p in Path(directory).glob("step_*") if _NAME.match(p.name) and p.is_dir()
                        and not (p / ".metadata").is_file() and str(p) > newest), reverse=True) \
         if Path(directory).is_dir() else []
-    if _dist():  # rank 0's view decides, so that every rank tries the same folders
-        box = [found, headless]
-        dist.broadcast_object_list(box, src=0)
-        found, headless = box
+    # rank 0's view decides, so that every rank tries the same folders
+    found, headless = from_rank0(found, headless)
     found = [Path(p) for p in found]
     # (name, why) of checkpoints that could not be read; a committed name without .metadata lost it afterwards
     passed = [(name, "its .metadata is missing (deleted after the commit)") for name in headless]
     for i, candidate in enumerate(found):
         problem = verify(candidate) if _rank() == 0 else None
-        if _dist():
-            box = [problem]
-            dist.broadcast_object_list(box, src=0)
-            problem = box[0]
+        problem = from_rank0(problem)
         if problem is None:
             try:
                 saved = load(candidate, state, skip, allow_changes)

@@ -380,10 +380,7 @@ def preflight(directory, state=None, keep: int = 2) -> int:
                     errno.EDQUOT: "is over its disk quota"}.get(code, f"cannot be written ({exc.strerror or exc})")
             problem = (f"checkpoint_dir {root} {what}: nothing would be saved; give a checkpoint_dir on a writable "
                        "disk with room")
-    if _dist():
-        box = [problem, warn]
-        dist.broadcast_object_list(box, src=0)
-        problem, warn = box
+    problem, warn = from_rank0(problem, warn)
     if problem:
         raise CheckpointError(problem)
     if warn and _rank() == 0:
@@ -419,3 +416,13 @@ def _rotate(root: Path, keep: int) -> None:
             shutil.rmtree(p, ignore_errors=True)
         elif verify(p) is None:
             good += 1
+
+
+def from_rank0(*values):
+    """Rank 0's ``values`` on every rank (one broadcast; as they are without a process group): what rank 0 alone
+    checked on disk decides for all, so every rank raises, or goes on, together."""
+    if _dist():
+        box = list(values)
+        dist.broadcast_object_list(box, src=0)
+        values = tuple(box)
+    return values if len(values) > 1 else values[0]

@@ -12,9 +12,7 @@ import json
 import os
 from pathlib import Path
 
-import torch.distributed as dist
-
-from .checkpoint_files import CheckpointError, _dist, _rank
+from .checkpoint_files import CheckpointError, _rank, from_rank0
 
 LOCK, _LOCK_ENV = ".simlib-run.lock", "SIMLIB_CHECKPOINT_LOCKS"
 _holds: dict = {}  # folder -> [fd, count]: this process's locks (a second train() in it on the same folder: fine)
@@ -95,10 +93,7 @@ def claim(directory) -> Hold | None:
             problem = str(exc)
         except OSError:  # a folder that cannot be written: preflight (or the first save) says so in one line
             held = None
-    if _dist():
-        box = [problem]
-        dist.broadcast_object_list(box, src=0)
-        problem = box[0]
+    problem = from_rank0(problem)
     if problem:
         raise CheckpointError(problem)
     return held
