@@ -56,3 +56,14 @@ def cluster4():
         cluster = simlib.Cluster(4, timeout=20)
     yield cluster
     cluster.close()
+
+
+@pytest.fixture
+def one_process():
+    """A test that trains in this process: its process group and the environment variables that made it go after."""
+    import simlib
+    saved = dict(os.environ)
+    yield
+    simlib.shutdown()
+    os.environ.clear()
+    os.environ.update(saved)

@@ -192,15 +192,6 @@ def test_add_param_group_keeps_state_and_two_threads_share_a_cluster(cluster2):
 
 
 # ── single process: NaN, corrupted checkpoints, run identity, disk trouble, arguments ──
-@pytest.fixture
-def one_process():
-    saved = dict(os.environ)
-    yield
-    simlib.shutdown()
-    os.environ.clear()
-    os.environ.update(saved)
-
-
 def _reg(**kw):
     from simlib.tasks import RegressionTask
     return RegressionTask(**{**dict(width=16, depth=2, global_batch=16, num_samples=128), **kw})

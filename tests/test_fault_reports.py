@@ -26,15 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 OPTIM = OptimConfig(lr=1e-2, warmup_steps=2, decay_steps=8, grad_clip=1.0)
 
 
-@pytest.fixture
-def one_process():
-    saved = dict(os.environ)
-    yield
-    simlib.shutdown()
-    os.environ.clear()
-    os.environ.update(saved)
-
-
 def _reg(**kw):
     from simlib.tasks import RegressionTask
     return RegressionTask(**{**dict(width=16, depth=2, global_batch=16, num_samples=128), **kw})
