@@ -25,6 +25,38 @@ def alive():
 os.environ.setdefault("SIMLIB_QUICK", "1")
 
 
+_LAUNCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _no_world_left_behind(request):
+    """A test that starts a one-process world in this process and forgets to end it would make every later test
+    (and every notebook kernel, which inherits this environment) believe a launcher started it. Such a test's
+    world is ended and its launcher variables removed after it, with a warning naming it. Worlds a wider-scoped
+    fixture holds are left alone: they exist before the test starts."""
+    import warnings
+
+    import torch.distributed as dist
+    before = {k: os.environ.get(k) for k in _LAUNCH_KEYS}
+    had_world = dist.is_available() and dist.is_initialized()
+    yield
+    if had_world:
+        return
+    leaked = [k for k in _LAUNCH_KEYS if os.environ.get(k) != before[k]]
+    if dist.is_available() and dist.is_initialized():
+        import simlib
+        simlib.shutdown()
+        leaked.append("a process group")
+    for k in _LAUNCH_KEYS:
+        if before[k] is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = before[k]
+    if leaked:
+        warnings.warn(f"{request.node.nodeid} left {', '.join(leaked)} behind (cleaned up); "
+                      "use the one_process fixture", stacklevel=1)
+
+
 @pytest.fixture(scope="session")
 def cluster2():
     import simlib
