@@ -223,9 +223,12 @@ def unpicklable(fn, args, kwargs, error: Exception) -> str:
 def _cause(err: WorkerError) -> str:
     """One line: which rank(s) failed and why (a rank that died first; its peers' lost-connection errors after)."""
     fails = [err.failures[r] for r in sorted(err.failures)]
-    died = [f.rank for f in fails if f.type_name == "WorkerDied"]
+    # a rank the agent stopped with SIGTERM because another died is a consequence, not a cause: the cause first
+    stopped = [f for f in fails if f.type_name == "WorkerDied" and f.message.startswith("killed by SIGTERM")]
+    died = [f.rank for f in fails if f.type_name == "WorkerDied" and f not in stopped]
     parts = [f"rank {f.rank} died, {f.message}" if f.message.startswith("killed by") else f"rank {f.rank} died ({f.message})"
-             for f in fails if f.type_name == "WorkerDied"]
+             for f in fails if f.type_name == "WorkerDied" and f not in stopped]
+    parts += [f"rank {f.rank} then stopped (SIGTERM)" if died else f"rank {f.rank} died, {f.message}" for f in stopped]
     for f in fails:
         if f.type_name != "WorkerDied":
             why = re.sub(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", f.summary().split(": ", 1)[1])  # Gloo's file:line

@@ -168,3 +168,13 @@ def test_restarts_exhausted_list_every_cause_and_leave_no_orphan(tmp_path, alive
 def test_bad_max_restarts():
     with pytest.raises(ValueError, match="max_restarts must be an int >= 0"):
         simlib.Cluster(1, max_restarts=-1)
+
+
+def test_an_exhausted_restart_names_the_rank_that_died_before_the_one_the_agent_stopped():
+    # under load the agent's SIGTERM to rank 0 can land before rank 0's own error: rank 1's death is the cause
+    from simlib.errors import RemoteFailure, _exhausted, describe_exit
+    first = simlib.WorkerError("x", {0: RemoteFailure(0, "RuntimeError", "Timed out waiting 3000ms", "")})
+    second = simlib.WorkerError("y", {0: RemoteFailure(0, "WorkerDied", describe_exit(-15), ""),
+                                      1: RemoteFailure(1, "WorkerDied", describe_exit(-9), "")})
+    text = str(_exhausted([first, second], 1))
+    assert "attempt 2: rank 1 died, killed by SIGKILL" in text and "rank 0 then stopped (SIGTERM)" in text
