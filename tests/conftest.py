@@ -28,20 +28,12 @@ os.environ.setdefault("SIMLIB_QUICK", "1")
 _LAUNCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-@pytest.fixture(autouse=True)
-def _no_world_left_behind(request):
-    """A test that starts a one-process world in this process and forgets to end it would make every later test
-    (and every notebook kernel, which inherits this environment) believe a launcher started it. Such a test's
-    world is ended and its launcher variables removed after it, with a warning naming it. Worlds a wider-scoped
-    fixture holds are left alone: they exist before the test starts."""
-    import warnings
+_SESSION_ENV = {k: os.environ.get(k) for k in _LAUNCH_KEYS}  # as the session found it: no launcher's world
 
+
+def _end_leaked_world(before: dict) -> list:
+    """End a process group left in this process and put the launcher variables back as in ``before``; what leaked."""
     import torch.distributed as dist
-    before = {k: os.environ.get(k) for k in _LAUNCH_KEYS}
-    had_world = dist.is_available() and dist.is_initialized()
-    yield
-    if had_world:
-        return
     leaked = [k for k in _LAUNCH_KEYS if os.environ.get(k) != before[k]]
     if dist.is_available() and dist.is_initialized():
         import simlib
@@ -52,9 +44,39 @@ def _no_world_left_behind(request):
             os.environ.pop(k, None)
         else:
             os.environ[k] = before[k]
+    return leaked
+
+
+@pytest.fixture(autouse=True)
+def _no_world_left_behind(request):
+    """A test that starts a one-process world in this process and forgets to end it would make every later test
+    (and every notebook kernel, which inherits this environment) believe a launcher started it. Such a test's
+    world is ended and its launcher variables removed after it, with a warning naming it. A world that was there
+    when the test started came from a module's fixture: ``_no_world_left_by_a_module`` ends it with the module."""
+    import warnings
+
+    import torch.distributed as dist
+    before = {k: os.environ.get(k) for k in _LAUNCH_KEYS}
+    had_world = dist.is_available() and dist.is_initialized()
+    yield
+    if had_world:
+        return
+    leaked = _end_leaked_world(before)
     if leaked:
         warnings.warn(f"{request.node.nodeid} left {', '.join(leaked)} behind (cleaned up); "
                       "use the one_process fixture", stacklevel=1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_world_left_by_a_module(request):
+    """After a module (its module-scoped fixtures torn down first): no process group in this process and the
+    launcher variables as the session found them; a module that leaves either is cleaned up after and named."""
+    import warnings
+    yield
+    leaked = _end_leaked_world(_SESSION_ENV)
+    if leaked:
+        warnings.warn(f"{request.node.nodeid} (a test or a module-scoped fixture in it) left {', '.join(leaked)} "
+                      "behind (cleaned up); use the one_process fixture", stacklevel=1)
 
 
 @pytest.fixture(scope="session")
