@@ -27,10 +27,12 @@ pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: apt-get install chromium")]
 
 
-@pytest.fixture
-def lab(tmp_path):
+@pytest.fixture(scope="module")
+def _lab_server(tmp_path_factory):
+    """One JupyterLab for the module (its start is paid once); each test's kernels are shut down after it."""
     from simlib.env import free_port
 
+    tmp_path = tmp_path_factory.mktemp("lab")
     work = tmp_path / "course"
     work.mkdir()
     (ROOT / "artifacts").mkdir(exist_ok=True)
@@ -70,12 +72,27 @@ def lab(tmp_path):
         except OSError:
             assert server.poll() is None and time.time() < deadline, (tmp_path / "lab.log").read_text()[-2000:]
             time.sleep(0.5)
-    yield url, token
+    yield url, token, work
     os.killpg(server.pid, signal.SIGTERM)
     try:
         server.wait(20)
     except subprocess.TimeoutExpired:
         os.killpg(server.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def lab(_lab_server):
+    """``(url, token, folder)`` of the module's JupyterLab; the kernels the test started are shut down after it
+    (so a notebook's workers do not outlive its test)."""
+    yield _lab_server
+    url, token, _ = _lab_server
+    auth = {"Authorization": f"token {token}"}
+    for api in ("sessions", "kernels"):
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/api/{api}", headers=auth), timeout=10) as r:
+            items = json.load(r)
+        for item in items:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/api/{api}/{item['id']}", method="DELETE",
+                                                          headers=auth), timeout=30).close()
 
 
 @contextmanager
@@ -94,7 +111,7 @@ def _page(screenshot: str):
 
 
 def _open_and_run_all(page, url, token, notebook):
-    page.goto(f"{url}/lab/tree/{notebook}?token={token}")
+    page.goto(f"{url}/lab/tree/{notebook}?reset&token={token}")  # reset: no tab of an earlier test
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
     page.wait_for_function("() => document.body.innerText.includes('Python 3 (ipykernel) | Idle')",
                            timeout=120_000, polling=500)
@@ -115,7 +132,7 @@ def _wait_output(page, text, timeout_ms):
 
 def test_simulator_explorer_redraws_in_jupyterlab(lab):
     """Lesson 06's explorer: the widgets render, and moving the dp slider redraws the prediction."""
-    url, token = lab
+    url, token, work = lab
     with _page("browser_explorer.png") as page:
         _open_and_run_all(page, url, token, "explorer.ipynb")
         html = page.locator(".widget-html-content").first
@@ -131,15 +148,15 @@ def test_simulator_explorer_redraws_in_jupyterlab(lab):
         assert page.locator(".jp-OutputArea-output img").count() >= 1
 
 
-def test_lesson_explorers_redraw_in_jupyterlab(lab, tmp_path):
+def test_lesson_explorers_redraw_in_jupyterlab(lab):
     """Lesson 04's schedule explorer and lesson 01's ring stepper render, and redraw when a slider moves."""
     import nbformat
 
-    url, token = lab
+    url, token, work = lab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
         "from simlib import widgets\nwidgets.pipeline_explorer()", "widgets.ring_explorer()")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, tmp_path / "course" / "lesson_explorers.ipynb")
+    nbformat.write(nb, work / "lesson_explorers.ipynb")
     with _page("browser_lesson_explorers.png") as page:
         _open_and_run_all(page, url, token, "lesson_explorers.ipynb")
         _wait_output(page, "micro-batches in flight per rank [2, 1]", 120_000)  # 1F1B, p = 2, m = 4
@@ -166,7 +183,7 @@ def test_interrupting_the_kernel_stops_every_worker(lab, alive):
     """The kernel's interrupt (Kernel > Interrupt Kernel) during a long call: workers stopped, none left."""
     import re
 
-    url, token = lab
+    url, token, work = lab
     with _page("browser_interrupt.png") as page:
         _open_and_run_all(page, url, token, "interrupt.ipynb")
         _wait_output(page, "sleeping on every rank", 120_000)
@@ -187,7 +204,7 @@ def test_interrupting_the_kernel_stops_every_worker(lab, alive):
 
 
 def test_notebook_00_runs_in_jupyterlab(lab):
-    url, token = lab
+    url, token, work = lab
     with _page("browser_notebook_00.png") as page:
         _open_and_run_all(page, url, token, "00_getting_started.ipynb")
         output = page.locator(".jp-OutputArea-output")
@@ -203,12 +220,12 @@ def test_notebook_00_runs_in_jupyterlab(lab):
         assert output.count() > 5
 
 
-def test_distributed_cell_magic_in_jupyterlab(lab, tmp_path):
+def test_distributed_cell_magic_in_jupyterlab(lab):
     """``%load_ext simlib`` and ``%%distributed`` cells in JupyterLab: each rank keeps its variables between
     cells, output arrives rank-prefixed in the cell, and ``%dist_pull`` brings the values to the notebook."""
     import nbformat
 
-    url, token = lab
+    url, token, work = lab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
         "%load_ext simlib",
         "%%distributed -n 2\nx = torch.ones(1) * (rank + 1)\nprint('rank', rank, 'holds', x.item())",
@@ -216,7 +233,7 @@ def test_distributed_cell_magic_in_jupyterlab(lab, tmp_path):
         "%dist_pull x\nprint('pulled to the notebook:', [t.item() for t in x])",
         "%dist_close")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, tmp_path / "course" / "distributed.ipynb")
+    nbformat.write(nb, work / "distributed.ipynb")
     with _page("browser_distributed.png") as page:
         _open_and_run_all(page, url, token, "distributed.ipynb")
         _wait_output(page, "pulled to the notebook:", 180_000)
@@ -289,9 +306,9 @@ EXPLORERS = {"07_memory.ipynb": _memory_explorer_redraws, "08_fault_tolerance.ip
 
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("notebook", list(BROWSER_NOTEBOOKS))
-def test_notebook_runs_in_jupyterlab_and_its_claims_hold(lab, tmp_path, notebook):
-    url, token = lab
-    shutil.copy(ROOT / "notebooks" / notebook, tmp_path / "course")
+def test_notebook_runs_in_jupyterlab_and_its_claims_hold(lab, notebook):
+    url, token, work = lab
+    shutil.copy(ROOT / "notebooks" / notebook, work)
     with _page(f"browser_{notebook.split('_')[0]}.png") as page:
         _open_and_run_all(page, url, token, notebook)
         done = ("() => { const t = [...document.querySelectorAll('.jp-OutputArea-output')].map(e => e.innerText)"
