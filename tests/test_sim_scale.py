@@ -220,7 +220,11 @@ def test_scale_runs_are_stated_with_sources_and_a_fixed_split():
     out = scale_runs.predict_row(row)
     assert out["expressible"] and out["predicted"] > 0 and "long_context" in out["kinds"]
     dsv3 = scale_runs.predict_row(next(r for r in rows if r["model"] == "deepseek-v3"))
-    assert not dsv3["expressible"] and "latent attention" in dsv3["reason"]
+    assert dsv3["expressible"] and dsv3["predicted"] > 0 and "moe" in dsv3["kinds"]
+    oss = scale_runs.predict_row(next(r for r in rows if r["model"] == "gpt-oss-120b"))
+    assert oss["expressible"] and oss["predicted"] > 0
+    odd = scale_runs.predict_row(next(r for r in rows if r["model"] == "deepseek-v3" and r["pp"] * r["vp"] == 32))
+    assert not odd["expressible"] and "pipeline layout" in odd["reason"]
 
 
 def test_power_capped_hopper_parts_are_slower_than_sxm():

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from .collectives import (all_gather, all_reduce, hierarchical_all_reduce, p2p, reduce_scatter,  # noqa: F401
                           ring_all_reduce, tree_all_reduce)
 from .compute import gemm_time, gemms_time  # noqa: F401
-from .layer import (embedding_ops, exposed_comm, head_ops, op_time, ops_time, recompute_ops,  # noqa: F401
-                    strategy_layer_ops)
+from .layer import (embedding_ops, exposed_comm, head_ops, mtp_ops, op_time, ops_time,  # noqa: F401
+                    recompute_ops, strategy_layer_ops)
 from .cluster_ops import MOE_LAYER_OVERHEAD
 from .overlap import tp_overlap_exposed
 from .memory import activation_bytes_per_layer, check_fits, memory_per_device
@@ -117,11 +117,13 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
     kinds = {False: price(False)}
     if model.experts:
         kinds[True] = price(True)
-    stages = s.stage_layers(model.layers) if s.virtual_stages == 1 else [model.layers / s.pp] * s.pp
+    stages = s.stage_layers(model.layers) if s.virtual_stages == 1 or s.stage_layout else \
+        [model.layers / s.pp] * s.pp
     dense_end = model.dense_layers if model.experts else model.layers
     # the logits GEMM stays in 16 bits under FP8 training (Transformer Engine converts the layers' Linears)
     ends_strategy = s.replace(dtype="bf16") if s.dtype in ("fp8", "fp4") else s
     embed, head = embedding_ops(model, s.micro_batch, s.tp, w, s.cp), head_ops(model, s.micro_batch, s.tp, w, s.cp)
+    mtp = mtp_ops(model, s.micro_batch, s.tp, w, s.cp)   # multi-token prediction: on the last stage (Megatron-Core)
 
     def t_end(items):
         return sum(ops_time(items, hardware, ends_strategy, processes, s.threads, k) for k in compute)
@@ -131,6 +133,8 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
         start = sum(stages[:i])
         dense = max(0, min(dense_end, start + n) - start)
         counts = {False: dense, True: n - dense} if model.experts else {False: n}
+        if i == len(stages) - 1 and model.mtp_layers:   # each MTP module's block (an MoE block with experts)
+            counts[bool(model.experts)] += model.mtp_layers
         out = dict(forward=0.0, backward=0.0, forward_comm=0.0, backward_comm=0.0, cp_comm=0.0, ep_comm=0.0)
         left = s.recompute_layers
         for moe, c in counts.items():
@@ -151,7 +155,7 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
         layers_here = max(n, 1)
         out["layer_forward"] = out["forward"] / layers_here
         out["layer_backward"] = out["backward"] / layers_here
-        ends = ([embed] if i == 0 else []) + ([head] if i == len(stages) - 1 else [])
+        ends = ([embed] if i == 0 else []) + ([head, mtp] if i == len(stages) - 1 else [])
         for e in ends:
             out["forward"] += t_end(e["forward"])
             out["backward"] += t_end(e["backward"])

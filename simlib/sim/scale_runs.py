@@ -28,12 +28,23 @@ from .strategy import Strategy
 
 DATA = Path(__file__).parent / "data" / "scale_runs.csv"
 KINDS = ("long_context", "moe", "blackwell", "fp8", "async_tp")
-INEXPRESSIBLE_MODELS = {
-    "deepseek-v3": "multi-head latent attention (low-rank Q/KV projections) and the multi-token-prediction head "
-                   "are not in the cost model's layer",
-    "gpt-oss-120b": "alternating 128-token sliding-window attention and attention sinks are not in the cost "
-                    "model's attention",
-}
+INEXPRESSIBLE_MODELS: dict = {}   # every model of the set has its shape (DeepSeek-V3: latent attention and MTP;
+                                  # GPT-OSS: windows and sinks; simlib.sim.attention)
+
+
+def deepseek_v3_layout(pp: int, vp: int) -> tuple | None:
+    """Layers per pipeline rank of DeepSeek-V3 in Megatron-Bridge's recipes (``recipes/deepseek/deepseek_v3.py``,
+    ``set_deepseek_v3_pipeline_model_parallel_layout``): its model chunks, 4 of [16, 16, 16, 13], 8 of
+    [8, ..., 8, 5] or 16 of [4, ..., 4, 1], the embedding on the first chunk, the MTP module and the loss on the
+    last (which takes 3 decoder layers' place). The recipe lists (pp, vp) = (4, 1), (8, 1), (4, 2), (16, 1),
+    (8, 2), (4, 4); the other layouts of the tables (pp 2 with vp 4 or 8) are taken as the same chunks for the
+    same count, an assumption. None where no chunk list of the recipe has pp × vp chunks."""
+    chunks = {4: [16, 16, 16, 13], 8: [8] * 7 + [5], 16: [4] * 15 + [1]}.get(pp * vp)
+    if chunks is None:
+        return None
+    return tuple(sum(chunks[r::pp]) for r in range(pp))   # rank r holds chunks r, r + pp, ... (interleaving)
+
+
 INTS = ("gpus", "global_batch", "micro_batch", "seq_len", "fsdp", "tp", "pp", "cp", "vp", "ep",
         "first_stage_layers", "last_stage_layers")
 
@@ -69,6 +80,9 @@ def why_inexpressible(row: dict) -> str:
         reasons.append(INEXPRESSIBLE_MODELS[row["model"]])
     if row["vp"] == 0:
         reasons.append("the interleaving depth (virtual pipeline stages) is not stated by the source")
+    if row["model"] == "deepseek-v3" and row["pp"] > 1 and deepseek_v3_layout(row["pp"], row["vp"]) is None:
+        reasons.append(f"DeepSeek-V3's pipeline layout for pp = {row['pp']}, vp = {row['vp']} is not in the "
+                       "recipe (61 layers do not split evenly)")
     return "; ".join(reasons)
 
 
@@ -85,6 +99,9 @@ def strategy_of(row: dict, model) -> Strategy:
     if pp > 1 and vp == 1 and model.layers % pp and not first:
         # Megatron's account_for_embedding/loss_in_pipeline_split: the end stages take one layer fewer
         first = last = (model.layers + 2) // pp - 1
+    layout = deepseek_v3_layout(pp, vp) if row["model"] == "deepseek-v3" and pp > 1 else None
+    if layout:
+        first = last = 0
     fsdp = bool(row["fsdp"])
     return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=row["ep"], micro_batch=row["micro_batch"], num_micro_batches=m,
                     zero_stage=3 if fsdp else 1, fsdp=fsdp, overlap=True, attention="flash",
@@ -93,6 +110,7 @@ def strategy_of(row: dict, model) -> Strategy:
                     dtype=row["precision"], fp8_recipe=row["fp8_recipe"] or "delayed",
                     cp_kind="allgather" if row["source"] == "llama3-paper" else "ring",
                     first_stage_layers=first if vp == 1 else 0, last_stage_layers=last if vp == 1 else 0,
+                    stage_layout=layout or (),
                     pipeline_outer=True)   # Megatron's rank order (tp-cp-ep-dp-pp), both sources
 
 
