@@ -233,3 +233,35 @@ def test_power_capped_hopper_parts_are_slower_than_sxm():
     sxm, nvl, pcie = (sim.predict(m, sim.preset(name), s).step_time for name in ("h100", "h100-nvl", "h100-pcie"))
     assert sxm < nvl < pcie
     assert sim.preset("h100-nvl").memory_bytes > sim.preset("h100").memory_bytes
+
+
+def test_ep_overlap_hides_the_all_to_alls_behind_a_layers_compute():
+    """Megatron's overlap_moe_expert_parallel_comm: what fits in the layer's forward + backward compute is hidden,
+    and that compute slows by the overlap's SM share (overlap.TP_OVERLAP_GEMM_SLOWDOWN of the hidden time)."""
+    from simlib.sim.overlap import TP_OVERLAP_GEMM_SLOWDOWN
+    m, hw = sim.llama_size("qwen3-30b-a3b"), sim.dgx_h100()
+    for dp, ep in ((8, 8), (32, 32)):   # inside one node: all hidden; across four nodes: partly exposed
+        s = sim.Strategy(dp=dp, ep=ep, attention="flash", micro_batch=1, num_micro_batches=4, zero_stage=1)
+        plain, over = gpt_stage(m, hw, s), gpt_stage(m, hw, s.replace(ep_overlap=True))
+        hidden = plain["ep_comm"] - over["ep_comm"]
+        assert hidden > 0 and over["ep_comm"] >= 0
+        slower = over["forward"] + over["backward"] - plain["forward"] - plain["backward"]
+        assert slower == pytest.approx(TP_OVERLAP_GEMM_SLOWDOWN * hidden)
+        compute = plain["forward"] + plain["backward"]
+        assert hidden <= compute * (1 + 1e-9)
+        assert (over["ep_comm"] == 0.0) if ep == 8 else (over["ep_comm"] > 0.0)
+    with pytest.raises(ValueError, match="ep > 1"):
+        sim.Strategy(ep_overlap=True)
+
+
+def test_recipe_settings_the_tables_do_not_show():
+    from simlib.sim import scale_runs
+    rows = [r for r in scale_runs.load_rows() if r["model"] == "qwen3-235b-a22b" and r["gpu"] == "h100"]
+    assert len(rows) == 2
+    for r in rows:   # Megatron-Bridge's Qwen3-235B H100 configs: no TP comm overlap, EP all-to-all overlap
+        assert r["tp"] == 2 and scale_runs.recipe_settings(r) == dict(tp_overlap=False, ep_overlap=True)
+        assert "async_tp" not in scale_runs.kinds_of(r)
+        s = scale_runs.strategy_of(r, sim.llama_size(r["model"], seq_len=r["seq_len"]))
+        assert s.ep_overlap and not s.tp_overlap
+    llama = next(r for r in scale_runs.load_rows() if r["model"] == "llama3-70b" and r["tp"] > 1)
+    assert scale_runs.recipe_settings(llama) == dict(tp_overlap=True, ep_overlap=False)

@@ -32,7 +32,7 @@ from .compute import gemm_time, gemms_time  # noqa: F401
 from .layer import (embedding_ops, exposed_comm, head_ops, mtp_ops, op_time, ops_time,  # noqa: F401
                     recompute_ops, strategy_layer_ops)
 from .cluster_ops import MOE_LAYER_OVERHEAD
-from .overlap import tp_overlap_exposed
+from .overlap import TP_OVERLAP_GEMM_SLOWDOWN, tp_overlap_exposed
 from .memory import activation_bytes_per_layer, check_fits, memory_per_device
 from .topology import Placement, group_collective, group_ranks, p2p_time, placement
 
@@ -109,6 +109,16 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
         part = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model)
         (fc, fslow), (bc, bslow), (ac, aslow) = comm(ops["forward"]), comm(ops["backward"]), comm(part)
         (fullc, fullslow) = comm(full)
+        if s.ep_overlap and expert_layer:   # EP all-to-all overlap (Megatron-Core's overlap_moe_expert_parallel_comm):
+            # a forward's dispatch/combine run beside another micro-batch's backward and vice versa, so only what
+            # exceeds the layer's forward + backward compute stays exposed (pipeline warm-up/cool-down not apart);
+            # the compute beside them slows as the TP overlap's GEMMs do (DeepEP's kernels take SMs: overlap.py)
+            a2a = fc["ep"] + bc["ep"]
+            hidden = min(a2a, t(ops["forward"]) + t(ops["backward"]))
+            left = 1.0 - hidden / a2a if a2a else 1.0
+            fc, bc = {**fc, "ep": fc["ep"] * left}, {**bc, "ep": bc["ep"] * left}
+            slowdown = hidden * TP_OVERLAP_GEMM_SLOWDOWN
+            fslow, bslow = fslow + slowdown / 3, bslow + 2 * slowdown / 3
         host = MOE_LAYER_OVERHEAD if expert_layer and hardware.peak_flops else 0.0   # GPUs: the dispatcher's syncs
         fslow, bslow = fslow + host / 3, bslow + 2 * host / 3
         return dict(fwd=t(ops["forward"]) + fslow, bwd=t(ops["backward"]) + bslow, again=t(part) + aslow,

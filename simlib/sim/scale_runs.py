@@ -32,6 +32,32 @@ INEXPRESSIBLE_MODELS: dict = {}   # every model of the set has its shape (DeepSe
                                   # GPT-OSS: windows and sinks; simlib.sim.attention)
 
 
+# Settings the tables do not show that differ from the recipe defaults above, read in Megatron-Bridge's
+# performance configs of the same release (tag v0.2.0 = the 25.11 container, v0.3.0 = 26.02;
+# scripts/performance/configs/qwen3/workload_base_configs.py and qwen3_llm_pretrain.py, in v0.3.0 configs/qwen/):
+# ``moe_a2a_overlap=True`` (helpers.set_moe_a2a_overlap_overrides: overlap_moe_expert_parallel_comm) and, for
+# Qwen3-235B on H100, ``CommOverlapConfig(tp_comm_overlap=False)``. DeepSeek-V3, GPT-OSS and Llama keep the defaults.
+# Keyed by (version, model, gpu): a table's row may differ from its config in a degree (25.11's Qwen3-235B on B200
+# ran vp 2 where the config says 4); the setting is taken for the row all the same.
+RECIPE_SETTINGS = {
+    ("25.11", "qwen3-235b-a22b", "b200"): dict(ep_overlap=True),
+    ("25.11", "qwen3-235b-a22b", "h100"): dict(ep_overlap=True, tp_overlap=False),
+    ("25.11", "qwen3-30b-a3b", "h100"): dict(ep_overlap=True),
+    ("26.02", "qwen3-235b-a22b", "b300"): dict(ep_overlap=True),
+    ("26.02", "qwen3-235b-a22b", "h100"): dict(ep_overlap=True, tp_overlap=False),
+    ("26.02", "qwen3-30b-a3b", "h100"): dict(ep_overlap=True),
+}
+
+
+def recipe_settings(row: dict) -> dict:
+    """TP communication overlap and EP all-to-all overlap of a row: the recipe defaults, or RECIPE_SETTINGS."""
+    mb = row["source"] == "megatron-bridge"
+    out = dict(tp_overlap=row["tp"] > 1 and mb, ep_overlap=False)
+    out.update(RECIPE_SETTINGS.get((row["version"], row["model"], row["gpu"]), {}) if mb else {})
+    out["tp_overlap"] = out["tp_overlap"] and row["tp"] > 1
+    return out
+
+
 def deepseek_v3_layout(pp: int, vp: int) -> tuple | None:
     """Layers per pipeline rank of DeepSeek-V3 in Megatron-Bridge's recipes (``recipes/deepseek/deepseek_v3.py``,
     ``set_deepseek_v3_pipeline_model_parallel_layout``): its model chunks, 4 of [16, 16, 16, 13], 8 of
@@ -69,7 +95,7 @@ def kinds_of(row: dict) -> list[str]:
         out.append("blackwell")
     if row["precision"] == "fp8":
         out.append("fp8")
-    if row["tp"] > 1 and row["source"] == "megatron-bridge":
+    if recipe_settings(row)["tp_overlap"]:
         out.append("async_tp")
     return out
 
@@ -106,7 +132,7 @@ def strategy_of(row: dict, model) -> Strategy:
     return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=row["ep"], micro_batch=row["micro_batch"], num_micro_batches=m,
                     zero_stage=3 if fsdp else 1, fsdp=fsdp, overlap=True, attention="flash",
                     schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
-                    sequence_parallel=tp > 1, tp_overlap=tp > 1 and row["source"] == "megatron-bridge",
+                    sequence_parallel=tp > 1, **recipe_settings(row),
                     dtype=row["precision"], fp8_recipe=row["fp8_recipe"] or "delayed",
                     cp_kind="allgather" if row["source"] == "llama3-paper" else "ring",
                     first_stage_layers=first if vp == 1 else 0, last_stage_layers=last if vp == 1 else 0,

@@ -72,6 +72,8 @@ class Strategy:
                                      # passes flushes once per pass); num_micro_batches counts all of them
     pipeline_outer: bool = False     # Megatron-LM's rank order (tp-cp-ep-dp-pp): pipeline stages outermost, so a
                                      # data-/expert-parallel group is tp·cp ranks apart (not tp·cp·pp)
+    ep_overlap: bool = False         # Megatron's --overlap-moe-expert-parallel-comm: the dispatch/combine all-to-
+                                     # alls of one micro-batch run beside another's compute (1F1B steady state)
     stage_layout: tuple = ()         # pp > 1: layers on each pipeline rank, first to last, all its model chunks
                                      # together (Megatron's --pipeline-model-parallel-layout summed per rank;
                                      # DeepSeek-V3's recipes); empty: even, or first/last_stage_layers
@@ -257,6 +259,8 @@ def _check_scale(s) -> None:
         raise ValueError("recompute_layers recomputes that many whole layers per stage: it needs recompute='full'")
     if (s.first_stage_layers or s.last_stage_layers) and (s.pp == 1 or s.virtual_stages > 1):
         raise ValueError("first_stage_layers / last_stage_layers need pp > 1 without interleaving")
+    if s.ep_overlap and s.ep == 1:
+        raise ValueError("ep_overlap hides the expert-parallel all-to-alls: it needs ep > 1")
     if s.stage_layout and (s.first_stage_layers or s.last_stage_layers or s.pp == 1):
         raise ValueError("stage_layout needs pp > 1 and replaces first_stage_layers / last_stage_layers")
     if s.fp8_recipe not in FP8_RECIPES:
