@@ -8,7 +8,8 @@ from two independent sources:
   B200, B300, GB200 and GB300, BF16, FP8 (current scaling) and MXFP8, with TP, PP, CP, VP, EP, FSDP, micro- and
   global batch stated; tokens/s per GPU measured. What the tables do not say is taken as the performance recipes'
   defaults (sequence parallelism and TP communication overlap when tp > 1, the distributed optimizer, fused
-  attention, no recomputation, CP over p2p = ring, experts force-balanced and dropless) — said on every row.
+  attention, no recomputation, CP over p2p = ring, experts force-balanced and dropless) — said on every row —
+  except where the release's performance config says otherwise (:data:`RECIPE_SETTINGS`).
 - **Llama 3** (Dubey et al. 2024, Table 4): 405B on 8K/16K H100s, CP 16 at 128K; interleaving not stated.
 
 Every row has ``kinds`` (long_context: cp > 1; moe; blackwell; fp8; async_tp: TP communication overlap) so that
