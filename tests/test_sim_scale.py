@@ -259,9 +259,36 @@ def test_recipe_settings_the_tables_do_not_show():
     rows = [r for r in scale_runs.load_rows() if r["model"] == "qwen3-235b-a22b" and r["gpu"] == "h100"]
     assert len(rows) == 2
     for r in rows:   # Megatron-Bridge's Qwen3-235B H100 configs: no TP comm overlap, EP all-to-all overlap
-        assert r["tp"] == 2 and scale_runs.recipe_settings(r) == dict(tp_overlap=False, ep_overlap=True)
+        assert r["tp"] == 2 and scale_runs.recipe_settings(r) == dict(tp_overlap=False, ep_overlap=True,
+                                                                      recompute_modules=())
         assert "async_tp" not in scale_runs.kinds_of(r)
         s = scale_runs.strategy_of(r, sim.llama_size(r["model"], seq_len=r["seq_len"]))
         assert s.ep_overlap and not s.tp_overlap
     llama = next(r for r in scale_runs.load_rows() if r["model"] == "llama3-70b" and r["tp"] > 1)
-    assert scale_runs.recipe_settings(llama) == dict(tp_overlap=True, ep_overlap=False)
+    assert scale_runs.recipe_settings(llama) == dict(tp_overlap=True, ep_overlap=False, recompute_modules=())
+    oss = next(r for r in scale_runs.load_rows() if r["model"] == "gpt-oss-120b" and r["gpu"] == "h100")
+    assert scale_runs.recipe_settings(oss)["recompute_modules"] == ("layernorm", "moe_act")
+
+
+def test_recompute_modules_rerun_their_operators_in_backward():
+    """Megatron's --recompute-modules: backward re-runs exactly those operators' forward (moe_act: the experts'
+    activation; mla_up_proj: MLA's up projections and rotary part)."""
+    from simlib.sim.layer import module_recompute_ops, op_time, strategy_layer_ops
+    hw = sim.dgx_h100()
+    m = sim.llama_size("deepseek-v3")
+    s = sim.Strategy(dp=8, ep=8, attention="flash", micro_batch=1, num_micro_batches=2, zero_stage=1)
+    fwd = strategy_layer_ops(m, s, expert_layer=True)["forward"]
+    again = module_recompute_ops(fwd, ("moe_act", "mla_up_proj"))
+    assert sorted(op.name for op in again) == sorted(["recompute experts SwiGLU", "recompute MLA q up",
+                                                      "recompute MLA kv up", "recompute rotary embedding on Q, K"])
+    base, more = gpt_stage(m, hw, s), gpt_stage(m, hw, s.replace(recompute_modules=("moe_act", "mla_up_proj")))
+    moe_layers = m.moe_layers + m.mtp_layers   # pp = 1: every layer here; the dense ones re-run MLA's part only
+    dense_again = module_recompute_ops(strategy_layer_ops(m, s)["forward"], ("moe_act", "mla_up_proj"))
+    extra = moe_layers * sum(op_time(op, hw, s) for op in again) + \
+        m.dense_layers * sum(op_time(op, hw, s) for op in dense_again)
+    assert more["backward"] - base["backward"] == pytest.approx(extra)
+    assert more["forward"] == base["forward"]
+    with pytest.raises(ValueError, match="recompute_modules"):
+        sim.Strategy(recompute_modules=("attention",))
+    with pytest.raises(ValueError, match="recompute_modules"):
+        sim.Strategy(recompute="full", recompute_modules=("moe_act",))

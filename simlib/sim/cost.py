@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from .collectives import (all_gather, all_reduce, hierarchical_all_reduce, p2p, reduce_scatter,  # noqa: F401
                           ring_all_reduce, tree_all_reduce)
 from .compute import gemm_time, gemms_time  # noqa: F401
-from .layer import (embedding_ops, exposed_comm, head_ops, mtp_ops, op_time, ops_time,  # noqa: F401
-                    recompute_ops, strategy_layer_ops)
+from .layer import (embedding_ops, exposed_comm, head_ops, module_recompute_ops, mtp_ops, op_time,  # noqa: F401
+                    ops_time, recompute_ops, strategy_layer_ops)
 from .cluster_ops import MOE_LAYER_OVERHEAD
 from .overlap import TP_OVERLAP_GEMM_SLOWDOWN, tp_overlap_exposed
 from .memory import activation_bytes_per_layer, check_fits, memory_per_device
@@ -106,7 +106,8 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
     def price(expert_layer):
         ops = strategy_layer_ops(model, s, expert_layer)
         full = recompute_ops(ops["forward"], "full")
-        part = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model)
+        part = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model) + \
+            module_recompute_ops(ops["forward"], s.recompute_modules)
         (fc, fslow), (bc, bslow), (ac, aslow) = comm(ops["forward"]), comm(ops["backward"]), comm(part)
         (fullc, fullslow) = comm(full)
         if s.ep_overlap and expert_layer:   # EP all-to-all overlap (Megatron-Core's overlap_moe_expert_parallel_comm):

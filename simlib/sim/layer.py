@@ -326,6 +326,23 @@ def recompute_ops(forward, recompute: str, model=None):
     return []
 
 
+# What each of Megatron-Core's --recompute-modules re-runs in backward (TransformerConfig.recompute_modules): the two
+# norms before attention and MLP, the experts' activation, MLA's up projections with the rotary part, a dense MLP
+RECOMPUTE_MODULE_OPS = {
+    "layernorm": ("RMSNorm 1", "RMSNorm 2", "layer norm 1", "layer norm 2"),
+    "moe_act": ("experts SwiGLU", "experts GeLU"),
+    "mla_up_proj": ("MLA q up", "MLA kv up", "rotary embedding on Q, K"),
+    "mlp": ("MLP up", "MLP down", "SwiGLU silu·up", "bias+GeLU (fused)"),
+}
+
+
+def module_recompute_ops(forward, modules) -> list:
+    """The forward operators of ``modules`` (:data:`RECOMPUTE_MODULE_OPS`; their FP8 casts included) that
+    backward re-runs, named "recompute ..."."""
+    names = tuple(n for m in modules for n in RECOMPUTE_MODULE_OPS[m])
+    return [replace(op, name=f"recompute {op.name}") for op in forward if names and op.name.startswith(names)]
+
+
 def strategy_layer_ops(model, strategy, expert_layer: bool = False) -> dict:
     """:func:`layer_ops` for one micro-batch of ``strategy`` (an MoE layer if ``expert_layer``)."""
     s = strategy
@@ -342,7 +359,8 @@ def operator_table(model, hardware, strategy, processes: int = 1):
     s = strategy
     ops = strategy_layer_ops(model, s, expert_layer=bool(getattr(model, "experts", 0)))
     rows = []
-    again = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model)
+    again = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model) + \
+        module_recompute_ops(ops["forward"], s.recompute_modules)
     for phase, items in (("forward", ops["forward"]), ("recompute", again),
                          ("backward", ops["backward"])):
         for op in items:

@@ -35,11 +35,13 @@ INEXPRESSIBLE_MODELS: dict = {}   # every model of the set has its shape (DeepSe
 
 # Settings the tables do not show that differ from the recipe defaults above, read in Megatron-Bridge's
 # performance configs of the same release (tag v0.2.0 = the 25.11 container, v0.3.0 = 26.02;
-# scripts/performance/configs/qwen3/workload_base_configs.py and qwen3_llm_pretrain.py, in v0.3.0 configs/qwen/):
-# ``moe_a2a_overlap=True`` (helpers.set_moe_a2a_overlap_overrides: overlap_moe_expert_parallel_comm) and, for
-# Qwen3-235B on H100, ``CommOverlapConfig(tp_comm_overlap=False)``. DeepSeek-V3, GPT-OSS and Llama keep the defaults.
-# Keyed by (version, model, gpu): a table's row may differ from its config in a degree (25.11's Qwen3-235B on B200
-# ran vp 2 where the config says 4); the setting is taken for the row all the same.
+# scripts/performance/configs/{qwen3 or qwen, deepseek, gpt_oss}/*workload_base_configs.py and *_llm_pretrain.py):
+# ``moe_a2a_overlap=True`` (helpers.set_moe_a2a_overlap_overrides: overlap_moe_expert_parallel_comm), for
+# Qwen3-235B on H100 ``CommOverlapConfig(tp_comm_overlap=False)``, and ``recompute_modules`` (DeepSeek-V3,
+# GPT-OSS). Llama keeps the defaults. Keyed by (version, model, gpu): a table's row may differ from its config in a
+# degree (25.11's Qwen3-235B on B200 ran vp 2 where the config says 4); the setting is taken for the row all the same.
+_OSS = dict(recompute_modules=("layernorm", "moe_act"))
+_MLA_UP = dict(recompute_modules=("mla_up_proj",))
 RECIPE_SETTINGS = {
     ("25.11", "qwen3-235b-a22b", "b200"): dict(ep_overlap=True),
     ("25.11", "qwen3-235b-a22b", "h100"): dict(ep_overlap=True, tp_overlap=False),
@@ -47,13 +49,19 @@ RECIPE_SETTINGS = {
     ("26.02", "qwen3-235b-a22b", "b300"): dict(ep_overlap=True),
     ("26.02", "qwen3-235b-a22b", "h100"): dict(ep_overlap=True, tp_overlap=False),
     ("26.02", "qwen3-30b-a3b", "h100"): dict(ep_overlap=True),
+    ("25.11", "deepseek-v3", "gb300"): dict(recompute_modules=("moe_act",)),
+    ("25.11", "deepseek-v3", "gb200"): _MLA_UP, ("25.11", "deepseek-v3", "b200"): _MLA_UP,
+    ("26.02", "deepseek-v3", "gb300"): _MLA_UP,   # the FP8 config (the BF16 one has moe_act): the row is MXFP8
+    ("26.02", "deepseek-v3", "b200"): _MLA_UP,
+    **{(v, "gpt-oss-120b", g): _OSS for v in ("25.11", "26.02") for g in ("gb200", "b200", "h100")},
 }
 
 
 def recipe_settings(row: dict) -> dict:
-    """TP communication overlap and EP all-to-all overlap of a row: the recipe defaults, or RECIPE_SETTINGS."""
+    """TP communication overlap, EP all-to-all overlap and recomputed modules of a row: the recipe defaults, or
+    RECIPE_SETTINGS."""
     mb = row["source"] == "megatron-bridge"
-    out = dict(tp_overlap=row["tp"] > 1 and mb, ep_overlap=False)
+    out = dict(tp_overlap=row["tp"] > 1 and mb, ep_overlap=False, recompute_modules=())
     out.update(RECIPE_SETTINGS.get((row["version"], row["model"], row["gpu"]), {}) if mb else {})
     out["tp_overlap"] = out["tp_overlap"] and row["tp"] > 1
     return out

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from ..parallel import dims
 
 RECOMPUTE = ("none", "selective", "op", "every_other", "full")
+RECOMPUTE_MODULES = ("layernorm", "moe_act", "mla_up_proj", "mlp")   # Megatron's --recompute-modules (layer.py)
 ATTENTION = ("unfused", "flash", "flash1")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 CP_KINDS = ("allgather", "ring", "ulysses")
@@ -72,6 +73,8 @@ class Strategy:
                                      # passes flushes once per pass); num_micro_batches counts all of them
     pipeline_outer: bool = False     # Megatron-LM's rank order (tp-cp-ep-dp-pp): pipeline stages outermost, so a
                                      # data-/expert-parallel group is tp·cp ranks apart (not tp·cp·pp)
+    recompute_modules: tuple = ()    # with recompute none/selective: Megatron's --recompute-modules, re-run in
+                                     # backward (layernorm, moe_act, mla_up_proj, mlp; layer.module_recompute_ops)
     ep_overlap: bool = False         # Megatron's --overlap-moe-expert-parallel-comm: the dispatch/combine all-to-
                                      # alls of one micro-batch run beside another's compute (1F1B steady state)
     stage_layout: tuple = ()         # pp > 1: layers on each pipeline rank, first to last, all its model chunks
@@ -259,6 +262,10 @@ def _check_scale(s) -> None:
         raise ValueError("recompute_layers recomputes that many whole layers per stage: it needs recompute='full'")
     if (s.first_stage_layers or s.last_stage_layers) and (s.pp == 1 or s.virtual_stages > 1):
         raise ValueError("first_stage_layers / last_stage_layers need pp > 1 without interleaving")
+    if any(m not in RECOMPUTE_MODULES for m in s.recompute_modules) or (
+            s.recompute_modules and s.recompute not in ("none", "selective")):
+        raise ValueError(f"recompute_modules must be among {RECOMPUTE_MODULES}, with recompute 'none' or "
+                         f"'selective'; got {s.recompute_modules!r} with recompute={s.recompute!r}")
     if s.ep_overlap and s.ep == 1:
         raise ValueError("ep_overlap hides the expert-parallel all-to-alls: it needs ep > 1")
     if s.stage_layout and (s.first_stage_layers or s.last_stage_layers or s.pp == 1):
