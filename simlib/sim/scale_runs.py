@@ -34,7 +34,8 @@ INEXPRESSIBLE_MODELS: dict = {}   # every model of the set has its shape (DeepSe
 
 
 # Settings the tables do not show that differ from the recipe defaults above, read in Megatron-Bridge's
-# performance configs of the same release (tag v0.2.0 = the 25.11 container, v0.3.0 = 26.02;
+# performance configs of the same release (tag v0.2.2, whose docs first hold the 25.11 table, the settings used
+# here unchanged since v0.2.0; v0.3.0, whose docs hold the 26.02 table;
 # scripts/performance/configs/{qwen3 or qwen, deepseek, gpt_oss}/*workload_base_configs.py and *_llm_pretrain.py):
 # ``moe_a2a_overlap=True`` (helpers.set_moe_a2a_overlap_overrides: overlap_moe_expert_parallel_comm), for
 # Qwen3-235B on H100 ``CommOverlapConfig(tp_comm_overlap=False)``, and ``recompute_modules`` (DeepSeek-V3,
@@ -72,8 +73,9 @@ def deepseek_v3_layout(pp: int, vp: int) -> tuple | None:
     ``set_deepseek_v3_pipeline_model_parallel_layout``): its model chunks, 4 of [16, 16, 16, 13], 8 of
     [8, ..., 8, 5] or 16 of [4, ..., 4, 1], the embedding on the first chunk, the MTP module and the loss on the
     last (which takes 3 decoder layers' place). The recipe lists (pp, vp) = (4, 1), (8, 1), (4, 2), (16, 1),
-    (8, 2), (4, 4); the other layouts of the tables (pp 2 with vp 4 or 8) are taken as the same chunks for the
-    same count, an assumption. None where no chunk list of the recipe has pp × vp chunks."""
+    (8, 2), (4, 4) (the same at tags v0.2.2 and v0.3.0); 26.02's GB300 FP8 config runs pp 2 × vp 8 with the
+    16-chunk list (``pp_layout="Et*4|(t*4|)*14tmL"``); 25.11's pp 2 × vp 4 rows are taken as the 8-chunk list, an
+    assumption. None where no chunk list of the recipe has pp × vp chunks."""
     chunks = {4: [16, 16, 16, 13], 8: [8] * 7 + [5], 16: [4] * 15 + [1]}.get(pp * vp)
     if chunks is None:
         return None
