@@ -220,7 +220,11 @@ def test_scale_runs_are_stated_with_sources_and_a_fixed_split():
     out = scale_runs.predict_row(row)
     assert out["expressible"] and out["predicted"] > 0 and "long_context" in out["kinds"]
     dsv3 = scale_runs.predict_row(next(r for r in rows if r["model"] == "deepseek-v3"))
-    assert not dsv3["expressible"] and "latent attention" in dsv3["reason"]
+    assert dsv3["expressible"] and dsv3["predicted"] > 0 and "moe" in dsv3["kinds"]
+    oss = scale_runs.predict_row(next(r for r in rows if r["model"] == "gpt-oss-120b"))
+    assert oss["expressible"] and oss["predicted"] > 0
+    odd = scale_runs.predict_row(next(r for r in rows if r["model"] == "deepseek-v3" and r["pp"] * r["vp"] == 32))
+    assert not odd["expressible"] and "pipeline layout" in odd["reason"]
 
 
 def test_power_capped_hopper_parts_are_slower_than_sxm():
@@ -229,3 +233,62 @@ def test_power_capped_hopper_parts_are_slower_than_sxm():
     sxm, nvl, pcie = (sim.predict(m, sim.preset(name), s).step_time for name in ("h100", "h100-nvl", "h100-pcie"))
     assert sxm < nvl < pcie
     assert sim.preset("h100-nvl").memory_bytes > sim.preset("h100").memory_bytes
+
+
+def test_ep_overlap_hides_the_all_to_alls_behind_a_layers_compute():
+    """Megatron's overlap_moe_expert_parallel_comm: what fits in the layer's forward + backward compute is hidden,
+    and that compute slows by the overlap's SM share (overlap.TP_OVERLAP_GEMM_SLOWDOWN of the hidden time)."""
+    from simlib.sim.overlap import TP_OVERLAP_GEMM_SLOWDOWN
+    m, hw = sim.llama_size("qwen3-30b-a3b"), sim.dgx_h100()
+    for dp, ep in ((8, 8), (32, 32)):   # inside one node: all hidden; across four nodes: partly exposed
+        s = sim.Strategy(dp=dp, ep=ep, attention="flash", micro_batch=1, num_micro_batches=4, zero_stage=1)
+        plain, over = gpt_stage(m, hw, s), gpt_stage(m, hw, s.replace(ep_overlap=True))
+        hidden = plain["ep_comm"] - over["ep_comm"]
+        assert hidden > 0 and over["ep_comm"] >= 0
+        slower = over["forward"] + over["backward"] - plain["forward"] - plain["backward"]
+        assert slower == pytest.approx(TP_OVERLAP_GEMM_SLOWDOWN * hidden)
+        compute = plain["forward"] + plain["backward"]
+        assert hidden <= compute * (1 + 1e-9)
+        assert (over["ep_comm"] == 0.0) if ep == 8 else (over["ep_comm"] > 0.0)
+    with pytest.raises(ValueError, match="ep > 1"):
+        sim.Strategy(ep_overlap=True)
+
+
+def test_recipe_settings_the_tables_do_not_show():
+    from simlib.sim import scale_runs
+    rows = [r for r in scale_runs.load_rows() if r["model"] == "qwen3-235b-a22b" and r["gpu"] == "h100"]
+    assert len(rows) == 2
+    for r in rows:   # Megatron-Bridge's Qwen3-235B H100 configs: no TP comm overlap, EP all-to-all overlap
+        assert r["tp"] == 2 and scale_runs.recipe_settings(r) == dict(tp_overlap=False, ep_overlap=True,
+                                                                      recompute_modules=())
+        assert "async_tp" not in scale_runs.kinds_of(r)
+        s = scale_runs.strategy_of(r, sim.llama_size(r["model"], seq_len=r["seq_len"]))
+        assert s.ep_overlap and not s.tp_overlap
+    llama = next(r for r in scale_runs.load_rows() if r["model"] == "llama3-70b" and r["tp"] > 1)
+    assert scale_runs.recipe_settings(llama) == dict(tp_overlap=True, ep_overlap=False, recompute_modules=())
+    oss = next(r for r in scale_runs.load_rows() if r["model"] == "gpt-oss-120b" and r["gpu"] == "h100")
+    assert scale_runs.recipe_settings(oss)["recompute_modules"] == ("layernorm", "moe_act")
+
+
+def test_recompute_modules_rerun_their_operators_in_backward():
+    """Megatron's --recompute-modules: backward re-runs exactly those operators' forward (moe_act: the experts'
+    activation; mla_up_proj: MLA's up projections and rotary part)."""
+    from simlib.sim.layer import module_recompute_ops, op_time, strategy_layer_ops
+    hw = sim.dgx_h100()
+    m = sim.llama_size("deepseek-v3")
+    s = sim.Strategy(dp=8, ep=8, attention="flash", micro_batch=1, num_micro_batches=2, zero_stage=1)
+    fwd = strategy_layer_ops(m, s, expert_layer=True)["forward"]
+    again = module_recompute_ops(fwd, ("moe_act", "mla_up_proj"))
+    assert sorted(op.name for op in again) == sorted(["recompute experts SwiGLU", "recompute MLA q up",
+                                                      "recompute MLA kv up", "recompute rotary embedding on Q, K"])
+    base, more = gpt_stage(m, hw, s), gpt_stage(m, hw, s.replace(recompute_modules=("moe_act", "mla_up_proj")))
+    moe_layers = m.moe_layers + m.mtp_layers   # pp = 1: every layer here; the dense ones re-run MLA's part only
+    dense_again = module_recompute_ops(strategy_layer_ops(m, s)["forward"], ("moe_act", "mla_up_proj"))
+    extra = moe_layers * sum(op_time(op, hw, s) for op in again) + \
+        m.dense_layers * sum(op_time(op, hw, s) for op in dense_again)
+    assert more["backward"] - base["backward"] == pytest.approx(extra)
+    assert more["forward"] == base["forward"]
+    with pytest.raises(ValueError, match="recompute_modules"):
+        sim.Strategy(recompute_modules=("attention",))
+    with pytest.raises(ValueError, match="recompute_modules"):
+        sim.Strategy(recompute="full", recompute_modules=("moe_act",))

@@ -42,7 +42,7 @@ def cp_ops(model, micro_batch: int, tp: int, cp: int, kind: str, width: int = 2)
     if cp == 1:
         return dict(forward=[], backward=[])
     b, s, d = micro_batch, model.seq_len, model.head_dim
-    kv_full = width * 2 * b * s * model.kv * d / tp          # K and V of the whole sequence on this tp rank
+    kv_full = width * b * s * model.kv_width / tp            # K and V of the whole sequence on this tp rank
     if kind == "allgather":
         return dict(forward=[_op("CP all-gather K, V", "comm", kv_full, collective="all_gather", group="cp")],
                     backward=[_op("CP all-gather K, V again", "comm", kv_full, collective="all_gather", group="cp"),
@@ -56,7 +56,7 @@ def cp_ops(model, micro_batch: int, tp: int, cp: int, kind: str, width: int = 2)
                                   collective="p2p", group="cp", overlap="attention")])
     if kind == "ulysses":
         q = width * b * s / cp * model.hidden / tp             # one rank's Q (and the output)
-        kv = width * b * s / cp * model.kv * d / tp           # one rank's K (and V)
+        kv = width * b * s / cp * model.kv_width / 2 / tp     # one rank's K (and V)
         ins = [_op(f"Ulysses all-to-all {x}", "comm", size, collective="all_to_all", group="cp")
                for x, size in (("Q", q), ("K", kv), ("V", kv))]
         out = [_op("Ulysses all-to-all output", "comm", q, collective="all_to_all", group="cp")]

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from .collectives import (all_gather, all_reduce, hierarchical_all_reduce, p2p, reduce_scatter,  # noqa: F401
                           ring_all_reduce, tree_all_reduce)
 from .compute import gemm_time, gemms_time  # noqa: F401
-from .layer import (embedding_ops, exposed_comm, head_ops, op_time, ops_time, recompute_ops,  # noqa: F401
-                    strategy_layer_ops)
+from .layer import (embedding_ops, exposed_comm, head_ops, module_recompute_ops, mtp_ops, op_time,  # noqa: F401
+                    ops_time, recompute_ops, strategy_layer_ops)
 from .cluster_ops import MOE_LAYER_OVERHEAD
-from .overlap import tp_overlap_exposed
+from .overlap import TP_OVERLAP_GEMM_SLOWDOWN, tp_overlap_exposed
 from .memory import activation_bytes_per_layer, check_fits, memory_per_device
 from .topology import Placement, group_collective, group_ranks, p2p_time, placement
 
@@ -106,9 +106,20 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
     def price(expert_layer):
         ops = strategy_layer_ops(model, s, expert_layer)
         full = recompute_ops(ops["forward"], "full")
-        part = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model)
+        part = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model) + \
+            module_recompute_ops(ops["forward"], s.recompute_modules)
         (fc, fslow), (bc, bslow), (ac, aslow) = comm(ops["forward"]), comm(ops["backward"]), comm(part)
         (fullc, fullslow) = comm(full)
+        if s.ep_overlap and expert_layer:   # EP all-to-all overlap (Megatron-Core's overlap_moe_expert_parallel_comm):
+            # a forward's dispatch/combine run beside another micro-batch's backward and vice versa, so only what
+            # exceeds the layer's forward + backward compute stays exposed (pipeline warm-up/cool-down not apart);
+            # the compute beside them slows as the TP overlap's GEMMs do (DeepEP's kernels take SMs: overlap.py)
+            a2a = fc["ep"] + bc["ep"]
+            hidden = min(a2a, t(ops["forward"]) + t(ops["backward"]))
+            left = 1.0 - hidden / a2a if a2a else 1.0
+            fc, bc = {**fc, "ep": fc["ep"] * left}, {**bc, "ep": bc["ep"] * left}
+            slowdown = hidden * TP_OVERLAP_GEMM_SLOWDOWN
+            fslow, bslow = fslow + slowdown / 3, bslow + 2 * slowdown / 3
         host = MOE_LAYER_OVERHEAD if expert_layer and hardware.peak_flops else 0.0   # GPUs: the dispatcher's syncs
         fslow, bslow = fslow + host / 3, bslow + 2 * host / 3
         return dict(fwd=t(ops["forward"]) + fslow, bwd=t(ops["backward"]) + bslow, again=t(part) + aslow,
@@ -117,11 +128,13 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
     kinds = {False: price(False)}
     if model.experts:
         kinds[True] = price(True)
-    stages = s.stage_layers(model.layers) if s.virtual_stages == 1 else [model.layers / s.pp] * s.pp
+    stages = s.stage_layers(model.layers) if s.virtual_stages == 1 or s.stage_layout else \
+        [model.layers / s.pp] * s.pp
     dense_end = model.dense_layers if model.experts else model.layers
     # the logits GEMM stays in 16 bits under FP8 training (Transformer Engine converts the layers' Linears)
     ends_strategy = s.replace(dtype="bf16") if s.dtype in ("fp8", "fp4") else s
     embed, head = embedding_ops(model, s.micro_batch, s.tp, w, s.cp), head_ops(model, s.micro_batch, s.tp, w, s.cp)
+    mtp = mtp_ops(model, s.micro_batch, s.tp, w, s.cp)   # multi-token prediction: on the last stage (Megatron-Core)
 
     def t_end(items):
         return sum(ops_time(items, hardware, ends_strategy, processes, s.threads, k) for k in compute)
@@ -131,6 +144,8 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
         start = sum(stages[:i])
         dense = max(0, min(dense_end, start + n) - start)
         counts = {False: dense, True: n - dense} if model.experts else {False: n}
+        if i == len(stages) - 1 and model.mtp_layers:   # each MTP module's block (an MoE block with experts)
+            counts[bool(model.experts)] += model.mtp_layers
         out = dict(forward=0.0, backward=0.0, forward_comm=0.0, backward_comm=0.0, cp_comm=0.0, ep_comm=0.0)
         left = s.recompute_layers
         for moe, c in counts.items():
@@ -151,7 +166,7 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
         layers_here = max(n, 1)
         out["layer_forward"] = out["forward"] / layers_here
         out["layer_backward"] = out["backward"] / layers_here
-        ends = ([embed] if i == 0 else []) + ([head] if i == len(stages) - 1 else [])
+        ends = ([embed] if i == 0 else []) + ([head, mtp] if i == len(stages) - 1 else [])
         for e in ends:
             out["forward"] += t_end(e["forward"])
             out["backward"] += t_end(e["backward"])

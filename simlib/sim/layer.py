@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .cluster_ops import cp_ops, exposed_comm, moe_ops  # noqa: F401 - exposed_comm: used by cost
+from .attention import mean_pairs, mla_gemms
 from .compute import gemm_time
 from .ops import Op, _backward_gemms, _gemm  # noqa: F401 - Op is this module's vocabulary
 from .topology import group_collective, placement
@@ -53,6 +54,12 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
     element forward, ≈60 backward, where a fused kernel moves 4 and 16), rotary embeddings through complex fp32
     (≈20 bytes per element each way), SwiGLU as ``silu`` then ``·`` (10 forward, 18 backward), grouped-query K and V
     repeated to all heads before attention, and the attention output transposed back to contiguous.
+
+    Attention variants (:mod:`simlib.sim.attention`): multi-head latent attention replaces the QKV GEMM by its
+    down projections, two latent RMSNorms and up projections, and the kernel runs over query/key and value
+    dimensions of their own (``model.attention_dim``); a sliding window on some layers shrinks the fused kernel's
+    work to the pairs it sees (averaged over the layers; unfused attention still computes the whole s × s and
+    masks it).
 
     ``cp`` > 1: the layer works on s/cp tokens of each sequence, its attention on s/cp queries against all s keys
     (causal, zig-zag balanced), with the context-parallel collectives of ``cp_kind`` (:func:`cluster_ops.cp_ops`).
@@ -91,7 +98,13 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         f_fwd, f_bwd = [], collective("f backward all-reduce", "all_reduce")
         g_fwd, g_bwd = collective("g all-reduce", "all_reduce"), []
 
-    qkv = _gemm("QKV", t, h, model.qkv_width // tp)
+    if model.mla:   # latent down projections (whole on every tp rank), their RMSNorms, up projections
+        qkv_gemms = [_gemm(name, m, k, n) for name, m, k, n in mla_gemms(model, t, tp)]
+        latent = t * (model.q_lora + model.kv_lora)
+        latent_norms = [Op("MLA latent RMSNorms", "memory", 2 * w * latent)]
+        latent_norms_bwd = [Op("MLA latent RMSNorms backward", "memory", 4 * w * latent)]
+    else:
+        qkv_gemms, latent_norms, latent_norms_bwd = [_gemm("QKV", t, h, model.qkv_width // tp)], [], []
     proj = _gemm("attention out", t, model.q_width // tp, h)
     up = _gemm("MLP up" + (" + gate" if model.gated_mlp else ""), t, h, model.up_width // tp)
     down = _gemm("MLP down", t, model.ffn // tp, h)
@@ -104,12 +117,15 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
     else:
         act = Op("bias+GeLU (fused)", "memory", 2 * w * f_tp)
         act_bwd = Op("bias+GeLU backward (+ bias grad)", "memory", 4 * w * f_tp)
-    rope = [Op("rotary embedding on Q, K", "memory", 2 * w * t * (h + model.kv * d) / tp)] \
-        if model.position == "rope" else []
-    rope_bwd = [Op("rotary embedding backward", "memory", 2 * w * t * (h + model.kv * d) / tp)] if rope else []
-    if attention != "unfused":
-        core_fwd = [*rope, Op(f"{attention} attention", "attention", 0.0, (sq, d, s), b * heads)]
-        core_bwd = [Op(f"{attention} attention backward", "attention", 0.0, (sq, d, s), b * heads), *rope_bwd]
+    # rotary on Q and K (MLA: only the rope part of each head's query and the one shared rotary key)
+    rope_w = (a * model.qk_rope / tp + model.qk_rope) if model.mla else (h + model.kv * d) / tp
+    rope = [Op("rotary embedding on Q, K", "memory", 2 * w * t * rope_w)] if model.position == "rope" else []
+    rope_bwd = [Op("rotary embedding backward", "memory", 2 * w * t * rope_w)] if rope else []
+    if attention != "unfused":   # sliding windows (attention.mean_pairs) make the kernel's work smaller
+        pairs, da = mean_pairs(model, s, cp), model.attention_dim
+        core_fwd = [*rope, Op(f"{attention} attention", "attention", 0.0, (sq, da, s), b * heads, pairs=pairs)]
+        core_bwd = [Op(f"{attention} attention backward", "attention", 0.0, (sq, da, s), b * heads, pairs=pairs),
+                    *rope_bwd]
     else:
         scores = _gemm("scores Q·Kᵀ", sq, d, s, b * heads)
         context = _gemm("context P·V", sq, s, d, b * heads)
@@ -146,6 +162,10 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         pairs.append(("attention output made contiguous", 2 * w * th_tp, 2 * w * th_tp))
         eager_fwd = [Op(name, "memory", fwd) for name, fwd, _ in pairs]
         eager_bwd = [Op(f"{name} backward", "memory", bwd) for name, _, bwd in pairs]
+    qkv_fwd = [op for g in qkv_gemms for op in (*cast(g.name, g), g)]
+    qkv_fwd[len(qkv_fwd) // 2:len(qkv_fwd) // 2] = latent_norms        # MLA: after the down projections
+    qkv_bwd = [op for g in reversed(qkv_gemms) for op in (*cast_bwd(g.name, g), *_backward_gemms(g))]
+    qkv_bwd[len(qkv_bwd) // 2:len(qkv_bwd) // 2] = latent_norms_bwd
     context_par = cp_ops(model, b, tp, cp, cp_kind, w)
     core_fwd = [*context_par["forward"], *core_fwd]
     core_bwd = [*core_bwd, *context_par["backward"]]
@@ -158,7 +178,7 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
                    *_backward_gemms(up), *f_bwd]
     forward = [
         *eager_fwd,
-        Op(f"{norm} 1", "memory", 2 * w * local), *f_fwd, *cast("QKV", qkv), qkv, *core_fwd,
+        Op(f"{norm} 1", "memory", 2 * w * local), *f_fwd, *qkv_fwd, *core_fwd,
         *cast("attention out", proj), proj, *g_fwd,
         Op(add, "memory", (3 * w + mask) * local),
         Op(f"{norm} 2", "memory", 2 * w * local), *mlp_fwd,
@@ -169,8 +189,7 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         Op(f"{norm} 2 backward (+ residual grad)", "memory", 8 * w * local),
         Op(add_bwd, "memory", (3 * w + mask) * local), *g_bwd, *cast_bwd("attention out", proj),
         *_backward_gemms(proj), *core_bwd,
-        Op("Q,K,V grads gathered (+ bias grad)", "memory", 3 * w * qkv_tp),
-        *cast_bwd("QKV", qkv), *_backward_gemms(qkv), *f_bwd,
+        Op("Q,K,V grads gathered (+ bias grad)", "memory", 3 * w * qkv_tp), *qkv_bwd, *f_bwd,
         Op(f"{norm} 1 backward (+ residual grad)", "memory", 8 * w * local),
         *eager_bwd,
     ]
@@ -190,6 +209,21 @@ def head_ops(model, micro_batch: int, tp: int = 1, width: int = 2, cp: int = 1) 
     n = t * model.vocab / tp
     return dict(forward=[logits, Op("cross-entropy (fp32)", "memory", 38.0 * n)],
                 backward=[Op("cross-entropy backward", "memory", 22.0 * n), *_backward_gemms(logits)])
+
+
+def mtp_ops(model, micro_batch: int, tp: int = 1, width: int = 2, cp: int = 1) -> dict:
+    """What each multi-token-prediction module adds on the last stage besides its transformer block
+    (:mod:`simlib.sim.attention`; DeepSeek-V3 report §2.2): the next tokens' embedding lookup, the two RMSNorms,
+    the projection M (2h → h, column-parallel) and the shared head's logits and cross-entropy once more."""
+    if not model.mtp_layers:
+        return dict(forward=[], backward=[])
+    t, h, w, n = micro_batch * model.seq_len // cp, model.hidden, width, model.mtp_layers
+    proj = _gemm("MTP projection", t, 2 * h, h // tp, n)
+    head = head_ops(model, micro_batch, tp, width, cp)
+    fwd = [Op("MTP embedding lookup", "memory", n * 2 * w * t * h), Op("MTP RMSNorms", "memory", n * 4 * w * t * h),
+           proj, *(head["forward"] * n)]
+    bwd = [*(head["backward"] * n), *_backward_gemms(proj), Op("MTP RMSNorms backward", "memory", n * 8 * w * t * h)]
+    return dict(forward=fwd, backward=bwd)
 
 
 def embedding_ops(model, micro_batch: int, tp: int = 1, width: int = 2, cp: int = 1) -> dict:
@@ -292,6 +326,23 @@ def recompute_ops(forward, recompute: str, model=None):
     return []
 
 
+# What each of Megatron-Core's --recompute-modules re-runs in backward (TransformerConfig.recompute_modules): the two
+# norms before attention and MLP, the experts' activation, MLA's up projections with the rotary part, a dense MLP
+RECOMPUTE_MODULE_OPS = {
+    "layernorm": ("RMSNorm 1", "RMSNorm 2", "layer norm 1", "layer norm 2"),
+    "moe_act": ("experts SwiGLU", "experts GeLU"),
+    "mla_up_proj": ("MLA q up", "MLA kv up", "rotary embedding on Q, K"),
+    "mlp": ("MLP up", "MLP down", "SwiGLU silu·up", "bias+GeLU (fused)"),
+}
+
+
+def module_recompute_ops(forward, modules) -> list:
+    """The forward operators of ``modules`` (:data:`RECOMPUTE_MODULE_OPS`; their FP8 casts included) that
+    backward re-runs, named "recompute ..."."""
+    names = tuple(n for m in modules for n in RECOMPUTE_MODULE_OPS[m])
+    return [replace(op, name=f"recompute {op.name}") for op in forward if names and op.name.startswith(names)]
+
+
 def strategy_layer_ops(model, strategy, expert_layer: bool = False) -> dict:
     """:func:`layer_ops` for one micro-batch of ``strategy`` (an MoE layer if ``expert_layer``)."""
     s = strategy
@@ -308,7 +359,8 @@ def operator_table(model, hardware, strategy, processes: int = 1):
     s = strategy
     ops = strategy_layer_ops(model, s, expert_layer=bool(getattr(model, "experts", 0)))
     rows = []
-    again = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model)
+    again = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model) + \
+        module_recompute_ops(ops["forward"], s.recompute_modules)
     for phase, items in (("forward", ops["forward"]), ("recompute", again),
                          ("backward", ops["backward"])):
         for op in items:

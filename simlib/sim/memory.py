@@ -70,7 +70,10 @@ def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: 
             split = model.qkv_width + f + h
         return 2.0 * sb * (split / tp + h / shard)
     replicated = 2 * 4 * h + 2 * mask * h                          # norm inputs, QKV and MLP inputs, masks
-    split = 2 * (model.qkv_width + h + model.up_width + f + (f if model.gated_mlp else 0))
+    if getattr(model, "mla", False):   # MLA: both latents, as their norms' and the up projections' inputs (whole
+        replicated += 2 * 2 * (model.q_lora + model.kv_lora)     # on every tp rank: the down projections are)
+    # Q, K, V, the attention output (heads × head_dim wide, or MLA's heads × v), the MLP's tensors
+    split = 2 * (model.qkv_width + model.q_width + model.up_width + f + (f if model.gated_mlp else 0))
     scores = 0.0 if attention != "unfused" or recompute == "selective" else 5.0 * a * s * b * s / tp
     return sb * (replicated / shard + split / tp) + scores
 
@@ -120,7 +123,8 @@ def memory_per_device(model, strategy) -> dict:
     w_b, g_b, o_b = param_bytes(strategy)
     cp, ep = getattr(strategy, "cp", 1), getattr(strategy, "ep", 1)
     experts = model.expert_params if getattr(model, "experts", 0) else 0
-    stages = strategy.stage_layers(model.layers) if strategy.virtual_stages == 1 and model.kind == "gpt" else None
+    stages = strategy.stage_layers(model.layers) if model.kind == "gpt" and (
+        strategy.virtual_stages == 1 or getattr(strategy, "stage_layout", ())) else None
     share = stages[0] / model.layers if stages else 1 / strategy.pp   # the first stage's share of the layers
     dense_here = (model.params - experts) / (strategy.tp * strategy.pp)
     expert_here = experts * share / ep
@@ -131,7 +135,7 @@ def memory_per_device(model, strategy) -> dict:
         return nbytes * (dense_here / (dp if strategy.zero_stage >= stage else 1)
                          + expert_here / (edp if strategy.zero_stage >= stage else 1))
     weights, grads, optimizer = sharded(w_b, 3), sharded(g_b, 2), sharded(o_b, 1)
-    layers_here = model.layers * share
+    layers_here = model.layers * share + (getattr(model, "mtp_layers", 0) if strategy.pp == 1 else 0)
     seq_model = replace(model, seq_len=model.seq_len // cp) if cp > 1 else model
     per_layer = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, strategy.recompute,
                                            strategy.sequence_parallel, strategy.attention)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .attention import mla_gemms, mla_params, mtp_params
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -51,6 +53,17 @@ class ModelSpec:
     dense_layers: int = 0        # leading layers with a dense MLP instead (DeepSeek-V3: the first 3)
     capacity_factor: float = 0.0  # tokens an expert takes, over the even share (0: dropless, no cap)
     head_size: int = 0           # GPT: head dimension when it is not hidden / heads (Qwen3: 128); 0: hidden/heads
+    # attention variants (simlib.sim.attention): multi-head latent attention when kv_lora > 0 (DeepSeek-V2/V3),
+    # multi-token-prediction modules, sliding windows on some layers and attention sinks (GPT-OSS)
+    q_lora: int = 0              # MLA: query latent width (DeepSeek-V3: 1536)
+    kv_lora: int = 0             # MLA: key/value latent width (512); 0: not MLA
+    qk_nope: int = 0             # MLA: per-head query/key dimensions without rotary (128)
+    qk_rope: int = 0             # MLA: per-head rotary query/key dimensions, the key's shared by all heads (64)
+    v_head: int = 0              # MLA: per-head value dimension (128)
+    mtp_layers: int = 0          # multi-token-prediction modules after the last layer (DeepSeek-V3: 1)
+    window: int = 0              # sliding-window width in tokens on ``window_layers`` of the layers (0: none)
+    window_layers: int = 0       # how many layers use the window (GPT-OSS: every second one, 18 of 36)
+    sinks: bool = False          # a learned attention-sink logit per head in every layer (GPT-OSS)
 
     def __post_init__(self):
         for name in ("params", "layers", "hidden", "seq_len", "heads"):
@@ -72,6 +85,12 @@ class ModelSpec:
             if not 0 <= self.dense_layers < self.layers or self.capacity_factor < 0 or self.shared_experts < 0:
                 raise ValueError(f"dense_layers must be in [0, layers), capacity_factor and shared_experts >= 0; "
                                  f"got {self.dense_layers}, {self.capacity_factor}, {self.shared_experts}")
+        if self.kv_lora and not (self.q_lora > 0 and self.qk_nope > 0 and self.qk_rope > 0 and self.v_head > 0):
+            raise ValueError(f"multi-head latent attention needs q_lora, qk_nope, qk_rope and v_head > 0, got "
+                             f"{self.q_lora}, {self.qk_nope}, {self.qk_rope}, {self.v_head}")
+        if self.window < 0 or not 0 <= self.window_layers <= self.layers or self.mtp_layers < 0:
+            raise ValueError(f"window >= 0, window_layers in [0, layers] and mtp_layers >= 0, got {self.window}, "
+                             f"{self.window_layers}, {self.mtp_layers}")
 
     @property
     def kv(self) -> int:
@@ -88,14 +107,35 @@ class ModelSpec:
         return self.head_size or self.hidden // self.heads
 
     @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3)."""
+        return self.kv_lora > 0
+
+    @property
+    def attention_dim(self) -> float:
+        """The head dimension the attention kernel's FLOPs see: d, or MLA's mean of query/key (nope + rope) and
+        value dimensions (Q·Kᵀ runs over the first, P·V over the second)."""
+        return (self.qk_nope + self.qk_rope + self.v_head) / 2 if self.mla else self.head_dim
+
+    @property
     def q_width(self) -> int:
-        """Width of Q (and of the attention output before its projection): heads × head_dim."""
-        return self.heads * self.head_dim
+        """Width of the attention output before its projection: heads × head_dim (MLA: heads × v_head)."""
+        return self.heads * (self.v_head if self.mla else self.head_dim)
+
+    @property
+    def kv_width(self) -> int:
+        """Width of K and V together as the attention kernel reads them: 2·kv·d (MLA: heads·(nope + rope + v))."""
+        if self.mla:
+            return self.heads * (self.qk_nope + self.qk_rope + self.v_head)
+        return 2 * self.kv * self.head_dim
 
     @property
     def qkv_width(self) -> int:
-        """Output width of the fused QKV projection: h for Q, 2·kv·d for K and V."""
-        return self.q_width + 2 * self.kv * self.head_dim
+        """Width of Q, K and V: the fused QKV projection's output, h for Q and 2·kv·d for K and V (MLA: what the
+        up projections and the rotary part give the kernel, heads·(2·(nope + rope) + v))."""
+        if self.mla:
+            return self.heads * (self.qk_nope + self.qk_rope) + self.kv_width
+        return self.heads * self.head_dim + self.kv_width
 
     @property
     def up_width(self) -> int:
@@ -119,7 +159,8 @@ class ModelSpec:
     @property
     def expert_params(self) -> int:
         """Parameters of the routed experts over all MoE layers (split over expert-parallel ranks)."""
-        return self.moe_layers * self.experts * (3 if self.gated_mlp else 2) * self.hidden * self.expert_width
+        blocks = self.moe_layers + (self.mtp_layers if self.experts else 0)   # an MTP block is an MoE block too
+        return blocks * self.experts * (3 if self.gated_mlp else 2) * self.hidden * self.expert_width
 
     def mlp_gemms(self, t: int, tp: int, layers: int, moe: bool):
         """The MLP's forward GEMMs for ``t`` tokens over ``layers`` layers: a dense MLP, or the router, the
@@ -143,19 +184,39 @@ class ModelSpec:
             rows = self.rows or (1,) * len(self.linears)
             per_layer = [(micro_batch * r, i, o, 1) for (i, o), r in zip(self.linears, rows)]
             return per_layer if layers == self.layers else per_layer[:layers]
+        moe = self.moe_layers if layers == self.layers else round(self.moe_layers * layers / self.layers)
+        windowed = self.window_layers if layers == self.layers else round(self.window_layers * layers / self.layers)
+        gemms = self._block_gemms(micro_batch, tp, layers, moe, windowed)
+        t, h = micro_batch * self.seq_len, self.hidden
+        if layers == self.layers and self.vocab:
+            gemms.append((t, h, self.vocab // tp, 1))                    # logits
+        if layers == self.layers and self.mtp_layers:                  # multi-token prediction (attention.py)
+            n = self.mtp_layers
+            gemms += [(t, 2 * h, h, n), *self._block_gemms(micro_batch, tp, n, n if self.experts else 0, 0),
+                      *([(t, h, self.vocab // tp, n)] if self.vocab else [])]
+        return gemms
+
+    def _block_gemms(self, micro_batch: int, tp: int, layers: int, moe: int, windowed: int):
+        """Forward GEMMs of ``layers`` transformer blocks, ``moe`` of them with experts and ``windowed`` of them
+        with the sliding window (each query against ``window`` keys instead of the whole sequence)."""
         t, h, s, a = micro_batch * self.seq_len, self.hidden, self.seq_len, self.heads
         heads_here = max(a // tp, 1)
-        gemms = [(t, h, self.qkv_width // tp, layers),                   # QKV, column-parallel
-                 (s, self.head_dim, s, micro_batch * heads_here * layers),  # scores Q·Kᵀ per head
-                 (s, s, self.head_dim, micro_batch * heads_here * layers),  # scores · V
-                 (t, self.q_width // tp, h, layers)]                     # output projection, row-parallel
-        moe = self.moe_layers if layers == self.layers else round(self.moe_layers * layers / self.layers)
+        if self.mla:
+            gemms = [(m, k, n, layers) for _, m, k, n in mla_gemms(self, t, tp)]   # latent down/up projections
+        else:
+            gemms = [(t, h, self.qkv_width // tp, layers)]                # QKV, column-parallel
+        d_qk = self.qk_nope + self.qk_rope if self.mla else self.head_dim
+        d_v = self.v_head if self.mla else self.head_dim
+        windowed = windowed if self.window and self.window < s else 0
+        for n, keys in ((layers - windowed, s), (windowed, self.window)):
+            if n:
+                gemms += [(s, d_qk, keys, micro_batch * heads_here * n),  # scores Q·Kᵀ per head
+                          (s, keys, d_v, micro_batch * heads_here * n)]   # scores · V
+        gemms.append((t, self.q_width // tp, h, layers))                 # output projection, row-parallel
         if layers - moe:
             gemms += self.mlp_gemms(t, tp, layers - moe, False)          # MLP up (and gate), down
         if moe:
             gemms += self.mlp_gemms(t, tp, moe, True)
-        if layers == self.layers and self.vocab:
-            gemms.append((t, h, self.vocab // tp, 1))                    # logits
         return gemms
 
     def forward_flops(self, micro_batch: int, tp: int = 1) -> float:
@@ -210,7 +271,9 @@ def transformer(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab
                 norm: str = "layernorm", position: str = "learned", bias: bool = True, dropout: bool = True,
                 experts: int = 0, top_k: int = 1, expert_ffn: int = 0, shared_experts: int = 0,
                 dense_layers: int = 0, capacity_factor: float = 0.0, head_dim: int = 0,
-                name: str | None = None) -> ModelSpec:
+                expert_bias: bool = False, router_bias: bool = False, q_lora: int = 0, kv_lora: int = 0,
+                qk_nope: int = 0, qk_rope: int = 0, v_head: int = 0, mtp_layers: int = 0, window: int = 0,
+                window_layers: int = 0, sinks: bool = False, name: str | None = None) -> ModelSpec:
     """A decoder-only transformer of any of today's families; parameters counted from its shapes.
 
     Per layer: Q and output projections h·h each, K and V h·(kv·d) each, the MLP (3 if gated else 2)·h·f,
@@ -219,7 +282,14 @@ def transformer(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab
 
     ``experts`` > 0 makes the MLP of every layer after the first ``dense_layers`` a mixture of experts: a router
     (h·E), ``experts`` routed experts and ``shared_experts`` shared ones, each a (gated) MLP of width
-    ``expert_ffn`` (default ``ffn_hidden``); each token goes to ``top_k`` routed experts (no biases in them)."""
+    ``expert_ffn`` (default ``ffn_hidden``); each token goes to ``top_k`` routed experts (biases in them and in
+    the router only with ``expert_bias`` / ``router_bias``: GPT-OSS has both, DeepSeek-V3 a router bias).
+
+    Attention variants (:mod:`simlib.sim.attention`): ``kv_lora`` > 0 makes every layer's attention multi-head
+    latent attention (``q_lora``, ``qk_nope``, ``qk_rope``, ``v_head``; no biases), counted by
+    :func:`attention.mla_params` in place of Q, K, V, O; ``mtp_layers`` multi-token-prediction modules add
+    :func:`attention.mtp_params` each (their block an MoE block when the model has experts; embedding and head
+    shared); ``window``/``window_layers`` add no parameters; ``sinks`` adds one per head per layer."""
     for label, value in (("layers", layers), ("hidden", hidden), ("heads", heads), ("seq_len", seq_len)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be a positive int, got {value!r}")
@@ -230,14 +300,21 @@ def transformer(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab
         raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
     d, f = head_dim or hidden // heads, ffn_hidden or 4 * hidden
     norm_params = (2 if norm == "layernorm" and bias else 1) * hidden
-    attention = 2 * hidden * heads * d + 2 * hidden * kv * d + (hidden + heads * d + 2 * kv * d if bias else 0)
+    if kv_lora:
+        attention = mla_params(hidden, heads, q_lora, kv_lora, qk_nope, qk_rope, v_head)
+    else:
+        attention = 2 * hidden * heads * d + 2 * hidden * kv * d + (hidden + heads * d + 2 * kv * d if bias else 0)
+    attention += heads if sinks else 0
     mlp = (3 if gated_mlp else 2) * hidden * f + ((2 if gated_mlp else 1) * f + hidden if bias else 0)
     per_layer = attention + mlp + 2 * norm_params
-    moe_extra = 0
+    moe_extra, moe_mlp = 0, mlp
     if experts:   # an MoE layer's MLP: the router, routed and shared experts instead of the dense MLP
-        ef = expert_ffn or f
-        moe_mlp = hidden * experts + (experts + shared_experts) * (3 if gated_mlp else 2) * hidden * ef
+        ef, g = expert_ffn or f, (2 if gated_mlp else 1)
+        moe_mlp = (hidden * experts + (experts + shared_experts) * (g + 1) * hidden * ef
+                   + (experts if router_bias else 0) + (experts * (g * ef + hidden) if expert_bias else 0))
         moe_extra = (layers - dense_layers) * (moe_mlp - mlp)
+    if mtp_layers:
+        moe_extra += mtp_layers * mtp_params(hidden, norm_params, per_layer - mlp + moe_mlp)
     params = (layers * per_layer + moe_extra + vocab * hidden * (1 if tied_embeddings else 2)
               + (seq_len * hidden if position == "learned" else 0) + norm_params)
     return ModelSpec(name or f"transformer {params / 1e9:.1f}B", params, layers, hidden, seq_len=seq_len,
@@ -245,17 +322,22 @@ def transformer(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab
                      gated_mlp=gated_mlp, tied_embeddings=tied_embeddings, norm=norm, position=position,
                      dropout=dropout, experts=experts, top_k=top_k, expert_ffn=expert_ffn if experts else 0,
                      shared_experts=shared_experts, dense_layers=dense_layers if experts else 0,
-                     capacity_factor=capacity_factor, head_size=head_dim if head_dim != hidden // heads else 0)
+                     capacity_factor=capacity_factor, head_size=head_dim if head_dim != hidden // heads else 0,
+                     q_lora=q_lora if kv_lora else 0, kv_lora=kv_lora, qk_nope=qk_nope if kv_lora else 0,
+                     qk_rope=qk_rope if kv_lora else 0, v_head=v_head if kv_lora else 0, mtp_layers=mtp_layers,
+                     window=window, window_layers=window_layers if window else 0, sinks=sinks)
 
 
 def llama(layers: int, hidden: int, heads: int, kv_heads: int, ffn_hidden: int, seq_len: int = 4096,
-          vocab: int = 32000, name: str | None = None, **moe) -> ModelSpec:
+          vocab: int = 32000, name: str | None = None, **extra) -> ModelSpec:
     """A Llama-family decoder (Touvron et al. 2023; Llama 3: Dubey et al. 2024): grouped-query attention,
     SwiGLU MLP of width ``ffn_hidden``, RMSNorm, rotary positions, untied embeddings, no biases, no dropout.
-    ``moe``: :func:`transformer`'s expert arguments (Mixtral is a Llama with 8 experts, top-2)."""
-    return transformer(layers, hidden, heads, seq_len, vocab, kv_heads=kv_heads, ffn_hidden=ffn_hidden,
-                       gated_mlp=True, tied_embeddings=False, norm="rmsnorm", position="rope", bias=False,
-                       dropout=False, name=name, **moe)
+    ``extra``: :func:`transformer`'s other arguments — experts (Mixtral is a Llama with 8 experts, top-2),
+    attention variants (DeepSeek-V3's latent attention, GPT-OSS's windows and sinks), or a default overridden
+    (GPT-OSS has biases)."""
+    shape = dict(kv_heads=kv_heads, ffn_hidden=ffn_hidden, gated_mlp=True, tied_embeddings=False, norm="rmsnorm",
+                 position="rope", bias=False, dropout=False)
+    return transformer(layers, hidden, heads, seq_len, vocab, name=name, **{**shape, **extra})
 
 
 # Llama shapes from the model cards / torchtitan's model args (layers, hidden, heads, kv_heads, ffn, vocab, seq)
@@ -282,6 +364,21 @@ LLAMA_SIZES = {
                           seq_len=4096, experts=128, top_k=8, expert_ffn=768, head_dim=128),
     "qwen3-235b-a22b": dict(layers=94, hidden=4096, heads=64, kv_heads=4, ffn_hidden=12288, vocab=151936,
                             seq_len=4096, experts=128, top_k=8, expert_ffn=1536, head_dim=128),
+    # DeepSeek-V3 (DeepSeek-AI 2024, technical report §4.2; deepseek-ai/DeepSeek-V3 config.json): 61 layers, the
+    # first 3 dense (width 18432), then 1 shared + 256 routed experts of 2048, top-8, a router bias (§2.1.2);
+    # multi-head latent attention with 128 heads, q_lora 1536, kv_lora 512, nope 128 + rope 64, v 128; one
+    # multi-token-prediction module (§2.2); vocabulary 129280
+    "deepseek-v3": dict(layers=61, hidden=7168, heads=128, kv_heads=128, ffn_hidden=18432, vocab=129280,
+                        seq_len=4096, experts=256, top_k=8, expert_ffn=2048, shared_experts=1, dense_layers=3,
+                        router_bias=True, q_lora=1536, kv_lora=512, qk_nope=128, qk_rope=64, v_head=128,
+                        mtp_layers=1),
+    # GPT-OSS-120B (OpenAI 2025, gpt-oss-120b model card §2; openai/gpt-oss-120b config.json): 36 layers, hidden
+    # 2880, 64 query heads of 64, 8 KV heads, biases in attention, router and experts, 128 experts of 2880, top-4;
+    # layers alternate a 128-token banded window and dense attention (18 each), a learned sink per head;
+    # vocabulary 201088 (o200k_harmony)
+    "gpt-oss-120b": dict(layers=36, hidden=2880, heads=64, kv_heads=8, ffn_hidden=2880, vocab=201088, seq_len=4096,
+                         experts=128, top_k=4, expert_ffn=2880, head_dim=64, bias=True, expert_bias=True,
+                         router_bias=True, window=128, window_layers=18, sinks=True),
     "qwen1.5-moe-a2.7b": dict(layers=24, hidden=2048, heads=16, kv_heads=16, ffn_hidden=5632, vocab=151936,
                               seq_len=4096, experts=60, top_k=4, expert_ffn=1408, shared_experts=4),
 }

@@ -18,12 +18,14 @@ class Op:
     collective: str = ""      # comm: all_reduce | reduce_scatter | all_gather | all_to_all | p2p
     group: str = "tp"         # comm: the group of the rank grid it runs on (tp, cp, ep; see topology)
     overlap: str = ""         # comm: "attention" — a ring's hops, hidden behind the attention steps
+    pairs: float = 0.0        # attention: visible (query, key) pairs per sequence and head (0: causal over the
+                              # shape's keys, s_q·s_k/2; a sliding window has fewer: attention.visible_pairs)
 
     @property
     def flops(self) -> float:
         if self.kind == "attention":   # causal: half of Q·Kᵀ and P·V (2·s²·d each); backward 2.5× (Dao 2023)
             s_q, d, s_k = self.shape    # context parallelism: s/cp queries against the whole sequence
-            forward = 2.0 * s_q * s_k * d * self.count
+            forward = 4.0 * (self.pairs or s_q * s_k / 2) * d * self.count
             return 2.5 * forward if "backward" in self.name else forward
         if self.kind != "gemm":
             return 0.0

@@ -8,7 +8,8 @@ from two independent sources:
   B200, B300, GB200 and GB300, BF16, FP8 (current scaling) and MXFP8, with TP, PP, CP, VP, EP, FSDP, micro- and
   global batch stated; tokens/s per GPU measured. What the tables do not say is taken as the performance recipes'
   defaults (sequence parallelism and TP communication overlap when tp > 1, the distributed optimizer, fused
-  attention, no recomputation, CP over p2p = ring, experts force-balanced and dropless) — said on every row.
+  attention, no recomputation, CP over p2p = ring, experts force-balanced and dropless) — said on every row —
+  except where the release's performance config says otherwise (:data:`RECIPE_SETTINGS`).
 - **Llama 3** (Dubey et al. 2024, Table 4): 405B on 8K/16K H100s, CP 16 at 128K; interleaving not stated.
 
 Every row has ``kinds`` (long_context: cp > 1; moe; blackwell; fp8; async_tp: TP communication overlap) so that
@@ -28,12 +29,59 @@ from .strategy import Strategy
 
 DATA = Path(__file__).parent / "data" / "scale_runs.csv"
 KINDS = ("long_context", "moe", "blackwell", "fp8", "async_tp")
-INEXPRESSIBLE_MODELS = {
-    "deepseek-v3": "multi-head latent attention (low-rank Q/KV projections) and the multi-token-prediction head "
-                   "are not in the cost model's layer",
-    "gpt-oss-120b": "alternating 128-token sliding-window attention and attention sinks are not in the cost "
-                    "model's attention",
+INEXPRESSIBLE_MODELS: dict = {}   # every model of the set has its shape (DeepSeek-V3: latent attention and MTP;
+                                  # GPT-OSS: windows and sinks; simlib.sim.attention)
+
+
+# Settings the tables do not show that differ from the recipe defaults above, read in Megatron-Bridge's
+# performance configs of the same release (tag v0.2.2, whose docs first hold the 25.11 table, the settings used
+# here unchanged since v0.2.0; v0.3.0, whose docs hold the 26.02 table;
+# scripts/performance/configs/{qwen3 or qwen, deepseek, gpt_oss}/*workload_base_configs.py and *_llm_pretrain.py):
+# ``moe_a2a_overlap=True`` (helpers.set_moe_a2a_overlap_overrides: overlap_moe_expert_parallel_comm), for
+# Qwen3-235B on H100 ``CommOverlapConfig(tp_comm_overlap=False)``, and ``recompute_modules`` (DeepSeek-V3,
+# GPT-OSS). Llama keeps the defaults. Keyed by (version, model, gpu): a table's row may differ from its config in a
+# degree (25.11's Qwen3-235B on B200 ran vp 2 where the config says 4); the setting is taken for the row all the same.
+_OSS = dict(recompute_modules=("layernorm", "moe_act"))
+_MLA_UP = dict(recompute_modules=("mla_up_proj",))
+RECIPE_SETTINGS = {
+    ("25.11", "qwen3-235b-a22b", "b200"): dict(ep_overlap=True),
+    ("25.11", "qwen3-235b-a22b", "h100"): dict(ep_overlap=True, tp_overlap=False),
+    ("25.11", "qwen3-30b-a3b", "h100"): dict(ep_overlap=True),
+    ("26.02", "qwen3-235b-a22b", "b300"): dict(ep_overlap=True),
+    ("26.02", "qwen3-235b-a22b", "h100"): dict(ep_overlap=True, tp_overlap=False),
+    ("26.02", "qwen3-30b-a3b", "h100"): dict(ep_overlap=True),
+    ("25.11", "deepseek-v3", "gb300"): dict(recompute_modules=("moe_act",)),
+    ("25.11", "deepseek-v3", "gb200"): _MLA_UP, ("25.11", "deepseek-v3", "b200"): _MLA_UP,
+    ("26.02", "deepseek-v3", "gb300"): _MLA_UP,   # the FP8 config (the BF16 one has moe_act): the row is MXFP8
+    ("26.02", "deepseek-v3", "b200"): _MLA_UP,
+    **{(v, "gpt-oss-120b", g): _OSS for v in ("25.11", "26.02") for g in ("gb200", "b200", "h100")},
 }
+
+
+def recipe_settings(row: dict) -> dict:
+    """TP communication overlap, EP all-to-all overlap and recomputed modules of a row: the recipe defaults, or
+    RECIPE_SETTINGS."""
+    mb = row["source"] == "megatron-bridge"
+    out = dict(tp_overlap=row["tp"] > 1 and mb, ep_overlap=False, recompute_modules=())
+    out.update(RECIPE_SETTINGS.get((row["version"], row["model"], row["gpu"]), {}) if mb else {})
+    out["tp_overlap"] = out["tp_overlap"] and row["tp"] > 1
+    return out
+
+
+def deepseek_v3_layout(pp: int, vp: int) -> tuple | None:
+    """Layers per pipeline rank of DeepSeek-V3 in Megatron-Bridge's recipes (``recipes/deepseek/deepseek_v3.py``,
+    ``set_deepseek_v3_pipeline_model_parallel_layout``): its model chunks, 4 of [16, 16, 16, 13], 8 of
+    [8, ..., 8, 5] or 16 of [4, ..., 4, 1], the embedding on the first chunk, the MTP module and the loss on the
+    last (which takes 3 decoder layers' place). The recipe lists (pp, vp) = (4, 1), (8, 1), (4, 2), (16, 1),
+    (8, 2), (4, 4) (the same at tags v0.2.2 and v0.3.0); 26.02's GB300 FP8 config runs pp 2 × vp 8 with the
+    16-chunk list (``pp_layout="Et*4|(t*4|)*14tmL"``); 25.11's pp 2 × vp 4 rows are taken as the 8-chunk list, an
+    assumption. None where no chunk list of the recipe has pp × vp chunks."""
+    chunks = {4: [16, 16, 16, 13], 8: [8] * 7 + [5], 16: [4] * 15 + [1]}.get(pp * vp)
+    if chunks is None:
+        return None
+    return tuple(sum(chunks[r::pp]) for r in range(pp))   # rank r holds chunks r, r + pp, ... (interleaving)
+
+
 INTS = ("gpus", "global_batch", "micro_batch", "seq_len", "fsdp", "tp", "pp", "cp", "vp", "ep",
         "first_stage_layers", "last_stage_layers")
 
@@ -58,7 +106,7 @@ def kinds_of(row: dict) -> list[str]:
         out.append("blackwell")
     if row["precision"] == "fp8":
         out.append("fp8")
-    if row["tp"] > 1 and row["source"] == "megatron-bridge":
+    if recipe_settings(row)["tp_overlap"]:
         out.append("async_tp")
     return out
 
@@ -69,6 +117,9 @@ def why_inexpressible(row: dict) -> str:
         reasons.append(INEXPRESSIBLE_MODELS[row["model"]])
     if row["vp"] == 0:
         reasons.append("the interleaving depth (virtual pipeline stages) is not stated by the source")
+    if row["model"] == "deepseek-v3" and row["pp"] > 1 and deepseek_v3_layout(row["pp"], row["vp"]) is None:
+        reasons.append(f"DeepSeek-V3's pipeline layout for pp = {row['pp']}, vp = {row['vp']} is not in the "
+                       "recipe (61 layers do not split evenly)")
     return "; ".join(reasons)
 
 
@@ -85,14 +136,18 @@ def strategy_of(row: dict, model) -> Strategy:
     if pp > 1 and vp == 1 and model.layers % pp and not first:
         # Megatron's account_for_embedding/loss_in_pipeline_split: the end stages take one layer fewer
         first = last = (model.layers + 2) // pp - 1
+    layout = deepseek_v3_layout(pp, vp) if row["model"] == "deepseek-v3" and pp > 1 else None
+    if layout:
+        first = last = 0
     fsdp = bool(row["fsdp"])
     return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=row["ep"], micro_batch=row["micro_batch"], num_micro_batches=m,
                     zero_stage=3 if fsdp else 1, fsdp=fsdp, overlap=True, attention="flash",
                     schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
-                    sequence_parallel=tp > 1, tp_overlap=tp > 1 and row["source"] == "megatron-bridge",
+                    sequence_parallel=tp > 1, **recipe_settings(row),
                     dtype=row["precision"], fp8_recipe=row["fp8_recipe"] or "delayed",
                     cp_kind="allgather" if row["source"] == "llama3-paper" else "ring",
                     first_stage_layers=first if vp == 1 else 0, last_stage_layers=last if vp == 1 else 0,
+                    stage_layout=layout or (),
                     pipeline_outer=True)   # Megatron's rank order (tp-cp-ep-dp-pp), both sources
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from ..parallel import dims
 
 RECOMPUTE = ("none", "selective", "op", "every_other", "full")
+RECOMPUTE_MODULES = ("layernorm", "moe_act", "mla_up_proj", "mlp")   # Megatron's --recompute-modules (layer.py)
 ATTENTION = ("unfused", "flash", "flash1")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 CP_KINDS = ("allgather", "ring", "ulysses")
@@ -72,6 +73,13 @@ class Strategy:
                                      # passes flushes once per pass); num_micro_batches counts all of them
     pipeline_outer: bool = False     # Megatron-LM's rank order (tp-cp-ep-dp-pp): pipeline stages outermost, so a
                                      # data-/expert-parallel group is tp·cp ranks apart (not tp·cp·pp)
+    recompute_modules: tuple = ()    # with recompute none/selective: Megatron's --recompute-modules, re-run in
+                                     # backward (layernorm, moe_act, mla_up_proj, mlp; layer.module_recompute_ops)
+    ep_overlap: bool = False         # Megatron's --overlap-moe-expert-parallel-comm: the dispatch/combine all-to-
+                                     # alls of one micro-batch run beside another's compute (1F1B steady state)
+    stage_layout: tuple = ()         # pp > 1: layers on each pipeline rank, first to last, all its model chunks
+                                     # together (Megatron's --pipeline-model-parallel-layout summed per rank;
+                                     # DeepSeek-V3's recipes); empty: even, or first/last_stage_layers
     fp8_recipe: str = "delayed"      # dtype="fp8": Transformer Engine's scaling recipe (delayed / current
                                      # per-tensor, blockwise 1x128 as DeepSeek-V3, mx: MXFP8 on Blackwell)
 
@@ -151,7 +159,7 @@ class Strategy:
         if model is not None:
             _check_scale_model(self, model)
             chunks = self.pp * self.virtual_stages
-            if self.first_stage_layers or self.last_stage_layers:
+            if self.first_stage_layers or self.last_stage_layers or self.stage_layout:
                 self.stage_layers(model.layers)
             elif model.layers % chunks and (self.virtual_stages == 1 or (model.layers + 2) % chunks):
                 # (Megatron's account_for_embedding/loss_in_pipeline_split: embedding and loss count as a layer
@@ -216,6 +224,11 @@ class Strategy:
 def _stage_layers(s, layers: int) -> list[int]:
     if s.pp == 1:
         return [layers]
+    if s.stage_layout:
+        if len(s.stage_layout) != s.pp or sum(s.stage_layout) != layers:
+            raise ValueError(f"stage_layout {s.stage_layout} must give each of the pp = {s.pp} ranks its layers, "
+                             f"{layers} in all")
+        return list(s.stage_layout)
     first, last = s.first_stage_layers, s.last_stage_layers
     ends = (1 if first else 0) + (1 if last else 0)
     rest, middle = layers - first - last, s.pp - ends
@@ -249,6 +262,14 @@ def _check_scale(s) -> None:
         raise ValueError("recompute_layers recomputes that many whole layers per stage: it needs recompute='full'")
     if (s.first_stage_layers or s.last_stage_layers) and (s.pp == 1 or s.virtual_stages > 1):
         raise ValueError("first_stage_layers / last_stage_layers need pp > 1 without interleaving")
+    if any(m not in RECOMPUTE_MODULES for m in s.recompute_modules) or (
+            s.recompute_modules and s.recompute not in ("none", "selective")):
+        raise ValueError(f"recompute_modules must be among {RECOMPUTE_MODULES}, with recompute 'none' or "
+                         f"'selective'; got {s.recompute_modules!r} with recompute={s.recompute!r}")
+    if s.ep_overlap and s.ep == 1:
+        raise ValueError("ep_overlap hides the expert-parallel all-to-alls: it needs ep > 1")
+    if s.stage_layout and (s.first_stage_layers or s.last_stage_layers or s.pp == 1):
+        raise ValueError("stage_layout needs pp > 1 and replaces first_stage_layers / last_stage_layers")
     if s.fp8_recipe not in FP8_RECIPES:
         raise ValueError(f"fp8_recipe must be one of {FP8_RECIPES}, got {s.fp8_recipe!r}")
 
