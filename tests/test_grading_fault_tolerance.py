@@ -47,7 +47,8 @@ def test_the_task_draws_from_every_generator_a_full_state_saves(monkeypatch):
     initialised CUDA yet)."""
     task = fault_tolerance._task()
     assert set(checkpoint.rng_state()) <= set(fault_tolerance.drawn_generators())
-    seeders = {"python": lambda: random.seed(5), "numpy": lambda: np.random.seed(5), "torch": lambda: torch.manual_seed(5)}
+    seeders = {"python": lambda: random.seed(5), "numpy": lambda: np.random.seed(5),
+               "torch": lambda: torch.manual_seed(5)}
     advance = {"python": random.random, "numpy": np.random.rand, "torch": lambda: torch.rand(())}
 
     def batch(moved=None):

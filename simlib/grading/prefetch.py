@@ -165,8 +165,8 @@ def _check_zero3_prefetch(answer, grader):
                      detail=f"rank {r}: {a['prefetched']} of {expected} block passes found their gather issued "
                             f"before they needed it; {a['gathers']} all-gathers (Zero3: "
                             f"{outs[r]['reference']['gathers']}), counted by the grader")
-        over = [(r, o["answer"]["peak"], o["reference"]["peak"] + o["reference"]["per_block"])
-                for r, o in enumerate(outs) if o["answer"]["peak"] > o["reference"]["peak"] + o["reference"]["per_block"]]
+        limits = [o["reference"]["peak"] + o["reference"]["per_block"] for o in outs]
+        over = [(r, o["answer"]["peak"], limits[r]) for r, o in enumerate(outs) if o["answer"]["peak"] > limits[r]]
         r, peak, limit = over[0] if over else (0, ans["peak"], ref["peak"] + ref["per_block"])
         yield Result(f"at most one block prefetched at a time on {world_size} ranks", not over,
                      hint=f"rank {r} held {peak} gathered parameter buffers at once; the limit is {limit}: what the "

@@ -140,5 +140,6 @@ PLANTED = [NoOptimizerState, NoRngState, NoDataPosition, InheritsEverything, Del
            RngUnderAnotherKey, SwapsInTheLibrary]
 HINTS = {"NoOptimizerState": "optimizer state", "NoRngState": "rng state", "NoDataPosition": "data position",
          "InheritsEverything": "not done yet", "DelegatesToLibrary": "switched off in this exercise",
-         "OneRngForAll": "first different", "RngUnderAnotherKey": "every rank's rng state", "SwapsInTheLibrary": "switched off in this exercise"}
+         "OneRngForAll": "first different", "RngUnderAnotherKey": "every rank's rng state",
+         "SwapsInTheLibrary": "switched off in this exercise"}
 STATUS = {"InheritsEverything": "not implemented", "DelegatesToLibrary": "error", "SwapsInTheLibrary": "error"}
