@@ -104,3 +104,48 @@ def contract(calls, rank: int, world_size: int, only=None, neighbours: bool = Fa
             return (f"rank {rank} called {names.replace('|', ' or ')} {got} time(s); the algorithm needs at least "
                     f"{least}")
     return ""
+
+
+# ---- passes: what a training step really ran (forwards, backwards), from the grader's hooks ----
+
+
+def watch_passes(model) -> dict:
+    """Grader-owned forward hook on ``model``: the rows of every forward, how many of their outputs a backward
+    reached, and how many forwards began while an earlier forward's backward had not run yet (activations of two
+    micro-batches alive at once). The answer's own counters are never read."""
+    passes = dict(forwards=[], backwards=0, overlapped=0, pending=[])
+
+    def backward_reached(grad, token):
+        if token in passes["pending"]:
+            passes["pending"].remove(token)
+            passes["backwards"] += 1
+        return grad
+
+    def forward(module, args, output):
+        if passes["pending"]:
+            passes["overlapped"] += 1
+        rows = args[0].shape[0] if args and hasattr(args[0], "shape") and args[0].dim() else 0
+        passes["forwards"].append(int(rows))
+        if output.requires_grad:
+            token = object()
+            passes["pending"].append(token)
+            output.register_hook(lambda grad, token=token: backward_reached(grad, token))
+    model.register_forward_hook(forward)
+    return passes
+
+
+def passes_breach(outs, k) -> str:
+    """The first way a rank's steps were not k micro-batch forwards and backwards, one after the other; "" if none."""
+    for rank, out in enumerate(outs):
+        rows = out["micro_rows"]
+        for step, p in enumerate(out["passes"]):
+            big = [r for r in p["forwards"] if r > rows]
+            if big:
+                return (f"rank {rank}, step {step}: a forward of {big[0]} samples; a micro-batch has at most {rows}")
+            if len(p["forwards"]) != k or p["backwards"] != k:
+                return (f"rank {rank}, step {step}: {len(p['forwards'])} forward(s) and {p['backwards']} "
+                        f"backward(s), expected {k} of each (k = {k} micro-batches)")
+            if p["overlapped"]:
+                return (f"rank {rank}, step {step}: {p['overlapped']} forward(s) began before the previous "
+                        "micro-batch's backward")
+    return ""

@@ -1,6 +1,7 @@
 """Checks for lessons 01-03: ring all-reduce, averaged gradients, bucketed data parallelism, accumulation."""
 from __future__ import annotations
 
+from .contracts import passes_breach, watch_passes
 from .core import Result, _close, exercise, max_error
 
 # ---- shared by lessons 01-03: a tiny regression problem and its single-process reference ----
@@ -396,14 +397,19 @@ def _accumulation_harness(answer, k, steps, lr):
     probe = DDP(copy.deepcopy(model))  # how many all-reduces one synced backward makes (DDP's buckets)
     probe_count = count_all_reduces(probe)
     probe(x[:2]).sum().backward()
+    passes = watch_passes(model)  # the grader's hooks, on the model itself: DDP (or model.module) reaches them
     ddp = DDP(model)
     counter = count_all_reduces(ddp)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     micro_batches = split_micro_batches(*_my_shard(x, y), k)
+    per_step = []
     for _ in range(steps):
+        passes.update(forwards=[], backwards=0, overlapped=0)
         answer(ddp, opt, micro_batches, torch.nn.functional.mse_loss)
+        per_step.append(dict(forwards=list(passes["forwards"]), backwards=passes["backwards"],
+                             overlapped=passes["overlapped"]))
     return dict(state=[p.detach().clone() for p in model.parameters()], calls=counter["calls"],
-                per_sync=probe_count["calls"])
+                per_sync=probe_count["calls"], passes=per_step, micro_rows=max(len(mx) for mx, _ in micro_batches))
 
 
 @exercise("accumulate_no_sync")
@@ -437,6 +443,13 @@ def _check_accumulation(answer, grader):
         yield Result(f"{world_size} ranks, k = {k}: the replicas stay identical", not drifted,
                      "the ranks' weights differ: some optimizer step used gradients that were not all-reduced "
                      "(the last backward inside no_sync(), or a step inside the loop)")
+        breach = passes_breach(outs, k)
+        yield Result(f"{world_size} ranks, k = {k}: {k} micro-batch forwards and backwards per step, one at a time",
+                     not breach,
+                     f"accumulation is the algorithm: run forward and backward on each of the {k} micro-batches in "
+                     "turn, so only one micro-batch's activations are alive at a time. One forward of the whole "
+                     f"batch (torch.cat of the micro-batches), or one backward of the summed losses, gives the same "
+                     f"gradients with {k}x the activation memory", breach)
         comm.append((world_size, k, outs[0]["calls"], _ACC_STEPS * outs[0]["per_sync"]))
     bad = [(w, k, calls, want) for w, k, calls, want in comm if calls != want]
     if not bad:

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 
-from .core import TODO, Result, exercise
+from .core import ERROR, HANG, TODO, Result, exercise
 
 _STEPS, _EVERY, _STOP, _KILL = 12, 4, 6, 6
 PARTS = ("optimizer", "rng", "data")
@@ -54,22 +54,33 @@ class _RankStreams:
         model = self.task.build_model()
         seed = 1000 + 7919 * (dist.get_rank() if dist.is_initialized() else 0)
         torch.manual_seed(seed)  # every generator a full state must save: torch CPU (and CUDA), Python, NumPy
+        if torch.cuda.is_available():
+            torch.cuda.manual_seed_all(seed + 3)
         random.seed(seed + 1)
         np.random.seed(seed + 2)
         return model
 
     def batch(self, step, part=0, parts=1):
-        """The task's batch, its inputs scaled by a jitter drawn from Python's, NumPy's (and CUDA's) generators:
+        """The task's batch, its inputs scaled by a jitter drawn from every generator (:func:`drawn_generators`):
         a state that saves torch's CPU generator alone does not resume bit-equal."""
-        import random
-
-        import numpy as np
-        import torch
         x, y = self.task.batch(step, part, parts)
-        jitter = 1.0 + 0.05 * (random.random() - 0.5) + 0.05 * (float(np.random.rand()) - 0.5)
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            jitter += 0.05 * (float(torch.rand((), device="cuda")) - 0.5)
+        jitter = 1.0 + 0.05 * sum(draw() - 0.5 for draw in drawn_generators().values())
         return x * jitter, y
+
+
+def drawn_generators() -> dict:
+    """One draw from each generator a full state must save: Python's, NumPy's, torch's CPU one and, whenever a
+    GPU is there (initialised yet or not), CUDA's. The task draws from all of them every step, so a state that
+    leaves one out does not resume bit-equal."""
+    import random
+
+    import numpy as np
+    import torch
+    draws = {"python": random.random, "numpy": lambda: float(np.random.rand()),
+             "torch": lambda: float(torch.rand(()))}
+    if torch.cuda.is_available():
+        draws["cuda"] = lambda: float(torch.rand((), device="cuda"))
+    return draws
 
 
 def _task():
@@ -86,26 +97,38 @@ class LibraryStateUsed(RuntimeError):
     """The learner's state delegated to the library's TrainState.state_dict / load_state_dict."""
 
 
+def _refuse_state_dict(self, *args, **kwargs):
+    # runs as TrainState.state_dict's code, with simlib.train's globals: it imports what it needs
+    import simlib.grading.fault_tolerance as grader
+    raise grader.LibraryStateUsed(grader._LIBRARY_OFF.format("state_dict"))
+
+
+def _refuse_load_state_dict(self, *args, **kwargs):
+    import simlib.grading.fault_tolerance as grader
+    raise grader.LibraryStateUsed(grader._LIBRARY_OFF.format("load_state_dict"))
+
+
 def _learners_own(state_type):
     """Run with ``state_type``, the library's own TrainState.state_dict / load_state_dict switched off: what is
-    graded is what the learner wrote, not what the base class already does."""
+    graded is what the learner wrote, not what the base class already does. The functions' *code* is swapped, not
+    the class attributes, so every alias refuses too: one bound to an instance attribute (``self.state_dict =
+    MethodType(saved, self)``), kept in a variable before the check, or reached through ``super()``."""
     import contextlib
 
     from ..train import TrainState
 
     @contextlib.contextmanager
     def switched_off():
-        saved = TrainState.state_dict, TrainState.load_state_dict
-
-        def off(name):
-            def refuse(self, *args, **kwargs):
-                raise LibraryStateUsed(_LIBRARY_OFF.format(name))
-            return refuse
-        TrainState.state_dict, TrainState.load_state_dict = off("state_dict"), off("load_state_dict")
+        functions = {TrainState.__dict__["state_dict"]: _refuse_state_dict.__code__,
+                     TrainState.__dict__["load_state_dict"]: _refuse_load_state_dict.__code__}
+        saved = {f: f.__code__ for f in functions}
         try:
+            for f, refuse in functions.items():
+                f.__code__ = refuse
             yield
         finally:
-            TrainState.state_dict, TrainState.load_state_dict = saved
+            for f, code in saved.items():
+                f.__code__ = code
     return switched_off() if state_type is not None else contextlib.nullcontext()
 
 
@@ -168,6 +191,38 @@ def _contents(directory) -> Result:
                   f"{len(keys)} entries" if not missing else "missing " + ", ".join(missing))
 
 
+def after_a_real_kill(answer, work, reference, limit: float) -> Result:
+    """Rank 1 is killed for real at step 6 and the elastic agent restarts both ranks: the resumed curve must go on
+    bit-equal. Each attempt is a phase under the grader's call limit (``limit`` seconds, as every other phase):
+    an answer that stalls after the restart fails after about two limits, not when it pleases."""
+    import time
+
+    from ..faults import read_run
+    from ..launch import WorkerError, WorkerTimeout, launch
+    name = f"rank 1 killed at step {_KILL}, restarted: the curve continues bit-equal"
+    print(f"now rank 1 is killed (SIGKILL) at step {_KILL}; the elastic agent restarts both ranks:", flush=True)
+    t0 = time.monotonic()
+    try:
+        out = launch(_kill_harness, 2, answer, os.path.join(work, "killed"), os.path.join(work, "run"),
+                     max_restarts=1, timeout=20, threads=1, call_timeout=limit)
+    except WorkerError as exc:
+        attempts = read_run(os.path.join(work, "run"))
+        timed_out = isinstance(exc, WorkerTimeout)
+        return Result(name, False, status=HANG if timed_out else ERROR,
+                      hint=(f"after the restart your code did not finish within {limit:g} s (each attempt has the "
+                            "same limit as every other phase): does load_state_dict (or anything after a restart) "
+                            "wait, sleep or loop?" if timed_out else
+                            "your code failed after the real restart: " + str(exc).splitlines()[0]),
+                      detail=f"stopped after {time.monotonic() - t0:.0f} s; {len(attempts)} attempt(s) recorded")
+    attempts = read_run(os.path.join(work, "run"))
+    killed_ok = len(attempts) == 2 and min(out[0]) == _EVERY and all(
+        o == {s: reference[s] for s in range(_EVERY, _STEPS)} for o in out)
+    return Result(name, killed_ok,
+                  "after the real restart the curve differs: is anything in your state kept only in memory "
+                  "(a Python attribute set during training and not saved)?",
+                  f"{len(attempts)} attempts; resumed at step {min(out[0]) if out[0] else None}")
+
+
 @exercise("full_state")
 def _check_full_state(answer, grader):
     from ..train import TrainState
@@ -221,17 +276,6 @@ def _check_full_state(answer, grader):
                          "" if bad else f"steps {_EVERY}-{_STEPS - 1} equal on every rank")
             if bad:
                 return
-        from ..faults import read_run
-        from ..launch import launch
-        print(f"now rank 1 is killed (SIGKILL) at step {_KILL}; the elastic agent restarts both ranks:", flush=True)
-        out = launch(_kill_harness, 2, answer, os.path.join(work, "killed"), os.path.join(work, "run"),
-                     max_restarts=1, timeout=20, threads=1)
-        attempts = read_run(os.path.join(work, "run"))
-        killed_ok = len(attempts) == 2 and min(out[0]) == _EVERY and all(
-            o == {s: reference[s] for s in range(_EVERY, _STEPS)} for o in out)
-        yield Result(f"rank 1 killed at step {_KILL}, restarted: the curve continues bit-equal", killed_ok,
-                     "after the real restart the curve differs: is anything in your state kept only in memory "
-                     "(a Python attribute set during training and not saved)?",
-                     f"{len(attempts)} attempts; resumed at step {min(out[0]) if out[0] else None}")
+        yield after_a_real_kill(answer, work, reference, grader.timeout)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,4 +1,18 @@
-"""Check for lesson 09b's exercise: prefetching in ZeRO-3 (the next block's all-gather while this one computes)."""
+"""Check for lesson 09b's exercise: prefetching in ZeRO-3 (the next block's all-gather while this one computes).
+
+The exercise is an algorithm, and the right losses do not prove it: a prefetch that gathers every block up front
+gives the same numbers with every block's full parameters alive at once. Everything the contract is judged on is
+measured by the grader (:func:`gather_tracker`, a dispatch mode that sees every all-gather under any name, and hooks
+the grader puts on its own model before the answer is built), never read from the answer's ``counts`` or other
+attributes:
+
+- the number of all-gathers, equal to the plain :class:`~simlib.parallel.zero3.Zero3`'s (prefetching changes
+  when a block is gathered, never how often);
+- whether each block's gather was already issued when the block needed it (its forward, its backward);
+- the peak number of gathered (full, non-empty) buffers alive at once, at most the plain Zero3's peak (the root and
+  the block running) plus one block's buffers (the one prefetched): the limit comes from the algorithm, measured on
+  the plain Zero3 in the same run.
+"""
 from __future__ import annotations
 
 from .core import Result, _close, exercise
@@ -6,8 +20,96 @@ from .core import Result, _close, exercise
 _STEPS = 2
 
 
+def gather_tracker():
+    """A dispatch mode (``with gather_tracker() as t:``) that follows every all-gather's output storage (by a weak
+    reference: a storage the answer frees stops counting) and, at every operation, how many of them are gathered
+    (non-empty). ``t.gathers``: all-gather calls; ``t.peak``: most gathered buffers alive at once;
+    ``t.ready(keys)``: which of ``keys`` were filled by an all-gather since they were last seen empty."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Tracker(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.refs, self.last_gather, self.last_empty = {}, {}, {}
+            self.seq = self.gathers = self.peak = 0
+
+        def _sizes(self) -> dict:
+            out = {}
+            for key, ref in list(self.refs.items()):
+                storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+                if storage is None:  # freed by its owner
+                    del self.refs[key]
+                    continue
+                out[key] = storage.nbytes()
+            return out
+
+        def sample(self) -> dict:
+            sizes = self._sizes()
+            for key, size in sizes.items():
+                if not size:
+                    self.last_empty[key] = self.seq
+            self.peak = max(self.peak, sum(1 for size in sizes.values() if size))
+            return sizes
+
+        def ready(self) -> set:
+            """The storages gathered now, by an all-gather issued since each was last seen empty."""
+            sizes = self.sample()
+            return {k for k, size in sizes.items() if size and self.last_gather.get(k, -1) > self.last_empty.get(k, -1)}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seq += 1
+            out = func(*args, **(kwargs or {}))
+            name = str(func.overloadpacket)
+            if name.startswith("c10d.") and "allgather" in name:
+                self.gathers += 1
+                for t in _tensors(args[0] if args else ()):
+                    storage = t.untyped_storage()
+                    self.refs[storage._cdata] = StorageWeakRef(storage)
+                    self.last_gather[storage._cdata] = self.seq
+            self.sample()
+            return out
+
+    return Tracker()
+
+
+def _tensors(x) -> list:
+    if hasattr(x, "untyped_storage"):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+def _watch_blocks(blocks, tracker) -> dict:
+    """Grader-owned hooks on the grader's blocks, registered before the answer's: when block i needs its
+    parameters (forward, backward) note which gathered storages were ready; after its forward, which storages its
+    parameters live in (what block i's gathers fill)."""
+    import torch
+    seen = {"needs": [], "keys": {i: set() for i in range(len(blocks))}}
+    slots = [[(m, name) for m in b.modules() for name, p in m._parameters.items() if p is not None and p.requires_grad]
+             for b in blocks]
+
+    def need(phase, i):
+        seen["needs"].append((phase, i, tracker.ready()))
+
+    def after_forward(module, args, output, i):
+        for m, name in slots[i]:
+            t = getattr(m, name, None)
+            if isinstance(t, torch.Tensor):
+                seen["keys"][i].add(t.untyped_storage()._cdata)
+        if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(lambda grad: (need("backward", i), grad)[1])
+    for i, b in enumerate(blocks):
+        b.register_forward_pre_hook(lambda module, args, i=i: need("forward", i))
+        b.register_forward_hook(lambda module, args, output, i=i: after_forward(module, args, output, i))
+    return seen
+
+
 def _prefetch_harness(answer_cls, steps=_STEPS):
-    """Train the quick GPT for ``steps`` steps with the course's Zero3 and with ``answer_cls``; return both."""
+    """Train the quick GPT for ``steps`` steps with the course's Zero3 and with ``answer_cls``, each under the
+    grader's tracker; return losses, parameters and what the tracker measured."""
     import torch
     import torch.distributed as dist
 
@@ -18,20 +120,25 @@ def _prefetch_harness(answer_cls, steps=_STEPS):
     out = {}
     for name, cls in (("reference", Zero3), ("answer", answer_cls)):
         model = task.build_model()  # seeded: the same weights on every rank and for both
-        z = cls(model, blocks=task.blocks(model))
+        blocks = task.blocks(model)
+        tracker = gather_tracker()
+        seen = _watch_blocks(blocks, tracker)  # before the answer's hooks
+        z = cls(model, blocks=blocks)
         opt = torch.optim.AdamW(z.parameters(), lr=1e-2)
         losses = []
-        for step in range(steps):
-            x, y = task.batch(step, rank, n)
-            opt.zero_grad()
-            loss = task.loss(z(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-        counts = dict(getattr(z, "counts", {}))  # before full_state_dict's own gathers
-        out[name] = {"losses": losses, "params": z.full_state_dict(), "counts": counts,
-                     "block_units": sum(len(b) for b in getattr(z, "blocks", [])),
-                     "root_units": sum(1 for u in z.units if not u.name)}
+        with tracker:
+            for step in range(steps):
+                x, y = task.batch(step, rank, n)
+                opt.zero_grad()
+                loss = task.loss(z(x), y)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+        keys = seen["keys"]
+        prefetched = sum(1 for _, i, ready in seen["needs"] if keys[i] and keys[i] <= ready)
+        out[name] = {"losses": losses, "params": z.full_state_dict(), "gathers": tracker.gathers,
+                     "peak": tracker.peak, "prefetched": prefetched, "needs": len(seen["needs"]),
+                     "per_block": max((len(k) for k in keys.values()), default=0), "blocks": len(blocks)}
     return out
 
 
@@ -47,13 +154,24 @@ def _check_zero3_prefetch(answer, grader):
                           "own shard into its own buffer, and let the block use it only after the gather is waited "
                           "for (issue_gather keeps the handle; every gather waits on it first)",
                      detail=f"first parameter that differs: {bad[0]}" if bad else f"losses {ans['losses']}")
-        counts = ans["counts"]
-        expected = 2 * _STEPS * ans["block_units"]  # every block's gather, forward and backward, every step
-        waited = 2 * _STEPS * ans["root_units"]     # only the root (embeddings, head) cannot be prefetched
-        yield Result(f"every block's all-gather prefetched, forward and backward, on {world_size} ranks",
-                     counts.get("prefetched") == expected and counts.get("waited") == waited,
+        expected = 2 * _STEPS * ref["blocks"]  # every block, forward and backward, every step
+        short = [(r, o["answer"]) for r, o in enumerate(outs)
+                 if o["answer"]["prefetched"] != expected or o["answer"]["gathers"] != o["reference"]["gathers"]]
+        r, a = short[0] if short else (0, ans)
+        yield Result(f"every block's all-gather prefetched, forward and backward, on {world_size} ranks", not short,
                      hint="in forward, block i (i = -1 for the root) starts block i+1's gather; in backward the "
                           "order is reversed: block i starts block i-1's. A gather started for the wrong block "
                           "arrives too late or is thrown away, and its block waits from scratch",
-                     detail=f"prefetched {counts.get('prefetched')} of {expected}, waited {counts.get('waited')} "
-                            f"(expected {waited})")
+                     detail=f"rank {r}: {a['prefetched']} of {expected} block passes found their gather issued "
+                            f"before they needed it; {a['gathers']} all-gathers (Zero3: "
+                            f"{outs[r]['reference']['gathers']}), counted by the grader")
+        limits = [o["reference"]["peak"] + o["reference"]["per_block"] for o in outs]
+        over = [(r, o["answer"]["peak"], limits[r]) for r, o in enumerate(outs) if o["answer"]["peak"] > limits[r]]
+        r, peak, limit = over[0] if over else (0, ans["peak"], ref["peak"] + ref["per_block"])
+        yield Result(f"at most one block prefetched at a time on {world_size} ranks", not over,
+                     hint=f"rank {r} held {peak} gathered parameter buffers at once; the limit is {limit}: what the "
+                          f"plain Zero3 holds ({outs[r]['reference']['peak']}: the root and the block running) plus "
+                          f"one block ({outs[r]['reference']['per_block']} buffers). Prefetching gathers the NEXT "
+                          "block only, while this one computes; gathering every block up front keeps the whole "
+                          "model's parameters on every rank, which is what ZeRO-3 exists to avoid",
+                     detail=f"peak {peak} gathered buffers alive, limit {limit} (measured by the grader)")

@@ -94,9 +94,52 @@ class RngUnderAnotherKey(TrainState):
         checkpoint.set_rng_state(sd["generators"])
 
 
+class _Complete(TrainState):
+    """A right state (what the solution saves), for the planted versions below to misuse."""
+
+    def state_dict(self):
+        return {**_full(self), "rng": checkpoint.rng_state()}
+
+    def load_state_dict(self, sd):
+        _load(self, sd)
+        checkpoint.set_rng_state(sd["rng"])
+
+
+_LIBRARY = (TrainState.state_dict, TrainState.load_state_dict)  # kept when the cell runs, before any check
+
+
+class SwapsInTheLibrary(TrainState):
+    """Issue 33: writes both methods (the class passes a look at its attributes), then swaps the library's own,
+    kept in a variable beforehand, onto every instance."""
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, sd):
+        pass
+
+    def __init__(self, *args, **kwargs):
+        import types
+        super().__init__(*args, **kwargs)
+        self.state_dict = types.MethodType(_LIBRARY[0], self)
+        self.load_state_dict = types.MethodType(_LIBRARY[1], self)
+
+
+class SleepsAfterRestart(_Complete):
+    """Issue 33: right in every way, but stalls for 240 s in a worker the elastic agent restarted."""
+
+    def load_state_dict(self, sd):
+        import os
+        import time
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+            time.sleep(240)
+        super().load_state_dict(sd)
+
+
 PLANTED = [NoOptimizerState, NoRngState, NoDataPosition, InheritsEverything, DelegatesToLibrary, OneRngForAll,
-           RngUnderAnotherKey]
+           RngUnderAnotherKey, SwapsInTheLibrary]
 HINTS = {"NoOptimizerState": "optimizer state", "NoRngState": "rng state", "NoDataPosition": "data position",
          "InheritsEverything": "not done yet", "DelegatesToLibrary": "switched off in this exercise",
-         "OneRngForAll": "first different", "RngUnderAnotherKey": "every rank's rng state"}
-STATUS = {"InheritsEverything": "not implemented", "DelegatesToLibrary": "error"}
+         "OneRngForAll": "first different", "RngUnderAnotherKey": "every rank's rng state",
+         "SwapsInTheLibrary": "switched off in this exercise"}
+STATUS = {"InheritsEverything": "not implemented", "DelegatesToLibrary": "error", "SwapsInTheLibrary": "error"}

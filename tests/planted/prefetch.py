@@ -44,5 +44,37 @@ class WrongShard(Zero3Prefetch):
                 unit.work = _all_gather(unit.full, mine.shard.detach(), group=unit.group, async_op=True)
 
 
+class GathersEverythingUpFront(Zero3Prefetch):
+    """Planted (issue 33): the root starts every block's gather at once, forward and backward. The numbers are
+    right and every block finds its gather in flight, but the whole model's parameters are alive on every rank."""
+
+    def on_forward(self, i):
+        if i == -1:
+            for units in self.blocks:
+                for unit in units:
+                    issue_gather(unit)
+
+    def on_backward(self, i):
+        if i == len(self.blocks):
+            for units in self.blocks:
+                for unit in units:
+                    issue_gather(unit)
+
+
+class ClaimsItsCounts(NoPrefetch):
+    """Planted (issue 33): no prefetch at all, but ``counts`` says what a prefetch of 2 steps would have counted."""
+
+    @property
+    def counts(self):
+        blocks = sum(len(b) for b in getattr(self, "blocks", []))
+        root = sum(1 for u in self.units if not u.name)
+        return {"prefetched": 2 * 2 * blocks, "waited": 2 * 2 * root}
+
+    @counts.setter
+    def counts(self, value):
+        pass
+
+
 PLANTED = {"no prefetch": NoPrefetch, "backward prefetches the wrong way": BackwardWrongWay,
-           "forward skips a block": SkipsABlock, "gathers this block's shard into the next": WrongShard}
+           "forward skips a block": SkipsABlock, "gathers this block's shard into the next": WrongShard,
+           "gathers every block up front": GathersEverythingUpFront, "claims the counts of a prefetch": ClaimsItsCounts}
