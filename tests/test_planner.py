@@ -12,9 +12,14 @@ from simlib import sim
 from simlib.sim import planner
 
 
+# the shared search's space: every dimension searched, fewer values of the costliest (these tests check what the
+# planner does with a search, not its scale: benchmarks/planner_speed.py times full searches)
+SHARED = dict(recompute=("none", "full"), tp_overlap=(False,), max_micro_batch=4, max_virtual_stages=4)
+
+
 @pytest.fixture(scope="module")
 def search70():
-    return sim.plan("70B", "h100", nodes=16, global_batch=256)
+    return sim.plan("70B", "h100", nodes=16, global_batch=256, space=SHARED)
 
 
 def test_fast_prices_equal_predict(search70):
@@ -42,7 +47,7 @@ def test_ranked_fit_and_rejected_do_not(search70):
 
 def test_refusals_are_strategy_messages():
     """What the planner refuses, Strategy refuses with the same words (no second copy of the rules)."""
-    r = sim.plan("70B", "h100", nodes=4, global_batch=64)
+    r = sim.plan("70B", "h100", nodes=4, global_batch=64, space=NARROW)
     msg = next(m for m in r.refused if "spans more than one node" in m)
     with pytest.raises(ValueError, match="spans more than one node"):
         sim.Strategy(dp=2, tp=16).validate(32, r.model, r.hardware)
@@ -101,8 +106,10 @@ def test_moe_searches_ep():
 
 EQUIVALENCE = {  # (model, cluster), search: small enough to search exhaustively in a test, wide enough to prune
     "moe": (("qwen3-30b-a3b", "h100"), dict(nodes=1, global_batch=16, seq_len=4096,
-                                            space=dict(recompute=("none", "full"), max_micro_batch=4))),
-    "dense": (("8B", "h100"), dict(nodes=2, global_batch=32, space=dict(recompute=("none", "full")))),
+                                            space=dict(recompute=("none", "full"), max_micro_batch=2,
+                                                       tp_overlap=(False,)))),
+    "dense": (("8B", "h100"), dict(nodes=2, global_batch=32, space=dict(recompute=("none", "full"),
+                                                                         max_micro_batch=2, tp_overlap=(False,)))),
 }
 
 
@@ -174,7 +181,8 @@ def test_fast_path_out_of_step_falls_back_to_predict(monkeypatch):
             out["step_time"] *= 1.01
         return out
     monkeypatch.setattr(planner_cost.FastPricer, "price", off_by_a_bit)
-    r = sim.plan("8B", "h100", nodes=1, global_batch=16, space=dict(recompute=("full",), max_micro_batch=2))
+    r = sim.plan("8B", "h100", nodes=1, global_batch=16, space=dict(recompute=("full",), max_micro_batch=2,
+                                                                     tp_overlap=(False,), schedule=("1f1b",)))
     assert r.exact and any("re-priced by sim.predict" in n for n in r.notes)
     p = sim.predict(r.model, r.hardware, r.best["strategy"])
     assert r.best["step_time"] == pytest.approx(p.step_time, rel=1e-12)
@@ -182,10 +190,14 @@ def test_fast_path_out_of_step_falls_back_to_predict(monkeypatch):
 
 def test_cli_writes_the_files(tmp_path, capsys):
     from simlib import cli
-    rc = cli.main(["plan", "8B", "--nodes", "1", "--global-batch", "16", "--out", str(tmp_path)])
+    import pandas as pd
+    rc = cli.main(["plan", "8B", "--nodes", "1", "--global-batch", "16", "--max-pp", "2", "--zero", "1",
+                   "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0 and "best plans" in out
     assert {p.name for p in tmp_path.iterdir()} == {"plans.csv", "plan.toml", "plan.sbatch"}
+    rows = pd.read_csv(tmp_path / "plans.csv")   # the narrowing flags held, end to end
+    assert len(rows) and (rows.pp <= 2).all() and (rows.zero == 1).all()
     assert cli.main(["plan", "405B", "--nodes", "1", "--global-batch", "8"]) == 1  # nothing fits: said, exit 1
     assert "no plan of llama3-405b fits" in capsys.readouterr().out
 
