@@ -35,6 +35,17 @@ def test_fast_prices_equal_predict(search70):
         assert e["mfu"] == pytest.approx(p.mfu, rel=1e-9)
 
 
+def test_interleaved_stages_of_uneven_layers_are_priced_as_predict():
+    """405B (126 layers) on pp=4 interleaved v=2: Megatron's split counts embedding and loss as layers (128 / 8
+    chunks), which Strategy accepts; the fast pricing priced its stage as if v = 1 and raised (126 % 4 != 0)."""
+    from simlib.sim.planner_cost import FastPricer
+    m, hw = planner.resolve_model("405B"), sim.preset("h100")
+    s = sim.Strategy(dp=512, tp=8, pp=4, micro_batch=1, num_micro_batches=4, schedule="interleaved",
+                     virtual_stages=2, attention="flash", recompute="full").validate(16384, m, hw)
+    fast = FastPricer(m, hw).price(s, 2048)
+    assert fast["step_time"] == pytest.approx(sim.predict(m, hw, s).step_time, rel=1e-9)
+
+
 def test_ranked_fit_and_rejected_do_not(search70):
     r = search70
     assert r.ranked and r.too_big and r.refused

@@ -324,8 +324,8 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
                 continue
             bound = 0.0
             if top is not None:   # the least step time any of its knobs can reach (FastPricer.floor)
-                bound = min(pricer.floor(base, sequence_parallel=sp)
-                            for sp in {k["sequence_parallel"] for k in knobs})
+                bound = min(pricer.floor(base, tp_overlap=tpo, sequence_parallel=sp)
+                            for sp, tpo in {(k["sequence_parallel"], k["tp_overlap"]) for k in knobs})
             yield bound, index, layout, knobs, base
 
     layouts = valid_layouts()

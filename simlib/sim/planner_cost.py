@@ -93,12 +93,16 @@ class FastPricer:
         p = self.procs(s)
         # with ep > 1 the all-to-all's group spans dp (its placement on the nodes): dp stays in the key
         dp = s.dp if s.ep > 1 else 1
-        key = (p, dp) + tuple(changes[n] if n in changes else getattr(s, n) for n in self._stage_fields)
+        # interleaving: gpt_stage asks only whether virtual_stages > 1 (then layers / pp per stage, as Megatron
+        # splits 126 layers + embedding and loss into 8 x 8 chunks, where v = 1 needs pp to divide the layers)
+        inter = s.virtual_stages > 1
+        key = (p, dp, inter) + tuple(changes[n] if n in changes else getattr(s, n) for n in self._stage_fields)
         stage = self._stages.get(key)
         if stage is None:
-            stage = self._stages[key] = gpt_stage(self.model, self.hw,
-                                                  s.replace(**{**changes, **_NOT_STAGE, "dp": dp}), p,
-                                                  memo=self._ops)
+            norm = {**changes, **_NOT_STAGE, "dp": dp}
+            if inter:
+                norm.update(schedule="interleaved", virtual_stages=2, num_micro_batches=s.pp)
+            stage = self._stages[key] = gpt_stage(self.model, self.hw, s.replace(**norm), p, memo=self._ops)
         return stage
 
     def parts(self, s):
@@ -114,33 +118,55 @@ class FastPricer:
                                        optimizer_time(self.model, self.hw, k, p))
         return stage, sync, p
 
-    def floor(self, s, **changes) -> float:
-        """A lower bound on the step time of ``s`` and of every plan that differs from it only in ZeRO/FSDP,
-        recomputation, overlap or tp_overlap (not sequence parallelism: it changes the operators).
+    def floor(self, s, tp_overlap: bool = False, **changes) -> float:
+        """A lower bound on the step time of ``s.replace(**changes)`` and of every plan that differs from it only
+        in ZeRO/FSDP, recomputation or overlap (and in tp_overlap if ``tp_overlap``), cheaper than :meth:`bound`.
 
-        ``predict``'s step is compute + bubble + exposed communication + optimizer, every term >= 0, with
-        compute = m·(t_fwd + t_bwd) and bubble >= flushes·(pp − 1)·(t_fwd + t_bwd)/v. Each stage's t_fwd + t_bwd
-        is at least the operator times of its layers' forward and backward GEMMs, kernels and attention
-        (recomputation, hidden-TP slowdowns and the embedding and head only add to it), and the stage ``predict``
-        charges is one of the stages, so the least of them bounds it. Those operator times are ``op_time``'s
-        own (the memo :meth:`parts` fills), so the bound is tight on compute and leaves out communication."""
+        ``predict``'s step is compute + bubble + exposed communication + optimizer, every term >= 0, and
+        compute + bubble + the tp, cp and ep collectives = (m + flushes·(pp − 1)/v)·T, with T the time of one
+        micro-batch (compute and collectives) on the stage ``gpt_stage`` charges: the slowest one. Each stage's
+        T is at least its layers' GEMMs, kernels and attention plus the collectives nothing hides (all but a
+        ring's hops, and tp's own when tp_overlap may hide them): recomputation, hidden-TP slowdowns, the
+        embedding and head only add to it. The pipeline messages (>= 0) are added as ``predict`` prices them.
+        Operator times are ``op_time``'s own, memoized with :meth:`parts`."""
         if not self.gpt:
             return 0.0
         key = (self.procs(s),) + tuple(changes[n] if n in changes else getattr(s, n)
                                       for n in self._stage_fields if n not in _NOT_FLOOR)
-        per_layer = self._floors.get(key)
-        if per_layer is None:
-            per_layer = self._floors[key] = self._layer_floor(s.replace(**changes) if changes else s)
+        layer = self._floors.get(key)
+        if layer is None:
+            layer = self._floors[key] = self._layer_floor(s.replace(**changes) if changes else s)
+        places: dict = {}
+        per_layer = {}
+        for expert, (compute, comms) in layer.items():
+            per_layer[expert] = compute + sum(self._op_time(op, s, places) for op in comms
+                                              if not (tp_overlap and op.group == "tp"))
         model = self.model
         stages = s.stage_layers(model.layers) if s.virtual_stages == 1 else [model.layers / s.pp] * s.pp
         dense_end = model.dense_layers if model.experts else model.layers
-        least, start = None, 0
+        most, start = 0.0, 0
         for n in stages:
             dense = max(0, min(dense_end, start + n) - start)
-            t = dense * per_layer[False] + (n - dense) * per_layer.get(True, 0.0)
-            least = t if least is None else min(least, t)
+            most = max(most, dense * per_layer[False] + (n - dense) * per_layer.get(True, 0.0))
             start += n
-        return (s.num_micro_batches + s.pipeline_flushes * (s.pp - 1) / s.virtual_stages) * least
+        m, v = s.num_micro_batches, s.virtual_stages
+        out = (m + s.pipeline_flushes * (s.pp - 1) / v) * most
+        if s.pp > 1:
+            out += 2 * m * v * self._small_p2p(s, self._act_bytes(s))[1]
+        return out
+
+    def _act_bytes(self, s) -> int:
+        return s.micro_batch * self.model.seq_len // s.cp * self.model.hidden * (2 if s.mixed_precision else 4)
+
+    def _op_time(self, op, s, places):
+        from .cost import op_time
+        from .layer import op_time_key
+        p = self.procs(s)
+        k = op_time_key(op, self.hw, s, p, s.threads, places)
+        t = self._ops.get(k)
+        if t is None:
+            t = self._ops[k] = op_time(op, self.hw, s, p, s.threads)
+        return t
 
     def bound(self, s, variants) -> float:
         """A tighter lower bound than :meth:`floor` on every plan that differs from ``s`` only in ZeRO/FSDP,
@@ -158,27 +184,22 @@ class FastPricer:
         m, v = s.num_micro_batches, s.virtual_stages
         out = (m + s.pipeline_flushes * (s.pp - 1) / v) * least
         if s.pp > 1:
-            act_bytes = s.micro_batch * self.model.seq_len // s.cp * self.model.hidden * (2 if s.mixed_precision
-                                                                                          else 4)
-            out += 2 * m * v * self._small_p2p(s, act_bytes)[1]
+            out += 2 * m * v * self._small_p2p(s, self._act_bytes(s))[1]
         return out
 
     def _layer_floor(self, s) -> dict:
-        from .cost import op_time
-        from .layer import op_time_key, strategy_layer_ops
-        p, out = self.procs(s), {}
+        """Per layer kind (dense, MoE): (compute seconds, the collectives compute does not hide)."""
+        from .layer import strategy_layer_ops
+        out = {}
         for expert in ((False, True) if self.model.experts else (False,)):
             ops = strategy_layer_ops(self.model, s, expert)
-            total = 0.0
+            compute = 0.0
             for op in ops["forward"] + ops["backward"]:
-                if op.kind not in ("gemm", "memory", "attention"):   # what gpt_stage counts as compute
-                    continue
-                k = op_time_key(op, self.hw, s, p, s.threads)
-                t = self._ops.get(k)
-                if t is None:
-                    t = self._ops[k] = op_time(op, self.hw, s, p, s.threads)
-                total += t
-            out[expert] = total
+                if op.kind in ("gemm", "memory", "attention"):   # what gpt_stage counts as compute
+                    compute += self._op_time(op, s, None)
+            comms = tuple(op for op in ops["forward"] + ops["backward"]
+                          if op.kind == "comm" and op.overlap != "attention")   # exposed whole (exposed_comm)
+            out[expert] = (compute, comms)
         return out
 
     def recompute_time(self, s) -> float:
