@@ -4,7 +4,7 @@
 lower bound on their step time, the search stopped past the 10th best; tests/test_planner.py holds that to the
 exhaustive search's first 10 on smaller cases).
 
-Each search is run 3 times in this process (every search starts with empty caches, so each time is a cold
+Each search is run 3 times (``--repeats N``) in this process (every search starts with empty caches, so each time is a cold
 search); the median is reported with the load average and the process's CPU seconds, since the box is shared
 (wall time under load overstates what one idle core takes). Run: ``python benchmarks/planner_speed.py``
 (``--only moe`` for the cases whose name holds "moe"); writes benchmarks/results/planner_speed.json.
@@ -24,6 +24,8 @@ CASES = [  # (name, model, preset, nodes, global batch in sequences, plan()'s ot
     ("llama3-8b on 64 H100 (8 nodes), batch 512", "8B", "h100", 8, 512, {}),
     ("moe qwen3-30b-a3b on 64 H100 (8 nodes), batch 256 x 4,096 tokens, its 10 best plans", "qwen3-30b-a3b",
      "h100", 8, 256, dict(seq_len=4096, top=10)),
+    ("llama3-405b on 16,384 H100 (2,048 nodes), batch 2,048 x 8,192 tokens, its 10 best plans", "405B", "h100",
+     2048, 2048, dict(top=10)),
 ]
 
 
@@ -31,12 +33,13 @@ def main():
     load = os.getloadavg()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
+    repeats = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 3
     rows = []
     for name, model, hw, nodes, gb, kw in CASES:
         if only not in name:
             continue
         times, cpu, result = [], [], None
-        for _ in range(3):
+        for _ in range(repeats):
             t, c = time.perf_counter(), time.process_time()
             result = sim.plan(model, hw, nodes=nodes, global_batch=gb, **kw)
             times.append(time.perf_counter() - t)
@@ -55,7 +58,7 @@ def main():
                          best_mfu=best["mfu"], exact_fallback=result.exact))
         print(f"{name}: {result.considered:,} combinations ({priced:,} priced, {result.pruned:,} skipped by the "
               f"bound) in {statistics.median(times):.2f} s ({statistics.median(cpu):.2f} s of CPU) -> "
-              f"{rows[-1]['combinations_per_s']:,.0f}/s; best {rows[-1]['best']}")
+              f"{rows[-1]['combinations_per_s']:,.0f}/s; best {rows[-1]['best']}", flush=True)
     if only:   # the other cases as the last full run measured them
         import json
         old = json.loads((report.RESULTS / "planner_speed.json").read_text())["cases"]
