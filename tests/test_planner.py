@@ -14,7 +14,7 @@ from simlib.sim import planner
 
 # the shared search's space: every dimension searched, fewer values of the costliest (these tests check what the
 # planner does with a search, not its scale: benchmarks/planner_speed.py times full searches)
-SHARED = dict(recompute=("none", "full"), tp_overlap=(False,), max_micro_batch=4, max_virtual_stages=4)
+SHARED = dict(recompute=("none", "full"), tp_overlap=(False,), max_micro_batch=2, max_virtual_stages=4)
 
 
 @pytest.fixture(scope="module")
