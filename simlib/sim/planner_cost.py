@@ -64,7 +64,7 @@ class FastPricer:
         names = [f.name for f in dataclasses.fields(Strategy)]
         self._stage_fields = tuple(n for n in names if n not in _NOT_STAGE)
         self._sync_fields = tuple(n for n in names if n not in _NOT_SYNC)
-        self._stages, self._syncs, self._p2p, self._ops, self._floors = {}, {}, {}, {}, {}
+        self._stages, self._syncs, self._p2p, self._ops, self._floors, self._floor_comm = {}, {}, {}, {}, {}, {}
         self._small = lru_cache(maxsize=None)(self._small_uncached)
         self._flops = model.flops_per_sample()   # the MFU's numerator: one model, one number
 
@@ -125,9 +125,9 @@ class FastPricer:
         ``predict``'s step is compute + bubble + exposed communication + optimizer, every term >= 0, and
         compute + bubble + the tp, cp and ep collectives = (m + flushes·(pp − 1)/v)·T, with T the time of one
         micro-batch (compute and collectives) on the stage ``gpt_stage`` charges: the slowest one. Each stage's
-        T is at least its layers' GEMMs, kernels and attention plus the collectives nothing hides (all but a
-        ring's hops, and tp's own when tp_overlap may hide them): recomputation, hidden-TP slowdowns, the
-        embedding and head only add to it. The pipeline messages (>= 0) are added as ``predict`` prices them.
+        T is at least its layers' GEMMs, kernels and attention, an MoE layer's host overhead on a GPU, plus the
+        collectives nothing hides (all but a ring's hops, and tp's own when tp_overlap may hide them):
+        recomputation, hidden-TP slowdowns, the embedding and head only add to it. The pipeline messages (>= 0) are added as ``predict`` prices them.
         Operator times are ``op_time``'s own, memoized with :meth:`parts`."""
         if not self.gpt:
             return 0.0
@@ -136,11 +136,15 @@ class FastPricer:
         layer = self._floors.get(key)
         if layer is None:
             layer = self._floors[key] = self._layer_floor(s.replace(**changes) if changes else s)
-        places: dict = {}
-        per_layer = {}
-        for expert, (compute, comms) in layer.items():
-            per_layer[expert] = compute + sum(self._op_time(op, s, places) for op in comms
-                                              if not (tp_overlap and op.group == "tp"))
+        # the collectives' times depend on the groups' placement: the grid (dp and pp besides the key's degrees)
+        grid = key + (s.dp, s.pp, tp_overlap)
+        per_layer = self._floor_comm.get(grid)
+        if per_layer is None:
+            places: dict = {}
+            per_layer = self._floor_comm[grid] = {
+                expert: compute + sum(self._op_time(op, s, places) for op in comms
+                                      if not (tp_overlap and op.group == "tp"))
+                for expert, (compute, comms) in layer.items()}
         model = self.model
         stages = s.stage_layers(model.layers) if s.virtual_stages == 1 else [model.layers / s.pp] * s.pp
         dense_end = model.dense_layers if model.experts else model.layers
@@ -189,6 +193,7 @@ class FastPricer:
 
     def _layer_floor(self, s) -> dict:
         """Per layer kind (dense, MoE): (compute seconds, the collectives compute does not hide)."""
+        from .cluster_ops import MOE_LAYER_OVERHEAD
         from .layer import strategy_layer_ops
         out = {}
         for expert in ((False, True) if self.model.experts else (False,)):
@@ -197,6 +202,8 @@ class FastPricer:
             for op in ops["forward"] + ops["backward"]:
                 if op.kind in ("gemm", "memory", "attention"):   # what gpt_stage counts as compute
                     compute += self._op_time(op, s, None)
+            if expert and self.hw.peak_flops:   # the dispatcher's host syncs, as gpt_stage charges them per pass
+                compute += MOE_LAYER_OVERHEAD
             comms = tuple(op for op in ops["forward"] + ops["backward"]
                           if op.kind == "comm" and op.overlap != "attention")   # exposed whole (exposed_comm)
             out[expert] = (compute, comms)
