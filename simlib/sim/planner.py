@@ -20,6 +20,12 @@ stage (:func:`~simlib.sim.cost.gpt_stage`), the data-parallel sync, FSDP's traff
 optimizer — computed once per distinct set of the fields they read (:mod:`simlib.sim.planner_cost`). The top
 plans are priced again by ``predict`` itself and must agree to 1e-9; if they do not (the simulator changed),
 every plan is priced by ``predict`` and the result says so.
+
+``plan(..., top=k)`` wants only the k fastest: layouts are visited by a lower bound on their step time (their
+compute and the collectives nothing hides, :meth:`FastPricer.floor`; then the stage without recomputation,
+:meth:`FastPricer.bound`) and the search stops where the bound passes the k-th best found, with the same first k
+plans, order and times as the full search (``tests/test_planner.py`` holds it to that). ``space`` also narrows
+the degrees (``"tp": 8``, ``"max_pp": 4``: ``simlib plan --tp 8 --max-pp 4``), checked by the trainer's ``Plan``.
 """
 from __future__ import annotations
 
