@@ -4,9 +4,9 @@
 lower bound on their step time, the search stopped past the 10th best; tests/test_planner.py holds that to the
 exhaustive search's first 10 on smaller cases).
 
-Each search is run 3 times (``--repeats N``) in this process (every search starts with empty caches, so each time is a cold
-search); the median is reported with the load average and the process's CPU seconds, since the box is shared
-(wall time under load overstates what one idle core takes). Run: ``python benchmarks/planner_speed.py``
+Each search is run 3 times (``--repeats N``) in this process (every search starts with empty caches, so each
+time is a cold search); the median is reported with the load average and the process's CPU seconds, since the
+box is shared (wall time under load overstates what one idle core takes). Run: ``python benchmarks/planner_speed.py``
 (``--only moe`` for the cases whose name holds "moe"); writes benchmarks/results/planner_speed.json.
 """
 import os

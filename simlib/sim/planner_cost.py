@@ -127,7 +127,8 @@ class FastPricer:
         micro-batch (compute and collectives) on the stage ``gpt_stage`` charges: the slowest one. Each stage's
         T is at least its layers' GEMMs, kernels and attention, an MoE layer's host overhead on a GPU, plus the
         collectives nothing hides (all but a ring's hops, and tp's own when tp_overlap may hide them):
-        recomputation, hidden-TP slowdowns, the embedding and head only add to it. The pipeline messages (>= 0) are added as ``predict`` prices them.
+        recomputation, hidden-TP slowdowns, the embedding and head only add to it. The pipeline messages
+        (>= 0) are added as ``predict`` prices them.
         Operator times are ``op_time``'s own, memoized with :meth:`parts`."""
         if not self.gpt:
             return 0.0
