@@ -12,9 +12,14 @@ from simlib import sim
 from simlib.sim import planner
 
 
+# the shared search's space: every dimension searched, fewer values of the costliest (these tests check what the
+# planner does with a search, not its scale: benchmarks/planner_speed.py times full searches)
+SHARED = dict(recompute=("none", "full"), tp_overlap=(False,), max_micro_batch=2, max_virtual_stages=4)
+
+
 @pytest.fixture(scope="module")
 def search70():
-    return sim.plan("70B", "h100", nodes=16, global_batch=256)
+    return sim.plan("70B", "h100", nodes=16, global_batch=256, space=SHARED)
 
 
 def test_fast_prices_equal_predict(search70):
@@ -30,6 +35,17 @@ def test_fast_prices_equal_predict(search70):
         assert e["mfu"] == pytest.approx(p.mfu, rel=1e-9)
 
 
+def test_interleaved_stages_of_uneven_layers_are_priced_as_predict():
+    """405B (126 layers) on pp=4 interleaved v=2: Megatron's split counts embedding and loss as layers (128 / 8
+    chunks), which Strategy accepts; the fast pricing priced its stage as if v = 1 and raised (126 % 4 != 0)."""
+    from simlib.sim.planner_cost import FastPricer
+    m, hw = planner.resolve_model("405B"), sim.preset("h100")
+    s = sim.Strategy(dp=512, tp=8, pp=4, micro_batch=1, num_micro_batches=4, schedule="interleaved",
+                     virtual_stages=2, attention="flash", recompute="full").validate(16384, m, hw)
+    fast = FastPricer(m, hw).price(s, 2048)
+    assert fast["step_time"] == pytest.approx(sim.predict(m, hw, s).step_time, rel=1e-9)
+
+
 def test_ranked_fit_and_rejected_do_not(search70):
     r = search70
     assert r.ranked and r.too_big and r.refused
@@ -42,7 +58,7 @@ def test_ranked_fit_and_rejected_do_not(search70):
 
 def test_refusals_are_strategy_messages():
     """What the planner refuses, Strategy refuses with the same words (no second copy of the rules)."""
-    r = sim.plan("70B", "h100", nodes=4, global_batch=64)
+    r = sim.plan("70B", "h100", nodes=4, global_batch=64, space=NARROW)
     msg = next(m for m in r.refused if "spans more than one node" in m)
     with pytest.raises(ValueError, match="spans more than one node"):
         sim.Strategy(dp=2, tp=16).validate(32, r.model, r.hardware)
@@ -99,6 +115,40 @@ def test_moe_searches_ep():
     assert all(e["strategy"].ep == 1 for e in dense.ranked)
 
 
+EQUIVALENCE = {  # (model, cluster), search: small enough to search exhaustively in a test, wide enough to prune
+    "moe": (("qwen3-30b-a3b", "h100"), dict(nodes=1, global_batch=16, seq_len=4096,
+                                            space=dict(recompute=("none", "full"), max_micro_batch=2,
+                                                       tp_overlap=(False,)))),
+    "dense": (("8B", "h100"), dict(nodes=2, global_batch=32, space=dict(recompute=("none", "full"),
+                                                                         max_micro_batch=2, tp_overlap=(False,)))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EQUIVALENCE))
+def test_top_k_search_equals_the_exhaustive_one(case):
+    """plan(top=k) skips layouts whose lower bound on step time (FastPricer.floor/bound) passes the k-th best
+    found: it must return the exhaustive search's first k plans, in the same order, at the same times, having
+    skipped a good part of the search (every combination still accounted for)."""
+    args, kw = EQUIVALENCE[case]
+    full = sim.plan(*args, **kw)
+    for k in (1, 10):
+        pruned = sim.plan(*args, top=k, **kw)
+        assert [e["strategy"] for e in pruned.ranked] == [e["strategy"] for e in full.ranked[:k]]
+        assert [e["step_time"] for e in pruned.ranked] == [e["step_time"] for e in full.ranked[:k]]
+        assert [e["memory"]["total"] for e in pruned.ranked] == [e["memory"]["total"] for e in full.ranked[:k]]
+        assert pruned.considered == full.considered and pruned.refused.keys() <= full.refused.keys()
+        assert pruned.pruned > 0.5 * full.considered, (pruned.pruned, full.considered)
+        assert pruned.considered == (pruned.extra["priced"] + len(pruned.too_big) + sum(pruned.refused.values())
+                                     + pruned.extra["duplicates"] + pruned.pruned)
+    # the report's "faster, but over the memory limit" loses nothing: such plans are in the layouts visited (it
+    # may find more: it prices the 300 closest to fitting, and the pruned search has fewer to choose from)
+    from simlib.sim.planner_report import faster_but_too_big
+    assert ({e["strategy"] for e in faster_but_too_big(full)}
+            <= {e["strategy"] for e in faster_but_too_big(pruned)})
+    with pytest.raises(ValueError, match="top must be an int"):
+        sim.plan(*args, top=0, **kw)
+
+
 def test_nothing_fits_says_by_how_much():
     r = sim.plan("405B", "h100", nodes=1, global_batch=8)
     assert not r.ranked
@@ -142,7 +192,8 @@ def test_fast_path_out_of_step_falls_back_to_predict(monkeypatch):
             out["step_time"] *= 1.01
         return out
     monkeypatch.setattr(planner_cost.FastPricer, "price", off_by_a_bit)
-    r = sim.plan("8B", "h100", nodes=1, global_batch=16, space=dict(recompute=("full",), max_micro_batch=2))
+    r = sim.plan("8B", "h100", nodes=1, global_batch=16, space=dict(recompute=("full",), max_micro_batch=2,
+                                                                     tp_overlap=(False,), schedule=("1f1b",)))
     assert r.exact and any("re-priced by sim.predict" in n for n in r.notes)
     p = sim.predict(r.model, r.hardware, r.best["strategy"])
     assert r.best["step_time"] == pytest.approx(p.step_time, rel=1e-12)
@@ -150,10 +201,14 @@ def test_fast_path_out_of_step_falls_back_to_predict(monkeypatch):
 
 def test_cli_writes_the_files(tmp_path, capsys):
     from simlib import cli
-    rc = cli.main(["plan", "8B", "--nodes", "1", "--global-batch", "16", "--out", str(tmp_path)])
+    import pandas as pd
+    rc = cli.main(["plan", "8B", "--nodes", "1", "--global-batch", "16", "--max-pp", "2", "--zero", "1",
+                   "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0 and "best plans" in out
     assert {p.name for p in tmp_path.iterdir()} == {"plans.csv", "plan.toml", "plan.sbatch"}
+    rows = pd.read_csv(tmp_path / "plans.csv")   # the narrowing flags held, end to end
+    assert len(rows) and (rows.pp <= 2).all() and (rows.zero == 1).all()
     assert cli.main(["plan", "405B", "--nodes", "1", "--global-batch", "8"]) == 1  # nothing fits: said, exit 1
     assert "no plan of llama3-405b fits" in capsys.readouterr().out
 
@@ -168,3 +223,53 @@ def test_widget_figure_draws_the_search(search70):
     assert len(bars) == 5 * 8  # five plans, eight terms each
     total = sum(b.get_width() for b in bars[-8:])  # the top bar (drawn last) is the best plan
     assert total == pytest.approx(search70.best["step_time"], rel=1e-9)
+
+
+SMALL = dict(max_micro_batch=1, schedule=("1f1b",), tp_overlap=(False,), cp_kind=("ring",), fsdp=(False,))
+FLAGS = {  # flag -> (model, its search, what every ranked plan must then show)
+    "--tp 2": ("8B", lambda s: s.tp == 2),
+    "--max-pp 2": ("8B", lambda s: s.pp <= 2),
+    "--cp 2": ("8B", lambda s: s.cp == 2),
+    "--dp 4": ("8B", lambda s: s.dp == 4),
+    "--zero 1": ("8B", lambda s: s.zero_stage == 1),
+    "--no-recompute": ("8B", lambda s: s.recompute == "none"),
+    "--ep 4": ("qwen3-30b-a3b", lambda s: s.ep == 4),
+}
+
+
+@pytest.fixture(scope="module")
+def unnarrowed():
+    """One search per model on one node: what each narrowing flag is compared with."""
+    return {m: sim.plan(m, "h100", nodes=1, global_batch=16, seq_len=4096, space=SMALL)
+            for m in {m for m, _ in FLAGS.values()}}
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+def test_each_narrowing_flag_narrows(flag, unnarrowed):
+    """simlib plan's --tp/--max-pp/--cp/--dp/--ep/--zero/--no-recompute: the search keeps exactly the plans of
+    the full search that meet the flag (same plans, same times), and some plans did not."""
+    from simlib import cli
+    from simlib.sim import planner_cli
+    model, ok = FLAGS[flag]
+    args = cli.build_parser().parse_args(["plan", model, *flag.split()])
+    space = planner_cli.narrowed(args)
+    assert space, flag
+    r = sim.plan(model, "h100", nodes=1, global_batch=16, seq_len=4096, space={**SMALL, **space})
+    full = unnarrowed[model]
+    want = [(e["strategy"], e["step_time"]) for e in full.ranked if ok(e["strategy"])]
+    assert r.ranked and [(e["strategy"], e["step_time"]) for e in r.ranked] == want
+    assert len(want) < len(full.ranked)   # the flag removed something
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--tp", "3"], "needs 6 ranks but the world has 8"),   # Plan.validate: the degrees multiply to the world
+    (["--tp", "0"], "Plan.tp must be an int >= 1, got 0"),
+    (["--zero", "5"], "Plan.zero_stage must be 0, 1, 2 or 3, got 5"),
+    (["--max-pp", "-1"], "Plan.pp must be an int >= 1, got -1"),
+    (["--tp", "8", "--cp", "2"], "needs 16 ranks but the world has 8"),
+])
+def test_a_bad_narrowing_is_one_clear_line(argv, says, capsys):
+    from simlib import cli
+    assert cli.main(["plan", "8B", "--nodes", "1", "--global-batch", "16", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err and err.startswith("simlib plan: "), err

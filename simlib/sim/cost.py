@@ -30,7 +30,7 @@ from .collectives import (all_gather, all_reduce, hierarchical_all_reduce, p2p, 
                           ring_all_reduce, tree_all_reduce)
 from .compute import gemm_time, gemms_time  # noqa: F401
 from .layer import (embedding_ops, exposed_comm, head_ops, module_recompute_ops, mtp_ops, op_time,  # noqa: F401
-                    ops_time, recompute_ops, strategy_layer_ops)
+                    op_time_key, ops_time, recompute_ops, strategy_layer_ops)
 from .cluster_ops import MOE_LAYER_OVERHEAD
 from .overlap import TP_OVERLAP_GEMM_SLOWDOWN, tp_overlap_exposed
 from .memory import activation_bytes_per_layer, check_fits, memory_per_device
@@ -75,28 +75,49 @@ class Prediction:
         return row
 
 
-def gpt_stage(model, hardware, strategy, processes=1) -> dict:
+def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) -> dict:
     """Seconds of one micro-batch on the slowest pipeline rank of a GPT, from its operators (``layer``).
 
     A rank holds L/pp layers (in v chunks when interleaved: the same layers in all); the first rank also the
     embedding, the last the logits and the loss — the slower of the two sets the pipeline's pace. Returns
     forward / backward compute (GEMMs + memory-bound kernels; backward includes the recomputed forward) and
     forward_comm / backward_comm (the tensor-parallel collectives, exposed: Megatron does not overlap them).
+    ``memo``: operator times shared between calls on one ``hardware`` (the planner's), keyed on what
+    :func:`~simlib.sim.layer.op_time` reads (:func:`~simlib.sim.layer.op_time_key`).
     """
 
     s = strategy
     w = 2 if s.mixed_precision else 4
     compute = ("gemm", "memory", "attention")
+    seen: dict = {}   # one operator's time, once per call (the same ops recur in forward, recompute and comm)
+    places: dict = {}
+
+    def once(op):
+        out = seen.get(op)
+        if out is None:
+            if memo is None:
+                out = op_time(op, hardware, s, processes, s.threads)
+            else:
+                key = op_time_key(op, hardware, s, processes, s.threads, places)
+                out = memo.get(key)
+                if out is None:
+                    out = memo[key] = op_time(op, hardware, s, processes, s.threads)
+            seen[op] = out
+        return out
 
     def t(items, kinds=compute):
-        return sum(ops_time(items, hardware, s, processes, s.threads, k) for k in kinds)
+        return sum(sum(once(op) for op in items if op.kind == k) for k in kinds)
 
     def comm(all_items):   # what of a list's collectives compute does not hide (ring hops, TP overlap), by group
         exposed, slow = {}, 0.0
+        groups = {op.group for op in all_items if op.kind == "comm"}
         for group in ("tp", "cp", "ep"):
+            if group not in groups:   # no collective of this group: nothing exposed, no overlap to price
+                exposed[group] = 0.0
+                continue
             items = [op for op in all_items if op.kind != "comm" or op.group == group]
-            times = [op_time(op, hardware, s, processes, s.threads) if op.kind == "comm" else
-                     (op_time(op, hardware, s, processes, s.threads) if op.kind == "attention" or
+            times = [once(op) if op.kind == "comm" else
+                     (once(op) if op.kind == "attention" or
                       op.name.startswith(("scores", "context P", "scale+mask")) else 0.0) for op in items]
             exposed[group] = exposed_comm(items, times)
             if s.tp_overlap and group == "tp":
@@ -105,11 +126,9 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
 
     def price(expert_layer):
         ops = strategy_layer_ops(model, s, expert_layer)
-        full = recompute_ops(ops["forward"], "full")
         part = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model) + \
             module_recompute_ops(ops["forward"], s.recompute_modules)
         (fc, fslow), (bc, bslow), (ac, aslow) = comm(ops["forward"]), comm(ops["backward"]), comm(part)
-        (fullc, fullslow) = comm(full)
         if s.ep_overlap and expert_layer:   # EP all-to-all overlap (Megatron-Core's overlap_moe_expert_parallel_comm):
             # a forward's dispatch/combine run beside another micro-batch's backward and vice versa, so only what
             # exceeds the layer's forward + backward compute stays exposed (pipeline warm-up/cool-down not apart);
@@ -122,8 +141,14 @@ def gpt_stage(model, hardware, strategy, processes=1) -> dict:
             fslow, bslow = fslow + slowdown / 3, bslow + 2 * slowdown / 3
         host = MOE_LAYER_OVERHEAD if expert_layer and hardware.peak_flops else 0.0   # GPUs: the dispatcher's syncs
         fslow, bslow = fslow + host / 3, bslow + 2 * host / 3
-        return dict(fwd=t(ops["forward"]) + fslow, bwd=t(ops["backward"]) + bslow, again=t(part) + aslow,
-                    again_full=t(full) + fullslow, fcomm=fc, bcomm=bc, again_comm=ac, again_full_comm=fullc)
+        again = t(part) + aslow
+        full = (None, None)   # the whole layer again: read only under every_other and recompute_layers
+        if s.recompute == "every_other" or s.recompute_layers:
+            whole = recompute_ops(ops["forward"], "full")
+            wholec, wholeslow = comm(whole)
+            full = (t(whole) + wholeslow, wholec)
+        return dict(fwd=t(ops["forward"]) + fslow, bwd=t(ops["backward"]) + bslow, again=again,
+                    again_full=full[0], fcomm=fc, bcomm=bc, again_comm=ac, again_full_comm=full[1])
 
     kinds = {False: price(False)}
     if model.experts:
@@ -295,11 +320,19 @@ def bucket_comm_times(model, hardware, strategy, processes=1) -> list[float]:
     factor = hardware.comm_in_situ(processes)
     place = placement(s, hardware, "dp" if s.cp == 1 else "dp_cp")   # dense gradients: over dp × cp
 
+    seen: dict = {}   # buckets are mostly of one size: each (size, group) priced once
+
     def sync(b, place):
+        out = seen.get((b, place))
+        if out is not None:
+            return out
         if s.zero_stage == 3:  # reduce-scatter the gradients; all-gather the weights for forward and backward
-            return (group_collective("reduce_scatter", b, place, hardware)
-                    + 2 * group_collective("all_gather", b, place, hardware))
-        return group_collective("all_reduce", b, place, hardware)
+            out = (group_collective("reduce_scatter", b, place, hardware)
+                   + 2 * group_collective("all_gather", b, place, hardware))
+        else:
+            out = group_collective("all_reduce", b, place, hardware)
+        seen[(b, place)] = out
+        return out
 
     out = [sync(b, place) * factor + pack * b for b in gradient_buckets(model, s)]
     if getattr(model, "experts", 0) and s.expert_dp > 1:   # each expert's over the ranks that hold it

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -21,12 +22,17 @@ GiB = 2 ** 30
 
 def interpolate(table, x: float) -> float:
     """Piecewise-linear in log(x) through ``table`` = [(x, y), ...]; flat beyond the ends."""
+    xs, ys = _points(tuple((a, b) for a, b in table))
+    return float(np.interp(math.log(max(x, 1e-30)), xs, ys))
+
+
+@lru_cache(maxsize=1024)
+def _points(table: tuple):
+    """A table's sorted (log x, y) points, prepared once per table (the planner interpolates millions of times)."""
     pts = sorted((float(a), float(b)) for a, b in table)
     if not pts:
         raise ValueError("empty table")
-    xs = np.log(np.maximum([p[0] for p in pts], 1e-30))
-    ys = [p[1] for p in pts]
-    return float(np.interp(math.log(max(x, 1e-30)), xs, ys))
+    return np.log(np.maximum([p[0] for p in pts], 1e-30)), [p[1] for p in pts]
 
 
 def fit_alpha_beta(sizes, times, world_size: int):

@@ -270,6 +270,21 @@ def op_time(op: Op, hardware, strategy=None, processes: int = 1, threads=None) -
     return op.count * group_collective(op.collective, op.bytes / op.count, place, hardware)
 
 
+def op_time_key(op: Op, hardware, strategy, processes: int = 1, threads=None, places: dict | None = None):
+    """What :func:`op_time` reads besides ``hardware``, as a key for a memo of operator times over many
+    strategies on one machine: the operator, the process and thread counts, and of the strategy only the dtype
+    (a GEMM) or its group's placement on the nodes (a collective). ``places``: placements by group, reused."""
+    if op.kind == "comm":
+        places = {} if places is None else places
+        place = places.get(op.group)
+        if place is None:
+            place = places[op.group] = placement(strategy, hardware, op.group)
+        return (op, processes, threads, place)
+    if op.kind == "gemm":
+        return (op, processes, threads, strategy.dtype if strategy is not None else "bf16")
+    return (op, processes, threads)
+
+
 def attention_rate(hardware, direction: str, kernel: str = "flash") -> float:
     """FLOP/s of a fused attention kernel: the fraction of the 16-bit peak it reaches on this machine
     (``Hardware.attention_efficiency``; a machine without one runs it at its large-GEMM rate)."""

@@ -20,10 +20,17 @@ stage (:func:`~simlib.sim.cost.gpt_stage`), the data-parallel sync, FSDP's traff
 optimizer — computed once per distinct set of the fields they read (:mod:`simlib.sim.planner_cost`). The top
 plans are priced again by ``predict`` itself and must agree to 1e-9; if they do not (the simulator changed),
 every plan is priced by ``predict`` and the result says so.
+
+``plan(..., top=k)`` wants only the k fastest: layouts are visited by a lower bound on their step time (their
+compute and the collectives nothing hides, :meth:`FastPricer.floor`; then the stage without recomputation,
+:meth:`FastPricer.bound`) and the search stops where the bound passes the k-th best found, with the same first k
+plans, order and times as the full search (``tests/test_planner.py`` holds it to that). ``space`` also narrows
+the degrees (``"tp": 8``, ``"max_pp": 4``: ``simlib plan --tp 8 --max-pp 4``), checked by the trainer's ``Plan``.
 """
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 import math
 import time
@@ -77,6 +84,8 @@ class PlanResult:
     considered: int = 0
     exact: bool = False           # every plan priced by sim.predict (the fast path disagreed or was off)
     trainer_only: bool = False
+    top: int | None = None        # only the top plans were wanted: ``ranked`` holds those (exactly as a full
+    pruned: int = 0               # search ranks them); ``pruned`` combinations were skipped by the bound
     extra: dict = field(default_factory=dict)
 
     @property
@@ -177,7 +186,7 @@ def candidates(model, hardware, world: int, global_batch: int, space: dict | Non
     fixed = space.get("fixed", {})
     cp_kinds = space.get("cp_kind", ("allgather", "ring", "ulysses"))
     degrees, notes = degree_options(world, model, hardware)
-    for dp, tp, pp, cp, ep in degrees:
+    for dp, tp, pp, cp, ep in filter(narrowing(space), degrees):
         if global_batch % dp:
             continue  # a data-parallel rank needs whole samples: not a plan, not counted as refused
         per_rank = global_batch // dp
@@ -206,6 +215,48 @@ def candidates(model, hardware, world: int, global_batch: int, space: dict | Non
                 yield layout, knobs
 
 
+DEGREES = ("dp", "tp", "pp", "cp", "ep")
+
+
+def narrowing(space: dict):
+    """A test on (dp, tp, pp, cp, ep) from ``space``'s fixed degrees (``"tp": (4,)`` or ``"tp": 4``) and caps
+    (``"max_pp": 8``)."""
+    only = {d: (space[d],) if isinstance(space.get(d), int) else space.get(d) for d in DEGREES}
+    caps = {d: space.get("max_" + d) for d in DEGREES}
+
+    def keep(degrees) -> bool:
+        return all((only[d] is None or v in only[d]) and (caps[d] is None or v <= caps[d])
+                   for d, v in zip(DEGREES, degrees))
+    return keep
+
+
+def check_narrowing(space: dict, devices: int, model, hardware) -> None:
+    """Refuse, with the trainer's Plan's own words, a narrowing that no plan can meet: a degree or ZeRO stage of
+    the wrong type or range (``Plan``'s construction), or fixed degrees that do not fit the world
+    (``Plan.validate``). The planner then searches only what is left."""
+    from ..plan import Plan
+    fixed = {}
+    for d in DEGREES:
+        values = space.get(d)
+        values = (values,) if isinstance(values, int) else values
+        for v in values or ():
+            Plan(**{d: v})   # an int >= 1 (raises with the Plan's message)
+        if values and len(values) == 1:
+            fixed[d] = values[0]
+        cap = space.get("max_" + d)
+        if cap is not None:
+            Plan(**{d: cap})
+    for z in space.get("zero_stage", ()):
+        Plan(zero_stage=z)
+    if not any(filter(narrowing(space), degree_options(devices, model, hardware)[0])):
+        if fixed:   # the Plan's rule says why (the degrees multiply to the world, ep divides dp x cp, ...)
+            Plan(**{"dp": max(1, devices // math.prod(v for d, v in fixed.items() if d != "ep")), **fixed}
+                 ).validate(devices)
+        asked = ", ".join(f"{k}={v}" for k, v in space.items() if k in DEGREES or k[4:] in DEGREES)
+        raise ValueError(f"no split of {devices} devices meets {asked}: the degrees dp x tp x pp x cp multiply to "
+                         f"{devices} (ep divides tp x dp x cp)")
+
+
 def _first_line(exc) -> str:
     text = str(exc).split(":")[0] if ":" in str(exc)[:80] else str(exc)
     return " ".join(text.split())[:120]
@@ -214,7 +265,7 @@ def _first_line(exc) -> str:
 def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = None, global_batch: int = 1024,
          seq_len: int | None = None, memory_limit: float | None = None, dtype: str | None = None,
          attention: str | None = None, task=None, trainer_only: bool = False, space: dict | None = None,
-         processes: int | None = None, check: int = 5, exact: bool = False) -> PlanResult:
+         processes: int | None = None, check: int = 5, exact: bool = False, top: int | None = None) -> PlanResult:
     """Enumerate, validate, price and rank every plan of ``model`` on ``cluster``.
 
     model: a ModelSpec or a name (``"8B"``, ``"70B"``, ``"405B"``, ``"llama3-70b"``, ``"7B"``); cluster: a
@@ -225,8 +276,14 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
     ``Plan.validate(world, task)``); trainer_only: keep only plans ``simlib train`` runs. space: narrow or widen
     the search (``zero_stage``, ``recompute``, ``fsdp``, ``schedule``, ``max_virtual_stages``,
     ``sequence_parallel``, ``tp_overlap``, ``overlap``, ``max_micro_batch``, ``num_micro_batches``, ``cp_kind``;
-    ``fixed``: Strategy fields for
+    a degree's values, ``"tp": 4`` or ``"pp": (1, 2)``, and caps, ``"max_pp": 8``, for dp, tp, pp, cp, ep,
+    checked by the trainer's ``Plan``; ``fixed``: Strategy fields for
     every plan, e.g. ``optimizer``). check: how many of the top plans are re-priced by ``sim.predict``.
+    top: rank only the ``top`` fastest plans (the same plans, times and order as the full search's first
+    ``top``): layouts are visited by a lower bound on their step time (:meth:`FastPricer.floor`, their compute
+    alone) and the search stops where that bound passes the k-th best step found; ``too_big`` then holds the
+    over-memory plans of the layouts visited (every plan faster than the best is among them), and
+    ``pruned`` counts the combinations never looked at.
     """
     from .strategy import Strategy
     start = time.perf_counter()
@@ -251,21 +308,49 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
     if task is not None and trainer_only:  # what the trainer has: no FSDP, selective recompute, interleaving
         space = {"fsdp": (False,), "recompute": ("none", "full"), "schedule": ("1f1b", "gpipe"),
                  "tp_overlap": (False,), **space}
+    check_narrowing(space, devices, model, hw)
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+        raise ValueError(f"top must be an int >= 1 (or None: rank every plan), got {top!r}")
     pricer = FastPricer(model, hw, processes, exact=exact)
     trainer_cache: dict = {}
-    ranked, too_big, refused, considered, seen, duplicates = [], [], {}, 0, set(), 0
+    ranked, too_big, refused, seen, duplicates = [], [], {}, set(), 0
     notes = list(degree_options(devices, model, hw)[1])
-    for layout, knobs in candidates(model, hw, devices, global_batch, space):
-        considered += len(knobs)
-        # the layout first, every knob at its default: Strategy.validate reads only the layout, and no knob
-        # makes a refused layout valid, so a refusal here is the refusal of each of its knob combinations
-        try:
-            Strategy(**layout).validate(devices, model, hw)
-        except (ValueError, TypeError) as exc:
-            key = _first_line(exc)
-            refused[key] = refused.get(key, 0) + len(knobs)
-            continue
-        for k in knobs:
+    tally = {"considered": 0}
+
+    def valid_layouts():
+        for index, (layout, knobs) in enumerate(candidates(model, hw, devices, global_batch, space)):
+            tally["considered"] += len(knobs)
+            # the layout first, every knob at its default: Strategy.validate reads only the layout, and no knob
+            # makes a refused layout valid, so a refusal here is the refusal of each of its knob combinations
+            try:
+                base = Strategy(**layout).validate(devices, model, hw)
+            except (ValueError, TypeError) as exc:
+                key = _first_line(exc)
+                refused[key] = refused.get(key, 0) + len(knobs)
+                continue
+            bound = 0.0
+            if top is not None:   # the least step time any of its knobs can reach (FastPricer.floor)
+                bound = min(pricer.floor(base, tp_overlap=tpo, sequence_parallel=sp)
+                            for sp, tpo in {(k["sequence_parallel"], k["tp_overlap"]) for k in knobs})
+            yield bound, index, layout, knobs, base
+
+    layouts = valid_layouts()
+    if top is not None:   # most promising first; the index keeps the search's own order among equals
+        layouts = sorted(layouts, key=lambda x: x[:2])
+    best_k: list = []   # the top-k step times so far, negated (a max-heap)
+    pruned = 0
+    for i, (bound, index, layout, knobs, base) in enumerate(layouts):
+        # a plan slower than the k-th best by more than the ranking's rounding (4 digits) cannot enter the top
+        # k; every later layout's bound is larger still
+        if top is not None and len(best_k) == top:
+            if bound > -best_k[0] * (1 + 1e-3):
+                pruned += sum(len(x[3]) for x in layouts[i:])
+                break
+            variants = {(k["sequence_parallel"], k["tp_overlap"]) for k in knobs}
+            if pricer.bound(base, variants) > -best_k[0] * (1 + 1e-3):   # this layout only
+                pruned += len(knobs)
+                continue
+        for j, k in enumerate(knobs):
             try:
                 s = Strategy(**layout, **k)  # the knobs' own rules (FSDP's stages, tp_overlap's needs, ...)
             except (ValueError, TypeError) as exc:
@@ -287,11 +372,17 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
                     continue
             entry = pricer.price(s, global_batch)
             entry["memory"] = mem
+            entry["_at"] = (index, j)
             ranked.append(entry)
-    ranked.sort(key=_order)
+            if top is not None:
+                (heapq.heappush if len(best_k) < top else heapq.heappushpop)(best_k, -entry["step_time"])
+    ranked.sort(key=lambda e: (_order(e), e.pop("_at")))   # ties: in the order an exhaustive search meets them
+    priced = len(ranked)
+    if top is not None:
+        del ranked[top:]
     result = PlanResult(model, hw, devices, global_batch, limit, ranked, too_big, refused, notes, task=task,
-                        considered=considered, trainer_only=trainer_only,
-                        extra={"duplicates": duplicates, "pricer": pricer,
+                        considered=tally["considered"], trainer_only=trainer_only, top=top, pruned=pruned,
+                        extra={"duplicates": duplicates, "pricer": pricer, "priced": priced,
                                "trainer_cache": trainer_cache})
     result.exact = pricer.exact or not _agrees(result, pricer, check)
     if result.exact and not pricer.exact:

@@ -3,6 +3,7 @@
     simlib plan 70B --cluster h100 --nodes 128 --global-batch 1024          # a named shape on a preset cluster
     simlib plan gpt --cluster here --devices 4 --trainer-only               # the GPT project on this machine
     simlib plan 8B --nodes 8 --memory-gb 60 --out results/plan               # writes plan.toml, plan.sbatch, plans.csv
+    simlib plan 70B --nodes 16 --tp 8 --max-pp 4 --zero 1 --no-recompute      # narrow the search (checked by Plan)
 
 Prints the report (best plans, where their time goes, why the others lose); writes the best plan ``simlib train``
 runs as ``plan.toml`` (``simlib train --config plan.toml``), a SLURM script that runs it (``plan.sbatch``), and
@@ -28,6 +29,12 @@ def add_arguments(p) -> None:
     p.add_argument("--memory-gb", type=float, default=None, help="memory limit per device, GB (default 90 %% of "
                                                                   "the device's)")
     p.add_argument("--trainer-only", action="store_true", help="only plans simlib train runs as they are")
+    for d, what in (("dp", "data-parallel"), ("tp", "tensor-parallel"), ("pp", "pipeline"), ("cp", "context-parallel"),
+                    ("ep", "expert-parallel")):
+        p.add_argument(f"--{d}", type=int, default=None, help=f"fix the {what} degree")
+        p.add_argument(f"--max-{d}", type=int, default=None, help=f"at most this {what} degree")
+    p.add_argument("--zero", type=int, default=None, help="fix the ZeRO stage (0-3; 2 and 3 include FSDP's)")
+    p.add_argument("--no-recompute", action="store_true", help="only plans without activation recomputation")
     p.add_argument("--top", type=int, default=3, help="plans explained (default 3)")
     p.add_argument("--quick", action="store_true", help="a project's quick size (also SIMLIB_QUICK=1)")
     p.add_argument("--out", default=None, help="folder for plan.toml, plan.sbatch and plans.csv (default: print "
@@ -39,6 +46,21 @@ def _project(name: str, quick: bool):
     from ..dry_run import sim_model
     task = _project_defaults(name, "quick" if quick else "full")["task"]
     return task, sim_model(task)
+
+
+def narrowed(args) -> dict:
+    """The search space the narrowing flags ask for (``plan``'s ``space``; checked there by the trainer's Plan)."""
+    space = {}
+    for d in ("dp", "tp", "pp", "cp", "ep"):
+        if getattr(args, d, None) is not None:
+            space[d] = (getattr(args, d),)
+        if getattr(args, f"max_{d}", None) is not None:
+            space[f"max_{d}"] = getattr(args, f"max_{d}")
+    if getattr(args, "zero", None) is not None:
+        space["zero_stage"] = (args.zero,)
+    if getattr(args, "no_recompute", False):
+        space["recompute"] = ("none",)
+    return space
 
 
 def run(args) -> int:
@@ -55,7 +77,7 @@ def run(args) -> int:
     gb = args.global_batch or (task.global_batch if task is not None else 1024)
     mem = args.memory_gb * 1e9 if args.memory_gb is not None else None
     result = plan(model, cluster, nodes=args.nodes, devices=args.devices, global_batch=gb, seq_len=args.seq_len,
-                  memory_limit=mem, task=task, trainer_only=args.trainer_only)
+                  memory_limit=mem, task=task, trainer_only=args.trainer_only, space=narrowed(args))
     print(result.report(top=args.top))
     if args.out:
         out = Path(args.out)

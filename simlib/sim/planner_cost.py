@@ -47,6 +47,11 @@ _NOT_SYNC = dict(micro_batch=1, num_micro_batches=1, recompute="none", schedule=
                  reduce_dtype="")
 
 
+# stage fields the compute floor does not depend on (:meth:`FastPricer.floor`)
+_NOT_FLOOR = ("recompute", "tp_overlap", "recompute_layers", "pp", "virtual_stages", "first_stage_layers",
+              "last_stage_layers", "pipeline_flushes")
+
+
 class FastPricer:
     """Prices strategies of one model on one machine; ``exact=True`` calls ``predict`` for every plan."""
 
@@ -59,8 +64,9 @@ class FastPricer:
         names = [f.name for f in dataclasses.fields(Strategy)]
         self._stage_fields = tuple(n for n in names if n not in _NOT_STAGE)
         self._sync_fields = tuple(n for n in names if n not in _NOT_SYNC)
-        self._stages, self._syncs, self._p2p = {}, {}, {}
+        self._stages, self._syncs, self._p2p, self._ops, self._floors, self._floor_comm = {}, {}, {}, {}, {}, {}
         self._small = lru_cache(maxsize=None)(self._small_uncached)
+        self._flops = model.flops_per_sample()   # the MFU's numerator: one model, one number
 
     def procs(self, s) -> int:
         return self.processes or min(s.world_size, self.hw.devices_per_node)
@@ -80,15 +86,29 @@ class FastPricer:
         f = fsdp_comm(self.model, self.hw, s, layer_forward, layer_backward) if s.fsdp else None
         return f, p2p_time(act_bytes, s, self.hw)
 
-    def parts(self, s):
-        from .cost import dp_comm_time, embedding_sync_time, gpt_stage, optimizer_time
+    def stage(self, s, **changes) -> dict:
+        """One micro-batch of the slowest pipeline stage (``gpt_stage``) of ``s.replace(**changes)``, once per
+        set of the fields it reads (the replaced strategy is built only when it is priced)."""
+        from .cost import gpt_stage
         p = self.procs(s)
         # with ep > 1 the all-to-all's group spans dp (its placement on the nodes): dp stays in the key
         dp = s.dp if s.ep > 1 else 1
-        key = (p, dp) + tuple(getattr(s, n) for n in self._stage_fields)
+        # interleaving: gpt_stage asks only whether virtual_stages > 1 (then layers / pp per stage, as Megatron
+        # splits 126 layers + embedding and loss into 8 x 8 chunks, where v = 1 needs pp to divide the layers)
+        inter = s.virtual_stages > 1
+        key = (p, dp, inter) + tuple(changes[n] if n in changes else getattr(s, n) for n in self._stage_fields)
         stage = self._stages.get(key)
         if stage is None:
-            stage = self._stages[key] = gpt_stage(self.model, self.hw, s.replace(**{**_NOT_STAGE, "dp": dp}), p)
+            norm = {**changes, **_NOT_STAGE, "dp": dp}
+            if inter:
+                norm.update(schedule="interleaved", virtual_stages=2, num_micro_batches=s.pp)
+            stage = self._stages[key] = gpt_stage(self.model, self.hw, s.replace(**norm), p, memo=self._ops)
+        return stage
+
+    def parts(self, s):
+        from .cost import dp_comm_time, embedding_sync_time, optimizer_time
+        p = self.procs(s)
+        stage = self.stage(s)
         key = (p,) + tuple(getattr(s, n) for n in self._sync_fields)
         sync = self._syncs.get(key)
         if sync is None:
@@ -97,6 +117,98 @@ class FastPricer:
                                        embedding_sync_time(self.model, self.hw, k),
                                        optimizer_time(self.model, self.hw, k, p))
         return stage, sync, p
+
+    def floor(self, s, tp_overlap: bool = False, **changes) -> float:
+        """A lower bound on the step time of ``s.replace(**changes)`` and of every plan that differs from it only
+        in ZeRO/FSDP, recomputation or overlap (and in tp_overlap if ``tp_overlap``), cheaper than :meth:`bound`.
+
+        ``predict``'s step is compute + bubble + exposed communication + optimizer, every term >= 0, and
+        compute + bubble + the tp, cp and ep collectives = (m + flushes·(pp − 1)/v)·T, with T the time of one
+        micro-batch (compute and collectives) on the stage ``gpt_stage`` charges: the slowest one. Each stage's
+        T is at least its layers' GEMMs, kernels and attention, an MoE layer's host overhead on a GPU, plus the
+        collectives nothing hides (all but a ring's hops, and tp's own when tp_overlap may hide them):
+        recomputation, hidden-TP slowdowns, the embedding and head only add to it. The pipeline messages
+        (>= 0) are added as ``predict`` prices them.
+        Operator times are ``op_time``'s own, memoized with :meth:`parts`."""
+        if not self.gpt:
+            return 0.0
+        key = (self.procs(s),) + tuple(changes[n] if n in changes else getattr(s, n)
+                                      for n in self._stage_fields if n not in _NOT_FLOOR)
+        layer = self._floors.get(key)
+        if layer is None:
+            layer = self._floors[key] = self._layer_floor(s.replace(**changes) if changes else s)
+        # the collectives' times depend on the groups' placement: the grid (dp and pp besides the key's degrees)
+        grid = key + (s.dp, s.pp, tp_overlap)
+        per_layer = self._floor_comm.get(grid)
+        if per_layer is None:
+            places: dict = {}
+            per_layer = self._floor_comm[grid] = {
+                expert: compute + sum(self._op_time(op, s, places) for op in comms
+                                      if not (tp_overlap and op.group == "tp"))
+                for expert, (compute, comms) in layer.items()}
+        model = self.model
+        stages = s.stage_layers(model.layers) if s.virtual_stages == 1 else [model.layers / s.pp] * s.pp
+        dense_end = model.dense_layers if model.experts else model.layers
+        most, start = 0.0, 0
+        for n in stages:
+            dense = max(0, min(dense_end, start + n) - start)
+            most = max(most, dense * per_layer[False] + (n - dense) * per_layer.get(True, 0.0))
+            start += n
+        m, v = s.num_micro_batches, s.virtual_stages
+        out = (m + s.pipeline_flushes * (s.pp - 1) / v) * most
+        if s.pp > 1:
+            out += 2 * m * v * self._small_p2p(s, self._act_bytes(s))[1]
+        return out
+
+    def _act_bytes(self, s) -> int:
+        return s.micro_batch * self.model.seq_len // s.cp * self.model.hidden * (2 if s.mixed_precision else 4)
+
+    def _op_time(self, op, s, places):
+        from .cost import op_time
+        from .layer import op_time_key
+        p = self.procs(s)
+        k = op_time_key(op, self.hw, s, p, s.threads, places)
+        t = self._ops.get(k)
+        if t is None:
+            t = self._ops[k] = op_time(op, self.hw, s, p, s.threads)
+        return t
+
+    def bound(self, s, variants) -> float:
+        """A tighter lower bound than :meth:`floor` on every plan that differs from ``s`` only in ZeRO/FSDP,
+        recomputation, overlap and the (sequence_parallel, tp_overlap) pairs in ``variants``: the stage priced
+        without recomputation (which only adds to every stage's time and collectives), so
+        compute + bubble + tp/cp/ep comm = (m + flushes·(pp − 1)/v)·(t_fwd + t_bwd + comm per micro-batch),
+        plus the pipeline messages; the data-parallel sync and the optimizer (>= 0) are left out."""
+        if not self.gpt or self.exact:
+            return self.floor(s)
+        least = None
+        for sp, tpo in variants:
+            st = self.stage(s, sequence_parallel=sp, tp_overlap=tpo, recompute="none", recompute_layers=0)
+            t = st["forward"] + st["backward"] + st["forward_comm"] + st["backward_comm"]
+            least = t if least is None else min(least, t)
+        m, v = s.num_micro_batches, s.virtual_stages
+        out = (m + s.pipeline_flushes * (s.pp - 1) / v) * least
+        if s.pp > 1:
+            out += 2 * m * v * self._small_p2p(s, self._act_bytes(s))[1]
+        return out
+
+    def _layer_floor(self, s) -> dict:
+        """Per layer kind (dense, MoE): (compute seconds, the collectives compute does not hide)."""
+        from .cluster_ops import MOE_LAYER_OVERHEAD
+        from .layer import strategy_layer_ops
+        out = {}
+        for expert in ((False, True) if self.model.experts else (False,)):
+            ops = strategy_layer_ops(self.model, s, expert)
+            compute = 0.0
+            for op in ops["forward"] + ops["backward"]:
+                if op.kind in ("gemm", "memory", "attention"):   # what gpt_stage counts as compute
+                    compute += self._op_time(op, s, None)
+            if expert and self.hw.peak_flops:   # the dispatcher's host syncs, as gpt_stage charges them per pass
+                compute += MOE_LAYER_OVERHEAD
+            comms = tuple(op for op in ops["forward"] + ops["backward"]
+                          if op.kind == "comm" and op.overlap != "attention")   # exposed whole (exposed_comm)
+            out[expert] = (compute, comms)
+        return out
 
     def recompute_time(self, s) -> float:
         """Seconds of recomputation per step: backward with this policy minus backward without."""
@@ -114,7 +226,7 @@ class FastPricer:
             return dict(strategy=s, step_time=pr.step_time, compute=pr.compute, bubble=pr.bubble,
                         optimizer=pr.optimizer, exposed_comm=pr.exposed_comm,
                         tokens_per_s=global_batch * model.seq_len / pr.step_time,
-                        mfu=model.flops_per_sample() * global_batch / (pr.step_time * s.world_size
+                        mfu=self._flops * global_batch / (pr.step_time * s.world_size
                                                                         * self.hw.peak(s.dtype, self.procs(s))),
                         **{k: pr.breakdown.get(k, 0.0) for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm",
                                                                   "dp_exposed", "dp_comm", "embedding_sync")})
@@ -139,7 +251,7 @@ class FastPricer:
             dp_exposed = max(dp_last, dp_total - t_bwd) if s.overlap else dp_total
         exposed = tp_comm + cp_comm + ep_comm + pp_comm + dp_exposed + embed
         step = compute + bubble + exposed + opt
-        mfu = model.flops_per_sample() * global_batch / (step * s.world_size * self.hw.peak(s.dtype, p))
+        mfu = self._flops * global_batch / (step * s.world_size * self.hw.peak(s.dtype, p))
         return dict(strategy=s, step_time=step, compute=compute, bubble=bubble, optimizer=opt,
                     exposed_comm=exposed, tokens_per_s=global_batch * model.seq_len / step, mfu=mfu,
                     tp_comm=tp_comm, cp_comm=cp_comm, ep_comm=ep_comm, pp_comm=pp_comm, dp_exposed=dp_exposed,
