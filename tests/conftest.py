@@ -2,6 +2,7 @@
 import os
 
 import pytest
+from worlds import one_process_world
 
 
 def _alive(pid: int) -> bool:
@@ -115,9 +116,5 @@ def cluster4():
 @pytest.fixture
 def one_process():
     """A test that trains in this process: its process group and the environment variables that made it go after."""
-    import simlib
-    saved = dict(os.environ)
-    yield
-    simlib.shutdown()
-    os.environ.clear()
-    os.environ.update(saved)
+    with one_process_world():
+        yield
