@@ -261,7 +261,25 @@ def test_each_narrowing_flag_narrows(flag, unnarrowed):
     assert len(want) < len(full.ranked)   # the flag removed something
 
 
+def test_cli_fastest_ranks_the_first_k_of_the_full_search(tmp_path, capsys, unnarrowed):
+    """simlib plan --fastest K: the bounded search (plan(top=K)); plans.csv holds the full search's first K."""
+    from simlib import cli
+    from simlib.sim import planner_cli
+    import pandas as pd
+    args = cli.build_parser().parse_args(["plan", "8B", "--fastest", "3"])
+    assert args.fastest == 3
+    full = unnarrowed["8B"]
+    r = sim.plan("8B", "h100", nodes=1, global_batch=16, seq_len=4096, space=SMALL, top=args.fastest)
+    assert [(e["strategy"], e["step_time"]) for e in r.ranked] == [(e["strategy"], e["step_time"])
+                                                                  for e in full.ranked[:3]]
+    rc = cli.main(["plan", "8B", "--nodes", "1", "--global-batch", "16", "--max-pp", "2", "--zero", "1",
+                   "--fastest", "2", "--out", str(tmp_path)])
+    assert rc == 0 and "best plans" in capsys.readouterr().out
+    assert len(pd.read_csv(tmp_path / "plans.csv")) == 2
+
+
 @pytest.mark.parametrize("argv, says", [
+    (["--fastest", "0"], "--fastest must be an int >= 1"),
     (["--tp", "3"], "needs 6 ranks but the world has 8"),   # Plan.validate: the degrees multiply to the world
     (["--tp", "0"], "Plan.tp must be an int >= 1, got 0"),
     (["--zero", "5"], "Plan.zero_stage must be 0, 1, 2 or 3, got 5"),
