@@ -96,7 +96,7 @@ def test_untouched_exercise_reports_not_implemented(path, clusters, capsys):
 @pytest.mark.parametrize("exercise,bug", [(e, b) for e, bugs in PLANTED.items() for b in bugs],
                          ids=lambda x: x if isinstance(x, str) else x.__name__)
 def test_planted_bug_is_caught(exercise, bug, clusters):
-    report = grading.check(exercise, bug, clusters=clusters, quiet=True)
+    report = grading.check(exercise, bug, clusters=clusters, quiet=True, first_failure=True)
     assert not report.passed and report.status in ("fail", "error")
     hints = " ".join(r.hint for r in report.failed()).lower()
     assert HINTS[bug.__name__].lower() in hints, "\n".join(r.line() for r in report.results)
@@ -169,3 +169,30 @@ def test_check_after_broken_workers_starts_healthy(bug, clusters):
     solution = load_answers(ROOT / "solutions" / "01_ring_all_reduce.ipynb")["ring_all_reduce"]
     good = grading.check("ring_all_reduce", solution, clusters=clusters, quiet=True)
     assert good.passed, "\n".join(r.line() for r in good.results)
+
+
+def test_first_failure_makes_no_run_after_a_failed_check(monkeypatch):
+    """check(first_failure=True), used by the planted-answer tests: the runs made keep all their results, no run
+    follows a failed check; without it (what a learner sees) every check runs."""
+    from simlib.grading import core
+
+    class FakeCluster:
+        calls = 0
+
+        def call(self, fn, *args, **kwargs):
+            FakeCluster.calls += fn is not core._probe
+            return [None, None]
+
+    def three_runs(answer, grader):
+        for n in (2, 3, 4):
+            grader.run(n, print)
+            yield core.Result(f"{n} ranks: first", True)
+            yield core.Result(f"{n} ranks: second", n != 2, hint="caught at 2")
+    monkeypatch.setitem(core.EXERCISES, "fake_three_runs", three_runs)
+    fake = {n: FakeCluster() for n in (2, 3, 4)}
+    report = grading.check("fake_three_runs", None, clusters=fake, quiet=True, first_failure=True)
+    assert FakeCluster.calls == 1 and [r.name for r in report.results] == ["2 ranks: first", "2 ranks: second"]
+    assert report.status == "fail" and report.failed()[0].hint == "caught at 2"
+    FakeCluster.calls = 0
+    report = grading.check("fake_three_runs", None, clusters=fake, quiet=True)
+    assert FakeCluster.calls == 3 and len(report.results) == 6

@@ -29,7 +29,7 @@ def test_planted_bugs_are_listed():
 
 @pytest.mark.parametrize("exercise,bug", [(e, b) for e, bugs in PLANTED.items() for b in bugs])
 def test_planted_bug_is_caught(exercise, bug, clusters):
-    report = grading.check(exercise, PLANTED[exercise][bug], clusters=clusters, quiet=True)
+    report = grading.check(exercise, PLANTED[exercise][bug], clusters=clusters, quiet=True, first_failure=True)
     assert not report.passed and report.status in ("fail", "error"), report
     hints = " ".join(r.hint for r in report.failed())
     assert HINTS[bug] in hints, "\n".join(r.line() for r in report.results)

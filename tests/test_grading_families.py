@@ -20,7 +20,8 @@ def clusters(cluster2, cluster3, cluster4):
 def test_family3_the_algorithm_is_checked_not_only_the_output(exercise, clusters):
     """Right numbers by all_gather (one through an alias bound before the grader ran): the dispatcher-level
     recorder sees it, and the contract (ring: neighbours-only send/recv; MoE: all-to-all) fails it."""
-    report = grading.check(exercise, families.FAMILY3[exercise], clusters=clusters, quiet=True)
+    report = grading.check(exercise, families.FAMILY3[exercise], clusters=clusters, quiet=True,
+                            first_failure=True)
     assert not report.passed, report
     failed = report.failed()[0]
     assert "all_gather" in failed.detail and ("ring" in failed.name or "all-to-all" in failed.name), failed.line()
@@ -41,7 +42,8 @@ def test_family6_counts_come_from_the_graders_recorder(clusters):
 def test_family4_moe_sizes_that_differ_from_each_other(clusters):
     """Tokens per rank (6 or 7) differ from the hidden size (8) and from one world size to the next: an answer
     that takes the token count for the hidden size passed when both were 8."""
-    report = grading.check("moe_dispatch", families.FAMILY4["moe_dispatch"], clusters=clusters, quiet=True)
+    report = grading.check("moe_dispatch", families.FAMILY4["moe_dispatch"], clusters=clusters, quiet=True,
+                            first_failure=True)
     assert not report.passed and report.status in ("fail", "error"), report
 
 
@@ -72,7 +74,8 @@ def test_family6_every_call_of_an_answer_run_in_the_graders_process_has_a_time_l
 def test_family6_the_full_state_check_draws_from_every_generator(cluster2):
     """A state that saves torch's CPU generator only: the task now draws from Python's and NumPy's too (and
     CUDA's where there is one), so the resumed run leaves the uninterrupted one."""
-    report = grading.check("full_state", families.FAMILY6["full_state"], clusters={2: cluster2}, quiet=True)
+    report = grading.check("full_state", families.FAMILY6["full_state"], clusters={2: cluster2}, quiet=True,
+                            first_failure=True)
     assert not report.passed, report
     assert [r.name for r in report.failed()] == ["2 ranks: the resumed curve equals the uninterrupted one, bit for "
                                                  "bit"], "\n".join(r.line() for r in report.results)

@@ -12,6 +12,7 @@ def test_solution_passes_and_planted_versions_fail(cluster2, cluster3):
     for planted, failing in ((NoPrefetch, "prefetched"), (BackwardWrongWay, "prefetched"),
                              (SkipsABlock, "prefetched"), (WrongShard, "same losses"),
                              (GathersEverythingUpFront, "at most one block"), (ClaimsItsCounts, "prefetched")):
-        report = grading.check("zero3_prefetch", planted, clusters=clusters, quiet=True, timeout=300)
+        report = grading.check("zero3_prefetch", planted, clusters=clusters, quiet=True, timeout=300,
+                               first_failure=True)
         assert not report.passed, planted.__name__
         assert any(failing in r.name for r in report.failed()), (planted.__name__, report)

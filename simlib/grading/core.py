@@ -71,6 +71,11 @@ class _Stop(Exception):
         self.result = result
 
 
+class _Enough(BaseException):  # passes through a check's own `except Exception`
+    """Raised by Grader.run when the check asked for the first failure only (``check(first_failure=True)``) and a
+    check has failed: the runs already made keep their results, no further run is made."""
+
+
 def _not_implemented(type_name: str, message: str = "") -> bool:
     return type_name == "NotImplementedError"
 
@@ -179,10 +184,11 @@ class Grader:
     group up, a barrier) and restarts it when a learner's earlier code broke it.
     """
 
-    def __init__(self, clusters: dict | None = None, timeout: float = 30.0):
+    def __init__(self, clusters: dict | None = None, timeout: float = 30.0, first_failure: bool = False):
         self.clusters = clusters or {}
         self.timeout = timeout
         self.probed = set()
+        self.first_failure, self.failed = first_failure, False
 
     def cluster(self, world_size: int):
         c = self.clusters.get(world_size) or cluster(world_size)
@@ -204,6 +210,8 @@ class Grader:
         from ..launch import WorkerError, WorkerTimeout
         import time
         what = what or f"your code on {world_size} ranks"
+        if self.first_failure and self.failed:
+            raise _Enough
         cluster_ = self.cluster(world_size)
         t0 = time.monotonic()
         try:
@@ -264,11 +272,14 @@ def exercise(name: str):
     return register
 
 
-def check(name: str, answer, clusters: dict | None = None, timeout: float = 30.0, quiet: bool = False) -> Report:
+def check(name: str, answer, clusters: dict | None = None, timeout: float = 30.0, quiet: bool = False,
+          first_failure: bool = False) -> Report:
     """Run every check of exercise ``name`` on ``answer`` (the learner's function or class).
 
     ``clusters``: {world_size: Cluster} to use (default: warm ones kept by this module, see :func:`close`).
-    Prints one line per check unless ``quiet``; returns the :class:`Report`.
+    Prints one line per check unless ``quiet``; returns the :class:`Report`. ``first_failure``: once a check has
+    failed, make no further run on the workers (the results of the runs made are all kept) — for the tests of
+    planted wrong answers, which need only the check that catches each one; a learner sees every check.
     """
     report = Report(name)
     say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
@@ -278,7 +289,7 @@ def check(name: str, answer, clusters: dict | None = None, timeout: float = 30.0
         say(report.results[-1].line())
         return report
     say(f"checking {name} ...")
-    grader = Grader(clusters, timeout)
+    grader = Grader(clusters, timeout, first_failure)
     shown = set()
 
     def show(result):  # a hint already shown is not repeated: "same hint as above"
@@ -291,7 +302,10 @@ def check(name: str, answer, clusters: dict | None = None, timeout: float = 30.0
     try:
         for result in EXERCISES[name](answer, grader):
             report.results.append(result)
+            grader.failed = grader.failed or not result.passed
             show(result)
+    except _Enough:
+        pass
     except _Stop as stop:
         report.results.append(stop.result)
         show(stop.result)

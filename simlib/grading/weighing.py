@@ -7,18 +7,23 @@ from __future__ import annotations
 def _numpy_arrays() -> dict:
     """{data address: bytes} of every NumPy array that owns its data and that a Python object holds (a list, a
     dict, an attribute): found through the garbage collector's objects, so arrays kept anywhere count. (Not
-    tracemalloc: under torch's profiler it crashed workers.)"""
+    tracemalloc: under torch's profiler it crashed workers.) The referents are taken in one call and filtered by
+    type in C (``compress`` over ``map``): a worker holds ~170k objects, and a Python loop over each one's
+    referents took 0.3 s, twice per weighed step."""
+    import functools
     import gc
+    import itertools
+    import operator
 
     import numpy as np
+    nd = np.ndarray
+    referents = gc.get_referents(*gc.get_objects())
     out = {}
-    for o in gc.get_objects():
-        for r in gc.get_referents(o):
-            if type(r) is np.ndarray:
-                while isinstance(r.base, np.ndarray):
-                    r = r.base
-                if r.flags.owndata:
-                    out[r.ctypes.data] = r.nbytes
+    for r in itertools.compress(referents, map(functools.partial(operator.is_, nd), map(type, referents))):
+        while isinstance(r.base, nd):
+            r = r.base
+        if r.flags.owndata:
+            out[r.ctypes.data] = r.nbytes
     return out
 
 
