@@ -10,6 +10,8 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 os.environ.setdefault("SIMLIB_QUICK", "1")
 os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
 
@@ -29,6 +31,35 @@ def pytest_ignore_collect(collection_path, config):
         named = {Path(str(a).split("::")[0]).resolve() for a in config.args}
         return collection_path not in named or None
     return None
+
+
+# --- The solutions' checks, graded once: strictly, in the notebook's own run ----------------------------------------
+# A kernel that runs a solutions/ notebook starts with SIMLIB_GRADE_STRICT=1 (simlib.grading.core._strict): its
+# check cells then raise unless the solution passes every check on 2, 3 and 4 ranks, so nbval's run asserts what
+# tests/test_grading.py::test_solution_passes_every_check asserts, and that test is left out for a notebook nbval
+# runs in the same session (the solution is not graded twice). Named on the command line, it always runs.
+SOLUTIONS = ROOT / "solutions"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before a notebook's kernel starts (the setup of its first cell): strict grading for solutions/ only."""
+    from simlib.grading.core import STRICT
+    if Path(str(item.fspath)).parent == SOLUTIONS:
+        os.environ[STRICT] = "1"
+    else:
+        os.environ.pop(STRICT, None)
+
+
+def pytest_collection_modifyitems(config, items):
+    by_nbval = {Path(str(i.fspath)).stem for i in items if Path(str(i.fspath)).parent == SOLUTIONS}
+    if any("test_solution_passes_every_check" in str(a) for a in config.args):
+        return  # named: it runs
+    dropped = [i for i in items if getattr(i, "originalname", "") == "test_solution_passes_every_check"
+               and i.nodeid.startswith("tests/test_grading.py::") and i.callspec.id in by_nbval]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [i for i in items if i not in dropped]
 
 
 # --- The suite's time: every test's duration, as it goes, and the budget said at the end -------------------------

@@ -196,3 +196,33 @@ def test_first_failure_makes_no_run_after_a_failed_check(monkeypatch):
     FakeCluster.calls = 0
     report = grading.check("fake_three_runs", None, clusters=fake, quiet=True)
     assert FakeCluster.calls == 3 and len(report.results) == 6
+
+
+def test_strict_mode_fails_a_solution_that_does_not_pass_everywhere(monkeypatch):
+    """SIMLIB_GRADE_STRICT=1 (the suite sets it for the kernels running solutions/, and leaves
+    test_solution_passes_every_check out for them): a failed check, fewer than four checks, or a multi-rank run
+    not on 2, 3 and 4 ranks raises, so the notebook's run fails; unset, check() only reports."""
+    from simlib.grading import core
+
+    class FakeCluster:
+        def call(self, fn, *args, **kwargs):
+            return [None]
+
+    def exercise(sizes, good):
+        def run(answer, grader):
+            for n in sizes:
+                grader.run(n, print)
+                yield from (core.Result(f"{n} ranks: {i}", good) for i in range(2))
+        return run
+    fake = {n: FakeCluster() for n in (2, 3, 4)}
+    monkeypatch.setenv(core.STRICT, "1")
+    for sizes, good, says in (((2, 3, 4), False, "does not pass"), ((2, 3), True, "not 2, 3 and 4"),
+                              ((2,), True, "only 2 checks")):
+        monkeypatch.setitem(core.EXERCISES, "fake", exercise(sizes, good))
+        with pytest.raises(AssertionError, match=says):
+            grading.check("fake", None, clusters=fake, quiet=True)
+    monkeypatch.setitem(core.EXERCISES, "fake", exercise((2, 3, 4), True))
+    assert grading.check("fake", None, clusters=fake, quiet=True).passed
+    monkeypatch.delenv(core.STRICT)
+    monkeypatch.setitem(core.EXERCISES, "fake", exercise((2, 3, 4), False))
+    assert not grading.check("fake", None, clusters=fake, quiet=True).passed

@@ -326,7 +326,26 @@ def check(name: str, answer, clusters: dict | None = None, timeout: float = 30.0
         say(f"{name}: not implemented yet.")
     else:
         say(f"{good} of {len(report.results)} checks passed.")
+    _strict(report, grader)
     return report
+
+
+STRICT = "SIMLIB_GRADE_STRICT"  # "1": a check that does not pass raises (CI's run of the solutions notebooks)
+
+
+def _strict(report: Report, grader: Grader) -> None:
+    """Under ``SIMLIB_GRADE_STRICT=1`` (set by the test suite for the kernels that run ``solutions/``) the course's
+    own solution must pass every check, with at least four checks, and a multi-rank exercise must have been run on
+    2, 3 and 4 ranks (3 catches code right only for even splits or powers of two): otherwise the check raises, so
+    the notebook's run fails. A learner's kernel never sets it."""
+    import os
+    if os.environ.get(STRICT) != "1":
+        return
+    lines = "\n".join(r.line() for r in report.results)
+    assert report.passed, f"{report.exercise}: the solution does not pass ({STRICT}=1)\n{lines}"
+    assert len(report.results) >= 4, f"{report.exercise}: only {len(report.results)} checks\n{lines}"
+    asked = set(grader.probed) - {1}
+    assert not asked or {2, 3, 4} <= asked, f"{report.exercise}: run on {sorted(asked)} ranks, not 2, 3 and 4"
 
 
 _clusters: dict = {}
