@@ -276,6 +276,25 @@ def _probe_prefetch(answer_cls, seed):
     return dict(out=[losses, dict(z.counts), z.full_state_dict()], ops=_ops())
 
 
+def _probe_full_state(answer_cls, seed):
+    """A regression task of drawn sizes and seed (dropout, every rank its own stream, every generator drawn):
+    stop at step 6, a fresh run resumes from the step-4 checkpoint to step 12; the resumed losses by step (the
+    solution's equal the uninterrupted run's, bit for bit)."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    from simlib.grading import fault_tolerance as ft
+    from simlib.tasks import RegressionTask
+    draw = random.Random(seed)
+    task = ft._RankStreams(RegressionTask(width=draw.choice([8, 16, 24]), depth=draw.choice([1, 2, 3]),
+                                          global_batch=24, num_samples=480, dropout=0.2, seed=seed % 1000))
+    where = [tempfile.mkdtemp(prefix="simlib-probe-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(where, src=0)
+    ft._losses(answer_cls, where[0], ft._STOP, task=task)
+    return dict(out=ft._losses(answer_cls, where[0], ft._STEPS, task=task))
+
+
 def _probe_plan_memory(answer, seed):
     """40 GPT shapes and plans drawn here (other seeds than the grader's); every part's bytes, as floats."""
     from simlib.grading.planner import PARTS, draw_cases
@@ -303,8 +322,9 @@ PROBES = {
     "07_sharded_optimizer": ("sharded_optimizer", _probe_sharded, (2, 3, 4)),
     "09b_zero3_prefetch": ("zero3_prefetch", _probe_prefetch, (2, 3, 4)),
     "13_plan_memory": ("plan_memory", _probe_plan_memory, ()),
+    "08_full_state": ("full_state", _probe_full_state, (2,)),
 }
 ORDER = ("07_checkpoint_placement", "02_average_gradients", "05_tp_linear", "01_ring_all_reduce",  # cheap first
          "09_moe_dispatch", "09_ring_attention", "04_one_f_one_b", "03_accumulate_no_sync", "04_pipeline_stage",
          "07_zero3_layer", "07_sharded_optimizer", "02_bucket_data_parallel",
-         "09b_zero3_prefetch", "13_plan_memory")
+         "09b_zero3_prefetch", "13_plan_memory", "08_full_state")
