@@ -173,10 +173,11 @@ def _copy(record, rows=None, evals=None, summary=None):
 
 
 def m7_times_scaled(task, record, state):
-    """Every time the trainer wrote scaled by 0.1, consistently (rows, spans, evaluations, summary): a run ten
-    times slower than its record says (one over the budget would be made to fit this way; an edit within the
-    re-run's absolute tolerance, 2.5x, passes)."""
-    lines, summary = _scale_times(record.rows + record.evals, record.summary, 0.1)
+    """Every time the trainer wrote scaled by 0.01, consistently (rows, spans, evaluations, summary): a run a
+    hundred times slower than its record says (one over the budget would be made to fit this way). Smaller edits can
+    pass: the check allows 2.5x against the re-run's fastest step, and load between the run and the check adds to
+    that (at load ~19 on 2 cores a 10x edit of finance's record, steps of a few ms, passed once)."""
+    lines, summary = _scale_times(record.rows + record.evals, record.summary, 0.01)
     return task, _copy(record, [x for x in lines if "eval" not in x], [x for x in lines if "eval" in x], summary), state
 
 
