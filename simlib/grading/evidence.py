@@ -14,9 +14,9 @@ with what it can recompute:
   per rank), the steps, samples and tokens of every row agree with the global batch, the budget and the
   evaluation interval, and the time to the target is recomputed from the evaluations.
 
-What a determined learner can still fake, and the README says so: a record edited consistently in every field
-(times, intermediate evaluations) — only re-running the whole plan would measure its time, which the check does
-not do within a grading budget.
+What these checks alone cannot see (each record field is the learner's word) is left to the re-run of the first
+steps on the grader's own workers (:mod:`.rerun`: losses, span kinds, step time) and to the held-out traces drawn
+at check time (:mod:`.heldout`); each milestone's docstring lists what can still be faked after all of them.
 """
 from __future__ import annotations
 

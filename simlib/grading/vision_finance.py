@@ -8,12 +8,25 @@ data with its own code (vision: the 450 held-out digits of the fixed split; fina
 seed drawn at check time, which the learner's code never sees, hedged by the grader's HedgeNet whose features at
 each day are known on that day), and checks the record against what it recomputes (:mod:`.evidence`): the
 step-0 loss, the last evaluation, the world size across every field the trainer wrote, and the budget.
+
+Issue 33, family 7: the plan and the time are not taken on the record's word. The check re-runs the first steps
+of the standard 2-process plan on its own workers with the course's trainer (:mod:`.rerun`): the record's losses
+over those steps, the kinds of its per-step spans and its step time (within :data:`.rerun.ABSOLUTE_TOL`) must be
+what the re-run shows (on the CPU the losses to the plan's rounding: a one-process run relabelled as two shows).
+
+What can still be faked: times edited consistently by less than :data:`.rerun.ABSOLUTE_TOL` (there is no rival plan
+to compare with, and load between the run and the check moves the time); a run that follows the standard settings
+for the re-run's steps and deviates after; on a GPU, a one-process run relabelled in every field (its losses agree
+to :data:`.rerun.LOSS_RTOL`). Vision: a model trained on the held-out digits as well (they ship with scikit-learn;
+:mod:`.heldout` says why no check can see it at this size). Finance's held-out paths are drawn at check time, so its
+evaluation data cannot be trained on.
 """
 from __future__ import annotations
 
 
 from .core import TODO, Result, exercise
 from .evidence import check_consistent, check_first_loss, check_world_size, load_fixed
+from .rerun import check_losses, check_spans, check_time, record_threads, replay, time_ratio
 
 VISION_BUDGET_S = 60.0     # seconds of training (the record's train_time): evaluation not counted
 FINANCE_BUDGET_S = 60.0
@@ -38,6 +51,20 @@ def _run_checks(record, budget, global_batch, world_size=2):
     t = max([summary.get("train_time") or 0.0] + [r.get("train_time") or 0.0 for r in rows]) or float("inf")
     yield Result(f"within the time budget ({budget:g} s of training)", t <= budget, detail=f"{t:.1f} s",
                  hint="fewer steps, a larger learning rate with warm-up, or a smaller image size")
+
+
+def _rerun_standard(name, record, grader):
+    """The first steps of the project's standard 2-process plan re-run on the grader's workers (:mod:`.rerun`)."""
+    from ..plan import Plan
+    from ..projects.registry import get
+    cfg = _standard(name)
+    plan = Plan(dp=2, **get(name).plan_defaults({"dp": 2}))
+    replayed = replay(grader, cfg["task"], plan, cfg["optim"], cfg["steps"], record.rows,
+                      record_threads(record.summary), record.summary.get("device", "cpu"))
+    what = f"the standard 2-process plan ({plan.label})"
+    yield check_losses(name, record.rows, replayed, what, record.summary.get("device", "cpu"))
+    yield check_spans(name, record.rows, replayed, what)
+    yield check_time(name, time_ratio(record.rows, replayed), {}, what)
 
 
 def _same_eval(record, key, recomputed, tol, what):
@@ -86,8 +113,23 @@ def _not_done(answer):
     return None
 
 
+def _then_rerun(name, checks, answer, grader):
+    """``checks``, then (when every one passed) the re-run of the standard plan: a verdict already failed needs no
+    re-run, and a grading run spends its seconds on answers that could pass."""
+    ok = True
+    for result in checks:
+        ok = ok and result.passed
+        yield result
+    if ok:
+        yield from _rerun_standard(name, _unpack(answer)[1], grader)
+
+
 @exercise("vision_milestone")
 def _vision_milestone(answer, grader):
+    yield from _then_rerun("vision", _vision_checks(answer), answer, grader)
+
+
+def _vision_checks(answer):
     from ..env import quick
     from ..projects.vision import baseline_logistic
 
@@ -128,6 +170,10 @@ def finance_heldout(std, n: int = 8192):
 
 @exercise("finance_milestone")
 def _finance_milestone(answer, grader):
+    yield from _then_rerun("finance", _finance_checks(answer), answer, grader)
+
+
+def _finance_checks(answer):
     import torch
 
     todo = _not_done(answer)
