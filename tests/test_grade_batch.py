@@ -181,6 +181,22 @@ subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "simlib-
                  stderr=subprocess.DEVNULL)'''
 
 
+# writes passing rows for itself where the grading process will write them, then ends that process
+FORGER = """import json, os, signal
+pid = os.getppid()
+while pid > 1:  # the grading child: the ancestor started with --rows
+    args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+    if b"--rows" in args:
+        break
+    pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+rows = [dict(submission=args[args.index(b"--name") + 1].decode(), exercise="one_f_one_b", kind=kind, check=check,
+             passed=True, status="pass", hint="", detail="", seconds=0.0)
+        for kind, check in (("run", "the notebook ran"), ("check", "every check passed"))]
+with open(args[args.index(b"--rows") + 1].decode(), "w") as f:
+    json.dump(rows, f)
+os.kill(pid, signal.SIGKILL)"""
+
+
 def _strays(mark):
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -200,10 +216,18 @@ def test_a_reduce_answer_and_a_detached_process_stay_in_their_submission(tmp_pat
     folder = tmp_path / "class"
     folder.mkdir()
     _from_exercise(folder / f"eve_{EXERCISE}", replace_stub=EVIL.replace("simlib-stray-MARK", mark))
+    _from_exercise(folder / f"forger_{EXERCISE}", extra=[FORGER])
     (folder / f"zed_{EXERCISE}").write_text((ROOT / "exercises" / EXERCISE).read_text())
     before = grading.EXERCISES["one_f_one_b"]
     rows = batch.grade([folder], timeout=120, progress=lambda text: None)
     assert grading.EXERCISES["one_f_one_b"] is before  # nothing of a submission was unpickled here
+    # issue 33, family 1: eve's __reduce__ runs only in a worker (it used to patch the grading child's checks, and
+    # eve passed); the forger's rows are not signed by its grading child, so they are refused
+    eve = [r for r in _of(rows, "eve") if r.kind == "check"]
+    assert eve and not any(r.passed for r in eve), [(r.check, r.status, r.detail) for r in eve]
+    forger = _of(rows, "forger")
+    assert forger and not any(r.passed for r in forger), [(r.check, r.status, r.detail) for r in forger]
+    assert "not signed" in forger[0].detail, forger[0]
     zed = [r for r in _of(rows, "zed") if r.kind == "check"]
     assert [r.status for r in zed] == ["not implemented"], [(r.check, r.status, r.detail) for r in zed]
     assert _strays(mark) == [], "a process started by a submission outlived its row"
