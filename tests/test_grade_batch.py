@@ -181,6 +181,22 @@ subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "simlib-
                  stderr=subprocess.DEVNULL)'''
 
 
+# issue 33, family 1: an answer whose __reduce__ makes every check pass where it is unpickled (unpickled, it is
+# the None that exec returns)
+def _trudy():
+    from planted.families import PATCH
+    return f"""class _Trudy:
+    def __call__(self, rank, num_stages, num_microbatches):
+        return [("forward", i) for i in range(num_microbatches)] + [
+            ("backward", i) for i in reversed(range(num_microbatches))]
+
+    def __reduce__(self):
+        return (exec, ({PATCH!r}, {{}}))
+
+
+one_f_one_b_order = _Trudy()"""
+
+
 # writes passing rows for itself where the grading process will write them, then ends that process
 FORGER = """import json, os, signal
 pid = os.getppid()
@@ -217,14 +233,15 @@ def test_a_reduce_answer_and_a_detached_process_stay_in_their_submission(tmp_pat
     folder.mkdir()
     _from_exercise(folder / f"eve_{EXERCISE}", replace_stub=EVIL.replace("simlib-stray-MARK", mark))
     _from_exercise(folder / f"forger_{EXERCISE}", extra=[FORGER])
+    _from_exercise(folder / f"trudy_{EXERCISE}", replace_stub=_trudy())
     (folder / f"zed_{EXERCISE}").write_text((ROOT / "exercises" / EXERCISE).read_text())
     before = grading.EXERCISES["one_f_one_b"]
     rows = batch.grade([folder], timeout=120, progress=lambda text: None)
     assert grading.EXERCISES["one_f_one_b"] is before  # nothing of a submission was unpickled here
-    # issue 33, family 1: eve's __reduce__ runs only in a worker (it used to patch the grading child's checks, and
-    # eve passed); the forger's rows are not signed by its grading child, so they are refused
-    eve = [r for r in _of(rows, "eve") if r.kind == "check"]
-    assert eve and not any(r.passed for r in eve), [(r.check, r.status, r.detail) for r in eve]
+    # issue 33, family 1: trudy's __reduce__ runs only in a worker (it used to run in the grading child, where it
+    # made every check of a GPipe order pass); the forger's rows are not signed by its grading child: refused
+    trudy = [r for r in _of(rows, "trudy") if r.kind == "check"]
+    assert trudy and not any(r.passed for r in trudy), [(r.check, r.status, r.detail) for r in trudy]
     forger = _of(rows, "forger")
     assert forger and not any(r.passed for r in forger), [(r.check, r.status, r.detail) for r in forger]
     assert "not signed" in forger[0].detail, forger[0]
