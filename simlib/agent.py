@@ -23,16 +23,41 @@ from multiprocessing.connection import Listener
 
 from . import env
 from .errors import Interrupted, RemoteFailure, WorkerError, WorkerTimeout
+from .plain import NotPlain, frame_loads
 from .worker import BOOTSTRAP, Channel
 
 
+def _message(data: bytes, rank: int) -> tuple:
+    """One worker message, read without running any of the worker's code (:func:`simlib.plain.frame_loads`); a
+    failure's (type, message, traceback) strings become a :class:`RemoteFailure` here. NotPlain if malformed."""
+    msg = frame_loads(data)
+    if msg[0] in ("out", "ready", "fatal", "result") and len(msg) > 1:
+        msg = (msg[0], rank) + msg[2:]  # the rank of the connection it came on, not the one it claims
+    if msg[0] in ("fatal", "result"):
+        fields = msg[-1]
+        if msg[0] == "result" and msg[-2] is True:
+            if len(msg) != 5 or type(fields) is not bytes:
+                raise NotPlain(f"rank {rank} sent a malformed result")
+            return msg
+        if type(fields) is not tuple or len(fields) != 3 or not all(type(x) is str for x in fields):
+            raise NotPlain(f"rank {rank} sent a malformed failure report")
+        return msg[:-1] + (RemoteFailure(rank, *fields),)
+    return msg
+
+
 def _read(q: queue.Queue, rank: int, conn) -> None:
-    """Forward one worker's messages to the caller's queue (holds no Cluster reference)."""
+    """Forward one worker's messages to the caller's queue (holds no Cluster reference). A message this process
+    refuses to read ends the connection: the rank counts as failed, with why."""
     while True:
         try:
-            msg = conn.recv()
+            msg = _message(conn.recv_bytes(), rank)
         except (EOFError, OSError):
             q.put(("eof", rank, conn))
+            return
+        except NotPlain as exc:
+            q.put(("eof", rank, conn, f"rank {rank} sent a message the caller refuses to read ({exc}); its "
+                                      "workers are stopped"))
+            conn.close()
             return
         q.put(msg)
 
@@ -231,7 +256,7 @@ class ElasticWorkers:
             kind = msg[0]
             if kind == "conn":
                 conn = msg[1]
-                hello = conn.recv()
+                hello = frame_loads(conn.recv_bytes())
                 rank = hello[1]
                 self.attempt = hello[3] if len(hello) > 3 else 0
                 self._conns[rank], self._pids[rank] = Channel(conn), hello[2]

@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds each notebook may run (default 300)")
     p.add_argument("--check-timeout", type=float, default=30.0, help="seconds each multi-process check may take")
     p.add_argument("--reuse-workers", action="store_true",
-                   help="one set of worker processes for every submission, answers checked in this process "
+                   help="one set of worker processes for every submission, graded from this process "
                         "(trusted classes only; default: a child process and fresh workers per submission)")
     p.add_argument("--sandbox", choices=["unshare"], default=None,
                    help="each submission in new user/mount/network namespaces: no network, the course read-only, "

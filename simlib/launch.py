@@ -18,7 +18,8 @@ How the pieces talk:
     Listener on 127.0.0.1  <── connect ── hello(rank, pid); init_process_group; ready
     run(fn): send call ───────────────>  fn(*args, **kwargs)
     print "[rank r] line"  <── out ────── stdout/stderr (fd level, whole lines)
-    results by rank        <── result ─── return value, or the exception and its traceback
+    results by rank        <── result ─── return value (plain=True: plain data, read restricted), or the
+                                          exception's type, message and traceback as text (never unpickled)
 
 Failure rules: an exception on a rank is raised here as :class:`WorkerError` naming the rank(s); ranks that
 do not finish within ``grace`` seconds of the first failure are stopped (and the cluster restarts on its next
@@ -47,6 +48,7 @@ import weakref
 import cloudpickle
 
 from . import env
+from . import plain as _plain
 from .agent import ElasticWorkers
 from .errors import (Interrupted, OversubscribedWarning, RemoteFailure, WorkerError, WorkerTimeout, _cause, _exhausted,
                      describe_exit, learner_traceback, restore_filenames, unpicklable)
@@ -254,17 +256,19 @@ class Cluster(ElasticWorkers):
         """Run ``fn(*args, **kwargs)`` on every rank; return the results by rank."""
         return self.call(fn, args, kwargs)
 
-    def call(self, fn, args=(), kwargs=None, timeout: float | None = None) -> list:
+    def call(self, fn, args=(), kwargs=None, timeout: float | None = None, plain: bool = False) -> list:
         """Like :meth:`run`, with a time limit for the whole call (``timeout`` seconds).
 
-        Thread-safe: calls from several threads run one after the other (the workers run one function at a time).
+        ``plain=True``: each rank's result is converted in the worker to plain data of exact types and read here
+        restricted (:mod:`simlib.plain`): no code of the worker's runs here; anything else fails that rank
+        (``NotPlain``, naming it and the type). The grader calls so. Calls from several threads run one by one.
         """
         if not callable(fn):
             raise ValueError(f"fn must be callable, got {fn!r}")
         with self._lock:
-            return self._call(fn, args, kwargs, timeout)
+            return self._call(fn, args, kwargs, timeout, plain)
 
-    def _call(self, fn, args, kwargs, timeout) -> list:
+    def _call(self, fn, args, kwargs, timeout, plain=False) -> list:
         timeout = _check_positive("timeout", timeout if timeout is not None else self.call_timeout)
         if self._broken:
             why = self._broken if isinstance(self._broken, str) else "the failure of the previous call"
@@ -281,7 +285,7 @@ class Cluster(ElasticWorkers):
         attempts = []  # one WorkerError per failed attempt of this call
         while True:
             try:
-                return self._call_once(fn, payload, timeout, restartable=self._restarts_left() > 0)
+                return self._call_once(fn, payload, timeout, restartable=self._restarts_left() > 0, plain=plain)
             except WorkerError as err:
                 if self._restarts_left() <= 0 or self._agent is None or not self._agent.is_alive():
                     if attempts:
@@ -310,7 +314,7 @@ class Cluster(ElasticWorkers):
               f"(attempt {self.attempt + 1} of {self.max_restarts + 1}); running the call again",
               file=sys.stderr, flush=True)
 
-    def _call_once(self, fn, payload, timeout, restartable=False) -> list:
+    def _call_once(self, fn, payload, timeout, restartable=False, plain=False) -> list:
         self._call_id += 1
         call_id = self._call_id
         self._fn = fn  # for the hang finder's report, in the learner's file names
@@ -320,7 +324,7 @@ class Cluster(ElasticWorkers):
         try:  # from the first send on: a Ctrl-C while some ranks already run the call must stop them too
             for rank, chan in self._conns.items():
                 try:
-                    chan.send(("call", call_id, payload))
+                    chan.send(("call", call_id, payload, plain))
                 except OSError:  # the worker ended between calls (and the agent may have restarted it)
                     died.add(rank)
                     failures[rank] = RemoteFailure(rank, "WorkerDied", "the worker process had ended before the "
@@ -342,8 +346,8 @@ class Cluster(ElasticWorkers):
                 elif kind in ("conn", "ready", "fatal"):  # workers restarted by the agent: for _await_workers
                     self._stash.append(msg)
                 elif kind == "result" and msg[2] == call_id:
-                    _, rank, _, ok, data = msg
-                    value = cloudpickle.loads(data)
+                    _, rank, _, ok, value = msg  # a failure: a RemoteFailure made of strings (agent._message)
+                    ok, value = _plain.read_result(value, rank, plain) if ok else (ok, value)
                     if ok:
                         results[rank] = value
                     else:
@@ -353,8 +357,8 @@ class Cluster(ElasticWorkers):
                 elif (kind == "eof" and msg[1] not in results and msg[1] not in failures
                       and msg[1] in self._conns and self._conns[msg[1]].conn is msg[2]):
                     died.add(msg[1])
-                    failures[msg[1]] = RemoteFailure(msg[1], "WorkerDied", describe_exit(self._exit_code(msg[1])),
-                                                     "")
+                    failures[msg[1]] = (RemoteFailure(msg[1], "Refused", msg[3], "") if len(msg) > 3 else
+                                        RemoteFailure(msg[1], "WorkerDied", describe_exit(self._exit_code(msg[1])), ""))
                     first_failure = first_failure or time.monotonic()
         except KeyboardInterrupt:  # the workers are SIGKILLed at once: the message need not wait long for the agent
             self._kill(wait=2.0)      # thread (a daemon) to notice; the next call starts a new agent
@@ -436,7 +440,7 @@ class Cluster(ElasticWorkers):
             return False
         self._checking = True
         try:
-            self._call_once(_barrier, cloudpickle.dumps((_barrier, (), {})), 5.0)
+            self._call_once(_barrier, cloudpickle.dumps((_barrier, (), {})), 5.0, plain=True)
             return True
         except WorkerError:
             return False
@@ -451,8 +455,9 @@ def _barrier():
 
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = env.DEFAULT_TIMEOUT,
            threads: int | None = None, device: str = "auto", call_timeout: float | None = None,
-           max_restarts: int = 0, **kwargs) -> list:
-    """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh processes; return the results by rank.
+           max_restarts: int = 0, plain: bool = False, **kwargs) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh processes; return the results by rank (``plain``: as
+    for :meth:`Cluster.call`).
 
     One-shot: the workers start, run ``fn`` once and exit. Use :class:`Cluster` to keep them warm.
     ``backend``, ``timeout``, ``threads``, ``device`` are as for :class:`Cluster`; ``call_timeout``
@@ -464,7 +469,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = e
     cluster = Cluster(world_size, backend=backend, timeout=timeout, threads=threads, device=device,
                       call_timeout=call_timeout, max_restarts=max_restarts)
     try:
-        return cluster.call(fn, args, kwargs)
+        return cluster.call(fn, args, kwargs, plain=plain)
     finally:
         cluster.close()
 

@@ -16,10 +16,23 @@ from multiprocessing.connection import Client
 
 import cloudpickle
 
-from . import env
-from .errors import RemoteFailure
+from . import env, plain
 
 MARKER = "\x00simlib-flush\x00"  # written after a call's output: all before it has been relayed
+
+
+def failure_fields(exc: BaseException) -> tuple:
+    """An exception as (type name, message, traceback): exact strings, all the caller reads of a failure (it never
+    unpickles an exception or an object of the worker's)."""
+    import traceback
+
+    def text(make):
+        try:
+            return plain.exact_str(make())
+        except BaseException:  # noqa: BLE001 - an exception whose __str__ fails
+            return "(its message could not be printed)"
+    return (text(lambda: type(exc).__name__), text(lambda: str(exc)),
+            text(lambda: "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
 
 
 class Channel:
@@ -151,7 +164,7 @@ def worker_main(address, authkey: bytes, spec: dict) -> None:
         env.init(spec["backend"], timeout=spec["timeout"], device=spec["device"])
     except BaseException as exc:  # noqa: BLE001 - reported to the caller
         flush_output()
-        chan.send(("fatal", rank, RemoteFailure.from_exception(rank, exc)))
+        chan.send(("fatal", rank, failure_fields(exc)))
         sys.exit(1)  # a failure for the agent too (exit code 0 would read as "finished", with no reason given)
     if spec.get("collective_log"):  # the hang finder (simlib.debug.hangs): each collective noted before it runs
         from .debug import hangs
@@ -164,18 +177,21 @@ def worker_main(address, authkey: bytes, spec: dict) -> None:
             break
         if msg[0] == "stop":
             break
-        _, call_id, payload = msg
+        _, call_id, payload, plain_only = msg
         if spec.get("collective_log"):
             hangs.new_call()
         try:
             fn, args, kwargs = cloudpickle.loads(payload)
             out = fn(*args, **kwargs)
-            try:
-                data, ok = cloudpickle.dumps(out), True
-            except Exception as exc:  # noqa: BLE001
-                raise TypeError(f"the return value of rank {rank} could not be pickled: {exc}") from exc
+            if plain_only:  # converted here, before anything is called on it; the caller reads it restricted
+                data, ok = plain.dumps(out, rank), True
+            else:
+                try:
+                    data, ok = cloudpickle.dumps(out), True
+                except Exception as exc:  # noqa: BLE001
+                    raise TypeError(f"the return value of rank {rank} could not be pickled: {exc}") from exc
         except BaseException as exc:  # noqa: BLE001 - reported to the caller, the loop goes on
-            data, ok = cloudpickle.dumps(RemoteFailure.from_exception(rank, exc)), False
+            data, ok = failure_fields(exc), False
         flush_output()
         chan.send(("result", rank, call_id, ok, data))
     flush_output()

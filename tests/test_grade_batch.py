@@ -181,6 +181,38 @@ subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "simlib-
                  stderr=subprocess.DEVNULL)'''
 
 
+# issue 33, family 1: an answer whose __reduce__ makes every check pass where it is unpickled (unpickled, it is
+# the None that exec returns)
+def _trudy():
+    from planted.families import PATCH
+    return f"""class _Trudy:
+    def __call__(self, rank, num_stages, num_microbatches):
+        return [("forward", i) for i in range(num_microbatches)] + [
+            ("backward", i) for i in reversed(range(num_microbatches))]
+
+    def __reduce__(self):
+        return (exec, ({PATCH!r}, {{}}))
+
+
+one_f_one_b_order = _Trudy()"""
+
+
+# writes passing rows for itself where the grading process will write them, then ends that process
+FORGER = """import json, os, signal
+pid = os.getppid()
+while pid > 1:  # the grading child: the ancestor started with --rows
+    args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+    if b"--rows" in args:
+        break
+    pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+rows = [dict(submission=args[args.index(b"--name") + 1].decode(), exercise="one_f_one_b", kind=kind, check=check,
+             passed=True, status="pass", hint="", detail="", seconds=0.0)
+        for kind, check in (("run", "the notebook ran"), ("check", "every check passed"))]
+with open(args[args.index(b"--rows") + 1].decode(), "w") as f:
+    json.dump(rows, f)
+os.kill(pid, signal.SIGKILL)"""
+
+
 def _strays(mark):
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -200,10 +232,19 @@ def test_a_reduce_answer_and_a_detached_process_stay_in_their_submission(tmp_pat
     folder = tmp_path / "class"
     folder.mkdir()
     _from_exercise(folder / f"eve_{EXERCISE}", replace_stub=EVIL.replace("simlib-stray-MARK", mark))
+    _from_exercise(folder / f"forger_{EXERCISE}", extra=[FORGER])
+    _from_exercise(folder / f"trudy_{EXERCISE}", replace_stub=_trudy())
     (folder / f"zed_{EXERCISE}").write_text((ROOT / "exercises" / EXERCISE).read_text())
     before = grading.EXERCISES["one_f_one_b"]
     rows = batch.grade([folder], timeout=120, progress=lambda text: None)
     assert grading.EXERCISES["one_f_one_b"] is before  # nothing of a submission was unpickled here
+    # issue 33, family 1: trudy's __reduce__ runs only in a worker (it used to run in the grading child, where it
+    # made every check of a GPipe order pass); the forger's rows are not signed by its grading child: refused
+    trudy = [r for r in _of(rows, "trudy") if r.kind == "check"]
+    assert trudy and not any(r.passed for r in trudy), [(r.check, r.status, r.detail) for r in trudy]
+    forger = _of(rows, "forger")
+    assert forger and not any(r.passed for r in forger), [(r.check, r.status, r.detail) for r in forger]
+    assert "not signed" in forger[0].detail, forger[0]
     zed = [r for r in _of(rows, "zed") if r.kind == "check"]
     assert [r.status for r in zed] == ["not implemented"], [(r.check, r.status, r.detail) for r in zed]
     assert _strays(mark) == [], "a process started by a submission outlived its row"

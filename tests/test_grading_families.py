@@ -109,3 +109,36 @@ def test_family4_a_sharded_optimizer_that_forwards_only_lr_fails(clusters):
     path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "redteam" / "sharded_optimizer__only_lr.py"
     report = grading.check("sharded_optimizer", runpy.run_path(str(path))["ANSWER"], clusters=clusters, quiet=True)
     assert [r.name for r in report.failed()] == [r.name for r in report.results if "keyword" in r.name], report
+
+
+# ---- family 1: the learner's code runs only in worker processes ----
+
+@pytest.fixture
+def graders_own_code():
+    """The grader's functions that family 1's answers replace, as they were; put back after the test (so a failure
+    on code without the isolation does not spread to later tests)."""
+    from simlib.grading import core, evidence, model_parallel, vision_finance
+    before = dict(post_init=core.Result.__post_init__, mp_result=model_parallel.Result,
+                  vf_result=vision_finance.Result, load_fixed=vision_finance.load_fixed, check=dict(grading.EXERCISES))
+    yield before
+    core.Result.__post_init__ = before["post_init"]
+    model_parallel.Result, vision_finance.Result = before["mp_result"], before["vf_result"]
+    vision_finance.load_fixed = evidence.load_fixed
+    grading.EXERCISES.update(before["check"])
+
+
+@pytest.mark.parametrize("member", sorted(families.family1()))
+def test_family1_the_answers_code_runs_only_in_workers(member, graders_own_code, clusters):
+    """A constructor, a record's property and a dict subclass's items() that patch the grader, and a result that
+    comes back from a worker as a tensor subclass whose unpickling patches it: each runs (if at all) in a worker,
+    the verdict fails the wrong answer, and the grader's functions here are the ones it started with. (Where the
+    patch lands in a worker it changes Result there, which no verdict reads: a Result cannot cross back.)"""
+    from simlib.grading import core
+    exercise, answer = families.family1()[member]
+    report = grading.check(exercise, answer, clusters=clusters, quiet=True)
+    assert core.Result.__post_init__ is graders_own_code["post_init"], "the answer's code ran in the grading process"
+    assert dict(grading.EXERCISES) == graders_own_code["check"]
+    assert not report.passed and report.failed(), "\n".join(r.line() for r in report.results)
+    if member == "worker_result":
+        assert "sent back only plain data" in report.failed()[0].name, report.failed()[0].line()
+        assert "_TensorThatPatches" in report.failed()[0].detail, report.failed()[0].line()

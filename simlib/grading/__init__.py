@@ -5,6 +5,9 @@ line as it finishes (``✔`` / ``✘`` and a hint) and ``check`` returns a :clas
 
 - The learner's code runs on real worker processes (``simlib.Cluster``) with a time limit; an
   exception there is reported with its rank and last line, a hang as a hang (the workers restart).
+- Only there: ``check`` turns the answer into bytes at once (``core.Sent``), the workers unpickle and run it, and
+  what comes back is plain data of exact types (``Cluster.call(plain=True)``, :mod:`simlib.plain`). A check asks a
+  worker (``grader.ask``) for anything it needs to know of the answer; it never calls or reads it itself.
 - An untouched exercise (``raise NotImplementedError()``, the stub the generator writes) is reported as
   "not implemented yet", not as an error.
 - Nothing the learner does makes ``check`` raise (except Ctrl-C, which stops it).

@@ -4,11 +4,16 @@ Each submission is graded in a child process of its own (``python -m simlib.grad
 Unix session, with a fresh temporary working directory that holds only a copy of its notebook. In that child,
 the notebook runs in its own Jupyter kernel (nbclient) under a time limit; the notebook's own check calls do not
 count (``grading.check`` and ``grading.close`` are no-ops in that kernel, whatever it prints is ignored); after
-the last cell the kernel sends back, by value (cloudpickle), the objects the exercise grades - named by the
-course's own ``solutions/`` notebook, not by the submission's copy - and the child runs the library's checks on
-them with worker processes of its own. The child hands back only plain data (JSON rows: pass/fail, numbers,
-text); the grader process never unpickles a learner's object, so an object whose unpickling runs code acts
-inside that one child and cannot change another submission's grade. When the child ends (or its time is up)
+the last cell the kernel sends back, by value (cloudpickle bytes), the objects the exercise grades - named by
+the course's own ``solutions/`` notebook, not by the submission's copy - and the child runs the library's checks
+with worker processes of its own. The child never unpickles those bytes (it reads the kernel's file with an
+unpickler that builds no class): it hands them to its workers as bytes (:class:`simlib.grading.core.Sent`), the
+learner's code runs only there, and what comes back is plain data of exact types (``Cluster.call(plain=True)``).
+So an answer's ``__reduce__``, constructor, properties or methods never run where the verdict is computed. The
+child signs its JSON rows with a key the grader gave it on its standard input (before the kernel started; the
+child is made non-dumpable, so a process of the same user cannot read its memory), and the grader refuses rows
+without that signature: a submission that writes rows for itself gets a failed row. When the child ends (or its
+time is up)
 every process of the submission is killed: its cgroup (made for it where the grader may: root, no systemd needed;
 a process cannot leave it by a new session or a cleared environment), the child's session and process group, and
 every process that carries the submission's token in its environment. A child
@@ -23,7 +28,8 @@ and turns one that was started and never finished (it stopped the grader) into a
 child in new user, mount and network namespaces: no network but loopback, the course folder mounted read-only,
 and the submitted folders hidden behind an empty tmpfs. Without it a submission can still read files the
 grader's user can read, write where that user can write, and use the network; run untrusted classes with it or
-in a container.
+in a container. What the OS still allows without it: a kernel running as root (or able to ptrace the child) can
+read the child's key; only the sandbox or a container stops that.
 
 Output: one row per submission and check — ``submission, exercise, kind, check, passed, status, hint, detail,
 seconds`` (``kind`` is "run" for the notebook's own run, "check" for a library check) — as CSV and JSON, and a
@@ -31,6 +37,7 @@ per-exercise summary (``summarize``), also written beside the CSV (``<stem>_summ
 """
 from __future__ import annotations
 
+import hmac
 import io
 import json
 import math
@@ -48,9 +55,10 @@ from pathlib import Path
 __all__ = ["grade", "grade_notebook", "sandbox_available", "journal_path", "find_submissions", "summarize", "write", "Row", "WorkerPool"]
 
 from .class_report import FIELDS, format_summary, summarize, write  # noqa: F401 - the class report, re-exported
+from .core import Sent
 from . import journal as _journal
-from .isolation import (_CGROUP, _TOKEN, _kill_submission, _sandboxed, end_with_parent, join_cgroup,  # noqa: F401
-                        new_cgroup, remove_cgroup, remove_stale_cgroups, sandbox_available)
+from .isolation import (_CGROUP, _TOKEN, _kill_submission, _mac, _not_dumpable, _sandboxed, end_with_parent,  # noqa: F401
+                        join_cgroup, new_cgroup, remove_cgroup, remove_stale_cgroups, sandbox_available)
 from .journal import journal_path  # noqa: F401 - where `simlib grade --out` journals
 
 # Runs first in the learner's kernel: the notebook's own checks become no-ops (the grader runs them itself).
@@ -182,11 +190,14 @@ def _execute(nb, names: list[str], timeout: float, kernel_name: str, workdir: Pa
         result.update(status="error", error=f"{type(exc).__name__}: {exc}"[:500])
     result["seconds"] = time.monotonic() - t0
     if path.exists():
-        import pickle
-        try:
-            with open(path, "rb") as f:
-                result["answers"] = pickle.load(f)
-        except Exception as exc:  # noqa: BLE001
+        from ..plain import NotPlain, pickle_loads
+        try:  # written by the learner's kernel: read without building any class ({name: bytes or str} only)
+            answers = pickle_loads(path.read_bytes(), "the notebook's objects")
+            if type(answers) is not dict or not all(type(k) is str and type(v) in (bytes, str)
+                                                    for k, v in answers.items()):
+                raise NotPlain(f"expected {{name: bytes}}, got {type(answers).__name__}")
+            result["answers"] = answers
+        except (OSError, NotPlain) as exc:
             result.update(status="error", error=f"could not read the notebook's objects back: {exc}")
         path.unlink()
     return result
@@ -274,7 +285,6 @@ def _check_rows(name, exercise, answer, pool, check_timeout) -> list[Row]:
 def grade_notebook(path, timeout: float = 300.0, pool: WorkerPool | None = None, check_timeout: float = 30.0,
                    solutions: Path | str | None = None, kernel_name: str = "python3") -> list[Row]:
     """Grade one submitted notebook; returns its rows. Never raises for anything the submission does."""
-    import cloudpickle
     import nbformat
 
     path = Path(path)
@@ -315,13 +325,8 @@ def grade_notebook(path, timeout: float = 300.0, pool: WorkerPool | None = None,
                                 hint="define what it needs inside the cell; it must not hold open files or "
                                      "clusters", detail=sent))
                 continue
-            try:
-                answer = cloudpickle.loads(sent)
-            except Exception as exc:  # noqa: BLE001
-                rows.append(Row(name, exercise, "check", f"`{answer_name}` can be loaded by the grader", False,
-                                "error", detail=f"{type(exc).__name__}: {exc}"))
-                continue
-            rows += _check_rows(name, exercise, answer, pool, check_timeout)
+            # bytes, never unpickled here: the checks' workers open them (a load error is a failed check there)
+            rows += _check_rows(name, exercise, Sent(sent), pool, check_timeout)
     finally:
         if own_pool:
             pool.close()
@@ -368,12 +373,13 @@ def _grade_in_child(path: Path, timeout: float, check_timeout: float, solutions,
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_course_root()), env.get("PYTHONPATH", "")) if p)
         # the notebook's run, its export and every check, with room for kernel start-up and worker launches
         limit = timeout + 180 + 20 * check_timeout
+        key = secrets.token_bytes(32)  # signs the child's rows: given on its stdin, read before the kernel starts
         t0 = time.monotonic()
-        child = subprocess.Popen(command, cwd=work, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+        child = subprocess.Popen(command, cwd=work, env=env, start_new_session=True, stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  preexec_fn=(lambda: join_cgroup(cgroup)) if cgroup else None)
         try:
-            log, _ = child.communicate(timeout=limit)
+            log, _ = child.communicate(input=key.hex().encode() + b"\n", timeout=limit)
         except subprocess.TimeoutExpired:
             _kill_submission(child, token, cgroup)
             log = b""
@@ -382,13 +388,17 @@ def _grade_in_child(path: Path, timeout: float, check_timeout: float, solutions,
         finally:
             _kill_submission(child, token, cgroup)
         try:
-            data = json.loads(out.read_text())
-            rows = [Row(**{k: r[k] for k in FIELDS}) for r in data]
-        except (OSError, ValueError, TypeError, KeyError) as exc:
+            signed = json.loads(out.read_text())
+            mac = _mac(key, signed.get("rows")) if type(signed) is dict else None
+            if mac is None or not hmac.compare_digest(str(signed.get("mac")), mac):
+                raise ValueError("rows not signed by the grading process (written by the submission?)")
+            rows = [Row(**{k: r[k] for k in FIELDS}) for r in json.loads(signed["rows"])]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             tail = log.decode(errors="replace").strip().splitlines()[-3:]
             return [Row(name, "?", "run", "the grading process reported its rows", False, "error",
-                        hint="the submission's code ended the process that grades it (or the grader failed)",
-                        detail=(f"exit {child.returncode}; {type(exc).__name__}; " + " | ".join(tail))[:500],
+                        hint="the submission's code ended the process that grades it or wrote rows for itself "
+                             "(or the grader failed)",
+                        detail=(f"exit {child.returncode}; {type(exc).__name__}: {exc}; " + " | ".join(tail))[:500],
                         seconds=round(time.monotonic() - t0, 3))]
         return rows
     finally:
@@ -409,7 +419,8 @@ def grade(submissions, timeout: float = 300.0, check_timeout: float = 30.0, reus
     submissions already in it are not graded again (resume). ``sandbox``: None or "unshare" (see the module
     docstring). ``progress(text)`` is told each submission's outcome (default: print to stderr).
     ``reuse`` and ``clusters`` share worker processes between submissions in this process: trusted classes and
-    tests only - the answers are then unpickled and checked in the grader's own process.
+    tests only - the answers are still opened only in the workers, but one submission's code can change the
+    workers that grade the next, and the kernels run under this process.
     """
     say = progress or (lambda text: print(text, file=sys.stderr, flush=True))
     paths = find_submissions(submissions)
@@ -454,7 +465,8 @@ def grade(submissions, timeout: float = 300.0, check_timeout: float = 30.0, reus
 
 
 def _child_main(argv=None) -> int:
-    """The child of :func:`_grade_in_child`: grade one notebook, write its rows as JSON (plain data only)."""
+    """The child of :func:`_grade_in_child`: grade one notebook, write its rows as JSON (plain data only), signed
+    with the key read from stdin before the learner's kernel starts."""
     import argparse
     parser = argparse.ArgumentParser(prog="python -m simlib.grading.batch")
     parser.add_argument("--one", required=True)
@@ -466,12 +478,16 @@ def _child_main(argv=None) -> int:
     parser.add_argument("--solutions", default=None)
     parser.add_argument("--parent", type=int, default=None, help="the grader's pid: end with it")
     args = parser.parse_args(argv)
+    _not_dumpable()
+    key = bytes.fromhex(sys.stdin.readline().strip())
+    sys.stdin.close()
     if args.parent:
         end_with_parent(args.parent)
     rows = grade_notebook(args.one, args.timeout, None, args.check_timeout, args.solutions, args.kernel)
     for r in rows:
         r.submission = args.name
-    data = json.dumps([asdict(r) for r in rows], ensure_ascii=False, default=str)
+    text = json.dumps([asdict(r) for r in rows], ensure_ascii=False, default=str)
+    data = json.dumps({"rows": text, "mac": _mac(key, text)})
     with open(args.rows, "w") as f:
         f.write(data)
         f.flush()

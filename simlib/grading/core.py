@@ -105,11 +105,43 @@ def _what_broke(world) -> str:
     return ""
 
 
+class Sent:
+    """A learner's answer as cloudpickle bytes: all the process that computes a verdict ever holds of it.
+
+    ``grading.check`` wraps the answer in one (``simlib grade`` builds it from the bytes the learner's kernel sent,
+    without unpickling them); :meth:`Grader.run` sends it to the workers, where :func:`_guarded` unpickles it
+    before the harness runs. So the answer's ``__reduce__``, constructor, properties and methods run only in
+    worker processes, and what comes back is plain data (``Cluster.call(..., plain=True)``)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = bytes(data)
+
+    @classmethod
+    def of(cls, answer) -> "Sent":
+        import cloudpickle
+        return answer if type(answer) is cls else cls(cloudpickle.dumps(answer))
+
+    def __repr__(self) -> str:
+        return f"<the learner's answer, {len(self.data):,} bytes, opened only in a worker>"
+
+
+def _open(value):
+    """In a worker: the learner's object for a :class:`Sent`, anything else as it is."""
+    if type(value) is Sent:
+        import cloudpickle
+        return cloudpickle.loads(value.data)
+    return value
+
+
 def _guarded(harness, args, kwargs):
-    """Run ``harness`` on this rank, then check that the learner's code left the process group alone."""
+    """Run ``harness`` on this rank (the learner's answer unpickled here, in the worker), then check that the
+    learner's code left the process group alone."""
     import torch.distributed as dist
     world = dist.group.WORLD
     try:
+        args, kwargs = tuple(_open(a) for a in args), {k: _open(v) for k, v in kwargs.items()}
         out = harness(*args, **kwargs)
     except BaseException as exc:
         broke = _what_broke(world)
@@ -154,6 +186,9 @@ def _primary(failures):
 
 
 _BROKE = ("ProcessGroupBroken", "SystemExit", "WorkerDied")
+_NOT_PLAIN = ("NotPlain", "Refused")  # a worker sent back something the grader does not read (simlib.plain)
+_UNSENDABLE = ("the workers receive your function or class by value: it must not hold an open cluster, file or "
+               "lock. Define what it needs inside the cell.")
 
 
 def _broke_hint(failure) -> tuple[str, str]:
@@ -201,7 +236,7 @@ class Grader:
     def ensure_healthy(c) -> None:
         from ..launch import WorkerError
         try:
-            c.call(_probe, timeout=10.0)
+            c.call(_probe, timeout=10.0, plain=True)
         except WorkerError:
             c.restart()
 
@@ -215,7 +250,7 @@ class Grader:
         cluster_ = self.cluster(world_size)
         t0 = time.monotonic()
         try:
-            return cluster_.call(_guarded, (harness, args, kwargs), timeout=self.timeout)
+            return cluster_.call(_guarded, (harness, args, kwargs), timeout=self.timeout, plain=True)
         except WorkerTimeout as exc:
             broke = _primary([f for f in exc.failures.values() if f.type_name != "Timeout"])
             if broke is not None and broke.type_name in _BROKE:
@@ -239,6 +274,11 @@ class Grader:
             if todo:
                 raise _Stop(Result(_TODO_NAME, False, status=TODO, hint=_TODO_HINT)) from None
             failure = _primary(failures)
+            if failure is not None and failure.type_name in _NOT_PLAIN:
+                raise _Stop(Result(f"{what} sent back only plain data", False, status=ERROR, detail=failure.summary(),
+                                   hint="the grader reads back from its workers only plain data of exact types "
+                                        "(numbers, strings, lists, dicts, plain tensors): return those, not your "
+                                        "own classes or subclasses of them")) from None
             if failure is not None and failure.type_name in _BROKE:  # the cluster restarts on its next call
                 detail, hint = _broke_hint(failure)
                 raise _Stop(Result(f"{what} ran without breaking its worker", False, status=ERROR, detail=detail,
@@ -249,9 +289,14 @@ class Grader:
         except (TypeError, AttributeError, ValueError) as exc:  # cloudpickle could not send the answer
             if "pickle" in str(exc).lower() or "serializ" in str(exc).lower():
                 raise _Stop(Result("your code can be sent to the workers", False, status=ERROR, detail=str(exc),
-                                   hint="the workers receive your function or class by value: it must not hold an "
-                                        "open cluster, file or lock. Define what it needs inside the cell.")) from None
+                                   hint=_UNSENDABLE)) from None
             raise
+
+
+    def ask(self, harness, *args, what: str | None = None):
+        """``harness(*args)`` on a one-process worker -> its plain result: what a check needs to know of the answer
+        (its type, what it returns) is computed there, never in this process."""
+        return self.run(1, harness, *args, what=what or "your code")[0]
 
 
 def _first_failure(exc) -> str:
@@ -290,6 +335,13 @@ def check(name: str, answer, clusters: dict | None = None, timeout: float = 30.0
         return report
     say(f"checking {name} ...")
     grader = Grader(clusters, timeout, first_failure)
+    try:  # from here on the answer is bytes, opened only in the workers (notebook mode and `simlib grade` alike)
+        answer = Sent.of(answer)
+    except Exception as exc:  # noqa: BLE001 - cloudpickle could not send it
+        report.results.append(Result("your code can be sent to the workers", False, status=ERROR,
+                                     detail=f"{type(exc).__name__}: {exc}"[:500], hint=_UNSENDABLE))
+        say(report.results[-1].line())
+        return report
     shown = set()
 
     def show(result):  # a hint already shown is not repeated: "same hint as above"

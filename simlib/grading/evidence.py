@@ -33,14 +33,15 @@ def tensor_state(state) -> dict | None:
     return {k[len("module."):] if k.startswith("module.") else k: v.detach().clone() for k, v in state.items()}
 
 
-def load_fixed(model, state, what: str):
-    """Load the learner's tensors into the grader's own ``model`` (strict); -> (model or None, Result)."""
+def load_fixed(model, state, what: str, got: str | None = None):
+    """Load the learner's tensors into the grader's own ``model`` (strict); -> (model or None, Result). ``got``:
+    the type name of what the learner passed, when ``state`` is what a worker could make of it (None: nothing)."""
     tensors = tensor_state(state)
     if tensors is None:
         return None, Result(f"the weights fit the project's {what}", False,
                             "pass the trained weights as a state_dict (names -> tensors, as train_on returns them): "
                             "the check builds the model itself and loads only the weights",
-                            f"got {type(state).__name__}")
+                            f"got {got or type(state).__name__}")
     own = model.state_dict()
     missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
     shapes = [f"{k}: {tuple(tensors[k].shape)} instead of {tuple(own[k].shape)}" for k in own

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 
-from .core import ERROR, HANG, TODO, Result, exercise
+from .core import ERROR, HANG, TODO, Result, _guarded, exercise
 
 _STEPS, _EVERY, _STOP, _KILL = 12, 4, 6, 6
 PARTS = ("optimizer", "rng", "data")
@@ -174,13 +174,27 @@ def _first_gap(curve: dict, reference: dict) -> str:
     return ""
 
 
-def _contents(directory) -> Result:
-    """What the learner's last checkpoint holds, read from DCP's metadata (the names of every saved entry)."""
+def _keys_harness(directory) -> list:
+    """In a worker: the names of every entry of the learner's last checkpoint, from DCP's metadata (a pickle the
+    learner's code wrote: it is read there, never in the process that computes the verdict)."""
     from torch.distributed.checkpoint import FileSystemReader
 
     from .. import checkpoint
+    from ..plain import exact_str
     path = checkpoint.latest(directory)
-    keys = list(FileSystemReader(str(path)).read_metadata().state_dict_metadata) if path else []
+    return [exact_str(k) for k in FileSystemReader(str(path)).read_metadata().state_dict_metadata] if path else []
+
+
+def _kind_harness(answer):
+    """In a worker: None if the answer is not a TrainState subclass, else which of the two methods it wrote."""
+    from ..train import TrainState
+    if not (isinstance(answer, type) and issubclass(answer, TrainState)):
+        return None
+    return [m for m in ("state_dict", "load_state_dict") if getattr(answer, m) is not getattr(TrainState, m)]
+
+
+def _contents(keys) -> Result:
+    """What the learner's last checkpoint holds (``keys``: the names of every saved entry)."""
     wanted = {"the model's weights": lambda k: k.endswith("net.0.weight"),
               "the optimizer's moments (exp_avg)": lambda k: k.endswith("exp_avg"),
               "the step": lambda k: k == "step",
@@ -203,8 +217,8 @@ def after_a_real_kill(answer, work, reference, limit: float) -> Result:
     print(f"now rank 1 is killed (SIGKILL) at step {_KILL}; the elastic agent restarts both ranks:", flush=True)
     t0 = time.monotonic()
     try:
-        out = launch(_kill_harness, 2, answer, os.path.join(work, "killed"), os.path.join(work, "run"),
-                     max_restarts=1, timeout=20, threads=1, call_timeout=limit)
+        out = launch(_guarded, 2, _kill_harness, (answer, os.path.join(work, "killed"), os.path.join(work, "run")),
+                     {}, max_restarts=1, timeout=20, threads=1, call_timeout=limit, plain=True)
     except WorkerError as exc:
         attempts = read_run(os.path.join(work, "run"))
         timed_out = isinstance(exc, WorkerTimeout)
@@ -225,14 +239,13 @@ def after_a_real_kill(answer, work, reference, limit: float) -> Result:
 
 @exercise("full_state")
 def _check_full_state(answer, grader):
-    from ..train import TrainState
-    if not (isinstance(answer, type) and issubclass(answer, TrainState)):
+    own = grader.ask(_kind_harness, answer, what="your class")
+    if own is None:
         yield Result("the answer is a TrainState subclass", False,
                      "define `class FullState(TrainState)` with state_dict() and load_state_dict(), then pass the "
                      "class itself (not an instance) to grading.check")
         return
-    if answer.state_dict is TrainState.state_dict or answer.load_state_dict is TrainState.load_state_dict:
-        own = [m for m in ("state_dict", "load_state_dict") if getattr(answer, m) is not getattr(TrainState, m)]
+    if len(own) < 2:
         yield Result("you wrote state_dict() and load_state_dict()", False, status=TODO,
                      hint="not done yet: TrainState's own methods are switched off in this exercise - write both "
                           "state_dict() and load_state_dict() in your class" +
@@ -247,7 +260,7 @@ def _check_full_state(answer, grader):
                      "the run did not continue from its checkpoint: load_state_dict must restore self.step (the "
                      "optimizer steps done) and the data position, so the loop starts at step 4, not 0",
                      f"first step after the restart: {starts}")
-        yield _contents(os.path.join(work, "yours"))
+        yield _contents(grader.ask(_keys_harness, os.path.join(work, "yours"), what="reading your checkpoint"))
         equal = all(out == {s: reference[s] for s in range(_EVERY, _STEPS)} for out in resumed)
         hint = ("the resumed curve leaves the uninterrupted one; " + _first_gap(resumed[0], reference)
                 + ". Save and restore the model, the optimizer, the LR scheduler, the step, the data position and "

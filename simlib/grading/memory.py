@@ -386,9 +386,9 @@ def _check_checkpoint_placement(answer, grader):
     # budgets met exactly by the optimum (so "<" instead of "<=" shows)
     exact = [_exact(acts, inputs, flops, int(total * f)) for f in (0.8, 0.75, 0.6)]
     budgets = [total] + [b + 1 for b in exact] + exact + [int(total * 0.45), floor]
-    for budget in budgets:
-        chosen = answer(list(acts), list(inputs), list(flops), budget)
-        chosen = sorted(set(int(i) for i in chosen))
+    answers = grader.ask(_chosen_harness, answer, [(acts, inputs, flops, b) for b in budgets], None,
+                         what="your function")
+    for budget, (_, chosen) in zip(budgets, answers):
         if any(not 0 <= i < len(acts) for i in chosen):
             yield Result(f"budget {budget:,} B: valid block indices", False,
                          f"return indices of blocks, 0 .. {len(acts) - 1}", f"got {chosen}")
@@ -422,39 +422,66 @@ def _check_checkpoint_placement(answer, grader):
                      f"your blocks recompute {cost:,} FLOPs; the least that fits is {best:,}")
         if cost != best:  # the first budget that shows the mistake names it; later ones would only guess
             return
-    yield _checkpoint_fresh_problems(answer)
+    yield _checkpoint_fresh_problems(answer, grader)
 
 
-def _checkpoint_fresh_problems(answer, count: int = 40):
+def _chosen_harness(answer, problems, limit):
+    """In a worker (the answer runs there, never in the grading process): the blocks the answer chooses for each
+    problem, as ("ok", sorted ints). ``limit``: each call is refused if it calls the grader and stopped after
+    ``limit`` s, and the first that fails ends the list with ("used" | "timeout" | "error", why); else it raises."""
+    from . import core
+    from ..plain import exact_str
+    out, old = [], core.ANSWER_CALL_LIMIT
+    core.ANSWER_CALL_LIMIT = limit or old
+    try:
+        for acts, inputs, flops, budget in problems:
+            try:
+                got = (answer(list(acts), list(inputs), list(flops), budget) if limit is None else
+                       refuse_grader_calls(answer, list(acts), list(inputs), list(flops), budget))
+                out.append(("ok", sorted(set(int.__int__(int(i)) for i in got))))
+            except Exception as exc:  # noqa: BLE001 - the learner's code on a new problem
+                if limit is None:
+                    raise
+                kind = {UsedTheGrader: "used", AnswerTimeout: "timeout"}.get(type(exc), "error")
+                out.append((kind, exact_str(exc) if kind != "error" else f"{type(exc).__name__}: {exact_str(exc)}"))
+                break
+    finally:
+        core.ANSWER_CALL_LIMIT = old
+    return out
+
+
+def _checkpoint_fresh_problems(answer, grader, count: int = 40):
     """Problems drawn now from a grader-private source (``secrets``: no answer can rebuild them), 1 to 8 blocks,
     any budget between the floor and the total: an answer right only on the lesson's model (a hard-coded set, a
     range that misses the last block or the largest subsets) fails here. The seed is shown to reproduce it."""
     import random
     import secrets
+    from . import core
     seed = secrets.randbits(32)
     draw = random.Random(seed)
+    problems = []
     for case in range(count):
         n = 1 + case % 8
         acts = [draw.randint(10, 4000) for _ in range(n)]
         inputs = [draw.randint(1, a) for a in acts]
-        flops = [draw.randint(1, 5000) for _ in range(n)]
-        budget = draw.randint(sum(inputs), sum(acts))
+        problems.append((acts, inputs, [draw.randint(1, 5000) for _ in range(n)],
+                         draw.randint(sum(inputs), sum(acts))))
+    answers = grader.ask(_chosen_harness, answer, problems, core.ANSWER_CALL_LIMIT, what="your function")
+    for (acts, inputs, flops, budget), (kind, chosen) in zip(problems, answers):
+        n = len(acts)
         what = f"{n} blocks, activation_bytes={acts}, input_bytes={inputs}, recompute_flops={flops}, budget={budget}"
-        try:
-            chosen = sorted(set(int(i) for i in refuse_grader_calls(answer, list(acts), list(inputs), list(flops),
-                                                                     budget)))
-        except UsedTheGrader as exc:
+        if kind == "used":
             return Result("40 fresh random problems: your own solver", False,
                           "solve the problem with your own code: calling the grader's reference is not an answer",
-                          str(exc))
-        except AnswerTimeout as exc:
+                          chosen)
+        if kind == "timeout":
             return Result("40 fresh random problems: least recomputation that fits", False, "with n blocks there "
                           "are 2^n subsets (256 for 8): an exhaustive search ends in milliseconds; look for a loop "
-                          "that never ends on some problems", f"{exc} on {what} (seed {seed})", status="timeout")
-        except Exception as exc:  # noqa: BLE001 - the learner's code on a new problem
+                          "that never ends on some problems", f"{chosen} on {what} (seed {seed})", status="timeout")
+        if kind != "ok":
             return Result("40 fresh random problems: least recomputation that fits", False,
                           "your function raised on a problem other than the lesson's: it must work for any number "
-                          "of blocks and any budget", f"{type(exc).__name__}: {exc} on {what} (seed {seed})")
+                          "of blocks and any budget", f"{chosen} on {what} (seed {seed})")
         kept = sum(inputs[i] if i in chosen else acts[i] for i in range(n)) if all(
             0 <= i < n for i in chosen) else None
         cost, best = sum(flops[i] for i in chosen if 0 <= i < n), _best_cost(acts, inputs, flops, budget)

@@ -4,7 +4,8 @@ The learner writes ``plan_memory(model, strategy) -> dict`` (weights, gradients,
 bytes per device) for a GPT-style model (``sim.gpt``: LayerNorm, GeLU, unfused attention, dropout) under
 mixed-precision Adam. The grader draws the models and the plans itself, at check time, from a seeded and a
 fresh random source (so a table of answers cannot pass), and compares each part with the simulator's own
-``simlib.sim.memory_per_device`` — the function the planner prunes with. Nothing runs on other processes.
+``simlib.sim.memory_per_device`` — the function the planner prunes with. The answer runs on one worker process
+(:meth:`Grader.ask`), which sends back plain numbers; nothing of it runs in the process that computes the verdict.
 """
 from __future__ import annotations
 
@@ -56,23 +57,38 @@ def _describe(model, s) -> str:
             f"zero={s.zero_stage} recompute={s.recompute} schedule={s.schedule}")
 
 
+def _parts_harness(answer, cases):
+    """In a worker: the answer's parts for each case, as {part: float, or the repr of what it gave}, or (at the
+    first answer that is not a dict with every part) the repr of it, which ends the list."""
+    from ..plain import exact_str
+    out = []
+    for model, s in cases:
+        got = answer(model, s)  # an exception fails the check (NotImplementedError: not done yet)
+        if not isinstance(got, dict) or any(k not in got for k in PARTS):
+            return out + [exact_str(f"{got!r:.200}")]
+        parts = {}
+        for part in PARTS:
+            try:
+                parts[part] = float.__float__(float(got[part]))
+            except (TypeError, ValueError):
+                parts[part] = exact_str(f"{got[part]!r:.40}")
+        out.append(parts)
+    return out
+
+
 @exercise("plan_memory")
 def _check_plan_memory(answer, grader):
     from ..sim import memory_per_device
     cases = draw_cases(13, 30) + draw_cases(None, 30)
     first = {}
-    for model, s in cases:
+    for (model, s), got in zip(cases, grader.ask(_parts_harness, answer, cases, what="your plan_memory")):
         want = memory_per_device(model, s)
-        got = answer(model, s)  # an exception is reported by grading.check (NotImplementedError: not done yet)
-        if not isinstance(got, dict) or any(k not in got for k in PARTS):
+        if type(got) is not dict:
             yield Result("returns a dict with weights, gradients, optimizer, activations and total", False,
-                         f"return dict({', '.join(f'{k}=...' for k in PARTS)}) in bytes", f"got {got!r:.200}")
+                         f"return dict({', '.join(f'{k}=...' for k in PARTS)}) in bytes", f"got {got}")
             return
         for part in PARTS:
-            try:
-                ok = abs(float(got[part]) - want[part]) <= 1e-6 * max(1.0, abs(want[part]))
-            except (TypeError, ValueError):
-                ok = False
+            ok = type(got[part]) is float and abs(got[part] - want[part]) <= 1e-6 * max(1.0, abs(want[part]))
             if not ok and part not in first:
                 first[part] = (model, s, got[part], want[part])
     for part in PARTS:
@@ -83,4 +99,5 @@ def _check_plan_memory(answer, grader):
         model, s, got, want = bad
         hint = HINTS.get(part, "the total is the sum of the four parts")
         yield Result(f"{part} per GPU equals the simulator's on {len(cases)} drawn plans", False, hint,
-                     f"{_describe(model, s)}: you gave {got!r:.40}, the simulator {want:,.0f} bytes")
+                     f"{_describe(model, s)}: you gave {got if type(got) is str else f'{got:,.0f}'}, the simulator "
+                     f"{want:,.0f} bytes")

@@ -152,10 +152,18 @@ def _plan_diff(got, want) -> str:
 MILESTONE_PLANS = ("dp", "dp+acc", "tp", "pp")  # the 2-process plans of notebook 10's table (section 4)
 
 
+def _plan_name(answer):
+    """In a worker: the answer as an exact string (None for none): ``str()`` of a learner's object runs there."""
+    from ..plain import exact_str
+    return None if answer is None else exact_str(answer)
+
+
 @exercise("gpt_plan")
 def _gpt_plan(answer, grader, root=None):
     root = Path(root) if root is not None else RESULTS
-    if answer is None or not str(answer).strip():
+    if answer is not None and type(answer) is not str:  # the learner's object: read in a worker, as plain text
+        answer = grader.ask(_plan_name, answer, what="your answer")
+    if answer is None or not answer.strip():
         yield Result("the milestone is answered", False, status=TODO,
                      hint="not done yet: put the folder name of the 2-process plan that reached the target first "
                           "(\"dp\", \"dp+acc\", \"tp\" or \"pp\") in my_plan, then run this cell")
@@ -164,7 +172,7 @@ def _gpt_plan(answer, grader, root=None):
     target = cfg["target"]["eval_loss"]
     runs = sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "run.jsonl").exists()) \
         if root.exists() else []
-    name = str(answer).strip()
+    name = answer.strip()
     yield Result(f"a run of plan {name!r} is in {root}/", name in runs,
                  detail=f"found {runs}" if runs else "no runs yet",
                  hint="answer with the folder name of one of the runs above, e.g. \"dp\" (run the training cells "

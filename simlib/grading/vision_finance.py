@@ -20,6 +20,10 @@ for the re-run's steps and deviates after; on a GPU, a one-process run relabelle
 to :data:`.rerun.LOSS_RTOL`). Vision: a model trained on the held-out digits as well (they ship with scikit-learn;
 :mod:`.heldout` says why no check can see it at this size). Finance's held-out paths are drawn at check time, so its
 evaluation data cannot be trained on.
+
+The answer itself is opened only in a worker (:func:`_answer_harness`): there the record's fields are read and
+turned into plain data (JSON values) and the weights into plain tensors, so a property of the record or a method
+of the state runs there, never in the process that computes the verdict.
 """
 from __future__ import annotations
 
@@ -42,6 +46,29 @@ def _unpack(answer):
     if not (isinstance(summary, dict) and isinstance(rows, list) and isinstance(evals, list)):
         raise TypeError("expected (task, RunRecord, state_dict): pass the record and the weights train_on returned")
     return task, record, state
+
+
+def _answer_harness(answer):
+    """In a worker: None when the milestone is not answered, else (record as plain JSON values, the weights as
+    {name: plain tensor} or None, the weights' type name). Raises on an answer of another shape."""
+    import json
+
+    from ..plain import exact_str
+    from .evidence import tensor_state
+    if _not_done(answer):
+        return None
+    _, record, state = _unpack(answer)
+    fields = dict(summary=record.summary, rows=record.rows, evals=record.evals)
+    def jsonable(o):  # a NumPy or 0-d torch number as a number; anything else as its repr (which fails the checks)
+        return o.item() if getattr(o, "ndim", None) == 0 and hasattr(o, "item") else repr(o)
+    return json.loads(json.dumps(fields, default=jsonable)), tensor_state(state), exact_str(type(state).__name__)
+
+
+def _opened(answer, grader):
+    """(record, tensors, type name) of the answer, read in a worker; None when not answered."""
+    from types import SimpleNamespace
+    got = grader.ask(_answer_harness, answer, what="your answer")
+    return None if got is None else (SimpleNamespace(**got[0]), got[1], got[2])
 
 
 def _run_checks(record, budget, global_batch, world_size=2):
@@ -113,7 +140,7 @@ def _not_done(answer):
     return None
 
 
-def _then_rerun(name, checks, answer, grader):
+def _then_rerun(name, checks, record, grader):
     """``checks``, then (when every one passed) the re-run of the standard plan: a verdict already failed needs no
     re-run, and a grading run spends its seconds on answers that could pass."""
     ok = True
@@ -121,28 +148,27 @@ def _then_rerun(name, checks, answer, grader):
         ok = ok and result.passed
         yield result
     if ok:
-        yield from _rerun_standard(name, _unpack(answer)[1], grader)
+        yield from _rerun_standard(name, record, grader)
 
 
 @exercise("vision_milestone")
 def _vision_milestone(answer, grader):
-    yield from _then_rerun("vision", _vision_checks(answer), answer, grader)
+    opened = _opened(answer, grader)
+    if opened is None:
+        yield _not_done(None)
+        return
+    yield from _then_rerun("vision", _vision_checks(*opened), opened[0], grader)
 
 
-def _vision_checks(answer):
+def _vision_checks(record, state, got):
     from ..env import quick
     from ..projects.vision import baseline_logistic
 
-    todo = _not_done(answer)
-    if todo:
-        yield todo
-        return
-    _, record, state = _unpack(answer)
     std = _standard("vision")["task"]  # the grader's own task: fixed sizes, the fixed split, seed 0
     yield from _run_checks(record, VISION_BUDGET_S, std.global_batch)
     yield check_first_loss(record.rows, std, f"DigitsTask(global_batch={std.global_batch}, "
                                              f"image_size={std.image_size}, width={std.width}, holdout=0.25)")
-    model, fit = load_fixed(std.build_model(), state, f"ResNet(width={std.width})")
+    model, fit = load_fixed(std.build_model(), state, f"ResNet(width={std.width})", got)
     yield fit
     if model is None:
         return
@@ -170,17 +196,16 @@ def finance_heldout(std, n: int = 8192):
 
 @exercise("finance_milestone")
 def _finance_milestone(answer, grader):
-    yield from _then_rerun("finance", _finance_checks(answer), answer, grader)
+    opened = _opened(answer, grader)
+    if opened is None:
+        yield _not_done(None)
+        return
+    yield from _then_rerun("finance", _finance_checks(*opened), opened[0], grader)
 
 
-def _finance_checks(answer):
+def _finance_checks(record, state, got):
     import torch
 
-    todo = _not_done(answer)
-    if todo:
-        yield todo
-        return
-    _, record, state = _unpack(answer)
     # the grader's own task: calibrated to 2012-12-31, 20 bp costs, the standard sizes and seed
     std = _standard("finance")["task"]
     yield from _run_checks(record, FINANCE_BUDGET_S, std.global_batch)
@@ -188,7 +213,7 @@ def _finance_checks(answer):
                                              f"train_end={std.train_end!r}, global_batch={std.global_batch})")
     # the grader's HedgeNet: each day's features (log-moneyness, time left, delta, yesterday's holding) are
     # known on that day; the volatility and the cost are the grader's, not the learner's
-    model, fit = load_fixed(std.build_model(), state, f"HedgeNet(days={std.days}, hidden={std.hidden})")
+    model, fit = load_fixed(std.build_model(), state, f"HedgeNet(days={std.days}, hidden={std.hidden})", got)
     yield fit
     if model is None:
         return

@@ -210,3 +210,84 @@ def all_reduce_through_rank0(tensor):
     for peer in range(1, world):
         dist.send(tensor, peer)
     return tensor
+
+
+# ---- family 1: the learner's code runs where the verdict is made ----
+# Each answer is wrong and, if any of its code ran in the process that computes the verdict, makes every Result
+# there pass (the ones made before it too): the check must fail it, and the grader's own code stay intact.
+
+PATCH = '''import gc
+import simlib.grading.core as _core
+def _always_pass(self):
+    self.passed, self.status = True, "pass"
+_core.Result.__post_init__ = _always_pass
+for _r in gc.get_objects():
+    if type(_r) is _core.Result:
+        _r.passed, _r.status = True, "pass"
+'''
+
+
+def _patch_the_grader():
+    exec(PATCH, {})
+
+
+class GPipeWhoseConstructorPatches:
+    """one_f_one_b as a class (the check calls ``answer(rank, p, m)``): the constructor patches the grader, the
+    order is GPipe's (every forward, then every backward), which breaks 1F1B's memory bound."""
+
+    def __init__(self, rank, num_stages, num_microbatches):
+        _patch_the_grader()
+        self.order = [("forward", i) for i in range(num_microbatches)] + [
+            ("backward", i) for i in reversed(range(num_microbatches))]
+
+    def __iter__(self):
+        return iter(self.order)
+
+
+class RecordWhosePropertyPatches:
+    """A run record whose ``summary`` is a property that patches the grader when read; nothing was trained."""
+    rows, evals = [], []
+
+    @property
+    def summary(self):
+        _patch_the_grader()
+        return {}
+
+
+class StateWhoseItemsPatch(dict):
+    """Weights as a ``dict`` subclass whose ``items()`` patches the grader when the grader's code calls it (not when
+    the answer is pickled); the weights are zeros."""
+
+    def items(self):
+        import sys
+        if "grading" in sys._getframe(1).f_code.co_filename:
+            _patch_the_grader()
+        return super().items()
+
+
+class _TensorThatPatches(torch.Tensor):
+    def __reduce_ex__(self, protocol):  # runs where the tensor is pickled; what it returns runs where unpickled
+        return (exec, (PATCH, {}))
+
+
+def ring_returning_a_tensor_that_patches(tensor):
+    """ring_all_reduce by one all_reduce (not a ring), returned as a tensor subclass whose unpickling patches the
+    grader: a result that comes back from a worker."""
+    dist.all_reduce(tensor)
+    return tensor.as_subclass(_TensorThatPatches)
+
+
+def _vision_answer(record, state):
+    return (None, record, state)
+
+
+def family1():
+    """{name: (exercise, answer)}: one per member of family 1 that runs in the notebook's own check (the
+    ``__reduce__`` answer and the forged rows are submissions: tests/test_grade_batch.py)."""
+    from types import SimpleNamespace
+    plain_record = SimpleNamespace(summary={}, rows=[], evals=[])
+    return {"constructor": ("one_f_one_b", GPipeWhoseConstructorPatches),
+            "record_property": ("vision_milestone", _vision_answer(RecordWhosePropertyPatches(), {})),
+            "dict_items": ("vision_milestone", _vision_answer(plain_record,
+                                                              StateWhoseItemsPatch(w=torch.zeros(1)))),
+            "worker_result": ("ring_all_reduce", ring_returning_a_tensor_that_patches)}
