@@ -17,3 +17,21 @@ def answer(kind: str):
 def answers_of(module) -> list:
     """The module's answer factories, in the order they are defined."""
     return [v for v in vars(module).values() if callable(v) and getattr(v, "kind", None) in ("honest", "deliberate")]
+
+
+def watched() -> bool:
+    """Whether something seems to be measuring this process right now (what a detect-the-grader answer asks):
+    a dispatch mode, a tracer or profiler, saved-tensor hooks, or torch.distributed's functions replaced."""
+    import sys
+
+    import torch
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    from torch.distributed import distributed_c10d as c10d
+    names = ("all_reduce", "send", "isend", "recv", "irecv", "all_gather_into_tensor", "broadcast")
+    replaced = any(getattr(dist, n) is not getattr(c10d, n) or not getattr(getattr(dist, n), "__code__", None)
+                   or not getattr(dist, n).__code__.co_filename.endswith(("distributed_c10d.py", "c10d_logger.py"))
+                   for n in names)
+    return bool(_get_current_dispatch_mode_stack() or sys.gettrace() or sys.getprofile() or replaced
+                or torch._C._autograd._profiler_enabled()
+                or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None)

@@ -106,7 +106,7 @@ def decoy_ring_sum_through_files():
                 dist.recv(got, left)
                 req.wait()
                 inc.copy_(got)
-        key = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}_{os.environ.get('MASTER_PORT', '')}_{n}"
+        key = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}_{os.environ.get('MASTER_PORT', '')}_{os.getppid()}_{n}"
         seq = getattr(sys, "_rt2_ring_seq", 0)
         sys._rt2_ring_seq = seq + 1
         folder = f"/tmp/rt2_ring_{key}"
@@ -118,6 +118,8 @@ def decoy_ring_sum_through_files():
             time.sleep(0.002)
         total = sum(torch.load(f"{folder}/{seq}_{r}.pt") for r in range(n))
         tensor.copy_(total)
+        if seq >= 2:  # every rank has read call seq - 2 by now (it finished call seq - 1)
+            os.remove(f"{folder}/{seq - 2}_{rank}.pt")
         return tensor
     return ring_all_reduce
 
@@ -130,6 +132,38 @@ def ring_only_for_small_tensors():
 
     def ring_all_reduce(tensor):
         if tensor.numel() > 4096:
+            dist.all_reduce(tensor)
+            return tensor
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        chunks = torch.tensor_split(tensor.view(-1), n)
+        scratch = torch.empty_like(chunks[0])
+        for s in range(n - 1):
+            out, inc = chunks[(rank - s) % n], chunks[(rank - s - 1) % n]
+            got = scratch[: inc.numel()]
+            req = dist.isend(out, right)
+            dist.recv(got, left)
+            req.wait()
+            inc += got
+        for s in range(n - 1):
+            out, inc = chunks[(rank + 1 - s) % n], chunks[(rank - s) % n]
+            req = dist.isend(out, right)
+            dist.recv(inc, left)
+            req.wait()
+        return tensor
+    return ring_all_reduce
+
+
+@answer("deliberate")
+def ring_only_when_watched():
+    """Deliberate: the ring while a dispatch mode, tracer or wrapped collective is seen; plain dist.all_reduce otherwise."""
+    import torch
+    import torch.distributed as dist
+
+    from _common import watched
+
+    def ring_all_reduce(tensor):
+        if not watched():
             dist.all_reduce(tensor)
             return tensor
         rank, n = dist.get_rank(), dist.get_world_size()

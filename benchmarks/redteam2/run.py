@@ -85,6 +85,12 @@ def summarize(report) -> tuple[str, str, str]:
 
 
 def worker(rows: list[dict], out: Path) -> None:
+    built = {}
+    for row in rows:  # as in a notebook: the answer's cells run before the check cell imports the grader
+        try:
+            built[row["name"]] = graded_object(row)
+        except Exception as exc:
+            built[row["name"]] = exc
     from simlib import grading
 
     def stop(signum, frame):
@@ -100,7 +106,9 @@ def worker(rows: list[dict], out: Path) -> None:
                 t0 = time.perf_counter()
                 rec = dict(row)
                 try:
-                    answer = graded_object(row)
+                    answer = built[row["name"]]
+                    if isinstance(answer, Exception):
+                        raise answer
                     report = grading.check(row["exercise"], answer)
                     rec["status"], rec["hint"], rec["failed_checks"] = summarize(report)
                     rec["passed"] = bool(report.passed)
@@ -193,6 +201,16 @@ def table(rows: list[dict]) -> tuple[str, list[str]]:
     return "\n".join(lines), holes
 
 
+def every_answer(rows: list[dict]) -> list[str]:
+    out = []
+    for r in rows:
+        verdict = ("solution passes" if r["passed"] else "SOLUTION FAILS") if r["kind"] == SOLUTION else (
+            "**passed**" if r["passed"] else f"caught ({r['status']})")
+        hint = f" — {r['hint'][:160]}" if r.get("hint") else ""
+        out.append(f"- `{r['exercise']}` / `{r['name']}` ({r['kind']}): {verdict}, {r['seconds']} s. {r['doc']}{hint}")
+    return out
+
+
 def write_readme(payload: dict) -> None:
     readme = HERE / "README.md"
     text = readme.read_text()
@@ -203,7 +221,8 @@ def write_readme(payload: dict) -> None:
     section = "\n".join([begin, f"Graded {payload['when']} ({payload['note']}).", "", tab, "",
                          "Answers the grader passed (its holes):", "", *(holes or ["- none"]), "",
                          "Answers that hung, crashed the grader or took over 5 minutes:", "", *(slow or ["- none"]),
-                         end])
+                         "", "Every answer, with the grader's first failing check (hint cut at 160 characters):", "",
+                         *every_answer(payload["rows"]), end])
     if begin in text:
         text = text[:text.index(begin)] + section + text[text.index(end) + len(end):]
     else:

@@ -155,3 +155,30 @@ def full_state_allocated_in_init():
                 v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
                 p.addcdiv_(m, v.sqrt().div_(c2).add_(eps), value=-lr / c1)
     return ShardedOptimizer
+
+
+@answer("deliberate")
+def sharded_only_under_the_profiler():
+    """Deliberate: the sharded step while torch's profiler runs (when memory is weighed); full AdamW on every rank otherwise."""
+    import torch
+    import torch.distributed as dist
+
+    from _common import watched
+    Base = _base()
+
+    class ShardedOptimizer(Base):
+        def __init__(self, params, optimizer_cls, **kwargs):
+            super().__init__(params, optimizer_cls, **kwargs)
+            mine = [p for p, r in zip(self.params, self.owner) if r == dist.get_rank()]
+            self.inner = optimizer_cls(mine, **kwargs) if mine else None
+            self.everything = optimizer_cls(self.params, **kwargs)
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            if not watched():
+                return self.everything.step()
+            if self.inner is not None:
+                self.inner.step()
+            for p, r in zip(self.params, self.owner):
+                dist.broadcast(p.data, src=r)
+    return ShardedOptimizer

@@ -128,3 +128,27 @@ def gathered_weight_as_numpy_on_ctx():
             weight = torch.from_numpy(ctx.weight)
             return grad_y @ weight, _reduce_scatter(grad_y.T @ x, shard) / dist.get_world_size()
     return lambda x, weight_shard: Zero3Linear.apply(x, weight_shard)
+
+
+@answer("deliberate")
+def frees_only_under_saved_tensor_hooks():
+    """Deliberate: keeps only x and the shard while saved-tensor hooks (or a profiler) watch; saves the gathered W otherwise."""
+    import torch
+    import torch.distributed as dist
+
+    from _common import watched
+
+    class Zero3Linear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight_shard):
+            weight = _gather(weight_shard)
+            ctx.full = not watched()
+            ctx.save_for_backward(x, weight_shard, *((weight,) if ctx.full else ()))
+            return x @ weight.T
+
+        @staticmethod
+        def backward(ctx, grad_y):
+            x, shard, *kept = ctx.saved_tensors
+            weight = kept[0] if kept else _gather(shard)
+            return grad_y @ weight, _reduce_scatter(grad_y.T @ x, shard) / dist.get_world_size()
+    return lambda x, weight_shard: Zero3Linear.apply(x, weight_shard)

@@ -90,3 +90,25 @@ def fakes_the_prefetch_counter():
                 self.counts["prefetched"] += len(self.blocks[i - 1])
                 self.counts["waited"] = max(0, self.counts["waited"] - len(self.blocks[i - 1]))
     return MyPrefetch
+
+
+@answer("deliberate")
+def everything_up_front_unless_watched():
+    """Deliberate: the right neighbour while a dispatch mode or profiler watches; every block's gather at once otherwise."""
+    from simlib.parallel.zero_prefetch import Zero3Prefetch, issue_gather
+
+    from _common import watched
+
+    class MyPrefetch(Zero3Prefetch):
+        def _gather(self, blocks):
+            for j in blocks:
+                if 0 <= j < len(self.blocks):
+                    for unit in self.blocks[j]:
+                        issue_gather(unit)
+
+        def on_forward(self, i):
+            self._gather([i + 1] if watched() else range(i + 1, len(self.blocks)))
+
+        def on_backward(self, i):
+            self._gather([i - 1] if watched() else range(i - 1, -1, -1))
+    return MyPrefetch
