@@ -152,3 +152,36 @@ def one_async_all_reduce_per_parameter():
             self.pending = [len(b) for b in self.buckets]
             self.handles = []
     return BucketDataParallel
+
+
+@answer("deliberate")
+def buckets_only_when_watched():
+    """Deliberate: bucketed async all-reduces while dist.all_reduce looks wrapped or a dispatch mode runs; one flat blocking all-reduce at the end otherwise."""
+    import torch
+    import torch.distributed as dist
+
+    from _common import watched
+    Base = _skeleton()
+
+    class BucketDataParallel(Base):
+        def on_grad_ready(self, param):
+            i, offset = self.slot[param]
+            self.buffers[i][offset:offset + param.numel()].copy_(param.grad.view(-1))
+            self.pending[i] -= 1
+            if self.pending[i] == 0 and watched():
+                self.handles[i] = dist.all_reduce(self.buffers[i], async_op=True)
+
+        def finish_gradient_synchronization(self):
+            if any(h is None for h in self.handles):
+                flat = torch.cat(self.buffers)
+                dist.all_reduce(flat)
+                for buffer, part in zip(self.buffers, flat.split([b.numel() for b in self.buffers])):
+                    buffer.copy_(part)
+            else:
+                for handle in self.handles:
+                    handle.wait()
+            for buffer in self.buffers:
+                buffer /= self.world_size
+            self.copy_back()
+            self.reset()
+    return BucketDataParallel

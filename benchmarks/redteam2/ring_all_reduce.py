@@ -184,3 +184,30 @@ def ring_only_when_watched():
             req.wait()
         return tensor
     return ring_all_reduce
+
+
+@answer("honest")
+def scratch_in_default_dtype():
+    """Honest: the receive buffer is torch.empty(numel) in the default float32, whatever the tensor's dtype."""
+    import torch
+    import torch.distributed as dist
+
+    def ring_all_reduce(tensor):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        right, left = (rank + 1) % n, (rank - 1) % n
+        chunks = torch.tensor_split(tensor.view(-1), n)
+        scratch = torch.empty(chunks[0].numel())
+        for s in range(n - 1):
+            out, inc = chunks[(rank - s) % n], chunks[(rank - s - 1) % n]
+            got = scratch[: inc.numel()]
+            req = dist.isend(out, right)
+            dist.recv(got, left)
+            req.wait()
+            inc += got.to(inc.dtype)
+        for s in range(n - 1):
+            out, inc = chunks[(rank + 1 - s) % n], chunks[(rank - s) % n]
+            req = dist.isend(out, right)
+            dist.recv(inc, left)
+            req.wait()
+        return tensor
+    return ring_all_reduce

@@ -105,3 +105,35 @@ def library_ring_attention():
     def ring_attention(q, k, v, causal):
         return context.ring_attention(q, k, v, causal)
     return ring_attention
+
+
+@answer("deliberate")
+def ring_pass_then_numpy_attention():
+    """Deliberate: passes K/V around the ring but copies each block to NumPy (outside torch) and does plain attention there."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    def ring_attention(q, k, v, causal):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        local = q.shape[-2]
+        ks, vs = {rank: k.numpy().copy()}, {rank: v.numpy().copy()}
+        for step in range(n - 1):
+            nk, nv = torch.empty_like(k), torch.empty_like(v)
+            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, k, (rank + 1) % n),
+                                           dist.P2POp(dist.isend, v, (rank + 1) % n),
+                                           dist.P2POp(dist.irecv, nk, (rank - 1) % n),
+                                           dist.P2POp(dist.irecv, nv, (rank - 1) % n)])
+            for r in reqs:
+                r.wait()
+            k, v = nk, nv
+            src = (rank - step - 1) % n
+            ks[src], vs[src] = k.numpy().copy(), v.numpy().copy()
+        K = np.concatenate([ks[r] for r in range(n)], axis=-2).astype(np.float64)
+        V = np.concatenate([vs[r] for r in range(n)], axis=-2).astype(np.float64)
+        s = q.numpy().astype(np.float64) @ np.swapaxes(K, -1, -2) * q.shape[-1] ** -0.5
+        if causal:
+            s = np.where(np.arange(n * local)[None, :] > (np.arange(local) + rank * local)[:, None], -np.inf, s)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        return torch.from_numpy((s / s.sum(-1, keepdims=True)) @ V).to(q.dtype)
+    return ring_attention

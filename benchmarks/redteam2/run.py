@@ -136,7 +136,7 @@ def run_group(rows: list[dict], hang_s: float, log: Path) -> list[dict]:
         with open(log, "a") as logf:
             proc = subprocess.Popen([sys.executable, __file__, "--worker", spec, str(out)], cwd=ROOT, env=env,
                                     stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-            started, current, finished = time.time(), None, set()
+            started, current, finished, killed = time.time(), None, set(), False
             while True:
                 code = proc.poll()
                 for line in out.read_text().splitlines():
@@ -152,6 +152,7 @@ def run_group(rows: list[dict], hang_s: float, log: Path) -> list[dict]:
                 if code is not None:
                     break
                 if current not in finished and time.time() - started > hang_s:
+                    killed = True
                     os.killpg(proc.pid, signal.SIGTERM)  # our own child's session only
                     try:
                         proc.wait(30)
@@ -164,9 +165,10 @@ def run_group(rows: list[dict], hang_s: float, log: Path) -> list[dict]:
         left = [r for r in todo if r["name"] not in finished]
         if left and current is not None and current not in finished:
             hung = next(r for r in left if r["name"] == current)
-            rec = dict(hung, passed=False, status="hang", failed_checks="", checks=0,
-                       hint=f"no verdict after {hang_s:.0f} s: the driver stopped the grading process",
-                       seconds=round(time.time() - started, 1))
+            rec = dict(hung, passed=False, status="hang" if killed else "grading process died", failed_checks="",
+                       checks=0, seconds=round(time.time() - started, 1),
+                       hint=f"no verdict after {hang_s:.0f} s: the driver stopped the grading process" if killed
+                       else f"the grading process exited ({proc.returncode}) during this answer; see {log.name}")
             done.append(rec)
             print(f"  {rec['exercise']:22s} {rec['name']:45s} HANG {rec['seconds']} s", flush=True)
             left = [r for r in left if r["name"] != current]
