@@ -89,8 +89,11 @@ def big_batch_unless_hooked():
     import torch
 
     def hooked(module):
-        return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or
+        seen = any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or
                    getattr(m, "_backward_pre_hooks", None) for m in module.modules())
+        with open("/tmp/rt2_watched.log", "a") as f:  # which path each graded call took
+            f.write(f"big_batch_unless_hooked hooked={seen}\n")
+        return seen
 
     def accumulation_step(model, optimizer, micro_batches, loss_fn):
         k = len(micro_batches)

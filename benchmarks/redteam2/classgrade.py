@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "grader_redteam2.json"
+RESULTS = Path(os.environ.get("RT2_RESULTS", ROOT / "benchmarks" / "results" / "grader_redteam2.json"))
 
 RING_OFF_BY_ONE = '''import torch
 import torch.distributed as dist

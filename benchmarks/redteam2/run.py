@@ -25,7 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "grader_redteam2.json"
+RESULTS = Path(os.environ.get("RT2_RESULTS", ROOT / "benchmarks" / "results" / "grader_redteam2.json"))
 MODULES = ["ring_all_reduce", "average_gradients", "bucket_data_parallel", "accumulate_no_sync", "one_f_one_b",
            "pipeline_stage", "tp_linear", "checkpoint_placement", "sharded_optimizer", "zero3_linear", "full_state",
            "ring_attention", "moe_dispatch", "zero3_prefetch", "plan_memory"]
@@ -105,6 +105,8 @@ def worker(rows: list[dict], out: Path) -> None:
                 emit({"start": row["name"], "t": time.time()})
                 t0 = time.perf_counter()
                 rec = dict(row)
+                watch_log = Path("/tmp/rt2_watched.log")  # what detect-the-measurement answers saw, per call
+                watch_from = watch_log.stat().st_size if watch_log.exists() else 0
                 try:
                     answer = built[row["name"]]
                     if isinstance(answer, Exception):
@@ -119,6 +121,12 @@ def worker(rows: list[dict], out: Path) -> None:
                     if isinstance(exc, KeyboardInterrupt):
                         raise
                 rec["seconds"] = round(time.perf_counter() - t0, 1)
+                if row["kind"] == "deliberate" and watch_log.exists() and watch_log.stat().st_size > watch_from:
+                    with watch_log.open() as wl:
+                        wl.seek(watch_from)
+                        seen = [ln for ln in wl.read().splitlines() if row["name"] in ln]
+                    rec["watched_calls"] = {"watched": sum(" True" in ln or "=True" in ln for ln in seen),
+                                            "unwatched": sum(" False" in ln or "=False" in ln for ln in seen)}
                 emit({"row": rec})
         finally:
             grading.close()
@@ -181,6 +189,17 @@ def run_group(rows: list[dict], hang_s: float, log: Path) -> list[dict]:
     return done
 
 
+def path_note(r: dict) -> str:
+    """For an answer that behaves only while watched: how many graded calls took its shortcut."""
+    w = r.get("watched_calls")
+    if not w:
+        return ""
+    if not w["unwatched"]:
+        return (f" — every one of its {w['watched']} graded calls saw a measurement and took the right path: the "
+                f"grader watches every call, so this pass is not a hole")
+    return f" — took its shortcut in {w['unwatched']} of {w['watched'] + w['unwatched']} graded calls"
+
+
 def table(rows: list[dict]) -> tuple[str, list[str]]:
     """Markdown: the catch rate per exercise and overall; and the lines naming every answer that passed."""
     graded = [r for r in rows if r["kind"] != SOLUTION]
@@ -198,7 +217,7 @@ def table(rows: list[dict]) -> tuple[str, list[str]]:
         lines.append(f"| all {kind} | {len(k)} | {sum(not r['passed'] for r in k)} | "
                      f"{100 * sum(not r['passed'] for r in k) / max(1, len(k)):.0f} % | |")
     lines.append(f"| **all** | {len(graded)} | {caught} | {100 * caught / max(1, len(graded)):.0f} % | |")
-    holes = [f"- `{r['exercise']}` / `{r['name']}` ({r['kind']}, {r['seconds']} s): {r['doc']}"
+    holes = [f"- `{r['exercise']}` / `{r['name']}` ({r['kind']}, {r['seconds']} s): {r['doc']}{path_note(r)}"
              for r in graded if r["passed"]]
     return "\n".join(lines), holes
 
@@ -209,7 +228,8 @@ def every_answer(rows: list[dict]) -> list[str]:
         verdict = ("solution passes" if r["passed"] else "SOLUTION FAILS") if r["kind"] == SOLUTION else (
             "**passed**" if r["passed"] else f"caught ({r['status']})")
         hint = f" — {r['hint'][:160]}" if r.get("hint") else ""
-        out.append(f"- `{r['exercise']}` / `{r['name']}` ({r['kind']}): {verdict}, {r['seconds']} s. {r['doc']}{hint}")
+        out.append(f"- `{r['exercise']}` / `{r['name']}` ({r['kind']}): {verdict}, {r['seconds']} s. "
+                   f"{r['doc']}{path_note(r)}{hint}")
     return out
 
 
