@@ -102,7 +102,8 @@ def replay(grader, task, plan, optim, budget: int, rows, threads: int, device: s
     grader = grader if grader is not None else Grader()
     optim = dataclasses.replace(optim, decay_steps=optim.decay_steps or budget)  # the full run's schedule
     cluster = _cluster_for(grader, device, plan.world_size)
-    return cluster.call(_replay, (task, plan, optim, replay_steps(rows, budget), threads), timeout=timeout)[0]
+    return cluster.call(_replay, (task, plan, optim, replay_steps(rows, budget), threads), timeout=timeout,
+                        plain=True)[0]  # the workers may have run a learner's code: plain data back
 
 
 def record_threads(summary) -> int:
