@@ -226,3 +226,17 @@ def test_strict_mode_fails_a_solution_that_does_not_pass_everywhere(monkeypatch)
     monkeypatch.delenv(core.STRICT)
     monkeypatch.setitem(core.EXERCISES, "fake", exercise((2, 3, 4), False))
     assert not grading.check("fake", None, clusters=fake, quiet=True).passed
+
+
+def test_switched_off_library_functions_refuse_under_every_alias():
+    """grading.contracts.switched_off: the course's own reference (e.g. schedules.one_f_one_b) raises
+    UsedTheLibrary naming it while the answer runs, through a name bound before, and works again after."""
+    from simlib.grading.contracts import UsedTheLibrary, switched_off
+    from simlib.parallel import schedules
+    from simlib.parallel.schedules import one_f_one_b as bound_before
+    want = schedules.one_f_one_b(2, 2)
+    with switched_off(schedules.one_f_one_b):
+        for call in (schedules.one_f_one_b, bound_before):
+            with pytest.raises(UsedTheLibrary, match="course's own one_f_one_b"):
+                call(2, 2)
+    assert schedules.one_f_one_b(2, 2) == want

@@ -149,3 +149,45 @@ def passes_breach(outs, k) -> str:
                 return (f"rank {rank}, step {step}: {p['overlapped']} forward(s) began before the previous "
                         "micro-batch's backward")
     return ""
+
+
+class UsedTheLibrary(RuntimeError):
+    """The answer reached the course's own implementation of what the exercise asks it to write."""
+
+
+def _refused(*args, **kwargs):
+    # runs as a switched-off library function's code, with that function's module globals (so it imports what it
+    # needs) and its name as co_name: say which one was reached
+    import sys
+
+    from simlib.grading.contracts import UsedTheLibrary
+    raise UsedTheLibrary(f"your answer called the course's own {sys._getframe().f_code.co_name}, which is what "
+                         "the exercise asks you to write: write it yourself (the lesson shows how)")
+
+
+def switched_off(*functions):
+    """A context in which the library's own ``functions`` (plain functions, no closure) refuse to run: their code is
+    swapped for one that raises :class:`UsedTheLibrary`, so every alias refuses too (a name bound before the check,
+    ``super()``, a method kept in a variable). Used inside the worker, around the answer's run: an answer that
+    returns the library's result (``schedules.one_f_one_b``, ``sim.memory_per_device``, ``Zero3Prefetch``'s own
+    hooks) proves nothing."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def swapped():
+        saved = {f: f.__code__ for f in functions}
+        try:
+            for f in functions:
+                f.__code__ = _refused.__code__.replace(co_name=f.__name__)
+            yield
+        finally:
+            for f, code in saved.items():
+                f.__code__ = code
+    return swapped()
+
+
+def module_functions(module) -> list:
+    """The plain functions ``module`` defines (what :func:`switched_off` takes for a whole reference module)."""
+    import types
+    return [f for f in vars(module).values() if type(f) is types.FunctionType and f.__module__ == module.__name__
+            and not f.__closure__]

@@ -123,8 +123,10 @@ def _spy_all_reduce(calls: list, flags: dict):
 
 # ---- lesson 01: ring all-reduce from send/recv ----
 
-# world sizes 2, 3 and 4 (not only powers of two), lengths that do and do not divide, fewer elements than ranks
-_RING_CASES = {2: [(8,), (7,)], 3: [(9,), (10,), (2,)], 4: [(16,), (10,), (3,), (3, 4)]}
+# world sizes 2, 3 and 4 (not only powers of two), lengths that do and do not divide, fewer elements than ranks;
+# every second case in float64
+# and one large tensor (an answer that rings only small ones and calls all_reduce above a size fails)
+_RING_CASES = {2: [(8,), (7,)], 3: [(9,), (10,), (2,), (5003,)], 4: [(16,), (10,), (3,), (3, 4)]}
 
 
 def _ring_harness(answer, shapes):
@@ -136,7 +138,8 @@ def _ring_harness(answer, shapes):
     out = []
     for i, shape in enumerate(shapes):
         g = torch.Generator().manual_seed(100 * i + rank)
-        x = torch.randn(*shape, generator=g)
+        # float32 and float64 in turn: a receive buffer of the default dtype is wrong for a float64 tensor
+        x = torch.randn(*shape, generator=g, dtype=torch.float64 if i % 2 else torch.float32)
         expected = x.clone()
         dist.all_reduce(expected)
         given = x.clone()

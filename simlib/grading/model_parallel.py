@@ -37,8 +37,12 @@ def _learner_order(answer, rank, p, m):
 
 
 def _orders_harness(answer, sizes):
-    """In a worker (the answer runs there, never in the grading process): every rank's order for each size."""
-    return [(p, m, [_learner_order(answer, r, p, m) for r in range(p)]) for p, m in sizes]
+    """In a worker (the answer runs there, never in the grading process): every rank's order for each size, with
+    the library's own 1F1B and GPipe schedules switched off (an answer that returns them proves nothing)."""
+    from ..parallel import schedules
+    from .contracts import switched_off
+    with switched_off(schedules.one_f_one_b, schedules.gpipe):
+        return [(p, m, [_learner_order(answer, r, p, m) for r in range(p)]) for p, m in sizes]
 
 
 def _schedule_from_orders(orders):
@@ -75,7 +79,10 @@ def _grads_by_rank(outs, ref_grads):
 @exercise("one_f_one_b")
 def _check_one_f_one_b(answer, grader):
     from ..parallel import schedules
+    import secrets
+    # the lesson's sizes, and two drawn now (up to 8 stages, 16 micro-batches): a table of the first cannot pass
     sizes = [(p, m) for p in (1, 2, 3, 4) for m in (1, 2, 3, 4, 8)]
+    sizes += [(5 + secrets.randbelow(4), 5 + secrets.randbelow(12)) for _ in range(2)]
     orders = {(p, m): o for p, m, o in grader.ask(_orders_harness, answer, sizes, what="your schedule function")}
     want = {(p, m): [[(a.op, a.microbatch) for a in schedules.compute_order(acts)]
                      for acts in schedules.one_f_one_b(p, m)] for p, m in sizes}

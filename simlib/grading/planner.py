@@ -61,9 +61,12 @@ def _parts_harness(answer, cases):
     """In a worker: the answer's parts for each case, as {part: float, or the repr of what it gave}, or (at the
     first answer that is not a dict with every part) the repr of it, which ends the list."""
     from ..plain import exact_str
+    from ..sim import memory
+    from .contracts import module_functions, switched_off
     out = []
     for model, s in cases:
-        got = answer(model, s)  # an exception fails the check (NotImplementedError: not done yet)
+        with switched_off(*module_functions(memory)):  # the simulator's memory model is the reference
+            got = answer(model, s)  # an exception fails the check (NotImplementedError: not done yet)
         if not isinstance(got, dict) or any(k not in got for k in PARTS):
             return out + [exact_str(f"{got!r:.200}")]
         parts = {}

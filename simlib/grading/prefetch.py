@@ -113,8 +113,12 @@ def _prefetch_harness(answer_cls, steps=_STEPS):
     import torch
     import torch.distributed as dist
 
-    from ..projects.gpt.task import GPTTask
+    import contextlib
+
     from ..parallel.zero3 import Zero3
+    from ..parallel.zero_prefetch import Zero3Prefetch
+    from ..projects.gpt.task import GPTTask
+    from .contracts import switched_off
     task = GPTTask.quick(num_layers=3, global_batch=12)  # 12 splits over 2, 3 and 4 ranks
     rank, n = dist.get_rank(), dist.get_world_size()
     out = {}
@@ -126,7 +130,9 @@ def _prefetch_harness(answer_cls, steps=_STEPS):
         z = cls(model, blocks=blocks)
         opt = torch.optim.AdamW(z.parameters(), lr=1e-2)
         losses = []
-        with tracker:
+        # the course's own hooks refuse to run for the answer (its hooks calling super() would be the solution)
+        with tracker, (switched_off(Zero3Prefetch.on_forward, Zero3Prefetch.on_backward) if name == "answer"
+                       else contextlib.nullcontext()):
             for step in range(steps):
                 x, y = task.batch(step, rank, n)
                 opt.zero_grad()

@@ -3,6 +3,20 @@ from simlib.parallel.zero import _all_gather, _count
 from simlib.parallel.zero_prefetch import Zero3Prefetch, issue_gather
 
 
+class _Right(Zero3Prefetch):
+    """Both hooks written right (the library's own refuse to run for an answer): each planted bug replaces one."""
+
+    def on_forward(self, i):
+        if i + 1 < len(self.blocks):
+            for unit in self.blocks[i + 1]:
+                issue_gather(unit)
+
+    def on_backward(self, i):
+        if i - 1 >= 0:
+            for unit in self.blocks[i - 1]:
+                issue_gather(unit)
+
+
 class NoPrefetch(Zero3Prefetch):
     """Planted: the hooks do nothing (the plain Zero3 with counters)."""
 
@@ -13,7 +27,7 @@ class NoPrefetch(Zero3Prefetch):
         pass
 
 
-class BackwardWrongWay(Zero3Prefetch):
+class BackwardWrongWay(_Right):
     """Planted: backward prefetches the next block, as forward does (its backward is already done)."""
 
     def on_backward(self, i):
@@ -22,7 +36,7 @@ class BackwardWrongWay(Zero3Prefetch):
                 issue_gather(unit)
 
 
-class SkipsABlock(Zero3Prefetch):
+class SkipsABlock(_Right):
     """Planted: forward prefetches two blocks ahead."""
 
     def on_forward(self, i):
@@ -31,7 +45,7 @@ class SkipsABlock(Zero3Prefetch):
                 issue_gather(unit)
 
 
-class WrongShard(Zero3Prefetch):
+class WrongShard(_Right):
     """Planted: the next block's buffer is filled with *this* block's shards (a copy-paste slip)."""
 
     def on_forward(self, i):
