@@ -21,7 +21,7 @@ import time
 import uuid
 from multiprocessing.connection import Listener
 
-from . import env
+from . import env, zygote
 from .errors import Interrupted, RemoteFailure, WorkerError, WorkerTimeout
 from .plain import NotPlain, frame_loads
 from .worker import BOOTSTRAP, Channel
@@ -178,7 +178,7 @@ class ElasticWorkers:
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
         self._queue = q = queue.Queue()
-        self._pids, self._conns = {}, {}
+        self._pids, self._conns, self._exit_pids = {}, {}, {}
         self._stash = []
         authkey = os.urandom(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
@@ -199,6 +199,11 @@ class ElasticWorkers:
                     authkey=authkey.hex(), path=[p for p in sys.path if isinstance(p, str)],
                     collective_log=(os.path.join(self._log_dir, "collectives")
                                     if getattr(self, "hang_finder", False) else None))
+        spec["bootstrap"] = BOOTSTRAP
+        command = ("-c", BOOTSTRAP)
+        if zygote.enabled(self.backend, self.device):  # CPU workers fork from a process that imported torch
+            spec["zygote"] = zygote.address()
+            command = ("-I", "-S", zygote.LAUNCHER)
         spec_file = os.path.join(self._log_dir, "spec.json")
         with open(os.open(spec_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             json.dump(spec, f)
@@ -210,7 +215,7 @@ class ElasticWorkers:
             try:
                 with _quiet_elastic():
                     # a command, as torchrun starts: the workers never re-import the caller's __main__
-                    elastic_launch(config, sys.executable)("-c", BOOTSTRAP, spec_file)
+                    elastic_launch(config, sys.executable)(*command, spec_file)
             except BaseException as exc:  # noqa: BLE001 - workers stopped by us end up here too
                 agent_error.append(exc)
             finally:
@@ -260,6 +265,7 @@ class ElasticWorkers:
                 rank = hello[1]
                 self.attempt = hello[3] if len(hello) > 3 else 0
                 self._conns[rank], self._pids[rank] = Channel(conn), hello[2]
+                self._exit_pids[rank] = hello[4] if len(hello) > 4 else hello[2]
                 threading.Thread(target=_read, args=(q, rank, conn), daemon=True,
                                  name=f"simlib-read-{rank}").start()
             elif kind == "ready" and msg[1] in self._conns:
@@ -322,7 +328,8 @@ class ElasticWorkers:
 
     def _exit_code(self, rank, wait: float = 1.0):
         """A dead worker's exit code (negative: the signal), peeked without reaping it (the agent reaps)."""
-        pid, deadline = self._pids.get(rank), time.monotonic() + wait
+        pid = getattr(self, "_exit_pids", {}).get(rank, self._pids.get(rank))  # the agent's child: the launcher
+        deadline = time.monotonic() + wait
         while pid is not None and hasattr(os, "waitid"):
             try:
                 info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)

@@ -6,10 +6,10 @@ engine behind ``torchrun``), so each worker sees torchrun's environment (``RANK`
 return value. ``fn`` travels as cloudpickle bytes, so a function defined in a notebook cell works. The agent
 starts each worker as a command (``python -c`` + :data:`simlib.worker.BOOTSTRAP`), as torchrun does, never by
 re-importing the caller's ``__main__``: a notebook, IPython, a script with or without the ``__main__`` guard,
-``python -c`` and a script on standard input all work.
+``python -c`` and a script on standard input all work. On Linux, CPU workers are forked from a process that imported
+torch once for the caller (:mod:`simlib.zygote`): a start costs tenths of a second instead of seconds.
 
-``Cluster(world_size)`` keeps the same workers and their process group warm between calls: importing torch
-costs seconds per process, a call on a warm cluster costs milliseconds.
+``Cluster(world_size)`` keeps the same workers and their process group warm: a call costs milliseconds.
 
 How the pieces talk:
 

@@ -135,7 +135,8 @@ def worker_main(address, authkey: bytes, spec: dict) -> None:
     _die_with_parent()
     rank = int(os.environ["RANK"])
     chan = Channel(Client(address, authkey=authkey))
-    chan.send(("hello", rank, os.getpid(), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))))
+    chan.send(("hello", rank, os.getpid(), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+               int(os.environ.get("SIMLIB_LAUNCHER_PID", os.getpid()))))  # the agent's child (simlib.zygote)
     relays = []
     if spec["relay_output"]:
         sys.stdout.flush()

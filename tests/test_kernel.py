@@ -48,8 +48,18 @@ class Kernel:
         return reply["content"]["status"], "".join(parts)
 
     def workers(self) -> list[int]:
-        """Worker processes of this kernel: its children that run simlib's worker bootstrap."""
-        found = []
+        """Worker processes of this kernel: its children that run simlib's worker bootstrap, or the children of
+        its zygote (the fork server its CPU workers come from)."""
+        found, zygotes = [], set()
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if parent == self.pid and b"simlib.zygote" in f.read():
+                        zygotes.add(int(entry))
+            except OSError:
+                continue
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -60,7 +70,11 @@ class Kernel:
                     cmdline = f.read()
             except OSError:
                 continue
-            if int(stat[1]) == self.pid and stat[0] != "Z" and b"simlib.worker" in cmdline:
+            if stat[0] == "Z":
+                continue
+            if int(stat[1]) == self.pid and b"simlib.worker" in cmdline:  # started by the agent itself
+                found.append(int(entry))
+            elif int(stat[1]) in zygotes:  # forked by the kernel's zygote (simlib.zygote)
                 found.append(int(entry))
         return found
 

@@ -57,6 +57,7 @@ def test_launch_from_anywhere(how, tmp_path):
 def test_startup_failure_is_one_short_message(monkeypatch):
     """A worker that dies before it connects: the rank, the exit code and the last lines it wrote; not the
     elastic agent's report (its empty error_file, its documentation link)."""
+    monkeypatch.setenv("SIMLIB_ZYGOTE", "0")  # the agent starts the bootstrap itself (a fork never re-imports)
     module = sys.modules["simlib.agent"]  # where the workers are started
     monkeypatch.setattr(module, "BOOTSTRAP", "import sys; print('importing'); "
                                              "raise ImportError('no module named simlib_missing (on purpose)')")
