@@ -1,7 +1,7 @@
 """Wall time of a no-op distributed job (join the group, one barrier, leave) at 1, 2 and 4 ranks.
 
 Compares, in one run: ``simlib.launch`` called from a Python process that already imported torch (how a
-notebook uses it), the same started from a fresh interpreter (``python -c``: equal footing with torchrun),
+notebook uses it; with its workers forked from the zygote, :mod:`simlib.zygote`, and without: ``SIMLIB_ZYGOTE=0``), the same started from a fresh interpreter (``python -c``: equal footing with torchrun),
 ``torchrun`` of a script, ``torch.multiprocessing.spawn``, and a call on a warm ``simlib.Cluster``. Also
 measures ``import torch`` alone: every cold start pays it once per process, so it is the floor.
 
@@ -81,6 +81,11 @@ def main(argv=None):
         for n in args.world_sizes:
             row = {}
             row["simlib_launch_in_process"] = _timed(lambda: simlib.launch(noop, n), args.repeats)
+            os.environ["SIMLIB_ZYGOTE"] = "0"  # the workers import torch themselves (as before simlib.zygote)
+            try:
+                row["simlib_launch_in_process_no_zygote"] = _timed(lambda: simlib.launch(noop, n), args.repeats)
+            finally:
+                del os.environ["SIMLIB_ZYGOTE"]
             row["simlib_launch_fresh_python"] = _timed(lambda: _run(
                 [sys.executable, "-c", f"import simlib, launch_overhead as b; simlib.launch(b.noop, {n})"],
                 cwd=bench_dir, env={**os.environ, "PYTHONPATH": bench_dir, "PYTHONWARNINGS": "ignore"}), args.repeats)
@@ -99,7 +104,8 @@ def main(argv=None):
             row["warm_speedup_vs_cold_launch"] = (row["simlib_launch_in_process"]["median"]
                                                   / row["warm_cluster_call"]["median"])
             per_size[str(n)] = row
-            print(f"world {n}: launch {row['simlib_launch_in_process']['median']:.2f} s in process, "
+            print(f"world {n}: launch {row['simlib_launch_in_process']['median']:.2f} s in process "
+                  f"({row['simlib_launch_in_process_no_zygote']['median']:.2f} s without the zygote), "
                   f"{row['simlib_launch_fresh_python']['median']:.2f} s fresh python; torchrun "
                   f"{row['torchrun']['median']:.2f} s; mp.spawn {row['mp_spawn']['median']:.2f} s; warm call "
                   f"{row['warm_cluster_call']['median'] * 1e3:.1f} ms", flush=True)

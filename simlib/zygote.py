@@ -24,6 +24,7 @@ be reached, the launcher runs the worker itself (as before: slower, not differen
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -47,6 +48,7 @@ _HEADER = struct.Struct("!I")
 
 _lock = threading.Lock()
 _current = None  # the _Zygote new workers fork from
+_zygotes: list = []  # every zygote this process started (retired ones end with their last worker)
 
 
 def enabled(backend: str, device: str) -> bool:
@@ -105,8 +107,20 @@ def address() -> dict:
                 z.retire()
             z = _current = None
         if z is None:
+            if not _zygotes:
+                atexit.register(_stop_all)
             z = _current = _Zygote(key)
+            _zygotes.append(z)
         return {"path": z.path, "token": z.token, "pid": z.proc.pid}
+
+
+def _stop_all() -> None:
+    """At exit: end every zygote and reap it (its CPU time is then counted as this process's children's)."""
+    stop()
+    for z in _zygotes:
+        if z.proc is not None and z.proc.poll() is None:
+            z.proc.kill()
+            z.proc.wait()
 
 
 def stop() -> None:
