@@ -1,6 +1,6 @@
 """Root pytest configuration: quick mode for the tests and for the notebook kernels nbval starts.
 
-Notebooks 07, 08, 10, 11 and 12 are run once, not twice: in the browser (tests/test_browser.py, Run All in
+Notebooks 00, 07, 08, 10, 11 and 12 are run once, not twice: in the browser (tests/test_browser.py, Run All in
 JupyterLab, their claims asserted in their cells and checked on the page) when Chromium and Playwright are
 there, otherwise under nbval with the rest. ``SIMLIB_NBVAL_ALL=1`` runs them under nbval anyway; naming one on
 the command line (``pytest notebooks/07_memory.ipynb``) always runs it.
@@ -16,9 +16,9 @@ os.environ.setdefault("SIMLIB_QUICK", "1")
 os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
 
 ROOT = Path(__file__).resolve().parent
-IN_BROWSER = {ROOT / "notebooks" / name for name in ("07_memory.ipynb", "08_fault_tolerance.ipynb",
-                                                     "10_project_gpt.ipynb", "11_project_vision.ipynb",
-                                                     "12_project_finance.ipynb")}
+IN_BROWSER = {ROOT / "notebooks" / name for name in ("00_getting_started.ipynb", "07_memory.ipynb",
+                                                     "08_fault_tolerance.ipynb", "10_project_gpt.ipynb",
+                                                     "11_project_vision.ipynb", "12_project_finance.ipynb")}
 
 
 def _browser_runs_them() -> bool:

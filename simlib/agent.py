@@ -354,7 +354,14 @@ class ElasticWorkers:
         self._finish(wait)
 
     def _kill_workers(self) -> None:
-        for pid in self._pids.values():
+        # the agent's children too: a worker still starting (not yet known here by its hello) ends with them
+        # (a forked worker when its launcher goes, simlib.zygote; otherwise it is the agent's child itself)
+        agent = _agents.get(getattr(self, "_run_id", None))
+        try:
+            started = list(agent._pcontext.pids().values()) if agent is not None and agent._pcontext else []
+        except Exception:  # noqa: BLE001 - the agent's internals: best effort, the known workers follow
+            started = []
+        for pid in list(self._pids.values()) + started:
             for kill in (os.killpg, os.kill):
                 try:
                     kill(pid, signal.SIGKILL)
