@@ -27,13 +27,28 @@ from __future__ import annotations
 
 from .ops import Op as _op, _backward_gemms, _gemm
 
-# Seconds an MoE layer's forward + backward costs beyond its kernels, as Megatron-Core's all-to-all dispatcher ran in
-# the published runs: it copies the tokens-per-expert counts to the host (device-to-host syncs) before each
-# dispatch, so the GPU idles while the host launches what follows. FITTED: the median over the 9 MoE rows of the
-# *fit* half of ``data/scale_runs.csv`` of (measured − predicted step) per MoE layer pass (they range 0.45–20 ms;
-# Qwen3-30B on Blackwell 6.3–7.0 ms at micro-batches 1 to 8, i.e. fixed per pass, not per token). Nothing of the
-# test half was used. A third of it is charged to forward, two thirds to backward.
-MOE_LAYER_OVERHEAD = 6.4e-3
+# Seconds the host adds to an MoE layer's forward + backward for each expert on the rank, as Megatron-Core ran the
+# published runs: its experts are Transformer Engine's GroupedLinear, which quantizes each local expert's rows on
+# their own (``tex.split_quantize``) and launches one GEMM per local expert (``general_grouped_gemm`` takes lists of
+# per-expert operands, ``num_gemms = len(A)``: transformer_engine/pytorch/module/grouped_linear.py and
+# cpp_extensions/gemm.py), forward (fc1, fc2) and backward (dgrad and wgrad of each); the all-to-all dispatcher
+# also copies the tokens-per-expert counts to the host before each dispatch, so the GPU queue is empty when those
+# launches start. An expert's GEMM at these sizes (a few hundred to a few thousand rows) runs in microseconds, less
+# than its launches take, so the GPU waits on the host: a cost per local expert (E/ep), not per token. It replaces
+# a flat 6.4 ms per layer pass (fitted the same way), which charged Qwen3-235B at ep 32 (4 local experts) as much
+# as Qwen3-30B at ep 8 (16). FITTED, one quantity: the median over the 14 MoE rows of the *fit* half of
+# ``data/scale_runs.csv`` of (measured − predicted step without it) / (MoE layer passes × local experts)
+# (:func:`simlib.sim.scale_runs.fit_moe_host_per_expert`; 0.06–5.2 ms, middle half 0.32–0.54). Nothing of the test
+# half was used. A third of it is charged to forward, two thirds to backward.
+MOE_HOST_PER_LOCAL_EXPERT = 0.44e-3
+
+
+def moe_host_overhead(model, strategy, hardware) -> float:
+    """Seconds the host adds to one MoE layer's forward + backward on a GPU (:data:`MOE_HOST_PER_LOCAL_EXPERT` ×
+    the experts on this rank); 0 on a calibrated CPU box, whose measured kernels include their dispatch."""
+    if not (model.experts and hardware.peak_flops):
+        return 0.0
+    return MOE_HOST_PER_LOCAL_EXPERT * max(model.experts // strategy.ep, 1)
 
 
 def cp_ops(model, micro_batch: int, tp: int, cp: int, kind: str, width: int = 2) -> dict:
