@@ -51,3 +51,29 @@ def test_moe_host_term_is_fitted_on_the_fit_half_only(tmp_path):
         w.writeheader()
         w.writerows(rows)
     assert scale_runs.fit_moe_host_per_expert(path) == fitted
+
+
+def test_blackwell_softmax_exponentials_bound_the_attention_forward():
+    """The special-function units limit a fused attention forward on Blackwell (one exponential per visible score):
+    a head of 64 does half the FLOPs of a head of 128 per score but is no faster there; Blackwell Ultra's doubled
+    SFU throughput lifts that bound; backward at head 128 stays tensor-core bound; Hopper is not SFU-bound."""
+    from simlib.sim import presets
+    from simlib.sim.layer import attention_rate, op_time
+    from simlib.sim.ops import Op
+
+    def fwd(d, hw, direction="forward"):
+        name = "flash attention" + (" backward" if direction == "backward" else "")
+        op = Op(name, "attention", 0.0, (8192, d, 8192), 64)
+        return op, op_time(op, hw)
+    b200, gb300, h100 = sim.preset("b200"), sim.preset("gb300"), sim.dgx_h100()
+    op64, t64 = fwd(64, b200)
+    op128, t128 = fwd(128, b200)
+    assert op64.exps == op128.exps == 8192 * 8192 / 2 * 64
+    assert t64 == pytest.approx(op64.exps / presets.BLACKWELL_EXP_RATE) == pytest.approx(t128)
+    assert t64 > op64.flops / attention_rate(b200, "forward")          # slower than the tensor cores alone
+    _, u64 = fwd(64, gb300)
+    assert u64 < t64 and gb300.exp_rate == pytest.approx(2 * b200.exp_rate)
+    back, tb = fwd(128, b200, "backward")
+    assert tb == pytest.approx(back.flops / attention_rate(b200, "backward"))
+    op, th = fwd(64, h100)
+    assert h100.exp_rate == 0.0 and th == pytest.approx(op.flops / attention_rate(h100, "forward"))
