@@ -77,3 +77,24 @@ def test_blackwell_softmax_exponentials_bound_the_attention_forward():
     assert tb == pytest.approx(back.flops / attention_rate(b200, "backward"))
     op, th = fwd(64, h100)
     assert h100.exp_rate == 0.0 and th == pytest.approx(op.flops / attention_rate(h100, "forward"))
+
+
+def test_fp8_expert_gemms_cast_their_gradients_as_a_dense_layer_does():
+    """Under FP8 each grouped GEMM casts its input forward and its incoming gradient backward, with the bytes per
+    element of the dense layer's casts (current scaling reads once more than delayed); bf16 has no cast."""
+    from simlib.sim.layer import layer_ops
+    m = sim.llama_size("qwen3-30b-a3b")
+    dense = {op.name: op for op in layer_ops(m, 1, fp8="current", attention="flash")["backward"]}
+    t, h, f = m.seq_len, m.hidden, m.ffn
+    per_element = dense["MLP down grad FP8 cast + transpose"].bytes / (t * h)
+    assert dense["MLP up grad FP8 cast + transpose"].bytes / (t * 2 * f) == per_element
+    for recipe in ("current", "delayed"):
+        ops = cluster_ops.moe_ops(m, t, 1, 8, fp8=recipe)
+        rows = cluster_ops.expert_rows(m, t)
+        back = {op.name: op.bytes for op in ops["backward"] if "FP8" in op.name}
+        fwd = {op.name: op.bytes for op in ops["forward"] if "FP8" in op.name}
+        want = per_element if recipe == "current" else per_element - 2
+        assert back == {"experts down grad FP8 cast + transpose": want * rows * h,
+                        "experts up grad FP8 cast + transpose": want * rows * 2 * m.expert_width}
+        assert fwd == {"experts FP8 cast": want * rows * h, "experts FP8 cast (down)": want * rows * m.expert_width}
+    assert not [op for op in cluster_ops.moe_ops(m, t, 1, 8)["backward"] if "FP8" in op.name]

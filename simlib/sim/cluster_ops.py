@@ -33,14 +33,15 @@ from .ops import Op as _op, _backward_gemms, _gemm
 # per-expert operands, ``num_gemms = len(A)``: transformer_engine/pytorch/module/grouped_linear.py and
 # cpp_extensions/gemm.py), forward (fc1, fc2) and backward (dgrad and wgrad of each); the all-to-all dispatcher
 # also copies the tokens-per-expert counts to the host before each dispatch, so the GPU queue is empty when those
-# launches start. An expert's GEMM at these sizes (a few hundred to a few thousand rows) runs in microseconds, less
-# than its launches take, so the GPU waits on the host: a cost per local expert (E/ep), not per token. It replaces
+# launches start. In most of these runs an expert's GEMM (a few hundred to a few thousand rows) runs in
+# microseconds, less than its launches take, so the GPU waits on the host: a cost per local expert (E/ep), not per token. It replaces
 # a flat 6.4 ms per layer pass (fitted the same way), which charged Qwen3-235B at ep 32 (4 local experts) as much
 # as Qwen3-30B at ep 8 (16). FITTED, one quantity: the median over the 14 MoE rows of the *fit* half of
 # ``data/scale_runs.csv`` of (measured − predicted step without it) / (MoE layer passes × local experts)
-# (:func:`simlib.sim.scale_runs.fit_moe_host_per_expert`; 0.06–5.2 ms, middle half 0.32–0.54). Nothing of the test
-# half was used. A third of it is charged to forward, two thirds to backward.
-MOE_HOST_PER_LOCAL_EXPERT = 0.44e-3
+# (:func:`simlib.sim.scale_runs.fit_moe_host_per_expert`; 0.06–5.1 ms, middle half 0.31–0.45; 0.44 before the
+# experts' FP8 gradient casts were priced). Nothing of the test half was used. A third of it is charged to forward,
+# two thirds to backward.
+MOE_HOST_PER_LOCAL_EXPERT = 0.38e-3
 
 
 def moe_host_overhead(model, strategy, hardware) -> float:
@@ -90,7 +91,7 @@ def expert_rows(model, tokens: float, imbalance: float = 1.0) -> float:
 
 
 def moe_ops(model, tokens: int, tp: int, ep: int, width: int = 2, imbalance: float = 1.0,
-            sequence_parallel: bool = False, fp8: bool = False) -> dict:
+            sequence_parallel: bool = False, fp8=False) -> dict:
     """The MoE MLP of one layer on one rank (after the second norm) for the ``tokens`` of its micro-batch
     (micro_batch × seq_len / cp), forward and backward, with the shared experts; the collectives on the "ep"
     group (dispatch, combine) and, for shared experts with tp > 1, the tensor-parallel ones."""
@@ -105,19 +106,25 @@ def moe_ops(model, tokens: int, tp: int, ep: int, width: int = 2, imbalance: flo
     up = _gemm("experts up" + (" + gate" if model.gated_mlp else "") + " (grouped)", per, h, g * f, local)
     down = _gemm("experts down (grouped)", per, f, h, local)
     a2a = ep > 1
+    # FP8 (``fp8``: False or the recipe): each grouped GEMM's input is cast like a dense layer's (layer.layer_ops:
+    # read 2 bytes, write 1 and its transpose; current scaling and MX blocks read it once more), forward and, for the
+    # incoming gradient, backward — which the experts' list left out before (a test holds them to the dense rule)
+    cast = (w + 2 + (0 if fp8 in (True, "delayed") else w)) if fp8 else 0
     fwd = [router, _op("router softmax + top-k (fp32)", "memory", 4 * 3 * t * E),
            _op("permute tokens to experts", "memory", 2 * w * rows * h),
            *([_op("dispatch all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
-           *([_op("experts FP8 cast", "memory", (w + 2) * rows * h)] if fp8 else []), up,
+           *([_op("experts FP8 cast", "memory", cast * rows * h)] if fp8 else []), up,
            _op("experts SwiGLU" if model.gated_mlp else "experts GeLU", "memory", (3 if g == 2 else 2) * w * rows * f),
-           *([_op("experts FP8 cast (down)", "memory", (w + 2) * rows * f)] if fp8 else []), down,
+           *([_op("experts FP8 cast (down)", "memory", cast * rows * f)] if fp8 else []), down,
            *([_op("combine all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
            _op("unpermute, weight by gate, sum", "memory", 2 * w * rows * h + w * t * h)]
     bwd = [_op("unpermute backward", "memory", 2 * w * rows * h + w * t * h),
            *([_op("combine backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]
              if a2a else []),
+           *([_op("experts down grad FP8 cast + transpose", "memory", cast * rows * h)] if fp8 else []),
            *_backward_gemms(down),
            _op("experts activation backward", "memory", (5 if g == 2 else 4) * w * rows * f),
+           *([_op("experts up grad FP8 cast + transpose", "memory", cast * rows * g * f)] if fp8 else []),
            *_backward_gemms(up),
            *([_op("dispatch backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]
              if a2a else []),
