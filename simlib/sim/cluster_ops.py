@@ -27,13 +27,29 @@ from __future__ import annotations
 
 from .ops import Op as _op, _backward_gemms, _gemm
 
-# Seconds an MoE layer's forward + backward costs beyond its kernels, as Megatron-Core's all-to-all dispatcher ran in
-# the published runs: it copies the tokens-per-expert counts to the host (device-to-host syncs) before each
-# dispatch, so the GPU idles while the host launches what follows. FITTED: the median over the 9 MoE rows of the
-# *fit* half of ``data/scale_runs.csv`` of (measured − predicted step) per MoE layer pass (they range 0.45–20 ms;
-# Qwen3-30B on Blackwell 6.3–7.0 ms at micro-batches 1 to 8, i.e. fixed per pass, not per token). Nothing of the
-# test half was used. A third of it is charged to forward, two thirds to backward.
-MOE_LAYER_OVERHEAD = 6.4e-3
+# Seconds the host adds to an MoE layer's forward + backward for each expert on the rank, as Megatron-Core ran the
+# published runs: its experts are Transformer Engine's GroupedLinear, which quantizes each local expert's rows on
+# their own (``tex.split_quantize``) and launches one GEMM per local expert (``general_grouped_gemm`` takes lists of
+# per-expert operands, ``num_gemms = len(A)``: transformer_engine/pytorch/module/grouped_linear.py and
+# cpp_extensions/gemm.py), forward (fc1, fc2) and backward (dgrad and wgrad of each); the all-to-all dispatcher
+# also copies the tokens-per-expert counts to the host before each dispatch, so the GPU queue is empty when those
+# launches start. In most of these runs an expert's GEMM (a few hundred to a few thousand rows) runs in
+# microseconds, less than its launches take, so the GPU waits on the host: a cost per local expert (E/ep), not per token. It replaces
+# a flat 6.4 ms per layer pass (fitted the same way), which charged Qwen3-235B at ep 32 (4 local experts) as much
+# as Qwen3-30B at ep 8 (16). FITTED, one quantity: the median over the 14 MoE rows of the *fit* half of
+# ``data/scale_runs.csv`` of (measured − predicted step without it) / (MoE layer passes × local experts)
+# (:func:`simlib.sim.scale_runs.fit_moe_host_per_expert`; 0.06–5.1 ms, middle half 0.31–0.45; 0.44 before the
+# experts' FP8 gradient casts were priced). Nothing of the test half was used. A third of it is charged to forward,
+# two thirds to backward.
+MOE_HOST_PER_LOCAL_EXPERT = 0.38e-3
+
+
+def moe_host_overhead(model, strategy, hardware) -> float:
+    """Seconds the host adds to one MoE layer's forward + backward on a GPU (:data:`MOE_HOST_PER_LOCAL_EXPERT` ×
+    the experts on this rank); 0 on a calibrated CPU box, whose measured kernels include their dispatch."""
+    if not (model.experts and hardware.peak_flops):
+        return 0.0
+    return MOE_HOST_PER_LOCAL_EXPERT * max(model.experts // strategy.ep, 1)
 
 
 def cp_ops(model, micro_batch: int, tp: int, cp: int, kind: str, width: int = 2) -> dict:
@@ -75,7 +91,7 @@ def expert_rows(model, tokens: float, imbalance: float = 1.0) -> float:
 
 
 def moe_ops(model, tokens: int, tp: int, ep: int, width: int = 2, imbalance: float = 1.0,
-            sequence_parallel: bool = False, fp8: bool = False) -> dict:
+            sequence_parallel: bool = False, fp8=False) -> dict:
     """The MoE MLP of one layer on one rank (after the second norm) for the ``tokens`` of its micro-batch
     (micro_batch × seq_len / cp), forward and backward, with the shared experts; the collectives on the "ep"
     group (dispatch, combine) and, for shared experts with tp > 1, the tensor-parallel ones."""
@@ -90,19 +106,25 @@ def moe_ops(model, tokens: int, tp: int, ep: int, width: int = 2, imbalance: flo
     up = _gemm("experts up" + (" + gate" if model.gated_mlp else "") + " (grouped)", per, h, g * f, local)
     down = _gemm("experts down (grouped)", per, f, h, local)
     a2a = ep > 1
+    # FP8 (``fp8``: False or the recipe): each grouped GEMM's input is cast like a dense layer's (layer.layer_ops:
+    # read 2 bytes, write 1 and its transpose; current scaling and MX blocks read it once more), forward and, for the
+    # incoming gradient, backward — which the experts' list left out before (a test holds them to the dense rule)
+    cast = (w + 2 + (0 if fp8 in (True, "delayed") else w)) if fp8 else 0
     fwd = [router, _op("router softmax + top-k (fp32)", "memory", 4 * 3 * t * E),
            _op("permute tokens to experts", "memory", 2 * w * rows * h),
            *([_op("dispatch all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
-           *([_op("experts FP8 cast", "memory", (w + 2) * rows * h)] if fp8 else []), up,
+           *([_op("experts FP8 cast", "memory", cast * rows * h)] if fp8 else []), up,
            _op("experts SwiGLU" if model.gated_mlp else "experts GeLU", "memory", (3 if g == 2 else 2) * w * rows * f),
-           *([_op("experts FP8 cast (down)", "memory", (w + 2) * rows * f)] if fp8 else []), down,
+           *([_op("experts FP8 cast (down)", "memory", cast * rows * f)] if fp8 else []), down,
            *([_op("combine all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
            _op("unpermute, weight by gate, sum", "memory", 2 * w * rows * h + w * t * h)]
     bwd = [_op("unpermute backward", "memory", 2 * w * rows * h + w * t * h),
            *([_op("combine backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]
              if a2a else []),
+           *([_op("experts down grad FP8 cast + transpose", "memory", cast * rows * h)] if fp8 else []),
            *_backward_gemms(down),
            _op("experts activation backward", "memory", (5 if g == 2 else 4) * w * rows * f),
+           *([_op("experts up grad FP8 cast + transpose", "memory", cast * rows * g * f)] if fp8 else []),
            *_backward_gemms(up),
            *([_op("dispatch backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]
              if a2a else []),

@@ -31,7 +31,7 @@ from .collectives import (all_gather, all_reduce, hierarchical_all_reduce, p2p, 
 from .compute import gemm_time, gemms_time  # noqa: F401
 from .layer import (embedding_ops, exposed_comm, head_ops, module_recompute_ops, mtp_ops, op_time,  # noqa: F401
                     op_time_key, ops_time, recompute_ops, strategy_layer_ops)
-from .cluster_ops import MOE_LAYER_OVERHEAD
+from .cluster_ops import moe_host_overhead
 from .overlap import TP_OVERLAP_GEMM_SLOWDOWN, tp_overlap_exposed
 from .memory import activation_bytes_per_layer, check_fits, memory_per_device
 from .topology import Placement, group_collective, group_ranks, p2p_time, placement
@@ -139,7 +139,7 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
             fc, bc = {**fc, "ep": fc["ep"] * left}, {**bc, "ep": bc["ep"] * left}
             slowdown = hidden * TP_OVERLAP_GEMM_SLOWDOWN
             fslow, bslow = fslow + slowdown / 3, bslow + 2 * slowdown / 3
-        host = MOE_LAYER_OVERHEAD if expert_layer and hardware.peak_flops else 0.0   # GPUs: the dispatcher's syncs
+        host = moe_host_overhead(model, s, hardware) if expert_layer else 0.0   # GPUs: per-expert launches
         fslow, bslow = fslow + host / 3, bslow + 2 * host / 3
         again = t(part) + aslow
         full = (None, None)   # the whole layer again: read only under every_other and recompute_layers

@@ -177,6 +177,10 @@ class Hardware:
     # fused attention kernels reach these fractions of the 16-bit peak, {kernel: {"forward": f, "backward": b}}
     # (kernel: "flash" = FlashAttention-2, "flash1" = FlashAttention-1 / Triton); None: the large-GEMM rate
     attention_efficiency: dict = None
+    # exponentials per second a fused attention kernel's softmax gets through (one per visible score, forward and
+    # again in backward's recompute of P) on the special-function units; where the tensor cores outrun them the
+    # kernel waits on them (presets.BLACKWELL_EXP_RATE). 0: never the limit
+    exp_rate: float = 0.0
 
     def _by_world(self, name: str, processes: int, default):
         table = (self.overheads or {}).get(name) or {}

@@ -261,9 +261,10 @@ def op_time(op: Op, hardware, strategy=None, processes: int = 1, threads=None) -
         return math + memory if hardware.processing == "no_overlap" else max(math, memory)
     if op.kind == "memory":
         return op.bytes / hardware.achievable_bandwidth(op.bytes, processes)
-    if op.kind == "attention":
-        return op.flops / attention_rate(hardware, "backward" if "backward" in op.name else "forward",
+    if op.kind == "attention":   # the tensor cores' share, unless the softmax's exponentials take longer
+        math = op.flops / attention_rate(hardware, "backward" if "backward" in op.name else "forward",
                                          op.name.split()[0])
+        return max(math, op.exps / hardware.exp_rate) if getattr(hardware, "exp_rate", 0.0) else math
     if strategy is None:
         raise ValueError("a collective needs the strategy (its group's placement)")
     place = placement(strategy, hardware, op.group)

@@ -22,6 +22,14 @@ class Op:
                               # shape's keys, s_q·s_k/2; a sliding window has fewer: attention.visible_pairs)
 
     @property
+    def exps(self) -> float:
+        """attention: exponentials its softmax computes, one per visible score (backward recomputes P: as many)."""
+        if self.kind != "attention":
+            return 0.0
+        s_q, _, s_k = self.shape
+        return (self.pairs or s_q * s_k / 2) * self.count
+
+    @property
     def flops(self) -> float:
         if self.kind == "attention":   # causal: half of Q·Kᵀ and P·V (2·s²·d each); backward 2.5× (Dao 2023)
             s_q, d, s_k = self.shape    # context parallelism: s/cp queries against the whole sequence

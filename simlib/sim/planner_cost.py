@@ -194,7 +194,7 @@ class FastPricer:
 
     def _layer_floor(self, s) -> dict:
         """Per layer kind (dense, MoE): (compute seconds, the collectives compute does not hide)."""
-        from .cluster_ops import MOE_LAYER_OVERHEAD
+        from .cluster_ops import moe_host_overhead
         from .layer import strategy_layer_ops
         out = {}
         for expert in ((False, True) if self.model.experts else (False,)):
@@ -203,8 +203,8 @@ class FastPricer:
             for op in ops["forward"] + ops["backward"]:
                 if op.kind in ("gemm", "memory", "attention"):   # what gpt_stage counts as compute
                     compute += self._op_time(op, s, None)
-            if expert and self.hw.peak_flops:   # the dispatcher's host syncs, as gpt_stage charges them per pass
-                compute += MOE_LAYER_OVERHEAD
+            if expert:   # the host's per-expert launches, as gpt_stage charges them per pass
+                compute += moe_host_overhead(self.model, s, self.hw)
             comms = tuple(op for op in ops["forward"] + ops["backward"]
                           if op.kind == "comm" and op.overlap != "attention")   # exposed whole (exposed_comm)
             out[expert] = (compute, comms)

@@ -18,8 +18,11 @@ nccl-tests issue 290), ConnectX-8 800 Gb/s on B300 (2 × that, an assumption).
 GEMMs: Calculon's curve anchored at measured matmuls — B200 bf16 1.51 PFLOP/s at 3072³ (67 % of peak) and NVFP4
 5.50 PFLOP/s at 6144³ (61 %) (pytorch/ao PR 2427, torchao's bench_matmul.py on a B200, 2025). FP8 is not in that
 log: FP8 is anchored at bf16's efficiency × 0.905, the FP8/bf16 ratio measured on H100
-(:data:`~simlib.sim.hardware.H100_FP8_GEMM_EFFICIENCY`). Fused attention: FlashAttention on Blackwell reaches
-about 1.6 PFLOP/s forward in bf16 (cuDNN/FA4 figures quoted publicly, ~70 % of 2.25; an assumption), 55 % backward.
+(:data:`~simlib.sim.hardware.H100_FP8_GEMM_EFFICIENCY`). Fused attention: the tensor cores' share at FlashAttention-4's 71 % of the bf16 peak forward (1,605 TFLOP/s on a
+B200; Zadouri et al. 2026, arXiv 2603.05451), 55 % backward (an assumption), and a second limit, the softmax's
+exponentials (:data:`BLACKWELL_EXP_RATE`): Blackwell doubled the tensor cores over Hopper but not the special-function
+units (16 exponentials per clock per SM), so cuDNN's forward waits on them; Blackwell Ultra (B300/GB300) doubles their
+throughput (NVIDIA, "Making Softmax More Efficient with NVIDIA Blackwell Ultra", 2025).
 """
 from __future__ import annotations
 
@@ -30,17 +33,26 @@ from .hardware import (AZURE_H200_ALLREDUCE, CALCULON_GEMM_EFFICIENCY, CALCULON_
 B200_BF16_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 1.51 / 2.25)
 B200_FP8_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 1.51 / 2.25 * 0.905)
 B200_FP4_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 5.50 / 9.0)
-BLACKWELL_ATTENTION = {"flash": {"forward": 0.70, "backward": 0.55},
-                       "flash1": {"forward": 0.70 * 0.40 / 0.73, "backward": 0.55 * 0.25 / 0.50}}
+BLACKWELL_ATTENTION = {"flash": {"forward": 0.71, "backward": 0.55},
+                       "flash1": {"forward": 0.71 * 0.40 / 0.73, "backward": 0.55 * 0.25 / 0.50}}
+# Scores per second a B200's softmax gets through in the kernel the published runs used (cuDNN's, through Transformer
+# Engine): FlashAttention-4 reaches 1,605 TFLOP/s forward at head dimension 128 by computing part of the exponentials
+# in software on the FMA units and is "up to 1.3x faster than cuDNN 9.13" (Zadouri et al. 2026; Together AI's
+# FlashAttention-4 post), which leaves them all on the special-function units: cuDNN's forward is then bound by them at
+# 1,605 / 1.3 TFLOP/s ÷ 512 FLOPs per visible score (4 · 128) = 2.4e12 scores/s. A property of the SM (its SFU count
+# and clock), so the same on GB200; per score, not per FLOP, so a narrower head (GPT-OSS's 64) is bound by it where
+# a head of 128 is not far from the tensor cores' pace. Blackwell Ultra doubles it (:data:`BLACKWELL_ULTRA_EXP_RATE`).
+BLACKWELL_EXP_RATE = 1605e12 / 1.3 / (4 * 128)
+BLACKWELL_ULTRA_EXP_RATE = 2 * BLACKWELL_EXP_RATE
 NVLINK5_BUSBW = 800e9          # B/s ring bus bandwidth (see the module docstring)
 NDR_NIC, XDR_NIC = 47e9, 94e9  # B/s per GPU: ConnectX-7 400 Gb/s measured; ConnectX-8 800 Gb/s assumed 2x
 
 
-def _blackwell(name, peaks, memory_gb, devices_per_node, nic, source) -> Hardware:
+def _blackwell(name, peaks, memory_gb, devices_per_node, nic, source, exp_rate=BLACKWELL_EXP_RATE) -> Hardware:
     h200 = Link.from_busbw(AZURE_H200_ALLREDUCE, 8)
     return Hardware(
         name=name, peak_flops=peaks, memory_bytes=memory_gb * GiB,
-        memory_bandwidth=8.0e12, attention_efficiency=BLACKWELL_ATTENTION,
+        memory_bandwidth=8.0e12, attention_efficiency=BLACKWELL_ATTENTION, exp_rate=exp_rate,
         intra=Link(h200.alpha, NVLINK5_BUSBW, {}, "NVLink 5: ~800 GB/s ring busbw (nccl #1807, Azure guide #7)"),
         inter=Link(5e-6, nic, {}, f"{nic / 1e9:.0f} GB/s per GPU NIC; α assumed"),
         devices_per_node=devices_per_node, mem_efficiency=CALCULON_MEM_EFFICIENCY,
@@ -71,7 +83,8 @@ def dgx_b300(nvl72: bool = False) -> Hardware:
     return _blackwell("GB300 NVL72" if nvl72 else "DGX B300",
                       {"bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15, "fp4": 15e15, "tf32": 1.25e15, "fp32": 90e12},
                       268, 72 if nvl72 else 8, XDR_NIC,
-                      "NVIDIA Blackwell Ultra (GTC 2025) announcement; peaks partly assumed (module docstring)")
+                      "NVIDIA Blackwell Ultra (GTC 2025) announcement; peaks partly assumed (module docstring)",
+                      exp_rate=BLACKWELL_ULTRA_EXP_RATE)
 
 
 # the names ``sim.preset`` knows (hardware.PRESETS is the one registry)

@@ -192,3 +192,33 @@ def summary(table, by: str = "source"):
                         mean_error=g.error.mean(), max_abs_error=g.error.abs().max(),
                         not_fitting=int((~g.fits.astype(bool)).sum())))
     return pd.DataFrame(out)
+
+
+def fit_moe_host_per_expert(path: Path = DATA) -> float:
+    """The one fitted term of the MoE layer (:data:`simlib.sim.cluster_ops.MOE_HOST_PER_LOCAL_EXPERT`), from the
+    *fit* half only: the median over its MoE rows of (measured − predicted step without the term) divided by the
+    MoE layer passes of the slowest pipeline rank (micro-batches × its MoE layers, bubble included) × the experts
+    on a rank. Test rows are never read."""
+    import statistics
+
+    from . import cluster_ops
+    saved, cluster_ops.MOE_HOST_PER_LOCAL_EXPERT = cluster_ops.MOE_HOST_PER_LOCAL_EXPERT, 0.0
+    try:
+        ratios = []
+        for row in load_rows(path):
+            if row["split"] != "fit" or why_inexpressible(row):
+                continue
+            model = llama_size(row["model"], seq_len=row["seq_len"])
+            if not model.experts:
+                continue
+            s = strategy_of(row, model)
+            p = predict(model, hardware_of(row), s)
+            measured = s.global_batch * model.seq_len / row["gpus"] / row["measured"]
+            stages = s.stage_layers(model.layers) if s.virtual_stages == 1 or s.stage_layout else \
+                [model.layers / s.pp] * s.pp
+            moe_here = max(stages) - (model.dense_layers if s.pp == 1 else 0)
+            passes = s.num_micro_batches * moe_here + (s.pp - 1) * moe_here / s.virtual_stages
+            ratios.append((measured - p.step_time) / passes / max(model.experts // s.ep, 1))
+    finally:
+        cluster_ops.MOE_HOST_PER_LOCAL_EXPERT = saved
+    return statistics.median(ratios)

@@ -1,0 +1,100 @@
+"""Causes of the cluster-scale errors found in the cost model (``benchmarks/sim_scale.py``), each checked as a
+behaviour: what the term depends on, what it does not, and that a fitted term reads the fit half only."""
+import csv
+
+import pytest
+
+from simlib import sim
+from simlib.sim import cluster_ops, scale_runs
+from simlib.sim.cost import gpt_stage
+
+
+def _moe_strategy(ep, **kw):
+    return sim.Strategy(dp=ep, ep=ep, attention="flash", micro_batch=1, num_micro_batches=4, zero_stage=1, **kw)
+
+
+def test_moe_host_cost_is_per_local_expert_not_per_layer():
+    """The host's launches grow with the experts a rank holds (TE GroupedLinear: one GEMM per local expert), so
+    spreading the same experts over 4× the ranks cuts the term 4×; a calibrated CPU box has no such term."""
+    m, hw = sim.llama_size("qwen3-30b-a3b"), sim.dgx_h100()
+    h8, h32 = (cluster_ops.moe_host_overhead(m, _moe_strategy(ep), hw) for ep in (8, 32))
+    assert h8 == pytest.approx(cluster_ops.MOE_HOST_PER_LOCAL_EXPERT * 128 / 8)
+    assert h8 == pytest.approx(4 * h32)
+    assert cluster_ops.moe_host_overhead(m, _moe_strategy(8), sim.cpu_box()) == 0.0
+    assert cluster_ops.moe_host_overhead(sim.llama_size("llama3-8b"), _moe_strategy(8), hw) == 0.0
+    # gpt_stage charges it once per MoE layer pass, a third forward and two thirds backward
+    s = _moe_strategy(8)
+    saved = cluster_ops.MOE_HOST_PER_LOCAL_EXPERT
+    try:
+        with_it = gpt_stage(m, hw, s)
+        cluster_ops.MOE_HOST_PER_LOCAL_EXPERT = 0.0
+        without = gpt_stage(m, hw, s)
+    finally:
+        cluster_ops.MOE_HOST_PER_LOCAL_EXPERT = saved
+    layers = m.moe_layers
+    assert with_it["forward"] - without["forward"] == pytest.approx(layers * h8 / 3)
+    assert with_it["backward"] - without["backward"] == pytest.approx(layers * 2 * h8 / 3)
+
+
+def test_moe_host_term_is_fitted_on_the_fit_half_only(tmp_path):
+    """Changing every test row's measurement leaves the fitted term unchanged; it is the stated constant."""
+    fitted = scale_runs.fit_moe_host_per_expert()
+    assert fitted == pytest.approx(cluster_ops.MOE_HOST_PER_LOCAL_EXPERT, rel=0.02)
+    with open(scale_runs.DATA, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        if r["split"] == "test":
+            r["measured"] = str(float(r["measured"]) * 3)
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    assert scale_runs.fit_moe_host_per_expert(path) == fitted
+
+
+def test_blackwell_softmax_exponentials_bound_the_attention_forward():
+    """The special-function units limit a fused attention forward on Blackwell (one exponential per visible score):
+    a head of 64 does half the FLOPs of a head of 128 per score but is no faster there; Blackwell Ultra's doubled
+    SFU throughput lifts that bound; backward at head 128 stays tensor-core bound; Hopper is not SFU-bound."""
+    from simlib.sim import presets
+    from simlib.sim.layer import attention_rate, op_time
+    from simlib.sim.ops import Op
+
+    def fwd(d, hw, direction="forward"):
+        name = "flash attention" + (" backward" if direction == "backward" else "")
+        op = Op(name, "attention", 0.0, (8192, d, 8192), 64)
+        return op, op_time(op, hw)
+    b200, gb300, h100 = sim.preset("b200"), sim.preset("gb300"), sim.dgx_h100()
+    op64, t64 = fwd(64, b200)
+    op128, t128 = fwd(128, b200)
+    assert op64.exps == op128.exps == 8192 * 8192 / 2 * 64
+    assert t64 == pytest.approx(op64.exps / presets.BLACKWELL_EXP_RATE) == pytest.approx(t128)
+    assert t64 > op64.flops / attention_rate(b200, "forward")          # slower than the tensor cores alone
+    _, u64 = fwd(64, gb300)
+    assert u64 < t64 and gb300.exp_rate == pytest.approx(2 * b200.exp_rate)
+    back, tb = fwd(128, b200, "backward")
+    assert tb == pytest.approx(back.flops / attention_rate(b200, "backward"))
+    op, th = fwd(64, h100)
+    assert h100.exp_rate == 0.0 and th == pytest.approx(op.flops / attention_rate(h100, "forward"))
+
+
+def test_fp8_expert_gemms_cast_their_gradients_as_a_dense_layer_does():
+    """Under FP8 each grouped GEMM casts its input forward and its incoming gradient backward, with the bytes per
+    element of the dense layer's casts (current scaling reads once more than delayed); bf16 has no cast."""
+    from simlib.sim.layer import layer_ops
+    m = sim.llama_size("qwen3-30b-a3b")
+    dense = {op.name: op for op in layer_ops(m, 1, fp8="current", attention="flash")["backward"]}
+    t, h, f = m.seq_len, m.hidden, m.ffn
+    per_element = dense["MLP down grad FP8 cast + transpose"].bytes / (t * h)
+    assert dense["MLP up grad FP8 cast + transpose"].bytes / (t * 2 * f) == per_element
+    for recipe in ("current", "delayed"):
+        ops = cluster_ops.moe_ops(m, t, 1, 8, fp8=recipe)
+        rows = cluster_ops.expert_rows(m, t)
+        back = {op.name: op.bytes for op in ops["backward"] if "FP8" in op.name}
+        fwd = {op.name: op.bytes for op in ops["forward"] if "FP8" in op.name}
+        want = per_element if recipe == "current" else per_element - 2
+        assert back == {"experts down grad FP8 cast + transpose": want * rows * h,
+                        "experts up grad FP8 cast + transpose": want * rows * 2 * m.expert_width}
+        assert fwd == {"experts FP8 cast": want * rows * h, "experts FP8 cast (down)": want * rows * m.expert_width}
+    assert not [op for op in cluster_ops.moe_ops(m, t, 1, 8)["backward"] if "FP8" in op.name]
