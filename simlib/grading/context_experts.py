@@ -40,6 +40,50 @@ def _ra_harness(answer, causal, large=False):
     return dict(out=out.detach().clone() if hasattr(out, "detach") else out, calls=rec.calls, block=k.numel())
 
 
+def _ra_resident_harness(answer, causal):
+    """Which other ranks' K/V blocks this rank holds at once, at its heaviest moment: weighed at every receive, at
+    every op that reads more than two blocks, and as the answer returns (:func:`contracts.resident_blocks`)."""
+    import sys
+
+    import torch.distributed as dist
+
+    from ..parallel.context import shard_sequence
+    from .contracts import _elements, _tensors, data_census, recorder, resident_blocks
+    rank, n = dist.get_rank(), dist.get_world_size()
+    whole = _ra_problem(n)
+    q, k, v = (shard_sequence(t, rank, n).clone() for t in whole)
+    blocks = {j: [shard_sequence(whole[1], j, n), shard_sequence(whole[2], j, n)] for j in range(n) if j != rank}
+    before, heaviest, busy = data_census(), dict(count=0, ranks=[], at=""), []
+
+    def weigh(at, frames=(), using=()):
+        if busy:  # the weighing's own tensor ops come back through the recorder
+            return
+        busy.append(1)
+        try:
+            held = resident_blocks(blocks, before, frames, using)
+            if len(held) > heaviest["count"]:
+                heaviest.update(count=len(held), ranks=held, at=at)
+        finally:
+            busy.clear()
+
+    def watch(name, args):
+        if name == "c10d.recv_" or _elements(args) > 2 * k.numel():
+            weigh(name.split(".")[-1].rstrip("_"), using=_tensors(args))
+    here, previous = sys._getframe(), sys.getprofile()
+
+    def on_return(frame, event, arg):
+        if event == "return" and frame.f_back is here and not frame.f_globals.get("__name__", "").startswith(
+                ("simlib.grading", "torch")):  # the answer's own return, not the recorder's __enter__
+            weigh("return", [frame])
+    sys.setprofile(on_return)
+    try:
+        with recorder(watch=watch, poison=True):
+            answer(q, k, v, causal)
+    finally:
+        sys.setprofile(previous)
+    return heaviest
+
+
 def _attention(q, k, v, visible):
     """Softmax attention with an explicit (S, S) mask of visible keys."""
     import torch
@@ -145,6 +189,17 @@ def _check_ring_attention(answer, grader):
                          "" if ok or got is None else f"max error {max_error(got, variants['right']):.2g}")
             if not ok:
                 return
+    # the memory contract: never the whole K/V resident (4 ranks: the whole is 3 other blocks, a ring holds 1 or 2)
+    world_size = 4
+    outs = grader.run(world_size, _ra_resident_harness, answer, False, what="your ring attention, weighed")
+    worst = max(range(world_size), key=lambda r: outs[r]["count"])
+    held = outs[worst]
+    yield Result(f"{world_size} ranks: at most two other ranks' K/V blocks held at once (never the whole K/V)",
+                 held["count"] <= 2,
+                 "ring attention exists so that no rank ever holds the whole K/V: keep only the block you are "
+                 "merging and the one arriving, fold each block into the running output and log-sum-exp as it "
+                 "arrives, then let it go (no list or dict of blocks, no torch.cat of them, no NumPy copies)",
+                 f"rank {worst} held the K/V blocks of ranks {held['ranks']} at once (at a {held['at']})")
     # numerical stability, the lesson's point: float32 scores past exp's range (every earlier case was float64)
     import torch
 

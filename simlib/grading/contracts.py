@@ -24,17 +24,20 @@ NAMES = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced
          "monitored_barrier": "monitored_barrier", "send": "send", "recv": "recv", "recv_any_source": "recv"}
 
 
-def recorder():
+def recorder(keep: bool = False, watch=None, poison: bool = False):
     """A dispatch mode (``with recorder() as rec:``) noting every c10d operation this thread runs:
-    ``rec.calls`` holds ``{"op", "peer", "numel"}`` per call (``peer``: the destination of a send, the source
-    of a receive; ``numel``: the largest tensor it moves); ``rec.collectives`` the collectives' names;
-    ``rec.sent`` the elements sent point-to-point."""
+    ``rec.calls`` holds ``{"op", "peer", "numel", "elements"}`` per call (``peer``: the destination of a send,
+    the source of a receive; ``numel``: the largest tensor it moves; ``elements``: all its tensors together);
+    ``rec.collectives`` the collectives' names; ``rec.sent`` the elements sent point-to-point.
+    ``keep``: ``rec.payloads`` holds a copy of what each send carried, as ``(peer, tensor)``; ``watch(func,
+    args)``: called before every operation (aten's included), e.g. to weigh what is alive at that moment;
+    ``poison``: fresh buffers (``torch.empty*``) are filled with NaN, so none holds the values of a freed one."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Recorder(TorchDispatchMode):
         def __init__(self):
             super().__init__()
-            self.calls = []
+            self.calls, self.payloads = [], []
 
         @property
         def collectives(self) -> list:
@@ -51,8 +54,15 @@ def recorder():
                 op = NAMES.get(raw, raw)
                 peer = int(args[2]) if op in ("send", "recv") and len(args) > 2 and raw != "recv_any_source" \
                     else None
-                self.calls.append(dict(op=op, peer=peer, numel=_largest(args)))
-            return func(*args, **(kwargs or {}))
+                self.calls.append(dict(op=op, peer=peer, numel=_largest(args), elements=_elements(args)))
+                if keep and op == "send":
+                    self.payloads.append((peer, _first(args).detach().clone()))
+            if watch is not None:
+                watch(name, args)
+            out = func(*args, **(kwargs or {}))
+            if poison and name.startswith(("aten.empty", "aten.new_empty")) and out.is_floating_point():
+                out.fill_(float("nan"))  # what a fresh buffer holds is undefined: never a freed block's values
+            return out
 
     return Recorder()
 
@@ -66,6 +76,71 @@ def _largest(args) -> int:
         elif isinstance(a, (list, tuple)):
             best = max(best, _largest(a))
     return best
+
+
+def _elements(args) -> int:
+    return sum(a.numel() if hasattr(a, "numel") and hasattr(a, "shape") else
+               _elements(a) if isinstance(a, (list, tuple)) else 0 for a in args)
+
+
+def _tensors(args) -> list:
+    return [t for a in args for t in ([a] if hasattr(a, "numel") and hasattr(a, "shape") else
+                                      _tensors(a) if isinstance(a, (list, tuple)) else [])]
+
+
+def _first(args):
+    for a in args:
+        if hasattr(a, "numel") and hasattr(a, "shape"):
+            return a
+        if isinstance(a, (list, tuple)) and (found := _first(a)) is not None:
+            return found
+    return None
+
+
+def traffic(calls, world_size: int) -> float:
+    """Elements one rank puts on the wire for ``calls``, by nccl-tests' bus factors (PERFORMANCE.md): all-reduce
+    2(n-1)/n of the tensor, all-gather and reduce-scatter (n-1)/n of the whole (gathered) tensor, all-to-all
+    (n-1)/n, broadcast, reduce and a send the whole tensor; a receive is counted by its sender."""
+    n, total = world_size, 0.0
+    for c in calls:
+        op, e = c["op"], c.get("elements", c["numel"])
+        if op.startswith("all_reduce"):
+            total += 2 * (n - 1) / n * e
+        elif op.startswith(("all_gather", "reduce_scatter")):  # the whole tensor (n parts) and one part: n + 1
+            total += (n - 1) / (n + 1) * e
+        elif op.startswith("all_to_all"):  # input and output, each the whole
+            total += (n - 1) / n * e / 2
+        elif op not in ("recv", "barrier", "monitored_barrier"):
+            total += e
+    return total
+
+
+def ring_payload_breach(inputs, payloads, rank: int) -> str:
+    """The first message of rank ``rank``'s ring all-reduce that does not carry what the ring algorithm sends,
+    as a sentence; "" when every one does. ``inputs``: every rank's input, flat; ``payloads``: ``(peer,
+    tensor)`` per send, in order. The algorithm's message k is a chunk of the sum over k + 1 consecutive ranks
+    of the ring ending at the sender (reduce-scatter: its partial sums), then, from k = n - 1 on, a chunk of the
+    sum over all ranks (all-gather: finished chunks); a chunk is any contiguous slice. A ring that carries
+    zeros, copies or anything else while the sum arrives by another way breaks it."""
+    import torch
+    n = len(inputs)
+    x = torch.stack([t.reshape(-1).double() for t in inputs])
+    for k, (peer, data) in enumerate(payloads):
+        got = data.reshape(-1).double()
+        if not got.numel():
+            continue
+        size = min(k + 1, n)
+        step = -1 if peer == (rank + 1) % n else 1  # sending right: the partial sum of ranks r - k .. r
+        members = sorted({(rank + step * i) % n for i in range(size)})
+        want = x[members].sum(0)
+        tol = 1e-5 * float(x.abs().max()) * n + 1e-6
+        starts = torch.nonzero((want[: want.numel() - got.numel() + 1] - got[0]).abs() <= tol).flatten().tolist()
+        if not any(float((want[o:o + got.numel()] - got).abs().max()) <= tol for o in starts):
+            what = ("the sum over all ranks (a finished chunk, all-gather phase)" if size == n else
+                    f"the partial sum of ranks {members} (reduce-scatter, step {k})")
+            return (f"rank {rank}'s message {k} to rank {peer} ({got.numel()} elements, first {float(got[0]):.4g}) "
+                    f"is not a chunk of {what}")
+    return ""
 
 
 def summary(calls) -> dict:
@@ -191,3 +266,54 @@ def module_functions(module) -> list:
     import types
     return [f for f in vars(module).values() if type(f) is types.FunctionType and f.__module__ == module.__name__
             and not f.__closure__]
+
+
+# ---- residency: which blocks of data an answer holds at once, however it holds them ----
+
+
+def data_census() -> set:
+    """The addresses of every tensor storage and NumPy array alive now (what :func:`resident_blocks` leaves out)."""
+    from .weighing import _numpy_arrays, _tensor_storages
+    return set(_tensor_storages()) | set(_numpy_arrays())
+
+
+def resident_blocks(blocks: dict, before: set, frames=(), using=()) -> list:
+    """The keys of ``blocks`` (``{key: [tensor, ...]}``) of which some tensor is wholly held by data created since
+    ``before`` (a :func:`data_census`): a tensor or a NumPy array, in any layout or float dtype, as a copy or inside
+    a bigger array (``torch.cat`` of blocks), held by a Python object (a list, a dict, an attribute, ctx), a local
+    of one of ``frames``, or among ``using`` (what the operation under way reads). A block is held when both its
+    first and its last row (the last axis) are among the values of one such array. Tensors that only C++ keeps
+    (a finished request's handle, autograd) and fresh buffers (see ``recorder(poison=True)``) do not count."""
+    import gc
+    import itertools
+    import operator
+    import types
+
+    import numpy as np
+    import torch
+    smallest = min(t.numel() for ts in blocks.values() for t in ts)
+    samples = {key: [np.concatenate([t.detach().reshape(-1, t.shape[-1])[i].float().numpy() for i in (0, -1)])
+                     for t in ts] for key, ts in blocks.items()}
+    local = [v for f in frames for v in f.f_locals.values()] + list(using)  # a frame's referents omit its locals
+    objs = gc.get_objects()
+    objs = list(itertools.compress(objs, map(operator.is_not, map(type, objs), itertools.repeat(types.FrameType))))
+    pool = gc.get_referents(*objs) + local + gc.get_referents(*local)
+    del objs
+    nd, kinds = np.ndarray, {torch.Tensor, torch.nn.Parameter, np.ndarray}
+    # filtered in C (compress over map): the pool holds millions of referents, a Python loop over them took seconds
+    arrays, found = [], {id(r): r for r in itertools.compress(pool, map(kinds.__contains__, map(type, pool)))}
+    del pool
+    for r in found.values():
+        if isinstance(r, torch.Tensor):
+            if r.device.type == "cpu" and r.is_floating_point() and r.numel() >= smallest \
+                    and r.untyped_storage().data_ptr() not in before:
+                arrays.append(r.detach().float().numpy().reshape(-1))
+        elif type(r) is nd:
+            base = r
+            while isinstance(base.base, nd):
+                base = base.base
+            if base.flags.owndata and base.ctypes.data not in before and base.size >= smallest \
+                    and base.dtype.kind == "f":
+                arrays.append(base.astype(np.float32).reshape(-1))
+    return sorted(key for key, per in samples.items() if any(
+        any(np.isin(sample, a).all() for a in arrays) for sample in per))

@@ -143,12 +143,13 @@ def _ring_harness(answer, shapes):
         expected = x.clone()
         dist.all_reduce(expected)
         given = x.clone()
-        with recorder() as rec:  # the grader's, at the dispatcher (simlib.grading.contracts)
+        with recorder(keep=True) as rec:  # the grader's, at the dispatcher (simlib.grading.contracts)
             returned = answer(given)
         result = returned if isinstance(returned, torch.Tensor) else given
         out.append(dict(shape=tuple(shape), result=result.detach().clone(), expected=expected,
                         in_place=torch.equal(given, result) if given.shape == result.shape else False,
-                        used=sorted(set(rec.collectives)), sent=rec.sent, calls=list(rec.calls)))
+                        used=sorted(set(rec.collectives)), sent=rec.sent, calls=list(rec.calls), input=x,
+                        payloads=[(int(p), t) for p, t in rec.payloads if p is not None]))
     return out
 
 
@@ -250,6 +251,15 @@ def _check_ring(answer, grader):
                      "2(n-1) chunks of about numel/n elements to one neighbour and receives as many from the other "
                      "(a star through one rank, or a tree, moves the same total but not the ring's way)",
                      breaches[0] if breaches else "")
+        from .contracts import ring_payload_breach
+        carried = next((b for i in range(len(shapes)) for r in range(world_size) if (b := ring_payload_breach(
+            [outs[q][i]["input"] for q in range(world_size)], outs[r][i]["payloads"], r))), "")
+        yield Result(f"{world_size} ranks: the messages carry the ring's partial sums", not carried,
+                     "a ring all-reduce computes the sum IN its messages: in reduce-scatter step s a rank sends the "
+                     "sum of s + 1 ranks' chunk (its own added to what it received), in all-gather the finished "
+                     "chunks. Send your tensor's chunks (tensor.view(-1) split n ways) and add what arrives into "
+                     "them; a ring on zeros or copies, with the sum obtained another way, is not the algorithm",
+                     carried)
         in_place = all(c["in_place"] for per in outs for c in per)
         yield Result(f"{world_size} ranks: works in place and returns the tensor", in_place,
                      "like dist.all_reduce, work in place: write the result into the tensor you were given (tensor.view(-1) and "
@@ -263,20 +273,26 @@ _DP_STEPS, _DP_LR = 2, 0.1
 
 def _average_gradients_harness(answer, steps, lr):
     import torch
+    import torch.distributed as dist
     model, x, y = _tiny_problem()
     xs, ys = _my_shard(x, y)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     grads = local = None
+    moved = 0.0
     for step in range(steps):
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(xs), ys).backward()
         if step == 0:
             local = [p.grad.clone() for p in model.parameters()]
-        answer(model)
+        from .contracts import recorder, traffic
+        with recorder() as rec:  # the grader's: every collective and message, whatever name the answer used
+            answer(model)
+        moved = max(moved, traffic(rec.calls, dist.get_world_size()))
         if step == 0:
             grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
         opt.step()
-    return dict(local=local, grads=grads, state=[p.detach().clone() for p in model.parameters()])
+    return dict(local=local, grads=grads, state=[p.detach().clone() for p in model.parameters()], moved=moved,
+                numel=sum(p.numel() for p in model.parameters()), tensors=len(list(model.parameters())))
 
 
 def _check_training(outs, ref, world_size, steps, extra_hint=""):
@@ -306,6 +322,16 @@ def _check_average_gradients(answer, grader):
         passed += [f"{world_size} ranks"] if ok else []
         yield Result(f"{world_size} ranks: gradients equal the global-batch gradient", ok, hint, detail)
         yield _check_training(outs, ref, world_size, _DP_STEPS)
+        # the contract: one all-reduce's volume per step, 2(n-1)/n of the gradients per rank (+ uneven ring chunks)
+        n, worst = world_size, max(outs, key=lambda o: o["moved"])
+        bound = 2 * (n - 1) / n * worst["numel"] + 2 * (n - 1) * worst["tensors"]
+        yield Result(f"{world_size} ranks: moves no more than one all-reduce of the gradients", worst["moved"] <= bound,
+                     "averaging gradients is one all-reduce: each rank puts 2(n-1)/n of the gradients on the wire "
+                     "(nccl-tests' bus factor). Gathering every rank's whole gradient (all_gather, then the mean) "
+                     "moves (n-1)x the gradients per rank, and a reduce to one rank then a broadcast twice the "
+                     "gradients: call dist.all_reduce(p.grad) and divide by the world size",
+                     f"a rank moved {worst['moved']:,.0f} elements in one step; one all-reduce of its "
+                     f"{worst['numel']:,} gradient elements moves {2 * (n - 1) / n * worst['numel']:,.0f}")
 
 
 # ---- lesson 02: bucketed data parallelism with gradient hooks ----

@@ -160,9 +160,15 @@ def _stage_harness(answer):
     stage = pipeline.build_stages(model.net, rank, world_size)[0]
     m = _PP["num_microbatches"]
     xs, ys = microbatches(x, m), microbatches(y, m)
-    loss = answer(stage, xs, ys, (xs[0].shape[0], _PP["width"]))
+    from .contracts import recorder
+    with recorder() as rec:  # the grader's: the order of the messages this stage really sent and received
+        loss = answer(stage, xs, ys, (xs[0].shape[0], _PP["width"]))
     loss = float(loss) if loss is not None else None
-    return dict(loss=loss, grads={n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    # F: an activation (from rank - 1, to rank + 1); B: a gradient (from rank + 1, to rank - 1)
+    order = "".join("F" if (c["op"], c["peer"]) in (("recv", rank - 1), ("send", rank + 1)) else "B"
+                    for c in rec.calls if c["op"] in ("send", "recv"))
+    return dict(loss=loss, grads={n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+                order=order)
 
 
 @exercise("pipeline_stage")
@@ -198,6 +204,17 @@ def _check_pipeline_stage(answer, grader):
                         "then in reverse: recv grad, y.backward(grad), send x.grad")
         yield Result(f"{world_size} ranks: every stage's gradients equal one process on the whole batch", ok, hint,
                      "" if ok else f"wrong on rank(s) {wrong}")
+        # the schedule the stages really ran, from the grader's record of their messages: GPipe is every
+        # micro-batch's activation first, then every gradient
+        late = next((r for r, o in enumerate(outs) if "BF" in o["order"] or "F" not in o["order"]), None)
+        yield Result(f"{world_size} ranks: GPipe's schedule (all {m} forwards' messages, then all backwards')",
+                     late is None,
+                     "the exercise is GPipe's schedule: run the forward of every micro-batch first (receive, compute, "
+                     "send each activation), then the backwards in reverse order. A backward right after its own "
+                     "forward gives the same gradients with no pipelining: each stage waits for the whole pipeline "
+                     "on every micro-batch",
+                     "" if late is None else f"rank {late}'s messages in order (F activation, B gradient): "
+                     f"{outs[late]['order']}")
 
 
 # ---- lesson 05: column- and row-parallel Linear as autograd functions ----
