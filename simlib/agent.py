@@ -201,7 +201,9 @@ class ElasticWorkers:
                                     if getattr(self, "hang_finder", False) else None))
         spec["bootstrap"] = BOOTSTRAP
         command = ("-c", BOOTSTRAP)
-        if zygote.enabled(self.backend, self.device):  # CPU workers fork from a process that imported torch
+        # CPU workers fork from a process that imported torch; a one-shot launch starts no zygote for itself (its
+        # workers then import side by side, where a new zygote's import would come first), but uses one that is there
+        if zygote.enabled(self.backend, self.device) and (not getattr(self, "one_shot", False) or zygote.running()):
             spec["zygote"] = zygote.address()
             command = ("-I", "-S", zygote.LAUNCHER)
         spec_file = os.path.join(self._log_dir, "spec.json")

@@ -462,18 +462,18 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = e
     One-shot: the workers start, run ``fn`` once and exit. Use :class:`Cluster` to keep them warm.
     ``backend``, ``timeout``, ``threads``, ``device`` are as for :class:`Cluster`; ``call_timeout``
     limits the whole call; ``max_restarts=k`` runs ``fn`` again on restarted workers after a failure, up to k
-    times (as ``torchrun --max-restarts``). Works from a notebook, IPython, a script (with or without the
-    ``if __name__ == "__main__":`` guard), ``python -c`` and a script on standard input: the workers are
-    started as a command and never re-import the caller's ``__main__``.
+    times (as ``torchrun --max-restarts``). Works from a notebook, IPython, any script, ``python -c`` and
+    standard input: the workers never re-import the caller's ``__main__``.
     """
-    cluster = Cluster(world_size, backend=backend, timeout=timeout, threads=threads, device=device,
-                      call_timeout=call_timeout, max_restarts=max_restarts)
+    cluster = _OneShot(world_size, backend=backend, timeout=timeout, threads=threads, device=device,
+                       call_timeout=call_timeout, max_restarts=max_restarts)
     try:
         return cluster.call(fn, args, kwargs, plain=plain)
     finally:
         cluster.close()
 
 
+_OneShot = type("_OneShot", (Cluster,), {"one_shot": True})  # simlib.agent: no zygote started for one call
 _shared: Cluster | None = None
 
 

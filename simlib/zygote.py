@@ -96,6 +96,12 @@ class _Zygote:
                 self.proc.kill()
 
 
+def running() -> bool:
+    """Whether a zygote for this process as it is now (environment, sys.path, cwd) is already there."""
+    z = _current
+    return z is not None and z.key == _key() and z.proc is not None and z.proc.poll() is None
+
+
 def address() -> dict:
     """The zygote workers started now fork from (started, or replaced, here): ``{"path", "token", "pid"}``."""
     global _current

@@ -138,3 +138,18 @@ def test_an_unreachable_zygote_means_an_ordinary_start(monkeypatch):
     with simlib.Cluster(2, threads=1) as c:
         parents = [_parent(pid) for pid in c.pids]
     assert parents == [os.getpid()] * 2
+
+
+def test_a_one_shot_launch_starts_no_zygote_but_uses_one_that_is_there():
+    """``simlib.launch`` in a fresh process: its workers import side by side (a zygote's import would come first,
+    then the fork); once a Cluster made one, a launch forks from it too."""
+    import subprocess
+    import sys
+    code = ("import os, simlib\nfrom simlib import zygote\n"
+            "parent = lambda: int(open(f'/proc/{os.getpid()}/stat').read().rsplit(')', 1)[1].split()[1])\n"
+            "print(simlib.launch(parent, 2, threads=1) == [os.getpid()] * 2, zygote._current is None)\n"
+            "c = simlib.Cluster(2, threads=1)\n"
+            "print(set(simlib.launch(parent, 2, threads=1)) == {zygote.address()['pid']})\nc.close()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "True", "True"], out.stdout + out.stderr[-2000:]
