@@ -98,3 +98,34 @@ def test_fp8_expert_gemms_cast_their_gradients_as_a_dense_layer_does():
                         "experts up grad FP8 cast + transpose": want * rows * 2 * m.expert_width}
         assert fwd == {"experts FP8 cast": want * rows * h, "experts FP8 cast (down)": want * rows * m.expert_width}
     assert not [op for op in cluster_ops.moe_ops(m, t, 1, 8)["backward"] if "FP8" in op.name]
+
+
+def test_activation_offload_frees_memory_and_costs_only_what_compute_does_not_hide():
+    """Megatron-Core's CPU offloading (TE's double-buffered handler): n of a stage's L layers keep their activations
+    in host memory, so the device holds L − n layers' worth; each copy runs beside L // n layers of compute and only
+    what it takes beyond that is exposed, forward (to the host) and backward (back); no host link stated: refused."""
+    from simlib.sim import memory, offload, presets
+
+    m = sim.llama_size("llama3-70b", seq_len=8192)
+    s = sim.Strategy(dp=64, micro_batch=2, num_micro_batches=2, zero_stage=3, fsdp=True, attention="flash",
+                     dtype="fp8", fp8_recipe="current")
+    layer = memory.activation_bytes_per_layer(m, 2, 1, "none", False, "flash")
+    off = s.replace(offload_layers=20)
+    assert memory.memory_per_device(m, s)["activations"] - memory.memory_per_device(m, off)["activations"] == \
+        pytest.approx(20 * layer)
+    gb300 = sim.preset("gb300")
+    assert gb300.host_link == presets.GRACE_C2C_PER_GPU and sim.preset("b200").host_link == presets.PCIE5_X16
+    copy = layer / gb300.host_link
+    # a window of 80 // 20 = 4 layers: hidden when 4 layers' compute outlasts the copy, exposed by the rest if not
+    assert offload.offload_exposed(off, gb300, 80, layer, copy / 4, copy / 2) == 0.0
+    assert offload.offload_exposed(off, gb300, 80, layer, copy / 8, copy / 2) == pytest.approx(20 * copy / 2)
+    assert offload.offload_exposed(s, gb300, 80, layer, 0.0, 0.0) == 0.0
+    with pytest.raises(ValueError, match="host link"):
+        offload.offload_exposed(off, sim.dgx_h100(), 80, layer, 0.0, 0.0)
+    # the recipe's setting reaches the FSDP rows only (the MXFP8 70B rows run pp 4 × vp 5 without it)
+    rows = [r for r in scale_runs.load_rows() if r["model"] == "llama3-70b"]
+    for r in rows:
+        got = scale_runs.recipe_settings(r).get("offload_layers", 0)
+        assert got == (scale_runs.OFFLOAD_LAYERS[(r["gpu"], r["precision"])] if r["fsdp"] else 0)
+    p_on, p_off = (sim.predict(m, gb300, x) for x in (off, s))
+    assert p_on.as_row()["offload"] >= 0.0 and p_on.step_time >= p_off.step_time

@@ -32,6 +32,7 @@ from .compute import gemm_time, gemms_time  # noqa: F401
 from .layer import (embedding_ops, exposed_comm, head_ops, module_recompute_ops, mtp_ops, op_time,  # noqa: F401
                     op_time_key, ops_time, recompute_ops, strategy_layer_ops)
 from .cluster_ops import moe_host_overhead
+from .offload import offload_time
 from .overlap import TP_OVERLAP_GEMM_SLOWDOWN, tp_overlap_exposed
 from .memory import activation_bytes_per_layer, check_fits, memory_per_device
 from .topology import Placement, group_collective, group_ranks, p2p_time, placement
@@ -458,7 +459,8 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
         dp_total, dp_last = dp_comm_time(model, hardware, s, processes)
         dp_exposed = max(dp_last, dp_total - t_bwd) if s.overlap else dp_total
     embed = embedding_sync_time(model, hardware, s)
-    exposed = tp_comm + sum(cluster.values()) + pp_comm + dp_exposed + embed
+    offload = m * offload_time(model, hardware, s, st) if model.kind == "gpt" else 0.0   # host copies not hidden
+    exposed = tp_comm + sum(cluster.values()) + pp_comm + dp_exposed + embed + offload
     opt = optimizer_time(model, hardware, s, processes)
     step = compute + bubble + exposed + opt
     mem = memory_per_device(model, s)
@@ -474,7 +476,7 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
     return Prediction(step, compute, exposed, bubble, opt, throughput, tokens, mfu, mem, fits,
                       dict(forward=t_fwd * m, backward=t_bwd * m, tp_comm=tp_comm, pp_comm=pp_comm,
                            pp_messages=pp_messages, dp_comm=dp_total, dp_exposed=dp_exposed,
-                           embedding_sync=embed, **cluster))
+                           embedding_sync=embed, offload=offload, **cluster))
 
 
 def scaling(model, hardware, strategies, processes=None):

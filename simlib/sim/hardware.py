@@ -181,6 +181,9 @@ class Hardware:
     # again in backward's recompute of P) on the special-function units; where the tensor cores outrun them the
     # kernel waits on them (presets.BLACKWELL_EXP_RATE). 0: never the limit
     exp_rate: float = 0.0
+    # bytes per second each way between one device and its host's memory (activation offloading,
+    # simlib.sim.offload): PCIe, or NVLink-C2C on Grace parts. 0: not stated (offloading cannot be priced)
+    host_link: float = 0.0
 
     def _by_world(self, name: str, processes: int, default):
         table = (self.overheads or {}).get(name) or {}

@@ -149,6 +149,7 @@ def memory_per_device(model, strategy) -> dict:
         stage_acts = r * per_layer + (layers_here - r) * kept
     else:
         stage_acts = per_layer * layers_here + moe_here * moe_extra
+    stage_acts -= min(getattr(strategy, "offload_layers", 0), layers_here) * per_layer   # on the host (offload.py)
     activations = stage_acts * in_flight_micro_batches(strategy) * interleave_factor(strategy)
     if strategy.recompute in ("full", "every_other", "op") and model.kind == "gpt":
         activations += activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, "none",

@@ -48,11 +48,19 @@ NVLINK5_BUSBW = 800e9          # B/s ring bus bandwidth (see the module docstrin
 NDR_NIC, XDR_NIC = 47e9, 94e9  # B/s per GPU: ConnectX-7 400 Gb/s measured; ConnectX-8 800 Gb/s assumed 2x
 
 
-def _blackwell(name, peaks, memory_gb, devices_per_node, nic, source, exp_rate=BLACKWELL_EXP_RATE) -> Hardware:
+# GPU <-> host memory, each way (activation offloading, simlib.sim.offload): an x86 DGX's PCIe Gen5 x16 line rate
+# (64 GB/s); a Grace superchip's NVLink-C2C, 900 GB/s both ways between one Grace and its two Blackwell GPUs
+# (NVIDIA GB200 NVL72 / GB300 NVL72 datasheets), so 225 GB/s each way for one GPU while both copy (an assumption:
+# the split between the two GPUs is not published; Grace's LPDDR5X, up to 512 GB/s, does not bind below that)
+PCIE5_X16, GRACE_C2C_PER_GPU = 64e9, 900e9 / 2 / 2
+
+
+def _blackwell(name, peaks, memory_gb, devices_per_node, nic, source, exp_rate=BLACKWELL_EXP_RATE,
+               host_link=PCIE5_X16) -> Hardware:
     h200 = Link.from_busbw(AZURE_H200_ALLREDUCE, 8)
     return Hardware(
         name=name, peak_flops=peaks, memory_bytes=memory_gb * GiB,
-        memory_bandwidth=8.0e12, attention_efficiency=BLACKWELL_ATTENTION, exp_rate=exp_rate,
+        memory_bandwidth=8.0e12, attention_efficiency=BLACKWELL_ATTENTION, exp_rate=exp_rate, host_link=host_link,
         intra=Link(h200.alpha, NVLINK5_BUSBW, {}, "NVLink 5: ~800 GB/s ring busbw (nccl #1807, Azure guide #7)"),
         inter=Link(5e-6, nic, {}, f"{nic / 1e9:.0f} GB/s per GPU NIC; α assumed"),
         devices_per_node=devices_per_node, mem_efficiency=CALCULON_MEM_EFFICIENCY,
@@ -74,7 +82,8 @@ def gb200_nvl72() -> Hardware:
     expert-parallel group of up to 72 stays on NVLink."""
     return _blackwell("GB200 NVL72", {"bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15, "fp4": 10e15, "tf32": 1.25e15,
                                       "fp32": 90e12}, 185, 72, NDR_NIC,
-                      "NVIDIA GB200 NVL72 datasheet (via glennklockwood.com); MLPerf GB200-186GB; Azure guide #7")
+                      "NVIDIA GB200 NVL72 datasheet (via glennklockwood.com); MLPerf GB200-186GB; Azure guide #7",
+                      host_link=GRACE_C2C_PER_GPU)
 
 
 def dgx_b300(nvl72: bool = False) -> Hardware:
@@ -84,7 +93,7 @@ def dgx_b300(nvl72: bool = False) -> Hardware:
                       {"bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15, "fp4": 15e15, "tf32": 1.25e15, "fp32": 90e12},
                       268, 72 if nvl72 else 8, XDR_NIC,
                       "NVIDIA Blackwell Ultra (GTC 2025) announcement; peaks partly assumed (module docstring)",
-                      exp_rate=BLACKWELL_ULTRA_EXP_RATE)
+                      exp_rate=BLACKWELL_ULTRA_EXP_RATE, host_link=GRACE_C2C_PER_GPU if nvl72 else PCIE5_X16)
 
 
 # the names ``sim.preset`` knows (hardware.PRESETS is the one registry)

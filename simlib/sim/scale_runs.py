@@ -57,14 +57,23 @@ RECIPE_SETTINGS = {
     **{(v, "gpt-oss-120b", g): _OSS for v in ("25.11", "26.02") for g in ("gb200", "b200", "h100")},
 }
 
+# Activation offloading (simlib.sim.offload) of Llama 3 70B's Megatron-FSDP configs, layers by (gpu, precision),
+# the same at v0.2.2 (configs/llama3/workload_base_configs.py) and v0.3.0 (configs/llama/
+# llama3_workload_base_configs.py, V1 and V2): ``cpu_offloading_num_layers``; the FSDP rows only (the MXFP8 ones
+# run pp 4 × vp 5 without it)
+OFFLOAD_LAYERS = {("gb300", "bf16"): 30, ("gb300", "fp8"): 20, ("gb200", "bf16"): 20, ("gb200", "fp8"): 40,
+                  ("b200", "fp8"): 5}
+
 
 def recipe_settings(row: dict) -> dict:
-    """TP communication overlap, EP all-to-all overlap and recomputed modules of a row: the recipe defaults, or
-    RECIPE_SETTINGS."""
+    """TP communication overlap, EP all-to-all overlap, recomputed modules and offloaded layers of a row: the
+    recipe defaults, or RECIPE_SETTINGS and OFFLOAD_LAYERS."""
     mb = row["source"] == "megatron-bridge"
     out = dict(tp_overlap=row["tp"] > 1 and mb, ep_overlap=False, recompute_modules=())
     out.update(RECIPE_SETTINGS.get((row["version"], row["model"], row["gpu"]), {}) if mb else {})
     out["tp_overlap"] = out["tp_overlap"] and row["tp"] > 1
+    if mb and row["model"] == "llama3-70b" and row["fsdp"]:
+        out["offload_layers"] = OFFLOAD_LAYERS.get((row["gpu"], row["precision"]), 0)
     return out
 
 

@@ -80,6 +80,8 @@ class Strategy:
     stage_layout: tuple = ()         # pp > 1: layers on each pipeline rank, first to last, all its model chunks
                                      # together (Megatron's --pipeline-model-parallel-layout summed per rank;
                                      # DeepSeek-V3's recipes); empty: even, or first/last_stage_layers
+    offload_layers: int = 0          # Megatron's --cpu-offloading-num-layers: that many layers' activations go to
+                                     # host memory in forward and come back in backward (simlib.sim.offload)
     fp8_recipe: str = "delayed"      # dtype="fp8": Transformer Engine's scaling recipe (delayed / current
                                      # per-tensor, blockwise 1x128 as DeepSeek-V3, mx: MXFP8 on Blackwell)
 
@@ -254,7 +256,7 @@ def _check_scale(s) -> None:
     if not s.expert_imbalance >= 1.0:
         raise ValueError(f"expert_imbalance is the busiest rank's tokens over the mean: >= 1, got "
                          f"{s.expert_imbalance!r}")
-    for name in ("recompute_layers", "first_stage_layers", "last_stage_layers"):
+    for name in ("recompute_layers", "first_stage_layers", "last_stage_layers", "offload_layers"):
         value = getattr(s, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
