@@ -129,3 +129,15 @@ def test_activation_offload_frees_memory_and_costs_only_what_compute_does_not_hi
         assert got == (scale_runs.OFFLOAD_LAYERS[(r["gpu"], r["precision"])] if r["fsdp"] else 0)
     p_on, p_off = (sim.predict(m, gb300, x) for x in (off, s))
     assert p_on.as_row()["offload"] >= 0.0 and p_on.step_time >= p_off.step_time
+
+
+def test_deepseek_v3_pp8_vp4_takes_the_releases_32_chunk_layout():
+    """v0.2.2's only DeepSeek-V3 layout of 32 chunks ("Et|(tt|)*30mL": embedding + 1 layer, 30 chunks of 2, MTP and
+    loss alone) summed per pipeline rank (rank r holds chunks r, r + 8, ...): all 61 layers, the first rank one
+    fewer, the last rank two fewer (its last chunk holds the MTP block and the loss); the 25.11 GB200 row is stated."""
+    assert scale_runs.deepseek_v3_layout(8, 4) == (7, 8, 8, 8, 8, 8, 8, 6)
+    assert sum(scale_runs.deepseek_v3_layout(8, 4)) == 61
+    assert scale_runs.deepseek_v3_layout(8, 3) is None
+    row = next(r for r in scale_runs.load_rows() if r["model"] == "deepseek-v3" and (r["pp"], r["vp"]) == (8, 4))
+    assert not scale_runs.why_inexpressible(row)
+    assert scale_runs.predict_row(row)["expressible"]

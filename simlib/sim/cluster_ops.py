@@ -36,11 +36,11 @@ from .ops import Op as _op, _backward_gemms, _gemm
 # launches start. In most of these runs an expert's GEMM (a few hundred to a few thousand rows) runs in
 # microseconds, less than its launches take, so the GPU waits on the host: a cost per local expert (E/ep), not per token. It replaces
 # a flat 6.4 ms per layer pass (fitted the same way), which charged Qwen3-235B at ep 32 (4 local experts) as much
-# as Qwen3-30B at ep 8 (16). FITTED, one quantity: the median over the 14 MoE rows of the *fit* half of
+# as Qwen3-30B at ep 8 (16). FITTED, one quantity: the median over the 15 MoE rows of the *fit* half of
 # ``data/scale_runs.csv`` of (measured − predicted step without it) / (MoE layer passes × local experts)
 # (:func:`simlib.sim.scale_runs.fit_moe_host_per_expert`; 0.06–5.1 ms, middle half 0.31–0.45; 0.44 before the
-# experts' FP8 gradient casts were priced). Nothing of the test half was used. A third of it is charged to forward,
-# two thirds to backward.
+# experts' FP8 gradient casts were priced; 0.378 with the 15th row, DeepSeek-V3's pp 8 × vp 4, now stated). Nothing
+# of the test half was used. A third of it is charged to forward, two thirds to backward.
 MOE_HOST_PER_LOCAL_EXPERT = 0.38e-3
 
 

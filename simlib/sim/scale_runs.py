@@ -84,8 +84,11 @@ def deepseek_v3_layout(pp: int, vp: int) -> tuple | None:
     last (which takes 3 decoder layers' place). The recipe lists (pp, vp) = (4, 1), (8, 1), (4, 2), (16, 1),
     (8, 2), (4, 4) (the same at tags v0.2.2 and v0.3.0); 26.02's GB300 FP8 config runs pp 2 × vp 8 with the
     16-chunk list (``pp_layout="Et*4|(t*4|)*14tmL"``); 25.11's pp 2 × vp 4 rows are taken as the 8-chunk list, an
-    assumption. None where no chunk list of the recipe has pp × vp chunks."""
-    chunks = {4: [16, 16, 16, 13], 8: [8] * 7 + [5], 16: [4] * 15 + [1]}.get(pp * vp)
+    assumption. 32 chunks (pp 8 × vp 4): the one such layout of the same release, v0.2.2's H100 performance config
+    (``scripts/performance/configs/deepseek/deepseek_llm_pretrain.py``, ``layout="Et|(tt|)*30mL"``: the embedding
+    and 1 layer, 30 chunks of 2, then MTP and the loss alone), taken for 25.11's GB200 pp 8 × vp 4 row, whose own
+    config (pp 4 × vp 4) writes none for that shape — an assumption. None where no chunk list has pp × vp chunks."""
+    chunks = {4: [16, 16, 16, 13], 8: [8] * 7 + [5], 16: [4] * 15 + [1], 32: [1] + [2] * 30 + [0]}.get(pp * vp)
     if chunks is None:
         return None
     return tuple(sum(chunks[r::pp]) for r in range(pp))   # rank r holds chunks r, r + pp, ... (interleaving)
