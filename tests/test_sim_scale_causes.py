@@ -103,7 +103,8 @@ def test_fp8_expert_gemms_cast_their_gradients_as_a_dense_layer_does():
 def test_activation_offload_frees_memory_and_costs_only_what_compute_does_not_hide():
     """Megatron-Core's CPU offloading (TE's double-buffered handler): n of a stage's L layers keep their activations
     in host memory, so the device holds L − n layers' worth; each copy runs beside L // n layers of compute and only
-    what it takes beyond that is exposed, forward (to the host) and backward (back); no host link stated: refused."""
+    what it takes beyond that is exposed, forward (to the host) and backward (back); no host link stated (a CPU
+    box): refused."""
     from simlib.sim import memory, offload, presets
 
     m = sim.llama_size("llama3-70b", seq_len=8192)
@@ -115,13 +116,14 @@ def test_activation_offload_frees_memory_and_costs_only_what_compute_does_not_hi
         pytest.approx(20 * layer)
     gb300 = sim.preset("gb300")
     assert gb300.host_link == presets.GRACE_C2C_PER_GPU and sim.preset("b200").host_link == presets.PCIE5_X16
+    assert sim.dgx_h100().host_link == presets.PCIE5_X16 and sim.cpu_box().host_link == 0.0
     copy = layer / gb300.host_link
     # a window of 80 // 20 = 4 layers: hidden when 4 layers' compute outlasts the copy, exposed by the rest if not
     assert offload.offload_exposed(off, gb300, 80, layer, copy / 4, copy / 2) == 0.0
     assert offload.offload_exposed(off, gb300, 80, layer, copy / 8, copy / 2) == pytest.approx(20 * copy / 2)
     assert offload.offload_exposed(s, gb300, 80, layer, 0.0, 0.0) == 0.0
     with pytest.raises(ValueError, match="host link"):
-        offload.offload_exposed(off, sim.dgx_h100(), 80, layer, 0.0, 0.0)
+        offload.offload_exposed(off, sim.cpu_box(), 80, layer, 0.0, 0.0)
     # the recipe's setting reaches the FSDP rows only (the MXFP8 70B rows run pp 4 × vp 5 without it)
     rows = [r for r in scale_runs.load_rows() if r["model"] == "llama3-70b"]
     for r in rows:

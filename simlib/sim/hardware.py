@@ -363,7 +363,7 @@ def dgx_a100(memory_gb: int = 80) -> Hardware:
     return Hardware(
         name=f"DGX A100 {memory_gb}GB", peak_flops={"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
         memory_bytes=memory_gb * GiB, memory_bandwidth=2.039e12 if memory_gb == 80 else 1.555e12,
-        attention_efficiency=A100_FLASH_ATTENTION,
+        attention_efficiency=A100_FLASH_ATTENTION, host_link=32e9,   # PCIe Gen4 x16 to the host, each way
         intra=Link.from_busbw(AZURE_A100_80GB_ALLREDUCE, 8, "Azure nccl-tests, 8x A100-SXM4-80GB", keep_curve=True),
         inter=Link(5e-6, 23e9, {}, "HDR 200 Gb/s per GPU: half of NDR's ~47 GB/s (nccl-tests #290); α assumed"),
         devices_per_node=8, gemm_table={"bf16": A100_GEMM_EFFICIENCY}, mem_efficiency=CALCULON_MEM_EFFICIENCY,
@@ -393,6 +393,7 @@ def dgx_h100(software: str = "today") -> Hardware:
     return Hardware(
         name="DGX H100" + (" (2023 software)" if software == "2023" else ""), peak_flops={"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "fp32": 67e12},
         memory_bytes=80 * GiB, memory_bandwidth=3.35e12, attention_efficiency=H100_FLASH_ATTENTION,
+        host_link=64e9,   # PCIe Gen5 x16 to the host, each way (NVIDIA H100 datasheet: 128 GB/s both ways)
         intra=Link(h200.alpha, 370e9, {}, "ring busbw 370 GB/s (nccl-tests #212); α fitted to Azure H200"),
         inter=Link(5e-6, 47e9, {}, "NDR 400 Gb/s: ~46-48 GB/s per NIC (nccl-tests #290); α assumed"),
         devices_per_node=8, gemm_table={"bf16": table, "fp8": H100_FP8_GEMM_EFFICIENCY},
@@ -462,7 +463,7 @@ def dgx_h200() -> Hardware:
     table["fp16"] = table["bf16"]  # the same tensor-core rate (datasheet); fp16 itself not measured
     return Hardware(
         name="DGX H200", peak_flops=peak, memory_bytes=139.8 * GiB, memory_bandwidth=4.8e12,
-        attention_efficiency=H100_FLASH_ATTENTION,
+        attention_efficiency=H100_FLASH_ATTENTION, host_link=64e9,   # PCIe Gen5 x16 to the host, each way
         intra=Link.from_busbw(AZURE_H200_ALLREDUCE, 8, "Azure nccl-tests, 8x H200 (NVLink SHARP)", keep_curve=True),
         inter=Link(5e-6, 47e9, {}, "NDR 400 Gb/s: ~46-48 GB/s per NIC (nccl-tests #290); α assumed"),
         devices_per_node=8, gemm_table=table, mem_efficiency=CALCULON_MEM_EFFICIENCY,
