@@ -181,7 +181,7 @@ def test_deepseek_v3_layouts_and_stage_layout():
     assert deepseek_v3_layout(4, 1) == (16, 16, 16, 13)
     assert deepseek_v3_layout(16, 1) == (4,) * 15 + (1,)
     assert deepseek_v3_layout(2, 4) == (32, 29)           # chunks 0, 2, 4, 6 and 1, 3, 5, 7 of 8
-    assert deepseek_v3_layout(2, 8) == (32, 29) and deepseek_v3_layout(8, 4) is None
+    assert deepseek_v3_layout(2, 8) == (32, 29) and deepseek_v3_layout(8, 3) is None
     m = sim.llama_size("deepseek-v3")
     s = sim.Strategy(dp=128, pp=2, ep=32, virtual_stages=4, schedule="interleaved", stage_layout=(32, 29),
                      attention="flash", num_micro_batches=16)
