@@ -75,7 +75,7 @@ def why_inexpressible(row: dict) -> str:
     if "compile" in row["note"]:
         reasons.append("torch.compile's kernel fusion is not in the cost model")
     if row["cpu_offload"] == "True":
-        reasons.append("activation CPU offload is not in the cost model")
+        reasons.append("activation CPU offload without the number of layers offloaded (Strategy.offload_layers)")
     if row["precision"] not in PRECISION or row["sharding"] not in SHARDING or row["recompute"] not in RECOMPUTE:
         reasons.append(f"precision/sharding/recompute {row['precision']}/{row['sharding']}/{row['recompute']} "
                        "not modelled")
