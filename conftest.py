@@ -79,6 +79,16 @@ def _cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def pytest_configure(config):
+    # `-n 2` (pytest-xdist, the README's command): whole files to each worker, never a file's tests split over
+    # two (a notebook's cells share one kernel; a module's warm cluster is started once).
+    if getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "loadfile"
+    # The tests run in the worker processes and their reports reach the controller as well: the CPU seconds and
+    # the durations file are the worker's, the totals and the lists the controller's.
+    _SUITE["controller"] = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
 def pytest_runtest_logstart(nodeid, location):
     _SUITE["tests"][nodeid] = {"cpu0": _cpu_seconds(), "wall": 0.0}
 
@@ -90,6 +100,8 @@ def pytest_runtest_logreport(report):
         entry["outcome"] = report.outcome  # the first phase that did not pass (a failed call, a skipped setup)
     if report.when == "teardown":
         entry["cpu"] = _cpu_seconds() - entry.pop("cpu0")
+        if _SUITE.get("controller"):
+            return  # the worker that ran it wrote its line
         out = ROOT / "artifacts"
         out.mkdir(exist_ok=True)
         with open(out / "test_durations.jsonl", "a") as f:
@@ -107,7 +119,9 @@ def pytest_terminal_summary(terminalreporter):
         by_file[nodeid.split("::")[0]] = by_file.get(nodeid.split("::")[0], 0.0) + v["wall"]
     tr = terminalreporter
     tr.section("the suite's time")
-    tr.write_line(f"{len(tests)} tests in {total / 60:.1f} min (load average now {os.getloadavg()[0]:.1f})")
+    workers = getattr(tr.config.option, "numprocesses", None) or 0
+    side = f" on {workers} workers side by side" if _SUITE.get("controller") else ""
+    tr.write_line(f"{len(tests)} tests in {total / 60:.1f} min{side} (load average now {os.getloadavg()[0]:.1f})")
     tr.write_line("the 25 slowest files:")
     for name, wall in sorted(by_file.items(), key=lambda kv: -kv[1])[:25]:
         tr.write_line(f"  {wall:8.1f} s  {name}")

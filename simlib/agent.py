@@ -328,8 +328,10 @@ class ElasticWorkers:
                          + "".join(f"\n  rank {r} wrote:\n{_indent(t)}" for r, t in tails.items() if t))
         return WorkerError(f"the {self.world_size} workers could not start:\n" + "\n".join(lines), by_rank)
 
-    def _exit_code(self, rank, wait: float = 1.0):
-        """A dead worker's exit code (negative: the signal), peeked without reaping it (the agent reaps)."""
+    def _exit_code(self, rank, wait: float = 10.0):
+        """A dead worker's exit code (negative: the signal), peeked without reaping it (the agent reaps). The
+        worker's connection closes as it dies; its launcher exits as it did only after the zygote has reaped it
+        and told it (simlib.launcher): under a heavy load that takes seconds, hence the wait (only for a death)."""
         pid = getattr(self, "_exit_pids", {}).get(rank, self._pids.get(rank))  # the agent's child: the launcher
         deadline = time.monotonic() + wait
         while pid is not None and hasattr(os, "waitid"):
@@ -343,7 +345,7 @@ class ElasticWorkers:
                 break
             time.sleep(0.01)
         if self._agent is not None:  # reaped by the agent: it reports the status when it ends, right after
-            self._agent.join(2 * wait)
+            self._agent.join(2.0)
         failures = getattr(self._agent_error, "failures", None) or {}  # the agent's ChildFailedError
         failure = failures.get(rank)
         return getattr(failure, "exitcode", None)
