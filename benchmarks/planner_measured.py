@@ -8,7 +8,14 @@ so that the box's load drift does not line up with the ranking. Reported: Spearm
 predicted and measured step time (target >= 0.8), the measured time of the planner's first pick against the
 measured best (target within 10 %), and each plan's predicted memory per rank against the measured peak of its
 second step (target within 10 %), with the load average.
-Run: ``python benchmarks/planner_measured.py [--world 4] [--steps 12]``; writes
+
+Step time: each plan is trained in ``--passes`` passes (each its own shuffled order), each pass's step time the
+trainer's median over the steps after its 2 warm-up steps; the figure is the median over passes, with the
+passes' spread beside it. Memory: the trainer's CPU peak counts what the step allocates above what was live as
+it started (``simlib.parallel.accumulate.peak_memory``), so the parameters and the optimizer's states (live
+from the first step on) are not in it; they are added here, per rank (counted from the rank's own tensors),
+and the largest rank's sum is compared with the predicted memory per device (which counts them).
+Run: ``python benchmarks/planner_measured.py [--world 4] [--steps 12] [--passes 2]``; writes
 benchmarks/results/planner_measured.json (or planner_measured_w8.json for 8).
 """
 import argparse
@@ -32,10 +39,41 @@ SPACE = dict(zero_stage=(0,), recompute=("none", "full"), schedule=("1f1b",), ov
              sequence_parallel=(False,), num_micro_batches=(1, 4))
 
 
+def train_counting_state(task, plan, **kwargs):
+    """``simlib.train.train`` on one rank, with the bytes of this rank's parameters and optimizer states as its
+    second step starts (what the trainer's CPU peak leaves out) beside each rank's step peak, in the summary."""
+    import torch.distributed as dist
+
+    from simlib.train import train
+    box = {}
+
+    def hook(info):
+        if info.step == 1:   # the step whose peak the trainer measures; the optimizer's states exist by now
+            params = list(info.model.module.parameters())
+            box["params"] = sum(p.numel() * p.element_size() for p in params)
+            box["optimizer"] = sum(v.numel() * v.element_size() for st in info.optimizer.state.values()
+                                   for v in st.values() if hasattr(v, "element_size"))
+    record = train(task, plan, step_hook=hook, **kwargs)
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, box)
+    for r, peak in zip(ranks, record.summary["peak_memory_by_rank"]):
+        r["step_peak"] = peak
+    record.summary["memory_ranks"] = ranks
+    return record
+
+
+def measured_memory(ranks) -> int | None:
+    """The largest rank's parameters + optimizer states + step peak above the step's start (bytes)."""
+    if any(r.get("step_peak") is None for r in ranks):
+        return None
+    return max(r["params"] + r["optimizer"] + r["step_peak"] for r in ranks)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--passes", type=int, default=2)
     args = ap.parse_args()
     load = os.getloadavg()
     task = GPTTask(seq_len=64, hidden=128, num_layers=4, num_heads=4, global_batch=32)  # the project's full size
@@ -48,25 +86,39 @@ def main():
                           trainer_only=True, space=SPACE)
         print(result.report(top=3))
         entries = list(result.ranked)
-        order = list(range(len(entries)))
-        random.Random(0).shuffle(order)
+        times = [[] for _ in entries]
         rows = [None] * len(entries)
-        for i in order:
-            e = entries[i]
-            plan = result.trainer(e)
-            t = time.perf_counter()
-            record, _ = train_on(args.world, task, plan, cluster=cluster, steps=args.steps, log_every=args.steps,
-                                 warmup=2, verbose=False)
-            s = record.summary
-            name = plan.label + (" ckpt" if plan.activation_checkpointing else "")
-            rows[i] = dict(plan=name, strategy=sim.planner.label(e["strategy"]), predicted_rank=i + 1,
-                           predicted_step_s=e["step_time"], measured_step_s=s["step_time"],
-                           measured_step_iqr_s=s.get("step_time_iqr"), predicted_memory_bytes=e["memory"]["total"],
-                           measured_peak_bytes=s.get("peak_memory_bytes"), seconds=time.perf_counter() - t,
-                           loadavg=list(os.getloadavg()))
-            print(f"{name:>28}: predicted {e['step_time'] * 1e3:7.2f} ms, measured "
-                  f"{s['step_time'] * 1e3:7.2f} ms, memory {e['memory']['total'] / 1e6:.2f} MB predicted, "
-                  f"{(s.get('peak_memory_bytes') or 0) / 1e6:.2f} MB measured (load {os.getloadavg()[0]:.1f})")
+        for k in range(args.passes):
+            order = list(range(len(entries)))
+            random.Random(k).shuffle(order)
+            for i in order:
+                e = entries[i]
+                plan = result.trainer(e)
+                t = time.perf_counter()
+                record, _ = train_on(args.world, task, plan, cluster=cluster, steps=args.steps,
+                                     log_every=args.steps, warmup=2, verbose=False,
+                                     train_fn=train_counting_state)
+                s = record.summary
+                times[i].append(s["step_time"])
+                name = plan.label + (" ckpt" if plan.activation_checkpointing else "")
+                if rows[i] is None:
+                    rows[i] = dict(plan=name, strategy=sim.planner.label(e["strategy"]), predicted_rank=i + 1,
+                                   predicted_step_s=e["step_time"],
+                                   predicted_bound=e.get("shared_cores"),
+                                   predicted_memory_bytes=e["memory"]["total"],
+                                   measured_peak_bytes=measured_memory(s["memory_ranks"]),
+                                   memory_ranks=s["memory_ranks"], step_iqr_s=[], seconds=0.0, loadavg=[])
+                r = rows[i]
+                r["step_iqr_s"].append(s.get("step_time_iqr"))
+                r["seconds"] += time.perf_counter() - t
+                r["loadavg"].append(list(os.getloadavg()))
+                print(f"pass {k + 1} {name:>28}: predicted {e['step_time'] * 1e3:7.2f} ms, measured "
+                      f"{s['step_time'] * 1e3:7.2f} ms, memory {e['memory']['total'] / 1e6:.2f} MB predicted, "
+                      f"{(r['measured_peak_bytes'] or 0) / 1e6:.2f} MB measured (load {os.getloadavg()[0]:.1f})",
+                      flush=True)
+        for r, ts in zip(rows, times):
+            r.update(measured_step_s=statistics.median(ts), measured_step_passes_s=ts,
+                     measured_step_spread=(max(ts) - min(ts)) / statistics.median(ts))
     pred = [r["predicted_step_s"] for r in rows]
     meas = [r["measured_step_s"] for r in rows]
     rho = spearman(pred, meas)
@@ -80,7 +132,9 @@ def main():
                    first_pick_over_best=first_pick / best_measured - 1, first_pick_target=0.10,
                    memory_ratio_median=statistics.median(mem) if mem else None,
                    memory_ratio_range=[min(mem), max(mem)] if mem else None,
-                   memory_within_10pct=within, memory_target=0.10, calibrate_s=calibrate_s)
+                   memory_within_10pct=within, memory_target=0.10, calibrate_s=calibrate_s,
+                   passes=args.passes,
+                   pass_spread_median=statistics.median(r["measured_step_spread"] for r in rows))
     print(f"\nSpearman {rho:.3f} (target >= 0.8); first pick {rows[0]['plan']} measured {first_pick * 1e3:.2f} ms, "
           f"{first_pick / best_measured - 1:+.1%} over the measured best ({summary['measured_best']}); memory "
           f"measured/predicted median {summary['memory_ratio_median']}, {within}/{len(mem)} within 10 %")

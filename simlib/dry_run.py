@@ -20,8 +20,9 @@ def sim_model(task):
                                    task.config.vocab_size, experts=task.moe_experts, top_k=task.moe_top_k,
                                    capacity_factor=task.moe_capacity_factor,
                                    name=f"GPT {task.num_layers}x{task.hidden} MoE {task.moe_experts}")
-        return sim.gpt(task.num_layers, task.hidden, task.num_heads, seq_len=task.seq_len,
+        spec = sim.gpt(task.num_layers, task.hidden, task.num_heads, seq_len=task.seq_len,
                        vocab=task.config.vocab_size, name=f"GPT {task.num_layers}x{task.hidden}")
+        return dataclasses.replace(spec, dropout=False)   # the course GPT has no dropout (simlib/projects/gpt/model.py)
     raise ValueError(f"task {task.name!r} has no sim_spec(): the simulator cannot price it")
 
 

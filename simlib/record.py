@@ -90,6 +90,7 @@ def build_summary(task, plan, ctx, state, timeline, rows, evals, target, peak_me
         "optimizer_time": timing.get("optimizer_time"), "comm_time": timing.get("comm_time"),
         "wait_time": timing.get("wait_time"), "exposed_comm_time": timing.get("exposed_comm_time"),
         "peak_memory_bytes": max(peaks) if peaks else None,
+        "peak_memory_by_rank": [p for p, _, _ in everyone],
         "matmul_gflops_per_rank": [r / 1e9 for _, r, _ in everyone],
         "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "final_loss": rows[-1]["loss"] if rows else None,

@@ -35,6 +35,7 @@ from .cluster_ops import moe_host_overhead
 from .offload import offload_time
 from .overlap import TP_OVERLAP_GEMM_SLOWDOWN, tp_overlap_exposed
 from .memory import activation_bytes_per_layer, check_fits, memory_per_device
+from .cpu_share import combine_prediction
 from .topology import Placement, group_collective, group_ranks, p2p_time, placement
 
 
@@ -473,10 +474,12 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
     throughput, tokens = samples / step, samples * model.seq_len / step
     if not fits:
         throughput = tokens = mfu = None
-    return Prediction(step, compute, exposed, bubble, opt, throughput, tokens, mfu, mem, fits,
-                      dict(forward=t_fwd * m, backward=t_bwd * m, tp_comm=tp_comm, pp_comm=pp_comm,
-                           pp_messages=pp_messages, dp_comm=dp_total, dp_exposed=dp_exposed,
-                           embedding_sync=embed, offload=offload, **cluster))
+    out = Prediction(step, compute, exposed, bubble, opt, throughput, tokens, mfu, mem, fits,
+                     dict(forward=t_fwd * m, backward=t_bwd * m, tp_comm=tp_comm, pp_comm=pp_comm,
+                          pp_messages=pp_messages, dp_comm=dp_total, dp_exposed=dp_exposed, embedding_sync=embed,
+                          offload=offload, **cluster))
+    own = hardware.own_cores(processes)   # ranks sharing a CPU's cores: processor sharing (sim/cpu_share.py)
+    return combine_prediction(out, predict(model, hardware, s, own)) if own else out
 
 
 def scaling(model, hardware, strategies, processes=None):

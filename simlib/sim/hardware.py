@@ -193,6 +193,11 @@ class Hardware:
             return table[processes]
         return table[min(table, key=lambda k: abs(k - processes))]
 
+    def own_cores(self, processes: int) -> int | None:
+        """A CPU box whose ``processes`` outnumber its cores: how many get a core each (the cores), for the
+        processor-sharing step (:mod:`simlib.sim.cpu_share`); None on a GPU or with a core per process."""
+        return self.cores if not self.peak_flops and self.cores and processes > self.cores else None
+
     def straggler(self, processes: int) -> float:
         """Slowest rank's compute time over the mean, ranks side by side (1 for one process or unmeasured)."""
         return 1.0 if processes <= 1 else float(self._by_world("straggler", processes, 1.0))

@@ -12,6 +12,8 @@
 - Full recomputation keeps each layer's input, but backward rebuilds one layer's activations at a time: that
   one layer's full set is added on top (the working set of the recomputation).
 - With pp = 1 the same device also holds the loss's fp32 logits, 4·b·s·V/tp bytes.
+- Kept values take the compute dtype's bytes: 2 in mixed precision (Korthikanti's table), 4 in fp32 (dropout
+  masks stay 1 byte; without dropout the scores term keeps only the softmax output).
 """
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ def param_bytes(strategy):
 
 
 def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: str = "none",
-                               sequence_parallel: bool = True, attention: str = "unfused") -> float:
+                               sequence_parallel: bool = True, attention: str = "unfused",
+                               value_bytes: int = 2) -> float:
     """Activation bytes one layer keeps for backward, for one micro-batch.
 
     Counted tensor by tensor as Korthikanti et al. 2022 (§4.1) do, for any shape: the inputs of the two norms,
@@ -49,18 +52,20 @@ def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: 
     s·b·h·(34 + 5·a·s/h) (Korthikanti Table 2). Recomputation: selective drops the score term; ``op``
     (torchtitan) keeps the layer input, the outputs of every other GEMM and of the attention kernel; full keeps
     the layer input, 2·s·b·h; ``every_other`` keeps full sets on half the layers and inputs on the rest.
+    ``value_bytes``: bytes of one kept value, 2 in mixed precision (the table's), 4 when the layer computes in
+    fp32 (every term but the 1-byte dropout masks doubles).
     """
     if model.kind == "mlp":  # fp32: each Linear keeps its input (the previous ReLU's output)
         width = sum(i for i, _ in model.linears) / model.layers
         return 4.0 * width * micro_batch if recompute != "full" else 4.0 * model.linears[0][0] * micro_batch / model.layers
     s, b, h, a = model.seq_len, micro_batch, model.hidden, model.heads
-    sb = s * b
+    sb, x = s * b, value_bytes / 2   # x: a kept value's bytes over the 16-bit table's
     shard = tp if sequence_parallel else 1
     if recompute == "full":
-        return 2.0 * sb * h / shard
+        return 2.0 * x * sb * h / shard
     if recompute == "every_other":
-        kept = activation_bytes_per_layer(model, micro_batch, tp, "none", sequence_parallel, attention)
-        return (kept + 2.0 * sb * h / shard) / 2
+        kept = activation_bytes_per_layer(model, micro_batch, tp, "none", sequence_parallel, attention, value_bytes)
+        return (kept + 2.0 * x * sb * h / shard) / 2
     f, mask = model.ffn, (1 if model.dropout else 0)
     if recompute == "op":   # saved: every other GEMM output, the attention output, the block's input
         kvd = model.kv * model.head_dim
@@ -68,13 +73,15 @@ def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: 
             split = h + kvd + f + h
         else:                 # mms QKV, O, up, down: QKV and up kept
             split = model.qkv_width + f + h
-        return 2.0 * sb * (split / tp + h / shard)
-    replicated = 2 * 4 * h + 2 * mask * h                          # norm inputs, QKV and MLP inputs, masks
+        return 2.0 * x * sb * (split / tp + h / shard)
+    replicated = 2 * x * 4 * h + 2 * mask * h                      # norm inputs, QKV and MLP inputs, masks
     if getattr(model, "mla", False):   # MLA: both latents, as their norms' and the up projections' inputs (whole
-        replicated += 2 * 2 * (model.q_lora + model.kv_lora)     # on every tp rank: the down projections are)
+        replicated += 2 * x * 2 * (model.q_lora + model.kv_lora)  # on every tp rank: the down projections are)
     # Q, K, V, the attention output (heads × head_dim wide, or MLA's heads × v), the MLP's tensors
-    split = 2 * (model.qkv_width + model.q_width + model.up_width + f + (f if model.gated_mlp else 0))
-    scores = 0.0 if attention != "unfused" or recompute == "selective" else 5.0 * a * s * b * s / tp
+    split = 2 * x * (model.qkv_width + model.q_width + model.up_width + f + (f if model.gated_mlp else 0))
+    # the softmax output, and with dropout its mask (1 byte) and output: 5·a·s²·b in Korthikanti's table
+    scores = 0.0 if attention != "unfused" or recompute == "selective" else (
+        (2 * x + mask * (1 + 2 * x)) * a * s * b * s / tp)
     return sb * (replicated / shard + split / tp) + scores
 
 
@@ -137,14 +144,15 @@ def memory_per_device(model, strategy) -> dict:
     weights, grads, optimizer = sharded(w_b, 3), sharded(g_b, 2), sharded(o_b, 1)
     layers_here = model.layers * share + (getattr(model, "mtp_layers", 0) if strategy.pp == 1 else 0)
     seq_model = replace(model, seq_len=model.seq_len // cp) if cp > 1 else model
+    value = 2 if strategy.mixed_precision else 4   # bytes of a kept value: the compute dtype's
     per_layer = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, strategy.recompute,
-                                           strategy.sequence_parallel, strategy.attention)
+                                           strategy.sequence_parallel, strategy.attention, value)
     moe_here = max(0, layers_here - model.dense_layers) if getattr(model, "experts", 0) else 0
     moe_extra = moe_activation_delta(model, strategy.micro_batch, strategy.tp, cp, strategy.expert_imbalance,
                                      strategy.recompute) if moe_here else 0.0
     if strategy.recompute == "full" and strategy.recompute_layers:   # only that many layers recomputed
         kept = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, "none",
-                                          strategy.sequence_parallel, strategy.attention)
+                                          strategy.sequence_parallel, strategy.attention, value)
         r = min(strategy.recompute_layers, layers_here)
         stage_acts = r * per_layer + (layers_here - r) * kept
     else:
@@ -153,7 +161,7 @@ def memory_per_device(model, strategy) -> dict:
     activations = stage_acts * in_flight_micro_batches(strategy) * interleave_factor(strategy)
     if strategy.recompute in ("full", "every_other", "op") and model.kind == "gpt":
         activations += activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, "none",
-                                                  strategy.sequence_parallel, strategy.attention) + moe_extra
+                                                  strategy.sequence_parallel, strategy.attention, value) + moe_extra
     if strategy.fsdp and model.kind == "gpt":
         # FSDP's working set: the unit being computed and the one prefetched, gathered in the parameter dtype,
         # and their unsharded gradients before the reduce-scatter (Zhao et al. 2023 §3.2)

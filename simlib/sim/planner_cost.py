@@ -14,7 +14,9 @@ The planner re-prices its top plans with ``predict`` itself and falls back to it
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import lru_cache
+from .cpu_share import combine_entry
 
 
 def divisors(n: int) -> list[int]:
@@ -67,9 +69,21 @@ class FastPricer:
         self._stages, self._syncs, self._p2p, self._ops, self._floors, self._floor_comm = {}, {}, {}, {}, {}, {}
         self._small = lru_cache(maxsize=None)(self._small_uncached)
         self._flops = model.flops_per_sample()   # the MFU's numerator: one model, one number
+        self._at = None   # processes to price at in place of procs(s) (at_own_cores)
 
     def procs(self, s) -> int:
-        return self.processes or min(s.world_size, self.hw.devices_per_node)
+        return self._at or self.processes or min(s.world_size, self.hw.devices_per_node)
+
+    @contextmanager
+    def at_own_cores(self, s):
+        """Inside: prices at a core per process where ``s``'s ranks share a CPU's cores (``Hardware.own_cores``;
+        :mod:`simlib.sim.cpu_share`); yields that count, or None (then nothing changes)."""
+        own = None if self._at else self.hw.own_cores(self.procs(s))
+        self._at = own
+        try:
+            yield own
+        finally:
+            self._at = None
 
     def memory(self, s) -> dict:
         from .memory import memory_per_device
@@ -132,6 +146,9 @@ class FastPricer:
         Operator times are ``op_time``'s own, memoized with :meth:`parts`."""
         if not self.gpt:
             return 0.0
+        if self._at is None and self.hw.own_cores(self.procs(s)):   # shared cores: the step >= a core per rank's
+            with self.at_own_cores(s):
+                return self.floor(s, tp_overlap, **changes)
         key = (self.procs(s),) + tuple(changes[n] if n in changes else getattr(s, n)
                                       for n in self._stage_fields if n not in _NOT_FLOOR)
         layer = self._floors.get(key)
@@ -181,6 +198,9 @@ class FastPricer:
         plus the pipeline messages; the data-parallel sync and the optimizer (>= 0) are left out."""
         if not self.gpt or self.exact:
             return self.floor(s)
+        if self._at is None and self.hw.own_cores(self.procs(s)):   # as floor: a core per rank is a lower bound
+            with self.at_own_cores(s):
+                return self.bound(s, variants)
         least = None
         for sp, tpo in variants:
             st = self.stage(s, sequence_parallel=sp, tp_overlap=tpo, recompute="none", recompute_layers=0)
@@ -230,6 +250,15 @@ class FastPricer:
                                                                         * self.hw.peak(s.dtype, self.procs(s))),
                         **{k: pr.breakdown.get(k, 0.0) for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm",
                                                                   "dp_exposed", "dp_comm", "embedding_sync")})
+        out = self._fast_price(s, global_batch)
+        if self._at is None and self.hw.own_cores(self.procs(s)):   # predict's processor sharing, the same way
+            with self.at_own_cores(s):
+                alone = self._fast_price(s, global_batch)
+            out = combine_entry(out, alone)
+        return out
+
+    def _fast_price(self, s, global_batch: int) -> dict:
+        model = self.model
         # predict(), term for term (simlib/sim/cost.py)
         st, ((dp_total, dp_last), embed, opt), p = self.parts(s)
         m, v = s.num_micro_batches, s.virtual_stages
