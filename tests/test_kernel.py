@@ -143,8 +143,16 @@ def test_interrupt_during_startup_is_one_short_message(kernel):
     start = float(text.strip().splitlines()[-1])  # a cold start on this machine, now
     assert kernel.wait_workers(0) == []
     for i, delay in enumerate((0.3, 0.6 * start)):  # inside the agent's set-up, then while torch is imported
-        status, text = kernel.run(f"os.environ['SIMLIB_TEST_COLD'] = '{i}'\nc = simlib.Cluster(2)",
-                                  interrupt_after=delay)
+        for attempt in range(3):
+            status, text = kernel.run(f"os.environ['SIMLIB_TEST_COLD'] = '{i}.{attempt}'\nc = simlib.Cluster(2)",
+                                      interrupt_after=delay)
+            if status == "error" or i == 0:
+                break
+            # the start beat the interrupt (this cold start was quicker than the one measured: the load changed,
+            # with another test file running beside this one): close it and interrupt earlier
+            kernel.run("c.close()")
+            assert kernel.wait_workers(0) == []
+            delay /= 2
         assert status == "error", text
         lines = [line for line in text.splitlines() if line.strip()]
         assert len(lines) <= 3, text
