@@ -7,7 +7,7 @@ from simlib.sim import validate
 
 @pytest.fixture(scope="module")
 def calibrated(cluster2):
-    return sim.calibrate(cluster2, world_sizes=(1, 2), repeats=2)
+    return sim.calibrate(cluster2, world_sizes=(1, 2), repeats=2, gemm_shapes=[(512, 128, 384)])
 
 
 def test_calibration_is_sane(calibrated):
@@ -19,6 +19,26 @@ def test_calibration_is_sane(calibrated):
     assert 0 <= alpha < 0.05 and 1e7 < bw < 1e11  # Gloo on loopback: ms latency, ~GB/s
     assert 1e8 < hw.mem_rate(1) < 1e12
     assert hw.intra.all_reduce_time(1 << 20, 2) > 0
+
+
+def test_a_models_own_gemm_shapes_are_timed(calibrated):
+    """A shape the MLP table lacks (the course GPT's hidden-128 QKV GEMM), handed to calibrate, is priced at its
+    own measured rate; model_gemm_shapes lists a model's single GEMMs (a layer, its backward, the head), not the
+    batched per-head ones (one bmm call each)."""
+    from simlib.dry_run import sim_model
+    from simlib.projects.gpt import GPTTask
+    from simlib.sim.calibrate import model_gemm_shapes
+    from simlib.sim.compute import gemm_time
+
+    rate = calibrated.gemm_shape_rate(512, 128, 384, processes=2)
+    assert rate and 1e8 < rate < 1e13
+    assert gemm_time(512, 128, 384, calibrated, processes=2) == pytest.approx(2 * 512 * 128 * 384 / rate)
+    model = sim_model(GPTTask(seq_len=64, hidden=128, num_layers=4, num_heads=4, global_batch=32))
+    shapes = model_gemm_shapes(model, [sim.Strategy(dp=2, micro_batch=8, dtype="fp32")])
+    t = 8 * 64
+    assert (t, 128, 3 * 128) in shapes and (t, 128, model.vocab) in shapes   # QKV and the logits head, forward
+    assert (128, t, 3 * 128) in shapes                                        # QKV's weight gradient
+    assert not any(k == 32 and n == 64 for _, k, n in shapes)                 # no per-head (s x d) x (d x s) GEMM
 
 
 def test_calibrate_rejects_a_too_small_cluster(cluster2):

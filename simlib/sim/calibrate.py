@@ -242,7 +242,7 @@ def _combine(results):
 
 
 def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, timeout: float = 120.0,
-              min_time: float | None = None, kernels: bool = False):
+              min_time: float | None = None, kernels: bool = False, gemm_shapes=()):
     """Measure this machine and return a :class:`~simlib.sim.hardware.Hardware` for it.
 
     Measures, for each world size w (w processes running at once, cores // w threads each — the default of
@@ -257,6 +257,10 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
     slowest rank's) when ``kernels`` (a few seconds more per world size; :mod:`simlib.sim.context_experts`
     uses them).
     ``cluster``: a warm cluster with at least ``max(world_sizes)`` ranks (one is started and closed if None).
+    ``gemm_shapes``: (m, k, n) shapes timed besides the course's MLP table — a model's own GEMMs
+    (:func:`model_gemm_shapes`): on a CPU a GEMM's rate depends on its shape, not only its FLOPs, so a shape
+    the table lacks is priced from GEMMs of other shapes and the same FLOPs (a hidden-128 GEMM ran ~2.5x
+    slower here than table shapes of its FLOPs).
     """
     from .. import env
     from ..launch import Cluster, OversubscribedWarning
@@ -274,6 +278,7 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
     elif cluster.world_size < max(world_sizes):
         raise ValueError(f"a cluster of {cluster.world_size} ranks cannot measure world size {max(world_sizes)}")
     cores = env.cpu_count()
+    shapes = list(GEMM_SHAPES) + sorted({tuple(int(d) for d in g) for g in gemm_shapes} - set(GEMM_SHAPES))
     try:
         gemm_table, mem, links, curves, raw = {}, {}, {}, {}, {}
         overheads = {"straggler": {}, "comm_in_situ": {}, "accumulate_grad_Bps": {}, "layer_factor": {},
@@ -282,13 +287,14 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
             thread_counts = range(1, cores + 1) if w == 1 else [max(1, cores // w)]
             for threads in thread_counts:
                 out = cluster.call(measure_here, (w, threads), {"repeats": repeats, "min_time": min_time,
+                                                                "gemm_shapes": shapes,
                                                                 "kernels": kernels and threads == max(1, cores // w)},
                                    timeout=timeout)
                 gemms, mem_bw, comm, acc_bw, layer_factor = _combine(out)
                 gemm_table[(w, threads)] = gemms
                 overheads["layer_factor"][(w, threads)] = layer_factor
                 overheads["gemm_shapes"][(w, threads)] = {
-                    tuple(shape): rate for shape, (_, rate) in zip(GEMM_SHAPES, gemms)}
+                    tuple(shape): rate for shape, (_, rate) in zip(shapes, gemms)}
                 raw[(w, threads)] = {"gemms": gemms, "mem_bw": mem_bw, "comm": comm,
                                      "cycles": [r["cycles"] for r in out if r], "p2p": [r["p2p"] for r in out if r]}
                 if threads == max(1, cores // w):
@@ -325,3 +331,20 @@ def _ram_bytes() -> float:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 8e9
+
+
+def model_gemm_shapes(model, strategies) -> list:
+    """Every (m, k, n) GEMM one micro-batch of ``model`` runs under ``strategies`` (a layer's forward, recomputation
+    and backward, the logits head): the shapes to hand :func:`calibrate` so that each is priced at its own rate."""
+    from .layer import head_ops, strategy_layer_ops
+
+    shapes = set()
+    for s in strategies:
+        parts = [strategy_layer_ops(model, s), head_ops(model, s.micro_batch, s.tp, cp=s.cp)]
+        for part in parts:
+            for ops in part.values():
+                # a batched GEMM (count > 1: attention's per-head products) runs as one bmm call, not count
+                # separate ones: its single-call rate would overcharge it, so it keeps the table's
+                shapes.update(tuple(int(d) for d in op.shape) for op in ops
+                              if op.kind == "gemm" and op.shape and op.count == 1)
+    return sorted(shapes)
