@@ -1,7 +1,7 @@
 """The planner's ranking against measured step times: every valid plan of the GPT project on 4 CPU processes.
 
 This machine is calibrated (``sim.calibrate``: GEMMs — the course table and every GEMM shape of the space's plans,
-``model_gemm_shapes`` —, memory bandwidth, Gloo all-reduce and the multi-process terms at 1, 2 and 4 processes), the
+``sim.planner.gemm_shapes`` —, memory bandwidth, Gloo all-reduce and the multi-process terms at 1, 2 and 4 processes), the
 planner enumerates every plan of a stated space that ``simlib train`` runs
 (``trainer_only``: Plan.validate with the task), and each plan is trained for real through the one loop
 (``simlib.projects.runner.train_on`` -> ``simlib.train.train``) on a warm 4-rank cluster, in a shuffled order
@@ -30,8 +30,7 @@ from simlib import sim
 from simlib.dry_run import sim_model
 from simlib.projects.gpt import GPTTask
 from simlib.projects.runner import train_on
-from simlib.sim.calibrate import model_gemm_shapes
-from simlib.sim.hardware import cpu_box
+from simlib.sim.planner import gemm_shapes
 from simlib.sim.planner_report import spearman
 
 import report  # benchmarks/report.py: machine info and the JSON file
@@ -82,11 +81,7 @@ def main():
     task = GPTTask(seq_len=64, hidden=128, num_layers=4, num_heads=4, global_batch=32)  # the project's full size
     model = sim_model(task)
     t0 = time.perf_counter()
-    # the GEMMs of every plan in the space, timed by calibrate at their own shapes (the space's plans are found
-    # first with the uncalibrated CPU preset: which plans are valid does not depend on the rates)
-    draft = sim.plan(model, cpu_box(), devices=args.world, global_batch=task.global_batch, task=task,
-                     trainer_only=True, space=SPACE)
-    shapes = model_gemm_shapes(model, [e["strategy"] for e in draft.ranked])
+    shapes = gemm_shapes(model, args.world, task.global_batch, task=task, space=SPACE)   # timed at their own shapes
     with simlib.Cluster(args.world) as cluster:
         hw = sim.calibrate(cluster, world_sizes=tuple(w for w in (1, 2, 4, 8) if w <= args.world),
                            gemm_shapes=shapes)

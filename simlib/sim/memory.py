@@ -38,6 +38,11 @@ def param_bytes(strategy):
     return BYTES_PER_PARAM[(precision, strategy.optimizer)]
 
 
+def kept_value_bytes(strategy) -> int:
+    """Bytes of one value a layer keeps for backward: the compute dtype's (2 in mixed precision, 4 in fp32)."""
+    return 2 if strategy.mixed_precision else 4
+
+
 def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: str = "none",
                                sequence_parallel: bool = True, attention: str = "unfused",
                                value_bytes: int = 2) -> float:
@@ -144,7 +149,7 @@ def memory_per_device(model, strategy) -> dict:
     weights, grads, optimizer = sharded(w_b, 3), sharded(g_b, 2), sharded(o_b, 1)
     layers_here = model.layers * share + (getattr(model, "mtp_layers", 0) if strategy.pp == 1 else 0)
     seq_model = replace(model, seq_len=model.seq_len // cp) if cp > 1 else model
-    value = 2 if strategy.mixed_precision else 4   # bytes of a kept value: the compute dtype's
+    value = kept_value_bytes(strategy)
     per_layer = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, strategy.recompute,
                                            strategy.sequence_parallel, strategy.attention, value)
     moe_here = max(0, layers_here - model.dense_layers) if getattr(model, "experts", 0) else 0
@@ -157,7 +162,7 @@ def memory_per_device(model, strategy) -> dict:
         stage_acts = r * per_layer + (layers_here - r) * kept
     else:
         stage_acts = per_layer * layers_here + moe_here * moe_extra
-    stage_acts -= min(getattr(strategy, "offload_layers", 0), layers_here) * per_layer   # on the host (offload.py)
+    stage_acts -= strategy.offloaded(layers_here) * per_layer   # on the host (simlib.sim.offload)
     activations = stage_acts * in_flight_micro_batches(strategy) * interleave_factor(strategy)
     if strategy.recompute in ("full", "every_other", "op") and model.kind == "gpt":
         activations += activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, "none",

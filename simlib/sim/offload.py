@@ -17,17 +17,12 @@ where the simulator without it says they cannot.
 from __future__ import annotations
 
 
-def offloaded_layers(strategy, layers_here: int) -> int:
-    """Layers of a stage whose activations live in host memory (at most the stage's layers)."""
-    return min(getattr(strategy, "offload_layers", 0), max(int(layers_here), 0))
-
-
 def offload_exposed(strategy, hardware, layers_here: int, layer_bytes: float, layer_forward: float,
                     layer_backward: float) -> float:
     """Seconds per micro-batch that the offload copies add to a stage: for each of the ``n`` offloaded layers,
     the device-to-host copy of ``layer_bytes`` beyond ``L // n`` layers' forward, and the host-to-device copy
     beyond as many layers' backward (``hardware.host_link`` bytes/s each way)."""
-    n = offloaded_layers(strategy, layers_here)
+    n = strategy.offloaded(layers_here)
     if not n:
         return 0.0
     if not hardware.host_link:
@@ -43,14 +38,14 @@ def offload_time(model, hardware, strategy, stage: dict) -> float:
     them (its sequence share under cp)."""
     from dataclasses import replace
 
-    from .memory import activation_bytes_per_layer
+    from .memory import activation_bytes_per_layer, kept_value_bytes
 
     s = strategy
-    if not getattr(s, "offload_layers", 0) or model.kind != "gpt":
+    if not s.offload_layers or model.kind != "gpt":
         return 0.0
     seq_model = replace(model, seq_len=model.seq_len // s.cp) if s.cp > 1 else model
     layer_bytes = activation_bytes_per_layer(seq_model, s.micro_batch, s.tp, s.recompute, s.sequence_parallel,
-                                             s.attention)
+                                             s.attention, kept_value_bytes(s))
     layers_here = max(s.stage_layers(model.layers)) if s.virtual_stages == 1 or s.stage_layout else \
         model.layers // s.pp
     return offload_exposed(s, hardware, layers_here, layer_bytes, stage["layer_forward"], stage["layer_backward"])

@@ -262,6 +262,18 @@ def _first_line(exc) -> str:
     return " ".join(text.split())[:120]
 
 
+def gemm_shapes(model, devices: int, global_batch: int, task=None, space: dict | None = None) -> list:
+    """Every (m, k, n) GEMM shape the trainer-runnable plans of ``model`` on ``devices`` CPU processes run, to hand
+    :func:`simlib.sim.calibrate` (``gemm_shapes=``) before planning on the calibrated machine: the plans are found
+    with the uncalibrated CPU preset (which plans are valid does not depend on the rates)."""
+    from .calibrate import model_gemm_shapes
+    from .hardware import cpu_box
+
+    draft = plan(model, cpu_box(), devices=devices, global_batch=global_batch, task=task, trainer_only=True,
+                 space=space)
+    return model_gemm_shapes(model, [e["strategy"] for e in draft.ranked])
+
+
 def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = None, global_batch: int = 1024,
          seq_len: int | None = None, memory_limit: float | None = None, dtype: str | None = None,
          attention: str | None = None, task=None, trainer_only: bool = False, space: dict | None = None,

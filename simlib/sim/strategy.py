@@ -134,6 +134,11 @@ class Strategy:
         """Ranks holding the same experts, which average their gradients: dp × cp / ep."""
         return max(1, self.dp * self.cp // self.ep)
 
+    def offloaded(self, layers_here: float) -> float:
+        """Layers of a stage whose activations live in host memory (``offload_layers``, simlib.sim.offload): at
+        most the stage's ``layers_here`` (a fraction where an even share of layers does not divide)."""
+        return min(self.offload_layers, max(layers_here, 0))
+
     def stage_layers(self, layers: int) -> list[int]:
         """Layers on each pipeline stage: ``first_stage_layers`` / ``last_stage_layers`` where set, the rest
         spread evenly over the other stages (raises ValueError if they do not split evenly)."""
