@@ -166,3 +166,24 @@ def test_combine_kernels_fits_in_situ_calls_and_keeps_the_slowest_moe():
     assert out["moe"] == dict(tokens=64, seconds=3e-3)
     alpha, bandwidth = out["in_situ"]["hop"]
     assert alpha == pytest.approx(3e-3, rel=1e-3) and bandwidth == pytest.approx(1e9 / 3, rel=1e-3)
+
+
+def test_a_whole_gpt_prices_simlibs_ring_passes_as_lesson_09_on_a_measured_box():
+    """gpt_stage (the planner's operator model) and ring_attention_time price the same passes of the same ring:
+    on a box whose passes calibrate() measured in situ, a cp = 2 layer's exposed context-parallel time is the
+    passes lesson 09 counts (forward: 1 overlapped K/V pass and the shape check; backward: 1 K/V pass and 2
+    dK/dV passes); a preset keeps the ring hidden behind attention (cluster_ops.exposed_comm)."""
+    from simlib import sim
+    from simlib.sim.cost import gpt_stage
+    hw = _measured_box(sync=1e-3)
+    base = hw.overheads["kernels"][2]
+    fits = {"a2a": (2e-3, 1e8), "hop": (1e-3, 2e8), "hop_overlapped": (3e-3, 5e7)}
+    measured = hw.with_(overheads={"kernels": {2: {**base, "in_situ": fits}}})
+    model = sim.gpt(layers=2, hidden=128, heads=4, seq_len=512, vocab=1000)
+    s = sim.Strategy(cp=2, cp_kind="ring", micro_batch=2, dtype="fp32")
+    kv = 2 * 2 * 512 // 2 * 128 * 4   # K and V of one rank's half of the sequence, fp32
+    passes = (3e-3 + kv / 5e7) + 1e-3 + (3e-3 + kv / 5e7) + 2 * (1e-3 + kv / 2e8)   # fwd + check, bwd
+    assert gpt_stage(model, measured, s, 2)["cp_comm"] == pytest.approx(model.layers * passes, rel=1e-5)
+    assert gpt_stage(model, hw, s, 2)["cp_comm"] < 0.1 * model.layers * passes   # unmeasured: as before
+    assert gpt_stage(model, measured, s.replace(cp_kind="allgather"), 2)["cp_comm"] == \
+        gpt_stage(model, hw, s.replace(cp_kind="allgather"), 2)["cp_comm"]         # another ring: untouched

@@ -1,4 +1,5 @@
-"""Compute time of GEMMs on a machine: the rate measured for an exact shape, else the GFLOPs-keyed table."""
+"""Compute time of GEMMs on a machine (the rate measured for an exact shape, else the GFLOPs-keyed table) and of
+autograd's gradient accumulation."""
 from __future__ import annotations
 
 
@@ -14,3 +15,18 @@ def gemm_time(m, k, n, hardware, dtype="bf16", processes=1, threads=None) -> flo
 
 def gemms_time(gemms, hardware, dtype="bf16", processes=1, threads=None) -> float:
     return sum(c * gemm_time(m, k, n, hardware, dtype, processes, threads) for m, k, n, c in gemms)
+
+
+def accumulate_grad_time(params_here, hardware, strategy, processes=1) -> float:
+    """Seconds autograd's AccumulateGrad spends per micro-batch adding each new weight gradient into ``.grad``.
+
+    With ``zero_grad(set_to_none=False)`` (and in every micro-batch after the first under accumulation)
+    ``.grad += new`` reads both and writes one: 3 × (bytes per gradient) per parameter, at the bandwidth
+    :func:`~simlib.sim.calibrate.calibrate` measured for ``grad.add_(new)`` on a weight-sized tensor (which stays
+    partly in cache, so it is not the streaming bandwidth). 0 where that was not measured (presets).
+    """
+    rate = hardware.accumulate_grad_rate(processes)
+    if not rate:
+        return 0.0
+    bytes_per = 2 if strategy.mixed_precision else 4
+    return 3.0 * bytes_per * params_here / rate

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from ..parallel import context
 from ..parallel.experts import a2a_volume, capacity
-from .collectives import _ab, all_gather
 from .collectives import all_to_all  # noqa: F401 - priced with the other collectives, re-exported here
-from .cost import gemm_time, p2p
+from .cost import gemm_time
+from .ring_comm import (_blocking, _in_situ, _in_step, _measured, _p2p, _small_collective,  # noqa: F401
+                        all_to_all_time, exposed_hop)
 
 # Passes over the score block (B·H·c·c values) that simlib.parallel.context's ring attention makes besides its
 # GEMMs, counted in its code: forward (block_attention) scale, mask, max, subtract, exp, sum, and the merge's
@@ -36,12 +37,6 @@ ROW_MOVES = 8               # per kept assignment and hidden value, forward; as 
 # router, softmax/top-k, the queue positions, the kept rows' gather and sort, the splits; per expert its
 # selection, its two Linears and GELU, the index_copy back), 45 + 22 per local expert backward.
 OPS_FORWARD, OPS_PER_EXPERT_FORWARD, OPS_BACKWARD, OPS_PER_EXPERT_BACKWARD = 83, 10, 45, 22
-
-
-def _measured(hardware, processes) -> dict:
-    """What calibrate(kernels=True) measured on this box for ``processes`` ranks (``overheads["kernels"]``); {}
-    on a preset."""
-    return (hardware._by_world("kernels", processes, None) if hasattr(hardware, "_by_world") else None) or {}
 
 
 def _op(hardware, processes):
@@ -85,69 +80,6 @@ def kernel_time(hardware, name, length, batch_heads, processes, backward=True, h
     return max(t, 0.0) * batch_heads / KERNEL_HEADS
 
 
-def _p2p(nbytes, hardware):
-    """One point-to-point message: the ping-pong fit where measured, else the link's α-β."""
-    link = hardware.p2p_link() if hasattr(hardware, "p2p_link") else None
-    return link[0] + nbytes / link[1] if link else p2p(nbytes, hardware.intra)
-
-
-def _sync(hardware, processes):
-    """Seconds a blocking collective waits for its peers after a stretch of work, where calibrate() measured it
-    (``kernels["sync"]``: on a box whose cores the ranks share, far more than the back-to-back α); else None."""
-    return _measured(hardware, processes).get("sync") if processes > 1 else None
-
-
-def all_to_all_time(nbytes, n, hardware, processes=None):
-    """One all-to-all of ``nbytes`` per rank, back to back: Gloo's own measured (α, B) where calibrate() fitted
-    it (``kernels["a2a"]``, α + bytes / B over a rank's input), else the link's α-β with the (n−1)/n factor."""
-    if n <= 1:
-        return 0.0
-    fit = _measured(hardware, processes or n).get("a2a")
-    return fit[0] + nbytes / fit[1] if fit else all_to_all(nbytes, n, hardware.intra)
-
-
-def _in_situ(hardware, processes, kind):
-    """(α, B) of what a call of ``kind`` adds to the compute it meets, where calibrate() measured it
-    (``kernels["in_situ"]``, :func:`simlib.sim.kernels.in_situ_comm`: a2a, hop, hop_overlapped), else None."""
-    return (_measured(hardware, processes).get("in_situ") or {}).get(kind)
-
-
-def _blocking(nbytes, n, hardware, kind="all_to_all", processes=None):
-    """One collective every rank waits on (``kind``: all_to_all, all_gather or p2p) of ``nbytes`` per rank: what
-    it adds to the compute around it where calibrate() measured that (:func:`_in_situ`); else its α-β time, with
-    the latency taken as the measured in-situ wait (:func:`_sync`) where there is one."""
-    if n <= 1:
-        return 0.0
-    fit = _in_situ(hardware, processes or n, {"all_to_all": "a2a", "p2p": "hop"}.get(kind))
-    if fit:
-        return fit[0] + nbytes / fit[1]
-    if kind == "p2p":
-        t, alpha = _p2p(nbytes, hardware), ((hardware.p2p_link() if hasattr(hardware, "p2p_link") else None)
-                                            or _ab(hardware.intra, 2, nbytes))[0]
-    elif kind == "all_to_all":
-        t = all_to_all_time(nbytes, n, hardware, processes)
-        alpha = (_measured(hardware, processes or n).get("a2a") or ((n - 1) * _ab(hardware.intra, n, nbytes)[0],))[0]
-    else:  # all_gather, priced on the gathered size
-        t = all_gather(nbytes * n, n, hardware.intra)
-        alpha = (n - 1) * _ab(hardware.intra, n, nbytes * n)[0]
-    wait = _sync(hardware, processes or n)
-    return t if wait is None else max(t - alpha, 0.0) + wait
-
-
-def _in_step(nbytes, n, hardware, processes=None):
-    """An all-to-all right after another collective: where calibrate() measured calls after compute, such a call
-    finds the ranks in step and costs what one after a barrier does (:func:`all_to_all_time`); else as any
-    blocking one (:func:`_blocking`)."""
-    if n > 1 and _in_situ(hardware, processes or n, "a2a"):
-        return all_to_all_time(nbytes, n, hardware, processes)
-    return _blocking(nbytes, n, hardware, "all_to_all", processes)
-
-
-def _small_collective(n, hardware):
-    """The shape check both attentions start with (an all-gather of 4 int64 per rank): latency only."""
-    return _blocking(32, n, hardware, "all_gather")
-
-
 def ring_attention_time(batch, heads, seq, head_dim, cp, hardware, layout="zigzag", causal=True, dtype="bf16",
                         backward=True, processes=None) -> dict:
     """Predicted seconds of one ring-attention layer, forward (and backward), as simlib runs it.
@@ -185,18 +117,12 @@ def ring_attention_time(batch, heads, seq, head_dim, cp, hardware, layout="zigza
     kv = 2 * batch * heads * (seq // cp) * head_dim * nbytes  # one K/V block
     hop = _p2p(kv, hardware) if cp > 1 else 0.0
     hops = (cp - 1) * (2 if backward else 1)  # K/V around the ring, forward and again in backward
-    # each K/V hop is started before a step's blocks and waited for after them: what sticks out is exposed,
-    # and the wait itself is a point every rank must reach (the in-situ latency where measured)
-    wait = _blocking(0, cp, hardware, "p2p", processes) if cp > 1 else 0.0
-    # backward sends each step's dK/dV on and waits for it before the next step (RingAttention.backward):
+    # each K/V hop is started before a step's blocks and waited for after them (ring_comm.exposed_hop); backward sends each step's dK/dV on and waits for it before the next step (RingAttention.backward):
     # cp blocking hops, in full
     exposed_dkv = cp * _blocking(kv, cp, hardware, "p2p", processes) if backward and cp > 1 else 0.0
-    overlapped = _in_situ(hardware, processes, "hop_overlapped") if cp > 1 else None
-
-    def exposed_hop(t):  # measured: what a pass started before the compute and waited for after it adds to it
-        return overlapped[0] + kv / overlapped[1] if overlapped else max(0.0, hop - t / cp) + wait
     check = _small_collective(cp, hardware)
-    per_rank = [t + hops * exposed_hop(t) + exposed_dkv + check for t in compute]
+    per_rank = [t + hops * exposed_hop(kv, cp, hardware, processes, t) + exposed_dkv + check if cp > 1 else t
+                for t in compute]
     return dict(per_rank=per_rank, total=max(per_rank), compute=compute, hop=hop)
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from .collectives import (all_gather, all_reduce, hierarchical_all_reduce, p2p, reduce_scatter,  # noqa: F401
                           ring_all_reduce, tree_all_reduce)
-from .compute import gemm_time, gemms_time  # noqa: F401
+from .compute import accumulate_grad_time, gemm_time, gemms_time  # noqa: F401
 from .layer import (embedding_ops, exposed_comm, head_ops, module_recompute_ops, mtp_ops, op_time,  # noqa: F401
                     op_time_key, ops_time, recompute_ops, strategy_layer_ops)
 from .cluster_ops import moe_host_overhead
@@ -36,6 +36,7 @@ from .offload import offload_time
 from .overlap import TP_OVERLAP_GEMM_SLOWDOWN, tp_overlap_exposed
 from .memory import activation_bytes_per_layer, check_fits, memory_per_device
 from .cpu_share import combine_prediction
+from .ring_comm import ring_exposed
 from .topology import Placement, group_collective, group_ranks, p2p_time, placement
 
 
@@ -122,6 +123,8 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
                      (once(op) if op.kind == "attention" or
                       op.name.startswith(("scores", "context P", "scale+mask")) else 0.0) for op in items]
             exposed[group] = exposed_comm(items, times)
+            if group == "cp" and s.cp_kind == "ring":   # simlib's ring on a calibrated CPU: its passes as measured
+                exposed[group] = ring_exposed(items, times, hardware, processes) or exposed[group]
             if s.tp_overlap and group == "tp":
                 exposed[group], slow = tp_overlap_exposed(items, times, exposed[group], hardware, s, processes)
         return exposed, slow
@@ -226,21 +229,6 @@ def stage_times(model, hardware, strategy, processes=1):
         t_bwd += sum(c * gemm_time(m, k, n, hardware, s.dtype) for m, k, n, c in fwd[1:3]) / s.pp
     straggle = hardware.straggler(processes)  # a synchronous step runs at its slowest rank's pace
     return t_fwd * straggle, t_bwd * straggle
-
-
-def accumulate_grad_time(params_here, hardware, strategy, processes=1) -> float:
-    """Seconds autograd's AccumulateGrad spends per micro-batch adding each new weight gradient into ``.grad``.
-
-    With ``zero_grad(set_to_none=False)`` (and in every micro-batch after the first under accumulation)
-    ``.grad += new`` reads both and writes one: 3 × (bytes per gradient) per parameter, at the bandwidth
-    :func:`~simlib.sim.calibrate.calibrate` measured for ``grad.add_(new)`` on a weight-sized tensor (which stays
-    partly in cache, so it is not the streaming bandwidth). 0 where that was not measured (presets).
-    """
-    rate = hardware.accumulate_grad_rate(processes)
-    if not rate:
-        return 0.0
-    bytes_per = 2 if strategy.mixed_precision else 4
-    return 3.0 * bytes_per * params_here / rate
 
 
 def elementwise_bytes(model, strategy) -> float:

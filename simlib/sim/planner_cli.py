@@ -70,18 +70,20 @@ def narrowed(args) -> dict:
 
 def run(args) -> int:
     from .. import env
-    from .planner import plan
+    from .planner import gemm_shapes, plan
     task, model = None, args.model
     if args.fastest is not None and args.fastest < 1:
         raise ValueError(f"--fastest must be an int >= 1 (leave it out to rank every plan), got {args.fastest}")
     if args.model in PROJECTS:
         task, model = _project(args.model, bool(args.quick or env.quick()))
     cluster = args.cluster
-    if cluster == "here":
+    gb = args.global_batch or (task.global_batch if task is not None else 1024)
+    if cluster == "here":   # this box, measured: a project's GEMMs at its plans' own shapes, ring passes in situ
         from .calibrate import calibrate
         world = args.devices or 4
-        cluster = calibrate(world_sizes=tuple(w for w in (1, 2, 4, 8) if w <= world))
-    gb = args.global_batch or (task.global_batch if task is not None else 1024)
+        shapes = gemm_shapes(model, world, gb, task=task, space=narrowed(args)) if task is not None else ()
+        cluster = calibrate(world_sizes=tuple(w for w in (1, 2, 4, 8) if w <= world), kernels=True,
+                            gemm_shapes=shapes)
     mem = args.memory_gb * 1e9 if args.memory_gb is not None else None
     result = plan(model, cluster, nodes=args.nodes, devices=args.devices, global_batch=gb, seq_len=args.seq_len,
                   memory_limit=mem, task=task, trainer_only=args.trainer_only, space=narrowed(args),
