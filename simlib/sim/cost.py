@@ -200,6 +200,8 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
         for e in ends:
             out["forward"] += t_end(e["forward"])
             out["backward"] += t_end(e["backward"])
+        for k in ("forward", "backward"):   # ranks side by side on a CPU box: the slowest one's pace (1 on GPUs)
+            out[k] *= hardware.straggler(processes)
         total = out["forward"] + out["backward"] + out["forward_comm"] + out["backward_comm"]
         if best is None or total > best[0]:
             best = (total, out)
