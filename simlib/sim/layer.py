@@ -346,7 +346,7 @@ def recompute_ops(forward, recompute: str, model=None):
 # norms before attention and MLP, the experts' activation, MLA's up projections with the rotary part, a dense MLP
 RECOMPUTE_MODULE_OPS = {
     "layernorm": ("RMSNorm 1", "RMSNorm 2", "layer norm 1", "layer norm 2"),
-    "moe_act": ("experts SwiGLU", "experts GeLU"),
+    "moe_act": ("experts SwiGLU", "experts GeLU", "experts activation clamp"),
     "mla_up_proj": ("MLA q up", "MLA kv up", "rotary embedding on Q, K"),
     "mlp": ("MLP up", "MLP down", "SwiGLU silu·up", "bias+GeLU (fused)"),
 }
