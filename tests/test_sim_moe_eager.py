@@ -1,6 +1,7 @@
-"""GPT-OSS's experts as Megatron-Core runs them (simlib.sim.cluster_ops.expert_eager_ops): the clamped activation's
-eager clamps and the experts' output bias added per expert. The priced bytes are checked against the reads and
-writes PyTorch's dispatcher sees when the same sequence of tensor operations runs forward and backward."""
+"""GPT-OSS's eager operators as Megatron-Core runs them: its experts' clamped activation and output bias added per
+expert (simlib.sim.cluster_ops.expert_eager_ops), and YaRN RoPE applied unfused (simlib.sim.layer). The priced bytes
+are checked against the reads and writes PyTorch's dispatcher sees when the same sequence of tensor operations runs
+forward and backward."""
 from dataclasses import replace
 
 import pytest
@@ -10,7 +11,7 @@ from torch.utils._pytree import tree_flatten
 
 from simlib import sim
 from simlib.sim import cluster_ops, scale_runs
-from simlib.sim.layer import module_recompute_ops
+from simlib.sim.layer import layer_ops, module_recompute_ops
 
 
 class _Traffic(TorchDispatchMode):
@@ -49,6 +50,14 @@ def _clamped(y, bound=7.0):   # the gate half clamped from above, the linear hal
 def _bias_per_expert(out, biases, probs, counts):   # each expert's rows plus its bias times the row's probability
     parts = zip(torch.split(out, counts), biases.unbind(0), torch.split(probs, counts))
     return torch.cat([rows + b * p for rows, b, p in parts]).to(out.dtype)
+
+
+def _rope_scaled(t, freqs, mscale=1.35):   # t·cos + rotate_half(t)·sin with scaled cos and sin, the pass-through
+    rot = freqs.shape[-1]                 # part (empty here) joined back
+    t, rest = t[..., :rot], t[..., rot:]
+    cos, sin = (torch.cos(freqs) * mscale).to(t.dtype), (torch.sin(freqs) * mscale).to(t.dtype)
+    first, second = torch.chunk(t, 2, dim=-1)
+    return torch.cat((t * cos + torch.cat((-second, first), dim=-1) * sin, rest), dim=-1)
 
 
 def _oss(**kw):
@@ -123,3 +132,27 @@ def test_gpt_oss_runs_slow_down_and_nothing_else_moves():
         assert with_them > without
     other = sim.llama_size("qwen3-235b-a22b")
     assert other.activation_clamp == 0.0 and not other.expert_bias
+
+
+def test_yarn_rope_with_a_scale_is_priced_unfused_on_the_query_width():
+    """A YaRN concentration factor (GPT-OSS: 0.1·ln 32 + 1) sends Megatron-Core's RoPE down the unfused path: its
+    bytes, Q and K and their cos/sin tables, are the dispatched ones; without it the fused kernel's read + write.
+    Q's width is heads × head_dim, not the hidden size."""
+    import math
+
+    assert sim.llama_size("gpt-oss-120b").rope_mscale == pytest.approx(0.1 * math.log(32) + 1)
+    m = _oss(head_dim=24, rope_mscale=1.35)
+    b, s, d = 2, m.seq_len, m.head_dim
+    assert m.heads * d != m.hidden
+    ops = {op.name: op.bytes for phase in layer_ops(m, b, attention="flash").values() for op in phase}
+    measured = [0, 0]
+    for heads in (m.heads, m.kv):   # Megatron-Core's layout [s, b, heads, d], one call for Q and one for K
+        x, freqs = torch.randn(s, b, heads, d, dtype=torch.bfloat16, requires_grad=True), torch.randn(s, 1, 1, d)
+        fwd, bwd = _traffic(lambda q: _rope_scaled(q, freqs, mscale=m.rope_mscale), [x])
+        measured = [measured[0] + fwd, measured[1] + bwd]
+    assert measured[0] == pytest.approx(ops["rotary embedding on Q, K (unfused: YaRN scale)"], rel=0.01)
+    assert measured[1] == pytest.approx(ops["rotary embedding backward (unfused: YaRN scale)"], rel=0.01)
+    plain = {op.name: op.bytes for op in layer_ops(replace(m, rope_mscale=1.0), b, attention="flash")["forward"]}
+    assert plain["rotary embedding on Q, K"] == 2 * 2 * b * s * (m.heads + m.kv) * d
+    with pytest.raises(ValueError, match="rope_mscale"):
+        replace(m, rope_mscale=0.0)

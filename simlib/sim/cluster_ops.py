@@ -39,9 +39,10 @@ from .ops import Op as _op, _backward_gemms, _gemm
 # as Qwen3-30B at ep 8 (16). FITTED, one quantity: the median over the 15 MoE rows of the *fit* half of
 # ``data/scale_runs.csv`` of (measured − predicted step without it) / (MoE layer passes × local experts)
 # (:func:`simlib.sim.scale_runs.fit_moe_host_per_expert`; 0.06–5.1 ms, middle half 0.31–0.45; 0.44 before the
-# experts' FP8 gradient casts were priced; 0.378 with the 15th row, DeepSeek-V3's pp 8 × vp 4, now stated). Nothing
-# of the test half was used. A third of it is charged to forward, two thirds to backward.
-MOE_HOST_PER_LOCAL_EXPERT = 0.38e-3
+# experts' FP8 gradient casts were priced; 0.378 with the 15th row, DeepSeek-V3's pp 8 × vp 4, now stated; 0.373 once
+# GPT-OSS's eager expert operators and unfused YaRN RoPE were priced). Nothing of the test half was used. A third of it
+# is charged to forward, two thirds to backward.
+MOE_HOST_PER_LOCAL_EXPERT = 0.37e-3
 
 
 def moe_host_overhead(model, strategy, hardware) -> float:
