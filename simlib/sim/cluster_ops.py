@@ -39,9 +39,10 @@ from .ops import Op as _op, _backward_gemms, _gemm
 # as Qwen3-30B at ep 8 (16). FITTED, one quantity: the median over the 15 MoE rows of the *fit* half of
 # ``data/scale_runs.csv`` of (measured − predicted step without it) / (MoE layer passes × local experts)
 # (:func:`simlib.sim.scale_runs.fit_moe_host_per_expert`; 0.06–5.1 ms, middle half 0.31–0.45; 0.44 before the
-# experts' FP8 gradient casts were priced; 0.378 with the 15th row, DeepSeek-V3's pp 8 × vp 4, now stated). Nothing
-# of the test half was used. A third of it is charged to forward, two thirds to backward.
-MOE_HOST_PER_LOCAL_EXPERT = 0.38e-3
+# experts' FP8 gradient casts were priced; 0.378 with the 15th row, DeepSeek-V3's pp 8 × vp 4, now stated; 0.373 once
+# GPT-OSS's eager expert operators and unfused YaRN RoPE were priced). Nothing of the test half was used. A third of it
+# is charged to forward, two thirds to backward.
+MOE_HOST_PER_LOCAL_EXPERT = 0.37e-3
 
 
 def moe_host_overhead(model, strategy, hardware) -> float:
@@ -90,6 +91,43 @@ def expert_rows(model, tokens: float, imbalance: float = 1.0) -> float:
     return tokens * model.top_k * skew
 
 
+def expert_eager_ops(model, rows: float, width: int = 2) -> dict:
+    """Memory-bound kernels GPT-OSS's experts add beside the fused ones, as Megatron-Core's ``TEGroupedMLP`` runs
+    them (``megatron/core/transformer/moe/experts.py`` and ``fusions/fused_bias_geglu.py``, the same at Megatron-LM
+    cba6b0ed and b0cc2706, the submodules of Megatron-Bridge v0.2.2 and v0.3.0: the 25.11 and 26.02 tables'
+    releases), for ``rows`` token copies on the rank: {"clamp", "clamp_bwd", "bias", "bias_bwd"}, each a list.
+
+    - **Clamped activation** (``model.activation_clamp``; GPT-OSS's ``activation_func_clamp_value=7``):
+      ``weighted_bias_quick_geglu_impl`` clamps the two halves of fc1's output *before* its fused kernel, in eager
+      PyTorch: ``chunk`` (views), ``x_glu.clamp(max=7)``, ``x_linear.clamp(-7, 7)``, ``torch.cat`` — each clamp
+      reads and writes a half (rows × f), the cat reads both and writes the whole: 8·w bytes per rows × f element.
+      Backward, as autograd runs it: the two-sided clamp's gradient is ``where((x >= lo) & (x <= hi), grad, 0)``
+      (two comparisons, each reading x and writing a 1-byte mask, an in-place ``and`` of the masks, a ``where``
+      reading mask and grad and writing the result), the one-sided one ``where(x <= hi, grad, 0)``, and the
+      ``chunk``'s gradient concatenates the two halves: 11·w + 8 bytes. Megatron's ``--recompute-modules moe_act``
+      checkpoints the whole activation function, so backward runs the forward clamps again.
+    - **Experts' output bias** (``model.expert_bias``): fc2 is built with ``skip_bias_add=True``, so
+      ``TEGroupedMLP._apply_bias`` adds each local expert's bias, weighted by the router's probability, in a
+      Python loop over ``torch.split`` of the output: ``t + b * p`` per expert (``b * p`` written; it and ``t`` read,
+      the sum written) and a ``torch.cat`` of the results: 6·w bytes per rows × h element. Backward: ``grad * p``
+      summed over the rows (the bias's gradient) and ``grad * b`` summed over h (the probability's), each written
+      and read again, and the ``split``'s gradient, a cat: 8·w. The router's probabilities are in the activations'
+      dtype (``moe_router_dtype`` is unset in these recipes). fc1's bias is added in its GEMM
+      (``skip_bias_add=False``) and its gradient comes from the weight-gradient GEMM (Transformer Engine's
+      ``GroupedLinear``): free.
+    These are the aten-level reads and writes of those sequences, as ``tests/test_sim_moe_eager.py`` counts them
+    under PyTorch's dispatcher. The per-expert loop's launches are not priced (no per-launch term here)."""
+    w, f, h = width, model.expert_width, model.hidden
+    out = dict(clamp=[], clamp_bwd=[], bias=[], bias_bwd=[])
+    if model.activation_clamp:
+        out["clamp"] = [_op("experts activation clamp + cat (eager)", "memory", 8 * w * rows * f)]
+        out["clamp_bwd"] = [_op("experts activation clamp backward (eager)", "memory", (11 * w + 8) * rows * f)]
+    if model.expert_bias:
+        out["bias"] = [_op("experts output bias x prob, per expert (eager)", "memory", 6 * w * rows * h)]
+        out["bias_bwd"] = [_op("experts output bias backward (eager)", "memory", 8 * w * rows * h)]
+    return out
+
+
 def moe_ops(model, tokens: int, tp: int, ep: int, width: int = 2, imbalance: float = 1.0,
             sequence_parallel: bool = False, fp8=False) -> dict:
     """The MoE MLP of one layer on one rank (after the second norm) for the ``tokens`` of its micro-batch
@@ -110,20 +148,22 @@ def moe_ops(model, tokens: int, tp: int, ep: int, width: int = 2, imbalance: flo
     # read 2 bytes, write 1 and its transpose; current scaling and MX blocks read it once more), forward and, for the
     # incoming gradient, backward — which the experts' list left out before (a test holds them to the dense rule)
     cast = (w + 2 + (0 if fp8 in (True, "delayed") else w)) if fp8 else 0
+    eager = expert_eager_ops(model, rows, w)   # GPT-OSS: the clamped activation and the experts' output bias
     fwd = [router, _op("router softmax + top-k (fp32)", "memory", 4 * 3 * t * E),
            _op("permute tokens to experts", "memory", 2 * w * rows * h),
            *([_op("dispatch all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
-           *([_op("experts FP8 cast", "memory", cast * rows * h)] if fp8 else []), up,
+           *([_op("experts FP8 cast", "memory", cast * rows * h)] if fp8 else []), up, *eager["clamp"],
            _op("experts SwiGLU" if model.gated_mlp else "experts GeLU", "memory", (3 if g == 2 else 2) * w * rows * f),
-           *([_op("experts FP8 cast (down)", "memory", cast * rows * f)] if fp8 else []), down,
+           *([_op("experts FP8 cast (down)", "memory", cast * rows * f)] if fp8 else []), down, *eager["bias"],
            *([_op("combine all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
            _op("unpermute, weight by gate, sum", "memory", 2 * w * rows * h + w * t * h)]
     bwd = [_op("unpermute backward", "memory", 2 * w * rows * h + w * t * h),
            *([_op("combine backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]
              if a2a else []),
+           *eager["bias_bwd"],
            *([_op("experts down grad FP8 cast + transpose", "memory", cast * rows * h)] if fp8 else []),
            *_backward_gemms(down),
-           _op("experts activation backward", "memory", (5 if g == 2 else 4) * w * rows * f),
+           _op("experts activation backward", "memory", (5 if g == 2 else 4) * w * rows * f), *eager["clamp_bwd"],
            *([_op("experts up grad FP8 cast + transpose", "memory", cast * rows * g * f)] if fp8 else []),
            *_backward_gemms(up),
            *([_op("dispatch backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]

@@ -118,9 +118,22 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         act = Op("bias+GeLU (fused)", "memory", 2 * w * f_tp)
         act_bwd = Op("bias+GeLU backward (+ bias grad)", "memory", 4 * w * f_tp)
     # rotary on Q and K (MLA: only the rope part of each head's query and the one shared rotary key)
-    rope_w = (a * model.qk_rope / tp + model.qk_rope) if model.mla else (h + model.kv * d) / tp
-    rope = [Op("rotary embedding on Q, K", "memory", 2 * w * t * rope_w)] if model.position == "rope" else []
-    rope_bwd = [Op("rotary embedding backward", "memory", 2 * w * t * rope_w)] if rope else []
+    # (the query's width is heads × head_dim, which is not the hidden size in Qwen3 or GPT-OSS). YaRN with a
+    # concentration factor (``model.rope_mscale`` ≠ 1: GPT-OSS) is applied unfused by Megatron-Core: TE's fused RoPE
+    # takes no scale (``rope_utils.apply_rotary_pos_emb`` warns and falls back, Megatron-LM cba6b0ed / b0cc2706), so
+    # ``t·cos + rotate_half(t)·sin`` runs op by op: forward 12·w bytes per element (two products, the rotation's
+    # negation and cat, the sum, a final cat with the empty pass-through part), backward 14·w (the products'
+    # gradients, the rotation's, two accumulations and the empty part's zero gradient), as PyTorch dispatches them
+    # (tests/test_sim_moe_eager.py); and per call (Q, K) the fp32 cos and sin tables of sq × d, each computed,
+    # scaled and cast (20 + w bytes an entry), read again in 16 bits by the products forward and backward
+    rope_w = (a * model.qk_rope / tp + model.qk_rope) if model.mla else (a * d + model.kv * d) / tp
+    rope_fwd, rope_bwd_b, tag = 2 * w * t * rope_w, 2 * w * t * rope_w, ""
+    if model.rope_mscale != 1.0 and not model.mla:
+        tables = 2 * 2 * sq * d   # two calls, cos and sin
+        rope_fwd, rope_bwd_b = 12 * w * t * rope_w + (20 + 2 * w) * tables, 14 * w * t * rope_w + w * tables
+        tag = " (unfused: YaRN scale)"
+    rope = [Op("rotary embedding on Q, K" + tag, "memory", rope_fwd)] if model.position == "rope" else []
+    rope_bwd = [Op("rotary embedding backward" + tag, "memory", rope_bwd_b)] if rope else []
     if attention != "unfused":   # sliding windows (attention.mean_pairs) make the kernel's work smaller
         pairs, da = mean_pairs(model, s, cp), model.attention_dim
         core_fwd = [*rope, Op(f"{attention} attention", "attention", 0.0, (sq, da, s), b * heads, pairs=pairs)]
@@ -150,7 +163,7 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
 
     eager_fwd, eager_bwd = [], []
     if kernels == "eager":   # the extra traffic of running the element-wise parts op by op (see docstring)
-        qk = t * (h + model.kv * d) / tp
+        qk = t * (a * d + model.kv * d) / tp
         pairs = [(f"{norm}s op by op (fp32)", 2 * (36 - 2 * w) * local, 2 * (60 - 8 * w) * local)]
         if rope:
             pairs.append(("rotary op by op (complex fp32)", (20 - 2 * w) * qk, (20 - 2 * w) * qk))
@@ -346,7 +359,7 @@ def recompute_ops(forward, recompute: str, model=None):
 # norms before attention and MLP, the experts' activation, MLA's up projections with the rotary part, a dense MLP
 RECOMPUTE_MODULE_OPS = {
     "layernorm": ("RMSNorm 1", "RMSNorm 2", "layer norm 1", "layer norm 2"),
-    "moe_act": ("experts SwiGLU", "experts GeLU"),
+    "moe_act": ("experts SwiGLU", "experts GeLU", "experts activation clamp"),
     "mla_up_proj": ("MLA q up", "MLA kv up", "rotary embedding on Q, K"),
     "mlp": ("MLP up", "MLP down", "SwiGLU silu·up", "bias+GeLU (fused)"),
 }

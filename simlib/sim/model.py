@@ -15,6 +15,8 @@ the full s×s attention (the convention of Narayanan et al. eq. 3, llm-foundry's
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from .attention import mla_gemms, mla_params, mtp_params
@@ -64,6 +66,9 @@ class ModelSpec:
     window: int = 0              # sliding-window width in tokens on ``window_layers`` of the layers (0: none)
     window_layers: int = 0       # how many layers use the window (GPT-OSS: every second one, 18 of 36)
     sinks: bool = False          # a learned attention-sink logit per head in every layer (GPT-OSS)
+    expert_bias: bool = False    # biases in the routed experts' projections (GPT-OSS; priced in cluster_ops)
+    activation_clamp: float = 0.0  # the gated activation's inputs clamped to this bound first (GPT-OSS: 7; 0: none)
+    rope_mscale: float = 1.0     # YaRN's concentration factor on RoPE's cos and sin (GPT-OSS: 0.1·ln 32 + 1; layer.py)
 
     def __post_init__(self):
         for name in ("params", "layers", "hidden", "seq_len", "heads"):
@@ -88,6 +93,9 @@ class ModelSpec:
         if self.kv_lora and not (self.q_lora > 0 and self.qk_nope > 0 and self.qk_rope > 0 and self.v_head > 0):
             raise ValueError(f"multi-head latent attention needs q_lora, qk_nope, qk_rope and v_head > 0, got "
                              f"{self.q_lora}, {self.qk_nope}, {self.qk_rope}, {self.v_head}")
+        if self.activation_clamp < 0 or self.rope_mscale <= 0:
+            raise ValueError(f"activation_clamp must be >= 0 (0: no clamp) and rope_mscale > 0, got "
+                             f"{self.activation_clamp}, {self.rope_mscale}")
         if self.window < 0 or not 0 <= self.window_layers <= self.layers or self.mtp_layers < 0:
             raise ValueError(f"window >= 0, window_layers in [0, layers] and mtp_layers >= 0, got {self.window}, "
                              f"{self.window_layers}, {self.mtp_layers}")
@@ -273,7 +281,8 @@ def transformer(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab
                 dense_layers: int = 0, capacity_factor: float = 0.0, head_dim: int = 0,
                 expert_bias: bool = False, router_bias: bool = False, q_lora: int = 0, kv_lora: int = 0,
                 qk_nope: int = 0, qk_rope: int = 0, v_head: int = 0, mtp_layers: int = 0, window: int = 0,
-                window_layers: int = 0, sinks: bool = False, name: str | None = None) -> ModelSpec:
+                window_layers: int = 0, sinks: bool = False, activation_clamp: float = 0.0,
+                rope_mscale: float = 1.0, name: str | None = None) -> ModelSpec:
     """A decoder-only transformer of any of today's families; parameters counted from its shapes.
 
     Per layer: Q and output projections h·h each, K and V h·(kv·d) each, the MLP (3 if gated else 2)·h·f,
@@ -289,7 +298,9 @@ def transformer(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab
     latent attention (``q_lora``, ``qk_nope``, ``qk_rope``, ``v_head``; no biases), counted by
     :func:`attention.mla_params` in place of Q, K, V, O; ``mtp_layers`` multi-token-prediction modules add
     :func:`attention.mtp_params` each (their block an MoE block when the model has experts; embedding and head
-    shared); ``window``/``window_layers`` add no parameters; ``sinks`` adds one per head per layer."""
+    shared); ``window``/``window_layers`` add no parameters; ``sinks`` adds one per head per layer.
+    ``activation_clamp`` > 0: the gated activation clamps its two inputs first (GPT-OSS; no parameters);
+    ``rope_mscale``: YaRN's factor on the rotary cos and sin (no parameters)."""
     for label, value in (("layers", layers), ("hidden", hidden), ("heads", heads), ("seq_len", seq_len)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be a positive int, got {value!r}")
@@ -325,7 +336,9 @@ def transformer(layers: int, hidden: int, heads: int, seq_len: int = 2048, vocab
                      capacity_factor=capacity_factor, head_size=head_dim if head_dim != hidden // heads else 0,
                      q_lora=q_lora if kv_lora else 0, kv_lora=kv_lora, qk_nope=qk_nope if kv_lora else 0,
                      qk_rope=qk_rope if kv_lora else 0, v_head=v_head if kv_lora else 0, mtp_layers=mtp_layers,
-                     window=window, window_layers=window_layers if window else 0, sinks=sinks)
+                     window=window, window_layers=window_layers if window else 0, sinks=sinks,
+                     expert_bias=expert_bias and bool(experts), activation_clamp=activation_clamp,
+                     rope_mscale=rope_mscale)
 
 
 def llama(layers: int, hidden: int, heads: int, kv_heads: int, ffn_hidden: int, seq_len: int = 4096,
@@ -375,10 +388,14 @@ LLAMA_SIZES = {
     # GPT-OSS-120B (OpenAI 2025, gpt-oss-120b model card §2; openai/gpt-oss-120b config.json): 36 layers, hidden
     # 2880, 64 query heads of 64, 8 KV heads, biases in attention, router and experts, 128 experts of 2880, top-4;
     # layers alternate a 128-token banded window and dense attention (18 each), a learned sink per head;
-    # vocabulary 201088 (o200k_harmony)
+    # vocabulary 201088 (o200k_harmony); the gated activation's inputs clamped at 7 (config.json "swiglu_limit": 7.0;
+    # Megatron-Bridge's GPTOSSProvider, activation_func_clamp_value=7.0); YaRN RoPE with factor 32 and no mscale
+    # given, so Megatron-Core's concentration factor 0.1·ln 32 + 1 (``_yarn_get_concentration_factor``; config.json
+    # "rope_scaling": yarn, factor 32; the provider's yarn_rotary_scaling_factor=32.0, yarn_mscale=None)
     "gpt-oss-120b": dict(layers=36, hidden=2880, heads=64, kv_heads=8, ffn_hidden=2880, vocab=201088, seq_len=4096,
                          experts=128, top_k=4, expert_ffn=2880, head_dim=64, bias=True, expert_bias=True,
-                         router_bias=True, window=128, window_layers=18, sinks=True),
+                         router_bias=True, window=128, window_layers=18, sinks=True, activation_clamp=7.0,
+                         rope_mscale=0.1 * math.log(32) + 1),
     "qwen1.5-moe-a2.7b": dict(layers=24, hidden=2048, heads=16, kv_heads=16, ffn_hidden=5632, vocab=151936,
                               seq_len=4096, experts=60, top_k=4, expert_ffn=1408, shared_experts=4),
 }
