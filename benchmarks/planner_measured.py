@@ -14,7 +14,7 @@ Step time: each plan is trained in ``--passes`` passes (each its own shuffled or
 trainer's median over the steps after its 2 warm-up steps; the figure is the median over passes, with the
 passes' spread beside it. Memory: the trainer's CPU peak counts what the step allocates above what was live as
 it started (``simlib.parallel.accumulate.peak_memory``), so the parameters and the optimizer's states (live
-from the first step on) are not in it; they are added here, per rank (counted from the rank's own tensors),
+from the first step on) are not in it; they are added per rank (``simlib.debug.memory.train_counting_state``),
 and the largest rank's sum is compared with the predicted memory per device (which counts them).
 Run: ``python benchmarks/planner_measured.py [--world 4] [--steps 12] [--passes 2]``; writes
 benchmarks/results/planner_measured.json (or planner_measured_w8.json for 8).
@@ -31,6 +31,7 @@ import time
 
 import simlib
 from simlib import sim
+from simlib.debug.memory import measured_memory, train_counting_state
 from simlib.dry_run import sim_model
 from simlib.projects.gpt import GPTTask
 from simlib.projects.runner import train_on
@@ -43,36 +44,6 @@ import report  # benchmarks/report.py: machine info and the JSON file
 # emulates, and the overlap options are left out to keep the run to minutes; the planner prices them)
 SPACE = dict(zero_stage=(0,), recompute=("none", "full"), schedule=("1f1b",), overlap=(True,),
              sequence_parallel=(False,), num_micro_batches=(1, 4))
-
-
-def train_counting_state(task, plan, **kwargs):
-    """``simlib.train.train`` on one rank, with the bytes of this rank's parameters and optimizer states as its
-    second step starts (what the trainer's CPU peak leaves out) beside each rank's step peak, in the summary."""
-    import torch.distributed as dist
-
-    from simlib.train import train
-    box = {}
-
-    def hook(info):
-        if info.step == 1:   # the step whose peak the trainer measures; the optimizer's states exist by now
-            params = list(info.model.module.parameters())
-            box["params"] = sum(p.numel() * p.element_size() for p in params)
-            box["optimizer"] = sum(v.numel() * v.element_size() for st in info.optimizer.state.values()
-                                   for v in st.values() if hasattr(v, "element_size"))
-    record = train(task, plan, step_hook=hook, **kwargs)
-    ranks = [None] * dist.get_world_size()
-    dist.all_gather_object(ranks, box)
-    for r, peak in zip(ranks, record.summary["peak_memory_by_rank"]):
-        r["step_peak"] = peak
-    record.summary["memory_ranks"] = ranks
-    return record
-
-
-def measured_memory(ranks) -> int | None:
-    """The largest rank's parameters + optimizer states + step peak above the step's start (bytes)."""
-    if any(r.get("step_peak") is None for r in ranks):
-        return None
-    return max(r["params"] + r["optimizer"] + r["step_peak"] for r in ranks)
 
 
 def plan_name(plan) -> str:

@@ -106,3 +106,21 @@ def test_allocation_trace_balances():
     trace = allocation_trace(prof)
     assert trace and sum(d for _, d in trace) == 0
     assert peak_memory(fn) == 2 * 256 * 256 * 4
+
+
+def test_train_counting_state_adds_the_static_bytes(cluster2):
+    """The measured memory per rank the planner is held to: each rank's parameters (4 bytes each here) and Adam's
+    two states (twice that, and a 4-byte step count per parameter tensor), beside the step's peak above its start."""
+    from simlib.debug.memory import measured_memory, train_counting_state
+    from simlib.plan import Plan
+    from simlib.projects.gpt import GPTTask
+    from simlib.projects.runner import train_on
+    task = GPTTask.quick()
+    record, _ = train_on(2, task, Plan(dp=2), cluster=cluster2, steps=2, log_every=2, warmup=1, verbose=False,
+                         train_fn=train_counting_state)
+    ranks = record.summary["memory_ranks"]
+    model = task.build_model()
+    params, tensors = 4 * model.cfg.num_parameters(), len(list(model.parameters()))
+    assert [r["params"] for r in ranks] == [params] * 2
+    assert [r["optimizer"] for r in ranks] == [2 * params + 4 * tensors] * 2
+    assert measured_memory(ranks) == max(r["params"] + r["optimizer"] + r["step_peak"] for r in ranks)
