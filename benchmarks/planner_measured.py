@@ -14,10 +14,14 @@ Step time: each plan is trained in ``--passes`` passes (each its own shuffled or
 trainer's median over the steps after its 2 warm-up steps; the figure is the median over passes, with the
 passes' spread beside it. Memory: the trainer's CPU peak counts what the step allocates above what was live as
 it started (``simlib.parallel.accumulate.peak_memory``), so the parameters and the optimizer's states (live
-from the first step on) are not in it; they are added here, per rank (counted from the rank's own tensors),
+from the first step on) are not in it; they are added per rank (``simlib.debug.memory.train_counting_state``),
 and the largest rank's sum is compared with the predicted memory per device (which counts them).
 Run: ``python benchmarks/planner_measured.py [--world 4] [--steps 12] [--passes 2]``; writes
 benchmarks/results/planner_measured.json (or planner_measured_w8.json for 8).
+
+``--memory-only``: memory alone, which is deterministic (no quiet machine needed): no calibration (the plans are
+enumerated and their memory predicted on the ``"cpu"`` preset, memory does not depend on timings), each plan
+trained ``--steps`` (default 3) steps once; writes benchmarks/results/planner_memory.json (``_w8`` for 8).
 """
 import argparse
 import os
@@ -27,6 +31,7 @@ import time
 
 import simlib
 from simlib import sim
+from simlib.debug.memory import measured_memory, train_counting_state
 from simlib.dry_run import sim_model
 from simlib.projects.gpt import GPTTask
 from simlib.projects.runner import train_on
@@ -41,45 +46,63 @@ SPACE = dict(zero_stage=(0,), recompute=("none", "full"), schedule=("1f1b",), ov
              sequence_parallel=(False,), num_micro_batches=(1, 4))
 
 
-def train_counting_state(task, plan, **kwargs):
-    """``simlib.train.train`` on one rank, with the bytes of this rank's parameters and optimizer states as its
-    second step starts (what the trainer's CPU peak leaves out) beside each rank's step peak, in the summary."""
-    import torch.distributed as dist
-
-    from simlib.train import train
-    box = {}
-
-    def hook(info):
-        if info.step == 1:   # the step whose peak the trainer measures; the optimizer's states exist by now
-            params = list(info.model.module.parameters())
-            box["params"] = sum(p.numel() * p.element_size() for p in params)
-            box["optimizer"] = sum(v.numel() * v.element_size() for st in info.optimizer.state.values()
-                                   for v in st.values() if hasattr(v, "element_size"))
-    record = train(task, plan, step_hook=hook, **kwargs)
-    ranks = [None] * dist.get_world_size()
-    dist.all_gather_object(ranks, box)
-    for r, peak in zip(ranks, record.summary["peak_memory_by_rank"]):
-        r["step_peak"] = peak
-    record.summary["memory_ranks"] = ranks
-    return record
+def plan_name(plan) -> str:
+    return plan.label + (" ckpt" if plan.activation_checkpointing else "")
 
 
-def measured_memory(ranks) -> int | None:
-    """The largest rank's parameters + optimizer states + step peak above the step's start (bytes)."""
-    if any(r.get("step_peak") is None for r in ranks):
-        return None
-    return max(r["params"] + r["optimizer"] + r["step_peak"] for r in ranks)
+def memory_summary(rows) -> dict:
+    """Predicted over measured memory per rank: median, range and how many within 10 %."""
+    ratios = [r["predicted_memory_bytes"] / r["measured_peak_bytes"] for r in rows if r["measured_peak_bytes"]]
+    return dict(memory_ratio_median=statistics.median(ratios) if ratios else None,
+                memory_ratio_range=[min(ratios), max(ratios)] if ratios else None,
+                memory_ratio="predicted/measured",
+                memory_within_10pct=sum(abs(x - 1) <= 0.10 for x in ratios), memory_target=0.10,
+                memory_plans=len(ratios))
+
+
+def memory_only(args, task, model, load) -> None:
+    """Each plan's predicted memory per rank against the measured peak, nothing timed (see the docstring)."""
+    result = sim.plan(model, "cpu", devices=args.world, global_batch=task.global_batch, task=task,
+                      trainer_only=True, space=SPACE)
+    rows = []
+    with simlib.Cluster(args.world) as cluster:
+        for i, e in enumerate(result.ranked):
+            plan = result.trainer(e)
+            record, _ = train_on(args.world, task, plan, cluster=cluster, steps=args.steps, log_every=args.steps,
+                                 warmup=1, verbose=False, train_fn=train_counting_state)
+            ranks = record.summary["memory_ranks"]
+            rows.append(dict(plan=plan_name(plan), strategy=sim.planner.label(e["strategy"]),
+                             predicted_memory_bytes=e["memory"]["total"], predicted_memory=e["memory"],
+                             measured_peak_bytes=measured_memory(ranks), memory_ranks=ranks))
+            r = rows[-1]
+            print(f"{r['plan']:>28}: predicted {r['predicted_memory_bytes'] / 1e6:6.2f} MB, measured "
+                  f"{(r['measured_peak_bytes'] or 0) / 1e6:6.2f} MB, ratio "
+                  f"{r['predicted_memory_bytes'] / (r['measured_peak_bytes'] or float('nan')):.2f}", flush=True)
+    summary = memory_summary(rows)
+    print(f"\nmemory predicted/measured median {summary['memory_ratio_median']:.3f}, "
+          f"{summary['memory_within_10pct']}/{summary['memory_plans']} within 10 %")
+    out = dict(benchmark="planner_memory" + ("" if args.world == 4 else f"_w{args.world}"),
+               machine=report.machine(load), world_size=args.world, steps=args.steps,
+               task=dict(seq_len=task.seq_len, hidden=task.hidden, num_layers=task.num_layers,
+                         num_heads=task.num_heads, global_batch=task.global_batch),
+               space={k: list(v) for k, v in SPACE.items()}, summary=summary, rows=rows)
+    print(f"wrote {report.write(out)}")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--world", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=None, help="steps per plan (default 12; 3 with --memory-only)")
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--memory-only", action="store_true", help="memory per rank only: no calibration, no timing")
     args = ap.parse_args()
     load = os.getloadavg()
     task = GPTTask(seq_len=64, hidden=128, num_layers=4, num_heads=4, global_batch=32)  # the project's full size
     model = sim_model(task)
+    if args.memory_only:
+        args.steps = args.steps or 3
+        return memory_only(args, task, model, load)
+    args.steps = args.steps or 12
     t0 = time.perf_counter()
     shapes = gemm_shapes(model, args.world, task.global_batch, task=task, space=SPACE)   # timed at their own shapes
     with simlib.Cluster(args.world) as cluster:
@@ -104,7 +127,7 @@ def main():
                                      train_fn=train_counting_state)
                 s = record.summary
                 times[i].append(s["step_time"])
-                name = plan.label + (" ckpt" if plan.activation_checkpointing else "")
+                name = plan_name(plan)
                 if rows[i] is None:
                     rows[i] = dict(plan=name, strategy=sim.planner.label(e["strategy"]), predicted_rank=i + 1,
                                    predicted_step_s=e["step_time"],
@@ -128,20 +151,18 @@ def main():
     rho = spearman(pred, meas)
     best_measured = min(meas)
     first_pick = meas[0]
-    mem = [r["measured_peak_bytes"] / r["predicted_memory_bytes"] for r in rows if r["measured_peak_bytes"]]
-    within = sum(abs(x - 1) <= 0.10 for x in mem)
+    mem = memory_summary(rows)
     summary = dict(plans=len(rows), spearman=rho, spearman_target=0.8,
                    first_pick=rows[0]["plan"], first_pick_measured_s=first_pick,
                    measured_best=rows[meas.index(best_measured)]["plan"], measured_best_s=best_measured,
                    first_pick_over_best=first_pick / best_measured - 1, first_pick_target=0.10,
-                   memory_ratio_median=statistics.median(mem) if mem else None,
-                   memory_ratio_range=[min(mem), max(mem)] if mem else None,
-                   memory_within_10pct=within, memory_target=0.10, calibrate_s=calibrate_s,
+                   **mem, calibrate_s=calibrate_s,
                    gemm_shapes_timed=len(shapes), passes=args.passes,
                    pass_spread_median=statistics.median(r["measured_step_spread"] for r in rows))
     print(f"\nSpearman {rho:.3f} (target >= 0.8); first pick {rows[0]['plan']} measured {first_pick * 1e3:.2f} ms, "
           f"{first_pick / best_measured - 1:+.1%} over the measured best ({summary['measured_best']}); memory "
-          f"measured/predicted median {summary['memory_ratio_median']}, {within}/{len(mem)} within 10 %")
+          f"predicted/measured median {summary['memory_ratio_median']}, {mem['memory_within_10pct']}/"
+          f"{mem['memory_plans']} within 10 %")
     out = dict(benchmark="planner_measured" + ("" if args.world == 4 else f"_w{args.world}"),
                machine=report.machine(load), world_size=args.world, steps=args.steps,
                task=dict(seq_len=task.seq_len, hidden=task.hidden, num_layers=task.num_layers,

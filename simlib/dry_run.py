@@ -86,7 +86,9 @@ def dry_run(spec) -> int:
             continue
         strategy = strategy_for(plan, spec.task, spec.optim)
         mem = sim.memory_per_device(model, strategy)
-        print("  memory per rank (simulator, first pipeline stage): "
+        where = "the pipeline stage that needs the most" if strategy.pp > 1 and strategy.head == "whole" else \
+            "first pipeline stage"
+        print(f"  memory per rank (simulator, {where}): "
               + ", ".join(f"{k} {v / 2 ** 20:.2f} MiB" for k, v in mem.items()))
         try:
             p = sim.predict(model, hw, strategy, processes=min(local, hw.devices_per_node))

@@ -66,11 +66,15 @@ def test_refusals_are_strategy_messages():
 
 
 def test_trainer_plan_maps_back():
-    """A plan simlib train runs maps back to the same Strategy; one with FSDP names the missing knob."""
-    s = sim.Strategy(dp=2, tp=2, pp=2, micro_batch=1, num_micro_batches=4, zero_stage=1, recompute="full")
+    """A plan simlib train runs maps back to the same Strategy (``from_plan`` gives the course GPT's whole head;
+    the head is how a model is built, not a knob of the plan: a search for a named model keeps Megatron's); one
+    with FSDP names the missing knob."""
+    s = sim.Strategy(dp=2, tp=2, pp=2, micro_batch=1, num_micro_batches=4, zero_stage=1, recompute="full",
+                     head="whole")
     plan, why = planner.trainer_plan(s, 8, 8)
     assert why == "" and (plan.dp, plan.tp, plan.pp, plan.pp_microbatches, plan.zero_stage) == (2, 2, 2, 4, 1)
     assert sim.Strategy.from_plan(plan, 8) == s
+    assert planner.trainer_plan(s.replace(head="parallel"), 8, 8)[0] == plan
     plan, why = planner.trainer_plan(s.replace(tp=1, pp=1, dp=8, zero_stage=3, fsdp=True), 32, 8)
     assert plan is None and "fsdp=True" in why
 

@@ -56,7 +56,7 @@ def asks_the_simulator():
     from simlib import sim
 
     def plan_memory(model, strategy):
-        ref = sim.memory_per_device(model, strategy)
+        ref = sim.memory_per_device(model, strategy, stage=0)
         return {k: ref[k] for k in ("weights", "gradients", "optimizer", "activations", "total")}
     return plan_memory
 

@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-__all__ = ["step_peak"]
+__all__ = ["step_peak", "train_counting_state", "measured_memory"]
 
 
 def step_peak(task, plan, steps: int = 2, optim=None) -> dict:
@@ -23,3 +23,40 @@ def step_peak(task, plan, steps: int = 2, optim=None) -> dict:
     train(task, plan, steps=steps, optim=optim or OptimConfig(), log_every=0, eval_every=0, measure_memory=False,
           verbose=False, warmup=0, step_hook=hook)
     return {**hook.result(), "rank": dist.get_rank() if dist.is_initialized() else 0}
+
+
+def train_counting_state(task, plan, **kwargs):
+    """Call on every rank: :func:`simlib.train.train` (same arguments), with each rank's bytes of parameters and
+    optimizer states as its second step starts beside its step peak, in ``record.summary["memory_ranks"]``
+    (``params``, ``optimizer``, ``step_peak``). The trainer's CPU peak (``peak_memory_by_rank``) counts only what
+    the step allocates above what was live as it started, which leaves those two out; :func:`measured_memory`
+    adds them. ``simlib.projects.runner.train_on(..., train_fn=train_counting_state)`` runs it."""
+    import torch.distributed as dist
+
+    from ..train import train
+    box = {}
+
+    def hook(info):
+        if info.step == 1:   # the step whose peak the trainer measures; the optimizer's states exist by now
+            params = list(info.model.module.parameters())
+            box["params"] = sum(p.numel() * p.element_size() for p in params)
+            box["optimizer"] = sum(v.numel() * v.element_size() for st in info.optimizer.state.values()
+                                   for v in st.values() if hasattr(v, "element_size"))
+    record = train(task, plan, step_hook=hook, **kwargs)
+    ranks = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
+    if dist.is_initialized():
+        dist.all_gather_object(ranks, box)
+    else:
+        ranks = [box]
+    for r, peak in zip(ranks, record.summary["peak_memory_by_rank"]):
+        r["step_peak"] = peak
+    record.summary["memory_ranks"] = ranks
+    return record
+
+
+def measured_memory(ranks) -> int | None:
+    """The largest rank's parameters + optimizer states + step peak above the step's start (bytes): what the
+    simulator's memory per device predicts. None where a rank has no measured peak (not on CPU)."""
+    if any(r.get("step_peak") is None for r in ranks):
+        return None
+    return max(r["params"] + r["optimizer"] + r["step_peak"] for r in ranks)

@@ -1,10 +1,11 @@
-"""Checks for lesson 13: the memory one GPU needs for a plan (the planner's first filter).
+"""Checks for lesson 13: the memory one GPU of a plan's first pipeline stage needs (the planner's first filter).
 
 The learner writes ``plan_memory(model, strategy) -> dict`` (weights, gradients, optimizer, activations, total,
 bytes per device) for a GPT-style model (``sim.gpt``: LayerNorm, GeLU, unfused attention, dropout) under
 mixed-precision Adam. The grader draws the models and the plans itself, at check time, from a seeded and a
 fresh random source (so a table of answers cannot pass), and compares each part with the simulator's own
-``simlib.sim.memory_per_device`` — the function the planner prunes with. The answer runs on one worker process
+``simlib.sim.memory_per_device(model, strategy, stage=0)`` — the function the planner prunes with (which, for the
+course's own GPT, takes the largest stage through the same function: its last stage holds the head and the loss). The answer runs on one worker process
 (:meth:`Grader.ask`), which sends back plain numbers; nothing of it runs in the process that computes the verdict.
 """
 from __future__ import annotations
@@ -85,7 +86,7 @@ def _check_plan_memory(answer, grader):
     cases = draw_cases(13, 30) + draw_cases(None, 30)
     first = {}
     for (model, s), got in zip(cases, grader.ask(_parts_harness, answer, cases, what="your plan_memory")):
-        want = memory_per_device(model, s)
+        want = memory_per_device(model, s, stage=0)   # the first pipeline stage: what the exercise asks
         if type(got) is not dict:
             yield Result("returns a dict with weights, gradients, optimizer, activations and total", False,
                          f"return dict({', '.join(f'{k}=...' for k in PARTS)}) in bytes", f"got {got}")

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-__all__ = ["split_micro_batches", "accumulation_step", "peak_memory"]
+__all__ = ["split_micro_batches", "accumulation_step", "peak_memory", "allocation_trace"]
 
 
 def split_micro_batches(x: torch.Tensor, y: torch.Tensor, accumulation_steps: int):
@@ -80,9 +80,14 @@ def accumulation_step(model, optimizer, micro_batches, loss_fn=nn.functional.mse
 def peak_memory(fn, *args, **kwargs) -> int:
     """Peak bytes that ``fn(*args, **kwargs)`` allocated above what was live when it started.
 
-    Measured, on CPU too: torch's profiler records every allocation and free of each op
-    (``profile_memory=True``); replaying them in time order gives the high-water mark. On CUDA use
+    Measured, on CPU too: torch's profiler records every allocation and free (``profile_memory=True``), each
+    with its own time; replaying them in time order gives the high-water mark. On CUDA use
     ``torch.cuda.max_memory_allocated`` instead (cheaper, same meaning).
+
+    The records are read one by one (:func:`allocation_trace`), not through the ops' ``self_cpu_memory_usage``:
+    that roll-up loses frees. Seen: a pipeline stage with activation checkpointing, between Gloo sends and
+    receives, showed every micro-batch's forward temporaries as never freed (21.5 MB where the allocations
+    themselves peak at 7.6 MB, and glibc's own count agreed with the allocations).
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -90,10 +95,17 @@ def peak_memory(fn, *args, **kwargs) -> int:
     quiet_profiler()  # Kineto's start/stop lines off stderr; whatever ``fn`` writes there still shows
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn(*args, **kwargs)
-    deltas = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events()
-                    if e.self_cpu_memory_usage)
     live = peak = 0
-    for _, delta in deltas:
+    for _, delta in allocation_trace(prof):
         live += delta
         peak = max(peak, live)
     return int(peak)
+
+
+def allocation_trace(prof) -> list[tuple[int, int]]:
+    """(time in ns, bytes: + allocated, - freed) of every CPU allocation and free ``prof`` (a finished
+    ``torch.profiler.profile(profile_memory=True)``) recorded, in time order. A block allocated before profiling
+    started has no record of its free (torch warns "Memory block of unknown size ...")."""
+    cpu = torch.autograd.DeviceType.CPU
+    return sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                  if e.name() == "[memory]" and e.device_type() == cpu and e.nbytes())

@@ -11,7 +11,13 @@
   makes the first stage hold 1 + (p − 1)/(p·v) times that (Korthikanti et al. 2022 §4.2.3).
 - Full recomputation keeps each layer's input, but backward rebuilds one layer's activations at a time: that
   one layer's full set is added on top (the working set of the recomputation).
-- With pp = 1 the same device also holds the loss's fp32 logits, 4·b·s·V/tp bytes.
+- With pp = 1 the same device also holds the loss's fp32 logits, 4·b·s·V/tp bytes (Megatron's fused
+  vocab-parallel cross-entropy); the last stage holds them under a pipeline.
+- ``Strategy.head``: "parallel" is Megatron's (vocabulary split over tp, the first stage stands for the device);
+  "whole" is simlib's GPT (``Strategy.from_plan``): embedding and tied head whole on every tp rank, on the first
+  and last stages, torch's cross_entropy peaking at three fp32 copies of the logits, and every stage priced
+  (:func:`memory_per_device` takes the largest). Measured against it: ``benchmarks/planner_measured.py
+  --memory-only``.
 - Kept values take the compute dtype's bytes: 2 in mixed precision (Korthikanti's table), 4 in fp32 (dropout
   masks stay 1 byte; without dropout the scores term keeps only the softmax output).
 """
@@ -90,14 +96,17 @@ def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: 
     return sb * (replicated / shard + split / tp) + scores
 
 
-def in_flight_micro_batches(strategy) -> int:
-    """Micro-batches whose activations one (first-stage) device holds at the peak."""
+def in_flight_micro_batches(strategy, stage: int = 0) -> int:
+    """Micro-batches whose activations pipeline stage ``stage`` (default the first) holds at the peak: all of a
+    flush's under GPipe; under 1F1B stage k starts its first backward after pp − k forwards."""
     if strategy.pp == 1:
         return 1  # accumulation: one micro-batch's activations at a time
     per_flush = strategy.num_micro_batches // getattr(strategy, "pipeline_flushes", 1)
     if strategy.schedule == "gpipe":
         return per_flush
-    return min(strategy.pp, per_flush)
+    if strategy.schedule == "interleaved":   # its stages' differences: interleave_factor
+        return min(strategy.pp, per_flush)
+    return min(strategy.pp - stage, per_flush)
 
 
 def moe_activation_delta(model, micro_batch: int, tp: int = 1, cp: int = 1, imbalance: float = 1.0,
@@ -120,32 +129,83 @@ def moe_activation_delta(model, micro_batch: int, tp: int = 1, cp: int = 1, imba
     return routed + shared - dense
 
 
-def interleave_factor(strategy) -> float:
-    """Extra activation memory of the interleaved schedule on the first stage: 1 + (p − 1)/(p·v) for v > 1."""
+def interleave_factor(strategy, stage: int = 0) -> float:
+    """Activation memory of the interleaved schedule on pipeline stage k against pp micro-batches of its layers:
+    1 + (p − 1 − 2k)/(p·v) for v > 1 — 1 + (p − 1)/(p·v) on the first stage (Korthikanti et al. 2022 §4.2.3), less
+    on later ones (Megatron-LM's warm-up: 2·(p − k − 1) + (v − 1)·p chunk forwards before the first backward)."""
     p, v = strategy.pp, strategy.virtual_stages
-    return 1.0 + (p - 1) / (p * v) if v > 1 and p > 1 else 1.0
+    return 1.0 + (p - 1 - 2 * stage) / (p * v) if v > 1 and p > 1 else 1.0
 
 
-def memory_per_device(model, strategy) -> dict:
-    """Bytes per device: weights, gradients, optimizer, activations and total (first pipeline stage).
+def memory_per_device(model, strategy, stage: int | None = None) -> dict:
+    """Bytes per device: weights, gradients, optimizer, activations and total — of pipeline stage ``stage``
+    (0: the first, what lesson 13's exercise computes), or (``None``) of the stage that needs the most.
+
+    The first stage holds the most micro-batches in flight, the last the logits and the loss: with few layers per
+    stage or a large vocabulary the last needs more. With ``strategy.head == "whole"`` (simlib's GPT, whose
+    embedding and head are whole and sit on the end stages) every stage is priced and the largest taken (only the
+    two ends where the layers split evenly: a stage between holds no more than the first). With Megatron's
+    ``"parallel"`` head the first stage stands for the device, as in Korthikanti et al. 2022 §4.2 and as the
+    published runs were priced: their uneven layouts (DeepSeek-V3's) would otherwise be judged by middle stages
+    this model over-counts (megatron-bridge-25.11-014's second stage at 182 GB on the 186 GB GB200 that ran it)."""
+    pp = strategy.pp
+    if stage is not None:
+        if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
+            raise ValueError(f"stage must be an int in [0, pp = {pp}), got {stage!r}")
+        return stage_memory(model, strategy, stage)
+    if pp == 1 or getattr(strategy, "head", "parallel") != "whole" or model.kind != "gpt":
+        return stage_memory(model, strategy, 0)
+    even = len(set(_stage_layers(model, strategy) or [0])) == 1
+    return max((stage_memory(model, strategy, k) for k in ((0, pp - 1) if even else range(pp))),
+               key=lambda m: m["total"])
+
+
+def _stage_layers(model, strategy) -> list | None:
+    """Layers on each pipeline stage (None where interleaving spreads them without a stated layout)."""
+    if model.kind == "gpt" and (strategy.virtual_stages == 1 or getattr(strategy, "stage_layout", ())):
+        return strategy.stage_layers(model.layers)
+    return None
+
+
+def vocabulary_params(model) -> int:
+    """Parameters of a GPT's embedding, position table and output layer (V·h, twice if untied; s·h if learned)."""
+    return model.vocab * model.hidden * (1 if model.tied_embeddings else 2) + (
+        model.seq_len * model.hidden if model.position == "learned" else 0)
+
+
+def stage_memory(model, strategy, stage: int = 0) -> dict:
+    """Bytes one device of pipeline stage ``stage`` holds (see :func:`memory_per_device`).
 
     Context parallelism: each rank keeps the activations of s/cp tokens; weights are replicated over cp and
     (dense) states sharded over dp × cp under ZeRO (Megatron's distributed optimizer). Experts: a rank holds
-    E/ep of them whole, their states sharded over the dp × cp / ep ranks that hold the same experts."""
+    E/ep of them whole, their states sharded over the dp × cp / ep ranks that hold the same experts.
+
+    ``strategy.head == "whole"`` (simlib's GPT): the embedding (V·h + s·h) lives whole on the first stage and the
+    tied head's copy of it on the last, on every tp rank; the last stage's loss is torch's ``cross_entropy`` on
+    whole fp32 logits, whose backward holds three b·s·V copies at once (the log-softmax output it saved, its
+    gradient and the logits' gradient), with the final LayerNorm's input and output; that peak comes before the
+    layers' backward, so it stands beside the recomputed layer's working set (the larger counts), not on top."""
     w_b, g_b, o_b = param_bytes(strategy)
     cp, ep = getattr(strategy, "cp", 1), getattr(strategy, "ep", 1)
+    first, last = stage == 0, stage == strategy.pp - 1
+    whole = getattr(strategy, "head", "parallel") == "whole" and model.kind == "gpt"
     experts = model.expert_params if getattr(model, "experts", 0) else 0
-    stages = strategy.stage_layers(model.layers) if model.kind == "gpt" and (
-        strategy.virtual_stages == 1 or getattr(strategy, "stage_layout", ())) else None
-    share = stages[0] / model.layers if stages else 1 / strategy.pp   # the first stage's share of the layers
-    dense_here = (model.params - experts) / (strategy.tp * strategy.pp)
+    stages = _stage_layers(model, strategy)
+    share = stages[stage] / model.layers if stages else 1 / strategy.pp   # this stage's share of the layers
+    if whole:   # the blocks split over tp, the vocabulary's tables whole where they run
+        vocab = vocabulary_params(model)
+        dense_here = (model.params - experts - vocab) * share / strategy.tp
+        dense_here += (vocab - model.vocab * model.hidden * (0 if model.tied_embeddings else 1)) * first
+        dense_here += model.vocab * model.hidden * (last and (strategy.pp > 1 or not model.tied_embeddings))
+    else:
+        dense_here = (model.params - experts) / (strategy.tp * strategy.pp)
     expert_here = experts * share / ep
     dp, edp = strategy.shard_degree, max(1, strategy.dp * cp // ep)
     params_here = dense_here + expert_here
 
-    def sharded(nbytes, stage):
-        return nbytes * (dense_here / (dp if strategy.zero_stage >= stage else 1)
-                         + expert_here / (edp if strategy.zero_stage >= stage else 1))
+    def sharded(nbytes, zero):
+        return nbytes * (dense_here / (dp if strategy.zero_stage >= zero else 1)
+                         + expert_here / (edp if strategy.zero_stage >= zero else 1))
     weights, grads, optimizer = sharded(w_b, 3), sharded(g_b, 2), sharded(o_b, 1)
     layers_here = model.layers * share + (getattr(model, "mtp_layers", 0) if strategy.pp == 1 else 0)
     seq_model = replace(model, seq_len=model.seq_len // cp) if cp > 1 else model
@@ -163,10 +223,11 @@ def memory_per_device(model, strategy) -> dict:
     else:
         stage_acts = per_layer * layers_here + moe_here * moe_extra
     stage_acts -= strategy.offloaded(layers_here) * per_layer   # on the host (simlib.sim.offload)
-    activations = stage_acts * in_flight_micro_batches(strategy) * interleave_factor(strategy)
+    activations = stage_acts * in_flight_micro_batches(strategy, stage) * interleave_factor(strategy, stage)
+    rebuilt = 0.0   # the working set of recomputation: one layer's whole set
     if strategy.recompute in ("full", "every_other", "op") and model.kind == "gpt":
-        activations += activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, "none",
-                                                  strategy.sequence_parallel, strategy.attention, value) + moe_extra
+        rebuilt = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, "none",
+                                             strategy.sequence_parallel, strategy.attention, value) + moe_extra
     if strategy.fsdp and model.kind == "gpt":
         # FSDP's working set: the unit being computed and the one prefetched, gathered in the parameter dtype,
         # and their unsharded gradients before the reduce-scatter (Zhao et al. 2023 §3.2)
@@ -174,8 +235,16 @@ def memory_per_device(model, strategy) -> dict:
         reduce_b = {"fp32": 4, "tf32": 4}.get(strategy.reduce_dtype, g_b)
         weights += 2 * per_unit * w_b if strategy.zero_stage >= 3 else 0.0
         grads += 2 * per_unit * reduce_b
-    if model.kind == "gpt" and model.vocab and strategy.pp == 1:
-        activations += 4.0 * strategy.micro_batch * model.seq_len / cp * model.vocab / strategy.tp
+    logits = 4.0 * strategy.micro_batch * model.seq_len / cp * model.vocab if model.kind == "gpt" and last else 0.0
+    if whole:
+        shard = strategy.tp if strategy.sequence_parallel else 1
+        head_in = 2.0 * value * strategy.micro_batch * model.seq_len / cp * model.hidden / shard
+        # the trainer frees the gradients every step: at the loss's backward of a step's only micro-batch none
+        # exists yet, so that peak counts beside them, the recomputed layer's (later) on top of them
+        before_grads = grads if strategy.num_micro_batches == 1 else 0.0
+        activations += max(head_in + 3 * logits - before_grads, rebuilt, 0.0) if last else rebuilt
+    else:   # Megatron's fused loss keeps one fp32 copy of this rank's V/tp logits
+        activations += rebuilt + logits / strategy.tp
     total = weights + grads + optimizer + activations
     return dict(weights=weights, gradients=grads, optimizer=optimizer, activations=activations, total=total)
 

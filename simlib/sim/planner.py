@@ -314,8 +314,9 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
     space = dict(space or {})
     fixed = {"dtype": dtype, "attention": attention, **space.get("fixed", {})}
     fixed.setdefault("bucket_bytes", _trainer_bucket_bytes())  # the trainer's default bucket, as it runs
-    if task is not None:
+    if task is not None:   # the course's trainer runs it: Adam(W), and its GPT's head (Strategy.from_plan's)
         fixed.setdefault("optimizer", "adam")
+        fixed.setdefault("head", "whole")
     space["fixed"] = fixed
     if task is not None and trainer_only:  # what the trainer has: no FSDP, selective recompute, interleaving
         space = {"fsdp": (False,), "recompute": ("none", "full"), "schedule": ("1f1b", "gpipe"),
@@ -469,4 +470,4 @@ def trainer_plan(s, global_batch: int, world: int, task=None, cache: dict | None
 
 
 # Strategy fields a Plan does not say (from_plan's overrides): how the machine runs, not how the work is split
-_NOT_IN_PLAN = ("optimizer", "threads", "attention", "kernels", "tp_across_nodes", "reduce_dtype")
+_NOT_IN_PLAN = ("optimizer", "threads", "attention", "kernels", "tp_across_nodes", "reduce_dtype", "head")

@@ -22,6 +22,7 @@ CP_KINDS = ("allgather", "ring", "ulysses")
 FP8_RECIPES = ("delayed", "current", "blockwise", "mx")
 DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8", "fp4")
 OPTIMIZERS = ("adam", "sgd", "sgd_momentum")
+HEADS = ("parallel", "whole")
 
 
 def _positive_int(name, value):
@@ -84,6 +85,13 @@ class Strategy:
                                      # host memory in forward and come back in backward (simlib.sim.offload)
     fp8_recipe: str = "delayed"      # dtype="fp8": Transformer Engine's scaling recipe (delayed / current
                                      # per-tensor, blockwise 1x128 as DeepSeek-V3, mx: MXFP8 on Blackwell)
+    head: str = "parallel"           # GPT: the embedding, the output layer and the loss. "parallel" (Megatron-LM):
+                                     # split over tp (VocabParallelEmbedding, the parallel LM head, a fused
+                                     # cross-entropy keeping one fp32 copy of the logits), the vocabulary's
+                                     # parameters spread evenly over the pipeline stages as the published runs are
+                                     # priced; "whole" (simlib's GPT, set by from_plan): embedding and tied head
+                                     # whole on every tp rank, the embedding on the first stage and the head's copy
+                                     # of it on the last, torch's cross_entropy (simlib.sim.memory says what it keeps)
 
     def __post_init__(self):
         dims.check(dp=self.dp, tp=self.tp, pp=self.pp, zero_stage=self.zero_stage, owner="Strategy")  # the Plan's rules
@@ -208,7 +216,8 @@ class Strategy:
         Every sample of a step goes through the plan's accumulation × pipeline micro-batches on each data-parallel
         rank, so micro_batch = global_batch / (dp × accumulation × pp_microbatches). A pipeline plan that also
         accumulates flushes its pipeline ``accumulation`` times a step (``pipeline_flushes``: a bubble each).
-        cp and ep map one to one (cp splits each sequence with
+        ``head="whole"``: the course's GPT keeps its embedding and tied head whole under tp, on the first and last
+        pipeline stages (:mod:`simlib.projects.gpt.model`). cp and ep map one to one (cp splits each sequence with
         the plan's zig-zag ring attention, ``cp_kind="ring"`` unless overridden)."""
         plan.validate(plan.world_size)
         per_step = plan.accumulation * plan.microbatches
@@ -220,7 +229,7 @@ class Strategy:
                       bucket_bytes=plan.bucket_cap_mb * 2 ** 20, overlap=plan.dp_variant in ("bucket", "ddp"),
                       recompute="full" if plan.activation_checkpointing else "none",
                       dtype=plan.mixed_precision or "fp32",
-                      sequence_parallel=getattr(plan, "sequence_parallel", False))
+                      sequence_parallel=getattr(plan, "sequence_parallel", False), head="whole")
         if plan.pp > 1:
             fields["pipeline_flushes"] = plan.accumulation
         if fields["cp"] > 1:
@@ -277,6 +286,8 @@ def _check_scale(s) -> None:
         raise ValueError("ep_overlap hides the expert-parallel all-to-alls: it needs ep > 1")
     if s.stage_layout and (s.first_stage_layers or s.last_stage_layers or s.pp == 1):
         raise ValueError("stage_layout needs pp > 1 and replaces first_stage_layers / last_stage_layers")
+    if s.head not in HEADS:
+        raise ValueError(f"head must be one of {HEADS}, got {s.head!r}")
     if s.fp8_recipe not in FP8_RECIPES:
         raise ValueError(f"fp8_recipe must be one of {FP8_RECIPES}, got {s.fp8_recipe!r}")
 
