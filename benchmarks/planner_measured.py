@@ -107,7 +107,7 @@ def main():
     shapes = gemm_shapes(model, args.world, task.global_batch, task=task, space=SPACE)   # timed at their own shapes
     with simlib.Cluster(args.world) as cluster:
         hw = sim.calibrate(cluster, world_sizes=tuple(w for w in (1, 2, 4, 8) if w <= args.world),
-                           gemm_shapes=shapes, kernels=True)   # kernels: ring attention's passes in situ
+                           gemm_shapes=shapes, kernels="comm", timeout=600)   # collectives in situ
         calibrate_s = time.perf_counter() - t0
         result = sim.plan(model, hw, devices=args.world, global_batch=task.global_batch, task=task,
                           trainer_only=True, space=SPACE)

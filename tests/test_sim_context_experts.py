@@ -187,3 +187,34 @@ def test_a_whole_gpt_prices_simlibs_ring_passes_as_lesson_09_on_a_measured_box()
     assert gpt_stage(model, hw, s, 2)["cp_comm"] < 0.1 * model.layers * passes   # unmeasured: as before
     assert gpt_stage(model, measured, s.replace(cp_kind="allgather"), 2)["cp_comm"] == \
         gpt_stage(model, hw, s.replace(cp_kind="allgather"), 2)["cp_comm"]         # another ring: untouched
+
+
+def test_collectives_of_groups_smaller_than_the_box_are_priced_as_measured_side_by_side():
+    """A tp or cp group of 2 on a box of 4 processes sharing the cores: its all-reduce and ring passes cost what
+    calibrate() measured groups of 2 add side by side (``in_situ_groups``), not what a 4-rank group or 2 processes
+    alone cost; without that measurement a pass falls back on the whole box's, and an all-reduce on the link."""
+    from simlib import sim
+    from simlib.sim.cost import gpt_stage
+    from simlib.sim.layer import op_time
+    from simlib.sim.ops import Op
+    from simlib.sim.ring_comm import _in_situ, in_situ_all_reduce
+    hw = _measured_box(sync=1e-3)
+    base = hw.overheads["kernels"][2]
+    whole = {"hop": (4e-3, 1e9), "hop_overlapped": (5e-3, 1e9), "all_reduce": (6e-3, 1e9)}
+    pairs = {"hop": (1e-3, 2e9), "hop_overlapped": (2e-3, 2e9), "all_reduce": (3e-3, 2e9)}
+    box = hw.with_(overheads={"kernels": {4: {**base, "in_situ": whole, "in_situ_groups": {2: pairs}}}})
+    assert _in_situ(box, 4, "hop", 2) == pairs["hop"] and _in_situ(box, 4, "hop", 4) == whole["hop"]
+    assert in_situ_all_reduce(1e6, 2, box, 4) == pytest.approx(3e-3 + 1e6 / 2e9)
+    assert in_situ_all_reduce(1e6, 4, box, 4) == pytest.approx(6e-3 + 1e6 / 1e9)
+    assert in_situ_all_reduce(1e6, 2, hw, 4) is None                       # unmeasured: the link's α-β instead
+    s = sim.Strategy(dp=2, tp=2, micro_batch=2, dtype="fp32")
+    op = Op("row-parallel all-reduce", "comm", 2e6, collective="all_reduce", group="tp", count=2)
+    assert op_time(op, box, s, 4) == pytest.approx(2 * (3e-3 + 1e6 / 2e9))
+    model = sim.gpt(layers=2, hidden=128, heads=4, seq_len=512, vocab=1000)
+    ring = sim.Strategy(dp=2, cp=2, cp_kind="ring", micro_batch=2, dtype="fp32")
+    kv = 2 * 2 * 512 // 2 * 128 * 4
+    bare = hw.with_(overheads={"kernels": {4: {**base, "in_situ": whole}}})
+    sides = gpt_stage(model, box, ring, 4)["cp_comm"]
+    assert sides < gpt_stage(model, bare, ring, 4)["cp_comm"]               # a pair waits less than the box
+    check = gpt_stage(model, box, ring, 4)["cp_comm"] / model.layers - (2 * (2e-3 + kv / 2e9) + 2 * (1e-3 + kv / 2e9))
+    assert 0 < check < 2e-3                                                 # what is left: the shape check's wait

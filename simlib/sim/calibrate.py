@@ -59,14 +59,16 @@ def _mean_time(fn, repeats: int, min_time: float = 0.0, blocks: int = 5) -> floa
 
 def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_sizes=COMM_SIZES,
                  repeats: int = 5, comm_repeats: int = 10, min_time: float = 0.2, cycle_repeats: int = 5,
-                 kernels: bool = False):
+                 kernels: bool | str = False):
     """Run on every rank of a cluster: ranks < ``world_size`` measure together; the rest return None.
-    ``kernels``: also time lesson 09's kernels (:func:`_kernels`, :func:`_small_sync`)."""
+    ``kernels``: also time lesson 09's kernels (:func:`_kernels`, :func:`_small_sync`) and what calls add to compute
+    in situ; ``"comm"``: only the calls (what the planner's GPT prices with), not the attention and MoE kernels."""
     import torch
     import torch.distributed as dist
 
     group = subgroup(world_size)
-    singles = _singles() if kernels else None  # every rank takes part in making groups, measuring or not
+    singles = _singles() if kernels is True else None  # every rank takes part in making groups, measuring or not
+    sides = side_groups(world_size) if kernels else {}
     rank = dist.get_rank()
     if rank >= world_size:
         return None
@@ -93,7 +95,7 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
         sync()
         acc_bw = 3 * g.numel() * 4 / _mean_time(lambda: g.add_(h), repeats, min_time=min_time)  # AccumulateGrad: grad += new
         sync()
-        kernels = _kernels(singles[rank], min_time, sync) if kernels else None
+        kernels = (_kernels(singles[rank], min_time, sync) if kernels is True else {}) if kernels else None
         comm, cycles, p2p = [], [], []
         if world_size > 1:
             for size in comm_sizes:
@@ -106,12 +108,37 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
                 kernels["sync"] = _small_sync(group)
                 kernels["a2a"] = _all_to_all_times(group, comm_repeats)
                 kernels["in_situ"] = in_situ_comm(group)
+                # groups of g ranks side by side (tp, cp, ep groups smaller than the box): each waits for peers
+                # that share the cores with the other groups' ranks
+                kernels["in_situ_groups"] = {g: in_situ_comm(groups[rank // g], kinds=SIDE_KINDS)
+                                             for g, groups in sides.items()}
             if world_size == 2:
                 p2p = _ping_pong(group, rank, P2P_SIZES, comm_repeats)
         return {"gemms": gemms, "mem_bw": mem_bw, "comm": comm, "acc_bw": acc_bw, "cycles": cycles, "p2p": p2p,
                 "layer_factor": layer_factor, "kernels": kernels}
     finally:
         torch.set_num_threads(old_threads)
+
+
+SIDE_KINDS = ("hop", "hop_overlapped", "all_reduce")   # calls measured in groups side by side
+_SIDES: dict = {}
+
+
+def side_groups(world_size: int) -> dict:
+    """{g: [group of ranks 0..g-1, g..2g-1, ...]} for each group size 2 <= g < world_size that divides it, made once
+    (every rank of the cluster must ask, in the same order)."""
+    import torch.distributed as dist
+
+    from .. import env
+    out = {}
+    for g in range(2, world_size):
+        if world_size % g:
+            continue
+        if (world_size, g) not in _SIDES:
+            _SIDES[(world_size, g)] = [dist.new_group(list(range(i, i + g)), timeout=env.collective_timeout())
+                                       for i in range(0, world_size, g)]
+        out[g] = _SIDES[(world_size, g)]
+    return out
 
 
 P2P_SIZES = [16 << 10, 256 << 10, 1 << 20]  # bytes of one pipeline message (activations of a micro-batch)
@@ -242,7 +269,7 @@ def _combine(results):
 
 
 def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, timeout: float = 120.0,
-              min_time: float | None = None, kernels: bool = False, gemm_shapes=()):
+              min_time: float | None = None, kernels: bool | str = False, gemm_shapes=()):
     """Measure this machine and return a :class:`~simlib.sim.hardware.Hardware` for it.
 
     Measures, for each world size w (w processes running at once, cores // w threads each — the default of
@@ -254,7 +281,9 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
     ``grad.add_(new)`` on a weight-sized gradient (AccumulateGrad, once per micro-batch), and for 2 ranks a
     point-to-point (α, B) fitted to an isend/recv ping-pong (pipeline messages), and lesson 09's eager kernels
     (ring-attention blocks, SDPA, one small autograd op, a small collective's wait: :func:`_kernels`, the
-    slowest rank's) when ``kernels`` (a few seconds more per world size; :mod:`simlib.sim.context_experts`
+    slowest rank's) and what collectives add to the compute around them, whole and in groups side by side
+    (:func:`simlib.sim.kernels.in_situ_comm`), when ``kernels`` (``"comm"``: the calls only, what the
+    planner's GPT needs) (a few seconds more per world size; :mod:`simlib.sim.context_experts`
     uses them).
     ``cluster``: a warm cluster with at least ``max(world_sizes)`` ranks (one is started and closed if None).
     ``gemm_shapes``: (m, k, n) shapes timed besides the course's MLP table — a model's own GEMMs
@@ -288,7 +317,8 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
             for threads in thread_counts:
                 out = cluster.call(measure_here, (w, threads), {"repeats": repeats, "min_time": min_time,
                                                                 "gemm_shapes": shapes,
-                                                                "kernels": kernels and threads == max(1, cores // w)},
+                                                                "kernels": kernels if threads == max(1, cores // w)
+                                                                else False},
                                    timeout=timeout)
                 gemms, mem_bw, comm, acc_bw, layer_factor = _combine(out)
                 gemm_table[(w, threads)] = gemms
@@ -340,7 +370,7 @@ def model_gemm_shapes(model, strategies) -> list:
 
     shapes = set()
     for s in strategies:
-        parts = [strategy_layer_ops(model, s), head_ops(model, s.micro_batch, s.tp, cp=s.cp)]
+        parts = [strategy_layer_ops(model, s), head_ops(model, s.micro_batch, s.vocab_tp, cp=s.cp)]
         for part in parts:
             for ops in part.values():
                 # a batched GEMM (count > 1: attention's per-head products) runs as one bmm call, not count

@@ -163,8 +163,9 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
     dense_end = model.dense_layers if model.experts else model.layers
     # the logits GEMM stays in 16 bits under FP8 training (Transformer Engine converts the layers' Linears)
     ends_strategy = s.replace(dtype="bf16") if s.dtype in ("fp8", "fp4") else s
-    embed, head = embedding_ops(model, s.micro_batch, s.tp, w, s.cp), head_ops(model, s.micro_batch, s.tp, w, s.cp)
-    mtp = mtp_ops(model, s.micro_batch, s.tp, w, s.cp)   # multi-token prediction: on the last stage (Megatron-Core)
+    vt = s.vocab_tp   # the vocabulary's split: tp (Megatron) or none (simlib's GPT keeps the head whole)
+    embed, head = embedding_ops(model, s.micro_batch, vt, w, s.cp), head_ops(model, s.micro_batch, vt, w, s.cp)
+    mtp = mtp_ops(model, s.micro_batch, vt, w, s.cp)   # multi-token prediction: on the last stage (Megatron-Core)
 
     def t_end(items):
         return sum(ops_time(items, hardware, ends_strategy, processes, s.threads, k) for k in compute)

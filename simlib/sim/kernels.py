@@ -169,7 +169,7 @@ IN_SITU_SIZES = [16 << 10, 256 << 10, 1 << 20, 4 << 20]  # bytes a rank sends in
 IN_SITU_GEMM, IN_SITU_GEMMS = (128, 1024, 1024), 2  # the compute each call is made beside or after (~5 ms)
 
 
-def in_situ_comm(group, repeats: int = KERNEL_REPEATS) -> dict:
+def in_situ_comm(group, repeats: int = KERNEL_REPEATS, kinds=("a2a", "hop", "hop_overlapped", "all_reduce")) -> dict:
     """Seconds a call adds to the compute it meets, ranks side by side: {kind: [(bytes, seconds), ...]}.
 
     - ``a2a``: an all-to-all through :func:`simlib.parallel.all_to_all.all_to_all` after the compute (Ulysses
@@ -179,7 +179,12 @@ def in_situ_comm(group, repeats: int = KERNEL_REPEATS) -> dict:
     - ``hop_overlapped``: the same pass started *before* the compute and waited for after it (ring attention's
       K/V). On a box whose cores the ranks share, the transfer's copies take the compute's core: overlapping
       it costs more than sending it after (measured here: about 3.6 ms against 1.4 ms for a pair of 256 KB).
+    - ``all_reduce``: an all-reduce of the bytes after the compute (the course's tensor parallelism: one after
+      each block's row-parallel GEMM).
     Each: the median over ``repeats`` of (compute with the call − compute alone), each timed after a barrier.
+    ``kinds``: which to measure. On a sub-group whose peers outside it run the same at the same time (groups side
+    by side, :func:`simlib.sim.calibrate.measure_here`), the calls wait for peers that share the cores with
+    other groups' ranks.
     """
     import torch
     import torch.distributed as dist
@@ -209,11 +214,14 @@ def in_situ_comm(group, repeats: int = KERNEL_REPEATS) -> dict:
 
         def pass_and_wait(*_):
             _wait(_ring_pass(pair, group, None, "hop")[1], None, 0.0)
-        kinds = {"a2a": (none, lambda _: all_to_all(x, [1] * n, [1] * n, group=group)),
+        flat = torch.zeros(size // 4)
+        calls = {"a2a": (none, lambda _: all_to_all(x, [1] * n, [1] * n, group=group)),
                  "hop": (none, pass_and_wait),
                  "hop_overlapped": (lambda: _ring_pass(pair, group, None, "hop")[1],
-                                    lambda requests: _wait(requests, None, 0.0))}
-        for kind, (before, after) in kinds.items():
+                                    lambda requests: _wait(requests, None, 0.0)),
+                 "all_reduce": (none, lambda _: dist.all_reduce(flat, group=group))}
+        for kind in kinds:
+            before, after = calls[kind]
             timed(before, after), timed(none, none)  # warm-up
             extra = []
             for _ in range(repeats):
@@ -272,14 +280,23 @@ def combine_kernels(results) -> dict:
         pts = [(size, max(r["a2a"][i][1] for r in res)) for i, (size, _) in enumerate(res[0]["a2a"])]
         out["a2a"] = fit_p2p([p[0] for p in pts], [p[1] for p in pts])
     if "in_situ" in res[0]:  # a call every rank waits on: the slowest rank's added time, fitted as α + bytes / B
-        out["in_situ"] = {}
-        for kind, points in res[0]["in_situ"].items():
-            pts = [(size, max(r["in_situ"][kind][i][1] for r in res)) for i, (size, _) in enumerate(points)]
-            out["in_situ"][kind] = fit_p2p([p[0] for p in pts], [p[1] for p in pts])
+        out["in_situ"] = _fit_in_situ([r["in_situ"] for r in res])
+    if "in_situ_groups" in res[0]:  # the same, in groups of g ranks side by side: {g: {kind: (α, B)}}
+        out["in_situ_groups"] = {g: _fit_in_situ([r["in_situ_groups"][g] for r in res])
+                                 for g in res[0]["in_situ_groups"]}
     if "moe" in res[0]:  # the same sizes on every rank: the slowest rank's seconds
         out["moe"] = dict(res[0]["moe"], seconds=max(r["moe"]["seconds"] for r in res))
     for name in res[0]:
-        if name not in ("op", "sync", "a2a", "moe", "in_situ"):
+        if name not in ("op", "sync", "a2a", "moe", "in_situ", "in_situ_groups"):
             out[name] = {way: [(length, max(r[name][way][i][1] for r in res))
                                for i, (length, _) in enumerate(pts)] for way, pts in res[0][name].items()}
+    return out
+
+
+def _fit_in_situ(tables) -> dict:
+    """Ranks' :func:`in_situ_comm` tables -> {kind: (α, B)} fitted to the slowest rank's added time per size."""
+    out = {}
+    for kind, points in tables[0].items():
+        pts = [(size, max(t[kind][i][1] for t in tables)) for i, (size, _) in enumerate(points)]
+        out[kind] = fit_p2p([p[0] for p in pts], [p[1] for p in pts])
     return out

@@ -26,6 +26,7 @@ from dataclasses import replace
 from .cluster_ops import cp_ops, exposed_comm, moe_ops  # noqa: F401 - exposed_comm: used by cost
 from .attention import mean_pairs, mla_gemms
 from .compute import gemm_time
+from .ring_comm import in_situ_all_reduce
 from .ops import Op, _backward_gemms, _gemm  # noqa: F401 - Op is this module's vocabulary
 from .topology import group_collective, placement
 
@@ -281,6 +282,10 @@ def op_time(op: Op, hardware, strategy=None, processes: int = 1, threads=None) -
     if strategy is None:
         raise ValueError("a collective needs the strategy (its group's placement)")
     place = placement(strategy, hardware, op.group)
+    if op.collective == "all_reduce" and place.nodes == 1:   # a CPU box whose ranks share cores: as measured there
+        measured = in_situ_all_reduce(op.bytes / op.count, place.size, hardware, processes)
+        if measured is not None:
+            return op.count * measured
     return op.count * group_collective(op.collective, op.bytes / op.count, place, hardware)
 
 

@@ -78,11 +78,11 @@ def run(args) -> int:
         task, model = _project(args.model, bool(args.quick or env.quick()))
     cluster = args.cluster
     gb = args.global_batch or (task.global_batch if task is not None else 1024)
-    if cluster == "here":   # this box, measured: a project's GEMMs at its plans' own shapes, ring passes in situ
+    if cluster == "here":   # this box, measured: a project's GEMMs at its plans' own shapes, collectives in situ
         from .calibrate import calibrate
         world = args.devices or 4
         shapes = gemm_shapes(model, world, gb, task=task, space=narrowed(args)) if task is not None else ()
-        cluster = calibrate(world_sizes=tuple(w for w in (1, 2, 4, 8) if w <= world), kernels=True,
+        cluster = calibrate(world_sizes=tuple(w for w in (1, 2, 4, 8) if w <= world), kernels="comm",
                             gemm_shapes=shapes)
     mem = args.memory_gb * 1e9 if args.memory_gb is not None else None
     result = plan(model, cluster, nodes=args.nodes, devices=args.devices, global_batch=gb, seq_len=args.seq_len,

@@ -39,10 +39,24 @@ def all_to_all_time(nbytes, n, hardware, processes=None):
     return fit[0] + nbytes / fit[1] if fit else all_to_all(nbytes, n, hardware.intra)
 
 
-def _in_situ(hardware, processes, kind):
+def _in_situ(hardware, processes, kind, group=None):
     """(α, B) of what a call of ``kind`` adds to the compute it meets, where calibrate() measured it
-    (``kernels["in_situ"]``, :func:`simlib.sim.kernels.in_situ_comm`: a2a, hop, hop_overlapped), else None."""
-    return (_measured(hardware, processes).get("in_situ") or {}).get(kind)
+    (``kernels["in_situ"]``, :func:`simlib.sim.kernels.in_situ_comm`: a2a, hop, hop_overlapped, all_reduce), else
+    None. ``group``: ranks in the call, when fewer than the ``processes`` sharing the box — then the measurement of
+    groups of that size side by side (``kernels["in_situ_groups"]``) where there is one."""
+    table = _measured(hardware, processes)
+    if group and group < processes:
+        side = (table.get("in_situ_groups") or {}).get(group)
+        if side and kind in side:
+            return side[kind]
+    return (table.get("in_situ") or {}).get(kind)
+
+
+def in_situ_all_reduce(nbytes, n, hardware, processes):
+    """Seconds an all-reduce of ``nbytes`` over ``n`` of the ``processes`` ranks sharing a box adds after compute,
+    where calibrate(kernels=True) measured it (the course's tensor-parallel all-reduces); None elsewhere."""
+    fit = _in_situ(hardware, processes, "all_reduce", n) if n > 1 else None
+    return fit[0] + nbytes / fit[1] if fit else None
 
 
 def _blocking(nbytes, n, hardware, kind="all_to_all", processes=None):
@@ -51,7 +65,7 @@ def _blocking(nbytes, n, hardware, kind="all_to_all", processes=None):
     the latency taken as the measured in-situ wait (:func:`_sync`) where there is one."""
     if n <= 1:
         return 0.0
-    fit = _in_situ(hardware, processes or n, {"all_to_all": "a2a", "p2p": "hop"}.get(kind))
+    fit = _in_situ(hardware, processes or n, {"all_to_all": "a2a", "p2p": "hop"}.get(kind), n)
     if fit:
         return fit[0] + nbytes / fit[1]
     if kind == "p2p":
@@ -86,7 +100,7 @@ def exposed_hop(kv_bytes, cp, hardware, processes, compute) -> float:
     after it, adds to that step: what calibrate() measured such a pass add (``in_situ["hop_overlapped"]``: where
     the ranks share cores the copies take the compute's core, so overlapping hides nothing), else what the
     pass takes beyond the step's compute (``compute`` / cp) plus the wait for the peers."""
-    overlapped = _in_situ(hardware, processes, "hop_overlapped")
+    overlapped = _in_situ(hardware, processes, "hop_overlapped", cp)
     if overlapped:
         return overlapped[0] + kv_bytes / overlapped[1]
     return max(0.0, _p2p(kv_bytes, hardware) - compute / cp) + _blocking(0, cp, hardware, "p2p", processes)

@@ -138,6 +138,12 @@ class Strategy:
         return self.dp * self.tp * self.pp * self.cp
 
     @property
+    def vocab_tp(self) -> int:
+        """Ranks a GPT's embedding and logits are split over: tp under Megatron's parallel head, 1 under simlib's
+        whole head (``head="whole"``: every tp rank runs the whole logits GEMM and loss)."""
+        return 1 if self.head == "whole" else self.tp
+
+    @property
     def expert_dp(self) -> int:
         """Ranks holding the same experts, which average their gradients: dp × cp / ep."""
         return max(1, self.dp * self.cp // self.ep)
