@@ -13,7 +13,8 @@ import warnings
 import numpy as np
 
 from .hardware import Hardware, Link, fit_alpha_beta, fit_p2p
-from .kernels import _all_to_all_times, _kernels, _median_time, _singles, _small_sync, combine_kernels, in_situ_comm
+from .kernels import (_all_to_all_times, _kernels, _median_time, _singles, _small_sync, combine_kernels, in_situ_comm,
+                      small_op_time)
 
 # (m, k, n) of the GEMMs we time: the shapes of the course's MLP layers, forward / grad-input (batch × width ×
 # width) and grad-weight (width × batch × width), for widths 512 and 1024, plus one large square
@@ -95,7 +96,8 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
         sync()
         acc_bw = 3 * g.numel() * 4 / _mean_time(lambda: g.add_(h), repeats, min_time=min_time)  # AccumulateGrad: grad += new
         sync()
-        kernels = (_kernels(singles[rank], min_time, sync) if kernels is True else {}) if kernels else None
+        kernels = (_kernels(singles[rank], min_time, sync) if kernels is True else
+                   {"op": small_op_time(min_time)}) if kernels else None   # "comm": the host's cost per op too
         comm, cycles, p2p = [], [], []
         if world_size > 1:
             for size in comm_sizes:

@@ -37,6 +37,7 @@ from .overlap import TP_OVERLAP_GEMM_SLOWDOWN, tp_overlap_exposed
 from .memory import activation_bytes_per_layer, check_fits, memory_per_device
 from .cpu_share import combine_prediction
 from .ring_comm import ring_exposed
+from .host_ops import GPT_OPS_ENDS, GPT_OPS_PER_LAYER, host_op_time
 from .topology import Placement, group_collective, group_ranks, p2p_time, placement
 
 
@@ -145,16 +146,18 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
             slowdown = hidden * TP_OVERLAP_GEMM_SLOWDOWN
             fslow, bslow = fslow + slowdown / 3, bslow + 2 * slowdown / 3
         host = moe_host_overhead(model, s, hardware) if expert_layer else 0.0   # GPUs: per-expert launches
-        fslow, bslow = fslow + host / 3, bslow + 2 * host / 3
-        again = t(part) + aslow
+        fops, bops = (op_host * n for n in GPT_OPS_PER_LAYER)   # a CPU's dispatch per eager op (0 on GPUs)
+        fslow, bslow = fslow + host / 3 + fops, bslow + 2 * host / 3 + bops
+        again = t(part) + aslow + (fops if s.recompute == "full" else 0.0)
         full = (None, None)   # the whole layer again: read only under every_other and recompute_layers
         if s.recompute == "every_other" or s.recompute_layers:
             whole = recompute_ops(ops["forward"], "full")
             wholec, wholeslow = comm(whole)
-            full = (t(whole) + wholeslow, wholec)
+            full = (t(whole) + wholeslow + fops, wholec)
         return dict(fwd=t(ops["forward"]) + fslow, bwd=t(ops["backward"]) + bslow, again=again,
                     again_full=full[0], fcomm=fc, bcomm=bc, again_comm=ac, again_full_comm=full[1])
 
+    op_host = host_op_time(hardware, processes)   # a CPU box: the host's cost per eager op (0 on GPUs)
     kinds = {False: price(False)}
     if model.experts:
         kinds[True] = price(True)
@@ -201,6 +204,9 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
         for e in ends:
             out["forward"] += t_end(e["forward"])
             out["backward"] += t_end(e["backward"])
+        if i == len(stages) - 1:   # the ends' eager ops, counted on the last stage (the head and loss: most)
+            out["forward"] += op_host * GPT_OPS_ENDS[0]
+            out["backward"] += op_host * GPT_OPS_ENDS[1]
         for k in ("forward", "backward"):   # ranks side by side on a CPU box: the slowest one's pace (1 on GPUs)
             out[k] *= hardware.straggler(processes)
         total = out["forward"] + out["backward"] + out["forward_comm"] + out["backward_comm"]

@@ -99,14 +99,7 @@ def _kernels(single, min_time: float, sync=lambda: None, repeats: int | None = N
             with torch.no_grad():
                 out[key]["forward"].append((length, _after_barrier_time(fwd, sync, repeats)))
             out[key]["backward"].append((length, _after_barrier_time(both, sync, repeats)))
-    x = torch.randn(4, 4, requires_grad=True)
-
-    def chain():  # 32 multiplies and a sum forward; as many nodes backward, and one AccumulateGrad
-        y = x
-        for _ in range(32):
-            y = y * 1.0
-        y.sum().backward()
-    out["op"] = _median_time(chain, 5, min_time=min_time) / 68  # 68 ops (counted: TorchDispatchMode)
+    out["op"] = small_op_time(min_time)
     out["moe"] = _moe_kernel(single, sync, repeats)
     return out
 
@@ -300,3 +293,19 @@ def _fit_in_situ(tables) -> dict:
         pts = [(size, max(t[kind][i][1] for t in tables)) for i, (size, _) in enumerate(points)]
         out[kind] = fit_p2p([p[0] for p in pts], [p[1] for p in pts])
     return out
+
+
+def small_op_time(min_time: float) -> float:
+    """Seconds of one eager autograd op on a tiny tensor, forward or backward: the host's dispatch cost per op
+    (a chain of 32 multiplies and a sum forward, as many nodes backward and one AccumulateGrad: 68 ops, counted
+    with TorchDispatchMode)."""
+    import torch
+
+    x = torch.randn(4, 4, requires_grad=True)
+
+    def chain():
+        y = x
+        for _ in range(32):
+            y = y * 1.0
+        y.sum().backward()
+    return _median_time(chain, 5, min_time=min_time) / 68

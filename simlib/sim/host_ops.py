@@ -1,0 +1,19 @@
+"""The host's cost per eager operator: what a CPU box pays for every op simlib's GPT dispatches.
+
+On a CPU each aten op, however small, costs the host its dispatch and autograd bookkeeping (calibrate measures it:
+``kernels["op"]``, :func:`simlib.sim.kernels.small_op_time`; 10–40 µs here, more when ranks share the cores). A
+micro-batch of a small model is made of hundreds of them, so a plan that splits the batch into more micro-batches
+pays that cost once more per micro-batch. The op counts are simlib's GPT block's, counted with PyTorch's
+TorchDispatchMode (``tests/test_sim_host_ops.py`` counts them again); a GPU preset measured none: 0 there.
+"""
+from __future__ import annotations
+
+from .ring_comm import _measured
+
+GPT_OPS_PER_LAYER = (28, 65)   # aten ops of one block of simlib's GPT: forward, backward
+GPT_OPS_ENDS = (14, 23)        # the embedding, the final norm, the head and the loss: forward, backward
+
+
+def host_op_time(hardware, processes) -> float:
+    """Seconds the host spends on one eager op where calibrate() measured it, else 0."""
+    return _measured(hardware, processes).get("op") or 0.0
