@@ -173,7 +173,7 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
     def t_end(items):
         return sum(ops_time(items, hardware, ends_strategy, processes, s.threads, k) for k in compute)
 
-    best = None
+    best, totals = None, []
     for i, n in enumerate(stages):
         start = sum(stages[:i])
         dense = max(0, min(dense_end, start + n) - start)
@@ -207,12 +207,13 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
         if i == len(stages) - 1:   # the ends' eager ops, counted on the last stage (the head and loss: most)
             out["forward"] += op_host * GPT_OPS_ENDS[0]
             out["backward"] += op_host * GPT_OPS_ENDS[1]
-        for k in ("forward", "backward"):   # ranks side by side on a CPU box: the slowest one's pace (1 on GPUs)
-            out[k] *= hardware.straggler(processes)
+        out["forward"], out["backward"] = (out[k] * hardware.straggler(processes) for k in ("forward", "backward"))
         total = out["forward"] + out["backward"] + out["forward_comm"] + out["backward_comm"]
+        totals.append(total)
         if best is None or total > best[0]:
             best = (total, out)
-    return best[1]
+    # per micro-batch, the slowest stage beyond the mean one: the lighter stages idle that long (cpu_share.py)
+    return {**best[1], "stage_excess": best[0] - sum(totals) / len(totals)}
 
 
 def stage_times(model, hardware, strategy, processes=1):
@@ -443,6 +444,7 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
         tp_per_mb = 4 * ring_all_reduce(act_bytes, s.tp, hardware.intra) * model.layers / s.pp if s.tp > 1 else 0
     compute = m * (t_fwd + t_bwd)
     tp_comm = m * tp_per_mb
+    stage_idle = m * st["stage_excess"] if model.kind == "gpt" else 0.0   # lighter stages beside the slowest
     cluster = {}   # of tp_comm: what the context- and expert-parallel collectives take (exposed)
     if model.kind == "gpt" and (s.cp > 1 or s.ep > 1):
         cluster = dict(cp_comm=m * st["cp_comm"], ep_comm=m * st["ep_comm"])
@@ -474,7 +476,7 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
     out = Prediction(step, compute, exposed, bubble, opt, throughput, tokens, mfu, mem, fits,
                      dict(forward=t_fwd * m, backward=t_bwd * m, tp_comm=tp_comm, pp_comm=pp_comm,
                           pp_messages=pp_messages, dp_comm=dp_total, dp_exposed=dp_exposed, embedding_sync=embed,
-                          offload=offload, **cluster))
+                          offload=offload, stage_idle=stage_idle, **cluster))
     own = hardware.own_cores(processes)   # ranks sharing a CPU's cores: processor sharing (sim/cpu_share.py)
     return combine_prediction(out, predict(model, hardware, s, own)) if own else out
 

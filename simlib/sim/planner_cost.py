@@ -284,7 +284,7 @@ class FastPricer:
         return dict(strategy=s, step_time=step, compute=compute, bubble=bubble, optimizer=opt,
                     exposed_comm=exposed, tokens_per_s=global_batch * model.seq_len / step, mfu=mfu,
                     tp_comm=tp_comm, cp_comm=cp_comm, ep_comm=ep_comm, pp_comm=pp_comm, dp_exposed=dp_exposed,
-                    dp_comm=dp_total, embedding_sync=embed)
+                    dp_comm=dp_total, embedding_sync=embed, stage_idle=m * st["stage_excess"])
 
     def _small_p2p(self, s, act_bytes):
         if s.pp == 1:
