@@ -30,10 +30,18 @@ def subgroup(world_size: int):
 
     if world_size == dist.get_world_size():
         return None  # the default group
-    if world_size not in _GROUPS:
-        from .. import env
-        _GROUPS[world_size] = dist.new_group(list(range(world_size)), timeout=env.collective_timeout())
-    return _GROUPS[world_size]
+    return _group(range(world_size))
+
+
+def _group(ranks):
+    """The process group of ``ranks``, made once (every rank of the cluster must ask, in the same order)."""
+    import torch.distributed as dist
+
+    from .. import env
+    key = tuple(ranks)
+    if key not in _GROUPS:
+        _GROUPS[key] = dist.new_group(list(key), timeout=env.collective_timeout())
+    return _GROUPS[key]
 
 
 def _mean_time(fn, repeats: int, min_time: float = 0.0, blocks: int = 5) -> float:
@@ -123,24 +131,13 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
 
 
 SIDE_KINDS = ("hop", "hop_overlapped", "all_reduce")   # calls measured in groups side by side
-_SIDES: dict = {}
 
 
 def side_groups(world_size: int) -> dict:
     """{g: [group of ranks 0..g-1, g..2g-1, ...]} for each group size 2 <= g < world_size that divides it, made once
     (every rank of the cluster must ask, in the same order)."""
-    import torch.distributed as dist
-
-    from .. import env
-    out = {}
-    for g in range(2, world_size):
-        if world_size % g:
-            continue
-        if (world_size, g) not in _SIDES:
-            _SIDES[(world_size, g)] = [dist.new_group(list(range(i, i + g)), timeout=env.collective_timeout())
-                                       for i in range(0, world_size, g)]
-        out[g] = _SIDES[(world_size, g)]
-    return out
+    return {g: [_group(range(i, i + g)) for i in range(0, world_size, g)]
+            for g in range(2, world_size) if world_size % g == 0}
 
 
 P2P_SIZES = [16 << 10, 256 << 10, 1 << 20]  # bytes of one pipeline message (activations of a micro-batch)

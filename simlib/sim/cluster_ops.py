@@ -188,12 +188,22 @@ def moe_ops(model, tokens: int, tp: int, ep: int, width: int = 2, imbalance: flo
     return dict(forward=fwd, backward=bwd)
 
 
+def is_attention(op) -> bool:
+    """The attention core of a layer (the fused kernel, or the unfused scores, softmax and context): what a ring's
+    K/V passes can overlap with."""
+    return op.kind == "attention" or op.name.startswith(("scores", "context P", "scale+mask"))
+
+
+def attention_time(ops, times) -> float:
+    """Seconds of the attention core among ``ops`` (each op's time in ``times``, same order)."""
+    return sum(t for op, t in zip(ops, times) if is_attention(op))
+
+
 def exposed_comm(ops, times) -> float:
     """Seconds of the collectives in ``ops`` (each op's time in ``times``, same order) that compute does not
     hide: all of each, except a ring's K/V hops (``overlap="attention"``), where each of the ``count`` hops is
     exposed by what it takes beyond one ring step's attention (the rank's attention / (count + 1))."""
-    attention = sum(t for op, t in zip(ops, times)
-                    if op.kind == "attention" or op.name.startswith(("scores", "context P", "scale+mask")))
+    attention = attention_time(ops, times)
     out = 0.0
     for op, t in zip(ops, times):
         if op.kind != "comm":

@@ -31,7 +31,7 @@ from .collectives import (all_gather, all_reduce, hierarchical_all_reduce, p2p, 
 from .compute import accumulate_grad_time, gemm_time, gemms_time  # noqa: F401
 from .layer import (embedding_ops, exposed_comm, head_ops, module_recompute_ops, mtp_ops, op_time,  # noqa: F401
                     op_time_key, ops_time, recompute_ops, strategy_layer_ops)
-from .cluster_ops import moe_host_overhead
+from .cluster_ops import is_attention, moe_host_overhead
 from .offload import offload_time
 from .overlap import TP_OVERLAP_GEMM_SLOWDOWN, tp_overlap_exposed
 from .memory import activation_bytes_per_layer, check_fits, memory_per_device
@@ -120,9 +120,7 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
                 exposed[group] = 0.0
                 continue
             items = [op for op in all_items if op.kind != "comm" or op.group == group]
-            times = [once(op) if op.kind == "comm" else
-                     (once(op) if op.kind == "attention" or
-                      op.name.startswith(("scores", "context P", "scale+mask")) else 0.0) for op in items]
+            times = [once(op) if op.kind == "comm" or is_attention(op) else 0.0 for op in items]
             exposed[group] = exposed_comm(items, times)
             if group == "cp" and s.cp_kind == "ring":   # simlib's ring on a calibrated CPU: its passes as measured
                 exposed[group] = ring_exposed(items, times, hardware, processes) or exposed[group]

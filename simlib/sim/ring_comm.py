@@ -9,6 +9,7 @@ functions read those measurements and fall back on the link's α-β on a preset.
 """
 from __future__ import annotations
 
+from .cluster_ops import attention_time
 from .collectives import _ab, all_gather, all_to_all, p2p
 
 
@@ -117,8 +118,7 @@ def ring_exposed(ops, times, hardware, processes):
     :func:`~simlib.sim.context_experts.ring_attention_time`."""
     if not _in_situ(hardware, processes, "hop"):
         return None
-    attention = sum(t for op, t in zip(ops, times)
-                    if op.kind == "attention" or op.name.startswith(("scores", "context P", "scale+mask")))
+    attention = attention_time(ops, times)
     out = 0.0
     for op in ops:
         if op.kind != "comm" or op.group != "cp":
