@@ -156,6 +156,9 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     ctx = env.init()
     plan.validate(ctx.world_size, task)
     total_steps = _budget_steps(task, steps, tokens, samples, seconds)
+    if measure_memory and ctx.device.type == "cpu":
+        from .parallel.accumulate import count_every_thread
+        count_every_thread()   # before the model exists: every block the measured step frees is one it counts
     groups = plan.mesh.build()
     tl = Timeline(rank=ctx.rank, warmup=warmup, device=ctx.device)
     pm = parallelize(task.build_model().to(ctx.device), groups, plan, task, ctx.device, tl)

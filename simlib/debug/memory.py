@@ -26,11 +26,13 @@ def step_peak(task, plan, steps: int = 2, optim=None) -> dict:
 
 
 def train_counting_state(task, plan, **kwargs):
-    """Call on every rank: :func:`simlib.train.train` (same arguments), with each rank's bytes of parameters and
-    optimizer states as its second step starts beside its step peak, in ``record.summary["memory_ranks"]``
-    (``params``, ``optimizer``, ``step_peak``). The trainer's CPU peak (``peak_memory_by_rank``) counts only what
-    the step allocates above what was live as it started, which leaves those two out; :func:`measured_memory`
-    adds them. ``simlib.projects.runner.train_on(..., train_fn=train_counting_state)`` runs it."""
+    """Call on every rank: :func:`simlib.train.train` (same arguments), with each rank's bytes of parameters,
+    optimizer states and gradients as its second step starts beside its step peak, in
+    ``record.summary["memory_ranks"]`` (``params``, ``optimizer``, ``grads``, ``step_peak``). The trainer's CPU
+    peak (``peak_memory_by_rank``) counts what the step allocates above what was live as it started, net of what
+    it frees, which leaves those out — and the step frees the last step's gradients first
+    (``zero_grad(set_to_none=True)``), so its peak above the start is that much lower; :func:`measured_memory`
+    adds all three. ``simlib.projects.runner.train_on(..., train_fn=train_counting_state)`` runs it."""
     import torch.distributed as dist
 
     from ..train import train
@@ -42,6 +44,9 @@ def train_counting_state(task, plan, **kwargs):
             box["params"] = sum(p.numel() * p.element_size() for p in params)
             box["optimizer"] = sum(v.numel() * v.element_size() for st in info.optimizer.state.values()
                                    for v in st.values() if hasattr(v, "element_size"))
+            grads = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
+                     for p in params if p.grad is not None}   # a bucket's views count once
+            box["grads"] = sum(grads.values())
     record = train(task, plan, step_hook=hook, **kwargs)
     ranks = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
     if dist.is_initialized():
@@ -55,8 +60,9 @@ def train_counting_state(task, plan, **kwargs):
 
 
 def measured_memory(ranks) -> int | None:
-    """The largest rank's parameters + optimizer states + step peak above the step's start (bytes): what the
-    simulator's memory per device predicts. None where a rank has no measured peak (not on CPU)."""
+    """The largest rank's parameters + optimizer states + gradients live as the step starts + the step's peak
+    above its start (bytes): what the simulator's memory per device predicts. None where a rank has no measured
+    peak (not on CPU)."""
     if any(r.get("step_peak") is None for r in ranks):
         return None
-    return max(r["params"] + r["optimizer"] + r["step_peak"] for r in ranks)
+    return max(r["params"] + r["optimizer"] + r.get("grads", 0) + r["step_peak"] for r in ranks)

@@ -33,27 +33,23 @@ def _numpy_kept(before: dict) -> int:
 
 def _step_memory(fn) -> tuple[int, int]:
     """(peak, kept): the most bytes live at once while ``fn()`` ran, above what was live when it started, and the
-    bytes it left allocated. Torch's allocations are measured by torch's profiler (every allocation and free of
-    every op), NumPy arrays held by any Python object (torch's profiler does not see them),
-    so state kept anywhere - the optimizer's ``state``, the learner's own dicts, NumPy arrays, a temporary full
-    copy - counts. (NumPy bytes freed within ``fn`` are not in the peak: only what it keeps.)"""
+    bytes it left allocated. Torch's allocations are measured by torch's profiler with the allocator's count of
+    every thread's live bytes (:func:`simlib.parallel.accumulate.profiled_peak`: a collective's buffer that
+    Gloo's thread frees counts as freed), NumPy arrays held by any Python object (torch's profiler does not see
+    them), so state kept anywhere - the optimizer's ``state``, the learner's own dicts, NumPy arrays, a temporary
+    full copy - counts. (NumPy bytes freed within ``fn`` are not in the peak: only what it keeps.)"""
     from torch.profiler import ProfilerActivity, profile
 
     from ..env import quiet_profiler
+    from ..parallel.accumulate import count_every_thread, profiled_peak
     quiet_profiler()  # Kineto's start/stop lines off stderr; a learner's own errors still show
+    count_every_thread()
     numpy_before = _numpy_arrays()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     numpy_kept = _numpy_kept(numpy_before)
-    # an allocation counts from its op's start, a free from its op's end: a free attributed to an enclosing
-    # record_function (Optimizer.step#...) would otherwise be replayed before the allocations inside it
-    deltas = sorted((e.time_range.start if e.self_cpu_memory_usage > 0 else e.time_range.end, e.self_cpu_memory_usage)
-                    for e in prof.events() if e.self_cpu_memory_usage)
-    live = peak = 0
-    for _, delta in deltas:
-        live += delta
-        peak = max(peak, live)
-    return int(peak) + numpy_kept, int(live) + numpy_kept
+    peak, kept = profiled_peak(prof)
+    return peak + numpy_kept, kept + numpy_kept
 
 
 def _tensor_storages() -> dict:
