@@ -34,13 +34,18 @@ def subgroup(world_size: int):
 
 
 def _group(ranks):
-    """The process group of ``ranks``, made once (every rank of the cluster must ask, in the same order)."""
+    """The process group of ``ranks``, made once per world (every rank of the cluster must ask, in the same
+    order). A group of a world that has gone (a cluster closed, another started in this process) is dropped,
+    not reused, as :meth:`simlib.parallel.mesh.Mesh.build` does."""
     import torch.distributed as dist
 
     from .. import env
-    key = tuple(ranks)
+    world = dist.group.WORLD
+    for gone in [k for k in _GROUPS if k[0] is not world]:
+        del _GROUPS[gone]
+    key = (world, tuple(ranks))
     if key not in _GROUPS:
-        _GROUPS[key] = dist.new_group(list(key), timeout=env.collective_timeout())
+        _GROUPS[key] = dist.new_group(list(key[1]), timeout=env.collective_timeout())
     return _GROUPS[key]
 
 
