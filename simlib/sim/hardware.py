@@ -189,6 +189,8 @@ class Hardware:
     # most of the memory bandwidth a cast kernel reaches (0: as any kernel of its size, Calculon's table)
     fp8_transpose: bool = True
     cast_efficiency: float = 0.0
+    # a backward (dgrad, wgrad) GEMM's time over a forward one's of the same size, by dtype ("mx": MXFP8); None: 1
+    backward_gemm_factor: dict = None
 
     def _by_world(self, name: str, processes: int, default):
         table = (self.overheads or {}).get(name) or {}

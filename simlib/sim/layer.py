@@ -265,8 +265,11 @@ def gemm_parts(op: Op, hardware, strategy=None, processes: int = 1, threads=None
         dtype = "bf16"   # FP8/FP4 recipes convert the Linears only: attention's GEMMs and the router stay 16-bit
     if hardware.peak_flops:   # a GPU: the whole batched call sets the efficiency
         math = op.flops / hardware.gemm_rate(op.flops / 1e9, dtype)
-        if dtype == "fp8" and strategy.fp8_recipe == "mx":   # block-scaled MXFP8 (Blackwell) below per-tensor FP8
+        kind = "mx" if dtype == "fp8" and strategy.fp8_recipe == "mx" else dtype
+        if kind == "mx":   # block-scaled MXFP8 (Blackwell) below per-tensor FP8
             math /= MXFP8_GEMM_RATIO
+        if op.name.endswith(("dgrad", "wgrad")):   # Blackwell: backward layouts slower (presets.BLACKWELL_BACKWARD_GEMM)
+            math *= (hardware.backward_gemm_factor or {}).get(kind, 1.0)
     else:                     # a calibrated CPU box: its measured table per GEMM
         math = op.count * gemm_time(m, k, n, hardware, dtype, processes, threads)
     return math, op.bytes / hardware.achievable_bandwidth(op.bytes / op.count, processes)
