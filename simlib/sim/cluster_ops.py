@@ -25,7 +25,7 @@ factor of the even share, so the imbalance counted is min(imbalance, capacity fa
 from __future__ import annotations
 
 
-from .ops import Op as _op, _backward_gemms, _gemm
+from .ops import Op as _op, _backward_gemms, _gemm, fp8_cast_bytes
 
 # Seconds the host adds to an MoE layer's forward + backward for each expert on the rank, as Megatron-Core ran the
 # published runs: its experts are Transformer Engine's GroupedLinear, which quantizes each local expert's rows on
@@ -40,9 +40,10 @@ from .ops import Op as _op, _backward_gemms, _gemm
 # ``data/scale_runs.csv`` of (measured − predicted step without it) / (MoE layer passes × local experts)
 # (:func:`simlib.sim.scale_runs.fit_moe_host_per_expert`; 0.06–5.1 ms, middle half 0.31–0.45; 0.44 before the
 # experts' FP8 gradient casts were priced; 0.378 with the 15th row, DeepSeek-V3's pp 8 × vp 4, now stated; 0.373 once
-# GPT-OSS's eager expert operators and unfused YaRN RoPE were priced). Nothing of the test half was used. A third of it
+# GPT-OSS's eager expert operators and unfused YaRN RoPE were priced; 0.347 once Blackwell's FP8 casts and backward
+# GEMMs were priced as Transformer Engine measured them, presets). Nothing of the test half was used. A third of it
 # is charged to forward, two thirds to backward.
-MOE_HOST_PER_LOCAL_EXPERT = 0.37e-3
+MOE_HOST_PER_LOCAL_EXPERT = 0.347e-3
 
 
 def moe_host_overhead(model, strategy, hardware) -> float:
@@ -129,7 +130,7 @@ def expert_eager_ops(model, rows: float, width: int = 2) -> dict:
 
 
 def moe_ops(model, tokens: int, tp: int, ep: int, width: int = 2, imbalance: float = 1.0,
-            sequence_parallel: bool = False, fp8=False) -> dict:
+            sequence_parallel: bool = False, fp8=False, fp8_transpose: bool = True) -> dict:
     """The MoE MLP of one layer on one rank (after the second norm) for the ``tokens`` of its micro-batch
     (micro_batch × seq_len / cp), forward and backward, with the shared experts; the collectives on the "ep"
     group (dispatch, combine) and, for shared experts with tp > 1, the tensor-parallel ones."""
@@ -145,9 +146,9 @@ def moe_ops(model, tokens: int, tp: int, ep: int, width: int = 2, imbalance: flo
     down = _gemm("experts down (grouped)", per, f, h, local)
     a2a = ep > 1
     # FP8 (``fp8``: False or the recipe): each grouped GEMM's input is cast like a dense layer's (layer.layer_ops:
-    # read 2 bytes, write 1 and its transpose; current scaling and MX blocks read it once more), forward and, for the
-    # incoming gradient, backward — which the experts' list left out before (a test holds them to the dense rule)
-    cast = (w + 2 + (0 if fp8 in (True, "delayed") else w)) if fp8 else 0
+    # ops.fp8_cast_bytes, the recipe's bytes per element), forward and, for the incoming gradient, backward — which
+    # the experts' list left out before (a test holds them to the dense rule)
+    cast = fp8_cast_bytes(fp8, w, fp8_transpose)
     eager = expert_eager_ops(model, rows, w)   # GPT-OSS: the clamped activation and the experts' output bias
     fwd = [router, _op("router softmax + top-k (fp32)", "memory", 4 * 3 * t * E),
            _op("permute tokens to experts", "memory", 2 * w * rows * h),

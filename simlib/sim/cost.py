@@ -129,7 +129,7 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
         return exposed, slow
 
     def price(expert_layer):
-        ops = strategy_layer_ops(model, s, expert_layer)
+        ops = strategy_layer_ops(model, s, expert_layer, hardware)
         part = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model) + \
             module_recompute_ops(ops["forward"], s.recompute_modules)
         (fc, fslow), (bc, bslow), (ac, aslow) = comm(ops["forward"]), comm(ops["backward"]), comm(part)

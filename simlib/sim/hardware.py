@@ -184,6 +184,13 @@ class Hardware:
     # bytes per second each way between one device and its host's memory (activation offloading,
     # simlib.sim.offload): PCIe, or NVLink-C2C on Grace parts. 0: not stated (offloading cannot be priced)
     host_link: float = 0.0
+    # Transformer Engine's FP8 casts here: ``fp8_transpose`` — per-tensor FP8 GEMMs take only the TN layout, so each
+    # cast also writes a transposed copy (Hopper; Blackwell takes every layout: presets); ``cast_efficiency`` — the
+    # most of the memory bandwidth a cast kernel reaches (0: as any kernel of its size, Calculon's table)
+    fp8_transpose: bool = True
+    cast_efficiency: float = 0.0
+    # a backward (dgrad, wgrad) GEMM's time over a forward one's of the same size, by dtype ("mx": MXFP8); None: 1
+    backward_gemm_factor: dict = None
 
     def _by_world(self, name: str, processes: int, default):
         table = (self.overheads or {}).get(name) or {}
@@ -275,13 +282,13 @@ class Hardware:
         if self.processing not in ("roofline", "no_overlap"):
             raise ValueError(f"processing must be 'roofline' or 'no_overlap', got {self.processing!r}")
 
-    def achievable_bandwidth(self, nbytes: float, processes: int = 1) -> float:
+    def achievable_bandwidth(self, nbytes: float, processes: int = 1, fp8_cast: bool = False) -> float:
         """B/s a memory-bound kernel moving ``nbytes`` reaches: the memory bandwidth × the efficiency for that
-        size (small kernels do not fill the memory system: Calculon's ``MB_efficiency`` table)."""
+        size (small kernels do not fill the memory system: Calculon's ``MB_efficiency`` table); an FP8 cast
+        (``fp8_cast``) at most ``cast_efficiency`` of the bandwidth where that is set."""
         rate = self.mem_rate(processes)
-        if not self.mem_efficiency:
-            return rate
-        return rate * interpolate(self.mem_efficiency, max(nbytes, 1.0) / 1e6)
+        eff = interpolate(self.mem_efficiency, max(nbytes, 1.0) / 1e6) if self.mem_efficiency else 1.0
+        return rate * (min(eff, self.cast_efficiency) if fp8_cast and self.cast_efficiency else eff)
 
     def peak(self, dtype: str = "bf16", processes: int = 1) -> float:
         """Peak FLOP/s of one device (CPU box: the best rate calibrated for this process count)."""

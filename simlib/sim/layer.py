@@ -27,13 +27,15 @@ from .cluster_ops import cp_ops, exposed_comm, moe_ops  # noqa: F401 - exposed_c
 from .attention import mean_pairs, mla_gemms
 from .compute import gemm_time
 from .ring_comm import in_situ_all_reduce
-from .ops import Op, _backward_gemms, _gemm  # noqa: F401 - Op is this module's vocabulary
+from .ops import Op, _backward_gemms, _gemm, fp8_cast_bytes  # noqa: F401 - Op is this module's vocabulary
+from .presets import MXFP8_GEMM_RATIO
 from .topology import group_collective, placement
 
 
 def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = False, width: int = 2,
               attention: str = "unfused", fp8: bool = False, kernels: str = "fused", cp: int = 1,
-              cp_kind: str = "allgather", ep: int = 1, expert_layer: bool = False, imbalance: float = 1.0) -> dict:
+              cp_kind: str = "allgather", ep: int = 1, expert_layer: bool = False, imbalance: float = 1.0,
+              fp8_transpose: bool = True) -> dict:
     """Forward and backward operators of one GPT layer for one micro-batch on one tensor-parallel rank.
 
     ``width``: bytes per activation element (2 for fp16/bf16). With sequence parallelism the layer norms and
@@ -47,7 +49,8 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
     generation, slower). The model's shape decides the rest: grouped-query K/V
     (``model.kv``), the MLP width and gate (SwiGLU's element-wise silu·up), RMSNorm or LayerNorm, rotary
     embeddings applied to Q and K, and dropout only where the model has it. ``fp8``: Transformer Engine-style
-    FP8 GEMMs, whose inputs are cast to FP8 (and transposed for the weight gradient) by memory-bound kernels.
+    FP8 GEMMs, whose inputs are cast to FP8 (and transposed for the weight gradient) by memory-bound kernels
+    (:func:`~simlib.sim.ops.fp8_cast_bytes`; ``fp8_transpose=False``: no transposed copy, as on Blackwell).
 
     ``kernels="eager"``: the element-wise parts run as separate PyTorch ops, as torchtitan's Llama does without
     torch.compile (``models/norms.py``, ``models/llama/model.py``), each op reading and writing its tensor:
@@ -150,17 +153,17 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
                     *([Op("attention dropout backward", "memory", (2 * w + 1) * ss)] if model.dropout else []),
                     Op("softmax backward", "memory", 3 * w * ss), *_backward_gemms(scores), *rope_bwd]
 
-    # FP8 casts: read 2 bytes, write 1 (and its transpose, 1 more); "current" scaling reads the tensor once more
-    # for its amax before casting, "blockwise"/"mx" quantize the transposed copy with its own scales (a re-read)
-    extra = 0 if fp8 in (True, "delayed") else w
+    # FP8 casts (ops.fp8_cast_bytes): read w bytes, write 1 and its transpose (1 more); "current" scaling reads the
+    # tensor once more for its amax, "blockwise" re-reads for the transposed copy's scales, "mx" writes two scaled copies
+    per_element = fp8_cast_bytes(fp8, w, fp8_transpose)
 
     def cast(name, gemm):   # FP8: cast the GEMM's activation input to FP8 (read 2, write 1 byte) and transpose it
         m, k, _ = gemm.shape
-        return [Op(f"{name} FP8 cast + transpose", "memory", (w + 2 + extra) * m * k)] if fp8 else []
+        return [Op(f"{name} FP8 cast + transpose", "memory", per_element * m * k)] if fp8 else []
 
     def cast_bwd(name, gemm):  # FP8 backward: cast and transpose the incoming gradient
         m, _, n = gemm.shape
-        return [Op(f"{name} grad FP8 cast + transpose", "memory", (w + 2 + extra) * m * n)] if fp8 else []
+        return [Op(f"{name} grad FP8 cast + transpose", "memory", per_element * m * n)] if fp8 else []
 
     eager_fwd, eager_bwd = [], []
     if kernels == "eager":   # the extra traffic of running the element-wise parts op by op (see docstring)
@@ -184,7 +187,7 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
     core_fwd = [*context_par["forward"], *core_fwd]
     core_bwd = [*core_bwd, *context_par["backward"]]
     if expert_layer:   # the mixture of experts replaces the MLP (its own collectives, tp's for shared experts)
-        experts = moe_ops(model, t, tp, ep, w, imbalance, sequence_parallel, fp8)
+        experts = moe_ops(model, t, tp, ep, w, imbalance, sequence_parallel, fp8, fp8_transpose)
         mlp_fwd, mlp_bwd = experts["forward"], experts["backward"]
     else:
         mlp_fwd = [*f_fwd, *cast("MLP up", up), up, act, *cast("MLP down", down), down, *g_fwd]
@@ -262,6 +265,11 @@ def gemm_parts(op: Op, hardware, strategy=None, processes: int = 1, threads=None
         dtype = "bf16"   # FP8/FP4 recipes convert the Linears only: attention's GEMMs and the router stay 16-bit
     if hardware.peak_flops:   # a GPU: the whole batched call sets the efficiency
         math = op.flops / hardware.gemm_rate(op.flops / 1e9, dtype)
+        kind = "mx" if dtype == "fp8" and strategy.fp8_recipe == "mx" else dtype
+        if kind == "mx":   # block-scaled MXFP8 (Blackwell) below per-tensor FP8
+            math /= MXFP8_GEMM_RATIO
+        if op.name.endswith(("dgrad", "wgrad")):   # Blackwell: backward layouts slower (presets.BLACKWELL_BACKWARD_GEMM)
+            math *= (hardware.backward_gemm_factor or {}).get(kind, 1.0)
     else:                     # a calibrated CPU box: its measured table per GEMM
         math = op.count * gemm_time(m, k, n, hardware, dtype, processes, threads)
     return math, op.bytes / hardware.achievable_bandwidth(op.bytes / op.count, processes)
@@ -274,7 +282,7 @@ def op_time(op: Op, hardware, strategy=None, processes: int = 1, threads=None) -
         math, memory = gemm_parts(op, hardware, strategy, processes, threads)
         return math + memory if hardware.processing == "no_overlap" else max(math, memory)
     if op.kind == "memory":
-        return op.bytes / hardware.achievable_bandwidth(op.bytes, processes)
+        return op.bytes / hardware.achievable_bandwidth(op.bytes, processes, fp8_cast=" FP8 cast" in op.name)
     if op.kind == "attention":   # the tensor cores' share, unless the softmax's exponentials take longer
         math = op.flops / attention_rate(hardware, "backward" if "backward" in op.name else "forward",
                                          op.name.split()[0])
@@ -300,7 +308,8 @@ def op_time_key(op: Op, hardware, strategy, processes: int = 1, threads=None, pl
             place = places[op.group] = placement(strategy, hardware, op.group)
         return (op, processes, threads, place)
     if op.kind == "gemm":
-        return (op, processes, threads, strategy.dtype if strategy is not None else "bf16")
+        return (op, processes, threads, strategy.dtype if strategy is not None else "bf16",
+                strategy.fp8_recipe if strategy is not None and strategy.dtype == "fp8" else "")
     return (op, processes, threads)
 
 
@@ -377,12 +386,13 @@ def module_recompute_ops(forward, modules) -> list:
     return [replace(op, name=f"recompute {op.name}") for op in forward if names and op.name.startswith(names)]
 
 
-def strategy_layer_ops(model, strategy, expert_layer: bool = False) -> dict:
-    """:func:`layer_ops` for one micro-batch of ``strategy`` (an MoE layer if ``expert_layer``)."""
+def strategy_layer_ops(model, strategy, expert_layer: bool = False, hardware=None) -> dict:
+    """:func:`layer_ops` for one micro-batch of ``strategy`` (an MoE layer if ``expert_layer``) on ``hardware``
+    (whether its FP8 casts write a transposed copy: ``Hardware.fp8_transpose``; None: they do)."""
     s = strategy
     return layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, 2 if s.mixed_precision else 4, s.attention,
                      s.fp8_recipe if s.dtype in ("fp8", "fp4") else False, s.kernels, s.cp, s.cp_kind, s.ep,
-                     expert_layer, s.expert_imbalance)
+                     expert_layer, s.expert_imbalance, getattr(hardware, "fp8_transpose", True))
 
 
 def operator_table(model, hardware, strategy, processes: int = 1):
@@ -391,7 +401,7 @@ def operator_table(model, hardware, strategy, processes: int = 1):
     import pandas as pd
 
     s = strategy
-    ops = strategy_layer_ops(model, s, expert_layer=bool(getattr(model, "experts", 0)))
+    ops = strategy_layer_ops(model, s, expert_layer=bool(getattr(model, "experts", 0)), hardware=hardware)
     rows = []
     again = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model) + \
         module_recompute_ops(ops["forward"], s.recompute_modules)

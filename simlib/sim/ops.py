@@ -41,6 +41,31 @@ class Op:
         return 2.0 * m * k * n * self.count
 
 
+# Bytes per element of Transformer Engine's FP8 cast of a GEMM input (read ``width``-byte values, write FP8 for the
+# forward GEMM and a second copy laid out for the backward one): delayed scaling writes the cast and its transpose
+# (2); current scaling reads the tensor once more for its amax first, blockwise 1×128 quantizes the transposed copy
+# with its own scales (a re-read); MXFP8 ("mx") reads once and writes both copies in one kernel — a row-wise and a
+# column-wise FP8 copy, each with one E8M0 scale byte per 32 elements, since a 1×32 block's scales do not carry over
+# to the transpose (TE 2.9: one ``cast_mxfp8_2D_kernel``, ``common/util/cast_kernels.cuh``, fills both
+# ``tensor_map_output_rowwise`` and ``_colwise`` when the quantizer is set for both usages, as in training: the
+# forward GEMM reads rows, the weight gradient columns). The fused norm + MXFP8 cast runs only through cuDNN's norm
+# (``NVTE_NORM_FWD_USE_CUDNN``, which Megatron-Bridge's perf scripts remove for Llama's MXFP8 runs), so it is not
+# taken; the activation's fusion belongs to TE's LayerNormMLP, which Megatron-Core's MLP does not use
+MX_BLOCK = 32
+
+
+def fp8_cast_bytes(recipe, width: int = 2, transpose: bool = True) -> float:
+    """Bytes per element one FP8 cast of ``recipe`` (True: delayed) moves; 0 without FP8. ``transpose=False``:
+    a GPU whose FP8 GEMMs take every layout (Blackwell: ``Hardware.fp8_transpose``), where Transformer Engine writes
+    one per-tensor-scaled copy for both GEMMs (TE ≥ 2.3, ``is_non_tn_fp8_gemm_supported``: sm100-sm119)."""
+    if not recipe:
+        return 0.0
+    if recipe == "mx":
+        return width + 2 * (1 + 1 / MX_BLOCK)
+    copies = 2 if transpose or recipe == "blockwise" else 1
+    return width + copies + (0 if recipe in (True, "delayed") else width)
+
+
 def _gemm(name, m, k, n, count=1, width=2):
     """A GEMM (m×k)·(k×n), ``count`` of them: reads both inputs, writes the output."""
     return Op(name, "gemm", width * (m * k + k * n + m * n) * count, (m, k, n), count)

@@ -218,7 +218,7 @@ class FastPricer:
         from .layer import strategy_layer_ops
         out = {}
         for expert in ((False, True) if self.model.experts else (False,)):
-            ops = strategy_layer_ops(self.model, s, expert)
+            ops = strategy_layer_ops(self.model, s, expert, self.hw)
             compute = 0.0
             for op in ops["forward"] + ops["backward"]:
                 if op.kind in ("gemm", "memory", "attention"):   # what gpt_stage counts as compute

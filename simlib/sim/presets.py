@@ -43,6 +43,47 @@ BLACKWELL_ATTENTION = {"flash": {"forward": 0.71, "backward": 0.55},
 # and clock), so the same on GB200; per score, not per FLOP, so a narrower head (GPT-OSS's 64) is bound by it where
 # a head of 128 is not far from the tensor cores' pace. Blackwell Ultra doubles it (:data:`BLACKWELL_ULTRA_EXP_RATE`).
 BLACKWELL_EXP_RATE = 1605e12 / 1.3 / (4 * 128)
+# Transformer Engine's GEMM profiling tutorial (docs/examples/gemm_profiling/gemm_profiling.rst, PR 2863, 2026)
+# times a transformer layer's 12 GEMMs — fprop (M, K, N), dgrad (M, N, K), wgrad (K, M, N) of QKV, attention out, MLP
+# up and down at M = 15,872 tokens, hidden 4,096, MLP 16,384 — on a B300 (8 TB/s), ms per pass with inputs quantized
+# beforehand (fprop, dgrad, wgrad), and the layer in autocast (the casts te.Linear runs included):
+TE_B300_PREQUANTIZED_MS = {"bf16": (4.250, 4.434, 4.418), "current": (2.158, 2.329, 2.325), "mx": (2.365, 2.397, 2.400)}
+TE_B300_AUTOCAST_MS = {"current": 9.147, "mx": 8.984}
+# MXFP8 GEMMs (Strategy.fp8_recipe="mx"; block-scaled: an E8M0 scale per 32 elements of each operand, applied by the
+# tensor cores) run below per-tensor FP8 ones: fprop 2.158 / 2.365 ms (7.161 / 6.812 over the layer). A kernel
+# property taken for every Blackwell part (the casts are priced by their bytes apart: ops.fp8_cast_bytes)
+MXFP8_GEMM_RATIO = TE_B300_PREQUANTIZED_MS["current"][0] / TE_B300_PREQUANTIZED_MS["mx"][0]
+# ... and on Blackwell a backward GEMM runs slower than the forward one of the same size: the dgrad and wgrad passes
+# take 1.04× the fprop's time in BF16, 1.08× with per-tensor FP8 (no transposed copy: the GEMM reads its operands in
+# the non-TN layouts) and 1.01× with MXFP8 (copies laid out for each GEMM). Not so on Hopper: the tutorial's H200 NVL
+# takes 1.00× (BF16 10.632 / 10.747 / 10.530 ms, FP8 current 5.577 / 5.661 / 5.547), so Hopper has no such factor.
+# Keyed by the GEMM's dtype, "mx" for MXFP8 (Hardware.backward_gemm_factor, layer.gemm_parts)
+BLACKWELL_BACKWARD_GEMM = {k: (d + w) / 2 / f for k, (f, d, w) in TE_B300_PREQUANTIZED_MS.items()}
+BLACKWELL_BACKWARD_GEMM["fp8"] = BLACKWELL_BACKWARD_GEMM.pop("current")
+BLACKWELL_BACKWARD_GEMM["fp16"] = BLACKWELL_BACKWARD_GEMM["bf16"]
+
+
+def _te_cast_efficiency(hbm: float, overhead_ms: dict, transpose: bool) -> float:
+    """The fraction of ``hbm`` Transformer Engine's FP8 casts reached in its GEMM profiling tutorial (the source of
+    :data:`MXFP8_GEMM_RATIO`): per recipe, a layer's autocast time less its pre-quantized time (``overhead_ms``) is
+    the casts te.Linear runs before its 12 GEMMs — the input (M × K) and the weight (K × N) of each of the fprop
+    (M, K, N), dgrad (M, N, K) and wgrad (K, M, N) shapes, both usages as in training — at the recipe's bytes per
+    element (ops.fp8_cast_bytes); the mean over the recipes."""
+    from .ops import fp8_cast_bytes
+    m, h, i = 15872, 4096, 16384
+    shapes = [(m, h, 3 * h), (m, h, h), (m, h, i), (m, i, h)]                          # fprop: QKV, out, up, down
+    shapes += [(a, c, b) for a, b, c in shapes[:4]] + [(b, a, c) for a, b, c in shapes[:4]]   # dgrad, wgrad
+    elements = sum(a * b + b * c for a, b, c in shapes)
+    rates = [elements * fp8_cast_bytes(r, 2, transpose) / (ms / 1e3) for r, ms in overhead_ms.items()]
+    return sum(rates) / len(rates) / hbm
+
+
+# On the B300: per layer, current scaling 9.147 - 6.812 ms, MXFP8 8.984 - 7.162 ms: 5.3 and 5.5 TB/s, 0.68 of
+# the HBM, where a plain memory-bound kernel of these sizes reaches Calculon's 0.9. Not a property of the casts
+# alone: the same tutorial's H200 NVL (4.8 TB/s, Hopper: a transposed copy too) gives 20.285 - 16.785 ms for current
+# scaling, 0.89 — Calculon's figure (test_sim_blackwell_casts.py), so Hopper keeps the table
+BLACKWELL_CAST_EFFICIENCY = _te_cast_efficiency(
+    8e12, {r: TE_B300_AUTOCAST_MS[r] - sum(TE_B300_PREQUANTIZED_MS[r]) for r in TE_B300_AUTOCAST_MS}, False)
 BLACKWELL_ULTRA_EXP_RATE = 2 * BLACKWELL_EXP_RATE
 NVLINK5_BUSBW = 800e9          # B/s ring bus bandwidth (see the module docstring)
 NDR_NIC, XDR_NIC = 47e9, 94e9  # B/s per GPU: ConnectX-7 400 Gb/s measured; ConnectX-8 800 Gb/s assumed 2x
@@ -64,6 +105,8 @@ def _blackwell(name, peaks, memory_gb, devices_per_node, nic, source, exp_rate=B
         intra=Link(h200.alpha, NVLINK5_BUSBW, {}, "NVLink 5: ~800 GB/s ring busbw (nccl #1807, Azure guide #7)"),
         inter=Link(5e-6, nic, {}, f"{nic / 1e9:.0f} GB/s per GPU NIC; α assumed"),
         devices_per_node=devices_per_node, mem_efficiency=CALCULON_MEM_EFFICIENCY,
+        fp8_transpose=False, cast_efficiency=BLACKWELL_CAST_EFFICIENCY,   # TE: every FP8 layout; casts as measured
+        backward_gemm_factor=BLACKWELL_BACKWARD_GEMM,
         gemm_table={"bf16": B200_BF16_EFFICIENCY, "fp16": B200_BF16_EFFICIENCY, "fp8": B200_FP8_EFFICIENCY,
                     "fp4": B200_FP4_EFFICIENCY},
         source=source)
