@@ -46,6 +46,12 @@ SPACE = dict(zero_stage=(0,), recompute=("none", "full"), schedule=("1f1b",), ov
              sequence_parallel=(False,), num_micro_batches=(1, 4))
 
 
+# where the time goes, beside each step time: the planner's terms and the trainer's spans (rank 0's medians)
+PREDICTED_TERMS = ("compute", "bubble", "optimizer", "exposed_comm", "tp_comm", "cp_comm", "pp_comm", "dp_exposed",
+                   "embedding_sync", "stage_idle", "contended_step", "own_core_step")
+MEASURED_TERMS = ("forward_time", "backward_time", "optimizer_time", "comm_time", "exposed_comm_time", "wait_time")
+
+
 def plan_name(plan) -> str:
     return plan.label + (" ckpt" if plan.activation_checkpointing else "")
 
@@ -95,6 +101,7 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="steps per plan (default 12; 3 with --memory-only)")
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--memory-only", action="store_true", help="memory per rank only: no calibration, no timing")
+    ap.add_argument("--save-hardware", default=None, help="pickle the calibrated Hardware here (to price plans again)")
     args = ap.parse_args()
     load = os.getloadavg()
     task = GPTTask(seq_len=64, hidden=128, num_layers=4, num_heads=4, global_batch=32)  # the project's full size
@@ -109,6 +116,10 @@ def main():
         hw = sim.calibrate(cluster, world_sizes=tuple(w for w in (1, 2, 4, 8) if w <= args.world),
                            gemm_shapes=shapes, kernels="comm", timeout=600)   # collectives in situ
         calibrate_s = time.perf_counter() - t0
+        if args.save_hardware:
+            import pickle
+            with open(args.save_hardware, "wb") as f:
+                pickle.dump(hw, f)
         result = sim.plan(model, hw, devices=args.world, global_batch=task.global_batch, task=task,
                           trainer_only=True, space=SPACE)
         print(result.report(top=3))
@@ -135,7 +146,10 @@ def main():
                                    predicted_memory_bytes=e["memory"]["total"],
                                    measured_peak_bytes=measured_memory(s["memory_ranks"]),
                                    memory_ranks=s["memory_ranks"], step_iqr_s=[], seconds=0.0, loadavg=[])
+                    rows[i]["predicted_terms_s"] = {k: e[k] for k in PREDICTED_TERMS if isinstance(e.get(k), float)}
+                    rows[i]["measured_terms_s"] = []
                 r = rows[i]
+                r["measured_terms_s"].append({k: s.get(k) for k in MEASURED_TERMS})
                 r["step_iqr_s"].append(s.get("step_time_iqr"))
                 r["seconds"] += time.perf_counter() - t
                 r["loadavg"].append(list(os.getloadavg()))
