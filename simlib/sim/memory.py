@@ -56,7 +56,8 @@ def kept_value_bytes(strategy) -> int:
 
 def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: str = "none",
                                sequence_parallel: bool = True, attention: str = "unfused",
-                               value_bytes: int = 2, fused_glu: bool = False, fp8: str = "") -> float:
+                               value_bytes: int = 2, fused_glu: bool = False, fp8: str = "",
+                               recompute_modules: tuple = ()) -> float:
     """Activation bytes one layer keeps for backward, for one micro-batch.
 
     Counted tensor by tensor as Korthikanti et al. 2022 (§4.1) do, for any shape: the inputs of the two norms,
@@ -71,6 +72,10 @@ def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: 
     ``value_bytes``: bytes of one kept value, 2 in mixed precision (the table's), 4 when the layer computes in
     fp32 (every term but the 1-byte dropout masks doubles).
     ``fused_glu`` and ``fp8``: what Megatron-Core with Transformer Engine keeps instead (:func:`saved_by`).
+    ``recompute_modules`` with ``mla_up_proj`` (MLA): the up projections and the rotary part run under
+    ``CheckpointWithoutOutput`` and their outputs, the Q, K and V the attention kernel keeps, are discarded once it
+    has run and rebuilt before its backward (``transformer/multi_latent_attention.py``, ``qkv_up_checkpoint``,
+    core_v0.15.0): the latents stay (the checkpoint's inputs), Q, K and V do not.
     """
     if model.kind == "mlp":  # fp32: each Linear keeps its input (the previous ReLU's output)
         width = sum(i for i, _ in model.linears) / model.layers
@@ -82,7 +87,7 @@ def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: 
         return 2.0 * x * sb * h / shard
     if recompute == "every_other":
         kept = activation_bytes_per_layer(model, micro_batch, tp, "none", sequence_parallel, attention, value_bytes,
-                                          fused_glu, fp8)
+                                          fused_glu, fp8, recompute_modules)
         return (kept + 2.0 * x * sb * h / shard) / 2
     f, mask = model.ffn, (1 if model.dropout else 0)
     if recompute == "op":   # saved: every other GEMM output, the attention output, the block's input
@@ -100,7 +105,8 @@ def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: 
     # Q, K, V, the attention output (heads × head_dim wide, or MLA's heads × v; under FP8's delayed recipe the
     # output projection keeps an FP8 copy of it too), the MLP's first GEMM output, the down projection's input and
     # (eager SwiGLU) silu(gate)
-    split = 2 * x * (model.qkv_width + model.q_width + model.up_width) + gemm_in * f \
+    qkv = 0 if getattr(model, "mla", False) and "mla_up_proj" in recompute_modules else model.qkv_width
+    split = 2 * x * (qkv + model.q_width + model.up_width) + gemm_in * f \
         + (model.q_width if fp8 == "delayed" else 0) + glu_extra(model, f, fused_glu) * 2 * x
     # the softmax output, and with dropout its mask (1 byte) and output: 5·a·s²·b in Korthikanti's table
     scores = 0.0 if attention != "unfused" or recompute == "selective" else (
@@ -315,11 +321,13 @@ def stage_memory(model, strategy, stage: int = 0) -> dict:
     seq_model = replace(model, seq_len=model.seq_len // cp) if cp > 1 else model
     value = kept_value_bytes(strategy)
     kernels = saved_by(strategy)
+    modules = tuple(getattr(strategy, "recompute_modules", ()))
     per_layer = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, strategy.recompute,
-                                           strategy.sequence_parallel, strategy.attention, value, **kernels)
+                                           strategy.sequence_parallel, strategy.attention, value, **kernels,
+                                           recompute_modules=modules)
     moe_here = max(0, layers_here - model.dense_layers) if getattr(model, "experts", 0) else 0
     moe_extra = moe_activation_delta(model, strategy.micro_batch, strategy.tp, cp, strategy.expert_imbalance,
-                                     strategy.recompute, recompute_modules=strategy.recompute_modules,
+                                     strategy.recompute, recompute_modules=modules,
                                      **kernels) if moe_here else 0.0
     if strategy.recompute == "full" and strategy.recompute_layers:   # only that many layers recomputed
         kept = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, "none",
