@@ -105,3 +105,15 @@ def test_mla_up_proj_recompute_drops_q_k_and_v():
     dense = _llama()   # not MLA: nothing to drop
     assert memory.activation_bytes_per_layer(dense, 1, recompute_modules=("mla_up_proj",)) == \
         memory.activation_bytes_per_layer(dense, 1)
+
+
+def test_ep_overlap_runs_one_warm_up_forward_more():
+    """overlap_moe_expert_parallel_comm: the interleaved warm-up takes one forward more (schedules.py): rank 0 of
+    pp 4 × v 2 holds 2·3 + 4 + 2 = 12 chunk forwards instead of 11."""
+    m = llama_size("qwen3-30b-a3b", seq_len=4096)
+    s = sim.Strategy(dp=8, pp=4, ep=8, schedule="interleaved", virtual_stages=2, num_micro_batches=8)
+    assert memory.interleaved_layer_passes(s.replace(ep_overlap=True), 0, [1, 1]) == 12
+    assert memory.interleaved_layer_passes(s, 0, [1, 1]) == 11
+    a = memory.memory_per_device(m, s)["activations"]
+    b = memory.memory_per_device(m, s.replace(ep_overlap=True))["activations"]
+    assert b / a == pytest.approx(12 / 11)

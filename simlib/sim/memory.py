@@ -231,10 +231,12 @@ def interleaved_layer_passes(strategy, stage: int, layers: list) -> float:
     first steady-state one (``pipeline_parallel/schedules.py``, ``get_pp_rank_microbatches``, core_v0.15.0;
     ``microbatch_group_size_per_vp_stage`` = p), in the order of its ``get_schedule_table``: p micro-batches through
     chunk 0, the same through chunk 1, ... With even chunks this is 1 + (p − 1 − 2k)/(p·v) times the rank's layers
-    times p (:func:`interleave_factor`)."""
+    times p (:func:`interleave_factor`). With ``ep_overlap`` (``overlap_moe_expert_parallel_comm``) the warm-up runs
+    one forward more, so that each steady-state step's forward and backward are independent (the same function)."""
     p, v = strategy.pp, strategy.virtual_stages
     m = strategy.num_micro_batches // getattr(strategy, "pipeline_flushes", 1)
-    held = min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
+    warmup = 2 * (p - stage - 1) + (v - 1) * p + (1 if getattr(strategy, "ep_overlap", False) else 0)
+    held = min(warmup + 1, m * v)
     passes = 0.0
     for group in range(0, m, p):   # micro-batches group..group+p-1 (the last group: the rest) through every chunk
         size = min(p, m - group)
@@ -338,7 +340,10 @@ def stage_memory(model, strategy, stage: int = 0) -> dict:
         stage_acts = per_layer * layers_here + moe_here * moe_extra
     stage_acts -= strategy.offloaded(layers_here) * per_layer   # on the host (simlib.sim.offload)
     chunks = chunk_layers(model, strategy) if not whole else None
-    if chunks and layers_here:   # uneven chunks: the forwards the rank holds, each of its chunk's layers
+    if (not chunks and not whole and getattr(strategy, "ep_overlap", False) and strategy.schedule == "interleaved"
+            and strategy.virtual_stages > 1 and strategy.pp > 1):   # even chunks, one warm-up forward more
+        chunks = [[layers_here / strategy.virtual_stages] * strategy.virtual_stages] * strategy.pp
+    if chunks and layers_here:   # the forwards the rank holds, each of its chunk's layers
         activations = stage_acts / layers_here * interleaved_layer_passes(strategy, stage, chunks[stage])
     else:
         activations = stage_acts * in_flight_micro_batches(strategy, stage) * interleave_factor(strategy, stage)
