@@ -18,6 +18,11 @@
   and last stages, torch's cross_entropy peaking at three fp32 copies of the logits, and every stage priced
   (:func:`memory_per_device` takes the largest). Measured against it: ``benchmarks/planner_measured.py
   --memory-only``.
+- Megatron-Core with Transformer Engine (``Strategy.kernels == "fused"``, :func:`saved_by`): the fused SwiGLU keeps
+  its input alone, FP8 recipes keep GEMM inputs in one byte, ``--recompute-modules`` moe_act/layernorm drop what
+  they recompute (:func:`moe_activation_delta`), and interleaving with the embedding and the loss counted in the
+  split holds fewer layers on the first rank (:func:`chunk_layers`). ``benchmarks/scale_runs_fit.py``: the
+  published runs' own plans against the GPU's memory.
 - Kept values take the compute dtype's bytes: 2 in mixed precision (Korthikanti's table), 4 in fp32 (dropout
   masks stay 1 byte; without dropout the scores term keeps only the softmax output).
 """
@@ -51,7 +56,8 @@ def kept_value_bytes(strategy) -> int:
 
 def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: str = "none",
                                sequence_parallel: bool = True, attention: str = "unfused",
-                               value_bytes: int = 2) -> float:
+                               value_bytes: int = 2, fused_glu: bool = False, fp8: str = "",
+                               recompute_modules: tuple = ()) -> float:
     """Activation bytes one layer keeps for backward, for one micro-batch.
 
     Counted tensor by tensor as Korthikanti et al. 2022 (§4.1) do, for any shape: the inputs of the two norms,
@@ -65,6 +71,11 @@ def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: 
     the layer input, 2·s·b·h; ``every_other`` keeps full sets on half the layers and inputs on the rest.
     ``value_bytes``: bytes of one kept value, 2 in mixed precision (the table's), 4 when the layer computes in
     fp32 (every term but the 1-byte dropout masks doubles).
+    ``fused_glu`` and ``fp8``: what Megatron-Core with Transformer Engine keeps instead (:func:`saved_by`).
+    ``recompute_modules`` with ``mla_up_proj`` (MLA): the up projections and the rotary part run under
+    ``CheckpointWithoutOutput`` and their outputs, the Q, K and V the attention kernel keeps, are discarded once it
+    has run and rebuilt before its backward (``transformer/multi_latent_attention.py``, ``qkv_up_checkpoint``,
+    core_v0.15.0): the latents stay (the checkpoint's inputs), Q, K and V do not.
     """
     if model.kind == "mlp":  # fp32: each Linear keeps its input (the previous ReLU's output)
         width = sum(i for i, _ in model.linears) / model.layers
@@ -75,7 +86,8 @@ def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: 
     if recompute == "full":
         return 2.0 * x * sb * h / shard
     if recompute == "every_other":
-        kept = activation_bytes_per_layer(model, micro_batch, tp, "none", sequence_parallel, attention, value_bytes)
+        kept = activation_bytes_per_layer(model, micro_batch, tp, "none", sequence_parallel, attention, value_bytes,
+                                          fused_glu, fp8, recompute_modules)
         return (kept + 2.0 * x * sb * h / shard) / 2
     f, mask = model.ffn, (1 if model.dropout else 0)
     if recompute == "op":   # saved: every other GEMM output, the attention output, the block's input
@@ -85,15 +97,59 @@ def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: 
         else:                 # mms QKV, O, up, down: QKV and up kept
             split = model.qkv_width + f + h
         return 2.0 * x * sb * (split / tp + h / shard)
-    replicated = 2 * x * 4 * h + 2 * mask * h                      # norm inputs, QKV and MLP inputs, masks
+    gemm_in = 1 if fp8 else 2 * x   # a GEMM's input as its TE module keeps it: FP8 under an FP8 recipe
+    # norm inputs, QKV and MLP inputs (the norms' outputs), masks
+    replicated = 2 * x * 2 * h + gemm_in * 2 * h + 2 * mask * h
     if getattr(model, "mla", False):   # MLA: both latents, as their norms' and the up projections' inputs (whole
         replicated += 2 * x * 2 * (model.q_lora + model.kv_lora)  # on every tp rank: the down projections are)
-    # Q, K, V, the attention output (heads × head_dim wide, or MLA's heads × v), the MLP's tensors
-    split = 2 * x * (model.qkv_width + model.q_width + model.up_width + f + (f if model.gated_mlp else 0))
+    # Q, K, V, the attention output (heads × head_dim wide, or MLA's heads × v; under FP8's delayed recipe the
+    # output projection keeps an FP8 copy of it too), the MLP's first GEMM output, the down projection's input and
+    # (eager SwiGLU) silu(gate)
+    qkv = 0 if getattr(model, "mla", False) and "mla_up_proj" in recompute_modules else model.qkv_width
+    split = 2 * x * (qkv + model.q_width + model.up_width) + gemm_in * f \
+        + (model.q_width if fp8 == "delayed" else 0) + glu_extra(model, f, fused_glu) * 2 * x
     # the softmax output, and with dropout its mask (1 byte) and output: 5·a·s²·b in Korthikanti's table
     scores = 0.0 if attention != "unfused" or recompute == "selective" else (
         (2 * x + mask * (1 + 2 * x)) * a * s * b * s / tp)
     return sb * (replicated / shard + split / tp) + scores
+
+
+def glu_extra(model, width: float, fused_glu: bool) -> float:
+    """Values per token a gated MLP's activation keeps beyond its input (the first GEMM's 2·width output), for an
+    MLP of that width. Eager ``silu(gate) * up`` keeps silu(gate) too (``width``); Megatron-Core's fused
+    ``bias_swiglu_impl`` / ``weighted_bias_quick_geglu_impl`` keep only their input and recompute the rest in
+    backward (``megatron/core/fusions/fused_bias_swiglu.py``: ``SwiGLUFunction.forward`` saves ``input`` alone;
+    Megatron-Bridge's Llama, DeepSeek and GPT-OSS providers and Qwen3's performance configs set
+    ``bias_activation_fusion=True``): 0 — but a clamped activation (GPT-OSS) clamps the two halves in eager
+    PyTorch first, each ``clamp`` keeping its input, so the first GEMM's output stays as well as the clamped copy
+    the fused kernel keeps (2·width). 0 for an ungated MLP (its activation's input is the first GEMM's output)."""
+    if not model.gated_mlp:
+        return 0.0
+    if not fused_glu:
+        return width
+    return 2.0 * width if getattr(model, "activation_clamp", 0) else 0.0
+
+
+def saved_by(strategy) -> dict:
+    """What a layer's kernels keep, as :func:`activation_bytes_per_layer`'s ``fused_glu`` and ``fp8`` read it.
+
+    - ``fused_glu``: ``strategy.kernels == "fused"`` (:func:`glu_extra`).
+    - ``fp8``: the FP8 recipe when ``strategy.dtype == "fp8"`` with fused kernels (Transformer Engine's modules),
+      else "". torchao's ``Float8Linear`` (torchtitan's Float8, which the validation set runs with eager kernels)
+      keeps the bf16 input instead (``torchao/float8/float8_linear.py``, ``matmul_with_hp_or_float8_args``:
+      ``ctx.save_for_backward(input_hp, weight_hp_t)``). Transformer Engine's modules keep a GEMM's
+      input for the weight gradient as the quantized tensor they fed the GEMM, one byte a value (plus a scale per
+      tensor, or one byte per 32 values under MXFP8, not counted): ``LayerNormLinear`` keeps its ``ln_out``
+      (quantized by the norm kernel, ``transformer_engine/pytorch/module/layernorm_linear.py``, v2.9: ``ln_out`` in
+      ``prepare_for_saving``, local shard under sequence parallelism) — the QKV and the MLP's first GEMM inputs —
+      and ``Linear`` its ``inputmat`` (``module/linear.py``: ``saved_inputmat = inputmat``) — the down
+      projection's input. The attention output is kept in bf16 by the fused attention itself; Megatron-Core
+      (``transformer/attention.py``, core_v0.15.0, ``set_save_original_input(self.linear_proj)`` for FP8 recipes
+      other than delayed) has the output projection keep that same tensor, so only the delayed recipe adds an FP8
+      copy. Q, K, V stay bf16 (FP8 attention is off in the recipes) and so does the SwiGLU input
+      (``activation_func_fp8_input_store`` defaults to False)."""
+    fused = strategy.kernels == "fused"
+    return dict(fused_glu=fused, fp8=strategy.fp8_recipe if strategy.dtype == "fp8" and fused else "")
 
 
 def in_flight_micro_batches(strategy, stage: int = 0) -> int:
@@ -110,23 +166,36 @@ def in_flight_micro_batches(strategy, stage: int = 0) -> int:
 
 
 def moe_activation_delta(model, micro_batch: int, tp: int = 1, cp: int = 1, imbalance: float = 1.0,
-                         recompute: str = "none") -> float:
+                         recompute: str = "none", fused_glu: bool = False, fp8: str = "",
+                         recompute_modules: tuple = ()) -> float:
     """Bytes an MoE layer keeps beyond a dense layer's (negative if less), for one micro-batch: the dense MLP's
-    saved tensors (its input, up/gate output, activation) replaced by the router's fp32 probabilities, the
-    permuted token copies the experts take (t/tp · k · imbalance rows: input, up/gate output, activation) and
-    the shared experts' tensors (split over tp like a dense MLP). 0 under full recomputation (only the layer's
-    input is kept)."""
+    saved tensors (its up/gate output, activation and down projection's input, as
+    :func:`activation_bytes_per_layer` counts them) replaced by the router's fp32 probabilities, the permuted token
+    copies the experts take (t/tp · k · imbalance rows: input, up/gate output, activation) and the shared experts'
+    tensors (split over tp like a dense MLP). 0 under full recomputation (only the layer's input is kept).
+
+    ``fused_glu``, ``fp8`` (:func:`saved_by`): the grouped GEMMs keep their inputs in FP8 (Transformer Engine's
+    ``GroupedLinear``, as ``Linear``), but the norm's output the dense count takes in FP8 stays bf16 here: the
+    router (a plain GEMM) keeps it. ``recompute_modules`` (Megatron's ``--recompute-modules``, Megatron-Core
+    core_v0.15.0): ``moe_act`` runs the experts' activation under ``CheckpointWithoutOutput`` and discards its
+    output once fc2 has run (``transformer/moe/experts.py``, ``TEGroupedMLP.forward``), so the rows keep fc1's output
+    alone; ``layernorm`` recomputes a norm that is its own module (``transformer_layer.py``: not an ``IdentityOp``,
+    as the MoE layer's pre-MLP norm is) and discards its output, which the router and the permutation read."""
     if not getattr(model, "experts", 0) or recompute in ("full",):
         return 0.0
     from .cluster_ops import expert_rows
     t = micro_batch * model.seq_len / cp
-    g, f = (2 if model.gated_mlp else 1), model.expert_width
-    dense = 2.0 * t * (model.up_width + model.ffn + (model.ffn if model.gated_mlp else 0)) / tp
+    g, f, h = (2 if model.gated_mlp else 1), model.expert_width, model.hidden
+    gemm_in = 1 if fp8 else 2
+    dense = (2.0 * model.up_width + gemm_in * model.ffn + 2.0 * glu_extra(model, model.ffn, fused_glu)) * t / tp
     rows = expert_rows(model, t / tp, imbalance)
-    routed = 2.0 * rows * (model.hidden + g * f + (f if g == 2 else 0)) + 4.0 * t / tp * model.experts
+    act = 0.0 if "moe_act" in recompute_modules else gemm_in * f + 2.0 * glu_extra(model, f, fused_glu)
+    routed = rows * (gemm_in * h + 2.0 * g * f + act) + 4.0 * t / tp * model.experts
     fs = model.shared_experts * f
-    shared = 2.0 * t * (g * fs + (fs if g == 2 else 0)) / tp
-    return routed + shared - dense
+    shared = (2.0 * g * fs + gemm_in * fs + 2.0 * glu_extra(model, fs, fused_glu)) * t / tp
+    # the router keeps the norm's output in bf16 (the dense count took FP8's 1 byte); recomputed: none kept
+    norm_out = (-gemm_in if "layernorm" in recompute_modules else 2 - gemm_in) * h * t / tp
+    return routed + shared - dense + norm_out
 
 
 def interleave_factor(strategy, stage: int = 0) -> float:
@@ -135,6 +204,49 @@ def interleave_factor(strategy, stage: int = 0) -> float:
     on later ones (Megatron-LM's warm-up: 2·(p − k − 1) + (v − 1)·p chunk forwards before the first backward)."""
     p, v = strategy.pp, strategy.virtual_stages
     return 1.0 + (p - 1 - 2 * stage) / (p * v) if v > 1 and p > 1 else 1.0
+
+
+def chunk_layers(model, strategy) -> list | None:
+    """Layers of each model chunk, per pipeline rank (``[rank][chunk]``), where interleaving splits them unevenly
+    without a stated layout: Megatron-Core accepts L layers over p·v chunks only if p·v divides L, or L + 2 with
+    ``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split`` (the embedding and the
+    loss take a layer's place; ``transformer/transformer_block.py``, ``get_num_layers_to_build``, core_v0.15.0:
+    (L + 2)/(p·v) layers a chunk, one fewer on the first rank's first chunk and the last rank's last; Megatron-
+    Bridge's Llama 3.1 405B recipe sets both, ``recipes/llama/llama3.py``, v0.2.2). None where the chunks are even
+    or the schedule is not interleaved."""
+    p, v, L = strategy.pp, strategy.virtual_stages, model.layers
+    if (model.kind != "gpt" or strategy.schedule != "interleaved" or v == 1 or p == 1
+            or getattr(strategy, "stage_layout", ()) or L % (p * v) == 0 or (L + 2) % (p * v)):
+        return None
+    c = (L + 2) // (p * v)
+    out = [[c] * v for _ in range(p)]
+    out[0][0] -= 1
+    out[-1][-1] -= 1
+    return out
+
+
+def interleaved_layer_passes(strategy, stage: int, layers: list) -> float:
+    """Layer forwards whose activations rank ``stage`` holds when its first backward starts under Megatron's
+    interleaved 1F1B, for its chunks' ``layers``: the warm-up's 2·(p − k − 1) + (v − 1)·p chunk forwards and the
+    first steady-state one (``pipeline_parallel/schedules.py``, ``get_pp_rank_microbatches``, core_v0.15.0;
+    ``microbatch_group_size_per_vp_stage`` = p), in the order of its ``get_schedule_table``: p micro-batches through
+    chunk 0, the same through chunk 1, ... With even chunks this is 1 + (p − 1 − 2k)/(p·v) times the rank's layers
+    times p (:func:`interleave_factor`). With ``ep_overlap`` (``overlap_moe_expert_parallel_comm``) the warm-up runs
+    one forward more, so that each steady-state step's forward and backward are independent (the same function)."""
+    p, v = strategy.pp, strategy.virtual_stages
+    m = strategy.num_micro_batches // getattr(strategy, "pipeline_flushes", 1)
+    warmup = 2 * (p - stage - 1) + (v - 1) * p + (1 if getattr(strategy, "ep_overlap", False) else 0)
+    held = min(warmup + 1, m * v)
+    passes = 0.0
+    for group in range(0, m, p):   # micro-batches group..group+p-1 (the last group: the rest) through every chunk
+        size = min(p, m - group)
+        for chunk in range(v):
+            take = min(size, held)
+            passes += take * layers[chunk]
+            held -= take
+            if not held:
+                return passes
+    return passes
 
 
 def memory_per_device(model, strategy, stage: int | None = None) -> dict:
@@ -210,24 +322,36 @@ def stage_memory(model, strategy, stage: int = 0) -> dict:
     layers_here = model.layers * share + (getattr(model, "mtp_layers", 0) if strategy.pp == 1 else 0)
     seq_model = replace(model, seq_len=model.seq_len // cp) if cp > 1 else model
     value = kept_value_bytes(strategy)
+    kernels = saved_by(strategy)
+    modules = tuple(getattr(strategy, "recompute_modules", ()))
     per_layer = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, strategy.recompute,
-                                           strategy.sequence_parallel, strategy.attention, value)
+                                           strategy.sequence_parallel, strategy.attention, value, **kernels,
+                                           recompute_modules=modules)
     moe_here = max(0, layers_here - model.dense_layers) if getattr(model, "experts", 0) else 0
     moe_extra = moe_activation_delta(model, strategy.micro_batch, strategy.tp, cp, strategy.expert_imbalance,
-                                     strategy.recompute) if moe_here else 0.0
+                                     strategy.recompute, recompute_modules=modules,
+                                     **kernels) if moe_here else 0.0
     if strategy.recompute == "full" and strategy.recompute_layers:   # only that many layers recomputed
         kept = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, "none",
-                                          strategy.sequence_parallel, strategy.attention, value)
+                                          strategy.sequence_parallel, strategy.attention, value, **kernels)
         r = min(strategy.recompute_layers, layers_here)
         stage_acts = r * per_layer + (layers_here - r) * kept
     else:
         stage_acts = per_layer * layers_here + moe_here * moe_extra
     stage_acts -= strategy.offloaded(layers_here) * per_layer   # on the host (simlib.sim.offload)
-    activations = stage_acts * in_flight_micro_batches(strategy, stage) * interleave_factor(strategy, stage)
+    chunks = chunk_layers(model, strategy) if not whole else None
+    if (not chunks and not whole and getattr(strategy, "ep_overlap", False) and strategy.schedule == "interleaved"
+            and strategy.virtual_stages > 1 and strategy.pp > 1):   # even chunks, one warm-up forward more
+        chunks = [[layers_here / strategy.virtual_stages] * strategy.virtual_stages] * strategy.pp
+    if chunks and layers_here:   # the forwards the rank holds, each of its chunk's layers
+        activations = stage_acts / layers_here * interleaved_layer_passes(strategy, stage, chunks[stage])
+    else:
+        activations = stage_acts * in_flight_micro_batches(strategy, stage) * interleave_factor(strategy, stage)
     rebuilt = 0.0   # the working set of recomputation: one layer's whole set
     if strategy.recompute in ("full", "every_other", "op") and model.kind == "gpt":
         rebuilt = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, "none",
-                                             strategy.sequence_parallel, strategy.attention, value) + moe_extra
+                                             strategy.sequence_parallel, strategy.attention, value,
+                                             **kernels) + moe_extra
     if strategy.fsdp and model.kind == "gpt":
         # FSDP's working set: the unit being computed and the one prefetched, gathered in the parameter dtype,
         # and their unsharded gradients before the reduce-scatter (Zhao et al. 2023 §3.2)
