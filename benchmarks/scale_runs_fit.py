@@ -1,19 +1,20 @@
 """Do the cluster-scale runs' own plans fit? Each published Megatron-Bridge / Llama 3 run that ran, built as
 benchmarks/planner_experts.py builds it (its ``CASES``, set "scale"), priced by ``simlib.sim.memory_per_device``
 against the planner's limit (0.9 × the GPU's memory): a run that ran and is predicted not to fit is an over-count.
-Prints each run's parts; ``--json PATH`` writes them. Pure arithmetic: seconds (no planner search).
-Run: ``python benchmarks/scale_runs_fit.py``."""
-import json
-import sys
+Prints each run's parts and writes them to benchmarks/results/scale_runs_fit.json. Pure arithmetic: seconds (no
+planner search). Run: ``python benchmarks/scale_runs_fit.py``."""
+import os
 
 from simlib import sim
 
 import planner_experts   # benchmarks/planner_experts.py: the runs and their strategies
+import report            # benchmarks/report.py: machine info and the JSON file
 
 HEADROOM = 0.9   # simlib.sim.memory.check_fits's default, the planner's limit
 
 
-def main(argv):
+def main():
+    load = os.getloadavg()
     out = []
     for case in planner_experts.CASES:
         if case["set"] != "scale":
@@ -27,11 +28,12 @@ def main(argv):
         print(f"{'fits' if r['fits'] else 'OVER'} {r['run']:26} {r['model'][:16]:16} {r['gpu'][:12]:12} "
               f"w {r['weights']:5.1f} g {r['gradients']:5.1f} o {r['optimizer']:5.1f} a {r['activations']:6.1f} "
               f"= {r['total']:6.1f} / {r['limit_gb']:5.1f} GB  {r['plan']}")
-    print(f"{sum(r['fits'] for r in out)}/{len(out)} of the scale runs' own plans fit")
-    if "--json" in argv:
-        with open(argv[argv.index("--json") + 1], "w") as f:
-            json.dump(out, f, indent=1)
+    fits = sum(r["fits"] for r in out)
+    print(f"{fits}/{len(out)} of the scale runs' own plans fit")
+    path = report.write(dict(benchmark="scale_runs_fit", machine=report.machine(load), headroom=HEADROOM,
+                             summary=dict(runs=len(out), fit=fits), rows=out))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main()
