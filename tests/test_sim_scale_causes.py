@@ -110,7 +110,8 @@ def test_activation_offload_frees_memory_and_costs_only_what_compute_does_not_hi
     m = sim.llama_size("llama3-70b", seq_len=8192)
     s = sim.Strategy(dp=64, micro_batch=2, num_micro_batches=2, zero_stage=3, fsdp=True, attention="flash",
                      dtype="fp8", fp8_recipe="current")
-    layer = memory.activation_bytes_per_layer(m, 2, 1, "none", False, "flash")
+    layer = memory.activation_bytes_per_layer(m, 2, 1, "none", s.sequence_parallel, "flash",   # as memory counts it
+                                              memory.kept_value_bytes(s), **memory.saved_by(s))
     off = s.replace(offload_layers=20)
     assert memory.memory_per_device(m, s)["activations"] - memory.memory_per_device(m, off)["activations"] == \
         pytest.approx(20 * layer)

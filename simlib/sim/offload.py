@@ -38,14 +38,15 @@ def offload_time(model, hardware, strategy, stage: dict) -> float:
     them (its sequence share under cp)."""
     from dataclasses import replace
 
-    from .memory import activation_bytes_per_layer, kept_value_bytes
+    from .memory import activation_bytes_per_layer, kept_value_bytes, saved_by
 
     s = strategy
     if not s.offload_layers or model.kind != "gpt":
         return 0.0
     seq_model = replace(model, seq_len=model.seq_len // s.cp) if s.cp > 1 else model
     layer_bytes = activation_bytes_per_layer(seq_model, s.micro_batch, s.tp, s.recompute, s.sequence_parallel,
-                                             s.attention, kept_value_bytes(s))
+                                             s.attention, kept_value_bytes(s), **saved_by(s),   # as memory keeps it
+                                             recompute_modules=tuple(getattr(s, "recompute_modules", ())))
     layers_here = max(s.stage_layers(model.layers)) if s.virtual_stages == 1 or s.stage_layout else \
         model.layers // s.pp
     return offload_exposed(s, hardware, layers_here, layer_bytes, stage["layer_forward"], stage["layer_backward"])
