@@ -94,6 +94,10 @@ class SlurmCluster:
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core", "MpiDefault=none", "ReturnToService=2", "JobCompType=jobcomp/none",
             "AccountingStorageType=accounting_storage/none", "SchedulerType=sched/backfill",
+            # `sbatch --wait` polls at 2 s, then x4 while the poll is under MinJobAge / 2 (default 300 s: polls at
+            # 2, 10, 42 s, so a 12-s job was seen done at 42 s); at 4 s it polls every 2 s, and a finished job's
+            # record still outlives a poll (slurm 22.05, src/sbatch/sbatch.c, _job_wait)
+            "MinJobAge=4",
             f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
             f"SlurmctldPidFile={r / 'slurmctld.pid'}", f"SlurmdPidFile={r / 'slurmd.pid'}",
             f"SlurmdSpoolDir={r / 'spool'}", f"StateSaveLocation={r / 'state'}",

@@ -80,11 +80,25 @@ def _lab_server(tmp_path_factory):
         os.killpg(server.pid, signal.SIGKILL)
 
 
+@pytest.fixture(scope="module")
+def _browser():
+    """One headless Chromium for the module (Playwright's driver and the browser are started once, not per test);
+    each test opens its page in a browser context of its own (no cookies or storage shared)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
 @pytest.fixture
-def lab(_lab_server):
-    """``(url, token, folder)`` of the module's JupyterLab; the kernels the test started are shut down after it
-    (so a notebook's workers do not outlive its test)."""
-    yield _lab_server
+def lab(_lab_server, _browser):
+    """``(url, token, folder, browser)``: the module's JupyterLab and Chromium; the kernels the test started are
+    shut down after it (so a notebook's workers do not outlive its test)."""
+    yield (*_lab_server, _browser)
     url, token, _ = _lab_server
     auth = {"Authorization": f"token {token}"}
     for api in ("sessions", "kernels"):
@@ -96,18 +110,16 @@ def lab(_lab_server):
 
 
 @contextmanager
-def _page(screenshot: str):
-    """A headless Chromium page; a screenshot of it is kept in artifacts/ whatever the test's outcome."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            yield page
-        finally:
-            page.screenshot(path=str(ROOT / "artifacts" / screenshot))
-            browser.close()
+def _page(browser, screenshot: str):
+    """A page of the module's Chromium in a fresh browser context; a screenshot of it is kept in artifacts/ whatever
+    the test's outcome."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    try:
+        yield page
+    finally:
+        page.screenshot(path=str(ROOT / "artifacts" / screenshot))
+        context.close()
 
 
 def _open_and_run_all(page, url, token, notebook):
@@ -132,8 +144,8 @@ def _wait_output(page, text, timeout_ms):
 
 def test_simulator_explorer_redraws_in_jupyterlab(lab):
     """Lesson 06's explorer: the widgets render, and moving the dp slider redraws the prediction."""
-    url, token, work = lab
-    with _page("browser_explorer.png") as page:
+    url, token, work, browser = lab
+    with _page(browser, "browser_explorer.png") as page:
         _open_and_run_all(page, url, token, "explorer.ipynb")
         html = page.locator(".widget-html-content").first
         html.wait_for(timeout=120_000)
@@ -152,12 +164,12 @@ def test_lesson_explorers_redraw_in_jupyterlab(lab):
     """Lesson 04's schedule explorer and lesson 01's ring stepper render, and redraw when a slider moves."""
     import nbformat
 
-    url, token, work = lab
+    url, token, work, browser = lab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
         "from simlib import widgets\nwidgets.pipeline_explorer()", "widgets.ring_explorer()")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, work / "lesson_explorers.ipynb")
-    with _page("browser_lesson_explorers.png") as page:
+    with _page(browser, "browser_lesson_explorers.png") as page:
         _open_and_run_all(page, url, token, "lesson_explorers.ipynb")
         _wait_output(page, "micro-batches in flight per rank [2, 1]", 120_000)  # 1F1B, p = 2, m = 4
         _wait_output(page, "before the first step", 60_000)
@@ -183,8 +195,8 @@ def test_interrupting_the_kernel_stops_every_worker(lab, alive):
     """The kernel's interrupt (Kernel > Interrupt Kernel) during a long call: workers stopped, none left."""
     import re
 
-    url, token, work = lab
-    with _page("browser_interrupt.png") as page:
+    url, token, work, browser = lab
+    with _page(browser, "browser_interrupt.png") as page:
         _open_and_run_all(page, url, token, "interrupt.ipynb")
         _wait_output(page, "sleeping on every rank", 120_000)
         outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
@@ -204,8 +216,8 @@ def test_interrupting_the_kernel_stops_every_worker(lab, alive):
 
 
 def test_notebook_00_runs_in_jupyterlab(lab):
-    url, token, work = lab
-    with _page("browser_notebook_00.png") as page:
+    url, token, work, browser = lab
+    with _page(browser, "browser_notebook_00.png") as page:
         _open_and_run_all(page, url, token, "00_getting_started.ipynb")
         output = page.locator(".jp-OutputArea-output")
         # the last claim cell's sentence, or an error (Run All stops there): this is the notebook's only run in CI
@@ -230,7 +242,7 @@ def test_distributed_cell_magic_in_jupyterlab(lab):
     cells, output arrives rank-prefixed in the cell, and ``%dist_pull`` brings the values to the notebook."""
     import nbformat
 
-    url, token, work = lab
+    url, token, work, browser = lab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
         "%load_ext simlib",
         "%%distributed -n 2\nx = torch.ones(1) * (rank + 1)\nprint('rank', rank, 'holds', x.item())",
@@ -239,7 +251,7 @@ def test_distributed_cell_magic_in_jupyterlab(lab):
         "%dist_close")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, work / "distributed.ipynb")
-    with _page("browser_distributed.png") as page:
+    with _page(browser, "browser_distributed.png") as page:
         _open_and_run_all(page, url, token, "distributed.ipynb")
         _wait_output(page, "pulled to the notebook:", 180_000)
         text = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
@@ -312,9 +324,9 @@ EXPLORERS = {"07_memory.ipynb": _memory_explorer_redraws, "08_fault_tolerance.ip
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("notebook", list(BROWSER_NOTEBOOKS))
 def test_notebook_runs_in_jupyterlab_and_its_claims_hold(lab, notebook):
-    url, token, work = lab
+    url, token, work, browser = lab
     shutil.copy(ROOT / "notebooks" / notebook, work)
-    with _page(f"browser_{notebook.split('_')[0]}.png") as page:
+    with _page(browser, f"browser_{notebook.split('_')[0]}.png") as page:
         _open_and_run_all(page, url, token, notebook)
         done = ("() => { const t = [...document.querySelectorAll('.jp-OutputArea-output')].map(e => e.innerText)"
                 ".join('\\n'); return t.includes(' ran in ') || t.includes('Traceback') || /%s/m.test(t); }" % ERROR_LINE)

@@ -12,7 +12,8 @@ _SO_HYPER = dict(betas=(0.8, 0.95), eps=1e-6, weight_decay=0.05)
 WORLD_SIZES = (2, 3, 4)  # 3: code right only for even splits or powers of two fails
 
 
-def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr, hyper=None):
+def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr, hyper=None, weigh=True):
+    """Every rank: the answer's parameters after ``steps`` steps and (``weigh``) its bytes; rank 0 weighs AdamW's."""
     import copy
 
     import torch
@@ -25,25 +26,28 @@ def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr
     full_model = copy.deepcopy(model)  # the grader's own: AdamW over every parameter, weighed the same way
     hyper = dict(hyper or {})
     full_opt = torch.optim.AdamW(full_model.parameters(), lr=lr, **hyper)
+    weighed = _step_memory if weigh else (lambda fn: (fn(), (0, 0))[1])  # not weighed: (peak, kept) = (0, 0)
     box = {}
-    build = _step_memory(lambda: box.update(opt=answer_cls(model.parameters(), torch.optim.AdamW, lr=lr, **hyper)))
+    build = weighed(lambda: box.update(opt=answer_cls(model.parameters(), torch.optim.AdamW, lr=lr, **hyper)))
     opt = box["opt"]
     b = global_batch // n
     peaks, kept = [], build[1]
+    full_peak = full_kept = None
     for step in range(steps):
         torch.nn.functional.mse_loss(model(x[rank * b:(rank + 1) * b]), y[rank * b:(rank + 1) * b]).backward()
         for p in model.parameters():  # data parallelism (what DDP does): average the gradients
             dist.all_reduce(p.grad)
             p.grad /= n
-        peak, left = _step_memory(opt.step)  # what this rank holds WHILE it steps
+        peak, left = weighed(opt.step)  # what this rank holds WHILE it steps
         peaks.append(kept + peak)
         kept += left
         opt.zero_grad()
         if step == 0:  # what zero_grad left behind (a gradient not cleared piles up into the next step)
             left_grads = [k for k, p in model.named_parameters() if p.grad is not None and bool(p.grad.any())]
-            for p, q in zip(full_model.parameters(), model.parameters()):
-                p.grad = torch.ones_like(q)
-            full_peak, full_kept = _step_memory(full_opt.step)
+            if weigh and rank == 0:  # the check reads the whole-AdamW reference's bytes from rank 0 only
+                for p, q in zip(full_model.parameters(), model.parameters()):
+                    p.grad = torch.ones_like(q)
+                full_peak, full_kept = _step_memory(full_opt.step)
     return dict(params={k: v.detach().clone() for k, v in model.state_dict().items()}, initial=initial,
                 peak=max(peaks), kept=kept, full_peak=full_peak, full_kept=full_kept, left_grads=left_grads,
                 numel=sum(p.numel() for p in model.parameters()))
@@ -121,7 +125,7 @@ def _check_sharded_optimizer(answer, grader):
     # every hyper-parameter reaches the inner optimizer (family 4): an answer that forwards only lr steps with the
     # default betas, eps and weight decay, 8.5e-3 away after 3 steps (measured); summation order over 2-4 ranks
     # moved the solution by at most 7.7e-6
-    outs = grader.run(2, _sharded_optimizer_harness, answer, *_SO.values(), _SO_HYPER)
+    outs = grader.run(2, _sharded_optimizer_harness, answer, *_SO.values(), _SO_HYPER, False)  # parameters only
     want = _sharded_reference(**_SO, **_SO_HYPER)["params"]
     off = max(max_error(outs[0]["params"][k], v) for k, v in want.items())
     yield Result(f"2 ranks, AdamW({', '.join(f'{k}={v}' for k, v in _SO_HYPER.items())}): every keyword reaches the "

@@ -79,7 +79,7 @@ def _kernels(single, min_time: float, sync=lambda: None, repeats: int | None = N
     import torch
 
     from ..parallel import context
-    repeats = repeats or KERNEL_REPEATS
+    repeats = kernel_repeats(repeats)
     out = {}
     for name, head_dim in ((n, d) for n in KERNEL_LENGTHS_OF for d in KERNEL_HEAD_DIMS):
         key = kernel_key(name, head_dim)
@@ -105,6 +105,15 @@ def _kernels(single, min_time: float, sync=lambda: None, repeats: int | None = N
 
 
 KERNEL_REPEATS = 7  # timed calls per kernel (after one warm-up), each after a barrier
+QUICK_KERNEL_REPEATS = 3  # quick mode (CI: lesson 13's calibration, whose ranking is printed there, not asserted)
+
+
+def kernel_repeats(repeats: int | None = None) -> int:
+    """``repeats`` if given, else :data:`KERNEL_REPEATS` (:data:`QUICK_KERNEL_REPEATS` in quick mode)."""
+    from .. import env
+    return repeats or (QUICK_KERNEL_REPEATS if env.quick() else KERNEL_REPEATS)
+
+
 MOE_KERNEL = dict(tokens=64, hidden=32, num_experts=4, top_k=2, capacity_factor=1.25)  # one rank alone (ep = 1)
 
 
@@ -162,7 +171,7 @@ IN_SITU_SIZES = [16 << 10, 256 << 10, 1 << 20, 4 << 20]  # bytes a rank sends in
 IN_SITU_GEMM, IN_SITU_GEMMS = (128, 1024, 1024), 2  # the compute each call is made beside or after (~5 ms)
 
 
-def in_situ_comm(group, repeats: int = KERNEL_REPEATS, kinds=("a2a", "hop", "hop_overlapped", "all_reduce")) -> dict:
+def in_situ_comm(group, repeats: int | None = None, kinds=("a2a", "hop", "hop_overlapped", "all_reduce")) -> dict:
     """Seconds a call adds to the compute it meets, ranks side by side: {kind: [(bytes, seconds), ...]}.
 
     - ``a2a``: an all-to-all through :func:`simlib.parallel.all_to_all.all_to_all` after the compute (Ulysses
@@ -174,7 +183,8 @@ def in_situ_comm(group, repeats: int = KERNEL_REPEATS, kinds=("a2a", "hop", "hop
       it costs more than sending it after (measured here: about 3.6 ms against 1.4 ms for a pair of 256 KB).
     - ``all_reduce``: an all-reduce of the bytes after the compute (the course's tensor parallelism: one after
       each block's row-parallel GEMM).
-    Each: the median over ``repeats`` of (compute with the call − compute alone), each timed after a barrier.
+    Each: the median over ``repeats`` (:func:`kernel_repeats`) of (compute with the call − compute alone), each timed
+    after a barrier.
     ``kinds``: which to measure. On a sub-group whose peers outside it run the same at the same time (groups side
     by side, :func:`simlib.sim.calibrate.measure_here`), the calls wait for peers that share the cores with
     other groups' ranks.
@@ -184,6 +194,7 @@ def in_situ_comm(group, repeats: int = KERNEL_REPEATS, kinds=("a2a", "hop", "hop
 
     from ..parallel.all_to_all import all_to_all
     from ..parallel.context import _ring_pass, _wait
+    repeats = kernel_repeats(repeats)
     n = dist.get_world_size(group)
     m, k, n_ = IN_SITU_GEMM
     a, b = torch.randn(m, k), torch.randn(k, n_)
