@@ -60,7 +60,7 @@ def test_family2_problems_are_drawn_at_check_time_and_the_reference_is_refused(b
     failed = report.failed()[0]
     assert failed.name.startswith("40 fresh random problems"), failed.line()
     if bug == "calls_the_reference":
-        assert "grader's own memory.py:_best_set" in failed.detail, failed.line()
+        assert "grader's own checkpointing.py:_best_set" in failed.detail, failed.line()
 
 
 def test_family6_every_call_of_an_answer_run_in_the_graders_process_has_a_time_limit(monkeypatch):
