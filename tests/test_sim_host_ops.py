@@ -56,3 +56,34 @@ def test_each_micro_batch_pays_its_ops_where_the_op_was_measured():
     one = sim.predict(model, hw, s.replace(micro_batch=1, num_micro_batches=4), 2).compute
     assert four - one * straggle == pytest.approx(4 * straggle * 2e-5 * sum(
         4 * a + b for a, b in zip(GPT_OPS_PER_LAYER, GPT_OPS_ENDS)), rel=1e-6)
+
+
+def test_the_simulators_block_dispatches_the_projects_blocks_ops():
+    """calibrate times simlib's GPT block rebuilt in the simulator (``kernels.gpt_block``: the simulator may not
+    import the project); it must dispatch the ops the project's block does, forward and backward."""
+    from simlib.projects.gpt.model import Block, GPTConfig
+    from simlib.sim.kernels import gpt_block
+    torch.manual_seed(0)
+    counts = []
+    for block in (Block(GPTConfig(hidden=32, num_heads=4, seq_len=8)), gpt_block(32, 4)):
+        x = torch.randn(2, 8, 32, requires_grad=True)
+        forward, backward = _Count(), _Count()
+        with forward:
+            out = block(x).sum()
+        with backward:
+            out.backward()
+        counts.append((forward.n, backward.n))
+    assert counts[0] == counts[1]
+
+
+def test_a_micro_batch_pays_the_blocks_own_op_where_it_was_measured():
+    """``kernels["block_op"]`` (a GPT block's ops timed at a size with no arithmetic to speak of) prices the
+    host's cost per op where calibrate measured it; the 4x4 multiply's ``op`` where it is all there is."""
+    from simlib import sim
+    from simlib.sim.host_ops import host_op_time
+    from simlib.sim.kernels import block_op_time
+    hw = sim.preset("cpu")
+    assert host_op_time(hw.with_(overheads={"kernels": {2: {"op": 2e-5}}}), 2) == 2e-5
+    assert host_op_time(hw.with_(overheads={"kernels": {2: {"op": 2e-5, "block_op": 5e-5}}}), 2) == 5e-5
+    assert host_op_time(hw, 2) == 0.0
+    assert 0 < block_op_time(0.05) < 1e-3

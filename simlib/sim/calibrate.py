@@ -13,8 +13,8 @@ import warnings
 import numpy as np
 
 from .hardware import Hardware, Link, fit_alpha_beta, fit_p2p
-from .kernels import (_all_to_all_times, _kernels, _median_time, _singles, _small_sync, combine_kernels, in_situ_comm,
-                      small_op_time)
+from .kernels import (_all_to_all_times, _kernels, _mean_time, _median_time, _singles, _small_sync, block_op_time,
+                      combine_kernels, in_situ_comm, small_op_time)
 
 # (m, k, n) of the GEMMs we time: the shapes of the course's MLP layers, forward / grad-input (batch × width ×
 # width) and grad-weight (width × batch × width), for widths 512 and 1024, plus one large square
@@ -47,28 +47,6 @@ def _group(ranks):
     if key not in _GROUPS:
         _GROUPS[key] = dist.new_group(list(key[1]), timeout=env.collective_timeout())
     return _GROUPS[key]
-
-
-def _mean_time(fn, repeats: int, min_time: float = 0.0, blocks: int = 5) -> float:
-    """Wall time per call as a throughput: the median over ``blocks`` blocks of (block time / calls in it).
-
-    When processes outnumber cores (world 4 on 2 cores) or another job loads the box, the OS time-slices
-    the cores every few ms. A GEMM shorter than a slice mostly runs whole once scheduled, so the *median*
-    call shows the rate while running (~90 GFLOP/s per process at world 4 here: four processes "at" 360 on
-    2 cores of ~100 each, impossible); the pauses between calls are what a training step pays too. Each
-    block lasts at least ``max(min_time / blocks, 20 ms)`` (several slices), so its mean is the process's
-    real share; the median over blocks keeps one load spike from another job out of it.
-    """
-    fn()  # warm-up
-    block_time = max(min_time / blocks, 0.02)
-    per_call = []
-    for _ in range(blocks):
-        count, t0 = 0, time.perf_counter()
-        while count < max(1, repeats // blocks) or time.perf_counter() - t0 < block_time:
-            fn()
-            count += 1
-        per_call.append((time.perf_counter() - t0) / count)
-    return float(np.median(per_call))
 
 
 def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_sizes=COMM_SIZES,
@@ -111,6 +89,9 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
         sync()
         kernels = (_kernels(singles[rank], min_time, sync) if kernels is True else
                    {"op": small_op_time(min_time)}) if kernels else None   # "comm": the host's cost per op too
+        if kernels is not None:   # a GPT block's ops as a rank sharing the cores pays them (the planner's GPT)
+            sync()
+            kernels["block_op"] = block_op_time(min_time)
         comm, cycles, p2p = [], [], []
         if world_size > 1:
             for size in comm_sizes:

@@ -15,5 +15,7 @@ GPT_OPS_ENDS = (14, 23)        # the embedding, the final norm, the head and the
 
 
 def host_op_time(hardware, processes) -> float:
-    """Seconds the host spends on one eager op where calibrate() measured it, else 0."""
-    return _measured(hardware, processes).get("op") or 0.0
+    """Seconds the host spends on one eager op of a GPT block where calibrate() measured it (``kernels["block_op"]``:
+    the block's own ops, :func:`simlib.sim.kernels.block_op_time`; else ``kernels["op"]``, a 4×4 multiply's), else 0."""
+    measured = _measured(hardware, processes)
+    return measured.get("block_op") or measured.get("op") or 0.0
