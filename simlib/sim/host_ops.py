@@ -1,7 +1,8 @@
 """The host's cost per eager operator: what a CPU box pays for every op simlib's GPT dispatches.
 
 On a CPU each aten op, however small, costs the host its dispatch and autograd bookkeeping (calibrate measures it:
-``kernels["op"]``, :func:`simlib.sim.kernels.small_op_time`; 10–40 µs here, more when ranks share the cores). A
+``kernels["block_op"]``, a GPT block's own ops timed as a throughput, :func:`simlib.sim.kernels.block_op_time`; about
+6 µs alone here, 12–16 with 4 ranks on the 2 cores, 27–30 with 8). A
 micro-batch of a small model is made of hundreds of them, so a plan that splits the batch into more micro-batches
 pays that cost once more per micro-batch. The op counts are simlib's GPT block's, counted with PyTorch's
 TorchDispatchMode (``tests/test_sim_host_ops.py`` counts them again); a GPU preset measured none: 0 there.
