@@ -281,6 +281,8 @@ class ElasticWorkers:
                 self._print(msg)
             elif kind == "agent-exit":
                 raise self._start_failure(self._agent_error, self._late_messages())
+        agent = _agents.get(getattr(self, "_run_id", None))
+        self._known_pcontext = getattr(agent, "_pcontext", None)   # whose workers these are (see _kill_workers)
 
     @property
     def _agent_error(self):
@@ -357,12 +359,17 @@ class ElasticWorkers:
         self._kill_workers()
         self._finish(wait)
 
-    def _kill_workers(self) -> None:
+    def _kill_workers(self, restarting: bool = False) -> None:
         # the agent's children too: a worker still starting (not yet known here by its hello) ends with them
-        # (a forked worker when its launcher goes, simlib.zygote; otherwise it is the agent's child itself)
+        # (a forked worker when its launcher goes, simlib.zygote; otherwise it is the agent's child itself).
+        # ``restarting``: stop the failed attempt's workers only. The agent may already have started the next
+        # attempt's (a forked start takes milliseconds): its children are then those, and killing them left the
+        # call to run again on dead workers ("restarted in 0.0 s", then every rank killed by SIGKILL).
         agent = _agents.get(getattr(self, "_run_id", None))
         try:
             started = list(agent._pcontext.pids().values()) if agent is not None and agent._pcontext else []
+            if restarting and agent._pcontext is not getattr(self, "_known_pcontext", None):
+                started = []
         except Exception:  # noqa: BLE001 - the agent's internals: best effort, the known workers follow
             started = []
         for pid in list(self._pids.values()) + started:

@@ -302,7 +302,7 @@ class Cluster(ElasticWorkers):
         t0 = time.perf_counter()
         print(f"simlib: {_cause(err)}. Restarting all {self.world_size} workers: restart {self.attempt + 1} of "
               f"max_restarts={self.max_restarts}", file=sys.stderr, flush=True)
-        self._kill_workers()  # the agent sees them fail and starts new ones (TORCHELASTIC_RESTART_COUNT + 1)
+        self._kill_workers(restarting=True)  # the agent sees them fail, starts new ones (TORCHELASTIC_RESTART_COUNT + 1)
         self._drop_connections()
         try:
             self._await_workers()

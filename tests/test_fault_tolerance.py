@@ -178,3 +178,48 @@ def test_an_exhausted_restart_names_the_rank_that_died_before_the_one_the_agent_
                                       1: RemoteFailure(1, "WorkerDied", describe_exit(-9), "")})
     text = str(_exhausted([first, second], 1))
     assert "attempt 2: rank 1 died, killed by SIGKILL" in text and "rank 0 then stopped (SIGTERM)" in text
+
+
+def _rank_one_dies_on_the_first_attempt():
+    import torch.distributed as dist
+    from simlib import faults
+    if faults._attempt() == 0 and dist.get_rank() == 1:
+        faults.die()
+    return faults._attempt()
+
+
+def test_workers_the_agent_restarted_before_the_caller_stopped_the_old_ones_live(monkeypatch):
+    """The race seen in CI: the agent noticed a dead rank and started the next attempt's workers (a forked start
+    takes milliseconds) before the caller stopped the failed attempt's; the caller's stop then killed the new ones
+    too and the call ran again on dead workers. Forced here: the caller waits for the agent's restart first."""
+    import time
+    from simlib import agent as agent_mod
+    import importlib
+    launch = importlib.import_module("simlib.launch")
+    seen = {}
+    await_workers, kill, restart = (agent_mod.ElasticWorkers._await_workers, agent_mod.ElasticWorkers._kill_workers,
+                                    launch.Cluster._restart_workers)
+
+    def noting_the_agents_workers(self):
+        await_workers(self)
+        seen["workers"] = agent_mod._agents.get(self._run_id)._pcontext
+
+    def after_the_agents_restart(self, *args, **kwargs):
+        if seen.get("restarting"):
+            agent, deadline = agent_mod._agents.get(self._run_id), time.monotonic() + 20
+            while agent._pcontext is seen["workers"] and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert agent._pcontext is not seen["workers"], "the agent did not restart the workers"
+        return kill(self, *args, **kwargs)
+
+    def restarting(self, err):
+        seen["restarting"] = True
+        try:
+            return restart(self, err)
+        finally:
+            seen["restarting"] = False
+    monkeypatch.setattr(agent_mod.ElasticWorkers, "_await_workers", noting_the_agents_workers)
+    monkeypatch.setattr(agent_mod.ElasticWorkers, "_kill_workers", after_the_agents_restart)
+    monkeypatch.setattr(launch.Cluster, "_restart_workers", restarting)
+    with simlib.Cluster(2, max_restarts=1, timeout=20) as cluster:
+        assert cluster.call(_rank_one_dies_on_the_first_attempt, timeout=60) == [1, 1]
