@@ -78,6 +78,25 @@ class SelfAttention(nn.Module):
         return self.out(attend(self.qkv(x), self.num_heads, self.causal))
 
 
+class TransformerBlock(nn.Module):
+    """Pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(x)). (B, T, H) -> (B, T, H).
+
+    ``make_mlp``: builds the MLP (called after the layer norms, so parameters are drawn in the same order whatever
+    it builds); default :class:`FeedForward` of width ``ffn``. simlib's GPT block (the MoE variant passes its
+    experts) and the simulator's calibration of a block's host cost (``simlib.sim.kernels.block_op_time``)."""
+
+    def __init__(self, hidden: int, num_heads: int, ffn: int | None = None, make_mlp=None):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(hidden)
+        self.attn = SelfAttention(hidden, num_heads, causal=True)   # fused qkv, out projection
+        self.ln2 = nn.LayerNorm(hidden)
+        self.mlp = make_mlp() if make_mlp is not None else FeedForward(hidden, ffn)   # fc1, GELU, fc2
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
 def attend(qkv: torch.Tensor, num_heads: int, causal: bool = True) -> torch.Tensor:
     """Scaled dot-product attention from fused q|k|v features (B, S, 3·h·d) -> (B, S, h·d), heads independent."""
     b, s, three_hd = qkv.shape

@@ -58,14 +58,14 @@ def test_each_micro_batch_pays_its_ops_where_the_op_was_measured():
         4 * a + b for a, b in zip(GPT_OPS_PER_LAYER, GPT_OPS_ENDS)), rel=1e-6)
 
 
-def test_the_simulators_block_dispatches_the_projects_blocks_ops():
-    """calibrate times simlib's GPT block rebuilt in the simulator (``kernels.gpt_block``: the simulator may not
-    import the project); it must dispatch the ops the project's block does, forward and backward."""
+def test_the_block_calibrate_times_dispatches_the_projects_blocks_ops():
+    """calibrate times ``simlib.models.TransformerBlock`` (the simulator may not import the project); it must
+    dispatch the ops the project's GPT block does, forward and backward."""
+    from simlib.models import TransformerBlock
     from simlib.projects.gpt.model import Block, GPTConfig
-    from simlib.sim.kernels import gpt_block
     torch.manual_seed(0)
     counts = []
-    for block in (Block(GPTConfig(hidden=32, num_heads=4, seq_len=8)), gpt_block(32, 4)):
+    for block in (Block(GPTConfig(hidden=32, num_heads=4, seq_len=8)), TransformerBlock(32, 4)):
         x = torch.randn(2, 8, 32, requires_grad=True)
         forward, backward = _Count(), _Count()
         with forward:

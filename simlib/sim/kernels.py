@@ -356,31 +356,12 @@ def block_op_time(min_time: float) -> float:
     8 ranks 27–30 by the mean, 5–6.5 by the median (the median is what ``kernels["op"]`` reports)."""
     import torch
 
+    from ..models import TransformerBlock
+    from .host_ops import GPT_OPS_PER_LAYER
     size = BLOCK_OP_SIZE
-    block = gpt_block(size["hidden"], size["num_heads"])
+    block = TransformerBlock(size["hidden"], size["num_heads"])
     x = torch.randn(1, size["tokens"], size["hidden"], requires_grad=True)
 
     def step():
         block(x).sum().backward()
-    from .host_ops import GPT_OPS_PER_LAYER
     return _mean_time(step, 5, min_time=max(min_time, 0.1)) / sum(GPT_OPS_PER_LAYER)
-
-
-def gpt_block(hidden: int, num_heads: int):
-    """The block of simlib's GPT (``simlib.projects.gpt.model.Block``, pre-LN: x + attn(ln1(x)), then
-    + mlp(ln2(x))) from the same layers, which the simulator may import (the project may not be imported from
-    here); ``tests/test_sim_host_ops.py`` checks that it dispatches the ops the project's block does."""
-    from torch import nn
-
-    from ..models import FeedForward, SelfAttention
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.attn = nn.LayerNorm(hidden), SelfAttention(hidden, num_heads, causal=True)
-            self.ln2, self.mlp = nn.LayerNorm(hidden), FeedForward(hidden)
-
-        def forward(self, x):
-            x = x + self.attn(self.ln1(x))
-            return x + self.mlp(self.ln2(x))
-    return Block()

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ...models import FeedForward, SelfAttention
+from ...models import TransformerBlock
 
 
 @dataclass(frozen=True)
@@ -102,24 +102,18 @@ def uncompile_blocks(model: "GPT", exc: BaseException) -> bool:
     return True
 
 
-class Block(nn.Module):
+class Block(TransformerBlock):
     """Pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(x)). (B, T, H) -> (B, T, H)."""
 
     def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.hidden)
-        self.attn = SelfAttention(cfg.hidden, cfg.num_heads, causal=True)   # fused qkv, out projection
-        self.ln2 = nn.LayerNorm(cfg.hidden)
+        make_mlp = None
         if cfg.moe_experts:                                                # router, E x (fc1, GELU, fc2)
             from ...parallel.experts import MoEFeedForward
-            self.mlp = MoEFeedForward(cfg.hidden, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity_factor,
-                                      cfg.ffn, cfg.moe_aux_coeff)
-        else:
-            self.mlp = FeedForward(cfg.hidden, cfg.ffn)                    # fc1, GELU, fc2
 
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+            def make_mlp():
+                return MoEFeedForward(cfg.hidden, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity_factor,
+                                      cfg.ffn, cfg.moe_aux_coeff)
+        super().__init__(cfg.hidden, cfg.num_heads, cfg.ffn, make_mlp)
 
 
 class Embedding(nn.Module):
