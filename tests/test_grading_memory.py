@@ -68,3 +68,12 @@ def test_family5_memory_weighed_whole(exercise, bug, clusters):
     assert not report.passed and report.status in ("fail", "error"), "\n".join(r.line() for r in report.results)
     hints = " ".join(r.hint for r in report.failed())
     assert m5_memory.HINTS[bug.__name__] in hints, "\n".join(r.line() for r in report.results)
+
+
+def test_what_a_call_leaves_alive_counts_however_it_is_held():
+    """weighing._alive_after: a tensor kept in a tuple, a dict or a list counts; one dropped does not."""
+    import torch
+    from simlib.grading.weighing import _alive_after
+    kept = []
+    assert _alive_after(lambda: kept.append(((torch.zeros(1000),), {"k": torch.zeros(500)}))) >= 6000
+    assert _alive_after(lambda: torch.zeros(1000).sum()) == 0

@@ -52,17 +52,25 @@ def _step_memory(fn) -> tuple[int, int]:
     return peak + numpy_kept, kept + numpy_kept
 
 
+def _storages(objs) -> list:
+    """(tensor, storage address, bytes) of each tensor among ``objs`` (Parameters too). A tensor whose Python
+    storage torch has invalidated holds no data and is left out: reading its address raises."""
+    import torch
+    out = []
+    for o in objs:
+        if type(o) is torch.Tensor or isinstance(o, torch.nn.Parameter):
+            try:
+                storage = o.untyped_storage()
+                out.append((o, storage.data_ptr(), storage.nbytes()))
+            except RuntimeError:  # "Attempted to access the data pointer on an invalid python storage"
+                continue
+    return out
+
+
 def _tensor_storages() -> dict:
     """{storage address: bytes} of every tensor object alive in this process (held anywhere: ctx, globals)."""
     import gc
-
-    import torch
-    out = {}
-    for o in gc.get_objects():
-        if type(o) is torch.Tensor or isinstance(o, torch.nn.Parameter):
-            storage = o.untyped_storage()
-            out[storage.data_ptr()] = storage.nbytes()
-    return out
+    return {ptr: nbytes for _, ptr, nbytes in _storages(gc.get_objects())}
 
 
 def _held_new_tensors(before: dict) -> int:
@@ -72,17 +80,14 @@ def _held_new_tensors(before: dict) -> int:
     import gc
     import types
 
-    import torch
-    objs = gc.get_objects()
-    new = [o for o in objs if (type(o) is torch.Tensor or isinstance(o, torch.nn.Parameter))
-           and o.untyped_storage().data_ptr() not in before]
-    del objs
+    new = [entry for entry in _storages(gc.get_objects()) if entry[1] not in before]
+    ours = {id(entry) for entry in new}   # the (tensor, address, bytes) entries above hold each tensor too
     total, seen = 0, set()
-    for t in new:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in seen and any(r is not new and not isinstance(r, types.FrameType) for r in gc.get_referrers(t)):
+    for t, ptr, nbytes in new:
+        if ptr not in seen and any(id(r) not in ours and not isinstance(r, types.FrameType)
+                                   for r in gc.get_referrers(t)):
             seen.add(ptr)
-            total += t.untyped_storage().nbytes()
+            total += nbytes
     return total
 
 
