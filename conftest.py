@@ -5,6 +5,7 @@ JupyterLab, their claims asserted in their cells and checked on the page) when C
 there, otherwise under nbval with the rest. ``SIMLIB_NBVAL_ALL=1`` runs them under nbval anyway; naming one on
 the command line (``pytest notebooks/07_memory.ipynb``) always runs it.
 """
+
 import importlib.util
 import os
 import shutil
@@ -16,14 +17,25 @@ os.environ.setdefault("SIMLIB_QUICK", "1")
 os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
 
 ROOT = Path(__file__).resolve().parent
-IN_BROWSER = {ROOT / "notebooks" / name for name in ("00_getting_started.ipynb", "07_memory.ipynb",
-                                                     "08_fault_tolerance.ipynb", "10_project_gpt.ipynb",
-                                                     "11_project_vision.ipynb", "12_project_finance.ipynb")}
+IN_BROWSER = {
+    ROOT / "notebooks" / name
+    for name in (
+        "00_getting_started.ipynb",
+        "07_memory.ipynb",
+        "08_fault_tolerance.ipynb",
+        "10_project_gpt.ipynb",
+        "11_project_vision.ipynb",
+        "12_project_finance.ipynb",
+    )
+}
 
 
 def _browser_runs_them() -> bool:
-    return (os.environ.get("SIMLIB_NBVAL_ALL", "0") in ("", "0") and importlib.util.find_spec("playwright") is not None
-            and (shutil.which("chromium") or shutil.which("chromium-browser")) is not None)
+    return (
+        os.environ.get("SIMLIB_NBVAL_ALL", "0") in ("", "0")
+        and importlib.util.find_spec("playwright") is not None
+        and (shutil.which("chromium") or shutil.which("chromium-browser")) is not None
+    )
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -45,6 +57,7 @@ SOLUTIONS = ROOT / "solutions"
 def pytest_runtest_setup(item):
     """Before a notebook's kernel starts (the setup of its first cell): strict grading for solutions/ only."""
     from simlib.grading.core import STRICT
+
     if Path(str(item.fspath)).parent == SOLUTIONS:
         os.environ[STRICT] = "1"
     else:
@@ -55,8 +68,13 @@ def pytest_collection_modifyitems(config, items):
     by_nbval = {Path(str(i.fspath)).stem for i in items if Path(str(i.fspath)).parent == SOLUTIONS}
     if any("test_solution_passes_every_check" in str(a) for a in config.args):
         return  # named: it runs
-    dropped = [i for i in items if getattr(i, "originalname", "") == "test_solution_passes_every_check"
-               and i.nodeid.startswith("tests/test_grading.py::") and i.callspec.id in by_nbval]
+    dropped = [
+        i
+        for i in items
+        if getattr(i, "originalname", "") == "test_solution_passes_every_check"
+        and i.nodeid.startswith("tests/test_grading.py::")
+        and i.callspec.id in by_nbval
+    ]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = [i for i in items if i not in dropped]
@@ -105,8 +123,18 @@ def pytest_runtest_logreport(report):
         out = ROOT / "artifacts"
         out.mkdir(exist_ok=True)
         with open(out / "test_durations.jsonl", "a") as f:
-            f.write(json.dumps({"test": report.nodeid, "wall": round(entry["wall"], 2), "cpu": round(entry["cpu"], 2),
-                                "outcome": entry.get("outcome", "passed"), "t": round(time.time() - _SUITE["start"], 1)}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "test": report.nodeid,
+                        "wall": round(entry["wall"], 2),
+                        "cpu": round(entry["cpu"], 2),
+                        "outcome": entry.get("outcome", "passed"),
+                        "t": round(time.time() - _SUITE["start"], 1),
+                    }
+                )
+                + "\n"
+            )
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -126,5 +154,8 @@ def pytest_terminal_summary(terminalreporter):
     for name, wall in sorted(by_file.items(), key=lambda kv: -kv[1])[:25]:
         tr.write_line(f"  {wall:8.1f} s  {name}")
     if total > _BUDGET_MIN * 60:
-        tr.write_line(f"WARNING: the suite took {total / 60:.1f} min, over its {_BUDGET_MIN:.0f}-minute budget "
-                      "(CONTRIBUTING, 'Tests, CI and budgets'): find the new time with the lists above.", red=True)
+        tr.write_line(
+            f"WARNING: the suite took {total / 60:.1f} min, over its {_BUDGET_MIN:.0f}-minute budget "
+            "(CONTRIBUTING, 'Tests, CI and budgets'): find the new time with the lists above.",
+            red=True,
+        )

@@ -9,16 +9,17 @@
 
     python benchmarks/context_parallel.py [--quick] [--out benchmarks/results/context_parallel.json]
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import warnings
 
+import report  # benchmarks/report.py: machine info and the JSON file
+
 import simlib
 from simlib.lessons import context_experts as lesson
-
-import report  # benchmarks/report.py: machine info and the JSON file
 
 
 def main(argv=None):
@@ -36,35 +37,53 @@ def main(argv=None):
         memory = lesson.memory_sweep(clusters, seqs, **sizes)
         memory_zigzag = lesson.memory_sweep(clusters, seqs, layout="zigzag", **sizes)
         for r in memory:
-            print(f"cp={r['cp']} S={r['seq']}: {r['measured_MB']:.2f} MB per rank, formula {r['formula_MB']:.2f} "
-                  f"({r['ratio']:.3f})", flush=True)
+            print(
+                f"cp={r['cp']} S={r['seq']}: {r['measured_MB']:.2f} MB per rank, formula {r['formula_MB']:.2f} "
+                f"({r['ratio']:.3f})",
+                flush=True,
+            )
         work = {}
         for cp, cluster in clusters.items():
             for layout in ("contiguous", "zigzag"):
                 rows = cluster.run(lesson.work_run, layout, seq=seqs[-1] if args.quick else 2048, repeats=5)
                 entries = [r["work"] for r in rows]
                 work[f"cp{cp}_{layout}"] = dict(
-                    work=entries, formula=[r["formula"] for r in rows], compute_s=[r["compute_s"] for r in rows],
+                    work=entries,
+                    formula=[r["formula"] for r in rows],
+                    compute_s=[r["compute_s"] for r in rows],
                     work_imbalance=max(entries) / (sum(entries) / len(entries)),
-                    time_imbalance=max(r["compute_s"] for r in rows) / (sum(r["compute_s"] for r in rows) / len(rows)))
-                print(f"cp={cp} {layout}: work per rank {entries}, compute s "
-                      f"{[round(r['compute_s'], 4) for r in rows]}", flush=True)
+                    time_imbalance=max(r["compute_s"] for r in rows) / (sum(r["compute_s"] for r in rows) / len(rows)),
+                )
+                print(
+                    f"cp={cp} {layout}: work per rank {entries}, compute s {[round(r['compute_s'], 4) for r in rows]}",
+                    flush=True,
+                )
         comm = {}
         for cp, cluster in clusters.items():
             rows = cluster.run(lesson.ring_vs_ulysses_run, seq=seqs[-1] if args.quick else 2048, heads=8, repeats=3)
             comm[f"cp{cp}"] = rows
-            print(f"cp={cp}: ring sent {rows[0]['ring']['bytes']} B (formula {rows[0]['ring']['formula']}), "
-                  f"Ulysses {rows[0]['ulysses']['bytes']} B (formula {rows[0]['ulysses']['formula']})", flush=True)
+            print(
+                f"cp={cp}: ring sent {rows[0]['ring']['bytes']} B (formula {rows[0]['ring']['formula']}), "
+                f"Ulysses {rows[0]['ulysses']['bytes']} B (formula {rows[0]['ulysses']['formula']})",
+                flush=True,
+            )
     finally:
         for c in clusters.values():
             c.close()
     within = all(abs(r["ratio"] - 1) <= 0.10 for r in memory)
-    out = dict(benchmark="context_parallel", machine=report.machine(load), sizes=dict(sizes, seqs=seqs),
-               note="2-core machine shared with other jobs (see the load average); cp=4 runs 4 processes on 2 cores, "
-                    "so its times are oversubscribed. Memory: every tensor one forward allocates per rank, counted by "
-                    "torch's MemTracker.",
-               memory_contiguous=memory, memory_zigzag=memory_zigzag, memory_within_10_percent=within,
-               work=work, comm=comm)
+    out = dict(
+        benchmark="context_parallel",
+        machine=report.machine(load),
+        sizes=dict(sizes, seqs=seqs),
+        note="2-core machine shared with other jobs (see the load average); cp=4 runs 4 processes on 2 cores, "
+        "so its times are oversubscribed. Memory: every tensor one forward allocates per rank, counted by "
+        "torch's MemTracker.",
+        memory_contiguous=memory,
+        memory_zigzag=memory_zigzag,
+        memory_within_10_percent=within,
+        work=work,
+        comm=comm,
+    )
     print("memory within 10 % of the formula (contiguous split):", within)
     print("wrote", report.write(out, args.out))
 

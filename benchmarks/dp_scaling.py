@@ -6,17 +6,17 @@ ceiling here). Beside it, the honest rival: one process using every core. Every 
 what the command and lesson 00 run. Run: `python benchmarks/dp_scaling.py [rounds]` (a few minutes); writes
 benchmarks/results/dp_scaling.json.
 """
+
 import os
 import sys
 import time
 
 import numpy as np
 import pandas as pd
+import report  # benchmarks/report.py: machine info and the JSON file
 
 from simlib.lessons.scaling import scaling, speedup_table
 from simlib.tasks import RegressionTask
-
-import report  # benchmarks/report.py: machine info and the JSON file
 
 TARGET = 1.6
 CONFIG = dict(width=1024, depth=4, global_batch=4096, steps=6, warmup=2)
@@ -30,34 +30,61 @@ def main(rounds: int = 3) -> dict:
     loads = [load, os.getloadavg()]
     rows = []
     cores = int(runs[0].attrs["cores"])
-    names = {(1, False): "1 process x 1 thread", (2, False): "2 processes x 1 thread",
-             (1, True): f"1 process x {cores} threads"}
+    names = {
+        (1, False): "1 process x 1 thread",
+        (2, False): "2 processes x 1 thread",
+        (1, True): f"1 process x {cores} threads",
+    }
     for (world, rival), name in names.items():
         picked = [r for t in runs for _, r in t.iterrows() if r.world_size == world and pd.notna(r.baseline) == rival]
         threads = int(picked[0].threads)
         med = float(np.median([r.step_time for r in picked]))
-        rows.append(dict(world_size=world, threads=threads, step_time=med, throughput=CONFIG["global_batch"] / med,
-                         step_time_p25=float(np.median([r.step_time_p25 for r in picked])),
-                         step_time_p75=float(np.median([r.step_time_p75 for r in picked])),
-                         comm_fraction=float(np.median([r.comm_fraction for r in picked])),
-                         baseline=name if rival else None, name=name, rounds=[float(r.step_time) for r in picked]))
+        rows.append(
+            dict(
+                world_size=world,
+                threads=threads,
+                step_time=med,
+                throughput=CONFIG["global_batch"] / med,
+                step_time_p25=float(np.median([r.step_time_p25 for r in picked])),
+                step_time_p75=float(np.median([r.step_time_p75 for r in picked])),
+                comm_fraction=float(np.median([r.comm_fraction for r in picked])),
+                baseline=name if rival else None,
+                name=name,
+                rounds=[float(r.step_time) for r in picked],
+            )
+        )
     table = speedup_table(rows, "strong")
-    flops = CONFIG["global_batch"] * RegressionTask(width=CONFIG["width"], depth=CONFIG["depth"],
-                                                    num_samples=8, eval_samples=1).flops_per_sample
-    results = {r["name"]: dict(step_s=r["step_time"], iqr_s=[r["step_time_p25"], r["step_time_p75"]],
-                               speedup=float(r["speedup"]), gflops=flops / r["step_time"] / 1e9,
-                               comm_fraction=r["comm_fraction"], step_s_per_round=r["rounds"])
-               for _, r in table.iterrows()}
+    flops = (
+        CONFIG["global_batch"]
+        * RegressionTask(width=CONFIG["width"], depth=CONFIG["depth"], num_samples=8, eval_samples=1).flops_per_sample
+    )
+    results = {
+        r["name"]: dict(
+            step_s=r["step_time"],
+            iqr_s=[r["step_time_p25"], r["step_time_p75"]],
+            speedup=float(r["speedup"]),
+            gflops=flops / r["step_time"] / 1e9,
+            comm_fraction=r["comm_fraction"],
+            step_s_per_round=r["rounds"],
+        )
+        for _, r in table.iterrows()
+    }
     two = results["2 processes x 1 thread"]["speedup"]
-    out = dict(benchmark="dp_scaling", target=f"2 workers >= {TARGET}x one single-thread process",
-               met=bool(two >= TARGET), speedup_2_workers=two,
-               speedup_1_process_all_cores=results[names[(1, True)]]["speedup"], results=results,
-               config=dict(CONFIG, optimizer="SGD", mode="simlib scaling: simlib.train, Plan(dp=N, dp_variant='flat')"),
-               method=f"{rounds} rounds of `simlib scaling` (fresh processes per point, {CONFIG['steps']} timed steps, "
-                      f"{CONFIG['warmup']} warm-up); medians over rounds; FLOPs = 6 x batch x weights",
-               machine=report.machine(load), load_at_end=list(loads[-1]),
-               note="the machine is shared with other engineers running tests: timings may include their load",
-               seconds=round(time.time() - started, 1))
+    out = dict(
+        benchmark="dp_scaling",
+        target=f"2 workers >= {TARGET}x one single-thread process",
+        met=bool(two >= TARGET),
+        speedup_2_workers=two,
+        speedup_1_process_all_cores=results[names[(1, True)]]["speedup"],
+        results=results,
+        config=dict(CONFIG, optimizer="SGD", mode="simlib scaling: simlib.train, Plan(dp=N, dp_variant='flat')"),
+        method=f"{rounds} rounds of `simlib scaling` (fresh processes per point, {CONFIG['steps']} timed steps, "
+        f"{CONFIG['warmup']} warm-up); medians over rounds; FLOPs = 6 x batch x weights",
+        machine=report.machine(load),
+        load_at_end=list(loads[-1]),
+        note="the machine is shared with other engineers running tests: timings may include their load",
+        seconds=round(time.time() - started, 1),
+    )
     report.write(out)
     return out
 

@@ -1,5 +1,6 @@
 """What the fault probes share (``benchmarks/faults.py`` runs them): the run they perturb, the probe registry, the
 outcome of a probe, and the warm 2-rank cluster they run on."""
+
 from __future__ import annotations
 
 import os
@@ -16,19 +17,35 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 EVERY, STOP, STEPS = 3, 5, 8
 OPTIM = OptimConfig(lr=1e-2, warmup_steps=2, decay_steps=STEPS, grad_clip=1.0, weight_decay=0.1)
-PLANS = {"dp2": Plan(dp=2), "tp2": Plan(tp=2), "pp2": Plan(pp=2, accumulation=2),
-         "zero1": Plan(dp=2, zero_stage=1), "zero2": Plan(dp=2, zero_stage=2), "zero3": Plan(dp=2, zero_stage=3)}
+PLANS = {
+    "dp2": Plan(dp=2),
+    "tp2": Plan(tp=2),
+    "pp2": Plan(pp=2, accumulation=2),
+    "zero1": Plan(dp=2, zero_stage=1),
+    "zero2": Plan(dp=2, zero_stage=2),
+    "zero3": Plan(dp=2, zero_stage=3),
+}
 
 
 def _gpt(**kw):
     from simlib.projects.gpt.task import GPTTask
+
     return GPTTask.quick(global_batch=8, eval_windows=4, **kw)
 
 
 def _losses(plan, steps, task=None, **kw):
     from simlib.train import train
-    record = train(task or _gpt(), plan, steps=steps, optim=kw.pop("optim", OPTIM), log_every=1, verbose=False,
-                   measure_memory=False, **kw)
+
+    record = train(
+        task or _gpt(),
+        plan,
+        steps=steps,
+        optim=kw.pop("optim", OPTIM),
+        log_every=1,
+        verbose=False,
+        measure_memory=False,
+        **kw,
+    )
     return {r["step"]: r["loss"] for r in record.rows}
 
 
@@ -49,6 +66,7 @@ def probe(name):
     def add(fn):
         PROBES.append((name, fn))
         return fn
+
     return add
 
 

@@ -2,6 +2,7 @@
 one checkpoint folder, the disk estimate against what a save writes, task sizes of 0, a rank killed during a save,
 NaN on one rank, layout changes at resume, and class grading (a submission that kills the grader; processes that
 clear their environment)."""
+
 from __future__ import annotations
 
 import os
@@ -15,9 +16,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import cloudpickle
+from faults_common import EVERY, STEPS, _error_line, _gpt, _losses, _one_line, _result, probe
 
 import simlib
-from faults_common import EVERY, STEPS, _error_line, _gpt, _losses, _one_line, _result, probe
 from simlib import checkpoint
 from simlib.train import Plan
 
@@ -27,13 +28,15 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("P
 
 
 def _simlib(*argv, timeout=600, **kw):
-    return subprocess.run([sys.executable, "-m", "simlib", *argv], capture_output=True, text=True, timeout=timeout,
-                          env=ENV, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "simlib", *argv], capture_output=True, text=True, timeout=timeout, env=ENV, **kw
+    )
 
 
 # ── 1. no manifest, random bytes ──
 def _unverifiable(base):
     import torch.distributed as dist
+
     plan = Plan(dp=2, checkpoint_dir=base, checkpoint_every=EVERY)
     reference = _losses(Plan(dp=2), STEPS)
     _losses(plan, 6)
@@ -42,7 +45,7 @@ def _unverifiable(base):
         (newest / "manifest.json").unlink()
         f = newest / "__0_0.distcp"
         data = bytearray(f.read_bytes())
-        data[len(data) // 2:len(data) // 2 + 256] = os.urandom(256)
+        data[len(data) // 2 : len(data) // 2 + 256] = os.urandom(256)
         f.write_bytes(bytes(data))
     dist.barrier()
     with warnings.catch_warnings(record=True) as seen:
@@ -56,19 +59,46 @@ def _unverifiable(base):
 def _p_unverifiable(ctx):
     out = ctx.cluster.call(_unverifiable, (ctx.dir(),), timeout=600)[0]
     said = out["said"][0] if out["said"] else "(no message)"
-    return _result(out["resumed_at"] == EVERY and out["bit_equal"] and bool(out["said"]),
-                   detail=f"resumed at step {out['resumed_at']}, bit-equal {out['bit_equal']}: {said}")
+    return _result(
+        out["resumed_at"] == EVERY and out["bit_equal"] and bool(out["said"]),
+        detail=f"resumed at step {out['resumed_at']}, bit-equal {out['bit_equal']}: {said}",
+    )
 
 
 # ── 2. two runs, one folder ──
 @probe("a second `simlib train` on the same checkpoint folder, no --resume")
 def _p_two_runs(ctx):
     folder = Path(ctx.dir())
-    common = ["train", "gpt", "--quick", "--world-size", "2", "--plan.checkpoint-dir", str(folder),
-              "--plan.checkpoint-every", "2"]
-    first = subprocess.Popen([sys.executable, "-m", "simlib", *common, "--out", str(folder.parent / "first"),
-                              "--budget.seconds", "600", "--budget.tokens", "null"], env=ENV,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    common = [
+        "train",
+        "gpt",
+        "--quick",
+        "--world-size",
+        "2",
+        "--plan.checkpoint-dir",
+        str(folder),
+        "--plan.checkpoint-every",
+        "2",
+    ]
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "simlib",
+            *common,
+            "--out",
+            str(folder.parent / "first"),
+            "--budget.seconds",
+            "600",
+            "--budget.tokens",
+            "null",
+        ],
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not checkpoint.list_checkpoints(folder) and first.poll() is None:
@@ -81,14 +111,18 @@ def _p_two_runs(ctx):
         first.wait()
     err = second.stderr.strip().splitlines()
     ok = started and first_alive and second.returncode != 0 and len(err) == 1 and "in use by another run" in err[0]
-    return _result(ok_error=ok, detail=f"first run saving: {started}, still running after the second: {first_alive}; "
-                                       f"second: rc {second.returncode}, {len(err)} line(s): {err[-1] if err else ''}"
-                                       + ("" if started else f" | first: {first.stderr.read()[-300:]}"))
+    return _result(
+        ok_error=ok,
+        detail=f"first run saving: {started}, still running after the second: {first_alive}; "
+        f"second: rc {second.returncode}, {len(err)} line(s): {err[-1] if err else ''}"
+        + ("" if started else f" | first: {first.stderr.read()[-300:]}"),
+    )
 
 
 # ── 3. the disk estimate against what a save writes ──
 def _estimate(base, plan):
     import simlib.checkpoint as c
+
     seen, preflight = [], c.preflight
     c.preflight = lambda *a, **k: seen.append(preflight(*a, **k)) or seen[-1]
     try:
@@ -106,15 +140,27 @@ def _p_estimate(ctx):
         estimate, written = ctx.cluster.call(_estimate, (ctx.dir(), plan), timeout=600)[0]
         figures[name] = dict(estimate=estimate, written=written, ratio=round(estimate / written, 4))
     ok = all(f["estimate"] >= f["written"] for f in figures.values())
-    return _result(ok, detail="; ".join(f"{k}: estimated {f['estimate']:,} B, written {f['written']:,} B "
-                                        f"(x{f['ratio']})" for k, f in figures.items()), figures=figures)
+    return _result(
+        ok,
+        detail="; ".join(
+            f"{k}: estimated {f['estimate']:,} B, written {f['written']:,} B (x{f['ratio']})"
+            for k, f in figures.items()
+        ),
+        figures=figures,
+    )
 
 
 # ── 4. task sizes of 0 ──
 @probe("task sizes of 0 (command line, three projects)")
 def _p_task_sizes(ctx):
-    cases = [("gpt", "--task.eval-windows"), ("gpt", "--task.seq-len"), ("gpt", "--task.hidden"),
-             ("gpt", "--task.global-batch"), ("vision", "--task.width"), ("finance", "--task.days")]
+    cases = [
+        ("gpt", "--task.eval-windows"),
+        ("gpt", "--task.seq-len"),
+        ("gpt", "--task.hidden"),
+        ("gpt", "--task.global-batch"),
+        ("vision", "--task.width"),
+        ("finance", "--task.days"),
+    ]
     lines, ok = [], True
     with tempfile.TemporaryDirectory() as out:
         for project, flag in cases:
@@ -128,8 +174,12 @@ def _p_task_sizes(ctx):
 # ── 5. a rank killed during a save ──
 def _die_in_save(base, rank):
     from simlib.faults import KillAt
-    _losses(Plan(dp=2, checkpoint_dir=base, checkpoint_every=EVERY), STEPS, task=KillAt(_gpt(), step=2, rank=rank,
-                                                                                      during_save=True))
+
+    _losses(
+        Plan(dp=2, checkpoint_dir=base, checkpoint_every=EVERY),
+        STEPS,
+        task=KillAt(_gpt(), step=2, rank=rank, during_save=True),
+    )
 
 
 @probe("a rank killed during a save, no restart: what is said")
@@ -147,8 +197,10 @@ def _p_dead_rank(ctx):
         truthful = not (("partial folder was removed" in text and partial) or ("still on disk" in text and not partial))
         named = len(lines) > 1 and f"rank {rank} died first" in lines[0] and lines[1].startswith(f"rank {rank}: ")
         ok &= named and truthful and "look at what they did instead" not in text
-        details.append(f"rank {rank} killed: {lines[0] if lines else ''} / {lines[1][:200] if len(lines) > 1 else ''}"
-                       f" / on disk: {[p.name for p in partial]}")
+        details.append(
+            f"rank {rank} killed: {lines[0] if lines else ''} / {lines[1][:200] if len(lines) > 1 else ''}"
+            f" / on disk: {[p.name for p in partial]}"
+        )
     return _result(ok_error=ok, detail=" | ".join(details))
 
 
@@ -170,12 +222,14 @@ class NaNOnRank1:
 
     def loss(self, output, target):
         import torch.distributed as dist
+
         loss = self.task.loss(output, target)
         return loss * float("nan") if dist.get_rank() == 1 and self.step == 2 else loss
 
 
 def _nan_on_rank1():
     from simlib import guards
+
     try:
         _losses(Plan(dp=2), 4, task=NaNOnRank1())
     except guards.NonFiniteError as exc:
@@ -202,7 +256,8 @@ def _layouts(base):
                 out[f"{saved.label} -> {now.label}, allow {allow}"] = "resumed"
             except (checkpoint.CheckpointMismatch, ValueError) as exc:
                 out[f"{saved.label} -> {now.label}, allow {allow}"] = _error_line(exc) + (
-                    "" if _one_line(exc) else " (MULTI-LINE)")
+                    "" if _one_line(exc) else " (MULTI-LINE)"
+                )
     return out
 
 
@@ -211,27 +266,31 @@ def _p_layouts(ctx):
     out = ctx.cluster.call(_layouts, (ctx.dir(),), timeout=600)[0]
     ok = all("CheckpointMismatch" in v and "allow_changes" not in v and "saved layout" in v for v in out.values())
     from simlib.tasks import RegressionTask
+
     try:
         Plan(dp=4).validate(4, RegressionTask(global_batch=6))
         impossible = "accepted"
     except ValueError as exc:
         impossible = str(exc)
     ok = ok and "[]" not in impossible
-    return _result(ok_error=ok, detail=" | ".join(f"{k}: {v}" for k, v in out.items())
-                   + f" | Plan(dp=4) on a global batch of 6: {impossible}")
+    return _result(
+        ok_error=ok,
+        detail=" | ".join(f"{k}: {v}" for k, v in out.items()) + f" | Plan(dp=4) on a global batch of 6: {impossible}",
+    )
 
 
 # ── 8. class grading ──
-KILLER = '''import os, re, signal
+KILLER = """import os, re, signal
 child = open(f"/proc/{os.getppid()}/cmdline").read().split("\\0")  # the grading child that runs this kernel
-os.kill(int(child[child.index("--parent") + 1]), signal.SIGKILL)  # ...and the grader that started it'''
-HIDER = '''import subprocess, sys
+os.kill(int(child[child.index("--parent") + 1]), signal.SIGKILL)  # ...and the grader that started it"""
+HIDER = """import subprocess, sys
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "MARK"], env={}, start_new_session=True,
-                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)'''
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"""
 
 
 def _notebook(path, extra):
     import nbformat
+
     book = nbformat.read(str(ROOT / "exercises" / "04_one_f_one_b.ipynb"), as_version=4)
     book.cells.append(nbformat.v4.new_code_cell(extra))
     nbformat.write(book, str(path))
@@ -260,13 +319,17 @@ def _p_grade_killer(ctx):
     a = [r for r in rows if "a_04" in r]
     b = [r for r in rows if "b_04" in r]
     ok = runs[0].returncode != 0 and runs[1].returncode == 0 and a and b and "stopped while" in " ".join(a)
-    return _result(ok_error=ok, detail=f"first run rc {runs[0].returncode} (killed by a's cell); rerun rc "
-                                       f"{runs[1].returncode}: a -> {a[:1]}; b graded: {bool(b)}")
+    return _result(
+        ok_error=ok,
+        detail=f"first run rc {runs[0].returncode} (killed by a's cell); rerun rc "
+        f"{runs[1].returncode}: a -> {a[:1]}; b graded: {bool(b)}",
+    )
 
 
 @probe("class grading: a process started with a cleared environment, in a session of its own")
 def _p_grade_hider(ctx):
     import secrets
+
     mark = "simlib-hider-" + secrets.token_hex(4)
     folder = Path(ctx.dir()) / "class"
     folder.mkdir(parents=True)
@@ -275,5 +338,7 @@ def _p_grade_hider(ctx):
     left = _with_cmdline(mark)
     for pid in left:
         os.kill(pid, signal.SIGKILL)
-    return _result(not left and done.returncode == 0,
-                   detail=f"grade rc {done.returncode}; processes left after its row: {left or 'none'}")
+    return _result(
+        not left and done.returncode == 0,
+        detail=f"grade rc {done.returncode}; processes left after its row: {left or 'none'}",
+    )

@@ -123,13 +123,13 @@ def device_rates(device: str = "cuda") -> dict:
         for m, k, n in GEMM_SHAPES:
             a = torch.randn(m, k, device=device, dtype=dtype)
             b = torch.randn(k, n, device=device, dtype=dtype)
-            t = timed(lambda: a @ b)
+            t = timed(lambda: a @ b)  # noqa: F821 - a, b are deleted only after the timing
             gemms.append({"dtype": str(dtype).removeprefix("torch."), "m": m, "k": k, "n": n,
                           "seconds": t, "tflops": 2 * m * k * n / t / 1e12})
             del a, b
     x = torch.randn(512 << 20, device=device)  # 2 GiB: far beyond any L2
     y = torch.randn(512 << 20, device=device)
-    t = timed(lambda: x.add_(y), repeats=10)
+    t = timed(lambda: x.add_(y), repeats=10)  # noqa: F821 - deleted after the timing
     hbm = 3 * x.numel() * 4 / t  # read x, read y, write x
     del x, y
     torch.cuda.empty_cache()

@@ -10,6 +10,7 @@ mode): later cells are still run and recorded. Cells are numbered as nbval numbe
 kernelspec installed elsewhere cannot swap in another interpreter), in quick mode (``SIMLIB_QUICK=1``), in the
 notebook's folder. Needs nbclient, nbformat and ipykernel: :data:`NEEDS`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,6 +28,7 @@ TRACEBACK_CHARS = 3000
 def missing(modules=NEEDS) -> list[str]:
     """The modules of ``modules`` this Python cannot import."""
     import importlib.util
+
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
 
@@ -34,15 +36,22 @@ def _kernelspec(root: Path) -> str:
     """A kernelspec named ``gpu-check`` that starts this very Python; returns its name (JUPYTER_PATH -> root)."""
     spec = root / "kernels" / "gpu-check"
     spec.mkdir(parents=True, exist_ok=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "gpu check (this Python)", "language": "python"}))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "gpu check (this Python)",
+                "language": "python",
+            }
+        )
+    )
     os.environ["JUPYTER_PATH"] = str(root) + os.pathsep + os.environ.get("JUPYTER_PATH", "")
     return "gpu-check"
 
 
 def _strip_ansi(text: str) -> str:
     import re
+
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
@@ -60,8 +69,13 @@ def run_notebook(path, budget: float, quick: bool = True) -> dict:
     deadline = start + budget
     cells, code_number, stopped = [], 0, None
     with tempfile.TemporaryDirectory() as tmp:
-        client = NotebookClient(nb, timeout=max(1, int(budget)), kernel_name=_kernelspec(Path(tmp)),
-                                allow_errors=False, resources={"metadata": {"path": str(path.parent)}})
+        client = NotebookClient(
+            nb,
+            timeout=max(1, int(budget)),
+            kernel_name=_kernelspec(Path(tmp)),
+            allow_errors=False,
+            resources={"metadata": {"path": str(path.parent)}},
+        )
         with client.setup_kernel():
             for index, cell in enumerate(nb.cells):
                 if cell.cell_type != "code":
@@ -93,8 +107,14 @@ def run_notebook(path, budget: float, quick: bool = True) -> dict:
                 cells.append(row)
     counts = {s: sum(c["status"] == s for c in cells) for s in ("passed", "failed", "timeout", "not_run")}
     status = "passed" if counts["passed"] == len(cells) else "failed" if counts["failed"] else "incomplete"
-    return {"notebook": path.name, "status": status, "seconds": round(time.monotonic() - start, 1),
-            "budget": budget, **counts, "cells": cells}
+    return {
+        "notebook": path.name,
+        "status": status,
+        "seconds": round(time.monotonic() - start, 1),
+        "budget": budget,
+        **counts,
+        "cells": cells,
+    }
 
 
 def main(argv=None) -> int:
@@ -105,8 +125,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     lacking = missing()
     if lacking:
-        record = {"notebook": Path(args.notebook).name, "status": "skipped",
-                  "error": f"missing {', '.join(lacking)}: pip install {' '.join(lacking)}"}
+        record = {
+            "notebook": Path(args.notebook).name,
+            "status": "skipped",
+            "error": f"missing {', '.join(lacking)}: pip install {' '.join(lacking)}",
+        }
     else:
         try:
             record = run_notebook(args.notebook, args.budget)

@@ -20,6 +20,7 @@ A mutant the grader fails is **caught** (by status: fail, error, timeout). Catch
 survived). Results go to ``benchmarks/results/grader_mutation.json``, merged per exercise (a run with
 ``--exercise`` updates only that exercise's entry).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,15 +36,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
-
 from grader_probes import ORDER, PROBES  # noqa: E402
 
 
 def _same(a, b) -> bool:
     import torch
+
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                and a.dtype == b.dtype and torch.allclose(a, b, rtol=1e-6, atol=1e-9, equal_nan=True))
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and torch.allclose(a, b, rtol=1e-6, atol=1e-9, equal_nan=True)
+        )
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
@@ -57,8 +63,10 @@ class _Alarm(Exception):
 
 def _with_alarm(seconds, fn, *args, **kwargs):
     """``fn`` in this process with a limit (an in-process check of a mutant that loops forever)."""
+
     def ring(*_):
         raise _Alarm()
+
     old = signal.signal(signal.SIGALRM, ring)
     signal.alarm(int(seconds))
     try:
@@ -71,6 +79,7 @@ def _with_alarm(seconds, fn, *args, **kwargs):
 def _observe(probe, worlds, answer, clusters, seeds, limit):
     """The probe's outputs on every world size and seed; None when the answer fails, hangs or overruns."""
     from simlib.launch import WorkerError
+
     seen = []
     for seed in seeds:
         if not worlds:
@@ -90,6 +99,7 @@ def _observe(probe, worlds, answer, clusters, seeds, limit):
 
 def _clusters(worlds):
     from simlib.launch import Cluster, OversubscribedWarning
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OversubscribedWarning)
         return {n: Cluster(n, timeout=5.0, threads=1, grace=2.0) for n in worlds}
@@ -98,6 +108,7 @@ def _clusters(worlds):
 def run_exercise(notebook: str, max_mutants: int | None, seed: int, clusters: dict, limit: float) -> dict:
     from simlib import grading
     from simlib.grading import mutants as M
+
     name, probe, worlds = PROBES[notebook]
     answer_name = next(e["answer"] for e in _entries(notebook) if e["exercise"] == name)
     t0 = time.monotonic()
@@ -125,8 +136,11 @@ def run_exercise(notebook: str, max_mutants: int | None, seed: int, clusters: di
             rows.append(row)
             continue
         try:
-            verdict = grading.check(name, answer, clusters=clusters, timeout=limit, quiet=True) if worlds else \
-                _with_alarm(limit * 4, grading.check, name, answer, quiet=True)
+            verdict = (
+                grading.check(name, answer, clusters=clusters, timeout=limit, quiet=True)
+                if worlds
+                else _with_alarm(limit * 4, grading.check, name, answer, quiet=True)
+            )
             status = verdict.status
             first = next((r for r in verdict.results if not r.passed), None)
             row["check"] = first.name if first else None
@@ -142,20 +156,31 @@ def run_exercise(notebook: str, max_mutants: int | None, seed: int, clusters: di
         counts[row["outcome"]] += 1
         row["seconds"] = round(time.monotonic() - t, 2)
         rows.append(row)
-        print(f"  {notebook} mutant {m.id:3d} {row['outcome']:10s} {row.get('status', ''):10s} {m.description}",
-              flush=True)
+        print(
+            f"  {notebook} mutant {m.id:3d} {row['outcome']:10s} {row.get('status', ''):10s} {m.description}",
+            flush=True,
+        )
     judged = counts["caught"] + counts["survived"]
-    return dict(exercise=name, notebook=notebook, mutants=len(chosen), generated=len(all_mutants), **counts,
-                caught_by_status=by_status, catch_rate=round(counts["caught"] / judged, 4) if judged else None,
-                survivors=[r for r in rows if r["outcome"] == "survived"],
-                equivalents=[r["mutation"] for r in rows if r["outcome"] == "equivalent"],
-                seconds=round(time.monotonic() - t0, 1), rows=rows)
+    return dict(
+        exercise=name,
+        notebook=notebook,
+        mutants=len(chosen),
+        generated=len(all_mutants),
+        **counts,
+        caught_by_status=by_status,
+        catch_rate=round(counts["caught"] / judged, 4) if judged else None,
+        survivors=[r for r in rows if r["outcome"] == "survived"],
+        equivalents=[r["mutation"] for r in rows if r["outcome"] == "equivalent"],
+        seconds=round(time.monotonic() - t0, 1),
+        rows=rows,
+    )
 
 
 def _entries(notebook):
     import nbformat
 
     from simlib.exercises import exercises_of
+
     return exercises_of(nbformat.read(str(ROOT / "solutions" / f"{notebook}.ipynb"), as_version=4))
 
 
@@ -182,9 +207,12 @@ def main(argv=None) -> int:
             result["machine"] = report.machine(load, shared="the 2-core machine was shared with other sessions")
             report.write(result, out)
             rate = entry["catch_rate"]
-            print(f"{notebook}: {entry['mutants']} mutants, {entry['equivalent']} equivalent, {entry['caught']} caught,"
-                  f" {entry['survived']} survived, {entry['import_failed']} failed to import; catch rate "
-                  f"{'n/a' if rate is None else f'{100 * rate:.1f} %'} ({entry['seconds']:.0f} s)", flush=True)
+            print(
+                f"{notebook}: {entry['mutants']} mutants, {entry['equivalent']} equivalent, {entry['caught']} caught,"
+                f" {entry['survived']} survived, {entry['import_failed']} failed to import; catch rate "
+                f"{'n/a' if rate is None else f'{100 * rate:.1f} %'} ({entry['seconds']:.0f} s)",
+                flush=True,
+            )
             for s in entry["survivors"]:
                 print(f"    survived: {s['mutation']}")
     finally:

@@ -3,6 +3,7 @@ the workers, or in this process for a pure function), returning plain data (tens
 collectives each rank called, so a mutant the grader passed can be told equivalent (same outputs and calls as
 the solution) or surviving (a wrong answer the grader missed).
 """
+
 from __future__ import annotations
 
 import random
@@ -12,6 +13,7 @@ import random
 
 def _ops():
     from simlib.debug import hangs
+
     return [(r["op"], r["shape"], r.get("src"), r.get("dst")) for r in hangs.history()]
 
 
@@ -19,6 +21,7 @@ def _probe_ring(answer, seed):
     """Five random 1-D and 2-D tensors (lengths 1-29, not multiples of the world size), float64."""
     import torch
     import torch.distributed as dist
+
     rank = dist.get_rank()
     shapes = random.Random(seed)
     out = []
@@ -36,6 +39,7 @@ def _probe_average(answer, seed):
     import torch.distributed as dist
 
     from simlib.models import MLP
+
     rank, draw, out = dist.get_rank(), random.Random(seed), []
     for i in range(3):
         width, depth, inputs, batch = draw.randint(2, 9), draw.randint(1, 3), draw.randint(1, 6), draw.randint(1, 5)
@@ -44,8 +48,10 @@ def _probe_average(answer, seed):
         frozen = draw.randrange(len(list(model.parameters())))
         list(model.parameters())[frozen].requires_grad_(False)
         g = torch.Generator().manual_seed(seed * 31 + i * 5 + rank)
-        x, y = torch.randn(batch, inputs, generator=g, dtype=torch.float64), torch.randn(batch, 1, generator=g,
-                                                                                      dtype=torch.float64)
+        x, y = (
+            torch.randn(batch, inputs, generator=g, dtype=torch.float64),
+            torch.randn(batch, 1, generator=g, dtype=torch.float64),
+        )
         torch.nn.functional.mse_loss(model(x), y).backward()
         answer(model)
         out.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
@@ -56,20 +62,26 @@ def _probe_tp(answer, seed):
     """Random hidden size, FFN width a multiple of the world size, batch and sequence; float64."""
     import torch
     import torch.distributed as dist
+
     column, row = answer
     rank, n, draw, out = dist.get_rank(), dist.get_world_size(), random.Random(seed), []
     for i in range(2):
         h, ffn, b, s = draw.randint(2, 7), n * draw.randint(1, 4), draw.randint(1, 3), draw.randint(1, 4)
         g = torch.Generator().manual_seed(seed + i)
-        w1, b1 = torch.randn(ffn, h, generator=g, dtype=torch.float64), torch.randn(ffn, generator=g,
-                                                                                   dtype=torch.float64)
-        w2, b2 = torch.randn(h, ffn, generator=g, dtype=torch.float64), torch.randn(h, generator=g,
-                                                                                   dtype=torch.float64)
+        w1, b1 = (
+            torch.randn(ffn, h, generator=g, dtype=torch.float64),
+            torch.randn(ffn, generator=g, dtype=torch.float64),
+        )
+        w2, b2 = torch.randn(h, ffn, generator=g, dtype=torch.float64), torch.randn(h, generator=g, dtype=torch.float64)
         x = torch.randn(b, s, h, generator=g, dtype=torch.float64).requires_grad_()
         weights = torch.randn(b, s, h, generator=g, dtype=torch.float64)
         rows = slice(rank * ffn // n, (rank + 1) * ffn // n)
-        mine = [w1[rows].clone().requires_grad_(), b1[rows].clone().requires_grad_(),
-                w2[:, rows].clone().requires_grad_(), b2.clone().requires_grad_()]
+        mine = [
+            w1[rows].clone().requires_grad_(),
+            b1[rows].clone().requires_grad_(),
+            w2[:, rows].clone().requires_grad_(),
+            b2.clone().requires_grad_(),
+        ]
         y = row.apply(torch.nn.functional.gelu(column.apply(x, mine[0], mine[1])), mine[2], mine[3])
         (y * weights).sum().backward()
         out.append([y.detach().clone(), x.grad.clone()] + [None if p.grad is None else p.grad.clone() for p in mine])
@@ -80,6 +92,7 @@ def _probe_checkpoint(answer, seed):
     """In one process: 12 random problems of 1-7 blocks, budgets between the floor and the total; what is kept
     and recomputed (the optimum may be any of several sets: the recomputed FLOPs are what must be least)."""
     from itertools import combinations
+
     draw, out = random.Random(seed), []
     for _ in range(12):
         n = draw.randint(1, 7)
@@ -90,8 +103,12 @@ def _probe_checkpoint(answer, seed):
         chosen = sorted(set(int(i) for i in answer(list(acts), list(inputs), list(flops), budget)))
         valid = all(0 <= i < n for i in chosen)
         kept = sum(inputs[i] if i in chosen else acts[i] for i in range(n)) if valid else None
-        best = min(sum(flops[i] for i in c) for k in range(n + 1) for c in combinations(range(n), k)
-                   if sum(inputs[i] if i in c else acts[i] for i in range(n)) <= budget)
+        best = min(
+            sum(flops[i] for i in c)
+            for k in range(n + 1)
+            for c in combinations(range(n), k)
+            if sum(inputs[i] if i in c else acts[i] for i in range(n)) <= budget
+        )
         out.append((valid, valid and kept <= budget, valid and sum(flops[i] for i in chosen) == best))
     return dict(out=out, ops=[])
 
@@ -102,6 +119,7 @@ def _probe_ring_attention(answer, seed):
     import torch.distributed as dist
 
     from simlib.parallel.context import shard_sequence
+
     rank, n, draw, out = dist.get_rank(), dist.get_world_size(), random.Random(seed), []
     for causal in (False, True):
         b, h, local, d = draw.randint(1, 2), draw.randint(1, 3), draw.randint(1, 5), draw.randint(2, 6)
@@ -118,6 +136,7 @@ def _probe_moe(answer, seed):
     import torch.distributed as dist
 
     from simlib.parallel.experts import MoE
+
     rank, n, draw, out = dist.get_rank(), dist.get_world_size(), random.Random(seed), []
     for i in range(2):
         hidden, experts, tokens = draw.randint(2, 6), n * draw.randint(1, 3), draw.randint(1, 6)
@@ -127,8 +146,13 @@ def _probe_moe(answer, seed):
         x = torch.randn(tokens * n, hidden, generator=torch.Generator().manual_seed(seed + i), dtype=torch.float64)
         local = experts // n
         with torch.no_grad():
-            y = answer(x[rank * tokens:(rank + 1) * tokens].clone(), moe.router,
-                       torch.nn.ModuleList(moe.experts[rank * local:(rank + 1) * local]), experts, factor)
+            y = answer(
+                x[rank * tokens : (rank + 1) * tokens].clone(),
+                moe.router,
+                torch.nn.ModuleList(moe.experts[rank * local : (rank + 1) * local]),
+                experts,
+                factor,
+            )
         out.append(y.detach().clone() if isinstance(y, torch.Tensor) else repr(y))
     return dict(out=out, ops=_ops())
 
@@ -149,22 +173,34 @@ def _probe_accumulate(answer, seed):
 
     from simlib.lessons.data_parallel import count_all_reduces
     from simlib.models import MLP
+
     rank, draw = dist.get_rank(), random.Random(seed)
-    width, depth, inputs, k, lr = draw.randint(2, 8), draw.randint(1, 3), draw.randint(1, 5), draw.randint(1, 4), \
-        draw.choice([0.05, 0.1, 0.3])
+    width, depth, inputs, k, lr = (
+        draw.randint(2, 8),
+        draw.randint(1, 3),
+        draw.randint(1, 5),
+        draw.randint(1, 4),
+        draw.choice([0.05, 0.1, 0.3]),
+    )
     torch.manual_seed(seed)
     model = MLP(width, depth, in_features=inputs).double()
     ddp = DDP(model)
     counter = count_all_reduces(ddp)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed * 31 + rank)
-    batches = [(torch.randn(b, inputs, generator=g, dtype=torch.float64),
-                torch.randn(b, 1, generator=g, dtype=torch.float64)) for b in [draw.randint(1, 4) for _ in range(k)]]
+    batches = [
+        (torch.randn(b, inputs, generator=g, dtype=torch.float64), torch.randn(b, 1, generator=g, dtype=torch.float64))
+        for b in [draw.randint(1, 4) for _ in range(k)]
+    ]
     for _ in range(2):
         answer(ddp, opt, batches, torch.nn.functional.mse_loss)
-    return dict(out=[[p.detach().clone() for p in model.parameters()],
-                     [None if p.grad is None else p.grad.clone() for p in model.parameters()]],
-                ops=[counter["calls"]])
+    return dict(
+        out=[
+            [p.detach().clone() for p in model.parameters()],
+            [None if p.grad is None else p.grad.clone() for p in model.parameters()],
+        ],
+        ops=[counter["calls"]],
+    )
 
 
 def _probe_pipeline(answer, seed):
@@ -172,24 +208,32 @@ def _probe_pipeline(answer, seed):
     (what the answer's receive buffers hold); the last stage's loss, every stage's gradients and its sends/recvs."""
     import torch
     import torch.distributed as dist
+
     rank, draw = dist.get_rank(), random.Random(seed)
     width, b, m = draw.randint(2, 6), draw.randint(1, 3), draw.randint(1, 5)
     depths = [draw.randint(1, 3) for _ in range(dist.get_world_size())]
     torch.manual_seed(seed * 7 + rank)
-    stage = torch.nn.Sequential(*[layer for _ in range(depths[rank]) for layer in (torch.nn.Linear(width, width),
-                                                                                    torch.nn.Tanh())])
+    stage = torch.nn.Sequential(
+        *[layer for _ in range(depths[rank]) for layer in (torch.nn.Linear(width, width), torch.nn.Tanh())]
+    )
     g = torch.Generator().manual_seed(seed)
     xs = [torch.randn(b, width, generator=g) for _ in range(m)]
     ys = [torch.randn(b, width, generator=g) for _ in range(m)]
     loss = answer(stage, xs, ys, (b, width))
-    return dict(out=[loss if loss is None else torch.tensor(float(loss), dtype=torch.float64),
-                     [None if p.grad is None else p.grad.clone() for p in stage.parameters()]], ops=_ops())
+    return dict(
+        out=[
+            loss if loss is None else torch.tensor(float(loss), dtype=torch.float64),
+            [None if p.grad is None else p.grad.clone() for p in stage.parameters()],
+        ],
+        ops=_ops(),
+    )
 
 
 def _probe_zero3(answer, seed):
     """Random batch, input size and shard rows; float64; output, input grad and shard grad, and collectives."""
     import torch
     import torch.distributed as dist
+
     rank, n, draw, out = dist.get_rank(), dist.get_world_size(), random.Random(seed), []
     for i in range(2):
         b, fin, rows = draw.randint(1, 5), draw.randint(1, 6), draw.randint(1, 4)
@@ -198,7 +242,7 @@ def _probe_zero3(answer, seed):
         x = torch.randn(b, fin, generator=g, dtype=torch.float64) * (rank + 1)
         w = torch.randn(b, rows * n, generator=g, dtype=torch.float64)
         x.requires_grad_()
-        shard = weight[rank * rows:(rank + 1) * rows].clone().requires_grad_()
+        shard = weight[rank * rows : (rank + 1) * rows].clone().requires_grad_()
         y = answer(x, shard)
         (y * w).sum().backward()
         out.append([y.detach().clone(), x.grad, shard.grad])
@@ -212,6 +256,7 @@ def _probe_bucket(answer_cls, seed):
     import torch.distributed as dist
 
     from simlib.models import MLP
+
     rank, draw = dist.get_rank(), random.Random(seed)
     width, depth, inputs, batch = draw.randint(2, 9), draw.randint(1, 3), draw.randint(1, 6), draw.randint(1, 5)
     cap = draw.choice([4e-5, 1e-4, 25.0])
@@ -236,16 +281,27 @@ def _probe_sharded(answer_cls, seed):
     import torch
 
     from simlib.models import MLP
+
     draw = random.Random(seed)
     width, depth, inputs = draw.randint(2, 9), draw.randint(1, 3), draw.randint(1, 6)
     torch.manual_seed(seed)
     model = MLP(width, depth, in_features=inputs).double()
     if draw.random() < 0.5:
-        opt = answer_cls(model.parameters(), torch.optim.SGD, lr=draw.choice([0.05, 0.2]), momentum=0.9,
-                         weight_decay=draw.choice([0.0, 0.1]))
+        opt = answer_cls(
+            model.parameters(),
+            torch.optim.SGD,
+            lr=draw.choice([0.05, 0.2]),
+            momentum=0.9,
+            weight_decay=draw.choice([0.0, 0.1]),
+        )
     else:
-        opt = answer_cls(model.parameters(), torch.optim.AdamW, lr=draw.choice([1e-3, 1e-2]),
-                         betas=(0.8, draw.choice([0.9, 0.99])), weight_decay=draw.choice([0.0, 0.1]))
+        opt = answer_cls(
+            model.parameters(),
+            torch.optim.AdamW,
+            lr=draw.choice([1e-3, 1e-2]),
+            betas=(0.8, draw.choice([0.9, 0.99])),
+            weight_decay=draw.choice([0.0, 0.1]),
+        )
     g = torch.Generator().manual_seed(seed * 7)
     for _ in range(3):
         for p in model.parameters():
@@ -261,6 +317,7 @@ def _probe_prefetch(answer_cls, seed):
     import torch.distributed as dist
 
     from simlib.projects.gpt.task import GPTTask
+
     rank, n = dist.get_rank(), dist.get_world_size()
     task = GPTTask.quick(num_layers=random.Random(seed).randint(1, 4), global_batch=12)
     model = task.build_model()
@@ -286,9 +343,18 @@ def _probe_full_state(answer_cls, seed):
 
     from simlib.grading import fault_tolerance as ft
     from simlib.tasks import RegressionTask
+
     draw = random.Random(seed)
-    task = ft._RankStreams(RegressionTask(width=draw.choice([8, 16, 24]), depth=draw.choice([1, 2, 3]),
-                                          global_batch=24, num_samples=480, dropout=0.2, seed=seed % 1000))
+    task = ft._RankStreams(
+        RegressionTask(
+            width=draw.choice([8, 16, 24]),
+            depth=draw.choice([1, 2, 3]),
+            global_batch=24,
+            num_samples=480,
+            dropout=0.2,
+            seed=seed % 1000,
+        )
+    )
     where = [tempfile.mkdtemp(prefix="simlib-probe-") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(where, src=0)
     ft._losses(answer_cls, where[0], ft._STOP, task=task)
@@ -298,11 +364,13 @@ def _probe_full_state(answer_cls, seed):
 def _probe_plan_memory(answer, seed):
     """40 GPT shapes and plans drawn here (other seeds than the grader's); every part's bytes, as floats."""
     from simlib.grading.planner import PARTS, draw_cases
+
     out = []
     for model, s in draw_cases(10_000 + seed, 40):
         got = answer(model, s)
-        out.append([float(got[k]) for k in PARTS] if isinstance(got, dict) and all(k in got for k in PARTS)
-                   else repr(got))
+        out.append(
+            [float(got[k]) for k in PARTS] if isinstance(got, dict) and all(k in got for k in PARTS) else repr(got)
+        )
     return dict(out=out)
 
 
@@ -324,7 +392,20 @@ PROBES = {
     "13_plan_memory": ("plan_memory", _probe_plan_memory, ()),
     "08_full_state": ("full_state", _probe_full_state, (2,)),
 }
-ORDER = ("07_checkpoint_placement", "02_average_gradients", "05_tp_linear", "01_ring_all_reduce",  # cheap first
-         "09_moe_dispatch", "09_ring_attention", "04_one_f_one_b", "03_accumulate_no_sync", "04_pipeline_stage",
-         "07_zero3_layer", "07_sharded_optimizer", "02_bucket_data_parallel",
-         "09b_zero3_prefetch", "13_plan_memory", "08_full_state")
+ORDER = (
+    "07_checkpoint_placement",
+    "02_average_gradients",
+    "05_tp_linear",
+    "01_ring_all_reduce",  # cheap first
+    "09_moe_dispatch",
+    "09_ring_attention",
+    "04_one_f_one_b",
+    "03_accumulate_no_sync",
+    "04_pipeline_stage",
+    "07_zero3_layer",
+    "07_sharded_optimizer",
+    "02_bucket_data_parallel",
+    "09b_zero3_prefetch",
+    "13_plan_memory",
+    "08_full_state",
+)

@@ -18,6 +18,7 @@ process died or ran out of time before the grader reported: not counted as caugh
 Writes ``benchmarks/results/grader_redteam.json`` after every graded answer (a run with ``--only`` updates the
 entries it grades and keeps the others); the catch rate counts the answers present in the file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,10 +49,19 @@ def answers() -> list[dict]:
             key, _, value = line.lstrip("# ").partition(":")
             head[key.strip()] = value.strip()
         if head.get("kind") not in ("honest", "fool") or not head.get("exercise") or not head.get("mistake"):
-            raise SystemExit(f"{path.name}: the first three lines must be '# exercise:', '# kind: honest|fool', "
-                             "'# mistake: ...'")
-        found.append({"id": path.stem, "exercise": head["exercise"], "kind": head["kind"],
-                      "mistake": head["mistake"], "source": str(path.relative_to(ROOT)), "variable": "ANSWER"})
+            raise SystemExit(
+                f"{path.name}: the first three lines must be '# exercise:', '# kind: honest|fool', '# mistake: ...'"
+            )
+        found.append(
+            {
+                "id": path.stem,
+                "exercise": head["exercise"],
+                "kind": head["kind"],
+                "mistake": head["mistake"],
+                "source": str(path.relative_to(ROOT)),
+                "variable": "ANSWER",
+            }
+        )
     by_exercise = {}
     for item in found:
         by_exercise.setdefault(item["exercise"], []).append(item)
@@ -74,9 +84,17 @@ def solutions() -> list[dict]:
                 if "grading.check(" in src:
                     break
                 code.append(src)
-            found.append({"id": f"solution:{path.stem}:{m['exercise']}", "exercise": m["exercise"],
-                          "kind": "solution", "mistake": "", "source": str(path.relative_to(ROOT)),
-                          "code": "\n\n".join(code), "variable": m["answer"]})
+            found.append(
+                {
+                    "id": f"solution:{path.stem}:{m['exercise']}",
+                    "exercise": m["exercise"],
+                    "kind": "solution",
+                    "mistake": "",
+                    "source": str(path.relative_to(ROOT)),
+                    "code": "\n\n".join(code),
+                    "variable": m["answer"],
+                }
+            )
     return found
 
 
@@ -92,14 +110,26 @@ def child(source_file: str, exercise: str, variable: str) -> None:
     from simlib import grading
 
     report = grading.check(exercise, __main__.__dict__[variable])
+
     def value(x):
         return x() if callable(x) else x
 
     results = list(value(getattr(report, "results", [])) or [])
     flags = [value(getattr(r, "passed", getattr(r, "ok", None))) for r in results]
     failed = [str(getattr(r, "name", getattr(r, "check", r)))[:200] for r, ok in zip(results, flags) if ok is False]
-    print(MARK + json.dumps({"status": str(value(report.status)), "checks": len(results),
-                             "failed": len(failed), "failed_checks": failed[:10]}, default=str), flush=True)
+    print(
+        MARK
+        + json.dumps(
+            {
+                "status": str(value(report.status)),
+                "checks": len(results),
+                "failed": len(failed),
+                "failed_checks": failed[:10],
+            },
+            default=str,
+        ),
+        flush=True,
+    )
     grading.close()
 
 
@@ -108,8 +138,9 @@ def grade(item: dict, timeout: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", item["source"], item["exercise"], item["variable"]]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
         how = f"exit {proc.returncode}"
@@ -122,7 +153,7 @@ def grade(item: dict, timeout: float) -> dict:
     except ProcessLookupError:
         pass
     seconds = round(time.monotonic() - start, 1)
-    reports = [json.loads(line[len(MARK):]) for line in out.splitlines() if line.startswith(MARK)]
+    reports = [json.loads(line[len(MARK) :]) for line in out.splitlines() if line.startswith(MARK)]
     row = {k: item[k] for k in ("id", "exercise", "kind", "mistake", "source")}
     row.update(seconds=seconds, process=how)
     if not reports:
@@ -151,7 +182,9 @@ def evidence() -> dict:
             continue
         ref_ns, ans_ns = {}, {}
         code = sol[item["exercise"]]["code"]
-        code = "\n".join(l for l in code.splitlines() if "checkpoint_problem" not in l and not l.startswith("print"))
+        code = "\n".join(
+            line for line in code.splitlines() if "checkpoint_problem" not in line and not line.startswith("print")
+        )
         with contextlib.redirect_stdout(io.StringIO()):  # the solution's demo prints
             exec(code, ref_ns)
         exec((ROOT / item["source"]).read_text(), ans_ns)
@@ -168,9 +201,11 @@ def evidence() -> dict:
                 flops = [rng.randint(1, 100) for _ in range(n)]
                 args = (act, inp, flops, rng.randint(sum(inp), sum(act)))
                 got, want = ans(*args), ref(*args)
-                cost = lambda c: (sum(flops[i] for i in c),
-                                  sum(inp[i] if i in c else act[i] for i in range(n)) <= args[3])
-                got, want = cost(got), cost(want)   # equal cost and fit = an equally good answer
+                cost = lambda c: (
+                    sum(flops[i] for i in c),
+                    sum(inp[i] if i in c else act[i] for i in range(n)) <= args[3],
+                )
+                got, want = cost(got), cost(want)  # equal cost and fit = an equally good answer
             if got != want:
                 found[item["id"]] = {"args": repr(args), "answer": repr(got), "solution": repr(want)}
                 break
@@ -196,21 +231,30 @@ def summarise(rows: dict) -> dict:
         ks = [r for r in wrong if r["kind"] == kind]
         by_kind[kind] = {"answers": len(ks), "caught": sum(r["verdict"] == "caught" for r in ks)}
     caught = sum(r["verdict"] == "caught" for r in wrong)
-    return {"answers_graded": len(wrong), "caught": caught,
-            "escaped": sorted(r["id"] for r in wrong if r["verdict"] == "escaped"),
-            "no_verdict": sorted(r["id"] for r in wrong if r["verdict"] == "no_verdict"),
-            "catch_rate": round(caught / len(wrong), 3) if wrong else None,
-            "by_kind": by_kind, "per_exercise": dict(sorted(per.items())),
-            "solutions_graded": len(sols), "solutions_passed": sum(r["verdict"] == "passed" for r in sols),
-            "solutions_not_passed": sorted(r["id"] for r in sols if r["verdict"] != "passed")}
+    return {
+        "answers_graded": len(wrong),
+        "caught": caught,
+        "escaped": sorted(r["id"] for r in wrong if r["verdict"] == "escaped"),
+        "no_verdict": sorted(r["id"] for r in wrong if r["verdict"] == "no_verdict"),
+        "catch_rate": round(caught / len(wrong), 3) if wrong else None,
+        "by_kind": by_kind,
+        "per_exercise": dict(sorted(per.items())),
+        "solutions_graded": len(sols),
+        "solutions_passed": sum(r["verdict"] == "passed" for r in sols),
+        "solutions_not_passed": sorted(r["id"] for r in sols if r["verdict"] != "passed"),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", help="grade only answers/solutions whose exercise or id contains this "
-                                   "(several: comma-separated)")
-    ap.add_argument("--skip-done", action="store_true",
-                    help="skip what the results file already holds a verdict for (resume a stopped run)")
+    ap.add_argument(
+        "--only", help="grade only answers/solutions whose exercise or id contains this (several: comma-separated)"
+    )
+    ap.add_argument(
+        "--skip-done",
+        action="store_true",
+        help="skip what the results file already holds a verdict for (resume a stopped run)",
+    )
     ap.add_argument("--no-solutions", action="store_true", help="skip the solutions")
     ap.add_argument("--solutions-only", action="store_true", help="grade only the solutions")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per answer (default 240)")
@@ -235,12 +279,24 @@ def main() -> None:
 
     def write():
         OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(json.dumps({"what": "grader red team (issue 33): hand-written wrong answers graded through "
-                                           "grading.check in a fresh process each",
-                                   "timeout_s": args.timeout, "summary": summarise(rows),
-                                   "evidence": {"what": "an instance where the answer differs from the solution "
-                                                        "(exercises that need no processes)", "found": proof},
-                                   "rows": dict(sorted(rows.items()))}, indent=1) + "\n")
+        OUT.write_text(
+            json.dumps(
+                {
+                    "what": "grader red team (issue 33): hand-written wrong answers graded through "
+                    "grading.check in a fresh process each",
+                    "timeout_s": args.timeout,
+                    "summary": summarise(rows),
+                    "evidence": {
+                        "what": "an instance where the answer differs from the solution "
+                        "(exercises that need no processes)",
+                        "found": proof,
+                    },
+                    "rows": dict(sorted(rows.items())),
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
     def one(item):
         row = grade(item, args.timeout)
@@ -252,9 +308,11 @@ def main() -> None:
         list(pool.map(one, items))
     write()
     s = summarise(rows)
-    print(f"caught {s['caught']} of {s['answers_graded']} wrong answers ({s['catch_rate']}); "
-          f"escaped: {s['escaped']}; no verdict: {s['no_verdict']}; "
-          f"solutions passed {s['solutions_passed']} of {s['solutions_graded']}")
+    print(
+        f"caught {s['caught']} of {s['answers_graded']} wrong answers ({s['catch_rate']}); "
+        f"escaped: {s['escaped']}; no verdict: {s['no_verdict']}; "
+        f"solutions passed {s['solutions_passed']} of {s['solutions_graded']}"
+    )
 
 
 if __name__ == "__main__":

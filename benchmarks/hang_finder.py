@@ -10,6 +10,7 @@
    measurement; on a shared 2-core box its noise is larger than the effect, so both are kept).
 Target: overhead on the GPT step <= 3 %.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,17 +55,21 @@ def added_cost_per_call(calls: int = 20000) -> dict:
         finally:
             hangs._log.file.close()
             hangs._log = None
-    return {"bare_call_s": statistics.median(bare), "recorded_call_s": statistics.median(rec),
-            "added_per_call_s": statistics.median(rec) - statistics.median(bare)}
+    return {
+        "bare_call_s": statistics.median(bare),
+        "recorded_call_s": statistics.median(rec),
+        "added_per_call_s": statistics.median(rec) - statistics.median(bare),
+    }
 
 
 def gpt_plan(name: str, on: bool) -> dict:
     """One rank's GPT run (full size) with the hang finder on or off; step time and collectives per step."""
     import torch.distributed as dist
 
-    from simlib.projects.gpt import run as project_gpt
     from simlib.debug import hangs
+    from simlib.projects.gpt import run as project_gpt
     from simlib.train import train
+
     directory = os.path.dirname(hangs._log.path) if hangs._log is not None else _directory.get("dir")
     _directory["dir"] = directory
     if on and not hangs.installed():
@@ -72,8 +77,15 @@ def gpt_plan(name: str, on: bool) -> dict:
     if not on and hangs.installed():
         hangs.uninstall()
     hangs.new_call()
-    cfg = {**project_gpt.settings(quick=False), "steps": STEPS, "eval_every": 0, "log_every": 10,
-           "verbose": False, "measure_memory": False, "warmup": WARMUP}
+    cfg = {
+        **project_gpt.settings(quick=False),
+        "steps": STEPS,
+        "eval_every": 0,
+        "log_every": 10,
+        "verbose": False,
+        "measure_memory": False,
+        "warmup": WARMUP,
+    }
     task = cfg.pop("task")
     summary = train(task, project_gpt.plan_for(name, dist.get_world_size()), **cfg).summary
     calls = len(hangs.history())
@@ -87,10 +99,13 @@ _directory: dict = {}
 
 def main() -> None:
     import simlib
+
     load = os.getloadavg()
     cost = added_cost_per_call()
-    print(f"recording adds {cost['added_per_call_s'] * 1e6:.1f} us per collective "
-          f"(bare stub {cost['bare_call_s'] * 1e6:.2f} us)")
+    print(
+        f"recording adds {cost['added_per_call_s'] * 1e6:.1f} us per collective "
+        f"(bare stub {cost['bare_call_s'] * 1e6:.2f} us)"
+    )
     plans = {}
     with simlib.Cluster(2, timeout=120) as cluster:
         for name in PLANS:
@@ -104,19 +119,35 @@ def main() -> None:
             per_step = statistics.median(counts) / STEPS  # the log counts every step, warm-up included
             implied = per_step * cost["added_per_call_s"] / step
             ratios = [a / b for a, b in zip(on, off)]
-            plans[name] = {"step_time_off_s": off, "step_time_on_s": on, "collectives_per_step": per_step,
-                           "implied_overhead": implied, "measured_on_over_off": ratios,
-                           "measured_on_over_off_median": statistics.median(ratios),
-                           "off_drift": max(off) / min(off)}
-            print(f"{name}: {per_step:.0f} collectives/step, step {step * 1e3:.1f} ms, implied overhead "
-                  f"{implied * 100:.3f} %, measured on/off {statistics.median(ratios):.3f} "
-                  f"(drift of the off runs {max(off) / min(off):.2f})")
+            plans[name] = {
+                "step_time_off_s": off,
+                "step_time_on_s": on,
+                "collectives_per_step": per_step,
+                "implied_overhead": implied,
+                "measured_on_over_off": ratios,
+                "measured_on_over_off_median": statistics.median(ratios),
+                "off_drift": max(off) / min(off),
+            }
+            print(
+                f"{name}: {per_step:.0f} collectives/step, step {step * 1e3:.1f} ms, implied overhead "
+                f"{implied * 100:.3f} %, measured on/off {statistics.median(ratios):.3f} "
+                f"(drift of the off runs {max(off) / min(off):.2f})"
+            )
     worst = max(p["implied_overhead"] for p in plans.values())
-    result = {"benchmark": "hang_finder", "steps": STEPS, "warmup": WARMUP, "rounds": ROUNDS, "per_call": cost,
-              "plans": plans, "worst_implied_overhead": worst, "target": "<= 0.03", "met": worst <= 0.03,
-              "note": "implied = collectives per step x added cost per call / step time; the measured on/off "
-                      "ratio is kept beside it (run-to-run noise on this shared box is several %)",
-              "machine": report.machine(load, shared="the 2-core machine was shared with other sessions")}
+    result = {
+        "benchmark": "hang_finder",
+        "steps": STEPS,
+        "warmup": WARMUP,
+        "rounds": ROUNDS,
+        "per_call": cost,
+        "plans": plans,
+        "worst_implied_overhead": worst,
+        "target": "<= 0.03",
+        "met": worst <= 0.03,
+        "note": "implied = collectives per step x added cost per call / step time; the measured on/off "
+        "ratio is kept beside it (run-to-run noise on this shared box is several %)",
+        "machine": report.machine(load, shared="the 2-core machine was shared with other sessions"),
+    }
     print("wrote", report.write(result))
 
 

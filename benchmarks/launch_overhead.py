@@ -9,6 +9,7 @@ measures ``import torch`` alone: every cold start pays it once per process, so i
 
 Targets (issue 2): simlib.launch within 1.2x of torchrun cold; a warm call >= 10x faster than a cold launch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,13 +22,12 @@ import tempfile
 import time
 import warnings
 
+import report  # benchmarks/report.py: machine info and the JSON file
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import simlib
 from simlib import env
-
-import report  # benchmarks/report.py: machine info and the JSON file
 
 NOOP_SCRIPT = """
 import torch.distributed as dist
@@ -75,8 +75,10 @@ def main(argv=None):
         script = os.path.join(tmp, "noop.py")
         with open(script, "w") as f:
             f.write(NOOP_SCRIPT)
-        results = {"benchmark": "launch_overhead",
-                   "import_torch_s": _timed(lambda: _run([sys.executable, "-c", "import torch"]), args.repeats)}
+        results = {
+            "benchmark": "launch_overhead",
+            "import_torch_s": _timed(lambda: _run([sys.executable, "-c", "import torch"]), args.repeats),
+        }
         per_size = {}
         for n in args.world_sizes:
             row = {}
@@ -86,36 +88,61 @@ def main(argv=None):
                 row["simlib_launch_in_process_no_zygote"] = _timed(lambda: simlib.launch(noop, n), args.repeats)
             finally:
                 del os.environ["SIMLIB_ZYGOTE"]
-            row["simlib_launch_fresh_python"] = _timed(lambda: _run(
-                [sys.executable, "-c", f"import simlib, launch_overhead as b; simlib.launch(b.noop, {n})"],
-                cwd=bench_dir, env={**os.environ, "PYTHONPATH": bench_dir, "PYTHONWARNINGS": "ignore"}), args.repeats)
-            row["torchrun"] = _timed(lambda: _run(
-                [torchrun, "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
-                 "--master-port", str(env.free_port()), script]), args.repeats)
-            row["mp_spawn"] = _timed(lambda: mp.spawn(_spawn_worker, args=(n, env.free_port()), nprocs=n),
-                                     args.repeats)
+            row["simlib_launch_fresh_python"] = _timed(
+                lambda: _run(
+                    [sys.executable, "-c", f"import simlib, launch_overhead as b; simlib.launch(b.noop, {n})"],
+                    cwd=bench_dir,
+                    env={**os.environ, "PYTHONPATH": bench_dir, "PYTHONWARNINGS": "ignore"},
+                ),
+                args.repeats,
+            )
+            row["torchrun"] = _timed(
+                lambda: _run(
+                    [
+                        torchrun,
+                        "--nproc-per-node",
+                        str(n),
+                        "--master-addr",
+                        "127.0.0.1",
+                        "--master-port",
+                        str(env.free_port()),
+                        script,
+                    ]
+                ),
+                args.repeats,
+            )
+            row["mp_spawn"] = _timed(lambda: mp.spawn(_spawn_worker, args=(n, env.free_port()), nprocs=n), args.repeats)
             with simlib.Cluster(n) as cluster:
                 cluster.run(noop)
                 row["warm_cluster_call"] = _timed(lambda: cluster.run(noop), max(10, args.repeats))
-            row["ratio_launch_fresh_vs_torchrun"] = (row["simlib_launch_fresh_python"]["median"]
-                                                     / row["torchrun"]["median"])
-            row["ratio_launch_in_process_vs_torchrun"] = (row["simlib_launch_in_process"]["median"]
-                                                          / row["torchrun"]["median"])
-            row["warm_speedup_vs_cold_launch"] = (row["simlib_launch_in_process"]["median"]
-                                                  / row["warm_cluster_call"]["median"])
+            row["ratio_launch_fresh_vs_torchrun"] = (
+                row["simlib_launch_fresh_python"]["median"] / row["torchrun"]["median"]
+            )
+            row["ratio_launch_in_process_vs_torchrun"] = (
+                row["simlib_launch_in_process"]["median"] / row["torchrun"]["median"]
+            )
+            row["warm_speedup_vs_cold_launch"] = (
+                row["simlib_launch_in_process"]["median"] / row["warm_cluster_call"]["median"]
+            )
             per_size[str(n)] = row
-            print(f"world {n}: launch {row['simlib_launch_in_process']['median']:.2f} s in process "
-                  f"({row['simlib_launch_in_process_no_zygote']['median']:.2f} s without the zygote), "
-                  f"{row['simlib_launch_fresh_python']['median']:.2f} s fresh python; torchrun "
-                  f"{row['torchrun']['median']:.2f} s; mp.spawn {row['mp_spawn']['median']:.2f} s; warm call "
-                  f"{row['warm_cluster_call']['median'] * 1e3:.1f} ms", flush=True)
+            print(
+                f"world {n}: launch {row['simlib_launch_in_process']['median']:.2f} s in process "
+                f"({row['simlib_launch_in_process_no_zygote']['median']:.2f} s without the zygote), "
+                f"{row['simlib_launch_fresh_python']['median']:.2f} s fresh python; torchrun "
+                f"{row['torchrun']['median']:.2f} s; mp.spawn {row['mp_spawn']['median']:.2f} s; warm call "
+                f"{row['warm_cluster_call']['median'] * 1e3:.1f} ms",
+                flush=True,
+            )
         results["by_world_size"] = per_size
     results["targets"] = {
-        "launch_fresh_within_1.2x_of_torchrun": all(r["ratio_launch_fresh_vs_torchrun"] <= 1.2 for r in per_size.values()),
+        "launch_fresh_within_1.2x_of_torchrun": all(
+            r["ratio_launch_fresh_vs_torchrun"] <= 1.2 for r in per_size.values()
+        ),
         "warm_call_10x_faster_than_cold": all(r["warm_speedup_vs_cold_launch"] >= 10 for r in per_size.values()),
     }
-    results["machine"] = report.machine(load, repeats=args.repeats,
-                                        note="2-core box; other jobs may have been running: medians, not means")
+    results["machine"] = report.machine(
+        load, repeats=args.repeats, note="2-core box; other jobs may have been running: medians, not means"
+    )
     print(json.dumps(results["targets"]), "->", report.write(results, args.out))
 
 

@@ -9,17 +9,18 @@ time of a rank) / step time, averaged over ranks; median over the measured steps
 No target: the benchmark reports how far the measurement sits above the formula and why (messages cost
 milliseconds over Gloo on a shared 2-core machine; p = 4 runs 4 processes on 2 cores, oversubscribed).
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import warnings
 
+import report  # benchmarks/report.py: machine info and the JSON file
+
 import simlib
 from simlib.lessons import pipeline as experiments
 from simlib.parallel import schedules
-
-import report  # benchmarks/report.py: machine info and the JSON file
 
 
 def main(argv=None):
@@ -40,18 +41,33 @@ def main(argv=None):
             for schedule in ("1f1b", "gpipe"):
                 for m in range(1, 9):
                     table = cluster.run(experiments.simlib_steps, schedule, m, **sizes)[0]["table"]
-                    row = dict(stages=p, schedule=schedule, microbatches=m, **experiments.bubble(table),
-                               formula=schedules.bubble_fraction(p, m), **experiments.compute_times(table))
+                    row = dict(
+                        stages=p,
+                        schedule=schedule,
+                        microbatches=m,
+                        **experiments.bubble(table),
+                        formula=schedules.bubble_fraction(p, m),
+                        **experiments.compute_times(table),
+                    )
                     rows.append(row)
-                    print(f"p={p} {schedule:>5} m={m}: bubble {row['bubble']:.3f} (IQR {row['bubble_iqr']:.3f}) "
-                          f"formula {row['formula']:.3f}, step {row['step_time'] * 1e3:.1f} ms", flush=True)
+                    print(
+                        f"p={p} {schedule:>5} m={m}: bubble {row['bubble']:.3f} (IQR {row['bubble_iqr']:.3f}) "
+                        f"formula {row['formula']:.3f}, step {row['step_time'] * 1e3:.1f} ms",
+                        flush=True,
+                    )
         finally:
             cluster.close()
-    result = dict(benchmark="pipeline_bubble", machine=report.machine(load), sizes=sizes,
-                  note=("measured on a 2-core machine shared with other jobs: timings may be loaded and noisy. "
-                        "p = 4 runs 4 single-thread processes on 2 cores (oversubscribed). The formula assumes "
-                        "equal stages and free communication; each Gloo message here costs ~0.1-5 ms."),
-                  rows=rows)
+    result = dict(
+        benchmark="pipeline_bubble",
+        machine=report.machine(load),
+        sizes=sizes,
+        note=(
+            "measured on a 2-core machine shared with other jobs: timings may be loaded and noisy. "
+            "p = 4 runs 4 single-thread processes on 2 cores (oversubscribed). The formula assumes "
+            "equal stages and free communication; each Gloo message here costs ~0.1-5 ms."
+        ),
+        rows=rows,
+    )
     print("wrote", report.write(result, args.out))
 
 

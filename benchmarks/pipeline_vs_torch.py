@@ -6,17 +6,18 @@ over rounds of the per-round median step time. Also records both losses (they mu
 
     python benchmarks/pipeline_vs_torch.py [--rounds 5] [--out benchmarks/results/pipeline_vs_torch.json]
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
 
+import report  # benchmarks/report.py: machine info and the JSON file
+
 import simlib
 from simlib.lessons import pipeline as experiments
 from simlib.timeline import summarize
-
-import report  # benchmarks/report.py: machine info and the JSON file
 
 
 def main(argv=None):
@@ -39,17 +40,31 @@ def main(argv=None):
                     ours.append(summarize(a[0]["table"])["step_time"])
                     theirs.append(summarize(b[0]["table"])["step_time"])
                     losses = dict(simlib=a[-1]["loss"], torch=b[-1]["loss"])
-                row = dict(schedule=schedule, microbatches=m, simlib_step_s=statistics.median(ours),
-                           torch_step_s=statistics.median(theirs), simlib_rounds=ours, torch_rounds=theirs,
-                           ratio=statistics.median(ours) / statistics.median(theirs), **{f"{k}_loss": v for k, v in losses.items()})
+                row = dict(
+                    schedule=schedule,
+                    microbatches=m,
+                    simlib_step_s=statistics.median(ours),
+                    torch_step_s=statistics.median(theirs),
+                    simlib_rounds=ours,
+                    torch_rounds=theirs,
+                    ratio=statistics.median(ours) / statistics.median(theirs),
+                    **{f"{k}_loss": v for k, v in losses.items()},
+                )
                 rows.append(row)
-                print(f"{schedule:>5} m={m}: simlib {row['simlib_step_s'] * 1e3:.1f} ms, torch "
-                      f"{row['torch_step_s'] * 1e3:.1f} ms, ratio {row['ratio']:.2f}; losses {losses}", flush=True)
+                print(
+                    f"{schedule:>5} m={m}: simlib {row['simlib_step_s'] * 1e3:.1f} ms, torch "
+                    f"{row['torch_step_s'] * 1e3:.1f} ms, ratio {row['ratio']:.2f}; losses {losses}",
+                    flush=True,
+                )
     finally:
         cluster.close()
-    result = dict(benchmark="pipeline_vs_torch", machine=report.machine(load), sizes=sizes,
-                  note="2-core machine shared with other jobs: timings may be loaded and noisy (medians over rounds).",
-                  rows=rows)
+    result = dict(
+        benchmark="pipeline_vs_torch",
+        machine=report.machine(load),
+        sizes=sizes,
+        note="2-core machine shared with other jobs: timings may be loaded and noisy (medians over rounds).",
+        rows=rows,
+    )
     print("wrote", report.write(result, args.out))
 
 

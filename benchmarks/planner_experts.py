@@ -13,10 +13,13 @@ Each search is ``plan(..., top=1)``: layouts visited by a lower bound on their s
 layout) is priced for the run's plan only; the JSON names it on the row (``run_only``).
 Run: ``python benchmarks/planner_experts.py``; writes benchmarks/results/planner_experts.json.
 """
+
 import multiprocessing
 import os
 import statistics
 import time
+
+import report  # benchmarks/report.py: machine info and the JSON file
 
 from simlib import sim
 from simlib.sim import runs, scale_runs
@@ -24,13 +27,11 @@ from simlib.sim.hardware import dgx_a100, dgx_h100
 from simlib.sim.model import llama_size
 from simlib.sim.planner_report import why_slower
 
-import report  # benchmarks/report.py: machine info and the JSON file
-
-SPACE = dict(max_micro_batch=16, max_virtual_stages=4)   # micro-batches above 16 not searched (time); v up to 4,
-                                                          # or the run's own v where it is larger
+SPACE = dict(max_micro_batch=16, max_virtual_stages=4)  # micro-batches above 16 not searched (time); v up to 4,
+# or the run's own v where it is larger
 BUDGET_S = float(os.environ.get("PLANNER_EXPERTS_BUDGET_S", "1e9"))  # stop early (the JSON says complete=False)
-TOP = 1   # the best plan only: the comparison needs no more
-WORKERS = int(os.environ.get("PLANNER_EXPERTS_WORKERS", "4"))   # searches in parallel (at nice 19 on a shared box)
+TOP = 1  # the best plan only: the comparison needs no more
+WORKERS = int(os.environ.get("PLANNER_EXPERTS_WORKERS", "4"))  # searches in parallel (at nice 19 on a shared box)
 
 
 def cases():
@@ -49,21 +50,44 @@ def _cases():
     for row in runs.load_rows():
         if runs.why_inexpressible(row):
             continue
-        hw = dgx_h100(runs.H100_SOFTWARE.get(row["source"], "today")) if row["gpu"] == "h100_80gb" else \
-            runs.HARDWARE[row["gpu"]]()
-        yield dict(run=f"{row['source']} {row['id']}", set="validation", source=row["source"], kinds=["dense"],
-                   model=runs.model_of(row), hw=hw, strategy=runs.strategy_of(row))
+        hw = (
+            dgx_h100(runs.H100_SOFTWARE.get(row["source"], "today"))
+            if row["gpu"] == "h100_80gb"
+            else runs.HARDWARE[row["gpu"]]()
+        )
+        yield dict(
+            run=f"{row['source']} {row['id']}",
+            set="validation",
+            source=row["source"],
+            kinds=["dense"],
+            model=runs.model_of(row),
+            hw=hw,
+            strategy=runs.strategy_of(row),
+        )
     for i, run in enumerate(sim.published.NARAYANAN_2021_TABLE_1):
-        yield dict(run=f"Narayanan 2021 Table 1 #{i}", set="validation", source="Narayanan 2021", kinds=["dense"],
-                   model=run.model(), hw=dgx_a100(), strategy=run.strategy())
+        yield dict(
+            run=f"Narayanan 2021 Table 1 #{i}",
+            set="validation",
+            source="Narayanan 2021",
+            kinds=["dense"],
+            model=run.model(),
+            hw=dgx_a100(),
+            strategy=run.strategy(),
+        )
     for row in scale_runs.load_rows():
         if scale_runs.why_inexpressible(row):
             continue
         model = llama_size(row["model"], seq_len=row["seq_len"])
         kinds = scale_runs.kinds_of(row)
-        yield dict(run=row["id"], set="scale", source=row["source"], kinds=kinds if "moe" in kinds else
-                   ["dense"] + kinds, model=model, hw=scale_runs.hardware_of(row),
-                   strategy=scale_runs.strategy_of(row, model))
+        yield dict(
+            run=row["id"],
+            set="scale",
+            source=row["source"],
+            kinds=kinds if "moe" in kinds else ["dense"] + kinds,
+            model=model,
+            hw=scale_runs.hardware_of(row),
+            strategy=scale_runs.strategy_of(row, model),
+        )
 
 
 def run_only(s) -> list:
@@ -88,21 +112,38 @@ def compare(indexed: list) -> list:
         model, hw, s = case["model"], case["hw"], case["strategy"]
         if result is None:
             fixed, space = search_space(s)
-            result = sim.plan(model, hw, devices=s.world_size, global_batch=s.global_batch, space=space,
-                              check=1, top=TOP)
+            result = sim.plan(
+                model, hw, devices=s.world_size, global_batch=s.global_batch, space=space, check=1, top=TOP
+            )
         chosen = sim.predict(model, hw, s)
-        row = dict(run=case["run"], set=case["set"], source=case["source"], kinds=case["kinds"], model=model.name,
-                   gpu=hw.name, gpus=s.world_size, global_batch=s.global_batch, seq_len=model.seq_len,
-                   chosen=sim.planner.label(s), run_only=run_only(s), chosen_step_s=chosen.step_time,
-                   chosen_fits=chosen.fits, chosen_memory_gb=chosen.memory["total"] / 1e9,
-                   memory_limit_gb=result.memory_limit / 1e9, search_s=result.seconds)
+        row = dict(
+            run=case["run"],
+            set=case["set"],
+            source=case["source"],
+            kinds=case["kinds"],
+            model=model.name,
+            gpu=hw.name,
+            gpus=s.world_size,
+            global_batch=s.global_batch,
+            seq_len=model.seq_len,
+            chosen=sim.planner.label(s),
+            run_only=run_only(s),
+            chosen_step_s=chosen.step_time,
+            chosen_fits=chosen.fits,
+            chosen_memory_gb=chosen.memory["total"] / 1e9,
+            memory_limit_gb=result.memory_limit / 1e9,
+            search_s=result.seconds,
+        )
         if result.ranked:
             best = result.best
             entry = result.extra["pricer"].price(s, s.global_batch)
-            row.update(best=sim.planner.label(best["strategy"]), best_step_s=best["step_time"],
-                       best_memory_gb=best["memory"]["total"] / 1e9,
-                       chosen_over_best=chosen.step_time / best["step_time"] - 1,
-                       why=why_slower(result, entry, best))
+            row.update(
+                best=sim.planner.label(best["strategy"]),
+                best_step_s=best["step_time"],
+                best_memory_gb=best["memory"]["total"] / 1e9,
+                chosen_over_best=chosen.step_time / best["step_time"] - 1,
+                why=why_slower(result, entry, best),
+            )
         else:
             row.update(best=None, best_step_s=None, chosen_over_best=None, why=result.nothing_fits())
         rows.append(row)
@@ -110,8 +151,15 @@ def compare(indexed: list) -> list:
 
 
 def search_space(s):
-    fixed = dict(dtype=s.dtype, attention=s.attention, kernels=s.kernels, reduce_dtype=s.reduce_dtype,
-                 optimizer=s.optimizer, fp8_recipe=s.fp8_recipe, pipeline_outer=s.pipeline_outer)
+    fixed = dict(
+        dtype=s.dtype,
+        attention=s.attention,
+        kernels=s.kernels,
+        reduce_dtype=s.reduce_dtype,
+        optimizer=s.optimizer,
+        fp8_recipe=s.fp8_recipe,
+        pipeline_outer=s.pipeline_outer,
+    )
     return fixed, {**SPACE, "max_virtual_stages": max(SPACE["max_virtual_stages"], s.virtual_stages), "fixed": fixed}
 
 
@@ -120,20 +168,29 @@ CASES = list(cases())
 
 def main():
     load = os.getloadavg()
-    groups: dict = {}   # one search per distinct (model, cluster, world, batch, fixed fields, space)
+    groups: dict = {}  # one search per distinct (model, cluster, world, batch, fixed fields, space)
     for i, case in enumerate(CASES):
         s = case["strategy"]
         fixed, space = search_space(s)
-        key = (case["model"], case["hw"].name, s.world_size, s.global_batch, tuple(sorted(fixed.items())),
-               space["max_virtual_stages"])
+        key = (
+            case["model"],
+            case["hw"].name,
+            s.world_size,
+            s.global_batch,
+            tuple(sorted(fixed.items())),
+            space["max_virtual_stages"],
+        )
         groups.setdefault(key, []).append(i)
     rows, t0, n = [], time.perf_counter(), 0
     with multiprocessing.get_context("fork").Pool(WORKERS) as pool:
         for n, got in enumerate(pool.imap(compare, groups.values()), 1):
             rows += got
             for row in got:
-                gap = "no plan fits" if row["chosen_over_best"] is None else \
-                    f"{row['chosen_over_best']:+.1%} over the best"
+                gap = (
+                    "no plan fits"
+                    if row["chosen_over_best"] is None
+                    else f"{row['chosen_over_best']:+.1%} over the best"
+                )
                 print(f"{row['run']:>40}: chosen {row['chosen']}, {gap} ({row['search_s']:.0f} s)", flush=True)
             over_budget = time.perf_counter() - t0 > BUDGET_S
             if n % 10 == 0 or over_budget:
@@ -146,26 +203,50 @@ def main():
 
 def stats(rows) -> dict:
     over = [r["chosen_over_best"] for r in rows if r["chosen_over_best"] is not None]
-    return dict(runs=len(rows), compared=len(over), within_10pct=sum(o <= 0.10 for o in over),
-                median_over_best=statistics.median(over) if over else None,
-                quartiles=statistics.quantiles(over, n=4) if len(over) > 1 else None,
-                worst=max(over) if over else None,
-                chosen_does_not_fit=sum(not r["chosen_fits"] for r in rows))
+    return dict(
+        runs=len(rows),
+        compared=len(over),
+        within_10pct=sum(o <= 0.10 for o in over),
+        median_over_best=statistics.median(over) if over else None,
+        quartiles=statistics.quantiles(over, n=4) if len(over) > 1 else None,
+        worst=max(over) if over else None,
+        chosen_does_not_fit=sum(not r["chosen_fits"] for r in rows),
+    )
 
 
 def write(rows, searched, t0, load, done):
-    groups = lambda key: {g: stats([r for r in rows if g in key(r)])  # noqa: E731
-                          for g in sorted({g for r in rows for g in key(r)})}
+    groups = lambda key: {
+        g: stats([r for r in rows if g in key(r)])  # noqa: E731
+        for g in sorted({g for r in rows for g in key(r)})
+    }
     claims = [r for r in rows if r["chosen_over_best"] and r["chosen_over_best"] > 0.10]
-    summary = dict(**stats(rows), searched=searched, complete=done, seconds=time.perf_counter() - t0,
-                   search_seconds_summed=sum(r['search_s'] for r in rows), workers=WORKERS, top=TOP,
-                   by_set=groups(lambda r: [r["set"]]), by_source=groups(lambda r: [r["source"]]),
-                   by_kind=groups(lambda r: r["kinds"]),
-                   planner_claims_more_than_10pct=[dict(run=r["run"], chosen=r["chosen"], best=r["best"],
-                                                        over=r["chosen_over_best"], why=r["why"],
-                                                        run_only=r["run_only"]) for r in claims])
-    print(f"{summary['within_10pct']}/{summary['compared']} chosen plans within 10 % of the planner's best" + (
-        f"; median {summary['median_over_best']:+.1%}" if summary["compared"] else ""))
+    summary = dict(
+        **stats(rows),
+        searched=searched,
+        complete=done,
+        seconds=time.perf_counter() - t0,
+        search_seconds_summed=sum(r["search_s"] for r in rows),
+        workers=WORKERS,
+        top=TOP,
+        by_set=groups(lambda r: [r["set"]]),
+        by_source=groups(lambda r: [r["source"]]),
+        by_kind=groups(lambda r: r["kinds"]),
+        planner_claims_more_than_10pct=[
+            dict(
+                run=r["run"],
+                chosen=r["chosen"],
+                best=r["best"],
+                over=r["chosen_over_best"],
+                why=r["why"],
+                run_only=r["run_only"],
+            )
+            for r in claims
+        ],
+    )
+    print(
+        f"{summary['within_10pct']}/{summary['compared']} chosen plans within 10 % of the planner's best"
+        + (f"; median {summary['median_over_best']:+.1%}" if summary["compared"] else "")
+    )
     out = dict(benchmark="planner_experts", machine=report.machine(load), space=SPACE, summary=summary, rows=rows)
     print(f"wrote {report.write(out)}")
 

@@ -3,6 +3,7 @@
 run). Same method as project_vision.py. Run: `python benchmarks/project_finance.py [rounds] [--quick]`;
 writes benchmarks/results/project_finance.json.
 """
+
 import sys
 
 from project_vision import measure, show

@@ -10,6 +10,7 @@
    1 thread against 2-process DP (target >= 1.6x; ~1.76x is the compute-bound ceiling of this box), beside
    1 process x 2 threads.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,13 +31,19 @@ def bare_steps(steps: int) -> list[float]:
     import torch
 
     from simlib.projects.gpt import run as project_gpt
+
     cfg = project_gpt.settings(quick=False)
     task, optim = cfg["task"], cfg["optim"]
     model = task.build_model()
     params = list(model.parameters())
-    opt = torch.optim.AdamW([dict(params=[p for p in params if p.dim() >= 2], weight_decay=optim.weight_decay),
-                             dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)],
-                            lr=optim.lr, betas=optim.betas)
+    opt = torch.optim.AdamW(
+        [
+            dict(params=[p for p in params if p.dim() >= 2], weight_decay=optim.weight_decay),
+            dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0),
+        ],
+        lr=optim.lr,
+        betas=optim.betas,
+    )
     times = []
     for step in range(steps):
         t0 = time.perf_counter()
@@ -54,8 +61,17 @@ def trainer_run(plan, steps=STEPS, **kwargs) -> dict:
     """The project's settings through ``simlib.train`` (call on every rank); returns the summary."""
     from simlib.projects.gpt import run as project_gpt
     from simlib.train import train
-    cfg = {**project_gpt.settings(quick=False), "steps": steps, "eval_every": 0, "log_every": 10,
-           "verbose": False, "measure_memory": False, "warmup": WARMUP, **kwargs}
+
+    cfg = {
+        **project_gpt.settings(quick=False),
+        "steps": steps,
+        "eval_every": 0,
+        "log_every": 10,
+        "verbose": False,
+        "measure_memory": False,
+        "warmup": WARMUP,
+        **kwargs,
+    }
     task = cfg.pop("task")
     return train(task, plan, **cfg).summary
 
@@ -63,6 +79,7 @@ def trainer_run(plan, steps=STEPS, **kwargs) -> dict:
 def overhead_rounds(rounds: int = ROUNDS) -> dict:
     """Bare loop and trainer alternately in one process; per round the medians of the measured steps."""
     from simlib.train import Plan
+
     bare, trainer = [], []
     for _ in range(rounds):
         bare.append(statistics.median(bare_steps(STEPS)[WARMUP:]))
@@ -78,8 +95,11 @@ def overhead_verdict(rounds: dict, max_drift: float = 1.2) -> dict:
     drift = max(rounds["bare_step_s"]) / min(rounds["bare_step_s"])
     out = {**rounds, "ratios": ratios, "trainer_over_bare_median": ratio, "bare_drift": drift, "target": "<= 1.05"}
     if drift > max_drift:
-        out.update(met=None, verdict=f"inconclusive: the bare loop's step time itself varied {drift:.2f}x between "
-                                     "rounds (machine load), more than the 5 % to be resolved")
+        out.update(
+            met=None,
+            verdict=f"inconclusive: the bare loop's step time itself varied {drift:.2f}x between "
+            "rounds (machine load), more than the 5 % to be resolved",
+        )
     else:
         out.update(met=ratio <= 1.05, verdict="met" if ratio <= 1.05 else "missed")
     return out
@@ -87,8 +107,18 @@ def overhead_verdict(rounds: dict, max_drift: float = 1.2) -> dict:
 
 def to_target(plan) -> dict:
     s = trainer_run(plan, steps=600, eval_every=10, target=TARGET, stop_at_target=True)
-    return {k: s.get(k) for k in ("time_to_target", "tokens_to_target", "step_to_target", "target_reached",
-                                   "tokens_per_s", "threads", "world_size")}
+    return {
+        k: s.get(k)
+        for k in (
+            "time_to_target",
+            "tokens_to_target",
+            "step_to_target",
+            "target_reached",
+            "tokens_per_s",
+            "threads",
+            "world_size",
+        )
+    }
 
 
 def main() -> dict:
@@ -97,21 +127,32 @@ def main() -> dict:
 
     load_before = os.getloadavg()
     out = {"benchmark": "project_gpt", "target": TARGET, "steps": STEPS, "warmup": WARMUP}
-    runs = {"1x1 thread": (Plan(), 1), "1x2 threads": (Plan(), 2), "2-proc DP": (Plan(dp=2), 1),
-            "2-way TP": (Plan(tp=2), 1), "2-stage PP": (Plan(pp=2, pp_microbatches=4), 1)}
+    runs = {
+        "1x1 thread": (Plan(), 1),
+        "1x2 threads": (Plan(), 2),
+        "2-proc DP": (Plan(dp=2), 1),
+        "2-way TP": (Plan(tp=2), 1),
+        "2-stage PP": (Plan(pp=2, pp_microbatches=4), 1),
+    }
     out["tokens_per_s"], out["step_time_iqr_s"] = {}, {}
     for label, (plan, threads) in runs.items():
         s = simlib.launch(trainer_run, plan.world_size, plan, threads=threads)[0]
         out["tokens_per_s"][label], out["step_time_iqr_s"][label] = s["tokens_per_s"], s["step_time_iqr"]
-        print(f"{label:12s} {s['tokens_per_s']:8.0f} tokens/s  (step {s['step_time'] * 1e3:.0f} ms, "
-              f"IQR {s['step_time_iqr'] * 1e3:.0f} ms)", flush=True)
+        print(
+            f"{label:12s} {s['tokens_per_s']:8.0f} tokens/s  (step {s['step_time'] * 1e3:.0f} ms, "
+            f"IQR {s['step_time_iqr'] * 1e3:.0f} ms)",
+            flush=True,
+        )
     rounds = simlib.launch(overhead_rounds, 1, threads=1)[0]
     out["overhead"] = overhead_verdict(rounds)
     ratio = out["overhead"]["trainer_over_bare_median"]
     print(f"trainer / bare loop: {ratio:.3f} (rounds {rounds})", flush=True)
     ttt = {}
-    for label, (plan, threads) in {"1x1 thread": (Plan(), 1), "2-proc DP": (Plan(dp=2), 1),
-                                   "1x2 threads": (Plan(), 2)}.items():
+    for label, (plan, threads) in {
+        "1x1 thread": (Plan(), 1),
+        "2-proc DP": (Plan(dp=2), 1),
+        "1x2 threads": (Plan(), 2),
+    }.items():
         ttt[label] = simlib.launch(to_target, plan.world_size, plan, threads=threads)[0]
         print(f"{label:12s} time to eval loss {TARGET['eval_loss']}: {ttt[label]['time_to_target']} s", flush=True)
     out["time_to_target"] = ttt
@@ -123,8 +164,10 @@ def main() -> dict:
     out["machine"] = report.machine(load_before)
     load = max(load_before[0], out["machine"]["loadavg_after"][0])
     if load > 2 * out["machine"]["cores"]:
-        out["note"] = (f"load average {load:.0f} on {out['machine']['cores']} cores while measuring (other jobs): "
-                       "timings are dominated by contention and do not test the targets; rerun on an idle machine")
+        out["note"] = (
+            f"load average {load:.0f} on {out['machine']['cores']} cores while measuring (other jobs): "
+            "timings are dominated by contention and do not test the targets; rerun on an idle machine"
+        )
     path = report.write(out)
     print(f"wrote {path}; load average before {load_before[0]:.1f}, after {out['machine']['loadavg_after'][0]:.1f}")
     return out

@@ -2,6 +2,7 @@
 
 On a shared 2-core box the load average decides how far timings can be trusted, so every result keeps it.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -19,9 +20,15 @@ def machine(load_before, **extra) -> dict:
 
     from simlib import env
 
-    return dict(cores=env.cpu_count(), torch=torch.__version__, python=platform.python_version(),
-                date=datetime.datetime.now().isoformat(timespec="seconds"),
-                loadavg_before=list(load_before), loadavg_after=list(os.getloadavg()), **extra)
+    return dict(
+        cores=env.cpu_count(),
+        torch=torch.__version__,
+        python=platform.python_version(),
+        date=datetime.datetime.now().isoformat(timespec="seconds"),
+        loadavg_before=list(load_before),
+        loadavg_after=list(os.getloadavg()),
+        **extra,
+    )
 
 
 def write(result: dict, path=None) -> Path:

@@ -7,12 +7,12 @@ Writes benchmarks/results/sim_accuracy.json. Each of ``repeats`` rounds calibrat
 table keeps each config's median over rounds. Target: median absolute error of step time <= 15 %. The same
 function (simlib.sim.validate.validation_table) makes the table in notebook 06.
 """
+
 import os
 import time
 import warnings
 
 import numpy as np
-
 import report  # benchmarks/report.py: machine info and the JSON file
 
 TARGET = 0.15
@@ -43,8 +43,14 @@ def main(repeats: int = 3) -> dict:
             rounds.append(validation_table(cluster, hardware, default_configs(simlib.quick())))
         seconds = time.perf_counter() - t0
         table = rounds[0].copy()
-        for col in ("predicted", "measured", "measured_iqr", "predicted_compute", "predicted_comm",
-                    "predicted_optimizer"):
+        for col in (
+            "predicted",
+            "measured",
+            "measured_iqr",
+            "predicted_compute",
+            "predicted_comm",
+            "predicted_optimizer",
+        ):
             table[col] = np.median([r[col].to_numpy() for r in rounds], axis=0)
         table["error"] = table["predicted"] / table["measured"] - 1
         table["abs_error"] = table["error"].abs()
@@ -55,18 +61,22 @@ def main(repeats: int = 3) -> dict:
         "benchmark": "sim_accuracy",
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "quick": simlib.quick(),
-        "machine": report.machine(load_before, note="shared box: other jobs may have been running; world 4 is "
-                                                    "oversubscribed (2 cores)"),
+        "machine": report.machine(
+            load_before, note="shared box: other jobs may have been running; world 4 is oversubscribed (2 cores)"
+        ),
         "target_median_abs_error": TARGET,
         "median_abs_error": error,
         "target_met": bool(error <= TARGET),
         "seconds": seconds,
         "repeats": repeats,
-        "calibration": {"gemm_gflops_per_s": {f"{p}proc_{t}thr": [[g, r / 1e9] for g, r in v]
-                                              for (p, t), v in hardware.gemm_table.items()},
-                        "memory_GBps": {str(k): v / 1e9 for k, v in hardware.memory_bandwidth.items()},
-                        "gloo_alpha_s_bw_GBps": {str(k): [a, b / 1e9] for k, (a, b) in hardware.intra.by_world.items()},
-                        "overheads_last_round": _jsonable(hardware.overheads)},
+        "calibration": {
+            "gemm_gflops_per_s": {
+                f"{p}proc_{t}thr": [[g, r / 1e9] for g, r in v] for (p, t), v in hardware.gemm_table.items()
+            },
+            "memory_GBps": {str(k): v / 1e9 for k, v in hardware.memory_bandwidth.items()},
+            "gloo_alpha_s_bw_GBps": {str(k): [a, b / 1e9] for k, (a, b) in hardware.intra.by_world.items()},
+            "overheads_last_round": _jsonable(hardware.overheads),
+        },
         "rows": table.to_dict(orient="records"),
         "per_round_median_abs_error": [median_abs_error(r) for r in rounds],
     }

@@ -9,6 +9,7 @@ Target: <= 10 % mean |error| on the test half, overall and per kind; the result 
 parallelism, no grouped-query attention and no Blackwell system file, so for this set the column gives the reason.
 Pure arithmetic: seconds on 2 cores.
 """
+
 import time
 
 import report  # benchmarks/report.py
@@ -44,8 +45,9 @@ def gpt_oss_one_config() -> dict:
     out = {}
     for gpu, measured in GPT_OSS_ONE_CONFIG.items():
         p = scale_runs.predict_row(dict(base, gpu=gpu, measured=measured, split="outside"))
-        out[gpu] = dict(measured=measured, predicted=p["predicted"], error=p["error"],
-                        exposed_comm_share=p["exposed_comm_share"])
+        out[gpu] = dict(
+            measured=measured, predicted=p["predicted"], error=p["error"], exposed_comm_share=p["exposed_comm_share"]
+        )
     return out
 
 
@@ -72,24 +74,38 @@ def main() -> dict:
     by_source = scale_runs.summary(table, "source")
     kind_test = {r["group"]: r for r in by_kind[by_kind.split == "test"].to_dict("records")}
     result = dict(
-        benchmark="sim_scale", when=time.strftime("%Y-%m-%d %H:%M:%S"),
+        benchmark="sim_scale",
+        when=time.strftime("%Y-%m-%d %H:%M:%S"),
         machine=report.machine(load[1], note="pure arithmetic: the load does not affect the figures"),
-        target=TARGET, rows=rows, rows_total=len(rows), rows_expressible=int(table.expressible.sum()),
+        target=TARGET,
+        rows=rows,
+        rows_total=len(rows),
+        rows_expressible=int(table.expressible.sum()),
         inexpressible={r["id"]: r["reason"] for r in rows if not r["expressible"]},
-        test_mean_abs_error=overall, test_mean_error=float(test.error.astype(float).mean()),
+        test_mean_abs_error=overall,
+        test_mean_error=float(test.error.astype(float).mean()),
         fit_mean_abs_error=float(ok[ok.split == "fit"].error.astype(float).abs().mean()),
         by_source=[{k: _clean(v) for k, v in r.items()} for r in by_source.to_dict("records")],
         by_kind=[{k: _clean(v) for k, v in r.items()} for r in by_kind.to_dict("records")],
         target_met=bool(overall <= TARGET and all(r["mean_abs_error"] <= TARGET for r in kind_test.values())),
-        calculon_rows_stated=0, gpt_oss_one_config=gpt_oss_one_config(), seconds=time.perf_counter() - t0)
-    print(f"{result['rows_expressible']} of {len(rows)} rows stated; test mean |error| {overall:.1%} "
-          f"(signed {result['test_mean_error']:+.1%}), fit {result['fit_mean_abs_error']:.1%}")
+        calculon_rows_stated=0,
+        gpt_oss_one_config=gpt_oss_one_config(),
+        seconds=time.perf_counter() - t0,
+    )
+    print(
+        f"{result['rows_expressible']} of {len(rows)} rows stated; test mean |error| {overall:.1%} "
+        f"(signed {result['test_mean_error']:+.1%}), fit {result['fit_mean_abs_error']:.1%}"
+    )
     for kind, r in kind_test.items():
-        print(f"  {kind:13s} test rows {r['rows']:2d}  mean |error| {r['mean_abs_error']:.1%}  "
-              f"signed {r['mean_error']:+.1%}")
+        print(
+            f"  {kind:13s} test rows {r['rows']:2d}  mean |error| {r['mean_abs_error']:.1%}  "
+            f"signed {r['mean_error']:+.1%}"
+        )
     g = result["gpt_oss_one_config"]
-    print("GPT-OSS 120B, one 26.02 configuration, outside the set (measured tokens/s/GPU, error): " +
-          ", ".join(f"{k} {v['measured']:,} {v['error']:+.0%}" for k, v in g.items()))
+    print(
+        "GPT-OSS 120B, one 26.02 configuration, outside the set (measured tokens/s/GPU, error): "
+        + ", ".join(f"{k} {v['measured']:,} {v['error']:+.0%}" for k, v in g.items())
+    )
     print("target (<= 10 % overall and per kind on the test half):", "met" if result["target_met"] else "NOT met")
     return report.write(result)
 

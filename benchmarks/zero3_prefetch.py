@@ -11,6 +11,7 @@ it counts Python time between operators as exposed, which a loaded machine infla
 communication lower with prefetching. On Gloo/CPU the all-gather shares the two cores with the compute, so
 what it can hide here is bounded; the simulator shows the GPU picture.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,20 +31,23 @@ def run(out_dir, prefetch: bool):
     import torch.distributed as dist
 
     from simlib.debug import trace
-    from simlib.projects.gpt.task import GPTTask
     from simlib.parallel.zero_prefetch import Zero3Prefetch
+    from simlib.projects.gpt.task import GPTTask
     from simlib.timeline import Timeline
+
     task = GPTTask()
     model = task.build_model()
     if prefetch:
         z = Zero3Prefetch(model, blocks=task.blocks(model))
     else:  # the same machinery (and clocks) with the hooks doing nothing: the plain Zero3's behaviour
+
         class NoPrefetch(Zero3Prefetch):
             def on_forward(self, i):
                 pass
 
             def on_backward(self, i):
                 pass
+
         z = NoPrefetch(model, blocks=task.blocks(model))
     opt = torch.optim.AdamW(z.parameters(), lr=3e-3)
     tl = Timeline(warmup=WARMUP)
@@ -60,13 +64,19 @@ def run(out_dir, prefetch: bool):
             losses.append(float(loss.detach()))
             blocked.append(z.blocked_s - before)
     steps = [r["duration"] for r in tl.records() if r["kind"] == "step" and not r["warmup"]]
-    return {"path": str(prof.path) if prof.path else None, "losses": losses, "step_time": statistics.median(steps),
-            "counts": z.counts, "blocked_s": statistics.median(blocked[WARMUP:])}
+    return {
+        "path": str(prof.path) if prof.path else None,
+        "losses": losses,
+        "step_time": statistics.median(steps),
+        "counts": z.counts,
+        "blocked_s": statistics.median(blocked[WARMUP:]),
+    }
 
 
 def main() -> None:
     import simlib
     from simlib.debug import trace
+
     load = os.getloadavg()
     res = {"zero3": [], "zero3_prefetch": []}
     losses = {}
@@ -75,21 +85,35 @@ def main() -> None:
             for name, prefetch in (("zero3", False), ("zero3_prefetch", True)):
                 out = cluster.run(run, os.path.join(d, f"{name}{r}"), prefetch)[0]
                 t = trace.exposed_comm(out["path"])
-                res[name].append({"exposed_comm_s": t["exposed_comm_time"], "comm_s": t["comm_time"],
-                                  "blocked_in_all_gather_s": out["blocked_s"],
-                                  "step_time_s": out["step_time"], "counts": out["counts"]})
+                res[name].append(
+                    {
+                        "exposed_comm_s": t["exposed_comm_time"],
+                        "comm_s": t["comm_time"],
+                        "blocked_in_all_gather_s": out["blocked_s"],
+                        "step_time_s": out["step_time"],
+                        "counts": out["counts"],
+                    }
+                )
                 losses[name] = out["losses"]
                 print(name, res[name][-1])
     med = {k: statistics.median(x["exposed_comm_s"] for x in v) for k, v in res.items()}
     blocked = {k: statistics.median(x["blocked_in_all_gather_s"] for x in v) for k, v in res.items()}
-    result = {"benchmark": "zero3_prefetch", "steps": STEPS, "warmup": WARMUP, "rounds": ROUNDS, "runs": res,
-              "exposed_comm_median_s": med, "hidden_fraction": 1 - med["zero3_prefetch"] / med["zero3"],
-              "blocked_in_all_gather_median_s": blocked,
-              "all_gather_wait_hidden_fraction": 1 - blocked["zero3_prefetch"] / blocked["zero3"],
-              "losses_equal": losses["zero3"] == losses["zero3_prefetch"], "losses": losses,
-              "target": "less time blocked in all-gathers with prefetching, losses equal",
-              "met": blocked["zero3_prefetch"] < blocked["zero3"] and losses["zero3"] == losses["zero3_prefetch"],
-              "machine": report.machine(load, shared="the 2-core machine was shared with other sessions")}
+    result = {
+        "benchmark": "zero3_prefetch",
+        "steps": STEPS,
+        "warmup": WARMUP,
+        "rounds": ROUNDS,
+        "runs": res,
+        "exposed_comm_median_s": med,
+        "hidden_fraction": 1 - med["zero3_prefetch"] / med["zero3"],
+        "blocked_in_all_gather_median_s": blocked,
+        "all_gather_wait_hidden_fraction": 1 - blocked["zero3_prefetch"] / blocked["zero3"],
+        "losses_equal": losses["zero3"] == losses["zero3_prefetch"],
+        "losses": losses,
+        "target": "less time blocked in all-gathers with prefetching, losses equal",
+        "met": blocked["zero3_prefetch"] < blocked["zero3"] and losses["zero3"] == losses["zero3_prefetch"],
+        "machine": report.machine(load, shared="the 2-core machine was shared with other sessions"),
+    }
     print("wrote", report.write(result))
 
 

@@ -4,6 +4,7 @@
 ``ElasticWorkers`` is the life-cycle half of ``Cluster`` (start, wait for every rank to join, explain a failed
 start, kill, finish); ``Cluster`` (``simlib/launch.py``) adds the calls, output relay, failures and restarts.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,8 +56,14 @@ def _read(q: queue.Queue, rank: int, conn) -> None:
             q.put(("eof", rank, conn))
             return
         except NotPlain as exc:
-            q.put(("eof", rank, conn, f"rank {rank} sent a message the caller refuses to read ({exc}); its "
-                                      "workers are stopped"))
+            q.put(
+                (
+                    "eof",
+                    rank,
+                    conn,
+                    f"rank {rank} sent a message the caller refuses to read ({exc}); its workers are stopped",
+                )
+            )
             conn.close()
             return
         q.put(msg)
@@ -65,6 +72,7 @@ def _read(q: queue.Queue, rank: int, conn) -> None:
 def _last_lines(log_dir: str, local_rank: int, n: int = 6) -> str:
     """The last lines a worker wrote to stderr (then stdout) before it connected, from the agent's log files."""
     import glob
+
     for stream in ("stderr", "stdout"):
         for path in glob.glob(os.path.join(log_dir, "**", str(local_rank), f"{stream}.log"), recursive=True):
             try:
@@ -140,6 +148,7 @@ def _track_agents() -> None:
     """Have torch's launcher register its LocalElasticAgent here: a Cluster that stops its workers for good must
     first set the agent's remaining restarts to 0, or the agent would start new workers."""
     from torch.distributed.launcher import api
+
     if getattr(api.LocalElasticAgent, "_simlib_tracked", False):
         return
     base = api.LocalElasticAgent
@@ -168,8 +177,11 @@ class ElasticWorkers:
             self._start_workers()
         except KeyboardInterrupt:
             self._kill()
-            print(f"simlib: interrupted while {self.world_size} workers were starting; stopped them all",
-                  file=sys.stderr, flush=True)
+            print(
+                f"simlib: interrupted while {self.world_size} workers were starting; stopped them all",
+                file=sys.stderr,
+                flush=True,
+            )
             raise Interrupted(f"stopped all {self.world_size} workers") from None
 
     def _start_workers(self) -> None:
@@ -187,18 +199,32 @@ class ElasticWorkers:
         # mode 0700: the key below stays private; the pid in the name lets a later start remove it if we are killed
         self._log_dir = tempfile.mkdtemp(prefix=f"simlib-{os.getpid()}-")
         config = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=self.world_size, run_id=uuid.uuid4().hex,
-            rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{env.free_port()}", local_addr="127.0.0.1",
-            max_restarts=self.max_restarts, monitor_interval=0.1,
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=self.world_size,
+            run_id=uuid.uuid4().hex,
+            rdzv_backend="c10d",
+            rdzv_endpoint=f"127.0.0.1:{env.free_port()}",
+            local_addr="127.0.0.1",
+            max_restarts=self.max_restarts,
+            monitor_interval=0.1,
             # a worker's output before it connects (start-up errors) goes to files we read on failure
-            logs_specs=DefaultLogsSpecs(log_dir=self._log_dir,
-                                        redirects=Std.ALL if self.relay_output else Std.NONE),
+            logs_specs=DefaultLogsSpecs(log_dir=self._log_dir, redirects=Std.ALL if self.relay_output else Std.NONE),
         )
-        spec = dict(backend=self.backend, timeout=self.timeout, threads=self.threads, device=self.device,
-                    relay_output=self.relay_output, loopback=True, address=list(listener.address),
-                    authkey=authkey.hex(), path=[p for p in sys.path if isinstance(p, str)],
-                    collective_log=(os.path.join(self._log_dir, "collectives")
-                                    if getattr(self, "hang_finder", False) else None))
+        spec = dict(
+            backend=self.backend,
+            timeout=self.timeout,
+            threads=self.threads,
+            device=self.device,
+            relay_output=self.relay_output,
+            loopback=True,
+            address=list(listener.address),
+            authkey=authkey.hex(),
+            path=[p for p in sys.path if isinstance(p, str)],
+            collective_log=(
+                os.path.join(self._log_dir, "collectives") if getattr(self, "hang_finder", False) else None
+            ),
+        )
         spec["bootstrap"] = BOOTSTRAP
         command = ("-c", BOOTSTRAP)
         # CPU workers fork from a process that imported torch; a one-shot launch starts no zygote for itself (its
@@ -257,8 +283,9 @@ class ElasticWorkers:
                     msg = q.get(timeout=0.05)
                 except queue.Empty:
                     if time.monotonic() > deadline:
-                        raise WorkerTimeout(f"the {self.world_size} workers did not start within "
-                                            f"{self.start_timeout:.0f} s") from None
+                        raise WorkerTimeout(
+                            f"the {self.world_size} workers did not start within {self.start_timeout:.0f} s"
+                        ) from None
                     continue
             kind = msg[0]
             if kind == "conn":
@@ -268,21 +295,22 @@ class ElasticWorkers:
                 self.attempt = hello[3] if len(hello) > 3 else 0
                 self._conns[rank], self._pids[rank] = Channel(conn), hello[2]
                 self._exit_pids[rank] = hello[4] if len(hello) > 4 else hello[2]
-                threading.Thread(target=_read, args=(q, rank, conn), daemon=True,
-                                 name=f"simlib-read-{rank}").start()
+                threading.Thread(target=_read, args=(q, rank, conn), daemon=True, name=f"simlib-read-{rank}").start()
             elif kind == "ready" and msg[1] in self._conns:
                 ready.add(msg[1])
             elif kind == "fatal":
                 failure = msg[2]
-                raise WorkerError(f"rank {msg[1]} could not join the process group: "
-                                  f"{failure.type_name}: {failure.message}\n{failure.traceback}",
-                                  {msg[1]: failure})
+                raise WorkerError(
+                    f"rank {msg[1]} could not join the process group: "
+                    f"{failure.type_name}: {failure.message}\n{failure.traceback}",
+                    {msg[1]: failure},
+                )
             elif kind == "out":
                 self._print(msg)
             elif kind == "agent-exit":
                 raise self._start_failure(self._agent_error, self._late_messages())
         agent = _agents.get(getattr(self, "_run_id", None))
-        self._known_pcontext = getattr(agent, "_pcontext", None)   # whose workers these are (see _kill_workers)
+        self._known_pcontext = getattr(agent, "_pcontext", None)  # whose workers these are (see _kill_workers)
 
     @property
     def _agent_error(self):
@@ -325,9 +353,11 @@ class ElasticWorkers:
             lines.append(f"{type(error).__name__}: {error}")
         if not lines:  # the agent ended without a failure: every worker exited (code 0) before joining
             tails = {r: _last_lines(self._log_dir, r) for r in range(self.world_size)}
-            lines.append("the elastic agent ended without reporting a failure: the workers exited before they "
-                         "joined (their connection to this process closed, or they were stopped from outside)"
-                         + "".join(f"\n  rank {r} wrote:\n{_indent(t)}" for r, t in tails.items() if t))
+            lines.append(
+                "the elastic agent ended without reporting a failure: the workers exited before they "
+                "joined (their connection to this process closed, or they were stopped from outside)"
+                + "".join(f"\n  rank {r} wrote:\n{_indent(t)}" for r, t in tails.items() if t)
+            )
         return WorkerError(f"the {self.world_size} workers could not start:\n" + "\n".join(lines), by_rank)
 
     def _exit_code(self, rank, wait: float = 10.0):

@@ -32,6 +32,7 @@ Nothing lost on a fault:
   task, the plan and the optimizer); loading with a different one raises :class:`CheckpointMismatch` naming each
   field, unless the field is in ``allow_changes``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,17 +52,60 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
-__all__ = ["save", "load_latest", "load", "latest", "leaving_out", "list_checkpoints", "rng_state", "set_rng_state",
-           "Saved", "PER_RANK_KEY", "checkpoint_interval", "wasted_fraction", "verify", "preflight", "CheckpointError",
-           "CheckpointMismatch", "CheckpointFallbackWarning", "compare_meta", "hold", "claim"]
+__all__ = [
+    "save",
+    "load_latest",
+    "load",
+    "latest",
+    "leaving_out",
+    "list_checkpoints",
+    "rng_state",
+    "set_rng_state",
+    "Saved",
+    "PER_RANK_KEY",
+    "checkpoint_interval",
+    "wasted_fraction",
+    "verify",
+    "preflight",
+    "CheckpointError",
+    "CheckpointMismatch",
+    "CheckpointFallbackWarning",
+    "compare_meta",
+    "hold",
+    "claim",
+]
 
 from .checkpoint_files import (  # noqa: F401 - the folder on disk; re-exported here, where callers import it
-    _NAME, META, PER_RANK_KEY, CheckpointError, CheckpointFallbackWarning, CheckpointMismatch, _barrier, _disk_error,
-    _dist, _folder_bytes, _fsync_dir, _gather, _nonfinite, _rank, _rotate, _save_bytes, _stamp, _state_dict,
-    _structure_problem, _verified, _with_rng, _world, _write_manifest, from_rank0, latest, list_checkpoints, preflight,
-    verify)
+    _NAME,
+    META,
+    PER_RANK_KEY,
+    CheckpointError,
+    CheckpointFallbackWarning,
+    CheckpointMismatch,
+    _barrier,
+    _disk_error,
+    _dist,
+    _folder_bytes,
+    _fsync_dir,
+    _gather,
+    _nonfinite,
+    _rank,
+    _rotate,
+    _save_bytes,
+    _stamp,
+    _state_dict,
+    _structure_problem,
+    _verified,
+    _with_rng,
+    _world,
+    _write_manifest,
+    from_rank0,
+    latest,
+    list_checkpoints,
+    preflight,
+    verify,
+)
 from .checkpoint_lock import claim, hold  # noqa: F401 - one run per folder
-
 
 
 @dataclass
@@ -71,7 +115,7 @@ class Saved:
     path: Path
     step: int
     seconds: float  # wall time of the save or load, on this rank (includes the collectives)
-    nbytes: int     # size of the checkpoint folder on disk
+    nbytes: int  # size of the checkpoint folder on disk
 
 
 # ── RNG states (one per rank) ──
@@ -82,6 +126,7 @@ def rng_state() -> dict:
         state["cuda"] = torch.cuda.get_rng_state_all()
     try:
         import numpy as np
+
         state["numpy"] = np.random.get_state()
     except ImportError:
         pass
@@ -96,6 +141,7 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
     if "numpy" in state:
         import numpy as np
+
         np.random.set_state(state["numpy"])
 
 
@@ -128,15 +174,20 @@ def _check_meta(path: Path, state, allow_changes) -> list:
         raise CheckpointMismatch(
             f"{path} was saved under another parallel layout ({listed}): each rank's part of the model and "
             f"optimizer is stored for that layout, and this checkpoint cannot be resharded into another. Resume "
-            f"with the saved layout (Plan({saved_plan}, ...)), or give another checkpoint_dir to start afresh")
+            f"with the saved layout (Plan({saved_plan}, ...)), or give another checkpoint_dir to start afresh"
+        )
     allow = set(allow_changes or ())
-    wrong = [d for d in diffs if d[0] not in free and d[0] not in allow and "*" not in allow
-             and d[0].split(".")[0] not in allow]
+    wrong = [
+        d
+        for d in diffs
+        if d[0] not in free and d[0] not in allow and "*" not in allow and d[0].split(".")[0] not in allow
+    ]
     if wrong:
         listed = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, a, b in wrong)
         raise CheckpointMismatch(
             f"{path} was saved by another run than this one ({listed}). Resume with the same settings, use another "
-            f"checkpoint_dir, or accept the change explicitly: allow_changes={tuple(k for k, _, _ in wrong)!r}")
+            f"checkpoint_dir, or accept the change explicitly: allow_changes={tuple(k for k, _, _ in wrong)!r}"
+        )
     return [d for d in diffs if d[0] not in free]
 
 
@@ -146,14 +197,14 @@ LAYOUT = ("plan.tp", "plan.pp", "plan.ep", "plan.zero_stage")  # they decide whi
 def _layout_changes(diffs, saved: dict) -> list:
     """The differences that change what each rank holds (the shards of TP, PP, EP; ZeRO's optimizer shards over
     dp, so there the DP degree too)."""
-    zero = bool((saved.get("plan") or {}).get("zero_stage")) or any(
-        k == "plan.zero_stage" and b for k, _, b in diffs)
+    zero = bool((saved.get("plan") or {}).get("zero_stage")) or any(k == "plan.zero_stage" and b for k, _, b in diffs)
     return [d for d in diffs if d[0] in LAYOUT or (d[0] == "plan.dp" and zero)]
 
 
 # ── save ──
-def save(directory, state, step: int | None = None, keep: int = 2, _before_commit=None, meta: dict | None = None
-         ) -> Saved:
+def save(
+    directory, state, step: int | None = None, keep: int = 2, _before_commit=None, meta: dict | None = None
+) -> Saved:
     """Save ``state`` to ``directory/step_<step>/`` atomically; call it on every rank at the same step.
 
     ``step`` defaults to ``state.step`` (or ``state_dict()["step"]``). ``keep`` whole checkpoints are kept (the
@@ -177,9 +228,11 @@ def save(directory, state, step: int | None = None, keep: int = 2, _before_commi
     bad = [(r, name) for r, name in enumerate(_gather(_nonfinite(sd))) if name]
     if bad:
         prev = latest(root)
-        raise CheckpointError(f"checkpoint of step {step} not saved: {bad[0][1]!r} on rank {bad[0][0]} holds NaN or "
-                              f"inf (training diverged); {prev.name if prev else 'no checkpoint'} stays the newest "
-                              "- resume from it with a lower lr or a grad_clip")
+        raise CheckpointError(
+            f"checkpoint of step {step} not saved: {bad[0][1]!r} on rank {bad[0][0]} holds NaN or "
+            f"inf (training diverged); {prev.name if prev else 'no checkpoint'} stays the newest "
+            "- resume from it with a lower lr or a grad_clip"
+        )
     meta = getattr(state, "meta", None) if meta is None else meta
     if PER_RANK_KEY in sd:  # every rank's RNG state, gathered: DCP keeps one copy of a key, from one rank
         sd = _with_rng(sd, _gather(sd[PER_RANK_KEY]))
@@ -212,8 +265,10 @@ def save(directory, state, step: int | None = None, keep: int = 2, _before_commi
         if _rank() == 0:
             shutil.rmtree(partial, ignore_errors=True)
         prev = latest(root)
-        raise CheckpointError(f"checkpoint of step {step} not saved: what was written fails its check ({problem}); "
-                              f"{prev.name if prev else 'no checkpoint'} stays the newest")
+        raise CheckpointError(
+            f"checkpoint of step {step} not saved: what was written fails its check ({problem}); "
+            f"{prev.name if prev else 'no checkpoint'} stays the newest"
+        )
     if _before_commit is not None:  # tests: a crash between the writes and the commit
         _before_commit()
     if _rank() == 0:
@@ -265,11 +320,16 @@ def load(path, state, skip=(), allow_changes=()) -> Saved:
     optimizer = getattr(state, "optimizer", None)
     if isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "local"):
         optimizer = optimizer.local  # ZeRO-1/2: the rank's inner optimizer holds the state (None: owns nothing)
-    if (isinstance(optimizer, torch.optim.Optimizer) and not optimizer.state and "optimizer" not in skip
-            and any(k.startswith("optimizer.") and ".state." in k for k in saved_keys)):
+    if (
+        isinstance(optimizer, torch.optim.Optimizer)
+        and not optimizer.state
+        and "optimizer" not in skip
+        and any(k.startswith("optimizer.") and ".state." in k for k in saved_keys)
+    ):
         # a fresh optimizer has no state (Adam's moments) until its first step, and DCP loads only what the target
         # holds: create it first, as torch.distributed.checkpoint.state_dict does (a step with zero lr and grads)
         from torch.distributed.checkpoint.state_dict import _init_optim_state
+
         _init_optim_state(optimizer)
     sd = _state_dict(state)
     unknown = [k for k in skip if k not in sd]
@@ -281,45 +341,66 @@ def load(path, state, skip=(), allow_changes=()) -> Saved:
     if per_rank:
         sd[PER_RANK_KEY] = {"by_rank": b"", "world_size": 0}
     wanted = set().union(*_gather(sorted(_flat_keys(sd))))  # every rank's keys: a sharded plan's ranks differ
-    extra = sorted(k for k in saved_keys - wanted if not k.startswith(PER_RANK_KEY + ".")
-                   and k.split(".")[0] not in skip)
+    extra = sorted(
+        k for k in saved_keys - wanted if not k.startswith(PER_RANK_KEY + ".") and k.split(".")[0] not in skip
+    )
     if extra:  # DCP loads only what the target asks for: the rest would be silently dropped
         shown = ", ".join(extra[:5]) + (" ..." if len(extra) > 5 else "")
-        shards = sorted({k.split(".")[1] for k in extra if k.split(".")[0] in ("model", "optimizer")
-                         and re.match(r"^(pp|tp|dp)\d", k.split(".")[1] if "." in k else "")})
+        shards = sorted(
+            {
+                k.split(".")[1]
+                for k in extra
+                if k.split(".")[0] in ("model", "optimizer")
+                and re.match(r"^(pp|tp|dp)\d", k.split(".")[1] if "." in k else "")
+            }
+        )
         mine = getattr(state, "shard", "")
         if shards:
-            hint = (f"The checkpoint holds the parts of a sharded plan ({', '.join(shards)}) that no rank of this "
-                    "run asks for: it was saved under another plan (tp, pp, zero_stage or the dp degree of ZeRO). "
-                    "Resume under the plan that saved it.")
+            hint = (
+                f"The checkpoint holds the parts of a sharded plan ({', '.join(shards)}) that no rank of this "
+                "run asks for: it was saved under another plan (tp, pp, zero_stage or the dp degree of ZeRO). "
+                "Resume under the plan that saved it."
+            )
         elif mine and any(k.split(".")[0] in ("model", "optimizer") for k in extra):
-            hint = (f"The checkpoint holds a whole (unsharded) model and optimizer, saved by a plan without tp, pp, "
-                    f"ep or ZeRO, while this run's ranks hold parts ({mine} here): the plan changed. Resume under the "
-                    "plan that saved it (e.g. zero_stage=0), or give another checkpoint_dir.")
+            hint = (
+                f"The checkpoint holds a whole (unsharded) model and optimizer, saved by a plan without tp, pp, "
+                f"ep or ZeRO, while this run's ranks hold parts ({mine} here): the plan changed. Resume under the "
+                "plan that saved it (e.g. zero_stage=0), or give another checkpoint_dir."
+            )
         else:
-            hint = ("Usually a fresh optimizer: its state (Adam's moments) is empty until its first step, so DCP "
-                    "would skip it. Build the optimizer part with torch.distributed.checkpoint.state_dict."
-                    "get_state_dict(model, optimizer), which creates it, and load with set_state_dict.")
-        raise ValueError(f"{path} holds {len(extra)} entries the state to load into does not ask for ({shown}). "
-                         + hint)
+            hint = (
+                "Usually a fresh optimizer: its state (Adam's moments) is empty until its first step, so DCP "
+                "would skip it. Build the optimizer part with torch.distributed.checkpoint.state_dict."
+                "get_state_dict(model, optimizer), which creates it, and load with set_state_dict."
+            )
+        raise ValueError(
+            f"{path} holds {len(extra)} entries the state to load into does not ask for ({shown}). " + hint
+        )
     dcp.load(sd, checkpoint_id=str(path), no_dist=not _dist())
     if per_rank:
         by_rank = pickle.loads(sd[PER_RANK_KEY]["by_rank"])
         saved_world, rank, world = len(by_rank), _rank(), _world()
         if saved_world != world and rank == 0:
-            warnings.warn(f"checkpoint {path.name} was saved by {saved_world} rank(s), loaded by {world}: rank r "
-                          f"takes the RNG state of saved rank r mod {saved_world}", stacklevel=3)
+            warnings.warn(
+                f"checkpoint {path.name} was saved by {saved_world} rank(s), loaded by {world}: rank r "
+                f"takes the RNG state of saved rank r mod {saved_world}",
+                stacklevel=3,
+            )
         sd[PER_RANK_KEY] = by_rank[rank % saved_world]
     if hasattr(state, "load_state_dict"):
         state.load_state_dict(sd)
     else:
         state.update(sd)
     if changes and _rank() == 0:
-        warnings.warn(f"resumed from {path.name} with changes allowed by allow_changes: "
-                      + "; ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changes), stacklevel=3)
+        warnings.warn(
+            f"resumed from {path.name} with changes allowed by allow_changes: "
+            + "; ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changes),
+            stacklevel=3,
+        )
     m = _NAME.match(path.name)
-    return Saved(path, int(m.group(1)) if m else -1, time.perf_counter() - t0,
-                 _folder_bytes(path) if _rank() == 0 else 0)
+    return Saved(
+        path, int(m.group(1)) if m else -1, time.perf_counter() - t0, _folder_bytes(path) if _rank() == 0 else 0
+    )
 
 
 _leave_out: tuple = ()
@@ -350,15 +431,24 @@ def load_latest(directory, state, skip=None, allow_changes=()) -> Saved | None:
         return None
     found = [str(p) for _, p in reversed(list_checkpoints(directory))]
     newest = found[0] if found else ""
-    headless = sorted((p.name for p in Path(directory).glob("step_*") if _NAME.match(p.name) and p.is_dir()
-                       and not (p / ".metadata").is_file() and str(p) > newest), reverse=True) \
-        if Path(directory).is_dir() else []
+    headless = (
+        sorted(
+            (
+                p.name
+                for p in Path(directory).glob("step_*")
+                if _NAME.match(p.name) and p.is_dir() and not (p / ".metadata").is_file() and str(p) > newest
+            ),
+            reverse=True,
+        )
+        if Path(directory).is_dir()
+        else []
+    )
     # rank 0's view decides, so that every rank tries the same folders
     found, headless = from_rank0(found, headless)
     found = [Path(p) for p in found]
     # (name, why) of checkpoints that could not be read; a committed name without .metadata lost it afterwards
     passed = [(name, "its .metadata is missing (deleted after the commit)") for name in headless]
-    for i, candidate in enumerate(found):
+    for candidate in found:
         problem = verify(candidate) if _rank() == 0 else None
         problem = from_rank0(problem)
         if problem is None:
@@ -372,15 +462,19 @@ def load_latest(directory, state, skip=None, allow_changes=()) -> Saved | None:
             problem = problems[0] if problems else None
             if problem is None:
                 if passed and _rank() == 0:
-                    msg = ("; ".join(f"checkpoint {n} cannot be used: {why}" for n, why in passed)
-                           + f". Resumed from the previous one, {candidate.name}")
+                    msg = (
+                        "; ".join(f"checkpoint {n} cannot be used: {why}" for n, why in passed)
+                        + f". Resumed from the previous one, {candidate.name}"
+                    )
                     warnings.warn(msg, CheckpointFallbackWarning, stacklevel=2)
                 return saved
         passed.append((candidate.name, problem))
     if passed:
-        raise CheckpointError(f"no checkpoint in {directory} can be read: "
-                              + "; ".join(f"{n}: {why}" for n, why in passed)
-                              + ". Move the folder aside to start afresh, or restore a copy")
+        raise CheckpointError(
+            f"no checkpoint in {directory} can be read: "
+            + "; ".join(f"{n}: {why}" for n, why in passed)
+            + ". Move the folder aside to start afresh, or restore a copy"
+        )
     return None
 
 

@@ -5,6 +5,7 @@ folder ``step_00000040/`` counts only when its ``.metadata`` is there, its ``man
 every file) matches and every entry of the ``.metadata`` lies inside its file. :func:`preflight` checks, before
 training, that the folder can be written and has room. Everything here is re-exported by :mod:`simlib.checkpoint`.
 """
+
 from __future__ import annotations
 
 import errno
@@ -37,6 +38,7 @@ class CheckpointMismatch(ValueError):
 
 class CheckpointFallbackWarning(UserWarning):
     """The newest checkpoint could not be read: an older one was loaded instead."""
+
 
 _NAME = re.compile(r"^step_(\d{8})$")
 
@@ -107,14 +109,17 @@ def _structure_problem(path: Path) -> str | None:
         if sizes[name] < 0:
             return f"its file {name} is missing"
         if info.offset + info.length > sizes[name]:
-            return (f"its file {name} is truncated ({sizes[name]:,} bytes, entry {index.fqn!r} ends at "
-                    f"{info.offset + info.length:,})")
+            return (
+                f"its file {name} is truncated ({sizes[name]:,} bytes, entry {index.fqn!r} ends at "
+                f"{info.offset + info.length:,})"
+            )
     return None
 
 
 def _write_manifest(path: Path) -> None:
-    files = {f.name: [f.stat().st_size, _sha256(f)] for f in sorted(path.iterdir())
-             if f.is_file() and f.name != MANIFEST}
+    files = {
+        f.name: [f.stat().st_size, _sha256(f)] for f in sorted(path.iterdir()) if f.is_file() and f.name != MANIFEST
+    }
     tmp = path / (MANIFEST + ".tmp")
     with open(tmp, "w") as f:
         json.dump({"files": files}, f, indent=1)
@@ -154,8 +159,9 @@ def _verify(path: Path) -> str | None:
         return "it has no .metadata (it was never committed)"
     manifest = path / MANIFEST
     if not manifest.is_file():  # every commit writes one first: without it nothing can say the files are whole
-        return (f"it has no {MANIFEST} (deleted, or not written by simlib.checkpoint.save), so its files cannot "
-                "be verified")
+        return (
+            f"it has no {MANIFEST} (deleted, or not written by simlib.checkpoint.save), so its files cannot be verified"
+        )
     try:
         files = json.loads(manifest.read_text())["files"]
     except (ValueError, KeyError, OSError) as exc:
@@ -185,9 +191,13 @@ def _errno_of(exc) -> int | None:
         if isinstance(e, OSError) and e.errno:
             return e.errno
         text = str(e)
-        for code, words in ((errno.ENOSPC, "No space left"), (errno.EROFS, "Read-only file system"),
-                            (errno.EACCES, "Permission denied"), (errno.EDQUOT, "Disk quota exceeded"),
-                            (errno.EFBIG, "File too large")):
+        for code, words in (
+            (errno.ENOSPC, "No space left"),
+            (errno.EROFS, "Read-only file system"),
+            (errno.EACCES, "Permission denied"),
+            (errno.EDQUOT, "Disk quota exceeded"),
+            (errno.EFBIG, "File too large"),
+        ):
             if words in text:
                 return code
         todo += [e.__cause__, e.__context__]
@@ -199,8 +209,14 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:,.1f} MB"
 
 
-_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Timed out waiting",
-              "Socket Timeout", "Connection refused")
+_PEER_LOST = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Timed out waiting",
+    "Socket Timeout",
+    "Connection refused",
+)
 
 
 def _disk_error(exc, root: Path, step: int, expected: int | None = None) -> CheckpointError:
@@ -209,23 +225,34 @@ def _disk_error(exc, root: Path, step: int, expected: int | None = None) -> Chec
     partial = root / f"step_{step:08d}.partial"
     prev = latest(root)
     kept = f"the previous checkpoint {prev.name} is intact" if prev else "no earlier checkpoint exists"
-    left = (f"{partial.name} is still on disk (never loaded: only committed folders are; the next save removes "
-            "it)" if partial.exists() else "the partial folder was removed")
+    left = (
+        f"{partial.name} is still on disk (never loaded: only committed folders are; the next save removes it)"
+        if partial.exists()
+        else "the partial folder was removed"
+    )
     lost = next((w for w in _PEER_LOST if w in str(exc) or w in str(exc.__cause__ or "")), None)
     if lost and _errno_of(exc) is None:
-        return CheckpointError(f"checkpoint of step {step} not saved on rank {_rank()}: another rank was lost during "
-                               f"the save ({lost}; the rank that died is named first); {kept}, and {left}: resume "
-                               "from the newest checkpoint")
+        return CheckpointError(
+            f"checkpoint of step {step} not saved on rank {_rank()}: another rank was lost during "
+            f"the save ({lost}; the rank that died is named first); {kept}, and {left}: resume "
+            "from the newest checkpoint"
+        )
     code = _errno_of(exc)
     try:
         free = shutil.disk_usage(root if root.exists() else root.parent).free
     except OSError:
         free = None
     need = f"; a checkpoint needs about {_mb(expected)}" if expected else ""
-    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or (free is not None and expected and free < expected) \
-            or "unexpected pos" in str(exc):
-        why = (f"the disk holding {root} is full ({_mb(free)} free{need})" if free is not None else
-               f"the disk holding {root} is full")
+    if (
+        code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        or (free is not None and expected and free < expected)
+        or "unexpected pos" in str(exc)
+    ):
+        why = (
+            f"the disk holding {root} is full ({_mb(free)} free{need})"
+            if free is not None
+            else f"the disk holding {root} is full"
+        )
         todo = "free space there, or give a checkpoint_dir on a larger disk"
     elif code == errno.EROFS:
         why, todo = f"{root} is on a read-only file system", "give a checkpoint_dir on a writable disk"
@@ -303,7 +330,7 @@ def _save_bytes(sd: dict, meta=None, ranks: int = 1, root=".") -> int:
             torch.save(value, buf)
             data += buf.tell()
     md = _create_default_local_metadata(flat)
-    far = 2 ** 62  # offsets and lengths pickle at most this long
+    far = 2**62  # offsets and lengths pickle at most this long
     storage = {}
     for fqn, item in md.state_dict_metadata.items():
         chunks = item.chunks if isinstance(item, TensorStorageMetadata) else [None]
@@ -311,8 +338,9 @@ def _save_bytes(sd: dict, meta=None, ranks: int = 1, root=".") -> int:
             index = MetadataIndex(fqn, chunk.offsets, i) if chunk is not None else MetadataIndex(fqn)
             storage[index] = _StorageInfo(f"__{ranks - 1}_0.distcp", far, far)
     md.storage_data, md.planner_data = storage, mappings
-    md.storage_meta = StorageMeta(checkpoint_id=Path(root, "step_00000000.partial"), save_id=str(uuid.uuid4()),
-                                  load_id=str(uuid.uuid4()))
+    md.storage_meta = StorageMeta(
+        checkpoint_id=Path(root, "step_00000000.partial"), save_id=str(uuid.uuid4()), load_id=str(uuid.uuid4())
+    )
     metadata = len(pickle.dumps(md)) + 256  # + what a version of DCP may add (module names, a version string)
     names = [f"__{r}_0.distcp" for r in range(ranks)] + [".metadata"] + ([META] if meta else [])
     manifest = len(json.dumps({"files": {n: [far, "0" * 64] for n in names}}, indent=1))
@@ -368,25 +396,34 @@ def preflight(directory, state=None, keep: int = 2) -> int:
             probe.unlink()
             free = shutil.disk_usage(root).free
             if expected and free < expected:
-                problem = (f"checkpoint_dir {root} has {_mb(free)} free, one checkpoint needs about {_mb(expected)}: "
-                           "free space there, or give a checkpoint_dir on a larger disk")
+                problem = (
+                    f"checkpoint_dir {root} has {_mb(free)} free, one checkpoint needs about {_mb(expected)}: "
+                    "free space there, or give a checkpoint_dir on a larger disk"
+                )
             elif expected and free < (keep + 1) * expected:
-                warn = (f"checkpoint_dir {root} has {_mb(free)} free: room for {free // expected} checkpoint(s) of "
-                        f"about {_mb(expected)}, while {keep + 1} are on disk during a save (keep={keep})")
+                warn = (
+                    f"checkpoint_dir {root} has {_mb(free)} free: room for {free // expected} checkpoint(s) of "
+                    f"about {_mb(expected)}, while {keep + 1} are on disk during a save (keep={keep})"
+                )
         except OSError as exc:
             code = exc.errno
-            what = {errno.EROFS: "is on a read-only file system", errno.EACCES: "is not writable by this user",
-                    errno.EPERM: "is not writable by this user", errno.ENOSPC: "is on a full disk",
-                    errno.EDQUOT: "is over its disk quota"}.get(code, f"cannot be written ({exc.strerror or exc})")
-            problem = (f"checkpoint_dir {root} {what}: nothing would be saved; give a checkpoint_dir on a writable "
-                       "disk with room")
+            what = {
+                errno.EROFS: "is on a read-only file system",
+                errno.EACCES: "is not writable by this user",
+                errno.EPERM: "is not writable by this user",
+                errno.ENOSPC: "is on a full disk",
+                errno.EDQUOT: "is over its disk quota",
+            }.get(code, f"cannot be written ({exc.strerror or exc})")
+            problem = (
+                f"checkpoint_dir {root} {what}: nothing would be saved; give a checkpoint_dir on a writable "
+                "disk with room"
+            )
     problem, warn = from_rank0(problem, warn)
     if problem:
         raise CheckpointError(problem)
     if warn and _rank() == 0:
         warnings.warn(warn, stacklevel=2)
     return expected
-
 
 
 def list_checkpoints(directory) -> list[tuple[int, Path]]:

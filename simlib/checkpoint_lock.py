@@ -6,6 +6,7 @@ Two runs saving into one folder would overwrite each other's checkpoints (a seco
 checkpoint, so that check and the run happen under one lock, and its ranks count that lock as theirs. Re-exported
 by :mod:`simlib.checkpoint`.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,6 +52,7 @@ def hold(directory, for_children: bool = False) -> Hold | None:
     import secrets
     import socket
     import time
+
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     key = str(root.resolve())
@@ -67,15 +69,25 @@ def hold(directory, for_children: bool = False) -> Hold | None:
         os.close(fd)
         if holder.get("token") and holder["token"] in os.environ.get(_LOCK_ENV, "").split(","):
             return None  # our own launcher holds it for this run
-        who = (f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')}" if holder
-               else "another process")
-        raise CheckpointError(f"checkpoint_dir {root} is in use by another run ({who}): two runs saving into one "
-                              "folder would overwrite each other's checkpoints; wait for that run to end, or give "
-                              "another checkpoint_dir (--out or --plan.checkpoint-dir)") from None
+        who = (
+            f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')}"
+            if holder
+            else "another process"
+        )
+        raise CheckpointError(
+            f"checkpoint_dir {root} is in use by another run ({who}): two runs saving into one "
+            "folder would overwrite each other's checkpoints; wait for that run to end, or give "
+            "another checkpoint_dir (--out or --plan.checkpoint-dir)"
+        ) from None
     token = secrets.token_hex(8)
     os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), token=token,
-                                  since=time.strftime("%Y-%m-%d %H:%M:%S"))).encode(), 0)
+    os.pwrite(
+        fd,
+        json.dumps(
+            dict(pid=os.getpid(), host=socket.gethostname(), token=token, since=time.strftime("%Y-%m-%d %H:%M:%S"))
+        ).encode(),
+        0,
+    )
     if for_children:
         os.environ[_LOCK_ENV] = ",".join(t for t in (os.environ.get(_LOCK_ENV), token) if t)
     _holds[key] = [fd, 0]

@@ -14,6 +14,7 @@ Bus bandwidth follows nccl-tests (doc/PERFORMANCE.md): algorithm bandwidth S/t t
 all-reduce, (n-1)/n for reduce-scatter and all-gather, 1 for broadcast and reduce; it is comparable
 across world sizes and with the link's speed.
 """
+
 from __future__ import annotations
 
 import time
@@ -22,12 +23,25 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["ring_neighbors", "sendrecv", "chunk_bounds", "ring_chunks", "ring_reduce_scatter_", "ring_all_gather_",
-           "ring_all_reduce", "bus_factor", "bandwidth_sweep", "fit_alpha_beta", "alpha_beta_time",
-           "collective_demo", "COLLECTIVES"]
+__all__ = [
+    "ring_neighbors",
+    "sendrecv",
+    "chunk_bounds",
+    "ring_chunks",
+    "ring_reduce_scatter_",
+    "ring_all_gather_",
+    "ring_all_reduce",
+    "bus_factor",
+    "bandwidth_sweep",
+    "fit_alpha_beta",
+    "alpha_beta_time",
+    "collective_demo",
+    "COLLECTIVES",
+]
 
 
 # ───────────────────────── point to point ─────────────────────────
+
 
 def ring_neighbors(rank: int, world_size: int) -> tuple[int, int]:
     """(left, right): the rank we receive from and the rank we send to on the ring."""
@@ -69,6 +83,7 @@ def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
 
 # ───────────────────────── ring all-reduce ─────────────────────────
 
+
 def ring_chunks(phase: str, rank: int, world_size: int, step: int) -> tuple[int, int]:
     """(chunk rank sends right, chunk it receives from the left) at ``step`` of a ring phase.
 
@@ -93,8 +108,8 @@ def ring_reduce_scatter_(flat: torch.Tensor, group=None) -> int:
     recv = torch.empty(max(e - s for s, e in bounds), dtype=flat.dtype, device=flat.device)
     for step in range(world_size - 1):
         send, recv_chunk = ring_chunks("reduce_scatter", rank, world_size, step)
-        s_lo, s_hi = bounds[send]          # the partial sum we pass on
-        r_lo, r_hi = bounds[recv_chunk]    # the one we add our part to
+        s_lo, s_hi = bounds[send]  # the partial sum we pass on
+        r_lo, r_hi = bounds[recv_chunk]  # the one we add our part to
         buf = recv[: r_hi - r_lo]
         sendrecv(flat[s_lo:s_hi], right, buf, left)
         flat[r_lo:r_hi] += buf
@@ -109,8 +124,8 @@ def ring_all_gather_(flat: torch.Tensor, group=None) -> None:
     bounds = chunk_bounds(flat.numel(), world_size)
     for step in range(world_size - 1):
         send, recv_chunk = ring_chunks("all_gather", rank, world_size, step)
-        s_lo, s_hi = bounds[send]          # a finished chunk we pass on
-        r_lo, r_hi = bounds[recv_chunk]    # a finished chunk we receive
+        s_lo, s_hi = bounds[send]  # a finished chunk we pass on
+        r_lo, r_hi = bounds[recv_chunk]  # a finished chunk we receive
         sendrecv(flat[s_lo:s_hi], right, flat[r_lo:r_hi], left)
 
 
@@ -122,8 +137,10 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None) -> torch.
     if op not in ("sum", "avg"):
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
     if op == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):  # check before touching data
-        raise ValueError(f"op='avg' needs a floating-point tensor, got {tensor.dtype} (an integer mean would be "
-                         "truncated): convert first, e.g. t = t.float(), or use op='sum'")
+        raise ValueError(
+            f"op='avg' needs a floating-point tensor, got {tensor.dtype} (an integer mean would be "
+            "truncated): convert first, e.g. t = t.float(), or use op='sum'"
+        )
     world_size = dist.get_world_size(group)
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     flat = work.view(-1)
@@ -153,6 +170,7 @@ def collective_demo(op: str, numel: int | None = None) -> dict:
     rank (``cluster.run(collective_demo, "all_reduce")``).
     """
     from .env import device
+
     rank, world_size = dist.get_rank(), dist.get_world_size()
     numel = world_size if numel is None else numel
     x = torch.arange(numel, dtype=torch.float32, device=device()) + 10 * rank
@@ -182,6 +200,7 @@ def collective_demo(op: str, numel: int | None = None) -> dict:
 
 # ───────────────────────── bandwidth ─────────────────────────
 
+
 def bus_factor(op: str, world_size: int) -> float:
     """nccl-tests' factor from algorithm to bus bandwidth."""
     n = world_size
@@ -199,7 +218,10 @@ def _runner(op: str, x: torch.Tensor):
     if op == "ring_all_reduce":
         return lambda: ring_all_reduce(x)
     if op == "all_gather":  # S = the gathered size, as in nccl-tests
-        part, out = x[: x.numel() // world_size], [torch.empty_like(x[: x.numel() // world_size]) for _ in range(world_size)]
+        part, out = (
+            x[: x.numel() // world_size],
+            [torch.empty_like(x[: x.numel() // world_size]) for _ in range(world_size)],
+        )
         return lambda: dist.all_gather(out, part)
     if op == "reduce_scatter":
         out, ins = torch.empty_like(x[: x.numel() // world_size]), list(x.chunk(world_size))
@@ -207,8 +229,9 @@ def _runner(op: str, x: torch.Tensor):
     raise ValueError(f"unknown op {op!r}")
 
 
-def bandwidth_sweep(sizes_bytes, ops=("all_reduce", "ring_all_reduce"), repeats: int = 10,
-                    warmup: int = 2) -> list[dict]:
+def bandwidth_sweep(
+    sizes_bytes, ops=("all_reduce", "ring_all_reduce"), repeats: int = 10, warmup: int = 2
+) -> list[dict]:
     """Time each op at each message size on every rank (call it on every rank); float32 tensors.
 
     Every timed call starts after a barrier, so the ranks start together; the slowest rank's time is
@@ -216,6 +239,7 @@ def bandwidth_sweep(sizes_bytes, ops=("all_reduce", "ring_all_reduce"), repeats:
     quartiles. Returns rows: op, world_size, bytes, time (s), time_q1, time_q3, algbw, busbw (bytes/s).
     """
     from .env import device, synchronize
+
     world_size, dev = dist.get_world_size(), device()
     rows = []
     for op in ops:
@@ -235,7 +259,18 @@ def bandwidth_sweep(sizes_bytes, ops=("all_reduce", "ring_all_reduce"), repeats:
                     times.append(float(elapsed))
             t, (q1, q3) = float(np.median(times)), (float(q) for q in np.percentile(times, [25, 75]))
             nbytes = numel * 4
-            rows.append(dict(op=op, world_size=world_size, bytes=nbytes, time=t, time_q1=q1, time_q3=q3, algbw=nbytes / t, busbw=nbytes / t * bus_factor(op, world_size)))
+            rows.append(
+                dict(
+                    op=op,
+                    world_size=world_size,
+                    bytes=nbytes,
+                    time=t,
+                    time_q1=q1,
+                    time_q3=q3,
+                    algbw=nbytes / t,
+                    busbw=nbytes / t * bus_factor(op, world_size),
+                )
+            )
     return rows
 
 

@@ -17,6 +17,7 @@ configuration is written back as TOML beside the run's outputs (:func:`dump`), s
 ``simlib train --config results/gpt/config.toml``. A value of ``none`` (flag or TOML string) sets an optional
 field to None (TOML has no null).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,15 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-NOT_FROM_CLI = ("task", "plan", "optim", "out_dir", "verbose", "state_type", "step_hook")  # train() arguments set otherwise
+NOT_FROM_CLI = (
+    "task",
+    "plan",
+    "optim",
+    "out_dir",
+    "verbose",
+    "state_type",
+    "step_hook",
+)  # train() arguments set otherwise
 
 
 @dataclass(frozen=True)
@@ -43,18 +52,18 @@ class Budget:
     """How long a run trains and what it records: ``simlib.train.train``'s keyword arguments, as fields
     (``tests/test_cli_config.py`` keeps them in step with ``train()``)."""
 
-    steps: int | None = None         # optimizer steps (give exactly one of steps, tokens, samples, seconds)
-    tokens: int | None = None        # tokens to train on (steps = tokens / (global batch x tokens per sample))
-    samples: int | None = None       # samples to train on
-    seconds: float | None = None     # training time; rank 0's clock decides when to stop
-    eval_every: int = 0              # evaluate every k steps and at the end (0: never)
-    log_every: int = 10              # a run.jsonl row every k steps
-    target: dict | None = None       # e.g. eval_loss=4.5: the summary records when it is first reached
-    stop_at_target: bool = False     # end the run at the first evaluation that reaches the target
-    warmup: int = 2                  # first steps left out of throughput
-    measure_memory: bool = True      # CPU: profile the second step's allocations for its peak
-    nonfinite: str = "stop"          # a step with NaN/inf loss or gradients: "stop" (error naming it) or "skip"
-    allow_changes: tuple = ()        # on resume, fields allowed to differ from the checkpoint ("optim.lr", "*")
+    steps: int | None = None  # optimizer steps (give exactly one of steps, tokens, samples, seconds)
+    tokens: int | None = None  # tokens to train on (steps = tokens / (global batch x tokens per sample))
+    samples: int | None = None  # samples to train on
+    seconds: float | None = None  # training time; rank 0's clock decides when to stop
+    eval_every: int = 0  # evaluate every k steps and at the end (0: never)
+    log_every: int = 10  # a run.jsonl row every k steps
+    target: dict | None = None  # e.g. eval_loss=4.5: the summary records when it is first reached
+    stop_at_target: bool = False  # end the run at the first evaluation that reaches the target
+    warmup: int = 2  # first steps left out of throughput
+    measure_memory: bool = True  # CPU: profile the second step's allocations for its peak
+    nonfinite: str = "stop"  # a step with NaN/inf loss or gradients: "stop" (error naming it) or "skip"
+    allow_changes: tuple = ()  # on resume, fields allowed to differ from the checkpoint ("optim.lr", "*")
 
     BUDGETS = ("steps", "tokens", "samples", "seconds")
 
@@ -62,12 +71,14 @@ class Budget:
 def task_classes() -> dict:
     """The projects' task dataclasses, by project name (each registered project's ``TASK``)."""
     from .projects.registry import PROJECTS
+
     return {name: project.task_class for name, project in PROJECTS.items()}
 
 
 def sections() -> dict:
     """Section name -> the dataclasses whose fields it holds (several for ``task``: their union)."""
     from .train import OptimConfig, Plan
+
     return {"plan": (Plan,), "optim": (OptimConfig,), "budget": (Budget,), "task": tuple(task_classes().values())}
 
 
@@ -75,7 +86,7 @@ def sections() -> dict:
 class Field:
     section: str
     name: str
-    type: object          # the evaluated annotation, e.g. int, str | None, tuple
+    type: object  # the evaluated annotation, e.g. int, str | None, tuple
     default: object
     help: str
 
@@ -115,8 +126,11 @@ def fields(section: str | None = None) -> list[Field]:
                 if not f.init or (name == "task" and f.name == "name") or (name, f.name) in seen:
                     continue
                 seen.add((name, f.name))
-                default = f.default if f.default is not dataclasses.MISSING else (
-                    f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+                default = (
+                    f.default
+                    if f.default is not dataclasses.MISSING
+                    else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+                )
                 out.append(Field(name, f.name, hints.get(f.name, str), default, comments.get(f.name, "")))
     return out
 
@@ -179,8 +193,9 @@ def convert(field: Field, value):
     except (ValueError, TypeError, SyntaxError):
         kind = {tuple: "comma-separated numbers, e.g. 0.9,0.95", dict: "key=value pairs, e.g. eval_loss=4.5"}
         want = kind.get(origin, getattr(origin, "__name__", str(origin)))
-        raise ValueError(f"{field.flag}: {value!r} is not a valid value: give {want}"
-                         f"{' or none' if optional else ''}") from None
+        raise ValueError(
+            f"{field.flag}: {value!r} is not a valid value: give {want}{' or none' if optional else ''}"
+        ) from None
 
 
 # ---- flags ----
@@ -196,11 +211,18 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             default = "" if f.default is None else f" (default {f.default!r})"
             helptext = (f.help or f.name) + default
             if (typing.get_origin(tp) or tp) is bool:
-                group.add_argument(*names, dest=f.dest, action=argparse.BooleanOptionalAction,
-                                   default=argparse.SUPPRESS, help=helptext)
+                group.add_argument(
+                    *names, dest=f.dest, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=helptext
+                )
             else:
-                group.add_argument(*names, dest=f.dest, default=argparse.SUPPRESS, metavar=f.name.upper(),
-                                   nargs="+" if (typing.get_origin(tp) or tp) is dict else None, help=helptext)
+                group.add_argument(
+                    *names,
+                    dest=f.dest,
+                    default=argparse.SUPPRESS,
+                    metavar=f.name.upper(),
+                    nargs="+" if (typing.get_origin(tp) or tp) is dict else None,
+                    help=helptext,
+                )
 
 
 _SECTION_HELP = {
@@ -236,8 +258,16 @@ def from_args(args) -> dict:
 
 
 # ---- TOML ----
-RUN_KEYS = {"project": str, "world_size": int, "plan": list, "quick": bool, "threads": int, "out": str,
-            "hardware": str, "backend": str}
+RUN_KEYS = {
+    "project": str,
+    "world_size": int,
+    "plan": list,
+    "quick": bool,
+    "threads": int,
+    "out": str,
+    "hardware": str,
+    "backend": str,
+}
 
 
 def load(path) -> dict:
@@ -270,6 +300,7 @@ def load(path) -> dict:
         for key, value in values.items():
             if section == "task" and key == "size":  # the preset: quick, full or gpu (see pick_size)
                 from .projects.gpu import SIZES
+
                 if value not in SIZES:
                     raise ValueError(f"{path}: [task] size = {value!r}: use one of {', '.join(map(repr, SIZES))}")
                 out.setdefault("run", {})["size"] = value
@@ -280,12 +311,20 @@ def load(path) -> dict:
     return out
 
 
-def pick_size(flag: str | None, preset: str | None, quick: bool, env_quick: bool, world_size: int,
-              local_world_size: int, backend: str = "auto") -> tuple[str, str]:
+def pick_size(
+    flag: str | None,
+    preset: str | None,
+    quick: bool,
+    env_quick: bool,
+    world_size: int,
+    local_world_size: int,
+    backend: str = "auto",
+) -> tuple[str, str]:
     """(size, why) of a run: ``--size`` wins, then ``[task] size`` of ``--config``, then ``--quick`` / ``[run]
     quick`` / ``SIMLIB_QUICK=1`` (quick); with none of them, "gpu" when every rank has a GPU of its own (said so:
     the reason is printed), else "full". ``why`` is "" when the caller chose."""
     from .projects.gpu import SIZES, auto_size
+
     for value, where in ((flag, "--size"), (preset, "[task] size")):
         if value is not None and value not in SIZES:
             raise ValueError(f"{where} {value!r}: use one of {', '.join(SIZES)}")
@@ -293,13 +332,17 @@ def pick_size(flag: str | None, preset: str | None, quick: bool, env_quick: bool
     if chosen is not None:
         if quick and chosen != "quick":
             where = "--size" if flag else "[task] size"
-            raise ValueError(f"--quick (or [run] quick = true) asks for the quick size, but {where} says {chosen!r}: "
-                             "give one of them")
+            raise ValueError(
+                f"--quick (or [run] quick = true) asks for the quick size, but {where} says {chosen!r}: "
+                "give one of them"
+            )
         if chosen == "gpu":  # asked for: run it, but never silently on CPU ranks
             fits, why = auto_size(world_size, local_world_size, backend)
             if fits != "gpu":
-                return chosen, (f"asked for, but {why}: the ranks run on the CPU, where one step of this size takes "
-                                "minutes (--size full is the CPU size)")
+                return chosen, (
+                    f"asked for, but {why}: the ranks run on the CPU, where one step of this size takes "
+                    "minutes (--size full is the CPU size)"
+                )
         return chosen, ""
     if quick or env_quick:
         return "quick", ""

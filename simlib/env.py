@@ -5,6 +5,7 @@ process group already exists and ``init`` just describes it; under ``torchrun`` 
 ``WORLD_SIZE``, ``MASTER_ADDR``...; under SLURM (``srun``) it reads ``SLURM_PROCID`` and friends; in a
 plain Python process it makes a one-rank group so that the same code runs with ``world_size == 1``.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -99,7 +100,7 @@ _context: Context | None = None
 _timeout: float | None = None  # the collective timeout init() was given: every group simlib creates takes it
 
 
-def collective_timeout() -> "datetime.timedelta | None":
+def collective_timeout() -> datetime.timedelta | None:
     """The timeout the process group was created with (``init(timeout=...)``), for groups made later
     (``dist.new_group`` would otherwise fall back to torch's 30-minute default). None outside a process group."""
     if _timeout is not None and dist.is_initialized():
@@ -152,8 +153,14 @@ def external_world(environ=None) -> dict | None:
     else:
         return None
     local_world = local_world or world
-    return dict(launcher=launcher, rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
-                nodes=max(1, -(-world // local_world)))
+    return dict(
+        launcher=launcher,
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        nodes=max(1, -(-world // local_world)),
+    )
 
 
 def _slurm_tasks_per_node(environ) -> int | None:
@@ -176,17 +183,20 @@ def check_world_size(requested: int | None, environ=None, program: str = "simlib
         return None
     if requested is not None and requested != world["world_size"]:
         how = {"slurm": f"srun -n {requested}", "torchrun": f"torchrun --nproc-per-node {requested}"}
-        raise ValueError(f"--world-size {requested} but {world['launcher']} started a world of {world['world_size']} "
-                         f"(this is rank {world['rank']}): drop --world-size (the launcher decides it) or start "
-                         f"{requested} ranks ({how[world['launcher']]})")
+        raise ValueError(
+            f"--world-size {requested} but {world['launcher']} started a world of {world['world_size']} "
+            f"(this is rank {world['rank']}): drop --world-size (the launcher decides it) or start "
+            f"{requested} ranks ({how[world['launcher']]})"
+        )
     return world["world_size"]
 
 
 def slurm_first_host(nodelist: str) -> str:
     """First host of a SLURM node list such as ``gpu[003-005,9],cpu1`` (``scontrol`` when present)."""
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                             text=True, timeout=10, check=True).stdout.split()
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.split()
         if out:
             return out[0]
     except (OSError, subprocess.SubprocessError):
@@ -224,15 +234,21 @@ def _attempt_store(restart_count: int, rank: int, world_size: int, timeout: floa
     then find the addresses the dead ones published, and Gloo fails with "Connection refused" (seen here on the
     first restart, about one time in two). A prefix per attempt keeps each attempt's keys apart.
     """
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
-                          timeout=datetime.timedelta(seconds=timeout))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
     attempt = restart_count
     if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
         # Several agents (nodes): their restart counts differ once a node is replaced (the new agent counts from
         # 0), so the attempt is counted in the shared store instead: every worker of an attempt joins once.
         attempt = (store.add("simlib/joined", 1) - 1) // world_size
-    return dict(init_method=None, store=dist.PrefixStore(f"simlib/attempt_{attempt}", store), rank=rank,
-                world_size=world_size)
+    return dict(
+        init_method=None, store=dist.PrefixStore(f"simlib/attempt_{attempt}", store), rank=rank, world_size=world_size
+    )
 
 
 def init(backend: str = "auto", timeout: float = DEFAULT_TIMEOUT, device: str = "auto") -> Context:
@@ -301,6 +317,7 @@ def shutdown() -> None:
 def describe() -> dict:
     """What ``simlib doctor`` prints: versions, backends, cores, GPUs (memory, interconnect), launcher."""
     import platform
+
     gpus = gpu_count()
     return {
         "python": platform.python_version(),
@@ -314,7 +331,7 @@ def describe() -> dict:
         "cuda_version": torch.version.cuda,
         "gpus": gpus,
         "gpu_names": [torch.cuda.get_device_name(i) for i in range(gpus)],
-        "gpu_memory_gib": [round(torch.cuda.get_device_properties(i).total_memory / 2 ** 30, 1) for i in range(gpus)],
+        "gpu_memory_gib": [round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1) for i in range(gpus)],
         "interconnect": gpu_topology() if gpus else None,
         "launcher": detect_launcher(),
         "world": describe_world(),
@@ -356,14 +373,18 @@ def describe_world(environ=None) -> str:
     environ = os.environ if environ is None else environ
     world = external_world(environ)
     if world is not None:
-        return (f"rank {world['rank']} of {world['world_size']} (local rank {world['local_rank']} of "
-                f"{world['local_world_size']}, {world['nodes']} node(s)) started by {world['launcher']}: "
-                "`simlib train` and `simlib scaling` join this world")
+        return (
+            f"rank {world['rank']} of {world['world_size']} (local rank {world['local_rank']} of "
+            f"{world['local_world_size']}, {world['nodes']} node(s)) started by {world['launcher']}: "
+            "`simlib train` and `simlib scaling` join this world"
+        )
     if environ.get("SIMLIB_WORKER") == "1":
         return "a simlib.launch worker"
     if "SLURM_JOB_ID" in environ:
-        return (f"SLURM job {environ['SLURM_JOB_ID']} outside a job step (the batch script): `srun simlib ...` "
-                "starts one rank per task; without srun simlib spawns its own local ranks")
+        return (
+            f"SLURM job {environ['SLURM_JOB_ID']} outside a job step (the batch script): `srun simlib ...` "
+            "starts one rank per task; without srun simlib spawns its own local ranks"
+        )
     return "none: no launcher set RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS; simlib spawns its own local ranks"
 
 
@@ -374,4 +395,5 @@ def quiet_profiler() -> None:
     already hides everything below USDT (seen on torch 2.13: no STAGE line, only the two USDT ones), so 6 hides
     those two and nothing torch would otherwise show. A value the user set is kept."""
     import os
+
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")

@@ -1,4 +1,5 @@
 """What a failed distributed call raises in the caller, and remote tracebacks made readable."""
+
 from __future__ import annotations
 
 import linecache
@@ -23,7 +24,7 @@ class RemoteFailure:
     traceback: str
 
     @classmethod
-    def from_exception(cls, rank: int, exc: BaseException) -> "RemoteFailure":
+    def from_exception(cls, rank: int, exc: BaseException) -> RemoteFailure:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         return cls(rank, type(exc).__name__, str(exc), tb)
 
@@ -49,6 +50,7 @@ def describe_exit(exitcode: int | None) -> str:
     'killed by SIGSEGV (a segmentation fault: a crash in native code, a C/C++ extension or a bad memory access)'
     """
     import signal
+
     if exitcode is None:
         return "the worker process ended without reporting (killed, crashed, or it called os._exit)"
     if exitcode < 0:
@@ -142,8 +144,10 @@ def restore_filenames(text: str, fn) -> str:
 
 
 _SIMLIB = os.path.dirname(os.path.abspath(__file__))
-_PLUMBING = {os.path.join(_SIMLIB, name)  # __init__.py: its _in_rank hands a distributed cell to magic.py
-             for name in ("worker.py", "magic.py", "__init__.py", os.path.join("debug", "hangs.py"))}
+_PLUMBING = {
+    os.path.join(_SIMLIB, name)  # __init__.py: its _in_rank hands a distributed cell to magic.py
+    for name in ("worker.py", "magic.py", "__init__.py", os.path.join("debug", "hangs.py"))
+}
 _FRAME = re.compile(r'^  File "([^"]+)", line (\d+)(.*)$')
 
 
@@ -213,11 +217,15 @@ def unpicklable(fn, args, kwargs, error: Exception) -> str:
         try:
             cloudpickle.dumps(value)
         except Exception as exc:  # noqa: BLE001
-            return (f"cannot send `{name}` to the workers: {what} (a {type(value).__name__}) cannot be pickled "
-                    f"({type(exc).__name__}: {exc}). Each worker is a separate process: create such objects "
-                    "inside the function, on each rank, or pass plain values (numbers, tensors, dicts) as arguments.")
-    return (f"cannot send `{name}` and its arguments to the workers: {type(error).__name__}: {error}. Each worker "
-            "is a separate process: create unpicklable objects (locks, open files, clusters) inside the function.")
+            return (
+                f"cannot send `{name}` to the workers: {what} (a {type(value).__name__}) cannot be pickled "
+                f"({type(exc).__name__}: {exc}). Each worker is a separate process: create such objects "
+                "inside the function, on each rank, or pass plain values (numbers, tensors, dicts) as arguments."
+            )
+    return (
+        f"cannot send `{name}` and its arguments to the workers: {type(error).__name__}: {error}. Each worker "
+        "is a separate process: create unpicklable objects (locks, open files, clusters) inside the function."
+    )
 
 
 def _cause(err: WorkerError) -> str:
@@ -226,8 +234,11 @@ def _cause(err: WorkerError) -> str:
     # a rank the agent stopped with SIGTERM because another died is a consequence, not a cause: the cause first
     stopped = [f for f in fails if f.type_name == "WorkerDied" and f.message.startswith("killed by SIGTERM")]
     died = [f.rank for f in fails if f.type_name == "WorkerDied" and f not in stopped]
-    parts = [f"rank {f.rank} died, {f.message}" if f.message.startswith("killed by") else f"rank {f.rank} died ({f.message})"
-             for f in fails if f.type_name == "WorkerDied" and f not in stopped]
+    parts = [
+        f"rank {f.rank} died, {f.message}" if f.message.startswith("killed by") else f"rank {f.rank} died ({f.message})"
+        for f in fails
+        if f.type_name == "WorkerDied" and f not in stopped
+    ]
     parts += [f"rank {f.rank} then stopped (SIGTERM)" if died else f"rank {f.rank} died, {f.message}" for f in stopped]
     for f in fails:
         if f.type_name != "WorkerDied":
@@ -242,8 +253,12 @@ def _exhausted(attempts: list, max_restarts: int) -> WorkerError:
     """The error once every restart is spent: every attempt's cause, then the last attempt's detail."""
     lines = [f"attempt {i + 1}: {_cause(e)}" for i, e in enumerate(attempts)]
     last = attempts[-1]
-    text = (f"failed on all {len(attempts)} attempts (max_restarts={max_restarts} spent):\n" + "\n".join(lines)
-            + "\n--- last attempt ---\n" + str(last))
+    text = (
+        f"failed on all {len(attempts)} attempts (max_restarts={max_restarts} spent):\n"
+        + "\n".join(lines)
+        + "\n--- last attempt ---\n"
+        + str(last)
+    )
     error = type(last)(text, last.failures, last.results)
     error.attempts = attempts
     return error

@@ -24,6 +24,7 @@ Command line::
     python -m simlib.exercises            # write exercises/ from solutions/
     python -m simlib.exercises --check    # exit 1 if a committed exercise is stale or missing (CI)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,15 +35,26 @@ from pathlib import Path
 
 import nbformat
 
-__all__ = ["BEGIN", "END", "STUB", "strip_solutions", "make_exercise", "generate", "load_answers", "exercises_of",
-           "main"]
+__all__ = [
+    "BEGIN",
+    "END",
+    "STUB",
+    "strip_solutions",
+    "make_exercise",
+    "generate",
+    "load_answers",
+    "exercises_of",
+    "main",
+]
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 MARKDOWN_STUB = "YOUR ANSWER HERE"
 ROOT = Path(__file__).resolve().parent.parent
-NOTE = ("> *Generated from `solutions/{name}` by `python -m simlib.exercises`: edit the solution notebook, "
-        "not this file.*\n\n")
+NOTE = (
+    "> *Generated from `solutions/{name}` by `python -m simlib.exercises`: edit the solution notebook, "
+    "not this file.*\n\n"
+)
 
 
 class MarkerError(ValueError):
@@ -96,8 +108,9 @@ def _text(nb) -> str:
     return nbformat.writes(nb) + "\n"
 
 
-def generate(solutions: Path | str = ROOT / "solutions", exercises: Path | str = ROOT / "exercises",
-             check: bool = False) -> list[str]:
+def generate(
+    solutions: Path | str = ROOT / "solutions", exercises: Path | str = ROOT / "exercises", check: bool = False
+) -> list[str]:
     """Write (or with ``check`` compare) every exercise; return the names that were (or are) out of date.
 
     With ``check``, an exercise without a solution is reported too (it would never be regenerated).

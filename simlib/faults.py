@@ -8,6 +8,7 @@ middle of the first checkpoint save at or after that step: after writing its own
 ``read_run(out_dir)`` reads the run record back as attempts: a resumed run appends to ``run.jsonl``, and each
 restart shows as the step going back to the restored one.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -31,12 +32,14 @@ def _attempt() -> int:
 
 def _rank() -> int:
     import torch.distributed as dist
+
     return dist.get_rank() if dist.is_initialized() else 0
 
 
 def _die_in_next_save() -> None:
     """Patch this process's DCP writer: the next save writes this rank's file, then the process dies."""
     from torch.distributed.checkpoint import FileSystemWriter
+
     write = FileSystemWriter.write_data
 
     def write_then_die(self, plan, planner):
@@ -69,8 +72,12 @@ class KillAt:
             if self.during_save:
                 _die_in_next_save()
             else:
-                print(f"rank {self.rank}: killed on purpose at step {step} (simlib.faults.KillAt: SIGKILL, as a lost "
-                      "node)", file=sys.stderr, flush=True)
+                print(
+                    f"rank {self.rank}: killed on purpose at step {step} (simlib.faults.KillAt: SIGKILL, as a lost "
+                    "node)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 die()
 
     def _batch(self, step: int):

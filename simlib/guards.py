@@ -14,12 +14,13 @@ Non-finite steps: ``train(..., nonfinite="stop")`` (the default) raises :class:`
 the ranks before the optimizer touches the weights; ``nonfinite="skip"`` skips that step's update (as
 ``torch.amp.GradScaler`` and Megatron-LM's skipped iterations do) and counts it in the summary.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from contextlib import nullcontext
 import numbers
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -51,10 +52,10 @@ def check_optim(cfg) -> None:
     if not _is_real(cfg.weight_decay) or cfg.weight_decay < 0:
         raise ValueError(f"{c}.weight_decay must be a number >= 0, got {cfg.weight_decay!r}")
     betas = cfg.betas
-    if (not isinstance(betas, (tuple, list)) or len(betas) != 2
-            or not all(_is_real(b) and 0 <= b < 1 for b in betas)):
-        raise ValueError(f"{c}.betas must be two numbers in [0, 1) (Adam's moment decays, e.g. (0.9, 0.95)), "
-                         f"got {betas!r}")
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2 or not all(_is_real(b) and 0 <= b < 1 for b in betas):
+        raise ValueError(
+            f"{c}.betas must be two numbers in [0, 1) (Adam's moment decays, e.g. (0.9, 0.95)), got {betas!r}"
+        )
     if not _is_real(cfg.momentum) or not 0 <= cfg.momentum < 1:
         raise ValueError(f"{c}.momentum must be in [0, 1), got {cfg.momentum!r}")
     if not _is_int(cfg.warmup_steps) or cfg.warmup_steps < 0:
@@ -62,23 +63,36 @@ def check_optim(cfg) -> None:
     if cfg.decay_steps is not None and (not _is_int(cfg.decay_steps) or cfg.decay_steps < 1):
         raise ValueError(f"{c}.decay_steps must be None (the step budget) or an int >= 1, got {cfg.decay_steps!r}")
     if not _is_real(cfg.min_lr_ratio) or not 0 <= cfg.min_lr_ratio <= 1:
-        raise ValueError(f"{c}.min_lr_ratio must be in [0, 1] (the final lr as a fraction of lr), "
-                         f"got {cfg.min_lr_ratio!r}")
+        raise ValueError(
+            f"{c}.min_lr_ratio must be in [0, 1] (the final lr as a fraction of lr), got {cfg.min_lr_ratio!r}"
+        )
     if cfg.grad_clip is not None and (not _is_real(cfg.grad_clip) or not cfg.grad_clip > 0):
-        raise ValueError(f"{c}.grad_clip must be None (no clipping) or a number > 0 (the largest gradient norm), "
-                         f"got {cfg.grad_clip!r}")
+        raise ValueError(
+            f"{c}.grad_clip must be None (no clipping) or a number > 0 (the largest gradient norm), "
+            f"got {cfg.grad_clip!r}"
+        )
 
 
 # each project's task fields: ints >= 1, ints >= 0, True/False, numbers in a range ((low, high): low < v <= high,
 # or low <= v when the low end is given as a list), dates
 TASK_FIELDS = {
-    "GPTTask": dict(positive=("seq_len", "hidden", "num_layers", "num_heads", "global_batch", "eval_windows",
-                              "moe_top_k"), counts=("seed", "moe_experts"),
-                    numbers={"moe_capacity_factor": (0, math.inf), "moe_aux_coeff": ([0], math.inf)}),
-    "DigitsTask": dict(positive=("global_batch", "image_size", "width", "blocks_per_stage"), counts=("seed",),
-                       flags=("augment",), numbers={"holdout": (0, 1 - 1e-9)}),
-    "HedgingTask": dict(positive=("global_batch", "days", "block", "hidden", "depth"), counts=("seed",),
-                        numbers={"cost": ([0], 0.1 - 1e-12)}, dates=("train_end",)),
+    "GPTTask": dict(
+        positive=("seq_len", "hidden", "num_layers", "num_heads", "global_batch", "eval_windows", "moe_top_k"),
+        counts=("seed", "moe_experts"),
+        numbers={"moe_capacity_factor": (0, math.inf), "moe_aux_coeff": ([0], math.inf)},
+    ),
+    "DigitsTask": dict(
+        positive=("global_batch", "image_size", "width", "blocks_per_stage"),
+        counts=("seed",),
+        flags=("augment",),
+        numbers={"holdout": (0, 1 - 1e-9)},
+    ),
+    "HedgingTask": dict(
+        positive=("global_batch", "days", "block", "hidden", "depth"),
+        counts=("seed",),
+        numbers={"cost": ([0], 0.1 - 1e-12)},
+        dates=("train_end",),
+    ),
 }
 
 
@@ -107,6 +121,7 @@ def check_task(task) -> None:
     for name in spec.get("dates", ()):
         v = getattr(task, name)
         import numpy as np
+
         try:
             if not isinstance(v, str):
                 raise ValueError(v)
@@ -116,11 +131,11 @@ def check_task(task) -> None:
     if c == "GPTTask":
         if task.hidden % task.num_heads:
             ok = [h for h in range(1, task.hidden + 1) if task.hidden % h == 0][:8]
-            raise ValueError(f"GPTTask.hidden {task.hidden} is not a multiple of num_heads {task.num_heads}: use "
-                             f"num_heads in {ok}")
+            raise ValueError(
+                f"GPTTask.hidden {task.hidden} is not a multiple of num_heads {task.num_heads}: use num_heads in {ok}"
+            )
         if task.moe_experts and task.moe_top_k > task.moe_experts:
-            raise ValueError(f"GPTTask.moe_top_k {task.moe_top_k} must be between 1 and moe_experts "
-                             f"{task.moe_experts}")
+            raise ValueError(f"GPTTask.moe_top_k {task.moe_top_k} must be between 1 and moe_experts {task.moe_experts}")
 
 
 def check_held_out(task) -> None:
@@ -128,8 +143,10 @@ def check_held_out(task) -> None:
     after training, would fail)."""
     if task.data.eval_windows < 1:
         tokens = len(task.data.held_out)
-        raise ValueError(f"GPTTask.seq_len {task.seq_len} is longer than the held-out text ({tokens:,} tokens): "
-                         f"use seq_len <= {tokens - 1}")
+        raise ValueError(
+            f"GPTTask.seq_len {task.seq_len} is longer than the held-out text ({tokens:,} tokens): "
+            f"use seq_len <= {tokens - 1}"
+        )
 
 
 def check_plan_fields(plan) -> None:
@@ -141,20 +158,35 @@ def check_plan_fields(plan) -> None:
     for name in ("activation_checkpointing", "sync_batchnorm", "sequence_parallel"):
         if not isinstance(getattr(plan, name), bool):
             raise ValueError(f"Plan.{name} must be True or False, got {getattr(plan, name)!r}")
-    if plan.checkpoint_dir is not None and not isinstance(plan.checkpoint_dir, (str, bytes)) and \
-            not hasattr(plan.checkpoint_dir, "__fspath__"):
+    if (
+        plan.checkpoint_dir is not None
+        and not isinstance(plan.checkpoint_dir, (str, bytes))
+        and not hasattr(plan.checkpoint_dir, "__fspath__")
+    ):
         raise ValueError(f"Plan.checkpoint_dir must be a path or None, got {plan.checkpoint_dir!r}")
 
 
-def check_run_args(steps=None, tokens=None, samples=None, seconds=None, eval_every=0, log_every=10, warmup=2,
-                   nonfinite="stop", target=None) -> None:
+def check_run_args(
+    steps=None,
+    tokens=None,
+    samples=None,
+    seconds=None,
+    eval_every=0,
+    log_every=10,
+    warmup=2,
+    nonfinite="stop",
+    target=None,
+) -> None:
     """``train()``'s budget (exactly one of ``steps``/``tokens``/``samples``/``seconds``, > 0) and loop arguments."""
-    given = {k: v for k, v in dict(steps=steps, tokens=tokens, samples=samples, seconds=seconds).items()
-             if v is not None}
+    given = {
+        k: v for k, v in dict(steps=steps, tokens=tokens, samples=samples, seconds=seconds).items() if v is not None
+    }
     if len(given) != 1:
-        raise ValueError("give exactly one budget: steps=, tokens=, samples= or seconds=" +
-                         (f" (got {', '.join(given)})" if given else ""))
-    (name, value), = given.items()
+        raise ValueError(
+            "give exactly one budget: steps=, tokens=, samples= or seconds="
+            + (f" (got {', '.join(given)})" if given else "")
+        )
+    ((name, value),) = given.items()
     if name == "seconds":
         if not _is_real(value) or not value > 0:
             raise ValueError(f"seconds must be a number > 0, got {value!r}")
@@ -164,8 +196,10 @@ def check_run_args(steps=None, tokens=None, samples=None, seconds=None, eval_eve
         if not _is_int(v) or v < 0:
             raise ValueError(f"{arg} must be an int >= 0, got {v!r}")
     if nonfinite not in NONFINITE_MODES:
-        raise ValueError(f"nonfinite={nonfinite!r} is unknown: use 'stop' (raise at the first NaN/inf step) or "
-                         "'skip' (skip that step's update and count it)")
+        raise ValueError(
+            f"nonfinite={nonfinite!r} is unknown: use 'stop' (raise at the first NaN/inf step) or "
+            "'skip' (skip that step's update and count it)"
+        )
     if target is not None and (not isinstance(target, dict) or not all(_is_real(v) for v in target.values())):
         raise ValueError(f"target must be a dict of metric -> number, e.g. {{'eval_loss': 4.0}}, got {target!r}")
 
@@ -175,9 +209,11 @@ def check_batch(x, y, expected: int, step: int, task_name: str, rank: int, what:
     for label, t in (("inputs", x), ("targets", y)):
         rows = t.shape[0] if hasattr(t, "shape") and len(t.shape) else None
         if rows != expected:
-            raise ValueError(f"rank {rank}, step {step}: task {task_name!r} returned a {what} of {rows} {label} "
-                             f"rows where {expected} were declared (global_batch): every batch must have exactly "
-                             "that size; fix task.batch() or the task's global_batch")
+            raise ValueError(
+                f"rank {rank}, step {step}: task {task_name!r} returned a {what} of {rows} {label} "
+                f"rows where {expected} were declared (global_batch): every batch must have exactly "
+                "that size; fix task.batch() or the task's global_batch"
+            )
 
 
 def _local_bad(loss, params) -> tuple[bool, bool]:
@@ -195,8 +231,10 @@ def nonfinite(loss, params, norm=None, device=None, timeline=None) -> list[tuple
     all is finite), the same answer on every rank. ``norm``: the global gradient norm when one was computed
     (clipping) - then only the loss needs checking locally. One all-reduce of one number per step (a "comm" span
     of ``timeline`` when given: it blocks, so it is exposed communication)."""
-    loss_bad, grad_bad = (loss is not None and not math.isfinite(float(loss)),
-                          norm is not None and not math.isfinite(norm))
+    loss_bad, grad_bad = (
+        loss is not None and not math.isfinite(float(loss)),
+        norm is not None and not math.isfinite(norm),
+    )
     if norm is None:
         loss_bad, grad_bad = _local_bad(loss, params)
     multi = dist.is_initialized() and dist.get_world_size() > 1
@@ -223,8 +261,10 @@ def nonfinite_message(step: int, bad, lr: float, last_checkpoint=None, grad_clip
         if [r for r in spread if r not in origin]:
             where += f"; the gradient all-reduce then spread it to rank(s) {spread}"
     else:
-        where = (f"the gradients became NaN or inf on rank(s) {spread} while every loss was finite (after the "
-                 "all-reduce, which hands one rank's NaN to all: the rank it began on is not known)")
+        where = (
+            f"the gradients became NaN or inf on rank(s) {spread} while every loss was finite (after the "
+            "all-reduce, which hands one rank's NaN to all: the rank it began on is not known)"
+        )
     kept = f"; the newest checkpoint is {last_checkpoint}" if last_checkpoint else ""
     todo = []
     if origin and any(r not in origin for r, _, _ in bad):  # some ranks' losses were fine: their data differ
@@ -236,13 +276,16 @@ def nonfinite_message(step: int, bad, lr: float, last_checkpoint=None, grad_clip
         todo.append(f"a smaller grad_clip (now {grad_clip:g})")
     todo.append("pass nonfinite='skip' to skip such steps and count them")
     todo = ", ".join(todo[:-1]) + f", or {todo[-1]}"
-    return (f"step {step}: {where} (training diverged); stopped before the optimizer step, so the weights are "
-            f"those before step {step}{kept}. {todo[0].upper()}{todo[1:]}")
+    return (
+        f"step {step}: {where} (training diverged); stopped before the optimizer step, so the weights are "
+        f"those before step {step}{kept}. {todo[0].upper()}{todo[1:]}"
+    )
 
 
 def nonfinite_error(step: int, bad, lr: float, checkpoint_dir=None, grad_clip=None) -> NonFiniteError:
     """:class:`NonFiniteError` with :func:`nonfinite_message`, naming the newest checkpoint in ``checkpoint_dir``."""
     from .checkpoint import latest
+
     newest = latest(checkpoint_dir) if checkpoint_dir else None
     return NonFiniteError(nonfinite_message(step, bad, lr, newest.name if newest else None, grad_clip))
 
@@ -258,24 +301,36 @@ def _plain(value):
 def run_meta(task, plan, optim, horizon) -> dict:
     """What a checkpoint records about the run that wrote it: the task (type and simple fields), the plan, the
     optimizer and the schedule's horizon. Values that are not plain (arrays, modules) are left out."""
+
     def fields(obj) -> dict:
-        raw = ({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj)
-               else {k: v for k, v in vars(obj).items() if not k.startswith("_")})
+        raw = (
+            {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+            if dataclasses.is_dataclass(obj)
+            else {k: v for k, v in vars(obj).items() if not k.startswith("_")}
+        )
         return {k: _plain(v) for k, v in raw.items() if _plain(v) is not None or v is None}
 
     inner = getattr(task, "task", task)  # simlib.faults.KillAt wraps a task: record the task itself
     plan_fields = fields(plan)
     for transient in ("checkpoint_dir", "checkpoint_every"):
         plan_fields.pop(transient, None)
-    return {"task": {"type": type(inner).__name__, **fields(inner)}, "plan": plan_fields,
-            "optim": {**fields(optim), "horizon": horizon}}
+    return {
+        "task": {"type": type(inner).__name__, **fields(inner)},
+        "plan": plan_fields,
+        "optim": {**fields(optim), "horizon": horizon},
+    }
 
 
 def free_changes(plan) -> tuple:
     """Fields of :func:`run_meta` that may change on resume without a flag: they do not change what is learned
     (how micro-batches are run) or the checkpoint reshards across them (the DP degree without ZeRO)."""
-    free = ["plan.accumulation", "plan.dp_variant", "plan.schedule", "plan.bucket_cap_mb",
-            "plan.activation_checkpointing"]
+    free = [
+        "plan.accumulation",
+        "plan.dp_variant",
+        "plan.schedule",
+        "plan.bucket_cap_mb",
+        "plan.activation_checkpointing",
+    ]
     if not plan.zero_stage:
         free.append("plan.dp")
     return tuple(free)

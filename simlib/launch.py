@@ -73,7 +73,7 @@ def _check_positive(name, value, allow_none=True):
     return value
 
 
-_live_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+_live_clusters: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
 
 def _cell_origin():
@@ -209,7 +209,7 @@ class Cluster(ElasticWorkers):
         self._broken = False
         self.restarts += 1
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:

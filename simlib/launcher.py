@@ -4,6 +4,7 @@ working directory, passes on the signals the agent sends, and exits as the worke
 the standard library (not simlib, not torch: that is the point). If the zygote cannot be reached it runs the
 worker itself, as ``python -c BOOTSTRAP`` always did.
 """
+
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ HEADER = struct.Struct("!I")  # as simlib.zygote's wire format: a 4-byte length,
 
 def _die_with_parent() -> None:
     import ctypes
+
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
@@ -37,6 +39,7 @@ def _recv(sock) -> dict:
                 raise EOFError("the zygote closed the connection")
             buf += chunk
         return buf
+
     (n,) = HEADER.unpack(exact(HEADER.size))
     return json.loads(exact(n))
 
@@ -77,8 +80,17 @@ def main(spec_file: str) -> None:
             os.dup2(os.open(os.devnull, os.O_RDWR), fd)
     try:
         sock = _connect(spec["zygote"])
-        _send(sock, {"token": spec["zygote"]["token"], "env": dict(os.environ), "cwd": os.getcwd(),
-                     "args": [spec_file], "pid": os.getpid()}, [0, 1, 2])
+        _send(
+            sock,
+            {
+                "token": spec["zygote"]["token"],
+                "env": dict(os.environ),
+                "cwd": os.getcwd(),
+                "args": [spec_file],
+                "pid": os.getpid(),
+            },
+            [0, 1, 2],
+        )
         worker = _recv(sock)["pid"]
     except (OSError, EOFError, ValueError, KeyError):  # no zygote: run the worker here, as it always ran
         os.execv(sys.executable, [sys.executable, "-c", spec["bootstrap"], spec_file])
@@ -88,13 +100,17 @@ def main(spec_file: str) -> None:
             os.kill(worker, signum)
         except OSError:
             pass
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, forward)
     try:
         status = _recv(sock)
     except (OSError, EOFError, ValueError):  # the zygote died (killed, or out of memory): so did the worker,
-        print("simlib: the process this worker was forked from (simlib.zygote) was killed, and the worker with it",
-              file=sys.stderr, flush=True)
+        print(
+            "simlib: the process this worker was forked from (simlib.zygote) was killed, and the worker with it",
+            file=sys.stderr,
+            flush=True,
+        )
         os.kill(os.getpid(), signal.SIGKILL)  # by the SIGKILL its parent's death sends it (PR_SET_PDEATHSIG)
     if "signal" in status:  # die as the worker died, so the agent reports the same signal
         sig = status["signal"]

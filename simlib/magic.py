@@ -22,6 +22,7 @@ interrupts behave as for :func:`simlib.launch`: a failure raises
 stops every worker, and the next cell starts fresh ones (with empty namespaces, as simlib then says).
 The function style (``simlib.launch(fn, n)``) stays the way for scripts; this is for exploring in a notebook.
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,10 +40,18 @@ def _rank_namespace(package) -> dict:
         import torch.distributed as dist
 
         from .env import context
+
         ctx = context()
         # the learner's cells see the package as if they had imported it
-        _namespace = {"__name__": "__distributed__", "torch": torch, "dist": dist, "simlib": package, "ctx": ctx,
-                      "rank": ctx.rank, "world_size": ctx.world_size}
+        _namespace = {
+            "__name__": "__distributed__",
+            "torch": torch,
+            "dist": dist,
+            "simlib": package,
+            "ctx": ctx,
+            "rank": ctx.rank,
+            "world_size": ctx.world_size,
+        }
     return _namespace
 
 
@@ -50,6 +59,7 @@ def _run_cell(package, source: str, filename: str, ranks) -> str | None:
     """Worker side of ``%%distributed``: run ``source`` in this rank's namespace; the repr of a last
     expression (if not None) comes back, as IPython would show it."""
     import torch.distributed as dist
+
     if ranks is not None and dist.get_rank() not in ranks:
         return None
     ns = _rank_namespace(package)
@@ -67,8 +77,10 @@ def _get(package, names: list[str]) -> dict:
     missing = [n for n in names if n not in ns]
     if missing:
         import torch.distributed as dist
-        raise NameError(f"rank {dist.get_rank()} has no variable {', '.join(missing)} (define it in a "
-                        "%%distributed cell first)")
+
+        raise NameError(
+            f"rank {dist.get_rank()} has no variable {', '.join(missing)} (define it in a %%distributed cell first)"
+        )
     return {n: ns[n] for n in names}
 
 
@@ -122,14 +134,18 @@ def _make_magics(in_rank):
 
         def _cluster(self, world_size=None):
             from .launch import cluster, shared_cluster
+
             shared = shared_cluster()
             if shared is not None and world_size in (None, shared.world_size):
                 self.world_size = shared.world_size  # the kernel's warm cluster, whatever its options
                 return shared
             if world_size is not None and world_size != self.world_size:
                 if self._pids is not None:
-                    print(f"simlib: {world_size} ranks instead of {self.world_size}: starting new workers "
-                          "(variables from earlier cells are gone)", file=sys.stderr)
+                    print(
+                        f"simlib: {world_size} ranks instead of {self.world_size}: starting new workers "
+                        "(variables from earlier cells are gone)",
+                        file=sys.stderr,
+                    )
                 self.world_size = world_size
             return cluster(self.world_size)
 
@@ -140,13 +156,20 @@ def _make_magics(in_rank):
             finally:
                 pids = cluster.pids  # empty when the call stopped the workers (an interrupt, a hang)
                 if pids and self._pids and pids != self._pids:
-                    print("simlib: these are fresh workers: variables from earlier distributed cells are gone",
-                          file=sys.stderr)
+                    print(
+                        "simlib: these are fresh workers: variables from earlier distributed cells are gone",
+                        file=sys.stderr,
+                    )
                 self._pids = pids or self._pids
 
         @ma.magic_arguments()
-        @ma.argument("-n", "--nproc", type=int, default=None,
-                     help="number of ranks (default 2, or the last number given); a new number starts new workers")
+        @ma.argument(
+            "-n",
+            "--nproc",
+            type=int,
+            default=None,
+            help="number of ranks (default 2, or the last number given); a new number starts new workers",
+        )
         @ma.argument("-r", "--ranks", default=None, help="run on these ranks only, e.g. 0 or 0,2 (default: all)")
         @ma.argument("--timeout", type=float, default=None, help="seconds the whole cell may take")
         @cell_magic
@@ -191,10 +214,10 @@ def _make_magics(in_rank):
         def dist_close(self, line):
             """Stop the workers of distributed cells (their variables go with them)."""
             from .launch import shared_cluster
+
             shared = shared_cluster()
             if shared is not None:
                 shared.close()
             self._pids = None
 
     return DistributedMagics
-

@@ -1,4 +1,5 @@
 """Small models and generated data for the lessons (nothing downloads at run time)."""
+
 from __future__ import annotations
 
 import torch
@@ -12,8 +13,7 @@ class MLP(nn.Module):
     is compute-bound on a CPU core at batch sizes of a few hundred, small enough to run in seconds.
     """
 
-    def __init__(self, width: int = 1024, depth: int = 4, in_features: int | None = None,
-                 out_features: int = 1):
+    def __init__(self, width: int = 1024, depth: int = 4, in_features: int | None = None, out_features: int = 1):
         super().__init__()
         in_features = width if in_features is None else in_features
         layers: list[nn.Module] = []
@@ -26,12 +26,11 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-def make_regression(num_samples: int, in_features: int, out_features: int = 1, seed: int = 0,
-                    noise: float = 0.01):
+def make_regression(num_samples: int, in_features: int, out_features: int = 1, seed: int = 0, noise: float = 0.01):
     """A synthetic regression set: y = tanh(x @ W) + noise, the same for every rank given ``seed``."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(num_samples, in_features, generator=g)
-    w = torch.randn(in_features, out_features, generator=g) / in_features ** 0.5
+    w = torch.randn(in_features, out_features, generator=g) / in_features**0.5
     y = torch.tanh(x @ w) + noise * torch.randn(num_samples, out_features, generator=g)
     return x, y
 
@@ -41,7 +40,7 @@ def shard(x: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     if x.shape[0] % world_size:
         raise ValueError(f"{x.shape[0]} samples do not split into {world_size} equal shards")
     n = x.shape[0] // world_size
-    return x[rank * n:(rank + 1) * n]
+    return x[rank * n : (rank + 1) * n]
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -71,7 +70,7 @@ class SelfAttention(nn.Module):
         if hidden % num_heads:
             raise ValueError(f"hidden {hidden} is not a multiple of num_heads {num_heads}")
         self.hidden, self.num_heads, self.causal = hidden, num_heads, causal
-        self.qkv = nn.Linear(hidden, 3 * hidden)   # rows: all q, then all k, then all v
+        self.qkv = nn.Linear(hidden, 3 * hidden)  # rows: all q, then all k, then all v
         self.out = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, S, hidden) -> (B, S, hidden)
@@ -88,9 +87,9 @@ class TransformerBlock(nn.Module):
     def __init__(self, hidden: int, num_heads: int, ffn: int | None = None, make_mlp=None):
         super().__init__()
         self.ln1 = nn.LayerNorm(hidden)
-        self.attn = SelfAttention(hidden, num_heads, causal=True)   # fused qkv, out projection
+        self.attn = SelfAttention(hidden, num_heads, causal=True)  # fused qkv, out projection
         self.ln2 = nn.LayerNorm(hidden)
-        self.mlp = make_mlp() if make_mlp is not None else FeedForward(hidden, ffn)   # fc1, GELU, fc2
+        self.mlp = make_mlp() if make_mlp is not None else FeedForward(hidden, ffn)  # fc1, GELU, fc2
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -112,13 +111,20 @@ class BlockMLP(nn.Module):
     activation checkpoints, and activations that grow with the batch while the states do not.
     """
 
-    def __init__(self, width: int = 256, depth: int = 4, ffn: int | None = None, in_features: int | None = None,
-                 out_features: int = 1):
+    def __init__(
+        self,
+        width: int = 256,
+        depth: int = 4,
+        ffn: int | None = None,
+        in_features: int | None = None,
+        out_features: int = 1,
+    ):
         super().__init__()
         ffn = ffn or 4 * width
         self.embed = nn.Linear(in_features or width, width)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, ffn), nn.ReLU(), nn.Linear(ffn, width))
-                                    for _ in range(depth))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, ffn), nn.ReLU(), nn.Linear(ffn, width)) for _ in range(depth)
+        )
         self.head = nn.Linear(width, out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, in_features) -> (B, out_features)

@@ -29,6 +29,7 @@ It returns a :class:`ParallelModel`: the local module the optimizer updates, and
 ``forward_backward(x, y)``, that runs one step's forward and backward on this rank's share of the batch
 whatever the plan. Mixed precision is ``torch.autocast`` around the forward (and the loss).
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -80,20 +81,20 @@ def unique_parameters(module: nn.Module) -> list[nn.Parameter]:
 class ParallelModel:
     """One rank's part of the model under a plan, and how to run a step on it."""
 
-    module: nn.Module            # the local parameters (the optimizer updates these)
-    groups: object               # simlib.parallel.mesh.MeshGroups
-    plan: object                 # simlib.train.Plan
+    module: nn.Module  # the local parameters (the optimizer updates these)
+    groups: object  # simlib.parallel.mesh.MeshGroups
+    plan: object  # simlib.train.Plan
     task: object
     device: torch.device
-    full_model: nn.Module        # the model as built (for evaluation under PP)
-    wrapped: nn.Module | None = None   # the DP wrapper, when there is one
-    stages: list = field(default_factory=list)     # pipeline stages of this rank (pp > 1)
-    tied: list = field(default_factory=list)       # parameters held by the first and last pipeline stage
-    activation: tuple | None = None                # (shape after the micro-batch dim, dtype) between stages
+    full_model: nn.Module  # the model as built (for evaluation under PP)
+    wrapped: nn.Module | None = None  # the DP wrapper, when there is one
+    stages: list = field(default_factory=list)  # pipeline stages of this rank (pp > 1)
+    tied: list = field(default_factory=list)  # parameters held by the first and last pipeline stage
+    activation: tuple | None = None  # (shape after the micro-batch dim, dtype) between stages
     timeline: object = None
-    scaler: object = None        # simlib.parallel.precision.LossScaler when the plan scales the loss
+    scaler: object = None  # simlib.parallel.precision.LossScaler when the plan scales the loss
     zero_optimizer: object = None  # ZeRO-1/2: the ShardedOptimizer (its owner of each parameter)
-    split: object = None         # cp > 1: the simlib.parallel.context.ContextSplit of every step
+    split: object = None  # cp > 1: the simlib.parallel.context.ContextSplit of every step
     moe: list = field(default_factory=list)  # the model's MoE layers when dp x cp > 1 (MoEFeedForward)
 
     # ── data ──
@@ -101,7 +102,7 @@ class ParallelModel:
         """This rank's contiguous share of the global batch: block ``dp_rank`` of ``dp``."""
         dp, r = self.plan.dp, self.groups.dp_rank
         n = x.shape[0] // dp
-        return x[r * n:(r + 1) * n].to(self.device), y[r * n:(r + 1) * n].to(self.device)
+        return x[r * n : (r + 1) * n].to(self.device), y[r * n : (r + 1) * n].to(self.device)
 
     # ── one step ──
     def forward_backward(self, x, y):
@@ -135,6 +136,7 @@ class ParallelModel:
         """The accumulation step with this rank's slice of each sequence (cp) and the MoE layers routing over
         the ``dp x cp`` ranks; under ep, then the gradients averaged (:meth:`_average_expert_parallel`)."""
         from contextlib import ExitStack
+
         plan, g = self.plan, self.groups
         with ExitStack() as scope:
             if self.split is not None:
@@ -170,11 +172,15 @@ class ParallelModel:
         """Lesson 03's ``accumulation_step`` (1/k per micro-batch, ``no_sync`` but on the last), without its
         optimizer step: the loop unscales, clips and steps."""
         model = self.wrapped if self.wrapped is not None else self.module
-        return accumulate.accumulation_step(model, None, list(zip(x.chunk(self.plan.accumulation),
-                                                                  y.chunk(self.plan.accumulation))),
-                                            loss_fn=self.task.loss, timeline=self.timeline,
-                                            autocast=lambda: autocast(self.plan, self.device),
-                                            loss_scale=self.scaler.scale if self.scaler is not None else 1.0)
+        return accumulate.accumulation_step(
+            model,
+            None,
+            list(zip(x.chunk(self.plan.accumulation), y.chunk(self.plan.accumulation))),
+            loss_fn=self.task.loss,
+            timeline=self.timeline,
+            autocast=lambda: autocast(self.plan, self.device),
+            loss_scale=self.scaler.scale if self.scaler is not None else 1.0,
+        )
 
     def _pipeline_step(self, x, y):
         """``plan.accumulation`` passes of the schedule over ``plan.microbatches`` micro-batches each; gradients
@@ -194,8 +200,17 @@ class ParallelModel:
         for xk, yk in zip(x.chunk(k), y.chunk(k)):
             xs, ys = list(xk.chunk(m)), list(yk.chunk(m))
             with autocast(self.plan, self.device):
-                out = pp_lib.run_schedule(actions, self.stages, xs, ys, activation_shape=(xs[0].shape[0], *shape),
-                                          loss_fn=loss_fn, group=g.pp_group, timeline=self.timeline, dtype=dtype)
+                out = pp_lib.run_schedule(
+                    actions,
+                    self.stages,
+                    xs,
+                    ys,
+                    activation_shape=(xs[0].shape[0], *shape),
+                    loss_fn=loss_fn,
+                    group=g.pp_group,
+                    timeline=self.timeline,
+                    dtype=dtype,
+                )
             if out["loss"] is not None:
                 total = (total or 0.0) + float(out["loss"]) / factor / k
         with _span(self.timeline, "comm", "tied + data-parallel grads"):
@@ -263,19 +278,23 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
     full_model = model
     if plan.tp > 1:
         from .parallel.tensor import CommLog
+
         sp = {"sequence_parallel": True} if getattr(plan, "sequence_parallel", False) else {}
         model = task.tensor_parallel(model, groups.tp_group, log=CommLog(timeline=timeline), **sp).to(device)
     if getattr(plan, "sync_batchnorm", False) and plan.dp > 1:
         from .parallel.batchnorm import convert_sync_batchnorm
+
         model = convert_sync_batchnorm(model, groups.dp_group)
     if plan.activation_checkpointing:
         blocks = task.blocks(model)
         inside = {id(m) for m in model.modules()}
         stray = [type(b).__name__ for b in blocks if id(b) not in inside]
         if stray:  # recomputing a module the forward never calls would silently save nothing
-            raise ValueError(f"{type(task).__name__}.blocks() returned {len(stray)} module(s) that are not part of "
-                             "the model (new containers?): return the model's own block modules so that "
-                             "activation checkpointing wraps what the forward runs")
+            raise ValueError(
+                f"{type(task).__name__}.blocks() returned {len(stray)} module(s) that are not part of "
+                "the model (new containers?): return the model's own block modules so that "
+                "activation checkpointing wraps what the forward runs"
+            )
         checkpoint_blocks(blocks)
     pm = ParallelModel(model, groups, plan, task, device, full_model, timeline=timeline)
     _apply_context_experts(pm, model, groups, plan, task)
@@ -295,8 +314,13 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
         return pm
     if plan.zero_stage:
         blocks = task.blocks(model) if plan.zero_stage == 3 and hasattr(task, "blocks") else None
-        pm.wrapped = apply_zero(model, plan.zero_stage, groups.dp_group, blocks=blocks,
-                                param_dtype=precision.DTYPES.get(plan.mixed_precision) if plan.zero_stage == 3 else None)
+        pm.wrapped = apply_zero(
+            model,
+            plan.zero_stage,
+            groups.dp_group,
+            blocks=blocks,
+            param_dtype=precision.DTYPES.get(plan.mixed_precision) if plan.zero_stage == 3 else None,
+        )
         if plan.zero_stage == 3:
             pm.module = pm.wrapped  # its parameters are the shards; its forward gathers each block
     elif plan.dp * getattr(plan, "cp", 1) > 1 and getattr(plan, "ep", 1) == 1:  # ep: _average_expert_parallel
@@ -310,13 +334,16 @@ def _apply_context_experts(pm: ParallelModel, model: nn.Module, groups, plan, ta
     cp, ep = getattr(plan, "cp", 1), getattr(plan, "ep", 1)
     if cp > 1:
         from .parallel.context import ContextSplit
+
         pm.split = ContextSplit(groups.cp_group, layout="zigzag")  # causal work balanced over the CP ranks
         task.context_parallel(model, pm.split)
     if plan.dp * cp > 1:
         from .parallel.experts import MoEFeedForward
+
         pm.moe = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
     if ep > 1:
         from .parallel import dims
+
         dims.check(dp=plan.dp, cp=cp, ep=ep, experts=len(pm.moe), task=f"{task.name} ({type(model).__name__})")
         for layer in pm.moe:
             layer.shard_experts(groups.ep_group)
@@ -327,13 +354,16 @@ def apply_zero(model: nn.Module, stage: int, group, blocks=None, comm_counter=No
     ``ShardedOptimizer`` next) or ``Zero3`` (stage 3: each of ``blocks`` sharded; None: ``blocks_of(model)``;
     ``param_dtype``: FSDP2's mixed-precision policy, weights cast before the all-gather, gradients reduced in fp32)."""
     from .parallel import dims
+
     dims.check(zero_stage=stage)
     if stage == 0:
         raise ValueError("apply_zero(stage=0): stage 0 is plain data parallelism, use simlib.parallel.data.wrap")
     if stage in (1, 2):
         from .parallel.zero import ZeroDataParallel
+
         return ZeroDataParallel(model, stage=stage, group=group, comm_counter=comm_counter)
     from .parallel.zero3 import Zero3
+
     return Zero3(model, blocks=blocks, group=group, comm_counter=comm_counter, param_dtype=param_dtype)
 
 
@@ -342,7 +372,7 @@ def build_optimizer(pm: ParallelModel, plan, optim, total_steps: int | None):
     import math
 
     params = unique_parameters(pm.module)
-    decay = [p for p in params if p.dim() >= 2]   # weights decay; biases and LayerNorm gains do not
+    decay = [p for p in params if p.dim() >= 2]  # weights decay; biases and LayerNorm gains do not
     no_decay = [p for p in params if p.dim() < 2]
     param_groups = [dict(params=decay, weight_decay=optim.weight_decay), dict(params=no_decay, weight_decay=0.0)]
     if optim.name == "adamw":
@@ -351,13 +381,15 @@ def build_optimizer(pm: ParallelModel, plan, optim, total_steps: int | None):
         cls, hyper = torch.optim.SGD, dict(lr=optim.lr, momentum=optim.momentum)
     if plan.zero_stage in (1, 2):  # each DP rank steps the optimizer states of the parameters it owns
         from .parallel.zero import ShardedOptimizer
+
         optimizer = ShardedOptimizer([g for g in param_groups if g["params"]], cls, group=pm.groups.dp_group, **hyper)
         if pm.wrapped is not None:
             pm.wrapped.attach(optimizer)
         # (under PP there is no wrapper: the pipeline step reduces the gradients, ZeRO-2 to their owners)
         pm.zero_optimizer = optimizer  # clipping counts each gradient on its owner only
-    elif plan.zero_stage == 3:     # each DP rank steps its flat shards
+    elif plan.zero_stage == 3:  # each DP rank steps its flat shards
         from .parallel.zero3 import check_elementwise
+
         check_elementwise(cls, dist.get_rank())
         optimizer = cls(pm.wrapped.param_groups(weight_decay=optim.weight_decay), **hyper)
     else:
@@ -379,6 +411,7 @@ def fused_adamw(cls, params) -> dict:
     """``{"fused": True}`` for AdamW when every parameter is a floating-point CUDA tensor and this torch has the
     fused kernel (one launch for the whole update instead of several per tensor); else ``{}`` (CPU: foreach)."""
     import inspect
+
     if cls is not torch.optim.AdamW or "fused" not in inspect.signature(cls).parameters:
         return {}
     ok = bool(params) and all(p.is_cuda and p.is_floating_point() for p in params)
@@ -395,6 +428,7 @@ def clip_grad_norm(pm: ParallelModel, max_norm: float) -> float:
     g, plan = pm.groups, pm.plan
     if plan.zero_stage == 3:  # each rank holds the gradient shards of its flat shards
         from .parallel.zero import clip_grad_norm_
+
         module = pm.wrapped if pm.wrapped is not None else pm.module
         return float(clip_grad_norm_(list(module.parameters()), max_norm, group=g.dp_group))
     sharded = tensor_parallel_sharded(pm.module) if plan.tp > 1 else set()
@@ -402,7 +436,11 @@ def clip_grad_norm(pm: ParallelModel, max_norm: float) -> float:
     shared_out = torch.zeros((), dtype=torch.float64, device=pm.device)  # ep: each rank's own experts
     tied = {id(p) for p in pm.tied} if not g.pp_is_first_stage else set()
     params = [p for p in unique_parameters(pm.module) if p.grad is not None]
-    owned = {id(p) for p, r in pm.zero_optimizer.owner.items() if r == pm.zero_optimizer.rank} if pm.zero_optimizer is not None else None
+    owned = (
+        {id(p) for p, r in pm.zero_optimizer.owner.items() if r == pm.zero_optimizer.rank}
+        if pm.zero_optimizer is not None
+        else None
+    )
     split = torch.zeros((), dtype=torch.float64, device=pm.device)
     rest = torch.zeros((), dtype=torch.float64, device=pm.device)
     for p in params:

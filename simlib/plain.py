@@ -17,6 +17,7 @@ code was tampered with can send any bytes, and they are refused here.
 ``frame_loads(data)`` reads the messages a worker sends on its connection (tuples of numbers, strings and
 bytes) with an unpickler that builds no class at all.
 """
+
 from __future__ import annotations
 
 import io
@@ -24,8 +25,17 @@ import pickle
 import sys
 import warnings
 
-__all__ = ["NotPlain", "to_plain", "dumps", "loads", "verify", "read_result", "pickle_loads", "frame_loads",
-           "exact_str"]
+__all__ = [
+    "NotPlain",
+    "to_plain",
+    "dumps",
+    "loads",
+    "verify",
+    "read_result",
+    "pickle_loads",
+    "frame_loads",
+    "exact_str",
+]
 
 _ATOMS = (type(None), bool, int, float, complex, str, bytes)
 _KEYS = (type(None), bool, int, float, str, bytes)
@@ -42,9 +52,11 @@ def _name(t) -> str:
 
 def _refuse(rank, path, what: str) -> NotPlain:
     who = f"rank {rank}" if rank is not None else "the worker"
-    return NotPlain(f"{who} returned {what} at {path}: only plain data of exact types crosses back to the grader "
-                    "(None, bool, int, float, str, bytes, list, tuple, dict and plain torch tensors; no subclasses, "
-                    "objects or functions)")
+    return NotPlain(
+        f"{who} returned {what} at {path}: only plain data of exact types crosses back to the grader "
+        "(None, bool, int, float, str, bytes, list, tuple, dict and plain torch tensors; no subclasses, "
+        "objects or functions)"
+    )
 
 
 def to_plain(value, rank=None, path: str = "the result", _depth: int = 0):
@@ -57,14 +69,16 @@ def to_plain(value, rank=None, path: str = "the result", _depth: int = 0):
     if t in _ATOMS:
         return value
     if t is list or t is tuple:
-        items = [to_plain(v, rank, f"{path}[{i}]", _depth + 1) for i, v in enumerate(list.__iter__(value)
-                                                                                      if t is list else
-                                                                                      tuple.__iter__(value))]
+        items = [
+            to_plain(v, rank, f"{path}[{i}]", _depth + 1)
+            for i, v in enumerate(list.__iter__(value) if t is list else tuple.__iter__(value))
+        ]
         return items if t is list else tuple(items)
     torch = sys.modules.get("torch")
     collections = sys.modules.get("collections")
-    if t is dict or (collections is not None and t in (collections.OrderedDict, collections.defaultdict,
-                                                       collections.Counter)):
+    if t is dict or (
+        collections is not None and t in (collections.OrderedDict, collections.defaultdict, collections.Counter)
+    ):
         out = {}
         for k, v in dict.items(value):
             key = to_plain(k, rank, f"{path} (a key)", _depth + 1)
@@ -117,6 +131,7 @@ def verify(value, rank=None, path: str = "the result", _depth: int = 0):
 def dumps(value, rank=None) -> bytes:
     """In the worker: ``value`` converted by :func:`to_plain`, as ``torch.save`` bytes."""
     import torch
+
     buf = io.BytesIO()
     torch.save(to_plain(value, rank), buf)
     return buf.getvalue()
@@ -126,6 +141,7 @@ def loads(data, rank=None):
     """In the caller: bytes from :func:`dumps`, read by torch's restricted unpickler and checked by :func:`verify`;
     :class:`NotPlain` for anything else (no code of the sender runs here)."""
     import torch
+
     if type(data) is not bytes:
         raise _refuse(rank, "the message", f"a payload of type {_name(type(data))} instead of bytes")
     try:
@@ -136,8 +152,10 @@ def loads(data, rank=None):
         who = f"rank {rank}" if rank is not None else "the worker"
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         why = next((ln for ln in lines if "Unsupported" in ln or "GLOBAL" in ln), lines[0] if lines else "")
-        raise NotPlain(f"{who} sent back data the grader refuses to load (only plain data of exact types is "
-                       f"read back): {type(exc).__name__}: {why}"[:600]) from None
+        raise NotPlain(
+            f"{who} sent back data the grader refuses to load (only plain data of exact types is "
+            f"read back): {type(exc).__name__}: {why}"[:600]
+        ) from None
     return verify(value, rank)
 
 
@@ -145,8 +163,10 @@ def read_result(data, rank, plain_only: bool):
     """A worker's successful result, read in the caller: ``(True, value)``, or ``(False, RemoteFailure)`` when it is
     refused. ``plain_only``: :func:`loads`; else cloudpickle (the caller trusts the code its workers run)."""
     from .errors import RemoteFailure
+
     if not plain_only:
         import cloudpickle
+
         return True, cloudpickle.loads(data)
     try:
         return True, loads(data, rank)

@@ -3,12 +3,20 @@
 Every function takes the table it plots (a pandas DataFrame from ``simlib.lessons.scaling`` or
 ``simlib.timeline``) and an optional matplotlib ``ax``; it returns the ``ax`` so a notebook can add to it.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "comm": "#55A868", "optimizer": "#8172B3",
-          "wait": "#C44E52", "other": "#937860", "step": "#BBBBBB"}
+COLORS = {
+    "forward": "#4C72B0",
+    "backward": "#DD8452",
+    "comm": "#55A868",
+    "optimizer": "#8172B3",
+    "wait": "#C44E52",
+    "other": "#937860",
+    "step": "#BBBBBB",
+}
 
 
 def _ax(ax, figsize=(6, 4)):
@@ -22,6 +30,7 @@ def integer_ticks(ax, which: str = "x"):
     counts (ranks, experts, degrees, micro-batches), where matplotlib's default locator would put ticks at -0.5,
     0.25, ... Returns ``ax``."""
     from matplotlib.ticker import MaxNLocator
+
     for name in which:
         getattr(ax, f"{name}axis").set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     return ax
@@ -33,8 +42,14 @@ def _mark_oversubscribed(ax, table, cores):
         return
     over = table[table["world_size"] > cores]["world_size"]
     if len(over):
-        ax.axvspan(cores + 0.5, table["world_size"].max() + 0.5, color="#F2D7D5", alpha=0.6, zorder=0,
-                   label=f"world size > {cores} cores (oversubscribed)")
+        ax.axvspan(
+            cores + 0.5,
+            table["world_size"].max() + 0.5,
+            color="#F2D7D5",
+            alpha=0.6,
+            zorder=0,
+            label=f"world size > {cores} cores (oversubscribed)",
+        )
 
 
 def speedup(table, ax=None, cores=None, label="measured", title=None):
@@ -56,7 +71,9 @@ def speedup(table, ax=None, cores=None, label="measured", title=None):
         ax.plot(sizes, runs["speedup"], marker="o", label=label)
     if "baseline" in table:
         for _, row in table[table["baseline"].notna()].iterrows():
-            ax.axhline(row["speedup"], color="#C44E52", linestyle=":", label=f"{row['baseline']}: {row['speedup']:.2f}x")
+            ax.axhline(
+                row["speedup"], color="#C44E52", linestyle=":", label=f"{row['baseline']}: {row['speedup']:.2f}x"
+            )
     ax.set_xlabel("world size (processes)")
     ax.set_ylabel("speedup over 1 process")
     ax.set_xticks(sizes)
@@ -117,8 +134,16 @@ def gantt(df, ax=None, step=None, title=None, kinds=None, label_spans=False):
             continue
         lab = kind if kind not in seen else None
         seen.add(kind)
-        ax.barh(y, width, left=start, height=0.6, color=COLORS.get(kind, COLORS["other"]), edgecolor="white",
-                linewidth=0.5, label=lab)
+        ax.barh(
+            y,
+            width,
+            left=start,
+            height=0.6,
+            color=COLORS.get(kind, COLORS["other"]),
+            edgecolor="white",
+            linewidth=0.5,
+            label=lab,
+        )
         if label_spans and width > 0:
             ax.text(start + width / 2, y, str(row["name"]), ha="center", va="center", fontsize=7, color="white")
     ax.set_yticks(range(len(ranks)))
@@ -183,8 +208,9 @@ def collective_grid(demos, title=None):
     """
 
     ops = list(demos)
-    fig, axes = plt.subplots(len(ops), 2, figsize=(10, 1.0 + 1.05 * len(ops) * max(len(d) for d in demos.values()) / 2),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(ops), 2, figsize=(10, 1.0 + 1.05 * len(ops) * max(len(d) for d in demos.values()) / 2), squeeze=False
+    )
     cmap = plt.get_cmap("tab10")
     for row, op in enumerate(ops):
         for col, key in enumerate(("before", "after")):
@@ -233,14 +259,20 @@ def bandwidth(rows, fits=None, ax=None, kind="time", title=None):
         y = part["time"] * 1e3 if kind == "time" else part["busbw"] / 1e9
         (line,) = ax.plot(part["bytes"], y, marker="o", ms=4, label=f"{op}, {world} ranks")
         if kind == "time":
-            ax.fill_between(part["bytes"], part["time_q1"] * 1e3, part["time_q3"] * 1e3, alpha=0.2,
-                            color=line.get_color())
+            ax.fill_between(
+                part["bytes"], part["time_q1"] * 1e3, part["time_q3"] * 1e3, alpha=0.2, color=line.get_color()
+            )
     for world, fit in (fits or {}).items():
         sizes = np.logspace(np.log10(df["bytes"].min()), np.log10(df["bytes"].max()), 50)
         model = alpha_beta_time(sizes, world, fit["alpha"], fit["beta"])
         y = model * 1e3 if kind == "time" else sizes / model * 2 * (world - 1) / world / 1e9
-        ax.plot(sizes, y, "k--" if world == 2 else "k:", lw=1, label=f"α-β model, {world} ranks: α={fit['alpha'] * 1e6:.0f} µs, "
-                                             f"1/β={fit['bandwidth'] / 1e9:.2f} GB/s")
+        ax.plot(
+            sizes,
+            y,
+            "k--" if world == 2 else "k:",
+            lw=1,
+            label=f"α-β model, {world} ranks: α={fit['alpha'] * 1e6:.0f} µs, 1/β={fit['bandwidth'] / 1e9:.2f} GB/s",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log" if kind == "time" else "linear")
     ax.set_xlabel("message size (bytes)")

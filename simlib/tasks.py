@@ -4,6 +4,7 @@
 task: a fixed training set walked through in global batches, a held-out set for the eval loss. The GPT
 project's task is :class:`simlib.projects.gpt.GPTTask`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,13 +26,14 @@ class RegressionTask:
     num_samples: int = 4096
     eval_samples: int = 512
     seed: int = 0
-    dropout: float = 0.0   # on the input features while training: the run then draws random numbers every step
+    dropout: float = 0.0  # on the input features while training: the run then draws random numbers every step
 
     def __post_init__(self):
         from .models import make_regression
+
         x, y = make_regression(self.num_samples + self.eval_samples, self.width, seed=self.seed + 1)
-        self._x, self._y = x[:self.num_samples], y[:self.num_samples]
-        self._eval = x[self.num_samples:], y[self.num_samples:]
+        self._x, self._y = x[: self.num_samples], y[: self.num_samples]
+        self._eval = x[self.num_samples :], y[self.num_samples :]
 
     @property
     def flops_per_sample(self) -> float:  # forward + backward: 6 FLOPs per weight per sample
@@ -45,8 +47,9 @@ class RegressionTask:
         """Global batch ``step``: consecutive rows of the training set, wrapping around (same for every plan);
         ``part`` of ``parts``: only that contiguous block of it (a DP rank reads its share, not the whole batch)."""
         if self.global_batch % parts or not 0 <= part < parts:
-            raise ValueError(f"global batch {self.global_batch} does not split into {parts} equal parts "
-                             f"(part {part} asked)")
+            raise ValueError(
+                f"global batch {self.global_batch} does not split into {parts} equal parts (part {part} asked)"
+            )
         size = self.global_batch // parts
         idx = (torch.arange(part * size, (part + 1) * size) + step * self.global_batch) % self.num_samples
         return self._x[idx], self._y[idx]
@@ -63,19 +66,20 @@ class RegressionTask:
         """Linear + ReLU pairs, as modules the model really calls: ``model.net`` is regrouped in place (the same
         parameters), so that recomputing a block recomputes what the forward runs."""
         from .parallel.pipeline import blocks_of
+
         if not all(isinstance(m, nn.Sequential) for m in model.net):
             model.net = nn.Sequential(*blocks_of(model.net))
         return list(model.net)
 
     def pipeline_stages(self, model, pp_rank: int, pp_size: int) -> list[nn.Module]:
         from .parallel.pipeline import build_stages
+
         return build_stages(model.net, pp_rank, pp_size)
 
     def check_plan(self, plan) -> None:
         blocks = self.depth + 1
         if plan.pp > blocks:
             raise ValueError(f"the MLP has {blocks} blocks (depth {self.depth} + head): use pp <= {blocks}")
-
 
 
 class DropoutMLP(MLP):

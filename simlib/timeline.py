@@ -14,6 +14,7 @@ on CUDA devices spans are timed with CUDA events and placed on the same host clo
 when it runs, not when it was queued. Every table has the columns of :data:`COLUMNS`; the simulator's
 replay produces tables of the same shape, so one plot shows predicted beside measured.
 """
+
 from __future__ import annotations
 
 import threading
@@ -50,6 +51,7 @@ class Timeline:
     def _now(self):
         if self.cuda:
             import torch
+
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             if self._cuda_ref is None:
@@ -62,6 +64,7 @@ class Timeline:
         if not self._pending:
             return
         import torch
+
         torch.cuda.synchronize(self.device)
         ref_event, ref_host = self._cuda_ref
         for row, start, end in self._pending:
@@ -107,9 +110,16 @@ class Timeline:
     def add(self, kind: str, start, end, name: str | None = None, step: int | None = None) -> None:
         """Add a span measured elsewhere (times from ``time.perf_counter`` or CUDA events)."""
         step = self.current_step if step is None else step
-        row = dict(rank=self.rank, step=-1 if step is None else step, kind=kind, name=name or kind,
-                   start=start, end=end, duration=None,
-                   warmup=step is not None and step < self.warmup)
+        row = dict(
+            rank=self.rank,
+            step=-1 if step is None else step,
+            kind=kind,
+            name=name or kind,
+            start=start,
+            end=end,
+            duration=None,
+            warmup=step is not None and step < self.warmup,
+        )
         if self.cuda and not isinstance(start, float):
             self._pending.append((row, start, end))
         else:
@@ -186,8 +196,13 @@ def summarize(df) -> dict:
     if len(times) == 0:
         raise ValueError("no measured steps: record steps with Timeline.step() and run more than `warmup` of them")
     q1, q3 = np.percentile(times, [25, 75])
-    out = dict(step_time=float(np.median(times)), step_time_iqr=float(q3 - q1),
-               step_time_min=float(times.min()), step_time_max=float(times.max()), steps=int(len(times)))
+    out = dict(
+        step_time=float(np.median(times)),
+        step_time_iqr=float(q3 - q1),
+        step_time_min=float(times.min()),
+        step_time_max=float(times.max()),
+        steps=int(len(times)),
+    )
     body = df[(df["kind"] != "step") & (~df["warmup"].astype(bool))]
     per = body.groupby(["kind", "rank", "step"])["duration"].sum().groupby(["kind", "rank"]).median()
     for kind in KINDS[1:]:
@@ -225,6 +240,7 @@ def overlap(xs, ys) -> float:
 
 def exposed_time(spans, hidden_by=("forward", "backward", "optimizer"), kind="comm") -> float:
     """Seconds of ``kind`` spans (of one rank and step) that no ``hidden_by`` span overlaps."""
+
     def intervals(mask):
         return union(zip(spans.loc[mask, "start"], spans.loc[mask, "end"]))
 

@@ -10,6 +10,7 @@ loop below is the same for every plan. Global batches come from ``task.batch(ste
 world size and plan, so runs compare step for step. Rank 0 writes ``out_dir/run.jsonl`` (one JSON object
 per logged step and per evaluation) and ``out_dir/summary.json``; every rank gets the :class:`RunRecord`.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,9 +40,9 @@ class Task(Protocol):
     name: str
     global_batch: int
 
-    def build_model(self): ...            # seeded: the same weights whatever the world size
-    def batch(self, step: int): ...       # the GLOBAL batch (x, y) of ``step``, deterministic
-    def loss(self, output, target): ...   # mean over the samples given
+    def build_model(self): ...  # seeded: the same weights whatever the world size
+    def batch(self, step: int): ...  # the GLOBAL batch (x, y) of ``step``, deterministic
+    def loss(self, output, target): ...  # mean over the samples given
     def evaluate(self, model) -> dict: ...  # held-out metrics, e.g. {"eval_loss": 2.1}
 
 
@@ -54,9 +55,9 @@ class StepInfo:
     step uses this one instead of a copy of it."""
 
     step: int
-    x: object                   # this rank's batch (inputs, targets), on its device
+    x: object  # this rank's batch (inputs, targets), on its device
     y: object
-    model: ParallelModel        # .module: the local parameters; .forward_backward, .groups, .plan
+    model: ParallelModel  # .module: the local parameters; .forward_backward, .groups, .plan
     optimizer: object
     after_backward: list = field(default_factory=list)
 
@@ -75,22 +76,27 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     scheduler: object
     step: int = 0
-    data_step: int = 0        # the data position: index of the next global batch
+    data_step: int = 0  # the data position: index of the next global batch
     samples: int = 0
     tokens: int = 0
-    train_time: float = 0.0   # seconds of training so far (evaluation and checkpoints left out)
-    shard: str = ""           # which part of the model this rank holds when ranks differ (TP/PP/ZeRO), e.g. "pp1"
-    scaler: object = None     # fp16's LossScaler: its scale and run of good steps resume with the run
+    train_time: float = 0.0  # seconds of training so far (evaluation and checkpoints left out)
+    shard: str = ""  # which part of the model this rank holds when ranks differ (TP/PP/ZeRO), e.g. "pp1"
+    scaler: object = None  # fp16's LossScaler: its scale and run of good steps resume with the run
 
     def state_dict(self) -> dict:
         model, optimizer = self.model.state_dict(), self.optimizer.state_dict()
         if self.shard:  # ranks hold different tensors under the same names: keep each part apart in the checkpoint
             model, optimizer = {self.shard: model}, {self.shard: optimizer}
-        return {"model": model, "optimizer": optimizer,
-                "scheduler": self.scheduler.state_dict(), "step": self.step,
-                "data": {"next_step": self.data_step, "samples": self.samples, "tokens": self.tokens},
-                "train_time": self.train_time, "rng": rng_state(),
-                **({"loss_scaler": self.scaler.state_dict()} if self.scaler is not None else {})}
+        return {
+            "model": model,
+            "optimizer": optimizer,
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "data": {"next_step": self.data_step, "samples": self.samples, "tokens": self.tokens},
+            "train_time": self.train_time,
+            "rng": rng_state(),
+            **({"loss_scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         part = (lambda d: d[self.shard]) if self.shard else (lambda d: d)
@@ -128,14 +134,32 @@ def _matmul_rate(device, size: int = 512, repeats: int = 5, dtypes=("float32",))
     """FLOP/s of a size^3 matmul on this process (its threads), the best of ``repeats`` in each of ``dtypes``:
     MFU's yardstick (:func:`simlib.debug.mfu.measured_peak`; the best, so that load cannot push MFU over 1)."""
     from .debug.mfu import measured_peak
+
     return measured_peak(device, dtypes, size, repeats)
 
 
-def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, seconds=None,
-          optim: OptimConfig = OptimConfig(), eval_every: int = 0, log_every: int = 10, out_dir=None,
-          target: dict | None = None, stop_at_target: bool = False, warmup: int = 2, measure_memory: bool = True,
-          verbose: bool = True, state_type: type | None = None, nonfinite: str = "stop",
-          allow_changes=(), step_hook=None) -> RunRecord:
+def train(
+    task,
+    plan: Plan = Plan(),
+    *,
+    steps=None,
+    tokens=None,
+    samples=None,
+    seconds=None,
+    optim: OptimConfig = OptimConfig(),
+    eval_every: int = 0,
+    log_every: int = 10,
+    out_dir=None,
+    target: dict | None = None,
+    stop_at_target: bool = False,
+    warmup: int = 2,
+    measure_memory: bool = True,
+    verbose: bool = True,
+    state_type: type | None = None,
+    nonfinite: str = "stop",
+    allow_changes=(),
+    step_hook=None,
+) -> RunRecord:
     """Train ``task`` under ``plan`` for one budget (``steps``, ``tokens``, ``samples`` or ``seconds``).
 
     Call on every rank. ``eval_every``: evaluate every k steps (and at the end) if > 0. ``target``: e.g.
@@ -158,7 +182,8 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     total_steps = _budget_steps(task, steps, tokens, samples, seconds)
     if measure_memory and ctx.device.type == "cpu":
         from .parallel.accumulate import count_every_thread
-        count_every_thread()   # before the model exists: every block the measured step frees is one it counts
+
+        count_every_thread()  # before the model exists: every block the measured step frees is one it counts
     groups = plan.mesh.build()
     tl = Timeline(rank=ctx.rank, warmup=warmup, device=ctx.device)
     pm = parallelize(task.build_model().to(ctx.device), groups, plan, task, ctx.device, tl)
@@ -167,6 +192,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
     state.scaler = pm.scaler
     if plan.checkpoint_dir:
         from . import checkpoint  # torch.distributed.checkpoint, atomic
+
         folder_lock = checkpoint.claim(plan.checkpoint_dir)  # noqa: F841 - the folder is this run's until it returns
         state.meta = guards.run_meta(task, plan, optim, optim.decay_steps or total_steps)
         state.free_changes = guards.free_changes(plan)
@@ -175,8 +201,9 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
         if checkpoint.load_latest(plan.checkpoint_dir, state, allow_changes=allow_changes) and allow_changes:
             guards.apply_optim(optimizer, scheduler, optim)
     tokens_per_sample = getattr(task, "tokens_per_sample", 0) or 0
-    matmul_rate = _matmul_rate(ctx.device, dtypes=("float32",) + ({"bf16": ("bfloat16",), "fp16": ("float16",)}
-                                                                    .get(plan.mixed_precision, ())))
+    matmul_rate = _matmul_rate(
+        ctx.device, dtypes=("float32",) + ({"bf16": ("bfloat16",), "fp16": ("float16",)}.get(plan.mixed_precision, ()))
+    )
     writer = RecordWriter(out_dir if ctx.rank == 0 else None, append=state.step > 0)
     rows, evals, peak_memory = [], [], None
     first_step, t_start = state.step, time.perf_counter()
@@ -226,6 +253,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
         with tl.step(step), hooked:
             if measure_memory and step == first_step + 1 and ctx.device.type == "cpu":
                 from .parallel.accumulate import peak_memory as measure
+
                 box = {}
                 peak_memory = measure(lambda: box.update(out=one_step(x, y, after)))
                 loss, norm, bad = box["out"]
@@ -241,7 +269,7 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
         state.data_step += 1
         state.samples += task.global_batch
         state.tokens += task.global_batch * tokens_per_sample
-        last = (total_steps is not None and state.step >= total_steps)
+        last = total_steps is not None and state.step >= total_steps
         if log_every and (step % log_every == 0 or last):
             row = step_row(step, pm.global_loss(loss), state, lr, step_time, tl, norm, tokens_per_sample)
             if peak_memory is not None and step == first_step + 1:
@@ -251,23 +279,27 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
             rows.append(row)
             writer.write(row)
             if verbose and ctx.rank == 0:
-                print(f"step {step:5d}  loss {row['loss']:.4f}  lr {lr:.2e}  {step_time * 1e3:6.0f} ms/step"
-                      f"  {state.tokens or state.samples:,} {'tokens' if tokens_per_sample else 'samples'}",
-                      flush=True)
+                print(
+                    f"step {step:5d}  loss {row['loss']:.4f}  lr {lr:.2e}  {step_time * 1e3:6.0f} ms/step"
+                    f"  {state.tokens or state.samples:,} {'tokens' if tokens_per_sample else 'samples'}",
+                    flush=True,
+                )
         if eval_every and (state.step % eval_every == 0 or last):
             _evaluate(task, pm, state, evals, writer, verbose and ctx.rank == 0)
             if stop_at_target and _agree_stop(bool(time_to_target(evals, target).get("target_reached")), ctx.device):
                 break
         if plan.checkpoint_dir and plan.checkpoint_every and state.step % plan.checkpoint_every == 0:
             from . import checkpoint
+
             checkpoint.save(plan.checkpoint_dir, state)
     if eval_every and (not evals or evals[-1]["step"] != state.step):
         _evaluate(task, pm, state, evals, writer, verbose and ctx.rank == 0)
     if ctx.device.type == "cuda":
         peak_memory = torch.cuda.max_memory_allocated(ctx.device)
     timeline = tl.gather()
-    summary = build_summary(task, plan, ctx, state, timeline, rows, evals, target, peak_memory,
-                            matmul_rate, time.perf_counter() - t_start)
+    summary = build_summary(
+        task, plan, ctx, state, timeline, rows, evals, target, peak_memory, matmul_rate, time.perf_counter() - t_start
+    )
     summary["skipped_steps"] = skipped
     writer.finish(summary)
     return RunRecord(rows=rows, evals=evals, summary=summary, timeline=timeline, model=pm)
@@ -275,13 +307,17 @@ def train(task, plan: Plan = Plan(), *, steps=None, tokens=None, samples=None, s
 
 def _shard_name(plan, groups) -> str:
     """The part of the model and optimizer this rank holds, when ranks hold different ones (checkpoint keys)."""
-    return ".".join([f"pp{groups.pp_rank}"] * (plan.pp > 1) + [f"tp{groups.tp_rank}"] * (plan.tp > 1)
-                    + [f"dp{groups.dp_rank}"] * (plan.zero_stage > 0)  # ZeRO: optimizer sharded over dp
-                    + [f"ep{groups.ep_rank}"] * (plan.ep > 1))  # EP: each rank holds its experts
+    return ".".join(
+        [f"pp{groups.pp_rank}"] * (plan.pp > 1)
+        + [f"tp{groups.tp_rank}"] * (plan.tp > 1)
+        + [f"dp{groups.dp_rank}"] * (plan.zero_stage > 0)  # ZeRO: optimizer sharded over dp
+        + [f"ep{groups.ep_rank}"] * (plan.ep > 1)
+    )  # EP: each rank holds its experts
 
 
 def _accepts_part(task) -> bool:
     import inspect
+
     try:
         return "part" in inspect.signature(task.batch).parameters
     except (TypeError, ValueError):
@@ -304,13 +340,27 @@ def _evaluate(task, pm, state, evals, writer, verbose) -> None:
         metrics = {k: float(v) for k, v in task.evaluate(model).items()}
     model.train(was_training)
     pm.module.train(was_training)
-    row = {"step": state.step, "eval": metrics, "tokens": state.tokens, "samples": state.samples,
-           "train_time": state.train_time}
+    row = {
+        "step": state.step,
+        "eval": metrics,
+        "tokens": state.tokens,
+        "samples": state.samples,
+        "train_time": state.train_time,
+    }
     evals.append(row)
     writer.write(row)
     if verbose:
         print(f"eval at step {state.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)
 
 
-__all__ = ["Plan", "OptimConfig", "Task", "TrainState", "StepInfo", "RunRecord", "train", "parallelize",
-           "build_optimizer"]
+__all__ = [
+    "Plan",
+    "OptimConfig",
+    "Task",
+    "TrainState",
+    "StepInfo",
+    "RunRecord",
+    "train",
+    "parallelize",
+    "build_optimizer",
+]

@@ -4,6 +4,7 @@ A worker connects back to its caller, joins the process group, then runs the fun
 told to stop. Its stdout and stderr (at the file-descriptor level, so C++ logs too) go to the caller as whole
 lines; it dies with its caller (``PR_SET_PDEATHSIG`` plus a watchdog), in a process group of its own.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -31,8 +32,12 @@ def failure_fields(exc: BaseException) -> tuple:
             return plain.exact_str(make())
         except BaseException:  # noqa: BLE001 - an exception whose __str__ fails
             return "(its message could not be printed)"
-    return (text(lambda: type(exc).__name__), text(lambda: str(exc)),
-            text(lambda: "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
+
+    return (
+        text(lambda: type(exc).__name__),
+        text(lambda: str(exc)),
+        text(lambda: "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))),
+    )
 
 
 class Channel:
@@ -111,9 +116,11 @@ def _die_with_parent() -> None:
     threading.Thread(target=watchdog, daemon=True, name="simlib-watchdog").start()
 
 
-BOOTSTRAP = ("import json, sys; spec = json.load(open(sys.argv[1])); "
-             "sys.path[:] = spec['path'] + [p for p in sys.path if p not in spec['path']]; "
-             "from simlib.worker import main; main(spec)")
+BOOTSTRAP = (
+    "import json, sys; spec = json.load(open(sys.argv[1])); "
+    "sys.path[:] = spec['path'] + [p for p in sys.path if p not in spec['path']]; "
+    "from simlib.worker import main; main(spec)"
+)
 """What each worker runs (``python -c BOOTSTRAP spec.json``): the elastic agent starts a command, as torchrun
 does, so a worker never re-imports the caller's ``__main__`` (a script without the ``__main__`` guard, a script
 on standard input and ``python -c`` all work). The caller's ``sys.path`` comes first, so functions that
@@ -135,8 +142,15 @@ def worker_main(address, authkey: bytes, spec: dict) -> None:
     _die_with_parent()
     rank = int(os.environ["RANK"])
     chan = Channel(Client(address, authkey=authkey))
-    chan.send(("hello", rank, os.getpid(), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-               int(os.environ.get("SIMLIB_LAUNCHER_PID", os.getpid()))))  # the agent's child (simlib.zygote)
+    chan.send(
+        (
+            "hello",
+            rank,
+            os.getpid(),
+            int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            int(os.environ.get("SIMLIB_LAUNCHER_PID", os.getpid())),
+        )
+    )  # the agent's child (simlib.zygote)
     relays = []
     if spec["relay_output"]:
         sys.stdout.flush()
@@ -169,6 +183,7 @@ def worker_main(address, authkey: bytes, spec: dict) -> None:
         sys.exit(1)  # a failure for the agent too (exit code 0 would read as "finished", with no reason given)
     if spec.get("collective_log"):  # the hang finder (simlib.debug.hangs): each collective noted before it runs
         from .debug import hangs
+
         hangs.install(spec["collective_log"], rank)
     chan.send(("ready", rank))
     while True:

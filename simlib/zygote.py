@@ -22,6 +22,7 @@ its modules with the environment, ``sys.path`` and working directory it was star
 after any of those changed gets a new zygote (the old one ends when its last worker has). If the zygote cannot
 be reached, the launcher runs the worker itself (as before: slower, not different).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -35,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
 PRELOAD = ("torch", "torch.distributed", "numpy", "cloudpickle", "simlib.worker", "simlib.env")
@@ -53,8 +53,13 @@ _zygotes: list = []  # every zygote this process started (retired ones end with 
 
 def enabled(backend: str, device: str) -> bool:
     """Whether a cluster with this backend and device starts its workers from a zygote."""
-    return (sys.platform.startswith("linux") and hasattr(socket, "send_fds") and backend == "gloo"
-            and str(device) in ("auto", "cpu") and os.environ.get("SIMLIB_ZYGOTE", "1") != "0")
+    return (
+        sys.platform.startswith("linux")
+        and hasattr(socket, "send_fds")
+        and backend == "gloo"
+        and str(device) in ("auto", "cpu")
+        and os.environ.get("SIMLIB_ZYGOTE", "1") != "0"
+    )
 
 
 def _key() -> tuple:
@@ -74,9 +79,19 @@ class _Zygote:
         def keeper():  # the zygote's parent thread lives as long as this process: PDEATHSIG fires at its end
             try:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-c", "import sys; from simlib.zygote import serve; serve(*sys.argv[1:])",
-                     self.path, self.token, str(os.getpid()), json.dumps(list(key[1]))],
-                    stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+                    [
+                        sys.executable,
+                        "-c",
+                        "import sys; from simlib.zygote import serve; serve(*sys.argv[1:])",
+                        self.path,
+                        self.token,
+                        str(os.getpid()),
+                        json.dumps(list(key[1])),
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    close_fds=True,
+                )
             finally:
                 started.set()
             self.proc.wait()
@@ -173,6 +188,7 @@ def _recv(sock, maxfds: int = 0):
 # ── the zygote process ──
 def _die_with(parent: int) -> None:
     import ctypes
+
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
@@ -199,8 +215,7 @@ def serve(path: str, token: str, parent: str, sys_path: str) -> None:
     server.listen(64)
     children, retiring, idle = {}, False, list(IDLE_PRELOAD)
     while True:
-        ready, _, _ = select.select([server] if not retiring else [], [], [],
-                                    0 if idle else 0.05 if children else 0.5)
+        ready, _, _ = select.select([server] if not retiring else [], [], [], 0 if idle else 0.05 if children else 0.5)
         if os.getppid() != parent:
             os._exit(1)
         if not ready and idle:
@@ -247,8 +262,12 @@ def serve(path: str, token: str, parent: str, sys_path: str) -> None:
             conn = children.pop(pid, None)
             if conn is not None:
                 try:
-                    _send(conn, {"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status)
-                          else {"exit": os.waitstatus_to_exitcode(status)})
+                    _send(
+                        conn,
+                        {"signal": os.WTERMSIG(status)}
+                        if os.WIFSIGNALED(status)
+                        else {"exit": os.waitstatus_to_exitcode(status)},
+                    )
                 except OSError:
                     pass
                 conn.close()
@@ -294,6 +313,7 @@ def _worker(conn, fds, request) -> None:
         spec = json.load(open(request["args"][0]))
         sys.path[:] = spec["path"] + [p for p in sys.path if p not in spec["path"]]
         from simlib.worker import main
+
         main(spec)
         code = 0
     except SystemExit as exc:

@@ -1,4 +1,5 @@
 """Shared fixtures: warm clusters, started once per test session (a cold start costs seconds here)."""
+
 import os
 
 import pytest
@@ -23,6 +24,7 @@ def alive():
     """``alive(pid)``: whether a worker process is still running (for the no-orphan checks)."""
     return _alive
 
+
 os.environ.setdefault("SIMLIB_QUICK", "1")
 
 
@@ -35,9 +37,11 @@ _SESSION_ENV = {k: os.environ.get(k) for k in _LAUNCH_KEYS}  # as the session fo
 def _end_leaked_world(before: dict) -> list:
     """End a process group left in this process and put the launcher variables back as in ``before``; what leaked."""
     import torch.distributed as dist
+
     leaked = [k for k in _LAUNCH_KEYS if os.environ.get(k) != before[k]]
     if dist.is_available() and dist.is_initialized():
         import simlib
+
         simlib.shutdown()
         leaked.append("a process group")
     for k in _LAUNCH_KEYS:
@@ -57,6 +61,7 @@ def _no_world_left_behind(request):
     import warnings
 
     import torch.distributed as dist
+
     before = {k: os.environ.get(k) for k in _LAUNCH_KEYS}
     had_world = dist.is_available() and dist.is_initialized()
     yield
@@ -64,8 +69,10 @@ def _no_world_left_behind(request):
         return
     leaked = _end_leaked_world(before)
     if leaked:
-        warnings.warn(f"{request.node.nodeid} left {', '.join(leaked)} behind (cleaned up); "
-                      "use the one_process fixture", stacklevel=1)
+        warnings.warn(
+            f"{request.node.nodeid} left {', '.join(leaked)} behind (cleaned up); use the one_process fixture",
+            stacklevel=1,
+        )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -73,16 +80,21 @@ def _no_world_left_by_a_module(request):
     """After a module (its module-scoped fixtures torn down first): no process group in this process and the
     launcher variables as the session found them; a module that leaves either is cleaned up after and named."""
     import warnings
+
     yield
     leaked = _end_leaked_world(_SESSION_ENV)
     if leaked:
-        warnings.warn(f"{request.node.nodeid} (a test or a module-scoped fixture in it) left {', '.join(leaked)} "
-                      "behind (cleaned up); use the one_process fixture", stacklevel=1)
+        warnings.warn(
+            f"{request.node.nodeid} (a test or a module-scoped fixture in it) left {', '.join(leaked)} "
+            "behind (cleaned up); use the one_process fixture",
+            stacklevel=1,
+        )
 
 
 @pytest.fixture(scope="session")
 def cluster2():
     import simlib
+
     cluster = simlib.Cluster(2, timeout=20)
     yield cluster
     cluster.close()
@@ -94,6 +106,7 @@ def cluster3():
     import warnings
 
     import simlib
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", simlib.OversubscribedWarning)
         cluster = simlib.Cluster(3, timeout=20)
@@ -106,6 +119,7 @@ def cluster4():
     import warnings
 
     import simlib
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", simlib.OversubscribedWarning)
         cluster = simlib.Cluster(4, timeout=20)

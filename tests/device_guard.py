@@ -7,6 +7,7 @@ move to ``ctx.device`` stays on the CPU and meets a meta tensor (torch raises), 
 collective is checked to be on ``ctx.device``. Collectives do nothing (rank 0 talks to itself), and reading a
 meta tensor's value (``float(loss)``) gives 1.0, so a whole run goes through in milliseconds.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,16 +39,19 @@ class _Work:
 
 def _check(where, *tensors):
     for t in tensors:
-        for x in (t if isinstance(t, (list, tuple)) else [t]):
+        for x in t if isinstance(t, (list, tuple)) else [t]:
             if isinstance(x, torch.Tensor) and x.device != DEVICE:
-                raise OffDevice(f"{where} got a tensor on {x.device}, not on ctx.device ({DEVICE}): "
-                                "the runner built it without ctx.device")
+                raise OffDevice(
+                    f"{where} got a tensor on {x.device}, not on ctx.device ({DEVICE}): "
+                    "the runner built it without ctx.device"
+                )
 
 
 def _collective(name):
     def fake(*args, **kwargs):
         _check(f"dist.{name}", *[a for a in args if isinstance(a, (torch.Tensor, list, tuple))])
         return _Work() if kwargs.get("async_op") or name in ("isend", "irecv") else None
+
     return fake
 
 
@@ -75,30 +79,55 @@ def guarded(world_size: int = 2, rank: int = 0):
 
     ctx = env.Context(rank, world_size, rank, world_size, "gloo", DEVICE, "simlib")
     group = SimpleNamespace(name="fake group")
-    patches = [mock.patch.object(env, "context", lambda: ctx), mock.patch.object(env, "init", lambda *a, **k: ctx),
-               mock.patch.object(dist, "is_initialized", lambda: True),
-               mock.patch.object(dist, "get_rank", lambda group=None: rank),
-               mock.patch.object(dist, "get_world_size", lambda group=None: world_size),
-               mock.patch.object(dist, "get_global_rank", lambda group, r: r),
-               mock.patch.object(dist, "new_group", lambda *a, **k: group),
-               mock.patch.object(dist, "barrier", lambda *a, **k: None),
-               mock.patch.object(dist, "all_gather_object", _all_gather_object),
-               mock.patch.object(dist, "broadcast_object_list", lambda *a, **k: None)]
-    for name in ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-                 "reduce_scatter_tensor", "send", "recv", "isend", "irecv", "reduce", "all_to_all_single"):
+    patches = [
+        mock.patch.object(env, "context", lambda: ctx),
+        mock.patch.object(env, "init", lambda *a, **k: ctx),
+        mock.patch.object(dist, "is_initialized", lambda: True),
+        mock.patch.object(dist, "get_rank", lambda group=None: rank),
+        mock.patch.object(dist, "get_world_size", lambda group=None: world_size),
+        mock.patch.object(dist, "get_global_rank", lambda group, r: r),
+        mock.patch.object(dist, "new_group", lambda *a, **k: group),
+        mock.patch.object(dist, "barrier", lambda *a, **k: None),
+        mock.patch.object(dist, "all_gather_object", _all_gather_object),
+        mock.patch.object(dist, "broadcast_object_list", lambda *a, **k: None),
+    ]
+    for name in (
+        "all_reduce",
+        "broadcast",
+        "all_gather",
+        "all_gather_into_tensor",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "send",
+        "recv",
+        "isend",
+        "irecv",
+        "reduce",
+        "all_to_all_single",
+    ):
         patches.append(mock.patch.object(dist, name, _collective(name)))
     # Reading a meta tensor (a loss printed, a time, a state sent home): 1.0 for a scalar, zeros of its shape.
-    real = {name: getattr(torch.Tensor, name) for name in ("__float__", "__int__", "__index__", "__bool__", "item",
-                                                           "tolist", "cpu")}
-    fake = {"__float__": lambda t: 1.0, "item": lambda t: 1.0,  # 1, not 0: runners divide by times
-            "__int__": lambda t: 0, "__index__": lambda t: 0,  # a token id read back (CUDA reads it; meta cannot)
-            "__bool__": lambda t: True,  # "all finite?" reads True: the guard checks placement, not values
-            "tolist": lambda t: torch.zeros(t.shape, dtype=t.dtype).tolist(),
-            "cpu": lambda t, *a, **k: torch.zeros(t.shape, dtype=t.dtype)}
+    real = {
+        name: getattr(torch.Tensor, name)
+        for name in ("__float__", "__int__", "__index__", "__bool__", "item", "tolist", "cpu")
+    }
+    fake = {
+        "__float__": lambda t: 1.0,
+        "item": lambda t: 1.0,  # 1, not 0: runners divide by times
+        "__int__": lambda t: 0,
+        "__index__": lambda t: 0,  # a token id read back (CUDA reads it; meta cannot)
+        "__bool__": lambda t: True,  # "all finite?" reads True: the guard checks placement, not values
+        "tolist": lambda t: torch.zeros(t.shape, dtype=t.dtype).tolist(),
+        "cpu": lambda t, *a, **k: torch.zeros(t.shape, dtype=t.dtype),
+    }
     for name in real:
-        patches.append(mock.patch.object(
-            torch.Tensor, name,
-            (lambda name: lambda t, *a, **k: fake[name](t, *a, **k) if t.is_meta else real[name](t, *a, **k))(name)))
+        patches.append(
+            mock.patch.object(
+                torch.Tensor,
+                name,
+                (lambda name: lambda t, *a, **k: fake[name](t, *a, **k) if t.is_meta else real[name](t, *a, **k))(name),
+            )
+        )
     # Meta has no random generators (CUDA has): a generator asked for on meta is made on the CPU (sampling text,
     # the MFU yardstick). A CPU generator that a GPU run would hand to a CUDA op is the one thing this lets by.
     patches.append(mock.patch.object(torch, "Generator", _Generator))

@@ -1,4 +1,5 @@
 """k micro-batches equal one batch; no_sync saves all-reduces and keeps the result; peak memory is measured."""
+
 import pytest
 import torch
 
@@ -114,6 +115,7 @@ def test_profiling_prints_no_profiler_lines_but_real_errors_still_show():
     import os
     import subprocess
     import sys
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("KINETO_LOG_LEVEL", None)

@@ -3,6 +3,7 @@
 Needs Debian's ``chromium`` (``apt-get install chromium``; `.ci/run` installs it) and Playwright for Python
 (a dev dependency; it drives that browser, it downloads none). The screenshot is kept in ``artifacts/``.
 """
+
 import json
 import os
 import re
@@ -20,11 +21,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: apt-get install chromium")]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: apt-get install chromium"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -38,31 +49,57 @@ def _lab_server(tmp_path_factory):
     (ROOT / "artifacts").mkdir(exist_ok=True)
     shutil.copy(ROOT / "notebooks" / "00_getting_started.ipynb", work)
     import nbformat
-    explorer = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "from simlib.widgets import simulator_explorer\nsimulator_explorer()")])
+
+    explorer = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("from simlib.widgets import simulator_explorer\nsimulator_explorer()")]
+    )
     explorer.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(explorer, work / "explorer.ipynb")
-    interrupt = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("import time, simlib\ncluster = simlib.Cluster(2)\nprint('worker pids', *cluster.pids)"),
-        nbformat.v4.new_code_cell("print('sleeping on every rank', flush=True)\ncluster.run(time.sleep, 300)")])
+    interrupt = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(
+                "import time, simlib\ncluster = simlib.Cluster(2)\nprint('worker pids', *cluster.pids)"
+            ),
+            nbformat.v4.new_code_cell("print('sleeping on every rank', flush=True)\ncluster.run(time.sleep, 300)"),
+        ]
+    )
     interrupt.metadata["kernelspec"] = explorer.metadata["kernelspec"]
     nbformat.write(interrupt, work / "interrupt.ipynb")
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
-                                                                          "checkForUpdates": False}))
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
     notebook_settings = tmp_path / "settings" / "@jupyterlab" / "notebook-extension"
     notebook_settings.mkdir(parents=True)  # render every cell, so the page holds all outputs
     (notebook_settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     port, token = free_port(), secrets.token_hex(16)
-    env = {**os.environ, "SIMLIB_QUICK": "1", "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt")}
+    env = {
+        **os.environ,
+        "SIMLIB_QUICK": "1",
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
+    }
     env.pop("MPLBACKEND", None)
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", "--allow-root", f"--ServerApp.root_dir={work}",
-         "--ServerApp.open_browser=False"],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "lab.log", "w"), start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={token}",
+            "--allow-root",
+            f"--ServerApp.root_dir={work}",
+            "--ServerApp.open_browser=False",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "lab.log", "w"),
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
     while True:
@@ -105,8 +142,9 @@ def lab(_lab_server, _browser):
         with urllib.request.urlopen(urllib.request.Request(f"{url}/api/{api}", headers=auth), timeout=10) as r:
             items = json.load(r)
         for item in items:
-            urllib.request.urlopen(urllib.request.Request(f"{url}/api/{api}/{item['id']}", method="DELETE",
-                                                          headers=auth), timeout=30).close()
+            urllib.request.urlopen(
+                urllib.request.Request(f"{url}/api/{api}/{item['id']}", method="DELETE", headers=auth), timeout=30
+            ).close()
 
 
 @contextmanager
@@ -125,21 +163,27 @@ def _page(browser, screenshot: str):
 def _open_and_run_all(page, url, token, notebook):
     page.goto(f"{url}/lab/tree/{notebook}?reset&token={token}")  # reset: no tab of an earlier test
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    page.wait_for_function("() => document.body.innerText.includes('Python 3 (ipykernel) | Idle')",
-                           timeout=120_000, polling=500)
+    page.wait_for_function(
+        "() => document.body.innerText.includes('Python 3 (ipykernel) | Idle')", timeout=120_000, polling=500
+    )
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
     page.wait_for_selector(".lm-Menu-itemLabel:text-is('Run All Cells')", timeout=10_000)
     page.locator(".lm-Menu-itemLabel:text-is('Run All Cells')").click()
     page.wait_for_function(  # a prompt shows [*] or [1]: the cells are running
         "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => /\\[[*0-9]+\\]/.test(e.innerText))",
-        timeout=60_000, polling=250)
+        timeout=60_000,
+        polling=250,
+    )
 
 
 def _wait_output(page, text, timeout_ms):
     """Wait until some cell *output* (not the code) shows ``text``."""
     page.wait_for_function(
         "t => [...document.querySelectorAll('.jp-OutputArea-output')].some(e => e.innerText.includes(t))",
-        arg=text, timeout=timeout_ms, polling=250)
+        arg=text,
+        timeout=timeout_ms,
+        polling=250,
+    )
 
 
 def test_simulator_explorer_redraws_in_jupyterlab(lab):
@@ -165,16 +209,21 @@ def test_lesson_explorers_redraw_in_jupyterlab(lab):
     import nbformat
 
     url, token, work, browser = lab
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
-        "from simlib import widgets\nwidgets.pipeline_explorer()", "widgets.ring_explorer()")])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(src)
+            for src in ("from simlib import widgets\nwidgets.pipeline_explorer()", "widgets.ring_explorer()")
+        ]
+    )
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, work / "lesson_explorers.ipynb")
     with _page(browser, "browser_lesson_explorers.png") as page:
         _open_and_run_all(page, url, token, "lesson_explorers.ipynb")
         _wait_output(page, "micro-batches in flight per rank [2, 1]", 120_000)  # 1F1B, p = 2, m = 4
         _wait_output(page, "before the first step", 60_000)
-        page.wait_for_function("() => document.querySelectorAll('.jp-OutputArea-output img').length >= 2",
-                               timeout=60_000, polling=250)
+        page.wait_for_function(
+            "() => document.querySelectorAll('.jp-OutputArea-output img').length >= 2", timeout=60_000, polling=250
+        )
         images = "() => [...document.querySelectorAll('.jp-OutputArea-output img')].map(e => e.src)"
         redrawn = "([old, i]) => { const now = (%s)(); return now.length > i && now[i] !== old[i]; }" % images
         before = page.evaluate(images)
@@ -190,6 +239,7 @@ def test_lesson_explorers_redraw_in_jupyterlab(lab):
         _wait_output(page, "reduce-scatter, step 1 of 3", 60_000)
         page.wait_for_function(redrawn, arg=[before, 1], timeout=60_000, polling=250)  # a new ring picture
         assert "Traceback" not in page.inner_text(".jp-Notebook")
+
 
 def test_interrupting_the_kernel_stops_every_worker(lab, alive):
     """The kernel's interrupt (Kernel > Interrupt Kernel) during a long call: workers stopped, none left."""
@@ -222,10 +272,13 @@ def test_notebook_00_runs_in_jupyterlab(lab):
         _open_and_run_all(page, url, token, "00_getting_started.ipynb")
         output = page.locator(".jp-OutputArea-output")
         # the last claim cell's sentence, or an error (Run All stops there): this is the notebook's only run in CI
-        page.wait_for_function("() => { const t = [...document.querySelectorAll('.jp-OutputArea-output')]"
-                               ".map(e => e.innerText).join('\\n'); return t.includes('At 2 processes,') || "
-                               "t.includes('Traceback') || /%s/m.test(t); }" % ERROR_LINE, timeout=240_000,
-                               polling=500)
+        page.wait_for_function(
+            "() => { const t = [...document.querySelectorAll('.jp-OutputArea-output')]"
+            ".map(e => e.innerText).join('\\n'); return t.includes('At 2 processes,') || "
+            "t.includes('Traceback') || /%s/m.test(t); }" % ERROR_LINE,
+            timeout=240_000,
+            polling=500,
+        )
         text = "\n".join(output.all_inner_texts())
         assert "At 2 processes," in text and not re.findall(ERROR_LINE, text, flags=re.M), text[-3000:]
         assert "[rank0] hello from rank 0 of 2" in text and "[rank1] hello from rank 1 of 2" in text
@@ -244,12 +297,18 @@ def test_distributed_cell_magic_in_jupyterlab(lab):
     import nbformat
 
     url, token, work, browser = lab
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
-        "%load_ext simlib",
-        "%%distributed -n 2\nx = torch.ones(1) * (rank + 1)\nprint('rank', rank, 'holds', x.item())",
-        "%%distributed\ndist.all_reduce(x)  # x is still there: each rank keeps its variables\nx.item()",
-        "%dist_pull x\nprint('pulled to the notebook:', [t.item() for t in x])",
-        "%dist_close")])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(src)
+            for src in (
+                "%load_ext simlib",
+                "%%distributed -n 2\nx = torch.ones(1) * (rank + 1)\nprint('rank', rank, 'holds', x.item())",
+                "%%distributed\ndist.all_reduce(x)  # x is still there: each rank keeps its variables\nx.item()",
+                "%dist_pull x\nprint('pulled to the notebook:', [t.item() for t in x])",
+                "%dist_close",
+            )
+        ]
+    )
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, work / "distributed.ipynb")
     with _page(browser, "browser_distributed.png") as page:
@@ -267,14 +326,25 @@ def test_distributed_cell_magic_in_jupyterlab(lab):
 # page, the claim cells' lines present (each claim is also an assert in its cell: a false one is a Traceback
 # here), and the notebook's explorer redraws when a control moves.
 BROWSER_NOTEBOOKS = {
-    "07_memory.ipynb": ["every variant equals one process at 1, 2 and 4 ranks: True", "within the 10 % target",
-                        "torch ", "steps skipped (overflow)"],
-    "08_fault_tolerance.ipynb": ["(bit-equal)", "everything restored", "Daly's interval with a one-day MTBF",
-                                 "loaded by 4 rank(s)"],
+    "07_memory.ipynb": [
+        "every variant equals one process at 1, 2 and 4 ranks: True",
+        "within the 10 % target",
+        "torch ",
+        "steps skipped (overflow)",
+    ],
+    "08_fault_tolerance.ipynb": [
+        "(bit-equal)",
+        "everything restored",
+        "Daly's interval with a one-day MTBF",
+        "loaded by 4 rank(s)",
+    ],
     "10_project_gpt.ipynb": ["the models use context", "the sampling seed", "measured / predicted"],
     "11_project_vision.ipynb": ["held-out accuracy", "same_seed", "at batch", "bf16 runs at"],
-    "12_project_finance.ipynb": ["4 ranks: parts are distinct; gathered == one-process batch: True",
-                                 "same seed on every rank:", "k=16 vs k=1"],
+    "12_project_finance.ipynb": [
+        "4 ranks: parts are distinct; gathered == one-process batch: True",
+        "same seed on every rank:",
+        "k=16 vs k=1",
+    ],
 }
 
 
@@ -295,8 +365,12 @@ def _memory_explorer_redraws(page):
     images = "() => [...document.querySelectorAll('.jp-OutputArea-output img')].map(e => e.src)"
     before = page.evaluate(images)
     box.locator("select").select_option("bf16")
-    page.wait_for_function("old => { const now = (%s)(); return now.some((s, i) => s !== old[i]); }" % images,
-                           arg=before, timeout=60_000, polling=250)
+    page.wait_for_function(
+        "old => { const now = (%s)(); return now.some((s, i) => s !== old[i]); }" % images,
+        arg=before,
+        timeout=60_000,
+        polling=250,
+    )
 
 
 def _checkpoint_calculator_redraws(page):
@@ -313,10 +387,14 @@ def _checkpoint_calculator_redraws(page):
     slider.scroll_into_view_if_needed()
     slider.locator(".noUi-handle").focus()
     page.keyboard.press("End")  # the longest save time: a longer interval
-    page.wait_for_function("old => [...document.querySelectorAll('.jp-OutputArea-output')].some("
-                           "e => /Daly: every ([\\d.]+) h/.test(e.innerText) && "
-                           "!e.innerText.includes('Daly: every ' + old + ' h'))", arg=shown, timeout=60_000,
-                           polling=250)
+    page.wait_for_function(
+        "old => [...document.querySelectorAll('.jp-OutputArea-output')].some("
+        "e => /Daly: every ([\\d.]+) h/.test(e.innerText) && "
+        "!e.innerText.includes('Daly: every ' + old + ' h'))",
+        arg=shown,
+        timeout=60_000,
+        polling=250,
+    )
 
 
 EXPLORERS = {"07_memory.ipynb": _memory_explorer_redraws, "08_fault_tolerance.ipynb": _checkpoint_calculator_redraws}
@@ -329,8 +407,10 @@ def test_notebook_runs_in_jupyterlab_and_its_claims_hold(lab, notebook):
     shutil.copy(ROOT / "notebooks" / notebook, work)
     with _page(browser, f"browser_{notebook.split('_')[0]}.png") as page:
         _open_and_run_all(page, url, token, notebook)
-        done = ("() => { const t = [...document.querySelectorAll('.jp-OutputArea-output')].map(e => e.innerText)"
-                ".join('\\n'); return t.includes(' ran in ') || t.includes('Traceback') || /%s/m.test(t); }" % ERROR_LINE)
+        done = (
+            "() => { const t = [...document.querySelectorAll('.jp-OutputArea-output')].map(e => e.innerText)"
+            ".join('\\n'); return t.includes(' ran in ') || t.includes('Traceback') || /%s/m.test(t); }" % ERROR_LINE
+        )
         page.wait_for_function(done, timeout=1_500_000, polling=1000)
         text = _all_outputs(page)
         errors = re.findall(ERROR_LINE, text, flags=re.M)

@@ -4,13 +4,13 @@ repository's sbatch file each give ONE world of 2 and one output folder, with th
 Skipped, with the reason, where SLURM cannot start (not installed, no permission to run its daemons). The
 commands are the README's ("Same code, bigger machine"), with a shorter budget.
 """
+
 import json
 import os
 import sys
 from pathlib import Path
 
 import pytest
-
 from cluster_daemons import SlurmCluster, SlurmUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +34,7 @@ def slurm(tmp_path_factory):
 def reference(tmp_path_factory):
     """`simlib train gpt --quick --world-size 2` on the laptop path (simlib.launch), same budget."""
     from simlib import cli
+
     out = tmp_path_factory.mktemp("ref") / "gpt"
     assert cli.main(["train", "gpt", "--quick", "--world-size", "2", "--out", str(out), *SHORT]) == 0
     return _losses(out)
@@ -61,8 +62,11 @@ def _env():
 @pytest.mark.slow
 def test_srun_two_tasks_are_one_world(slurm, reference, tmp_path):
     out = tmp_path / "gpt"
-    done = slurm.run(["srun", "-n", "2", sys.executable, "-m", "simlib", "train", "gpt", "--quick",
-                      "--out", str(out), *SHORT], cwd=tmp_path, env=_env())
+    done = slurm.run(
+        ["srun", "-n", "2", sys.executable, "-m", "simlib", "train", "gpt", "--quick", "--out", str(out), *SHORT],
+        cwd=tmp_path,
+        env=_env(),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     _check_one_world(out, done.stdout, reference)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt"]  # one output folder, nothing else written
@@ -72,8 +76,19 @@ def test_srun_two_tasks_are_one_world(slurm, reference, tmp_path):
 def test_sbatch_file_from_the_repo(slurm, reference, tmp_path):
     out = tmp_path / "gpt"
     log = tmp_path / "job.out"
-    done = slurm.run(["sbatch", "--wait", f"--output={log}", str(ROOT / "examples/slurm/train_gpt.sbatch"),
-                      "--out", str(out), *SHORT], cwd=tmp_path, env=_env())
+    done = slurm.run(
+        [
+            "sbatch",
+            "--wait",
+            f"--output={log}",
+            str(ROOT / "examples/slurm/train_gpt.sbatch"),
+            "--out",
+            str(out),
+            *SHORT,
+        ],
+        cwd=tmp_path,
+        env=_env(),
+    )
     text = log.read_text() if log.exists() else ""
     assert done.returncode == 0, (done.stdout + done.stderr + text)[-3000:]
     _check_one_world(out, text, reference)
@@ -82,6 +97,7 @@ def test_sbatch_file_from_the_repo(slurm, reference, tmp_path):
 def test_world_size_that_contradicts_the_launcher_is_one_line(capsys, monkeypatch):
     """Under srun -n 2, `--world-size 4` is an error naming both sizes (no SLURM needed: its variables)."""
     from simlib import cli
+
     for key, value in dict(SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_STEP_ID="0", SLURM_LOCALID="0").items():
         monkeypatch.setenv(key, value)
     for key in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SIMLIB_WORKER"):

@@ -5,6 +5,7 @@ the new node joins, and the run resumes from its checkpoint to the same losses.
 
 The commands are the README's ("Same code, bigger machine"), with a shorter budget.
 """
+
 import json
 import os
 import re
@@ -19,7 +20,7 @@ import pytest
 from simlib import checkpoint, cli, env
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # `torchrun`, with this interpreter (a copied venv's
-                                                           # torchrun script may point at another one)
+# torchrun script may point at another one)
 STEPS = ["--budget.steps", "10", "--budget.log-every", "1", "--budget.eval-every", "10"]  # room to kill a node mid-run
 PLAN = ["--plan.dp", "2", "--plan.tp", "2"]
 TOL = dict(rel=1e-5, abs=1e-5)  # as tests/test_train.py: fp32 sums in another order across TP shards
@@ -31,27 +32,60 @@ def _losses(folder: Path) -> list:
 
 
 def _clean_env():
-    e = {k: v for k, v in os.environ.items()
-         if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_", "LOCAL_RANK", "TORCHELASTIC", "GROUP_"))}
-    e.update(SIMLIB_QUICK="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-             # torch 2.13's c10d rendezvous shares one TCPStore across rounds by default, and then a replacement
-             # node cannot join: the surviving rank-0 agent publishes MASTER_ADDR/PORT under the first round's
-             # prefix only (it caches them: DynamicRendezvousHandler.next_rendezvous, _bootstrap_store_info), and
-             # the new agent waits for them under the new round's prefix until it times out (seen here without
-             # this: "wait timeout after 60000ms, keys: /torch.rendezvous.simlib-two-nodes.1/MASTER_ADDR", both
-             # agents fail). Without sharing, every round publishes them.
-             TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    e = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_", "LOCAL_RANK", "TORCHELASTIC", "GROUP_"))
+    }
+    e.update(
+        SIMLIB_QUICK="1",
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",
+        # torch 2.13's c10d rendezvous shares one TCPStore across rounds by default, and then a replacement
+        # node cannot join: the surviving rank-0 agent publishes MASTER_ADDR/PORT under the first round's
+        # prefix only (it caches them: DynamicRendezvousHandler.next_rendezvous, _bootstrap_store_info), and
+        # the new agent waits for them under the new round's prefix until it times out (seen here without
+        # this: "wait timeout after 60000ms, keys: /torch.rendezvous.simlib-two-nodes.1/MASTER_ADDR", both
+        # agents fail). Without sharing, every round publishes them.
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+    )
     return e
 
 
 def _agent(node: int, endpoint: str, out: Path, log: Path, extra=(), steps=STEPS) -> subprocess.Popen:
     """One node: a torchrun agent with 2 local ranks (in a session of its own, as are its workers: see _node)."""
-    cmd = [*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", endpoint, "--rdzv-id", "simlib-two-nodes", "--local-addr", "127.0.0.1",
-           "--max-restarts", "1", "-m", "simlib", "train", "gpt", "--quick", *PLAN, "--out", str(out), *steps,
-           *extra]
-    return subprocess.Popen(cmd, env=_clean_env(), stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=out.parent)
+    cmd = [
+        *TORCHRUN,
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--node-rank",
+        str(node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        "simlib-two-nodes",
+        "--local-addr",
+        "127.0.0.1",
+        "--max-restarts",
+        "1",
+        "-m",
+        "simlib",
+        "train",
+        "gpt",
+        "--quick",
+        *PLAN,
+        "--out",
+        str(out),
+        *steps,
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd, env=_clean_env(), stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, cwd=out.parent
+    )
 
 
 def _node(agent_pid: int) -> list:
@@ -131,8 +165,9 @@ def _wait(procs, tmp_path, timeout=300):
 def one_process(tmp_path_factory):
     """The reference: the same run in one process (`--world-size 1 --plan single`)."""
     out = tmp_path_factory.mktemp("one") / "gpt"
-    assert cli.main(["train", "gpt", "--quick", "--world-size", "1", "--plan", "single", "--out", str(out),
-                     *STEPS]) == 0
+    assert (
+        cli.main(["train", "gpt", "--quick", "--world-size", "1", "--plan", "single", "--out", str(out), *STEPS]) == 0
+    )
     return _losses(out)
 
 
@@ -199,9 +234,30 @@ def test_a_node_dies_and_is_replaced(one_process, tmp_path):
 def test_one_node_torchrun_is_one_world(one_process, tmp_path):
     """`torchrun --nproc-per-node 2 -m simlib train gpt --quick`: one world of 2, one output folder."""
     out = tmp_path / "gpt"
-    done = subprocess.run([*TORCHRUN, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-                           str(env.free_port()), "-m", "simlib", "train", "gpt", "--quick", "--out", str(out), *STEPS],
-                          env=_clean_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            *TORCHRUN,
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(env.free_port()),
+            "-m",
+            "simlib",
+            "train",
+            "gpt",
+            "--quick",
+            "--out",
+            str(out),
+            *STEPS,
+        ],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("plan dp (dp2) on rank 0 of 2 started by torchrun") == 1, done.stdout[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt"]

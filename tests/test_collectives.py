@@ -1,4 +1,5 @@
 """Ring all-reduce from send/recv equals dist.all_reduce; the alpha-beta fit recovers known parameters."""
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +9,7 @@ from simlib import collectives as C
 
 def _ring_vs_torch(numel, op="sum", seed=0):
     import torch.distributed as dist
+
     rank = dist.get_rank()
     g = torch.Generator().manual_seed(seed + rank)
     x = torch.randn(numel, generator=g)
@@ -21,6 +23,7 @@ def _ring_vs_torch(numel, op="sum", seed=0):
 
 def _ring_2d_noncontiguous():
     import torch.distributed as dist
+
     x = (torch.arange(12.0).view(3, 4) + dist.get_rank()).t()  # a transposed view: not contiguous
     expected = x.clone()
     dist.all_reduce(expected)
@@ -98,6 +101,7 @@ def test_bus_factor():
 
 def _ring_avg_on_ints():
     import torch.distributed as dist
+
     t = torch.arange(5) + 10 * dist.get_rank()
     before = t.clone()
     try:

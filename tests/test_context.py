@@ -3,6 +3,7 @@
 Forward and backward against ``F.scaled_dot_product_attention`` over the whole sequence, on 2, 3 and 4 Gloo
 ranks; per-rank work, bytes sent and errors for splits that do not work.
 """
+
 import pytest
 import torch
 
@@ -30,6 +31,7 @@ def _cp_harness(kind, layout, causal, seq=S, heads=H):
 
     from simlib.parallel import context
     from simlib.parallel.comm_log import CommLog
+
     rank, n = dist.get_rank(), dist.get_world_size()
     q, k, v, weights = (context.shard_sequence(t, rank, n, layout) for t in _problem(seq=seq, heads=heads))
     for t in (q, k, v):
@@ -41,12 +43,20 @@ def _cp_harness(kind, layout, causal, seq=S, heads=H):
         out = context.ulysses_attention(q, k, v, causal, log=log)
     forward_bytes = log.bytes
     (out * weights).sum().backward()
-    return dict(out=out.detach(), dq=q.grad, dk=k.grad, dv=v.grad, work=stats.get("work"),
-                forward_bytes=forward_bytes, backward_bytes=log.bytes - forward_bytes)
+    return dict(
+        out=out.detach(),
+        dq=q.grad,
+        dk=k.grad,
+        dv=v.grad,
+        work=stats.get("work"),
+        forward_bytes=forward_bytes,
+        backward_bytes=log.bytes - forward_bytes,
+    )
 
 
 def _check(outs, kind, layout, causal, seq=S, heads=H):
     from simlib.parallel import context
+
     n = len(outs)
     ref = _reference(causal, seq, heads)
     for got, want in zip(("out", "dq", "dk", "dv"), ref):
@@ -59,8 +69,15 @@ def _check(outs, kind, layout, causal, seq=S, heads=H):
         assert [o["work"] for o in outs] == context.causal_work(seq, n, layout, causal)
 
 
-@pytest.mark.parametrize("kind,layout,causal", [("ring", "contiguous", True), ("ring", "zigzag", True),
-                                                ("ring", "contiguous", False), ("ulysses", "contiguous", True)])
+@pytest.mark.parametrize(
+    "kind,layout,causal",
+    [
+        ("ring", "contiguous", True),
+        ("ring", "zigzag", True),
+        ("ring", "contiguous", False),
+        ("ulysses", "contiguous", True),
+    ],
+)
 def test_two_ranks(cluster2, kind, layout, causal):
     _check(cluster2.call(_cp_harness, (kind, layout, causal), timeout=90), kind, layout, causal)
 
@@ -76,12 +93,19 @@ def test_four_ranks(cluster4, kind, layout):
 
 
 def test_four_ranks_ulysses_with_eight_heads(cluster4):
-    _check(cluster4.call(_cp_harness, ("ulysses", "contiguous", True, S, 8), timeout=120), "ulysses", "contiguous",
-           True, S, 8)
+    _check(
+        cluster4.call(_cp_harness, ("ulysses", "contiguous", True, S, 8), timeout=120),
+        "ulysses",
+        "contiguous",
+        True,
+        S,
+        8,
+    )
 
 
 def _ulysses_bad_heads():
     from simlib.parallel import context
+
     q = torch.randn(1, 6, 6, 4)
     try:
         context.ulysses_attention(q, q, q)
@@ -97,6 +121,7 @@ def test_ulysses_refuses_heads_that_do_not_divide(cluster4):
 
 def test_split_errors_and_one_process():
     from simlib.parallel import context
+
     with pytest.raises(ValueError, match=r"sequence length 25 does not split into 4 equal chunks .* 24 or 28"):
         context.shard_sequence(torch.zeros(1, 1, 25, 2), 0, 2, "zigzag")
     with pytest.raises(ValueError, match="layout"):
@@ -109,6 +134,7 @@ def test_split_errors_and_one_process():
 
 def test_zigzag_balances_causal_work():
     from simlib.parallel import context
+
     for cp in (2, 3, 4, 8):
         plain, zigzag = context.causal_work(960, cp, "contiguous"), context.causal_work(960, cp, "zigzag")
         assert context.imbalance(zigzag) == 1.0
@@ -118,7 +144,8 @@ def test_zigzag_balances_causal_work():
 
 def test_unshard_inverts_shard():
     from simlib.parallel import context
-    x = torch.arange(2 * 24.).view(1, 2, 24, 1)
+
+    x = torch.arange(2 * 24.0).view(1, 2, 24, 1)
     for layout in context.LAYOUTS:
         for cp in (1, 2, 3, 4):
             pieces = [context.shard_sequence(x, r, cp, layout) for r in range(cp)]
@@ -130,13 +157,15 @@ def test_tensor_peak_bytes_counts_live_tensors_exactly():
     import torch
 
     from simlib.lessons.memory import tensor_peak_bytes
+
     x = torch.ones(1 << 18)  # 1 MiB the function reads: not counted
 
     def fn():
-        a = torch.ones(1 << 18) + x   # 1 MiB
-        b = torch.ones(1 << 19)       # 2 MiB: 3 MiB alive here
+        a = torch.ones(1 << 18) + x  # 1 MiB
+        b = torch.ones(1 << 19)  # 2 MiB: 3 MiB alive here
         del a
-        c = torch.ones(1 << 18)       # a's MiB is back: still 3 MiB
-        return b.sum() + c.sum()      # and three 4-byte scalars
+        c = torch.ones(1 << 18)  # a's MiB is back: still 3 MiB
+        return b.sum() + c.sum()  # and three 4-byte scalars
+
     assert tensor_peak_bytes(fn, x) == (3 << 20) + 12
     assert tensor_peak_bytes(lambda: None) == 0

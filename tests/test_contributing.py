@@ -1,5 +1,6 @@
 """CONTRIBUTING's recipes stay true (issue 34): every file, folder and ``simlib.*`` name it spells exists, and every
 module of ``simlib/parallel/`` and ``simlib/lessons/`` is listed in its "Where things live" table."""
+
 import pathlib
 import re
 
@@ -7,11 +8,23 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "CONTRIBUTING.md").read_text()
 SIMLIB = ROOT / "simlib"
 # where a short name in the text may live (a table row names `zero.py` for simlib/parallel/zero.py)
-BASES = [ROOT, ROOT / "tests", ROOT / "benchmarks", SIMLIB] + sorted(p for p in SIMLIB.rglob("*")
-                                                                    if p.is_dir() and "__pycache__" not in p.parts)
+BASES = [ROOT, ROOT / "tests", ROOT / "benchmarks", SIMLIB] + sorted(
+    p for p in SIMLIB.rglob("*") if p.is_dir() and "__pycache__" not in p.parts
+)
 PLACEHOLDERS = ("tests/test_x.py",)  # "run only what you touched: tests/test_x.py"
-GENERATED = ("results/", "grades/", "submissions/", "grades.csv", "grades.json", "grades_summary.csv",
-             "grades.rows.jsonl", "config.toml", "summary.json", "run.jsonl", "final_model.pt")  # written by runs
+GENERATED = (
+    "results/",
+    "grades/",
+    "submissions/",
+    "grades.csv",
+    "grades.json",
+    "grades_summary.csv",
+    "grades.rows.jsonl",
+    "config.toml",
+    "summary.json",
+    "run.jsonl",
+    "final_model.pt",
+)  # written by runs
 
 
 def _spans() -> list[str]:
@@ -26,7 +39,8 @@ def _paths() -> set[str]:
             if not token or any(c in token for c in "<>*…{}=[]") or "NN_" in token or token.startswith(("-", "$", "/")):
                 continue
             if token.endswith((".py", ".ipynb", ".md", ".toml", ".yml", ".json")) or (
-                    "/" in token and not token.startswith(("http", "/"))):
+                "/" in token and not token.startswith(("http", "/"))
+            ):
                 out.add(token)
     return out
 
@@ -38,12 +52,14 @@ def _exists(token: str) -> bool:
     path, _, attr = token.rpartition(".")
     return bool(attr.isidentifier() and path) and any(
         (base / f"{path}.py").exists() and re.search(rf"\b{attr}\b", (base / f"{path}.py").read_text())
-        for base in BASES)
+        for base in BASES
+    )
 
 
 def test_every_file_a_recipe_names_exists():
-    missing = sorted(p for p in _paths() if not p.startswith(GENERATED) and p not in GENERATED + PLACEHOLDERS
-                     and not _exists(p))
+    missing = sorted(
+        p for p in _paths() if not p.startswith(GENERATED) and p not in GENERATED + PLACEHOLDERS and not _exists(p)
+    )
     assert not missing, f"CONTRIBUTING.md names files that do not exist: {missing}"
 
 
@@ -72,10 +88,16 @@ def _row(folder: str) -> str:
 
 def test_every_parallel_and_lessons_module_is_listed():
     parallel, lessons = _row("simlib/parallel/"), _row("simlib/lessons/")
-    unlisted = [f"parallel/{p.name}" for p in sorted((SIMLIB / "parallel").glob("*.py"))
-                if p.stem != "__init__" and f"`{p.name}`" not in parallel]
-    unlisted += [f"lessons/{p.name}" for p in sorted((SIMLIB / "lessons").glob("*.py"))
-                 if p.stem != "__init__" and f"`{p.stem}`" not in lessons]
+    unlisted = [
+        f"parallel/{p.name}"
+        for p in sorted((SIMLIB / "parallel").glob("*.py"))
+        if p.stem != "__init__" and f"`{p.name}`" not in parallel
+    ]
+    unlisted += [
+        f"lessons/{p.name}"
+        for p in sorted((SIMLIB / "lessons").glob("*.py"))
+        if p.stem != "__init__" and f"`{p.stem}`" not in lessons
+    ]
     assert not unlisted, f"modules CONTRIBUTING.md's table does not list: {unlisted}"
 
 

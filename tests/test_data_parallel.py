@@ -1,4 +1,5 @@
 """Every data-parallel variant equals the single-process run on the global batch, on 2 and 4 ranks."""
+
 import pytest
 import torch
 
@@ -31,8 +32,9 @@ def test_matches_single_process(request, reference, mode, world):
 
 
 def test_bucket_overlaps_and_counts(cluster2):
-    out = cluster2.call(L.run_data_parallel, ("bucket",), dict(CONFIG, bucket_cap_mb=0.004, timeline=True),
-                        timeout=60)[0]
+    out = cluster2.call(L.run_data_parallel, ("bucket",), dict(CONFIG, bucket_cap_mb=0.004, timeline=True), timeout=60)[
+        0
+    ]
     df = out["timeline"]
     rank0 = df[(df["rank"] == 0) & (df["step"] == 1)]
     comm = rank0[rank0["kind"] == "comm"]
@@ -46,7 +48,7 @@ def test_bucket_overlaps_and_counts(cluster2):
 def test_make_buckets_reverse_and_capped():
     model = torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.Linear(10, 10))
     params = list(model.parameters())
-    buckets = D.make_buckets(params, bucket_cap_mb=440 / 2 ** 20)  # 440 bytes = one weight + one bias
+    buckets = D.make_buckets(params, bucket_cap_mb=440 / 2**20)  # 440 bytes = one weight + one bias
     assert buckets[0][0] is params[-1]  # last layer first: its gradients are ready first
     assert [len(b) for b in buckets] == [2, 2]
     assert sum(len(b) for b in D.make_buckets(params, 1e-9)) == 4  # each parameter alone when over the cap
@@ -54,6 +56,7 @@ def test_make_buckets_reverse_and_capped():
 
 def _unused_param_step():
     import torch.distributed as dist  # noqa: F401
+
     model = torch.nn.ModuleDict({"used": torch.nn.Linear(4, 1), "unused": torch.nn.Linear(4, 1)})
     dp = D.DataParallelBucket(model, bucket_cap_mb=1e-9)
     model["used"](torch.ones(2, 4)).sum().backward()
@@ -78,6 +81,7 @@ def _dp_in_mesh(mode, width=8, batch=12, steps=2):
     """Data parallelism over the dp groups {0, 2} and {1, 3} of a dp=2 x tp=2 mesh (as when composed with TP)."""
     from simlib.models import MLP, make_regression, shard
     from simlib.parallel.mesh import Mesh
+
     groups = Mesh(dp=2, tp=2).build()
     # the group's first member holds the weights to keep; the other starts from junk that broadcast must replace
     torch.manual_seed(10 + groups.tp_rank if groups.dp_rank == 0 else 999)
@@ -92,6 +96,7 @@ def _dp_in_mesh(mode, width=8, batch=12, steps=2):
 @pytest.mark.parametrize("mode", D.MODES)
 def test_group_aware_inside_a_mesh(cluster4, mode):
     from simlib.models import MLP, make_regression
+
     outs = cluster4.call(_dp_in_mesh, (mode,), timeout=60)
     for tp_rank, state in outs:
         torch.manual_seed(10 + tp_rank)
@@ -103,6 +108,7 @@ def test_group_aware_inside_a_mesh(cluster4, mode):
 
 
 # ───────────── inputs nobody planned for: right answer or a clear error (issue 8) ─────────────
+
 
 class _Experts(torch.nn.Module):
     """Two branches; which ones a rank uses is up to the test (a mixture of experts, a branch taken on one rank)."""
@@ -148,6 +154,7 @@ def _two_backwards(model, rank):
 
 def _two_backwards_then_finish(mode):
     import torch.distributed as dist
+
     model = _Experts()
     dp = D.wrap(model, mode, bucket_cap_mb=1e-9, find_unused_parameters=True)  # "other" is never used
     _two_backwards(dp, dist.get_rank())
@@ -157,6 +164,7 @@ def _two_backwards_then_finish(mode):
 
 def _synced_then_no_sync_backward(mode):
     import torch.distributed as dist
+
     model = _Experts()
     dp = D.wrap(model, mode, bucket_cap_mb=1e-9, find_unused_parameters=True)
     x, y = _data(10 * dist.get_rank())
@@ -183,6 +191,7 @@ def test_two_backwards_before_finish_accumulate(cluster2, mode, worker):
 
 def _expert_on_rank0_only(mode, find_unused):
     import torch.distributed as dist
+
     rank = dist.get_rank()
     model = _Experts()
     dp = D.wrap(model, mode, bucket_cap_mb=1e-9, find_unused_parameters=find_unused)
@@ -210,6 +219,7 @@ def test_gradient_on_some_ranks_only_raises_naming_ranks_and_parameters(cluster2
 @pytest.mark.parametrize("mode", D.MODES)
 def test_find_unused_parameters_takes_a_zero(cluster2, mode):
     """Items 2 and 4 with find_unused_parameters=True: the mean with a zero where a rank has no gradient (as DDP)."""
+
     def fn(model, rank):
         x, y = _data(rank)
         torch.nn.functional.mse_loss(model(x, use_expert=rank == 0), y).backward()
@@ -251,6 +261,7 @@ class _Mixed(torch.nn.Module):
 
 def _mixed_dtypes(mode):
     import torch.distributed as dist
+
     model = _Mixed()
     dp = D.wrap(model, mode, bucket_cap_mb=25.0)
     # gradients bf16 cannot hold: 1000.1 rounds to 1000 in bf16; 70000 would overflow fp16

@@ -13,33 +13,38 @@ held-out data in ``evaluate`` -- and the finance task handed CPU paths to a CUDA
 rank's ``_train_worker`` at world 2, evaluation included, and the state a runner brings home must be on the CPU
 (``run_project`` at world 1 returned it on the device, ``train_on`` on the CPU).
 """
-import pytest
 
+import pytest
 from device_guard import OffDevice, guarded
 
 
 def _train(task_name, budget=None, **plan):
     def run():
         from simlib.train import Plan, train
+
         if task_name == "gpt":
             from simlib.projects.gpt import GPTTask
+
             task = GPTTask.quick()
         else:
             from simlib.tasks import RegressionTask
+
             task = RegressionTask()
         return train(task, Plan(**plan), **(budget or dict(steps=3)), eval_every=3, log_every=1, verbose=False)
+
     return run
 
 
 def _lesson(name):
     def run():
         from simlib import collectives
-        from simlib.lessons import scaling as experiments
         from simlib.lessons import accumulation as accumulate
         from simlib.lessons import data_parallel as data
         from simlib.lessons import pipeline as pe
+        from simlib.lessons import scaling as experiments
         from simlib.lessons import tensor as te
         from simlib.sim import validate
+
         return {
             "experiments.dp_train": lambda: experiments.dp_train(width=32, depth=2, local_batch=8, steps=2, warmup=1),
             "data.run_data_parallel bucket": lambda: data.run_data_parallel("bucket", steps=2, timeline=True),
@@ -52,10 +57,13 @@ def _lesson(name):
             "tensor.tp_steps": lambda: te.tp_steps(hidden=32, batch=2, seq=8, steps=2, warmup=1),
             "tensor.dense_steps": lambda: te.dense_steps(hidden=32, batch=2, seq=8, steps=2, warmup=1),
             "validate.dp_workload": lambda: validate.dp_workload(
-                validate.RunConfig(2, 8, accumulation=2, bucket_mb=0.01, width=32, depth=2), steps=2, warmup=1),
+                validate.RunConfig(2, 8, accumulation=2, bucket_mb=0.01, width=32, depth=2), steps=2, warmup=1
+            ),
             "validate.pipeline": lambda: validate.dp_workload(
-                validate.RunConfig(2, 8, accumulation=2, width=32, depth=2, pipeline="1f1b"), steps=2, warmup=1),
+                validate.RunConfig(2, 8, accumulation=2, width=32, depth=2, pipeline="1f1b"), steps=2, warmup=1
+            ),
         }[name]()
+
     return run
 
 
@@ -63,31 +71,38 @@ def _project(name, world_size, **overrides):
     """A project's runner as each rank runs it: ``run_project`` in-process at world 1 (what a notebook's kernel
     does), ``_train_worker`` (each rank of ``train_on`` / ``run_project(name, n)``) at world 2. The trained state
     it brings home must be on the CPU whatever the device, as ``train_on``'s is."""
+
     def run():
         from simlib.projects import runner
+
         spec = dict(quick=True, verbose=False, steps=2, eval_every=2, **overrides)
         if world_size == 1:
             record, state = runner.run_project(name, 1, **spec)
         else:
             from simlib.train import Plan
+
             full = {**runner.PROJECTS[name](True), **{k: v for k, v in spec.items() if k != "quick"}}
             task = full.pop("task")
             plan = Plan(dp=world_size, sync_batchnorm=(name == "vision"))
             record, state = runner._train_worker(task, plan, full, None)
         off = sorted({str(v.device) for v in state.values() if v.device.type != "cpu"})
         if off:
-            raise OffDevice(f"{name}'s runner brought its trained state home on {off}, not on the CPU: "
-                            "a caller (a notebook, grading) loads it into a CPU model")
+            raise OffDevice(
+                f"{name}'s runner brought its trained state home on {off}, not on the CPU: "
+                "a caller (a notebook, grading) loads it into a CPU model"
+            )
         return record
+
     return run
 
 
 def _gpt_project(world_size):
     def run():
         from simlib.projects.gpt import run as project
+
         plan = project.plan_for("dp" if world_size > 1 else "single", world_size)
-        return project.train_gpt(plan, quick=True, steps=2, eval_every=2, verbose=False, samples=1,
-                                 sample_tokens=4)
+        return project.train_gpt(plan, quick=True, steps=2, eval_every=2, verbose=False, samples=1, sample_tokens=4)
+
     return run
 
 
@@ -103,14 +118,29 @@ RUNNERS = {
     "train gpt dp x tp": (_train("gpt", dp=2, tp=2), 4),
     "train gpt recompute": (_train("gpt", dp=2, activation_checkpointing=True), 2),
 }
-RUNNERS.update({f"project {name} world {w}": (_project(name, w), w)
-                for name in ("gpt", "vision", "finance") for w in (1, 2)})
+RUNNERS.update(
+    {f"project {name} world {w}": (_project(name, w), w) for name in ("gpt", "vision", "finance") for w in (1, 2)}
+)
 RUNNERS.update({f"project gpt train_gpt world {w}": (_gpt_project(w), w) for w in (1, 2)})
-RUNNERS.update({name: (_lesson(name), 2) for name in [
-    "experiments.dp_train", "data.run_data_parallel bucket", "data.run_data_parallel naive",
-    "data.run_data_parallel flat", "accumulate.run_accumulation", "collectives.bandwidth_sweep",
-    "collectives.collective_demo", "pipeline.simlib_steps", "tensor.tp_steps", "tensor.dense_steps",
-    "validate.dp_workload", "validate.pipeline"]})
+RUNNERS.update(
+    {
+        name: (_lesson(name), 2)
+        for name in [
+            "experiments.dp_train",
+            "data.run_data_parallel bucket",
+            "data.run_data_parallel naive",
+            "data.run_data_parallel flat",
+            "accumulate.run_accumulation",
+            "collectives.bandwidth_sweep",
+            "collectives.collective_demo",
+            "pipeline.simlib_steps",
+            "tensor.tp_steps",
+            "tensor.dense_steps",
+            "validate.dp_workload",
+            "validate.pipeline",
+        ]
+    }
+)
 
 
 @pytest.mark.parametrize("name", list(RUNNERS))
@@ -127,8 +157,8 @@ def test_the_guard_catches_a_runner_that_hard_codes_the_cpu():
     import simlib
 
     def careless():
-        ctx = simlib.context()
-        model = torch.nn.Linear(4, 4)             # forgot .to(ctx.device)
+        simlib.context()
+        model = torch.nn.Linear(4, 4)  # forgot .to(ctx.device)
         dist.all_reduce(model.weight.data)
 
     def careful():

@@ -1,4 +1,5 @@
 """The exercise generator: committed exercises are up to date; markers become stubs; bad markers are refused."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ def test_committed_exercises_are_not_stale():
 
 def test_every_solution_names_its_exercise():
     from simlib import grading
+
     for path in sorted((ROOT / "solutions").glob("[0-9]*.ipynb")):
         nb = nbformat.read(str(path), as_version=4)
         entries = X.exercises_of(nb)
@@ -40,8 +42,14 @@ def test_strip_keeps_indentation_and_the_code_around():
     assert md == "Why?\nYOUR ANSWER HERE"
 
 
-@pytest.mark.parametrize("src", ["### BEGIN SOLUTION\nx = 1", "x = 1\n### END SOLUTION",
-                                 "### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION"])
+@pytest.mark.parametrize(
+    "src",
+    [
+        "### BEGIN SOLUTION\nx = 1",
+        "x = 1\n### END SOLUTION",
+        "### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION",
+    ],
+)
 def test_unbalanced_markers_are_refused(src):
     with pytest.raises(X.MarkerError):
         X.strip_solutions(src)

@@ -1,4 +1,5 @@
 """The main job: `simlib scaling` runs a real sweep and writes a plot, CSV and JSON."""
+
 import json
 
 import pandas as pd
@@ -41,8 +42,17 @@ def test_scaling_rejects_bad_arguments():
 
 
 def test_weak_scaling_keeps_the_per_rank_batch():
-    table = experiments.scaling((1, 2), mode="weak", width=64, depth=1, global_batch=64, steps=3, warmup=1,
-                                all_cores_baseline=False, progress=False)
+    table = experiments.scaling(
+        (1, 2),
+        mode="weak",
+        width=64,
+        depth=1,
+        global_batch=64,
+        steps=3,
+        warmup=1,
+        all_cores_baseline=False,
+        progress=False,
+    )
     assert table["local_batch"].tolist() == [32, 32] and table["global_batch"].tolist() == [32, 64]
     assert table["speedup"].iloc[0] == pytest.approx(1.0)
     # scaled speedup is throughput(N) / throughput(1)

@@ -3,6 +3,7 @@
 Outputs, the auxiliary loss, dL/dx, the router's and every expert's gradients, the tokens each expert took,
 and the bytes the all-to-alls sent (against the counts).
 """
+
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ ALPHA = 0.1  # weight of the auxiliary loss
 
 def _problem(top_k, capacity_factor, seed=0):
     from simlib.parallel.experts import MoE
+
     torch.manual_seed(seed)
     moe = MoE(HIDDEN, EXPERTS, top_k, capacity_factor, ffn=16).double()
     g = torch.Generator().manual_seed(seed + 1)
@@ -25,8 +27,13 @@ def _reference(top_k, capacity_factor):
     x.requires_grad_()
     y, aux, stats = moe(x)
     ((y * weights).sum() + ALPHA * aux).backward()
-    return dict(y=y.detach(), aux=float(aux.detach()), x_grad=x.grad, stats=stats,
-                grads={n: p.grad for n, p in moe.named_parameters() if p.grad is not None})
+    return dict(
+        y=y.detach(),
+        aux=float(aux.detach()),
+        x_grad=x.grad,
+        stats=stats,
+        grads={n: p.grad for n, p in moe.named_parameters() if p.grad is not None},
+    )
 
 
 def _ep_harness(top_k, capacity_factor, engine="native"):
@@ -35,6 +42,7 @@ def _ep_harness(top_k, capacity_factor, engine="native"):
     from simlib.models import shard
     from simlib.parallel.comm_log import CommLog
     from simlib.parallel.experts import ExpertParallelMoE
+
     rank, n = dist.get_rank(), dist.get_world_size()
     moe, x, weights = _problem(top_k, capacity_factor)
     log = CommLog()
@@ -46,17 +54,29 @@ def _ep_harness(top_k, capacity_factor, engine="native"):
     total_aux = aux.detach().clone()
     dist.all_reduce(total_aux)
     local = EXPERTS // n
-    return dict(y=y.detach(), x_grad=x.grad, aux=float(total_aux), stats=stats, router=layer.router.weight.grad,
-                experts={f"experts.{rank * local + i}.{name}": p.grad for i, e in enumerate(layer.experts)
-                         for name, p in e.named_parameters() if p.grad is not None},
-                bytes={name: log.bytes_by_name().get(name, 0) for name in
-                       ("dispatch", "combine", "dispatch (backward)", "combine (backward)")})
+    return dict(
+        y=y.detach(),
+        x_grad=x.grad,
+        aux=float(total_aux),
+        stats=stats,
+        router=layer.router.weight.grad,
+        experts={
+            f"experts.{rank * local + i}.{name}": p.grad
+            for i, e in enumerate(layer.experts)
+            for name, p in e.named_parameters()
+            if p.grad is not None
+        },
+        bytes={
+            name: log.bytes_by_name().get(name, 0)
+            for name in ("dispatch", "combine", "dispatch (backward)", "combine (backward)")
+        },
+    )
 
 
 def _check(outs, top_k, capacity_factor):
     from simlib.parallel.experts import a2a_bytes_from_counts
+
     ref = _reference(top_k, capacity_factor)
-    n = len(outs)
     torch.testing.assert_close(torch.cat([o["y"] for o in outs]), ref["y"])
     torch.testing.assert_close(torch.cat([o["x_grad"] for o in outs]), ref["x_grad"])
     for o in outs:
@@ -71,10 +91,12 @@ def _check(outs, top_k, capacity_factor):
     assert sum(o["stats"]["dropped"] for o in outs) == ref["stats"]["dropped"]
     for rank, o in enumerate(outs):
         sent = a2a_bytes_from_counts(o["stats"]["sent_rows"], rank, HIDDEN, 8)
-        assert o["bytes"] == {"dispatch": sent, "combine (backward)": sent,
-                              "combine": a2a_bytes_from_counts(o["stats"]["received_rows"], rank, HIDDEN, 8),
-                              "dispatch (backward)": a2a_bytes_from_counts(o["stats"]["received_rows"], rank,
-                                                                           HIDDEN, 8)}
+        assert o["bytes"] == {
+            "dispatch": sent,
+            "combine (backward)": sent,
+            "combine": a2a_bytes_from_counts(o["stats"]["received_rows"], rank, HIDDEN, 8),
+            "dispatch (backward)": a2a_bytes_from_counts(o["stats"]["received_rows"], rank, HIDDEN, 8),
+        }
     return ref
 
 
@@ -97,6 +119,7 @@ def test_four_ranks_top2(cluster4):
 
 def test_capacity_and_errors():
     from simlib.parallel import experts
+
     assert experts.capacity(24, 12, 2, 1.0) == 4 and experts.capacity(10, 4, 1, 1.25) == 4
     with pytest.raises(ValueError, match="top_k"):
         experts.MoE(8, 4, top_k=5)
@@ -108,6 +131,7 @@ def test_capacity_and_errors():
 
 def test_uniform_router_balanced_loss_is_one():
     from simlib.parallel.experts import load_balancing_loss
+
     probs = torch.full((8, 4), 0.25)
     totals = torch.tensor([[2, 2, 2, 2]])
     assert float(load_balancing_loss(probs, totals, 8)) == pytest.approx(1.0)

@@ -4,6 +4,7 @@ NaN or garbage, disk trouble in one line, a run's identity checked at resume, ev
 The multi-process checks share launches: one 2-rank launch saves every 2-rank plan, is killed (SIGKILL on rank 1),
 restarts (max_restarts=1) and resumes them all; one 4-rank call stops and resumes the compositions.
 """
+
 import os
 import subprocess
 import sys
@@ -22,26 +23,45 @@ from simlib.train import OptimConfig, Plan
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-EVERY, STOP, STEPS = 3, 5, 8   # save every 3 steps; the first attempt stops (or dies) at step 5; 8 steps in all
-PLANS2 = {"dp2": Plan(dp=2), "tp2": Plan(tp=2), "pp2": Plan(pp=2, accumulation=2),
-          "zero1": Plan(dp=2, zero_stage=1), "zero2": Plan(dp=2, zero_stage=2), "zero3": Plan(dp=2, zero_stage=3)}
-PLANS4 = {"dp2_tp2": Plan(dp=2, tp=2), "dp2_pp2": Plan(dp=2, pp=2, accumulation=2),
-          "tp2_pp2": Plan(tp=2, pp=2, pp_microbatches=2),
-          "dp2_pp2_zero1": Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=1),
-          "dp2_pp2_zero2": Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=2),
-          "dp2_tp2_zero2": Plan(dp=2, tp=2, zero_stage=2)}
+EVERY, STOP, STEPS = 3, 5, 8  # save every 3 steps; the first attempt stops (or dies) at step 5; 8 steps in all
+PLANS2 = {
+    "dp2": Plan(dp=2),
+    "tp2": Plan(tp=2),
+    "pp2": Plan(pp=2, accumulation=2),
+    "zero1": Plan(dp=2, zero_stage=1),
+    "zero2": Plan(dp=2, zero_stage=2),
+    "zero3": Plan(dp=2, zero_stage=3),
+}
+PLANS4 = {
+    "dp2_tp2": Plan(dp=2, tp=2),
+    "dp2_pp2": Plan(dp=2, pp=2, accumulation=2),
+    "tp2_pp2": Plan(tp=2, pp=2, pp_microbatches=2),
+    "dp2_pp2_zero1": Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=1),
+    "dp2_pp2_zero2": Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=2),
+    "dp2_tp2_zero2": Plan(dp=2, tp=2, zero_stage=2),
+}
 OPTIM = OptimConfig(lr=1e-2, warmup_steps=2, decay_steps=STEPS, grad_clip=1.0, weight_decay=0.1)
 
 
 def _gpt():
     from simlib.projects.gpt.task import GPTTask
+
     return GPTTask.quick(global_batch=8, eval_windows=4)
 
 
 def _losses(plan, steps, task=None, **kw):
     from simlib.train import train
-    record = train(task or _gpt(), plan, steps=steps, optim=kw.pop("optim", OPTIM), log_every=1, verbose=False,
-                   measure_memory=False, **kw)
+
+    record = train(
+        task or _gpt(),
+        plan,
+        steps=steps,
+        optim=kw.pop("optim", OPTIM),
+        log_every=1,
+        verbose=False,
+        measure_memory=False,
+        **kw,
+    )
     return {r["step"]: r["loss"] for r in record.rows}
 
 
@@ -49,6 +69,7 @@ def _save_kill_resume(base, plans):
     """Attempt 0: every plan trains to STOP with checkpoints (the last one: rank 1 is killed at STOP).
     Attempt 1 (restarted workers): every plan resumes from its step-3 checkpoint; and a clean reference run."""
     from simlib.faults import KillAt
+
     ctx = simlib.init()
     names = list(plans)
     if ctx.restart_count == 0:
@@ -104,11 +125,13 @@ def _changed_plan(base):
 
 def _sigstop_rank1(stamp):
     import torch.distributed as dist
+
     ctx = simlib.init()
     _losses(Plan(tp=2), 1)  # warm: imports and first step done on both ranks
     dist.barrier()
     if ctx.rank == 1:
         import signal
+
         with open(stamp, "w") as f:
             f.write(str(time.time()))
         os.kill(os.getpid(), signal.SIGSTOP)
@@ -138,6 +161,7 @@ def _unfreeze(world):
     import torch.distributed as dist
 
     from simlib.parallel.zero import ShardedOptimizer
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
     ref = [p.detach().clone() for p in model.parameters()]
@@ -145,8 +169,10 @@ def _unfreeze(world):
     with torch.no_grad():
         for p, q in zip(ref_model.parameters(), ref):
             p.copy_(q)
-    opts = (ShardedOptimizer(list(model[1:].parameters()), torch.optim.AdamW, lr=1e-2),
-            torch.optim.AdamW(list(ref_model[1:].parameters()), lr=1e-2))
+    opts = (
+        ShardedOptimizer(list(model[1:].parameters()), torch.optim.AdamW, lr=1e-2),
+        torch.optim.AdamW(list(ref_model[1:].parameters()), lr=1e-2),
+    )
     for step in range(6):
         if step == 3:
             opts[0].add_param_group({"params": list(model[0].parameters())})
@@ -166,6 +192,7 @@ def _unfreeze(world):
 
 def _two_threads_value():
     import torch.distributed as dist
+
     t = torch.ones(1) * (dist.get_rank() + 1)
     dist.all_reduce(t)
     return float(t)
@@ -194,6 +221,7 @@ def test_add_param_group_keeps_state_and_two_threads_share_a_cluster(cluster2):
 # ── single process: NaN, corrupted checkpoints, run identity, disk trouble, arguments ──
 def _reg(**kw):
     from simlib.tasks import RegressionTask
+
     return RegressionTask(**{**dict(width=16, depth=2, global_batch=16, num_samples=128), **kw})
 
 
@@ -201,8 +229,10 @@ def test_nan_stops_naming_the_step_or_is_skipped_and_counted(one_process):
     with pytest.raises(guards.NonFiniteError, match=r"step \d+: the loss( and the gradients)? became NaN or inf"):
         _losses(Plan(), 10, task=_reg(), optim=OptimConfig(lr=1e6))
     from simlib.train import train
-    record = train(_reg(), Plan(), steps=10, optim=OptimConfig(lr=1e6), nonfinite="skip", verbose=False,
-                   measure_memory=False)
+
+    record = train(
+        _reg(), Plan(), steps=10, optim=OptimConfig(lr=1e6), nonfinite="skip", verbose=False, measure_memory=False
+    )
     assert record.summary["skipped_steps"] > 0
     assert all(torch.isfinite(p).all() for p in record.model.module.parameters())  # no update from a bad step
 
@@ -214,12 +244,14 @@ def test_corrupted_newest_falls_back_and_rotation_keeps_the_good_one(tmp_path, o
     assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [4, 6]
     newest = tmp_path / "step_00000006" / "__0_0.distcp"
     data = bytearray(newest.read_bytes())
-    data[len(data) // 2:len(data) // 2 + 64] = os.urandom(64)
+    data[len(data) // 2 : len(data) // 2 + 64] = os.urandom(64)
     newest.write_bytes(bytes(data))
     checkpoint._rotate(tmp_path, keep=1)  # a corrupted newest never pushes out the last good one
     assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [4, 6]
-    with pytest.warns(checkpoint.CheckpointFallbackWarning, match="step_00000006 cannot be used.*corrupted.*"
-                      "Resumed from the previous one, step_00000004"):
+    with pytest.warns(
+        checkpoint.CheckpointFallbackWarning,
+        match="step_00000006 cannot be used.*corrupted.*Resumed from the previous one, step_00000004",
+    ):
         resumed = _losses(plan, 8, task=_reg(), optim=replace(OPTIM, decay_steps=8))
     assert resumed == {s: full[s] for s in (4, 5, 6, 7)}
     assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [6, 8]  # step 6 saved again, whole
@@ -241,8 +273,17 @@ def test_a_changed_run_is_refused_naming_the_field_or_allowed(tmp_path, one_proc
     with pytest.raises(checkpoint.CheckpointMismatch, match=r"optim.lr: saved 0.01, now 0.001"):
         _losses(plan, 8, task=_reg(), optim=replace(OPTIM, decay_steps=8, lr=1e-3))
     from simlib.train import train
-    record = train(_reg(), plan, steps=6, optim=replace(OPTIM, decay_steps=8, lr=1e-3), log_every=1,
-                   verbose=False, measure_memory=False, allow_changes=("optim.lr",))
+
+    record = train(
+        _reg(),
+        plan,
+        steps=6,
+        optim=replace(OPTIM, decay_steps=8, lr=1e-3),
+        log_every=1,
+        verbose=False,
+        measure_memory=False,
+        allow_changes=("optim.lr",),
+    )
     assert record.rows[0]["step"] == 4
     assert record.rows[0]["lr"] < 1e-3 + 1e-12, record.rows[0]["lr"]  # the new lr is in force, not the saved one
 
@@ -261,8 +302,11 @@ def test_full_and_read_only_disks_in_one_line(tmp_path, one_process):
     ro = _tmpfs(tmp_path / "ro", "64k", ro=True)
     try:
         big = {"w": torch.zeros(64, 1024), "step": 1}  # 256 KB
-        with pytest.raises(checkpoint.CheckpointError, match=r"the disk holding .* is full .* free.*the partial "
-                           "folder was removed"):
+        with pytest.raises(
+            checkpoint.CheckpointError,
+            match=r"the disk holding .* is full .* free.*the partial "
+            "folder was removed",
+        ):
             checkpoint.save(full, big)
         assert not list(full.iterdir())  # no partial left behind
         with pytest.raises(checkpoint.CheckpointError, match="has .* free, one checkpoint needs about"):
@@ -291,18 +335,24 @@ class _Rows17:
         return torch.cat([x, x[:1]]), torch.cat([y, y[:1]])
 
 
-@pytest.mark.parametrize("make, words", [
-    (lambda: OptimConfig(grad_clip=-1), "grad_clip must be None"),
-    (lambda: OptimConfig(min_lr_ratio=-1), "min_lr_ratio must be in"),
-    (lambda: OptimConfig(warmup_steps=-5), "warmup_steps must be an int >= 0"),
-    (lambda: OptimConfig(betas=(2, 2)), "betas must be two numbers in"),
-    (lambda: OptimConfig(lr=float("nan")), "lr must be a finite number"),
-    (lambda: Plan(checkpoint_dir="x", checkpoint_every=-3), "checkpoint_every must be an int >= 0"),
-    (lambda: guards.check_run_args(steps=-5), "steps must be an int >= 1"),
-    (lambda: guards.check_run_args(steps=5, eval_every=-1), "eval_every must be an int >= 0"),
-    (lambda: guards.check_run_args(steps=5, nonfinite="ignore"), "nonfinite='ignore' is unknown"),
-    (lambda: __import__("simlib.projects.gpt.run", fromlist=["run"]).plan_for("single", 5), "plan 'single' runs on 1 process"),
-])
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda: OptimConfig(grad_clip=-1), "grad_clip must be None"),
+        (lambda: OptimConfig(min_lr_ratio=-1), "min_lr_ratio must be in"),
+        (lambda: OptimConfig(warmup_steps=-5), "warmup_steps must be an int >= 0"),
+        (lambda: OptimConfig(betas=(2, 2)), "betas must be two numbers in"),
+        (lambda: OptimConfig(lr=float("nan")), "lr must be a finite number"),
+        (lambda: Plan(checkpoint_dir="x", checkpoint_every=-3), "checkpoint_every must be an int >= 0"),
+        (lambda: guards.check_run_args(steps=-5), "steps must be an int >= 1"),
+        (lambda: guards.check_run_args(steps=5, eval_every=-1), "eval_every must be an int >= 0"),
+        (lambda: guards.check_run_args(steps=5, nonfinite="ignore"), "nonfinite='ignore' is unknown"),
+        (
+            lambda: __import__("simlib.projects.gpt.run", fromlist=["run"]).plan_for("single", 5),
+            "plan 'single' runs on 1 process",
+        ),
+    ],
+)
 def test_bad_arguments_refused_in_one_line(make, words):
     with pytest.raises(ValueError, match=words) as info:
         make()
@@ -317,16 +367,20 @@ def test_wrong_batch_size_refused(one_process):
 def test_cli_errors_are_one_line_and_start_no_worker():
     env = {**os.environ, "SIMLIB_QUICK": "1"}
     # (benchmarks/faults.py also runs `train finance --world-size 3`: its standard run's set-up costs seconds)
-    for argv, words in ((["train", "gpt", "--world-size", "5", "--plan", "single"], "plan 'single' runs on 1"),
-                        (["train", "gpt", "--plan", "tp", "--world-size", "3"], "does not divide")):
-        done = subprocess.run([sys.executable, "-m", "simlib", *argv], capture_output=True, text=True, timeout=300,
-                              env=env)
+    for argv, words in (
+        (["train", "gpt", "--world-size", "5", "--plan", "single"], "plan 'single' runs on 1"),
+        (["train", "gpt", "--plan", "tp", "--world-size", "3"], "does not divide"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "simlib", *argv], capture_output=True, text=True, timeout=300, env=env
+        )
         assert done.returncode == 2 and words in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_stale_temp_dirs_of_dead_callers_are_removed():
     from simlib.agent import _remove_stale_dirs
+
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = tempfile.mkdtemp(prefix=f"simlib-{dead.pid}-")

@@ -5,11 +5,11 @@ and a submission that stops the grader or hides its processes from the clean-up.
 Single-process checks first (seconds); one warm 2-rank call for NaN and layout changes; one cold 2-rank launch for
 the killed rank (about 20 s); one graded notebook for the clean-up (about 20 s).
 """
+
 import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import cloudpickle
@@ -28,13 +28,16 @@ OPTIM = OptimConfig(lr=1e-2, warmup_steps=2, decay_steps=8, grad_clip=1.0)
 
 def _reg(**kw):
     from simlib.tasks import RegressionTask
+
     return RegressionTask(**{**dict(width=16, depth=2, global_batch=16, num_samples=128), **kw})
 
 
 def _losses(plan, steps, task=None, optim=OPTIM, **kw):
     from simlib.train import train
-    record = train(task or _reg(), plan, steps=steps, optim=optim, log_every=1, verbose=False,
-                   measure_memory=False, **kw)
+
+    record = train(
+        task or _reg(), plan, steps=steps, optim=optim, log_every=1, verbose=False, measure_memory=False, **kw
+    )
     return {r["step"]: r["loss"] for r in record.rows}
 
 
@@ -46,35 +49,64 @@ def test_a_checkpoint_without_its_manifest_is_passed_over(tmp_path, one_process)
     newest = tmp_path / "step_00000006"
     (newest / "manifest.json").unlink()
     data = bytearray((newest / "__0_0.distcp").read_bytes())
-    data[len(data) // 2:len(data) // 2 + 256] = os.urandom(256)
+    data[len(data) // 2 : len(data) // 2 + 256] = os.urandom(256)
     (newest / "__0_0.distcp").write_bytes(bytes(data))
     assert "no manifest.json" in checkpoint.verify(newest)
-    with pytest.warns(checkpoint.CheckpointFallbackWarning, match="step_00000006 cannot be used: it has no "
-                      "manifest.json.*cannot be verified.*Resumed from the previous one, step_00000004"):
+    with pytest.warns(
+        checkpoint.CheckpointFallbackWarning,
+        match="step_00000006 cannot be used: it has no "
+        "manifest.json.*cannot be verified.*Resumed from the previous one, step_00000004",
+    ):
         resumed = _losses(plan, 8)
     assert resumed == {s: full[s] for s in (4, 5, 6, 7)}  # bit-equal from step 4, never the garbage
 
 
 # ── 2. one run per checkpoint folder ──
-HOLDER = ("import sys, time\nfrom simlib import checkpoint\nh = checkpoint.hold(sys.argv[1])\n"
-          "print('held', flush=True)\ntime.sleep(120)\n")
+HOLDER = (
+    "import sys, time\nfrom simlib import checkpoint\nh = checkpoint.hold(sys.argv[1])\n"
+    "print('held', flush=True)\ntime.sleep(120)\n"
+)
 
 
 def test_a_second_run_on_a_held_folder_is_refused_in_one_line(tmp_path, one_process):
     folder = tmp_path / "ckpt"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(checkpoint.CheckpointError, match=rf"checkpoint_dir {folder} is in use by another run "
-                           rf"\(pid {holder.pid} on .*\): .*give another checkpoint_dir") as info:
+        with pytest.raises(
+            checkpoint.CheckpointError,
+            match=rf"checkpoint_dir {folder} is in use by another run "
+            rf"\(pid {holder.pid} on .*\): .*give another checkpoint_dir",
+        ) as info:
             _losses(Plan(checkpoint_dir=str(folder), checkpoint_every=2), 4)
         assert "\n" not in str(info.value)
         assert not checkpoint.list_checkpoints(folder)  # nothing trained, nothing saved
-        done = subprocess.run([sys.executable, "-m", "simlib", "train", "gpt", "--quick", "--world-size", "1",
-                               "--plan.checkpoint-dir", str(folder), "--plan.checkpoint-every", "1"],
-                              capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "simlib",
+                "train",
+                "gpt",
+                "--quick",
+                "--world-size",
+                "1",
+                "--plan.checkpoint-dir",
+                str(folder),
+                "--plan.checkpoint-every",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         err = done.stderr.strip().splitlines()
         assert done.returncode != 0 and len(err) == 1 and "is in use by another run" in err[0], done.stderr
     finally:
@@ -90,6 +122,7 @@ def test_a_second_run_on_a_held_folder_is_refused_in_one_line(tmp_path, one_proc
 def test_the_disk_estimate_covers_what_a_save_writes(tmp_path, one_process):
     from simlib.projects.gpt.task import GPTTask
     from simlib.train import TrainState, build_optimizer
+
     for task in (GPTTask.quick(global_batch=8, eval_windows=4), _reg()):
         model = task.build_model()
         optimizer = torch.optim.AdamW(model.parameters())
@@ -107,19 +140,32 @@ def test_the_disk_estimate_covers_what_a_save_writes(tmp_path, one_process):
 
 
 # ── 4. task fields of every project, before launch ──
-@pytest.mark.parametrize("make, words", [
-    ("gpt", dict(seq_len=0)), ("gpt", dict(hidden=0)), ("gpt", dict(global_batch=0)), ("gpt", dict(eval_windows=0)),
-    ("gpt", dict(num_layers=-1)), ("gpt", dict(num_heads=3)), ("gpt", dict(seq_len=10 ** 7)),
-    ("gpt", dict(moe_capacity_factor=0)), ("gpt", dict(moe_top_k=0)), ("gpt", dict(seed=-1)),
-    ("vision", dict(augment="yes")), ("vision", dict(holdout="x")),
-    ("finance", dict(train_end="soon")), ("finance", dict(cost="x")),
-])
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        ("gpt", dict(seq_len=0)),
+        ("gpt", dict(hidden=0)),
+        ("gpt", dict(global_batch=0)),
+        ("gpt", dict(eval_windows=0)),
+        ("gpt", dict(num_layers=-1)),
+        ("gpt", dict(num_heads=3)),
+        ("gpt", dict(seq_len=10**7)),
+        ("gpt", dict(moe_capacity_factor=0)),
+        ("gpt", dict(moe_top_k=0)),
+        ("gpt", dict(seed=-1)),
+        ("vision", dict(augment="yes")),
+        ("vision", dict(holdout="x")),
+        ("finance", dict(train_end="soon")),
+        ("finance", dict(cost="x")),
+    ],
+)
 def test_a_wrong_task_field_is_refused_in_one_line(make, words):
     from simlib.projects.finance.task import HedgingTask
     from simlib.projects.gpt.task import GPTTask
     from simlib.projects.vision.task import DigitsTask
+
     cls = {"gpt": GPTTask.quick, "vision": DigitsTask, "finance": HedgingTask}[make]
-    (field, value), = words.items()
+    ((field, value),) = words.items()
     with pytest.raises(ValueError) as info:
         cls(**words)
     text = str(info.value)
@@ -127,18 +173,27 @@ def test_a_wrong_task_field_is_refused_in_one_line(make, words):
 
 
 def test_eval_windows_0_is_refused_by_the_command_line_before_any_step(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "simlib", "train", "gpt", "--quick", "--world-size", "1",
-                           "--task.eval-windows", "0"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-m", "simlib", "train", "gpt", "--quick", "--world-size", "1", "--task.eval-windows", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     err = done.stderr.strip().splitlines()
-    assert done.returncode != 0 and err == ["error: GPTTask.eval_windows must be an int >= 1, got 0"] or \
-        (len(err) == 1 and "eval_windows must be an int >= 1" in err[0]), done.stderr + done.stdout[-500:]
+    assert (
+        done.returncode != 0
+        and err == ["error: GPTTask.eval_windows must be an int >= 1, got 0"]
+        or (len(err) == 1 and "eval_windows must be an int >= 1" in err[0])
+    ), done.stderr + done.stdout[-500:]
     assert "step" not in done.stdout  # refused before training
 
 
 # ── 5. a rank killed during a save ──
 def test_a_save_that_lost_a_peer_says_so_and_what_is_on_disk(tmp_path):
     from simlib.checkpoint_files import _disk_error
+
     (tmp_path / "step_00000003.partial").mkdir()
     exc = RuntimeError("[pair.cc:537] Read error [127.0.0.1]:23447: Connection reset by peer. GLHF")
     text = str(_disk_error(exc, tmp_path, 3))
@@ -150,12 +205,14 @@ def test_a_legitimate_difference_in_gather_object_is_no_mismatch():
     """Each rank sends its own object to gather_object (DCP: a list of its writes, 65 on one rank, 3 on another):
     recorded through the real wrapper, the two ranks' calls match; another collective does not."""
     from simlib.debug import hangs
+
     before, logs = hangs._log, {}
     try:
         for rank, n, op in ((0, 65, "gather_object"), (1, 3, "gather_object"), (2, 3, "all_gather_object")):
             hangs._log = hangs._Log(None, rank)
             hangs._wrap(op, lambda obj, object_gather_list=None, dst=0, group=None: None)(
-                obj=list(range(n)), object_gather_list=None, dst=0)
+                obj=list(range(n)), object_gather_list=None, dst=0
+            )
             logs[rank] = hangs.history()
     finally:
         hangs._log = before
@@ -166,8 +223,14 @@ def test_a_legitimate_difference_in_gather_object_is_no_mismatch():
 def _die_in_save(base):
     from simlib.faults import KillAt
     from simlib.train import train
-    train(KillAt(_reg(), step=2, rank=1, during_save=True), Plan(dp=2, checkpoint_dir=base, checkpoint_every=3),
-          steps=5, verbose=False, measure_memory=False)
+
+    train(
+        KillAt(_reg(), step=2, rank=1, during_save=True),
+        Plan(dp=2, checkpoint_dir=base, checkpoint_every=3),
+        steps=5,
+        verbose=False,
+        measure_memory=False,
+    )
 
 
 def test_a_rank_killed_during_a_save_is_named_first(tmp_path):
@@ -239,8 +302,8 @@ def test_a_whole_checkpoint_loaded_into_rank_parts_names_the_plan_change(tmp_pat
     def state(shard=""):
         model = _reg().build_model()
         optimizer = torch.optim.AdamW(model.parameters())
-        return TrainState(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
-                          shard=shard)
+        return TrainState(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0), shard=shard)
+
     whole = state()
     x, y = _reg().batch(0)
     _reg().loss(whole.model(x), y).backward()
@@ -262,6 +325,7 @@ EXERCISE = "04_one_f_one_b.ipynb"
 
 def test_a_submission_that_stopped_the_grader_is_a_failed_row_on_rerun(tmp_path):
     from simlib.grading import batch, journal
+
     folder = tmp_path / "class"
     folder.mkdir()
     killer = folder / f"mallory_{EXERCISE}"
@@ -277,10 +341,10 @@ def test_a_submission_that_stopped_the_grader_is_a_failed_row_on_rerun(tmp_path)
     assert (str(killer), journal.digest(killer)) in done and not started
 
 
-HIDER = '''import os, subprocess, sys
+HIDER = """import os, subprocess, sys
 p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "simlib-hider-MARK"], env={},
                      start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL)'''
+                     stderr=subprocess.DEVNULL)"""
 
 
 @pytest.mark.skipif(not Path("/sys/fs/cgroup").is_dir(), reason="no cgroup file system")
@@ -288,6 +352,7 @@ def test_a_process_with_a_cleared_environment_is_cleaned_up(tmp_path):
     import secrets
 
     from simlib.grading import batch, isolation
+
     make = getattr(isolation, "new_cgroup", lambda token: "(before the fix: no cgroups)")
     probe = make("probe-" + secrets.token_hex(4))
     if probe is None:
@@ -299,6 +364,7 @@ def test_a_process_with_a_cleared_environment_is_cleaned_up(tmp_path):
     folder.mkdir()
     nb = (ROOT / "exercises" / EXERCISE).read_text()
     import nbformat
+
     book = nbformat.reads(nb, as_version=4)
     book.cells.append(nbformat.v4.new_code_cell(HIDER.replace("simlib-hider-MARK", mark)))
     nbformat.write(book, str(folder / f"hider_{EXERCISE}"))

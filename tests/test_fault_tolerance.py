@@ -5,6 +5,7 @@ operations run in the same order on the same values, since model, optimizer, sch
 position all come back. At another world size (resharding) the DP average is summed in another order, so the
 losses agree to rtol 2e-4 / atol 2e-5, the tolerance test_train.py gives DP against one process.
 """
+
 import os
 import shutil
 import sys
@@ -33,10 +34,19 @@ def _task(dropout=0.2):
 def run(plan=Plan(), steps=STEPS, task=None, out_dir=None, pid_dir=None):
     """Train; the losses by step (every rank returns them)."""
     from simlib.train import train
+
     if pid_dir is not None:
         open(os.path.join(pid_dir, str(os.getpid())), "w").close()
-    record = train(task or _task(), plan, steps=steps, optim=OPTIM, log_every=1, out_dir=out_dir, verbose=False,
-                   measure_memory=False)
+    record = train(
+        task or _task(),
+        plan,
+        steps=steps,
+        optim=OPTIM,
+        log_every=1,
+        out_dir=out_dir,
+        verbose=False,
+        measure_memory=False,
+    )
     return {r["step"]: r["loss"] for r in record.rows}
 
 
@@ -92,8 +102,9 @@ def test_fresh_optimizer_is_filled_and_missing_entries_refused(tmp_path, one_pro
     opt.step()
     checkpoint.save(tmp_path, {"model": m.state_dict(), "optimizer": opt.state_dict(), "step": 1})
     with pytest.raises(ValueError, match="does not ask for"):  # a bare dict: nothing creates Adam's state
-        checkpoint.load_latest(tmp_path, {"model": m.state_dict(), "optimizer": torch.optim.AdamW(
-            m.parameters()).state_dict(), "step": 0})
+        checkpoint.load_latest(
+            tmp_path, {"model": m.state_dict(), "optimizer": torch.optim.AdamW(m.parameters()).state_dict(), "step": 0}
+        )
 
 
 def test_kill_during_save_restart_resumes_bit_equal(tmp_path, cluster2, alive):
@@ -102,11 +113,12 @@ def test_kill_during_save_restart_resumes_bit_equal(tmp_path, cluster2, alive):
     pids.mkdir()
     plan = Plan(dp=2, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=EVERY)
     task = KillAt(_task(), step=5, rank=1, during_save=True)  # rank 1 dies inside the save at step 8
-    out = simlib.launch(run, 2, plan, task=task, out_dir=str(tmp_path / "run"), pid_dir=str(pids),
-                        max_restarts=1, timeout=20)
+    out = simlib.launch(
+        run, 2, plan, task=task, out_dir=str(tmp_path / "run"), pid_dir=str(pids), max_restarts=1, timeout=20
+    )
     first, second = read_run(tmp_path / "run")
     assert [r["step"] for r in first] == list(range(8)) and second[0]["step"] == 4  # step 8 was never committed
-    assert out[0] == {s: reference[s] for s in range(4, STEPS)} == out[1]           # bit-equal
+    assert out[0] == {s: reference[s] for s in range(4, STEPS)} == out[1]  # bit-equal
     assert {r["step"]: r["loss"] for r in first} == {s: reference[s] for s in range(8)}
     assert len(os.listdir(pids)) == 4 and not any(alive(int(p)) for p in os.listdir(pids))
 
@@ -123,21 +135,25 @@ def test_resharding_2_to_1_and_4(tmp_path, cluster2, cluster4, one_process):
         copy = str(tmp_path / f"w{world}")
         shutil.copytree(saved, copy)
         plan = Plan(dp=world, checkpoint_dir=copy)
-        out = run(plan, task=_task(0.0)) if where is None else where.call(_train_and_stop, (plan, STEPS),
-                                                                            timeout=120)[0]
+        out = (
+            run(plan, task=_task(0.0)) if where is None else where.call(_train_and_stop, (plan, STEPS), timeout=120)[0]
+        )
         assert sorted(out) == list(range(8, STEPS)), f"world {world} did not resume at step 8"
-        torch.testing.assert_close([out[s] for s in out], [reference[s] for s in out], **TOL,
-                                   msg=f"saved at world 2, loaded at world {world}")
+        torch.testing.assert_close(
+            [out[s] for s in out], [reference[s] for s in out], **TOL, msg=f"saved at world 2, loaded at world {world}"
+        )
 
 
 def _hang_then_die(pid_dir):
     import torch.distributed as dist
+
     ctx = simlib.init()
     open(os.path.join(pid_dir, str(os.getpid())), "w").close()
     if ctx.restart_count == 0 and ctx.rank == 0:
         dist.all_reduce(torch.ones(1))  # rank 1 never joins: times out
     if ctx.restart_count == 1 and ctx.rank == 1:
         from simlib.faults import die
+
         die()
     dist.barrier()
 
@@ -173,16 +189,24 @@ def test_bad_max_restarts():
 def test_an_exhausted_restart_names_the_rank_that_died_before_the_one_the_agent_stopped():
     # under load the agent's SIGTERM to rank 0 can land before rank 0's own error: rank 1's death is the cause
     from simlib.errors import RemoteFailure, _exhausted, describe_exit
+
     first = simlib.WorkerError("x", {0: RemoteFailure(0, "RuntimeError", "Timed out waiting 3000ms", "")})
-    second = simlib.WorkerError("y", {0: RemoteFailure(0, "WorkerDied", describe_exit(-15), ""),
-                                      1: RemoteFailure(1, "WorkerDied", describe_exit(-9), "")})
+    second = simlib.WorkerError(
+        "y",
+        {
+            0: RemoteFailure(0, "WorkerDied", describe_exit(-15), ""),
+            1: RemoteFailure(1, "WorkerDied", describe_exit(-9), ""),
+        },
+    )
     text = str(_exhausted([first, second], 1))
     assert "attempt 2: rank 1 died, killed by SIGKILL" in text and "rank 0 then stopped (SIGTERM)" in text
 
 
 def _rank_one_dies_on_the_first_attempt():
     import torch.distributed as dist
+
     from simlib import faults
+
     if faults._attempt() == 0 and dist.get_rank() == 1:
         faults.die()
     return faults._attempt()
@@ -192,13 +216,18 @@ def test_workers_the_agent_restarted_before_the_caller_stopped_the_old_ones_live
     """The race seen in CI: the agent noticed a dead rank and started the next attempt's workers (a forked start
     takes milliseconds) before the caller stopped the failed attempt's; the caller's stop then killed the new ones
     too and the call ran again on dead workers. Forced here: the caller waits for the agent's restart first."""
-    import time
-    from simlib import agent as agent_mod
     import importlib
+    import time
+
+    from simlib import agent as agent_mod
+
     launch = importlib.import_module("simlib.launch")
     seen = {}
-    await_workers, kill, restart = (agent_mod.ElasticWorkers._await_workers, agent_mod.ElasticWorkers._kill_workers,
-                                    launch.Cluster._restart_workers)
+    await_workers, kill, restart = (
+        agent_mod.ElasticWorkers._await_workers,
+        agent_mod.ElasticWorkers._kill_workers,
+        launch.Cluster._restart_workers,
+    )
 
     def noting_the_agents_workers(self):
         await_workers(self)
@@ -218,6 +247,7 @@ def test_workers_the_agent_restarted_before_the_caller_stopped_the_old_ones_live
             return restart(self, err)
         finally:
             seen["restarting"] = False
+
     monkeypatch.setattr(agent_mod.ElasticWorkers, "_await_workers", noting_the_agents_workers)
     monkeypatch.setattr(agent_mod.ElasticWorkers, "_kill_workers", after_the_agents_restart)
     monkeypatch.setattr(launch.Cluster, "_restart_workers", restarting)

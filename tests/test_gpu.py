@@ -3,6 +3,7 @@
 On a single-GPU machine NCCL can run one rank (it refuses two ranks on one GPU); two ranks share the GPU over
 Gloo with CUDA tensors. `python -m pytest tests/test_gpu.py -p no:nbval` is the check to run on a lent GPU.
 """
+
 import pytest
 import torch
 
@@ -65,8 +66,15 @@ def test_scaling_sweep_runs_on_gpus():
 def _fp16_gpt(steps=6):
     from simlib.projects.gpt import GPTTask
     from simlib.train import OptimConfig, Plan, train
-    record = train(GPTTask.quick(), Plan(dp=2, mixed_precision="fp16"), steps=steps, log_every=1, verbose=False,
-                   optim=OptimConfig(lr=1e-3, grad_clip=1.0))
+
+    record = train(
+        GPTTask.quick(),
+        Plan(dp=2, mixed_precision="fp16"),
+        steps=steps,
+        log_every=1,
+        verbose=False,
+        optim=OptimConfig(lr=1e-3, grad_clip=1.0),
+    )
     return [(r["loss"], r["loss_scale"], r["skipped_steps"]) for r in record.rows]
 
 

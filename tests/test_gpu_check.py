@@ -4,6 +4,7 @@ real GPU run succeeds in one try. What needs a GPU itself is in tests/test_gpu.p
 notebook there), a command is killed at its budget, missing dev extras are named with their pip line while the
 other sections still run, and a project's row pairs the measured step with the simulator's prediction.
 """
+
 import json
 import sys
 from pathlib import Path
@@ -28,12 +29,14 @@ def test_a_notebook_is_recorded_cell_by_cell_within_its_budget(tmp_path):
     """~15 s: one kernel start. A planted failure keeps its traceback; the next cells still run; the budget
     stops the notebook inside the slow cell and the cells after it are 'not_run'."""
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell("# planted"),
-                nbformat.v4.new_code_cell("import os\nx = os.environ['SIMLIB_QUICK']"),
-                nbformat.v4.new_code_cell("raise ValueError('planted failure')"),
-                nbformat.v4.new_code_cell("assert x == '1'"),
-                nbformat.v4.new_code_cell("import time\ntime.sleep(120)"),
-                nbformat.v4.new_code_cell("y = 2")]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# planted"),
+        nbformat.v4.new_code_cell("import os\nx = os.environ['SIMLIB_QUICK']"),
+        nbformat.v4.new_code_cell("raise ValueError('planted failure')"),
+        nbformat.v4.new_code_cell("assert x == '1'"),
+        nbformat.v4.new_code_cell("import time\ntime.sleep(120)"),
+        nbformat.v4.new_code_cell("y = 2"),
+    ]
     path = tmp_path / "planted.ipynb"
     nbformat.write(nb, str(path))
     out = tmp_path / "record.json"
@@ -59,8 +62,9 @@ def test_missing_extras_are_named_and_the_rest_still_runs(monkeypatch, tmp_path)
     started = []
     monkeypatch.setattr(gpu_check, "missing", lambda modules: [m for m in modules if m in ("nbclient", "pytest")])
     monkeypatch.setattr(gpu_check, "start", lambda cmd, env=None: started.append(cmd) or {"cmd": cmd})
-    monkeypatch.setattr(gpu_check, "finish", lambda job, budget: {"status": "passed", "output_tail": "",
-                                                                 "output": "", "seconds": 1.0})
+    monkeypatch.setattr(
+        gpu_check, "finish", lambda job, budget: {"status": "passed", "output_tail": "", "output": "", "seconds": 1.0}
+    )
     sections = gpu_check.side_by_side(tmp_path, gpus=1)
     assert sections["notebooks"]["status"] == "skipped" and "pip install nbclient" in sections["notebooks"]["why"]
     assert sections["gpu_tests"]["status"] == "skipped" and "pip install pytest" in sections["gpu_tests"]["why"]
@@ -70,21 +74,38 @@ def test_missing_extras_are_named_and_the_rest_still_runs(monkeypatch, tmp_path)
 
 
 def test_a_projects_row_pairs_the_measured_step_with_the_prediction(tmp_path):
-    (tmp_path / "summary.json").write_text(json.dumps({
-        "device": "cuda:0", "step_time": 0.050, "tokens_per_s": 1e6, "mfu": 0.31, "mfu_peak_source": "datasheet",
-        "mfu_peak": "datasheet: NVIDIA H200 dense bf16 989.4 TFLOP/s"}))
+    (tmp_path / "summary.json").write_text(
+        json.dumps(
+            {
+                "device": "cuda:0",
+                "step_time": 0.050,
+                "tokens_per_s": 1e6,
+                "mfu": 0.31,
+                "mfu_peak_source": "datasheet",
+                "mfu_peak": "datasheet: NVIDIA H200 dense bf16 989.4 TFLOP/s",
+            }
+        )
+    )
     train = {"status": "passed", "seconds": 40.0, "command": "simlib train gpt --size gpu", "output": "ok"}
-    predict = {"status": "passed", "command": "simlib train gpt --size gpu --dry-run --hardware h200",
-               "output": "  predicted step on DGX H200: 40.5 ms (compute 38, exposed comm 0, bubble 0, optimizer 2)"}
+    predict = {
+        "status": "passed",
+        "command": "simlib train gpt --size gpu --dry-run --hardware h200",
+        "output": "  predicted step on DGX H200: 40.5 ms (compute 38, exposed comm 0, bubble 0, optimizer 2)",
+    }
     row = gpu_check.read_project("gpt", train, predict, tmp_path)
     assert row["mfu"] == 0.31 and row["mfu_peak_source"] == "datasheet"
     assert row["prediction"]["hardware"] == "DGX H200" and row["prediction"]["step_time"] == pytest.approx(0.0405)
     assert row["prediction"]["measured_over_predicted"] == pytest.approx(0.050 / 0.0405)
-    tiny = gpu_check.read_project("finance", train, {**predict, "output": "predicted step on DGX H200: 1.2e-05 ms ("},
-                                  tmp_path / "none")
+    tiny = gpu_check.read_project(
+        "finance", train, {**predict, "output": "predicted step on DGX H200: 1.2e-05 ms ("}, tmp_path / "none"
+    )
     assert tiny["prediction"]["step_time"] == pytest.approx(1.2e-8)
-    old = {"status": "failed", "seconds": 2.0, "command": "x",
-           "output": "simlib: error: unrecognized arguments: --size gpu"}
+    old = {
+        "status": "failed",
+        "seconds": 2.0,
+        "command": "x",
+        "output": "simlib: error: unrecognized arguments: --size gpu",
+    }
     row = gpu_check.read_project("gpt", old, {"status": "failed", "command": "y", "output": ""}, tmp_path / "none")
     assert row["status"] == "skipped" and "--size gpu" in row["error"] and "update the clone" in row["error"]
 

@@ -1,5 +1,6 @@
 """The projects' GPU size (simlib.projects.gpu), checked on a CPU: the presets' shapes and precision by GPU, one
 step of each at a reduced size, the CLI's --size / [task] size / automatic choice, fused AdamW, compile fallback."""
+
 import dataclasses
 
 import pytest
@@ -22,6 +23,7 @@ def test_gpt_preset_is_gpt2_small_in_bf16_or_fp16_by_the_gpu():
     assert big["target"]["eval_loss"] < task.data.unigram_cross_entropy()  # a goal below the baseline
     # the count MFU divides by: the model built on the meta device has exactly num_parameters() weights
     from simlib.projects.gpt.model import GPT
+
     with torch.device("meta"):
         model = GPT(task.config)
     assert sum(p.numel() for p in model.parameters()) == task.config.num_parameters() > 80e6
@@ -31,24 +33,44 @@ def test_gpt_preset_is_gpt2_small_in_bf16_or_fp16_by_the_gpu():
 @pytest.mark.parametrize("project", ["gpt", "vision", "finance"])
 def test_each_gpu_preset_takes_a_step_on_cpu_at_a_reduced_size(project, tmp_path):
     from simlib.projects.runner import run_project
-    preset = gpu.settings(project, 1, [])                               # no GPU: bf16, which CPU autocast runs
-    small = {"gpt": dict(seq_len=32, hidden=32, num_layers=2, num_heads=2, global_batch=4, eval_windows=2),
-             "vision": dict(global_batch=8, image_size=16, width=4),
-             "finance": dict(global_batch=256, block=128, hidden=8)}[project]
+
+    preset = gpu.settings(project, 1, [])  # no GPU: bf16, which CPU autocast runs
+    small = {
+        "gpt": dict(seq_len=32, hidden=32, num_layers=2, num_heads=2, global_batch=4, eval_windows=2),
+        "vision": dict(global_batch=8, image_size=16, width=4),
+        "finance": dict(global_batch=256, block=128, hidden=8),
+    }[project]
     task = dataclasses.replace(preset["task"], **small)
     fields = {**preset["plan"], "accumulation": min(preset["plan"].get("accumulation", 1), 2)}
     from simlib.train import Plan
-    record, _ = run_project(project, 1, size="gpu", task=task, plan=Plan(**fields), steps=2, eval_every=2,
-                            seconds=None, log_every=1, warmup=1, verbose=False, out_dir=tmp_path, threads=1)
+
+    record, _ = run_project(
+        project,
+        1,
+        size="gpu",
+        task=task,
+        plan=Plan(**fields),
+        steps=2,
+        eval_every=2,
+        seconds=None,
+        log_every=1,
+        warmup=1,
+        verbose=False,
+        out_dir=tmp_path,
+        threads=1,
+    )
     assert record.summary["steps"] == 2 and record.summary["plan"]["mixed_precision"] == preset["plan"].get(
-        "mixed_precision")
-    assert record.summary["final_eval"] and record.summary["mfu_flops"]     # what MFU needs: dtype and FLOPs
+        "mixed_precision"
+    )
+    assert record.summary["final_eval"] and record.summary["mfu_flops"]  # what MFU needs: dtype and FLOPs
 
 
 def test_vision_and_finance_presets_are_gpu_sized():
     v, f = gpu.settings("vision", 1, T4), gpu.settings("finance", 1, H200)
-    assert v["task"].flops_per_sample > 100 * dataclasses.replace(v["task"], image_size=16, width=16,
-                                                                  blocks_per_stage=1).flops_per_sample
+    assert (
+        v["task"].flops_per_sample
+        > 100 * dataclasses.replace(v["task"], image_size=16, width=16, blocks_per_stage=1).flops_per_sample
+    )
     assert v["plan"]["mixed_precision"] == "fp16" and v["target"]["accuracy"] > 0.9
     assert f["task"].global_batch == 256 * 512 and f["target"]["eval_loss"] > 0  # 256x the CPU size's paths
 
@@ -64,7 +86,8 @@ def test_auto_size_needs_a_gpu_per_rank():
 
 def test_pick_size_precedence_and_conflicts():
     from simlib.config import pick_size
-    size, why = pick_size("gpu", None, False, True, 1, 1)              # --size beats SIMLIB_QUICK
+
+    size, why = pick_size("gpu", None, False, True, 1, 1)  # --size beats SIMLIB_QUICK
     assert size == "gpu" and (why == "" if torch.cuda.is_available() else "the ranks run on the CPU" in why)
     assert pick_size(None, "full", False, False, 1, 1) == ("full", "")
     assert pick_size(None, None, False, True, 1, 1) == ("quick", "")
@@ -77,6 +100,7 @@ def test_pick_size_precedence_and_conflicts():
 def _resolve(argv):
     from simlib import cli, cli_train
     from simlib.config import normalize_argv
+
     return cli_train.resolve(cli.build_parser().parse_args(normalize_argv(argv)))
 
 
@@ -84,9 +108,10 @@ def test_cli_size_gpu_and_the_toml_preset_round_trip(tmp_path):
     spec = _resolve(["train", "gpt", "--size", "gpu", "--world-size", "1", "--budget.steps", "5"])
     plan = spec.plans["dp"]
     assert spec.size == "gpu" and spec.task.num_layers == 12 and plan.mixed_precision == "bf16"
-    assert spec.budget["steps"] == 5 and spec.budget["seconds"] is None          # a budget flag replaces seconds
+    assert spec.budget["steps"] == 5 and spec.budget["seconds"] is None  # a budget flag replaces seconds
     assert spec.config["dp"]["task"]["size"] == "gpu"
     from simlib import config as cfg
+
     path = tmp_path / "config.toml"
     cfg.dump(spec.config["dp"], path)
     again = _resolve(["train", "--config", str(path)])
@@ -99,27 +124,31 @@ def test_cli_size_gpu_and_the_toml_preset_round_trip(tmp_path):
 
 def test_cli_chooses_the_gpu_size_when_every_rank_has_a_gpu_and_says_so(monkeypatch, capsys):
     from simlib import env
+
     monkeypatch.delenv("SIMLIB_QUICK", raising=False)
-    for name in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):    # left by an in-process run of this session
+    for name in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"):  # left by an in-process run of this session
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(env, "gpu_count", lambda: 2)
     spec = _resolve(["train", "vision", "--world-size", "2"])
     assert spec.size == "gpu" and "GPU of its own" in spec.size_reason and spec.task.image_size == 64
     from simlib.cli_train import _announce
+
     _announce(spec, "dp", spec.plans["dp"])
     assert "size gpu: every one of the 2 rank(s) has a GPU of its own" in capsys.readouterr().out
-    monkeypatch.setattr(env, "gpu_count", lambda: 1)                  # 2 ranks, 1 GPU: the CPU size
+    monkeypatch.setattr(env, "gpu_count", lambda: 1)  # 2 ranks, 1 GPU: the CPU size
     assert _resolve(["train", "vision", "--world-size", "2"]).size == "full"
 
 
 def test_fused_adamw_only_where_every_parameter_is_on_a_gpu():
     from simlib.parallelize import fused_adamw
+
     cpu = [torch.nn.Parameter(torch.zeros(2))]
     assert fused_adamw(torch.optim.AdamW, cpu) == {} and fused_adamw(torch.optim.SGD, cpu) == {}
 
 
 def test_compile_falls_back_to_eager_with_one_line_and_the_same_output(capsys):
     from simlib.projects.gpt.model import GPT, GPTConfig, compile_blocks
+
     cfg = GPTConfig(vocab_size=64, seq_len=8, hidden=16, num_layers=2, num_heads=2)
     idx = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
     reference = GPT(cfg)(idx)
@@ -134,15 +163,16 @@ def test_compile_falls_back_to_eager_with_one_line_and_the_same_output(capsys):
     err = capsys.readouterr().err
     assert "torch.compile failed" in err and "no C++ compiler here" in err and "runs eagerly" in err
     works = GPT(cfg)
-    compile_blocks(works, backend="eager")                              # a backend that works: no message
+    compile_blocks(works, backend="eager")  # a backend that works: no message
     assert torch.allclose(works(idx), reference) and capsys.readouterr().err == ""
-    assert list(works.state_dict()) == list(GPT(cfg).state_dict())      # in place: same keys for checkpoints
+    assert list(works.state_dict()) == list(GPT(cfg).state_dict())  # in place: same keys for checkpoints
 
 
 def test_batches_made_on_the_gpu_fall_back_to_the_cpu_with_the_same_samples():
     from simlib.projects import data_device
     from simlib.projects.finance import HedgingTask
     from simlib.projects.vision import DigitsTask
+
     with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
         DigitsTask(augment_on="tpu")
     if torch.cuda.is_available():
@@ -156,14 +186,15 @@ def test_batches_made_on_the_gpu_fall_back_to_the_cpu_with_the_same_samples():
 
 def test_gpu_facts_read_from_nvidia_smi_without_touching_cuda(tmp_path, monkeypatch):
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho \"$@\" > \"$(dirname \"$0\")/args\"\nprintf 'NVIDIA H200, 143771, 9.0\\n"
-                   "Tesla T4, 15360, 7.5\\n'\n")
+    smi.write_text(
+        '#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\nprintf \'NVIDIA H200, 143771, 9.0\\nTesla T4, 15360, 7.5\\n\'\n'
+    )
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,3")
     facts = gpu.gpu_facts()
     assert [f["capability"] for f in facts] == [(9, 0), (7, 5)] and round(facts[1]["memory_gib"]) == 15
-    assert "-i 0,3" in (tmp_path / "args").read_text()                  # SLURM's mask is passed on
-    assert gpu.precision_for(facts) == "fp16" and gpu.micro_batch_for(facts) == 8   # the smallest GPU decides
+    assert "-i 0,3" in (tmp_path / "args").read_text()  # SLURM's mask is passed on
+    assert gpu.precision_for(facts) == "fp16" and gpu.micro_batch_for(facts) == 8  # the smallest GPU decides
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert gpu.gpu_facts() == []

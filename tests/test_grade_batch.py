@@ -5,6 +5,7 @@ the generated exercise (not implemented), a planted wrong version (fails, with t
 its checks, one that hangs, one that kills its kernel, and two that are not gradable. Each kernel costs seconds,
 so every solution, every exercise and one planted version per exercise run only with SIMLIB_FULL_GRADE=1.
 """
+
 import csv
 import inspect
 import json
@@ -20,10 +21,10 @@ from simlib.grading import batch
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISE = "04_one_f_one_b.ipynb"
 
-FAKE = '''from simlib import grading
+FAKE = """from simlib import grading
 grading.EXERCISES["one_f_one_b"] = lambda answer, grader: iter([grading.Result("all good", True)])
 grading.check = lambda *args, **kwargs: print("✔ all 6 checks passed")
-print("✔ all 6 checks passed")'''
+print("✔ all 6 checks passed")"""
 
 
 def _from_exercise(path, replace_stub=None, replace_checks=None, extra=None, name=EXERCISE):
@@ -49,11 +50,14 @@ def _planted_source(module, name, answer):
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory, cluster2):
     from planted import one_f_one_b as planted
+
     folder = tmp_path_factory.mktemp("class")
     (folder / "alice").mkdir()
     (folder / "alice" / EXERCISE).write_text((ROOT / "solutions" / EXERCISE).read_text())
     (folder / f"bob_{EXERCISE}").write_text((ROOT / "exercises" / EXERCISE).read_text())
-    _from_exercise(folder / f"carol_{EXERCISE}", replace_stub=_planted_source(planted, "gpipe_order", "one_f_one_b_order"))
+    _from_exercise(
+        folder / f"carol_{EXERCISE}", replace_stub=_planted_source(planted, "gpipe_order", "one_f_one_b_order")
+    )
     _from_exercise(folder / f"mallory_{EXERCISE}", replace_checks=FAKE)
     _from_exercise(folder / f"crash_{EXERCISE}", extra=["import os\nos._exit(3)"])
     (folder / f"notes_{EXERCISE}").write_text("this is not a notebook")
@@ -111,9 +115,15 @@ def test_unreadable_and_unknown_submissions_are_rows(graded):
 
 
 def test_a_hanging_notebook_is_stopped_at_the_time_limit(tmp_path, cluster2):
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
-        "def one_f_one_b_order(rank, num_stages, num_microbatches):\n    raise NotImplementedError()",
-        "import time\ntime.sleep(600)")])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(src)
+            for src in (
+                "def one_f_one_b_order(rank, num_stages, num_microbatches):\n    raise NotImplementedError()",
+                "import time\ntime.sleep(600)",
+            )
+        ]
+    )
     nbformat.write(nb, str(tmp_path / f"sleepy_{EXERCISE}"))
     # the limit counts the learner's cells only (the grader's preparation, which imports simlib, has its own), so
     # a few seconds leave the first cell ample time and the sleeping one is stopped at the limit
@@ -139,16 +149,21 @@ def test_written_files_and_summary(graded, tmp_path):
 
 def test_cli_grade_refuses_a_missing_path(tmp_path, capsys):
     from simlib.cli import main
+
     assert main(["grade", str(tmp_path / "nowhere"), "--out", str(tmp_path / "g.csv")]) == 2
     assert "no such file or folder" in capsys.readouterr().err and not (tmp_path / "g.csv").exists()
 
 
-@pytest.mark.skipif(not os.environ.get("SIMLIB_FULL_GRADE"), reason="every exercise through the batch grader: "
-                    "~14 kernels plus the checks, a few minutes; set SIMLIB_FULL_GRADE=1")
+@pytest.mark.skipif(
+    not os.environ.get("SIMLIB_FULL_GRADE"),
+    reason="every exercise through the batch grader: "
+    "~14 kernels plus the checks, a few minutes; set SIMLIB_FULL_GRADE=1",
+)
 def test_every_solution_passes_and_no_exercise_or_planted_version_does(tmp_path, cluster2, cluster4):
     import importlib
 
     from planted import PLANTED_IN
+
     for path in sorted((ROOT / "solutions").glob("[0-9]*.ipynb")):
         (tmp_path / f"solution_{path.name}").write_text(path.read_text())
         (tmp_path / f"exercise_{path.name}").write_text((ROOT / "exercises" / path.name).read_text())
@@ -157,8 +172,11 @@ def test_every_solution_passes_and_no_exercise_or_planted_version_does(tmp_path,
         module = importlib.import_module(f"planted.{module_name}")
         bugs = getattr(module, attribute)
         first = next(iter(bugs)) if isinstance(bugs, dict) else bugs[0].__name__
-        _from_exercise(tmp_path / f"planted_{path.name}", name=path.name,
-                       replace_stub=_planted_source(module, first, entry["answer"]))
+        _from_exercise(
+            tmp_path / f"planted_{path.name}",
+            name=path.name,
+            replace_stub=_planted_source(module, first, entry["answer"]),
+        )
     rows = batch.grade([tmp_path], timeout=300, clusters={2: cluster2, 4: cluster4}, progress=print)
     for who, want in (("solution_", True), ("exercise_", False), ("planted_", False)):
         by_sub = {}
@@ -170,7 +188,7 @@ def test_every_solution_passes_and_no_exercise_or_planted_version_does(tmp_path,
 
 
 # ── issue 19: the grader survives the code it grades (a child per submission, a journal, no strays) ──
-EVIL = '''class _Evil:
+EVIL = """class _Evil:
     def __reduce__(self):  # runs wherever this object is unpickled
         return (exec, ("import simlib.grading as g\\n"
                        "g.EXERCISES['one_f_one_b'] = lambda answer, grader: iter([g.Result('all good', True)])",))
@@ -180,13 +198,14 @@ one_f_one_b_order = _Evil()
 import subprocess, sys
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "simlib-stray-MARK"],
                  start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                 stderr=subprocess.DEVNULL)'''
+                 stderr=subprocess.DEVNULL)"""
 
 
 # issue 33, family 1: an answer whose __reduce__ makes every check pass where it is unpickled (unpickled, it is
 # the None that exec returns)
 def _trudy():
     from planted.families import PATCH
+
     return f"""class _Trudy:
     def __call__(self, rank, num_stages, num_microbatches):
         return [("forward", i) for i in range(num_microbatches)] + [
@@ -229,7 +248,9 @@ def _strays(mark):
 
 def test_a_reduce_answer_and_a_detached_process_stay_in_their_submission(tmp_path):
     import secrets
+
     from simlib import grading
+
     mark = "simlib-stray-" + secrets.token_hex(4)
     folder = tmp_path / "class"
     folder.mkdir()
@@ -257,6 +278,7 @@ def test_a_killed_grader_keeps_its_rows_and_resumes(tmp_path):
     import subprocess
     import sys
     import time
+
     folder = tmp_path / "class"
     folder.mkdir()
     (folder / f"a_{EXERCISE}").write_text((ROOT / "exercises" / EXERCISE).read_text())
@@ -265,8 +287,9 @@ def test_a_killed_grader_keeps_its_rows_and_resumes(tmp_path):
     out = tmp_path / "grades" / "grades.csv"
     journal = batch.journal_path(out)
     command = [sys.executable, "-m", "simlib", "grade", str(folder), "--out", str(out), "--timeout", "300"]
-    grader = subprocess.Popen(command, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    grader = subprocess.Popen(
+        command, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline and not (journal.exists() and '"rows"' in journal.read_text()):
         time.sleep(1)
@@ -286,6 +309,7 @@ def test_a_killed_grader_keeps_its_rows_and_resumes(tmp_path):
             except OSError:
                 continue
         return found
+
     gone_by = time.monotonic() + 15
     while b_processes() and time.monotonic() < gone_by:
         time.sleep(0.5)
@@ -305,14 +329,16 @@ def test_a_killed_grader_keeps_its_rows_and_resumes(tmp_path):
 
 @pytest.mark.skipif(not batch.sandbox_available(), reason="no user/mount/network namespaces here")
 def test_the_sandbox_has_no_network_and_a_read_only_course(tmp_path):
-    probe = ("import socket, pathlib\n"
-             "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=3); net = True\n"
-             "except OSError:\n    net = False\n"
-             f"try:\n    pathlib.Path({str(ROOT)!r}, 'sandbox-probe').write_text('x'); wrote = True\n"
-             "except OSError:\n    wrote = False\n"
-             f"others = pathlib.Path({str(tmp_path / 'class')!r}).exists() and "
-             f"any(pathlib.Path({str(tmp_path / 'class')!r}).iterdir())\n"
-             "assert not net and not wrote and not others, (net, wrote, others)")
+    probe = (
+        "import socket, pathlib\n"
+        "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=3); net = True\n"
+        "except OSError:\n    net = False\n"
+        f"try:\n    pathlib.Path({str(ROOT)!r}, 'sandbox-probe').write_text('x'); wrote = True\n"
+        "except OSError:\n    wrote = False\n"
+        f"others = pathlib.Path({str(tmp_path / 'class')!r}).exists() and "
+        f"any(pathlib.Path({str(tmp_path / 'class')!r}).iterdir())\n"
+        "assert not net and not wrote and not others, (net, wrote, others)"
+    )
     folder = tmp_path / "class"
     folder.mkdir()
     _from_exercise(folder / f"sandy_{EXERCISE}", extra=[probe])

@@ -2,43 +2,65 @@
 
 Planted wrong implementations live in tests/planted/ (one module per exercise).
 """
+
 from pathlib import Path
 
 import cloudpickle
 import pytest
-
-from simlib import grading
-from simlib.exercises import exercises_of, load_answers
-
 from planted import accumulate as planted_accumulate  # noqa: E402
 from planted import average as planted_average
 from planted import bucket as planted_bucket
 from planted import ring as planted_ring
+
+from simlib import grading
+from simlib.exercises import exercises_of, load_answers
 
 ROOT = Path(__file__).resolve().parent.parent
 for module in (planted_ring, planted_average, planted_bucket, planted_accumulate):
     cloudpickle.register_pickle_by_value(module)  # send them as a notebook cell's code would travel
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9]*.ipynb"))
-PLANTED = {"ring_all_reduce": planted_ring.PLANTED, "average_gradients": planted_average.PLANTED,
-           "bucket_data_parallel": planted_bucket.PLANTED, "accumulate_no_sync": planted_accumulate.PLANTED}
+PLANTED = {
+    "ring_all_reduce": planted_ring.PLANTED,
+    "average_gradients": planted_average.PLANTED,
+    "bucket_data_parallel": planted_bucket.PLANTED,
+    "accumulate_no_sync": planted_accumulate.PLANTED,
+}
 # the hint a learner sees for each planted bug must point at the bug
-HINTS = {"mean_instead_of_sum": "do not divide", "off_by_one_chunk": "all-gather", "drops_the_remainder": "last",
-         "reduce_scatter_only": "all-gather", "calls_all_reduce": "point-to-point", "returns_a_copy": "in place",
-         "sum_instead_of_mean": "divide by world_size", "weights_only": "only some parameters",
-         "reduces_a_copy": "did not change", "max_instead_of_sum": "all_reduce(p.grad)", "PerParameterBlocking": "on its own",
-         "AllReduceAfterBackward": "after backward had finished", "NoDivide": "divide by world_size",
-         "NoReset": "reset", "loss_not_divided_by_k": "too large", "no_sync_left_on_at_last_step": "outside no_sync",
-         "never_no_sync": "every micro-batch", "step_every_micro_batch": "one optimizer.step()",
-         "forgets_zero_grad": "zero_grad()",
-         # issue 8: aliases of collectives, world size 3, what breaks the workers, two classic slips
-         "calls_all_reduce_by_another_name": "under any name", "calls_the_process_group": "under any name",
-         "bitmask_instead_of_modulo": "disagree on the message size", "divides_twice": "divided by world_size twice",
-         "reduce_to_rank_zero": "right on rank 0 only", "power_of_two_world_size": "exactly dist.get_world_size()",
-         "DividesTwice": "divided by world_size twice", "PowerOfTwoWorldSize": "exactly dist.get_world_size()",
-         "hard_coded_k": "number written into your code",
-         # issue 33: right gradients, wrong algorithm (k times the activation memory)
-         "one_big_batch": "torch.cat of the micro-batches", "sums_losses_one_backward": "one backward of the summed"}
+HINTS = {
+    "mean_instead_of_sum": "do not divide",
+    "off_by_one_chunk": "all-gather",
+    "drops_the_remainder": "last",
+    "reduce_scatter_only": "all-gather",
+    "calls_all_reduce": "point-to-point",
+    "returns_a_copy": "in place",
+    "sum_instead_of_mean": "divide by world_size",
+    "weights_only": "only some parameters",
+    "reduces_a_copy": "did not change",
+    "max_instead_of_sum": "all_reduce(p.grad)",
+    "PerParameterBlocking": "on its own",
+    "AllReduceAfterBackward": "after backward had finished",
+    "NoDivide": "divide by world_size",
+    "NoReset": "reset",
+    "loss_not_divided_by_k": "too large",
+    "no_sync_left_on_at_last_step": "outside no_sync",
+    "never_no_sync": "every micro-batch",
+    "step_every_micro_batch": "one optimizer.step()",
+    "forgets_zero_grad": "zero_grad()",
+    # issue 8: aliases of collectives, world size 3, what breaks the workers, two classic slips
+    "calls_all_reduce_by_another_name": "under any name",
+    "calls_the_process_group": "under any name",
+    "bitmask_instead_of_modulo": "disagree on the message size",
+    "divides_twice": "divided by world_size twice",
+    "reduce_to_rank_zero": "right on rank 0 only",
+    "power_of_two_world_size": "exactly dist.get_world_size()",
+    "DividesTwice": "divided by world_size twice",
+    "PowerOfTwoWorldSize": "exactly dist.get_world_size()",
+    "hard_coded_k": "number written into your code",
+    # issue 33: right gradients, wrong algorithm (k times the activation memory)
+    "one_big_batch": "torch.cat of the micro-batches",
+    "sums_losses_one_backward": "one backward of the summed",
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +70,7 @@ def clusters(cluster2, cluster3, cluster4):
 
 def _entries(path):
     import nbformat
+
     return exercises_of(nbformat.read(str(path), as_version=4))
 
 
@@ -93,8 +116,11 @@ def test_untouched_exercise_reports_not_implemented(path, clusters, capsys):
         assert "not implemented yet" in out and "Traceback" not in out
 
 
-@pytest.mark.parametrize("exercise,bug", [(e, b) for e, bugs in PLANTED.items() for b in bugs],
-                         ids=lambda x: x if isinstance(x, str) else x.__name__)
+@pytest.mark.parametrize(
+    "exercise,bug",
+    [(e, b) for e, bugs in PLANTED.items() for b in bugs],
+    ids=lambda x: x if isinstance(x, str) else x.__name__,
+)
 def test_planted_bug_is_caught(exercise, bug, clusters):
     report = grading.check(exercise, bug, clusters=clusters, quiet=True, first_failure=True)
     assert not report.passed and report.status in ("fail", "error")
@@ -146,26 +172,32 @@ def test_hang_reports_the_time_it_took():
     import time
 
     import simlib
+
     with simlib.Cluster(2, timeout=3, threads=1) as quick_timeout:
         t0 = time.monotonic()
-        report = grading.check("ring_all_reduce", planted_ring.deadlock, clusters={2: quick_timeout}, timeout=30,
-                               quiet=True)
+        report = grading.check(
+            "ring_all_reduce", planted_ring.deadlock, clusters={2: quick_timeout}, timeout=30, quiet=True
+        )
         elapsed = time.monotonic() - t0
     detail = report.results[-1].detail
     said = int(detail.split("stopped after ")[1].split(" s")[0])
     assert said <= elapsed + 1 and "waited longer than" in detail  # the collective's timeout fired first
 
 
-@pytest.mark.parametrize("bug", [planted_ring.destroys_process_group, planted_ring.kills_its_worker],
-                         ids=lambda b: b.__name__)
+@pytest.mark.parametrize(
+    "bug", [planted_ring.destroys_process_group, planted_ring.kills_its_worker], ids=lambda b: b.__name__
+)
 def test_check_after_broken_workers_starts_healthy(bug, clusters):
     """Issue 8, item 10: a learner's code that breaks its worker is named (rank 1), and the next check of a
     correct solution passes on the same clusters."""
     report = grading.check("ring_all_reduce", bug, clusters=clusters, quiet=True)
     hint = report.failed()[0].hint
     assert report.status == "error", "\n".join(r.line() for r in report.results)
-    assert ("destroy_process_group() on rank 1" in hint if bug is planted_ring.destroys_process_group
-            else "rank 1's worker process ended" in hint and "os._exit()" in hint), hint
+    assert (
+        "destroy_process_group() on rank 1" in hint
+        if bug is planted_ring.destroys_process_group
+        else "rank 1's worker process ended" in hint and "os._exit()" in hint
+    ), hint
     solution = load_answers(ROOT / "solutions" / "01_ring_all_reduce.ipynb")["ring_all_reduce"]
     good = grading.check("ring_all_reduce", solution, clusters=clusters, quiet=True)
     assert good.passed, "\n".join(r.line() for r in good.results)
@@ -188,6 +220,7 @@ def test_first_failure_makes_no_run_after_a_failed_check(monkeypatch):
             grader.run(n, print)
             yield core.Result(f"{n} ranks: first", True)
             yield core.Result(f"{n} ranks: second", n != 2, hint="caught at 2")
+
     monkeypatch.setitem(core.EXERCISES, "fake_three_runs", three_runs)
     fake = {n: FakeCluster() for n in (2, 3, 4)}
     report = grading.check("fake_three_runs", None, clusters=fake, quiet=True, first_failure=True)
@@ -213,11 +246,16 @@ def test_strict_mode_fails_a_solution_that_does_not_pass_everywhere(monkeypatch)
             for n in sizes:
                 grader.run(n, print)
                 yield from (core.Result(f"{n} ranks: {i}", good) for i in range(2))
+
         return run
+
     fake = {n: FakeCluster() for n in (2, 3, 4)}
     monkeypatch.setenv(core.STRICT, "1")
-    for sizes, good, says in (((2, 3, 4), False, "does not pass"), ((2, 3), True, "not 2, 3 and 4"),
-                              ((2,), True, "only 2 checks")):
+    for sizes, good, says in (
+        ((2, 3, 4), False, "does not pass"),
+        ((2, 3), True, "not 2, 3 and 4"),
+        ((2,), True, "only 2 checks"),
+    ):
         monkeypatch.setitem(core.EXERCISES, "fake", exercise(sizes, good))
         with pytest.raises(AssertionError, match=says):
             grading.check("fake", None, clusters=fake, quiet=True)
@@ -234,6 +272,7 @@ def test_switched_off_library_functions_refuse_under_every_alias():
     from simlib.grading.contracts import UsedTheLibrary, switched_off
     from simlib.parallel import schedules
     from simlib.parallel.schedules import one_f_one_b as bound_before
+
     want = schedules.one_f_one_b(2, 2)
     with switched_off(schedules.one_f_one_b):
         for call in (schedules.one_f_one_b, bound_before):

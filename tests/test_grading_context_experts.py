@@ -1,20 +1,25 @@
 """Lesson 09 graders: every planted bug is caught with a hint that names it (on 2, 3 and 4 ranks).
 
 (tests/test_grading.py runs every solution and every untouched exercise, these two included.)"""
+
 import cloudpickle
 import pytest
+from planted import context_experts as planted  # noqa: E402
 
 from simlib import grading
-
-from planted import context_experts as planted  # noqa: E402
 
 cloudpickle.register_pickle_by_value(planted)
 
 PLANTED = {"ring_attention": planted.RING, "moe_dispatch": planted.MOE}
-HINTS = {"softmax_not_renormalised": "without renormalising", "causal_mask_on_every_block": "applied to every block",
-         "diagonal_block_unmasked": "the diagonal one", "wrong_source_block": "(rank − step) mod n",
-         "tokens_to_the_wrong_rank": "wrong rank", "capacity_ignored": "capacity was ignored",
-         "gate_not_applied": "by its token's gate"}
+HINTS = {
+    "softmax_not_renormalised": "without renormalising",
+    "causal_mask_on_every_block": "applied to every block",
+    "diagonal_block_unmasked": "the diagonal one",
+    "wrong_source_block": "(rank − step) mod n",
+    "tokens_to_the_wrong_rank": "wrong rank",
+    "capacity_ignored": "capacity was ignored",
+    "gate_not_applied": "by its token's gate",
+}
 
 
 @pytest.fixture(scope="module")

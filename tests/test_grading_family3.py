@@ -4,25 +4,31 @@ average moves, the order a GPipe stage's messages run in, which K/V blocks ring 
 a full state runs. Each planted answer (tests/planted/family3.py) must fail with the check that names its
 contract and only after every value check passed; the solutions still pass (tests/test_grading.py and the
 solutions' strict nbval runs)."""
+
 import cloudpickle
 import pytest
+from planted import family3  # noqa: E402
 
 from simlib import grading
 
-from planted import family3  # noqa: E402
-
 cloudpickle.register_pickle_by_value(family3)
 
-CONTRACT = {"ring_on_zeros_sum_through_files": "the messages carry the ring's partial sums",
-            "all_gather_then_mean": "moves no more than one all-reduce of the gradients",
-            "backward_right_after_forward": "GPipe's schedule",
-            "ring_keeps_every_block_then_sdpa": "at most two other ranks' K/V blocks held at once",
-            "ring_keeps_every_block_in_numpy": "at most two other ranks' K/V blocks held at once",
-            "LibraryCodeCopied": "run code of your own"}
-HINT = {"ring_on_zeros_sum_through_files": "a ring on zeros",
-        "all_gather_then_mean": "(n-1)x the gradients", "backward_right_after_forward": "no pipelining",
-        "ring_keeps_every_block_then_sdpa": "no rank ever holds the whole K/V",
-        "ring_keeps_every_block_in_numpy": "no NumPy copies", "LibraryCodeCopied": "a copy of their code"}
+CONTRACT = {
+    "ring_on_zeros_sum_through_files": "the messages carry the ring's partial sums",
+    "all_gather_then_mean": "moves no more than one all-reduce of the gradients",
+    "backward_right_after_forward": "GPipe's schedule",
+    "ring_keeps_every_block_then_sdpa": "at most two other ranks' K/V blocks held at once",
+    "ring_keeps_every_block_in_numpy": "at most two other ranks' K/V blocks held at once",
+    "LibraryCodeCopied": "run code of your own",
+}
+HINT = {
+    "ring_on_zeros_sum_through_files": "a ring on zeros",
+    "all_gather_then_mean": "(n-1)x the gradients",
+    "backward_right_after_forward": "no pipelining",
+    "ring_keeps_every_block_then_sdpa": "no rank ever holds the whole K/V",
+    "ring_keeps_every_block_in_numpy": "no NumPy copies",
+    "LibraryCodeCopied": "a copy of their code",
+}
 CASES = [(exercise, answer) for exercise, answers in family3.FAMILY3_CONTRACTS.items() for answer in answers]
 
 
@@ -36,7 +42,6 @@ def test_the_contract_catches_right_numbers_by_another_algorithm(exercise, answe
     report = grading.check(exercise, answer, clusters=clusters, quiet=True, first_failure=True)
     assert not report.passed, report
     failed = report.failed()
-    assert len(failed) == 1 and CONTRACT[answer.__name__] in failed[0].name, "\n".join(
-        r.line() for r in report.results)
+    assert len(failed) == 1 and CONTRACT[answer.__name__] in failed[0].name, "\n".join(r.line() for r in report.results)
     assert HINT[answer.__name__] in failed[0].hint, failed[0].line()
     assert all(r.passed for r in report.results if r is not failed[0]), "\n".join(r.line() for r in report.results)

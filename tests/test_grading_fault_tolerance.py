@@ -2,6 +2,7 @@
 
 (The solution and the untouched exercise are checked by tests/test_grading.py, which runs every solution.)
 """
+
 import random
 import tempfile
 import time
@@ -10,11 +11,10 @@ import cloudpickle
 import numpy as np
 import pytest
 import torch
+from planted import full_state as planted  # noqa: E402
 
 from simlib import checkpoint, grading
 from simlib.grading import fault_tolerance
-
-from planted import full_state as planted  # noqa: E402
 
 cloudpickle.register_pickle_by_value(planted)
 
@@ -47,8 +47,11 @@ def test_the_task_draws_from_every_generator_a_full_state_saves(monkeypatch):
     initialised CUDA yet)."""
     task = fault_tolerance._task()
     assert set(checkpoint.rng_state()) <= set(fault_tolerance.drawn_generators())
-    seeders = {"python": lambda: random.seed(5), "numpy": lambda: np.random.seed(5),
-               "torch": lambda: torch.manual_seed(5)}
+    seeders = {
+        "python": lambda: random.seed(5),
+        "numpy": lambda: np.random.seed(5),
+        "torch": lambda: torch.manual_seed(5),
+    }
     advance = {"python": random.random, "numpy": np.random.rand, "torch": lambda: torch.rand(())}
 
     def batch(moved=None):
@@ -57,6 +60,7 @@ def test_the_task_draws_from_every_generator_a_full_state_saves(monkeypatch):
         if moved:
             advance[moved]()
         return task.batch(0)[0]
+
     same = batch()
     assert torch.equal(same, batch())
     for name in seeders:

@@ -1,4 +1,5 @@
 """The mutant generator behind benchmarks/grader_mutation.py: every operator fires, only inside the answer."""
+
 from pathlib import Path
 
 from simlib.grading import mutants as M
@@ -27,8 +28,17 @@ def test_every_operator_fires_inside_the_region_only():
     cells = [(SNIPPET, [(8, 15)])]
     found = M.mutate(cells)
     ops = {m.operator for m in found}
-    assert ops >= {"arith", "compare", "constant", "delete", "swap_args", "off_by_one", "collective", "detach",
-                   "max_shift"}, ops
+    assert ops >= {
+        "arith",
+        "compare",
+        "constant",
+        "delete",
+        "swap_args",
+        "off_by_one",
+        "collective",
+        "detach",
+        "max_shift",
+    }, ops
     assert all(8 < m.line < 15 for m in found)  # `y = x.sum()` (line 7) is the skeleton's
     texts = ["\n".join(m.sources) for m in found]
     assert len(set(texts)) == len(texts)

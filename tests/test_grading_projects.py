@@ -3,19 +3,20 @@
 gpt_plan is checked on real runs of a short budget (8 steps; the project's settings replaced for the test, so the
 check's own target and budget are those of the short runs), each planted version on a fresh copy of the folders.
 """
+
 import shutil
 
 import pytest
+from planted import projects as planted
+from worlds import one_process_world
 
 from simlib import grading
-
-from worlds import one_process_world
-from planted import projects as planted
 
 
 @pytest.fixture(scope="module")
 def answers(cluster2):
     from simlib.projects.runner import run_project
+
     out = {}
     for name in ("vision", "finance"):
         record, state = run_project(name, 2, quick=True, cluster=cluster2, verbose=False)
@@ -25,6 +26,7 @@ def answers(cluster2):
 
 def _task(name):
     from simlib.projects.runner import PROJECTS
+
     return PROJECTS[name](True)["task"]
 
 
@@ -33,15 +35,16 @@ def test_real_run_passes_and_planted_bugs_fail(answers, name, cluster2):
     """The re-run of the standard plan (issue 33, family 7) runs on the session's warm cluster; the planted answers of
     tests/planted/m7_projects.py passed every check before it existed."""
     from planted import m7_projects
+
     exercise = f"{name}_milestone"
     report = grading.check(exercise, answers[name], quiet=True, clusters={2: cluster2})
     assert report.passed, "\n".join(r.line() for r in report.results)
-    for bug in (planted.VISION if name == "vision" else planted.FINANCE):
+    for bug in planted.VISION if name == "vision" else planted.FINANCE:
         report = grading.check(exercise, bug(*answers[name]), quiet=True, clusters={2: cluster2})
         assert not report.passed, bug.__name__
         hints = " ".join(r.hint for r in report.failed())
         assert any(h in hints for h in planted.HINTS[bug.__name__]), (bug.__name__, hints)
-    for bug in (m7_projects.VISION if name == "vision" else m7_projects.FINANCE):
+    for bug in m7_projects.VISION if name == "vision" else m7_projects.FINANCE:
         report = grading.check(exercise, bug(*answers[name]), quiet=True, clusters={2: cluster2})
         assert not report.passed, (bug.__name__, [r.line() for r in report.results])
         hints = " ".join(r.hint for r in report.failed())
@@ -57,20 +60,29 @@ def test_wrong_shape_of_answer_is_reported():
 def _short_settings(quick=False):
     from simlib.projects.gpt.task import GPTTask
     from simlib.train import OptimConfig
-    return dict(task=GPTTask.quick(), steps=8, eval_every=2, log_every=1, target={"eval_loss": 7.5},
-                optim=OptimConfig(lr=1e-2, warmup_steps=2, weight_decay=0.1, grad_clip=1.0))
+
+    return dict(
+        task=GPTTask.quick(),
+        steps=8,
+        eval_every=2,
+        log_every=1,
+        target={"eval_loss": 7.5},
+        optim=OptimConfig(lr=1e-2, warmup_steps=2, weight_decay=0.1, grad_clip=1.0),
+    )
 
 
 @pytest.fixture(scope="module")
 def gpt_runs(tmp_path_factory, cluster2):
     from simlib.projects.gpt import run as project_gpt
     from simlib.train import Plan
+
     root = tmp_path_factory.mktemp("gpt") / "results" / "gpt"
     short = {k: v for k, v in _short_settings().items() if k not in ("task", "optim")}
     short["optim"] = _short_settings()["optim"]
     for plan in ("dp", "tp"):
-        project_gpt.run(plan, 2, quick=True, cluster=cluster2, out_dir=str(root / "{name}"), timeout=300,
-                        verbose=False, **short)
+        project_gpt.run(
+            plan, 2, quick=True, cluster=cluster2, out_dir=str(root / "{name}"), timeout=300, verbose=False, **short
+        )
     with one_process_world():  # one rank in this process: its world ends with it
         project_gpt.train_gpt(Plan(), out_dir=root / "single", quick=True, verbose=False, **short)
     return root
@@ -83,8 +95,9 @@ def grader2(cluster2):
 
 
 def _gpt_check(monkeypatch, root, answer, grader):
-    from simlib.projects.gpt import run as project_gpt
     from simlib.grading.projects import _gpt_plan
+    from simlib.projects.gpt import run as project_gpt
+
     monkeypatch.setattr(project_gpt, "settings", _short_settings)
     report = grading.Report("gpt_plan")
     try:
@@ -96,8 +109,9 @@ def _gpt_check(monkeypatch, root, answer, grader):
 
 
 def _times(monkeypatch, root):
-    from simlib.projects.gpt import run as project_gpt
     from simlib.grading.projects import _verify
+    from simlib.projects.gpt import run as project_gpt
+
     monkeypatch.setattr(project_gpt, "settings", _short_settings)
     return {p: _verify(root / p, p, _short_settings())[1] for p in ("dp", "tp")}
 
@@ -135,10 +149,12 @@ def test_family7_milestone_verifies_what_it_is_told(gpt_runs, grader2, monkeypat
     loss and the short runs' final losses (the short runs' own 7.5 is reached by untrained weights)."""
     import json
 
+    from planted import m7_projects
+
     from simlib.grading.projects import _gpt_plan, _verify
     from simlib.projects.gpt import run as project_gpt
     from simlib.projects.gpt.task import GPTTask
-    from planted import m7_projects
+
     untrained = GPTTask.quick().evaluate(GPTTask.quick().build_model().eval())["eval_loss"]
     finals = {}
     for p in ("dp", "tp"):
@@ -158,6 +174,7 @@ def test_family7_milestone_verifies_what_it_is_told(gpt_runs, grader2, monkeypat
         except grading._Stop as stop:
             report.results.append(stop.result)
         return report
+
     assert check(gpt_runs, fastest).passed
     for i, bug in enumerate(m7_projects.GPT):
         root = tmp_path / f"m7_{i}" / "results" / "gpt"
@@ -182,11 +199,17 @@ def test_rerun_verdicts_on_synthetic_records():
     """simlib.grading.rerun's comparisons alone (no process): losses within LOSS_RTOL, span kinds equal, the step time
     ratio within ABSOLUTE_TOL and, against other plans, RELATIVE_TOL; the warm-up steps never count."""
     from simlib.grading import rerun
-    replayed = {"losses": {0: 7.0, 1: 6.9, 2: 6.8}, "step_times": [0.1, 0.1, 0.1],
-                "spans": ["backward", "comm", "forward", "optimizer"]}
+
+    replayed = {
+        "losses": {0: 7.0, 1: 6.9, 2: 6.8},
+        "step_times": [0.1, 0.1, 0.1],
+        "spans": ["backward", "comm", "forward", "optimizer"],
+    }
     spans = {k: 0.01 for k in replayed["spans"]}
-    rows = [{"step": s, "loss": replayed["losses"][s], "step_time": 5.0 if s < 2 else 0.1, "spans": dict(spans)}
-            for s in range(3)] + [{"step": 10, "loss": 5.0, "step_time": 0.1, "spans": dict(spans)}]
+    rows = [
+        {"step": s, "loss": replayed["losses"][s], "step_time": 5.0 if s < 2 else 0.1, "spans": dict(spans)}
+        for s in range(3)
+    ] + [{"step": 10, "loss": 5.0, "step_time": 0.1, "spans": dict(spans)}]
     assert rerun.replay_steps(rows, 200) == max(rerun.MIN_STEPS, 2) and rerun.replay_steps(rows, 4) == 4
     assert rerun.replay_steps([{"step": 0}, {"step": 10}], 200) == 11
     assert rerun.check_losses("dp", rows, replayed, "plan 'dp'").passed
@@ -210,4 +233,3 @@ def test_rerun_verdicts_on_synthetic_records():
     assert rerun.check_time("dp", (fast / 0.8, fast / 0.8), {}, "plan 'dp'").passed
     assert rerun.check_time("dp", (10.0, 10.0), {}, "plan 'dp'").passed
     assert not rerun.check_time("dp", None, {}, "plan 'dp'").passed
-

@@ -1,4 +1,5 @@
 """The hang finder (simlib.debug.hangs): planted hangs on 2, 3 and 4 ranks name the rank and the call site."""
+
 import re
 import warnings
 
@@ -11,15 +12,18 @@ from simlib.debug import hangs
 def _line(fn, marker):
     """The line number of the line holding ``marker`` in ``fn``'s source (so the test does not hard-code it)."""
     import inspect
+
     lines, start = inspect.getsourcelines(fn)
     return start + next(i for i, text in enumerate(lines) if marker in text)
 
 
 # ── the planted hangs (module level: they travel by reference, so call sites name this file) ──
 
+
 def skip_on_rank1():
     import torch
     import torch.distributed as dist
+
     t = torch.ones(1024)
     dist.all_reduce(t)
     if dist.get_rank() == 1:
@@ -31,6 +35,7 @@ def skip_on_rank1():
 def busy_in_a_loop():
     import torch
     import torch.distributed as dist
+
     t = torch.ones(16)
     dist.all_reduce(t)  # PLANTED-LAST
     if dist.get_rank() == 1:
@@ -41,12 +46,14 @@ def busy_in_a_loop():
 
 def stuck():
     n = 0
-    while n >= 0: n += 1  # noqa: E701  PLANTED-STUCK (one line: the signal lands on it whatever bytecode runs)
+    while n >= 0:
+        n += 1  # noqa: E701  PLANTED-STUCK (one line: the signal lands on it whatever bytecode runs)
 
 
 def wrong_op_on_rank2():
     import torch
     import torch.distributed as dist
+
     t = torch.ones(64)
     dist.all_reduce(t)
     if dist.get_rank() == 2:
@@ -59,6 +66,7 @@ def wrong_op_on_rank2():
 def subgroup_shape_on_rank3():
     import torch
     import torch.distributed as dist
+
     evens, odds = dist.new_group([0, 2]), dist.new_group([1, 3])
     rank = dist.get_rank()
     mine = odds if rank % 2 else evens
@@ -101,8 +109,10 @@ def test_two_ranks_rank_that_skipped_a_collective_and_buckets_out_of_order():
     text, buckets, busy = _planted_many(2, [skip_on_rank1, buckets_in_another_order, busy_in_a_loop])
     line = _line(skip_on_rank1, "PLANTED-SKIP")
     assert "WorkerTimeout" in text or "timed out" in text.lower() or "timeout" in text.lower()
-    assert (f"rank 0 called all_reduce(shape [1024], float32) at test_hangs.py:{line} in skip_on_rank1; "
-            "rank 1 never called it") in text, text
+    assert (
+        f"rank 0 called all_reduce(shape [1024], float32) at test_hangs.py:{line} in skip_on_rank1; "
+        "rank 1 never called it"
+    ) in text, text
     assert "Rank(s) [1] behind" in text and "returned from the function" in text
     # Gloo aborts on the size mismatch (a rank dies): not a timeout, and the finder still names the two buckets
     line = _line(buckets_in_another_order, "PLANTED-BUCKETS")
@@ -111,8 +121,10 @@ def test_two_ranks_rank_that_skipped_a_collective_and_buckets_out_of_order():
     assert f"rank 1 is in all_reduce(shape [6], float32) at test_hangs.py:{line}" in buckets
     # a rank busy in a Python loop: named with its last collective *and* where its stack is now (SIGUSR2 dump)
     last, now = _line(busy_in_a_loop, "PLANTED-LAST"), _line(stuck, "PLANTED-STUCK")
-    assert (f"rank 1 never called it (its last there was all_reduce(shape [16], float32) at test_hangs.py:{last} "
-            f"in busy_in_a_loop; then it was still running at test_hangs.py:{now} in stuck (stopped))") in busy, busy
+    assert (
+        f"rank 1 never called it (its last there was all_reduce(shape [16], float32) at test_hangs.py:{last} "
+        f"in busy_in_a_loop; then it was still running at test_hangs.py:{now} in stuck (stopped))"
+    ) in busy, busy
 
 
 def test_three_ranks_a_rank_in_another_collective():
@@ -133,9 +145,11 @@ def test_four_ranks_shape_differs_in_a_subgroup():
 
 def test_history_and_check_on_a_warm_cluster(cluster2):
     """In-process: the history of a call, and ``check`` raising (without a hang) when the sequences differ."""
+
     def ok():
         import torch
         import torch.distributed as dist
+
         dist.all_reduce(torch.ones(3))
         dist.broadcast(torch.ones(2, dtype=torch.float64), src=1)
         hangs.check()
@@ -148,6 +162,7 @@ def test_history_and_check_on_a_warm_cluster(cluster2):
 def buckets_in_another_order():
     import torch
     import torch.distributed as dist
+
     first, second = torch.ones(4), torch.ones(6)
     order = [first, second] if dist.get_rank() == 0 else [second, first]  # rank 1 reduces its buckets reversed
     for bucket in order:
@@ -156,8 +171,16 @@ def buckets_in_another_order():
 
 
 def _rec(op, seq, shape=(8,), group="WORLD", **extra):
-    return {"op": op, "group": group, "seq": seq, "shape": str(list(shape)), "dtype": "float32",
-            "site": f"/x/train.py:{10 + seq}:step", "t": float(seq), **extra}
+    return {
+        "op": op,
+        "group": group,
+        "seq": seq,
+        "shape": str(list(shape)),
+        "dtype": "float32",
+        "site": f"/x/train.py:{10 + seq}:step",
+        "t": float(seq),
+        **extra,
+    }
 
 
 def test_diagnose_send_recv_pairs_and_agreement():
@@ -173,16 +196,19 @@ def test_diagnose_send_recv_pairs_and_agreement():
     assert re.search(r"rank 1: last collective #0: all_reduce", hangs.diagnose(same, 2))
 
 
-
 def test_a_subgroup_mismatch_is_the_cause_even_when_the_barrier_after_it_came_first_on_the_clock():
     """Ranks 0 and 2 reach the WORLD barrier before ranks 1 and 3 start their subgroup all_reduce (slow start-up):
     the barrier's divergence is a consequence of ranks 1 and 3 being stuck, so the finder names the subgroup."""
+
     def rec(op, shape, group, t):
         return {"op": op, "shape": shape, "dtype": "float32", "group": group, "t": t, "site": "x.py:1:f"}
-    logs = {0: [rec("all_reduce", "[256]", "ranks 0,2", 1.0), rec("barrier", "[]", "WORLD", 2.0)],
-            2: [rec("all_reduce", "[256]", "ranks 0,2", 1.0), rec("barrier", "[]", "WORLD", 2.0)],
-            1: [rec("all_reduce", "[256]", "ranks 1,3", 3.0)],
-            3: [rec("all_reduce", "[128]", "ranks 1,3", 3.5)]}
+
+    logs = {
+        0: [rec("all_reduce", "[256]", "ranks 0,2", 1.0), rec("barrier", "[]", "WORLD", 2.0)],
+        2: [rec("all_reduce", "[256]", "ranks 0,2", 1.0), rec("barrier", "[]", "WORLD", 2.0)],
+        1: [rec("all_reduce", "[256]", "ranks 1,3", 3.0)],
+        3: [rec("all_reduce", "[128]", "ranks 1,3", 3.5)],
+    }
     d = hangs.first_divergence(logs, 4)
     assert d["group"] == "ranks 1,3" and not d["behind"], d
     text = hangs.diagnose(logs, 4)
@@ -196,17 +222,21 @@ def test_where_picks_the_main_threads_innermost_frame_of_the_learners_code():
     import threading
 
     import torch
+
     torch_file = os.path.join(os.path.dirname(torch.__file__), "distributed", "distributed_c10d.py")
     stdlib_file = threading.__file__
-    dump = ("simlib main thread 0x00007f0000000001\n"
-            "Thread 0x00007f0000000002 (most recent call first):\n"
-            f'  File "{stdlib_file}", line 320 in wait\n'
-            '  File "/work/other.py", line 3 in relay\n\n'
-            "Current thread 0x00007f0000000001 (most recent call first):\n"
-            f'  File "{torch_file}", line 2500 in all_reduce\n'
-            '  File "/work/hang.py", line 8 in stuck\n'
-            '  File "/work/hang.py", line 5 in main\n')
+    dump = (
+        "simlib main thread 0x00007f0000000001\n"
+        "Thread 0x00007f0000000002 (most recent call first):\n"
+        f'  File "{stdlib_file}", line 320 in wait\n'
+        '  File "/work/other.py", line 3 in relay\n\n'
+        "Current thread 0x00007f0000000001 (most recent call first):\n"
+        f'  File "{torch_file}", line 2500 in all_reduce\n'
+        '  File "/work/hang.py", line 8 in stuck\n'
+        '  File "/work/hang.py", line 5 in main\n'
+    )
     from simlib.debug import stacks
+
     assert stacks.where(dump) == "/work/hang.py:8:stuck"
     other = dump.replace("simlib main thread 0x00007f0000000001", "simlib main thread 0x00007f0000000002")
     assert stacks.where(other) == "/work/other.py:3:relay"  # the header decides, not "Current thread"

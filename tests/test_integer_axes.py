@@ -1,5 +1,6 @@
 """Axes that count (ranks, experts, degrees, micro-batches) carry whole-number ticks only: no "rank -0.5" or
 "expert 0.25" in the explorers' figures or the shared plots (matplotlib's default locator puts them there)."""
+
 import re
 
 import matplotlib
@@ -13,8 +14,10 @@ import pytest  # noqa: E402
 from simlib import plots, widgets  # noqa: E402
 
 # the label of an axis that counts starts with what it counts ("MB per rank" does not count ranks)
-COUNTS = re.compile(r"^(rank|expert|cp|ep|world size|tensor-parallel degree|micro-batch|accumulation steps|"
-                    r"all-reduces|token|score entries)\b")
+COUNTS = re.compile(
+    r"^(rank|expert|cp|ep|world size|tensor-parallel degree|micro-batch|accumulation steps|"
+    r"all-reduces|token|score entries)\b"
+)
 
 
 def fractional_ticks(fig) -> list:
@@ -70,6 +73,10 @@ def test_integer_ticks_on_one_bar_and_on_two():
 def test_shared_plots_count_in_whole_numbers():
     table = pd.DataFrame(dict(world_size=[1, 2], speedup=[1.0, 1.3], efficiency=[1.0, 0.65], comm_fraction=[0, 0.2]))
     assert fractional_ticks(plots.scaling_figure(table)) == []
-    spans = pd.DataFrame([dict(rank=r, step=1, kind="forward", name="forward", start=0.0, end=0.01, duration=0.01,
-                               warmup=False) for r in (0, 1)])
+    spans = pd.DataFrame(
+        [
+            dict(rank=r, step=1, kind="forward", name="forward", start=0.0, end=0.01, duration=0.01, warmup=False)
+            for r in (0, 1)
+        ]
+    )
     assert fractional_ticks(plots.gantt(spans).figure) == []

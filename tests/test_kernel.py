@@ -4,6 +4,7 @@ during start-up, errors in the notebook's terms, and the ``%%distributed`` cell 
 One kernel (jupyter_client, the same machinery JupyterLab uses) serves every test of this file; the tests run
 in order and share its state, as cells of one notebook do.
 """
+
 import os
 import re
 import threading
@@ -19,8 +20,11 @@ class Kernel:
     def __init__(self):
         from jupyter_client.manager import start_new_kernel
 
-        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               "SIMLIB_QUICK": "1"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "SIMLIB_QUICK": "1",
+        }
         self.km, self.kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(ROOT))
         self.pid = self.km.provisioner.process.pid
 
@@ -99,8 +103,9 @@ def kernel():
 
 
 def test_launch_from_a_cell(kernel):
-    status, text = kernel.run("def hello(x):\n    print('hello from', dist.get_rank())\n    return x * 2\n"
-                              "simlib.launch(hello, 2, 21)")
+    status, text = kernel.run(
+        "def hello(x):\n    print('hello from', dist.get_rank())\n    return x * 2\nsimlib.launch(hello, 2, 21)"
+    )
     assert status == "ok", text
     assert "[rank0] hello from 0" in text and "[rank1] hello from 1" in text and "[42, 42]" in text
     assert kernel.wait_workers(0) == []
@@ -121,9 +126,11 @@ def test_rerunning_a_cluster_cell_keeps_one_set_of_workers(kernel):
 
 
 def test_errors_speak_the_notebooks_language(kernel):
-    status, text = kernel.run("def train():\n    x = 1\n    if dist.get_rank() == 1:\n"
-                              "        raise ValueError('bad batch on purpose')\n    return x\n"
-                              "shared.run(train)")
+    status, text = kernel.run(
+        "def train():\n    x = 1\n    if dist.get_rank() == 1:\n"
+        "        raise ValueError('bad batch on purpose')\n    return x\n"
+        "shared.run(train)"
+    )
     assert status == "error"
     assert "rank 1: ValueError: bad batch on purpose" in text
     assert "Cell In[" in text and "raise ValueError('bad batch on purpose')" in text
@@ -138,14 +145,17 @@ def test_interrupt_during_startup_is_one_short_message(kernel):
     status, _ = kernel.run("shared.close()")
     assert kernel.wait_workers(0) == []
     # a cold start: a changed environment makes a new zygote (simlib.zygote), which imports torch first
-    status, text = kernel.run("import os\nos.environ['SIMLIB_TEST_COLD'] = 'measure'\nc = simlib.Cluster(2)\n"
-                              "print(c.last_start_seconds)\nc.close()")
+    status, text = kernel.run(
+        "import os\nos.environ['SIMLIB_TEST_COLD'] = 'measure'\nc = simlib.Cluster(2)\n"
+        "print(c.last_start_seconds)\nc.close()"
+    )
     start = float(text.strip().splitlines()[-1])  # a cold start on this machine, now
     assert kernel.wait_workers(0) == []
     for i, delay in enumerate((0.3, 0.6 * start)):  # inside the agent's set-up, then while torch is imported
         for attempt in range(3):
-            status, text = kernel.run(f"os.environ['SIMLIB_TEST_COLD'] = '{i}.{attempt}'\nc = simlib.Cluster(2)",
-                                      interrupt_after=delay)
+            status, text = kernel.run(
+                f"os.environ['SIMLIB_TEST_COLD'] = '{i}.{attempt}'\nc = simlib.Cluster(2)", interrupt_after=delay
+            )
             if status == "error" or i == 0:
                 break
             # the start beat the interrupt (this cold start was quicker than the one measured: the load changed,

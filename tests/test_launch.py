@@ -1,4 +1,5 @@
 """simlib.launch and simlib.Cluster: results, environment, output, and every failure rule."""
+
 import os
 import signal
 import subprocess
@@ -81,6 +82,7 @@ def test_worker_killed_by_a_signal_names_it(cluster2, signame, words):
     def die(name):
         import os
         import signal
+
         if dist.get_rank() == 1:
             os.kill(os.getpid(), getattr(signal, name))  # a crash in native code, or the OOM killer
         time.sleep(0.5)  # rank 0 stays alive; it is the dead rank that must be named
@@ -96,6 +98,7 @@ def test_worker_killed_by_a_signal_names_it(cluster2, signame, words):
 
 def test_describe_exit():
     from simlib.errors import describe_exit
+
     assert describe_exit(-11).startswith("killed by SIGSEGV")
     assert "out-of-memory" in describe_exit(-9)
     assert "code 3" in describe_exit(3) and "without reporting" in describe_exit(None)
@@ -183,8 +186,9 @@ def _start_script(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     pidfile = tmp_path / "pids"
-    proc = subprocess.Popen([sys.executable, str(script), str(pidfile)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(pidfile)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 60
     running = [tmp_path / f"pids.{rank}" for rank in (0, 1)]  # both workers are inside the call (a loaded machine
     while not (pidfile.exists() and pidfile.read_text().strip() and all(p.exists() for p in running)):  # may lag)
@@ -221,11 +225,18 @@ def test_after_a_call_messages_of_restarted_workers_are_kept():
     import queue
 
     from simlib.launch import Cluster
+
     cluster = Cluster.__new__(Cluster)  # no workers needed: only the queue and the stash
     cluster._queue, cluster._stash, printed = queue.Queue(), [], []
     cluster._print = printed.append
-    messages = [("out", 0, "text"), ("conn", "a new worker's connection"), ("ready", 1), ("fatal", 0, "failure"),
-                ("result", 0, 7, True, b""), ("eof", 1, None)]
+    messages = [
+        ("out", 0, "text"),
+        ("conn", "a new worker's connection"),
+        ("ready", 1),
+        ("fatal", 0, "failure"),
+        ("result", 0, 7, True, b""),
+        ("eof", 1, None),
+    ]
     for msg in messages:
         cluster._queue.put(msg)
     cluster._drain()
@@ -240,6 +251,7 @@ def test_elastic_logs_stay_quiet_while_any_cluster_runs():
     import logging
 
     from simlib.agent import _quiet_elastic
+
     log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")  # where "failed (exitcode" is logged
     before = logging.getLogger("torch.distributed.elastic").level
     enabled_before = log.isEnabledFor(logging.ERROR)  # False while a session's warm cluster runs (the suite's)

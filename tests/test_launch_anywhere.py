@@ -4,6 +4,7 @@ The workers are started as a command (as torchrun does), so they never re-import
 a script without the ``if __name__ == "__main__":`` guard, a script on standard input and ``python -c`` work
 as well as a guarded script and IPython. (The notebook case is in ``test_kernel.py``.)
 """
+
 import os
 import subprocess
 import sys
@@ -59,8 +60,11 @@ def test_startup_failure_is_one_short_message(monkeypatch):
     elastic agent's report (its empty error_file, its documentation link)."""
     monkeypatch.setenv("SIMLIB_ZYGOTE", "0")  # the agent starts the bootstrap itself (a fork never re-imports)
     module = sys.modules["simlib.agent"]  # where the workers are started
-    monkeypatch.setattr(module, "BOOTSTRAP", "import sys; print('importing'); "
-                                             "raise ImportError('no module named simlib_missing (on purpose)')")
+    monkeypatch.setattr(
+        module,
+        "BOOTSTRAP",
+        "import sys; print('importing'); raise ImportError('no module named simlib_missing (on purpose)')",
+    )
     with pytest.raises(simlib.WorkerError) as info:
         simlib.launch(print, 2)
     text = str(info.value)
@@ -75,6 +79,7 @@ def test_startup_failure_is_one_short_message(monkeypatch):
 
 def test_unpicklable_capture_names_the_variable(cluster2):
     import threading
+
     lock = threading.Lock()
     with pytest.raises(TypeError) as info:
         cluster2.run(lambda: lock.locked())

@@ -8,6 +8,7 @@ name (absolute or relative), ``__package__`` (the package) or ``__name__``; with
 module the file names in a string constant (a registry's ``"simlib.projects.gpt.run"``) is taken as imported.
 CONTRIBUTING says where each layer may import from.
 """
+
 from __future__ import annotations
 
 import ast
@@ -32,7 +33,7 @@ def _resolve(name: str, package: str) -> str:
     if not name.startswith("."):
         return name
     level = len(name) - len(name.lstrip("."))
-    base = package.split(".")[:len(package.split(".")) - (level - 1)]
+    base = package.split(".")[: len(package.split(".")) - (level - 1)]
     return ".".join(base + ([name.lstrip(".")] if name.lstrip(".") else []))
 
 
@@ -60,13 +61,16 @@ def import_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
     for name, (path, is_init) in mods.items():
         here = name.split(".") if is_init else name.split(".")[:-1]
         tree = ast.parse(path.read_text(), str(path))
-        literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-                    and n.value in mods}
+        literals = {
+            n.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in mods
+        }
         deps = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 if node.level:
-                    base = here[:len(here) - (node.level - 1)]
+                    base = here[: len(here) - (node.level - 1)]
                     target = ".".join(base + ([node.module] if node.module else []))
                 else:
                     target = node.module or ""
@@ -123,16 +127,23 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_file_in_simlib_or_benchmarks_is_over_500_lines():
-    long = {str(p.relative_to(ROOT)): n for folder in (PACKAGE, ROOT / "benchmarks") for p in folder.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not long, (f"files over {MAX_LINES} lines: {long}; split each along a seam a reader would expect "
-                      "(CONTRIBUTING's layout) and re-export what others import")
+    long = {
+        str(p.relative_to(ROOT)): n
+        for folder in (PACKAGE, ROOT / "benchmarks")
+        for p in folder.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, (
+        f"files over {MAX_LINES} lines: {long}; split each along a seam a reader would expect "
+        "(CONTRIBUTING's layout) and re-export what others import"
+    )
 
 
 def test_no_import_circles():
     found = cycles(import_graph())
     assert not found, "modules that import each other in a circle (move the shared piece below both): " + "; ".join(
-        " <-> ".join(c) for c in found)
+        " <-> ".join(c) for c in found
+    )
 
 
 def test_the_circle_finder_finds_a_circle():
@@ -168,8 +179,21 @@ def test_circles_through_dynamic_imports_are_found(tmp_path):
 def test_building_blocks_do_not_import_the_layers_above():
     """``simlib/parallel/`` holds what ``parallelize`` composes: blocks with explicit arguments. None imports the
     trainer, the plan, ``parallelize`` or anything that drives them (step_memory is a hook the loop calls)."""
-    above = ("simlib.train", "simlib.plan", "simlib.parallelize", "simlib.projects", "simlib.lessons",
-             "simlib.grading", "simlib.debug", "simlib.cli", "simlib.widgets", "simlib.sim")
-    bad = {m: sorted(d for d in deps if d.startswith(above))
-           for m, deps in import_graph().items() if m.startswith("simlib.parallel.")}
+    above = (
+        "simlib.train",
+        "simlib.plan",
+        "simlib.parallelize",
+        "simlib.projects",
+        "simlib.lessons",
+        "simlib.grading",
+        "simlib.debug",
+        "simlib.cli",
+        "simlib.widgets",
+        "simlib.sim",
+    )
+    bad = {
+        m: sorted(d for d in deps if d.startswith(above))
+        for m, deps in import_graph().items()
+        if m.startswith("simlib.parallel.")
+    }
     assert not any(bad.values()), {m: d for m, d in bad.items() if d}

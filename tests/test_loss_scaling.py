@@ -5,6 +5,7 @@ path runs in fp32 with ``Plan(loss_scaling=True)``, where a power-of-two scale i
 process is in ``tests/test_train.py``). Here: the scaler's own rules, a step with an overflow skipped (weights
 unchanged, scale halved) instead of poisoning the weights, and the skip agreed by every rank.
 """
+
 import sys
 
 import cloudpickle
@@ -78,6 +79,7 @@ def test_an_overflow_is_skipped_on_every_rank(cluster2):
 
 def _one_rank_overflows():
     import torch.distributed as dist
+
     p = torch.nn.Parameter(torch.ones(2))
     p.grad = torch.tensor([float("inf"), 1.0]) if dist.get_rank() == 0 else torch.ones(2)
     return LossScaler().unscale_([p])
@@ -118,4 +120,5 @@ def test_a_resumed_run_keeps_the_loss_scale(cluster2, tmp_path):
         scale0 = rows[0][1]
         resumed = [r for r in rows[2:]]
         assert resumed and all(scale == scale0 / 2 and skipped == 1 for _, scale, skipped in resumed), (
-            f"rank {rank}: after the resume {rows}")
+            f"rank {rank}: after the resume {rows}"
+        )

@@ -1,4 +1,5 @@
 """The rank grid, and combined runs (data x pipeline, data x tensor) equal to one process."""
+
 import pytest
 import torch
 
@@ -57,8 +58,15 @@ def _dp_pp(width=16, depth=3, batch=8, num_microbatches=2, seed=0):
     x, y = make_regression(batch, 8, 2, seed=seed)
     x, y = shard(x, groups.dp_rank, 2), shard(y, groups.dp_rank, 2)
     stages = pipeline.build_stages(model.net, groups.pp_rank, 2)
-    out = pipeline.pipeline_step(schedules.one_f_one_b(2, num_microbatches), stages, x, y,
-                                 num_microbatches=num_microbatches, activation_width=width, group=groups.pp_group)
+    out = pipeline.pipeline_step(
+        schedules.one_f_one_b(2, num_microbatches),
+        stages,
+        x,
+        y,
+        num_microbatches=num_microbatches,
+        activation_width=width,
+        group=groups.pp_group,
+    )
     grads = {}
     for n, p in model.named_parameters():
         if p.grad is not None:
@@ -90,6 +98,7 @@ def _dp_tp(hidden=16, batch=4, seq=3, seed=0):
 
 def test_data_x_pipeline_4_ranks(cluster4):
     from simlib.models import MLP, make_regression
+
     results = cluster4.call(_dp_pp, timeout=90)
     torch.manual_seed(0)
     model = MLP(width=16, depth=3, in_features=8, out_features=2)
@@ -104,6 +113,7 @@ def test_data_x_pipeline_4_ranks(cluster4):
 
 def test_data_x_tensor_4_ranks(cluster4):
     from simlib.models import FeedForward
+
     results = cluster4.call(_dp_tp, timeout=90)
     torch.manual_seed(0)
     dense = FeedForward(16)

@@ -1,4 +1,5 @@
 """Honest MFU (simlib.debug.mfu): the GPT's FLOPs formula against torch's FLOP counter; MFU <= 1 for every plan."""
+
 from simlib.debug import mfu
 from simlib.projects.gpt.task import GPTTask
 
@@ -7,9 +8,9 @@ def test_flops_formula_matches_torch_flop_counter():
     task = GPTTask.quick(num_layers=3, hidden=96, num_heads=3)  # odd sizes: no term can match by accident
     counted = mfu.count(task)
     formula = counted["formula"]
-    assert counted["mm"] == formula["weights"]                        # every weight matmul, 6 per weight
-    assert counted["attention"] == 2 * formula["attention"]           # full T x T counted; causal model FLOPs half
-    assert counted["total"] == counted["formula_full"]["total"]        # nothing else is a matmul
+    assert counted["mm"] == formula["weights"]  # every weight matmul, 6 per weight
+    assert counted["attention"] == 2 * formula["attention"]  # full T x T counted; causal model FLOPs half
+    assert counted["total"] == counted["formula_full"]["total"]  # nothing else is a matmul
     # the run record's formula (6 per parameter) errs high by the biases and LayerNorm only: under 1.5 %
     record = task.config.flops_per_token()
     assert formula["total"] < record < 1.015 * formula["total"]
@@ -26,12 +27,25 @@ def _mfu_of(plan_name):
 
     from simlib.projects.gpt import run as project_gpt
     from simlib.train import train
-    cfg = {**project_gpt.settings(quick=True), "steps": 5, "eval_every": 0, "log_every": 10, "verbose": False,
-           "measure_memory": False, "warmup": 2}
+
+    cfg = {
+        **project_gpt.settings(quick=True),
+        "steps": 5,
+        "eval_every": 0,
+        "log_every": 10,
+        "verbose": False,
+        "measure_memory": False,
+        "warmup": 2,
+    }
     task = cfg.pop("task")
-    plan = project_gpt.plan_for(plan_name, dist.get_world_size()) if plan_name in project_gpt.PLAN_NAMES else {
-        "zero3": __import__("simlib.train", fromlist=["Plan"]).Plan(dp=2, zero_stage=3),
-        "bf16": __import__("simlib.train", fromlist=["Plan"]).Plan(dp=2, mixed_precision="bf16")}[plan_name]
+    plan = (
+        project_gpt.plan_for(plan_name, dist.get_world_size())
+        if plan_name in project_gpt.PLAN_NAMES
+        else {
+            "zero3": __import__("simlib.train", fromlist=["Plan"]).Plan(dp=2, zero_stage=3),
+            "bf16": __import__("simlib.train", fromlist=["Plan"]).Plan(dp=2, mixed_precision="bf16"),
+        }[plan_name]
+    )
     s = train(task, plan, **cfg).summary
     return s["mfu"], s["mfu_peak"], s["mfu_flops"]
 
@@ -62,6 +76,7 @@ def test_gpu_peak_is_the_datasheet_with_the_measured_large_gemm_beside_it(monkey
     """On a GPU, MFU divides by the dtype's datasheet peak (the H200 run's summary divided by a 512^3 matmul,
     11 TFLOP/s, and read 13.7 % for 0.1 %); an unknown GPU falls back to the measured large GEMM, and says so."""
     import torch
+
     measured = lambda device, dtype: 785e12  # noqa: E731 - what the H200 measured at 8192^3 in bf16
     p = mfu.device_peak("cuda:0", "bf16", name="NVIDIA H200", measure=measured)
     assert p["peak"] == 989.4e12 and p["source"] == "datasheet" and p["measured_large_gemm"] == 785e12
@@ -85,9 +100,19 @@ def test_summary_counts_each_gpu_once_and_says_which_peak(monkeypatch):
 
     from simlib import record
     from simlib.train import Plan
-    monkeypatch.setattr(mfu, "device_peak", lambda device, mp: {
-        "peak": 989.4e12, "source": "datasheet", "dtype": mp, "name": "NVIDIA H200", "measured_large_gemm": 700e12,
-        "text": "datasheet: NVIDIA H200 dense bf16 989.4 TFLOP/s"})
+
+    monkeypatch.setattr(
+        mfu,
+        "device_peak",
+        lambda device, mp: {
+            "peak": 989.4e12,
+            "source": "datasheet",
+            "dtype": mp,
+            "name": "NVIDIA H200",
+            "measured_large_gemm": 700e12,
+            "text": "datasheet: NVIDIA H200 dense bf16 989.4 TFLOP/s",
+        },
+    )
     task = types.SimpleNamespace(name="t", global_batch=10, flops_per_sample=1e12, tokens_per_sample=0)
     state = types.SimpleNamespace(step=5, samples=50, tokens=0, train_time=1.0)
     timeline = __import__("pandas").DataFrame()
@@ -98,17 +123,30 @@ def test_summary_counts_each_gpu_once_and_says_which_peak(monkeypatch):
         if everyone_else:  # the other ranks' reports, as all_gather_object would bring them
             monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
             monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 1 + len(everyone_else))
-            monkeypatch.setattr(torch.distributed, "all_gather_object", lambda out, mine: out.__setitem__(
-                slice(None), [mine, *everyone_else]))
-        return record.build_summary(task, Plan(mixed_precision="bf16"), ctx, state, timeline, [], [], None, None,
-                                    2e9, 1.0)
+            monkeypatch.setattr(
+                torch.distributed,
+                "all_gather_object",
+                lambda out, mine: out.__setitem__(slice(None), [mine, *everyone_else]),
+            )
+        return record.build_summary(
+            task, Plan(mixed_precision="bf16"), ctx, state, timeline, [], [], None, None, 2e9, 1.0
+        )
 
     gpu = summary("cuda:0")
     assert gpu["mfu_peak_source"] == "datasheet" and gpu["mfu_peak_flops"] == 989.4e12
     assert abs(gpu["mfu"] - 1e13 / 0.1 / 989.4e12) < 1e-12 and gpu["large_gemm_tflops_per_gpu"] == [700.0]
     cpu = summary("cpu")
     assert cpu["mfu_peak"].startswith("measured: the best of 5") and cpu["mfu_peak_flops"] == 2e9
-    other = [None, 2e9, {"peak": 989.4e12, "source": "datasheet", "measured_large_gemm": 700e12, "text": "",
-                         "where": [__import__("socket").gethostname(), "cuda:0"]}]
+    other = [
+        None,
+        2e9,
+        {
+            "peak": 989.4e12,
+            "source": "datasheet",
+            "measured_large_gemm": 700e12,
+            "text": "",
+            "where": [__import__("socket").gethostname(), "cuda:0"],
+        },
+    ]
     shared = summary("cuda:0", [other])
     assert shared["mfu_peak_flops"] == 989.4e12  # two ranks, one GPU: its peak once

@@ -5,6 +5,7 @@ the mechanism to that: a notebook whose assertion fails makes ``pytest`` fail (n
 notebooks), and no notebook carries a ``# NBVAL_CHECK_OUTPUT`` cell without stored output (notebooks are
 committed without outputs, so such a cell would compare nothing and pass whatever it printed).
 """
+
 import json
 import os
 import subprocess
@@ -32,11 +33,16 @@ def test_no_notebook_has_an_output_check_that_compares_nothing():
     for path in NOTEBOOKS:
         nb = json.loads(path.read_text())
         for i, cell in enumerate(nb["cells"]):
-            if cell["cell_type"] == "code" and "NBVAL_CHECK_OUTPUT" in "".join(cell["source"]) \
-                    and not cell.get("outputs"):
+            if (
+                cell["cell_type"] == "code"
+                and "NBVAL_CHECK_OUTPUT" in "".join(cell["source"])
+                and not cell.get("outputs")
+            ):
                 unchecked.append(f"{path.relative_to(ROOT)} cell {i}")
-    assert not unchecked, ("# NBVAL_CHECK_OUTPUT on a cell without stored output checks nothing; turn its "
-                           f"claim into an assert in the cell: {unchecked}")
+    assert not unchecked, (
+        "# NBVAL_CHECK_OUTPUT on a cell without stored output checks nothing; turn its "
+        f"claim into an assert in the cell: {unchecked}"
+    )
 
 
 def test_a_broken_claim_fails_the_test_run(tmp_path):
@@ -47,9 +53,25 @@ def test_a_broken_claim_fails_the_test_run(tmp_path):
         nbformat.write(nb, tmp_path / name)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the course's settings: only these two notebooks
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
-                          "--nbval-current-env", "holds.ipynb", "broken.ipynb"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--nbval-lax",
+            "--nbval-current-env",
+            "holds.ipynb",
+            "broken.ipynb",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = run.stdout + run.stderr
     assert run.returncode == 1, out
     assert "1 failed, 1 passed" in out, out
@@ -59,6 +81,7 @@ def test_a_broken_claim_fails_the_test_run(tmp_path):
 def test_the_grader_starts_kernels_without_the_tcp_warning(tmp_path, capfd):
     """`simlib grade` runs each notebook in its own kernel; none may print "Kernel is running over TCP"."""
     from simlib.grading import batch
+
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("answer = 6 * 7")])
     result = batch._execute(nb, ["answer"], 120, "python3", tmp_path)
     assert result["status"] == "pass", result
@@ -67,6 +90,8 @@ def test_the_grader_starts_kernels_without_the_tcp_warning(tmp_path, capfd):
 
 def test_the_quick_gpt_target_is_below_the_unigram_baseline():
     """Reaching project 1's quick target must mean the model learned something about context."""
-    from simlib.projects.gpt import run as project_gpt, text
+    from simlib.projects.gpt import run as project_gpt
+    from simlib.projects.gpt import text
+
     assert project_gpt.settings(True)["target"]["eval_loss"] < text.unigram_cross_entropy()
     assert project_gpt.settings(False)["target"]["eval_loss"] < text.unigram_cross_entropy()

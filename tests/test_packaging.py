@@ -1,7 +1,8 @@
 """environment.yml (conda) and pyproject.toml (pip) ask for the same packages."""
-import pathlib
-import tomllib
 
+import pathlib
+
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 

@@ -1,4 +1,5 @@
 """Loss parity with tolerance bands (simlib.debug.parity): plans that agree, and planted bugs that do not."""
+
 from simlib.debug import parity
 from simlib.projects.gpt.task import GPTTask
 from simlib.train import OptimConfig, Plan
@@ -29,8 +30,9 @@ def test_dp_and_tp_agree_within_the_band_and_a_planted_bug_does_not(cluster2):
     assert all(n > 0 for n in same.noise[1:])  # the permuted twins really reorder the sums
     assert set(same.parameters) >= {"embed.wte.weight", "blocks.0.attn.qkv.weight"}
 
-    bug = parity.compare(task, Plan(tp=2), Plan(dp=2), steps=6, optim=OPTIM, task_b=SameBatch(task, start=3),
-                         cluster=cluster2)
+    bug = parity.compare(
+        task, Plan(tp=2), Plan(dp=2), steps=6, optim=OPTIM, task_b=SameBatch(task, start=3), cluster=cluster2
+    )
     assert not bug.agree and bug.first_step == 3, str(bug)
     assert "leaves tp2's band at step 3" in str(bug)
     # re-run to step 3: the parameters that produced step 3's loss are still inside their bands (the data differ)

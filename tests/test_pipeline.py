@@ -1,4 +1,5 @@
 """Pipeline schedules (pure data) and the executor, checked against a single-process reference."""
+
 import pytest
 import torch
 
@@ -74,16 +75,24 @@ def _pipeline_grads(schedule_name, num_microbatches, num_chunks=1, width=16, dep
         schedule = schedules.SCHEDULES[schedule_name](world_size, num_microbatches)
     tl = Timeline()
     with tl.step(0):
-        out = pipeline.pipeline_step(schedule, stages, x, y, num_microbatches=num_microbatches,
-                                     activation_width=width, timeline=tl)
+        out = pipeline.pipeline_step(
+            schedule, stages, x, y, num_microbatches=num_microbatches, activation_width=width, timeline=tl
+        )
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     df = tl.gather()
-    return dict(grads=grads, loss=out["loss"], peak=out["peak_in_flight"], bytes=out["peak_activation_bytes"],
-                kinds=sorted(set(df["kind"])), ranks=sorted(set(df["rank"])))
+    return dict(
+        grads=grads,
+        loss=out["loss"],
+        peak=out["peak_in_flight"],
+        bytes=out["peak_activation_bytes"],
+        kinds=sorted(set(df["kind"])),
+        ranks=sorted(set(df["rank"])),
+    )
 
 
 def _reference(width=16, depth=7, batch=8, seed=0):
     from simlib.models import MLP, make_regression
+
     torch.manual_seed(seed)
     model = MLP(width=width, depth=depth, in_features=8, out_features=2)
     x, y = make_regression(batch, 8, 2, seed=seed)
@@ -138,8 +147,9 @@ def test_executor_interleaved_4_ranks(cluster4):
 def test_build_stages_splits_evenly():
     from simlib.models import MLP
     from simlib.parallel.pipeline import blocks_of, build_stages, split_blocks
+
     model = MLP(width=8, depth=4, in_features=8, out_features=1)
-    assert len(blocks_of(model.net)) == 5   # 4 x (Linear, ReLU) + the head
+    assert len(blocks_of(model.net)) == 5  # 4 x (Linear, ReLU) + the head
     assert [len(r) for r in split_blocks(5, 2)] == [2, 3]
     stages = [build_stages(model.net, r, 2)[0] for r in range(2)]
     assert sum(len(s) for s in stages) == 5

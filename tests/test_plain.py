@@ -1,5 +1,6 @@
 """simlib.plain: what a worker that ran someone else's code may send back, and the caller's restricted reading of it
 (issue 33, family 1). The last test sends a crafted message from a worker: it is refused, and nothing runs here."""
+
 import collections
 import pickle
 
@@ -18,9 +19,15 @@ class _Runs:
 
 
 def test_plain_data_round_trips_with_exact_types():
-    value = {"a": [1, 2.5, (3, "x"), None, True, b"b"], "t": torch.nn.Parameter(torch.ones(2, 3).t()),
-             "size": torch.Size([2, 3]), "np": np.float64(1.5), "arr": np.arange(3), (1, "k"): torch.float16,
-             "ordered": collections.OrderedDict(x=1)}
+    value = {
+        "a": [1, 2.5, (3, "x"), None, True, b"b"],
+        "t": torch.nn.Parameter(torch.ones(2, 3).t()),
+        "size": torch.Size([2, 3]),
+        "np": np.float64(1.5),
+        "arr": np.arange(3),
+        (1, "k"): torch.float16,
+        "ordered": collections.OrderedDict(x=1),
+    }
     back = plain.loads(plain.dumps(value, 0), 0)
     assert type(back["t"]) is torch.Tensor and not back["t"].requires_grad and back["t"].is_contiguous()
     assert torch.equal(back["t"], torch.ones(3, 2))
@@ -28,13 +35,16 @@ def test_plain_data_round_trips_with_exact_types():
     assert type(back["ordered"]) is dict and back[(1, "k")] is torch.float16 and back["a"][2] == (3, "x")
 
 
-@pytest.mark.parametrize("bad, named", [
-    (type("MyDict", (dict,), {})(a=1), "MyDict"),
-    (type("MyStr", (str,), {})("x"), "MyStr"),
-    ({"deep": [object()]}, "builtins.object at the result['deep'][0]"),
-    (torch.ones(1).as_subclass(type("MyTensor", (torch.Tensor,), {})), "MyTensor"),
-    (lambda: 1, "function"),
-])
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        (type("MyDict", (dict,), {})(a=1), "MyDict"),
+        (type("MyStr", (str,), {})("x"), "MyStr"),
+        ({"deep": [object()]}, "builtins.object at the result['deep'][0]"),
+        (torch.ones(1).as_subclass(type("MyTensor", (torch.Tensor,), {})), "MyTensor"),
+        (lambda: 1, "function"),
+    ],
+)
 def test_anything_else_is_refused_naming_the_rank_where_and_the_type(bad, named):
     with pytest.raises(plain.NotPlain, match="rank 3 returned") as info:
         plain.dumps(bad, 3)
@@ -60,6 +70,7 @@ def test_exact_str_copies_a_subclass():
         def strip(self):
             RAN.append("strip")
             return self
+
     s = plain.exact_str(Sneaky("dp "))
     assert type(s) is str and s.strip() == "dp" and RAN == []
 
@@ -70,6 +81,7 @@ def _send_a_crafted_message():
     import gc
 
     from simlib.worker import Channel
+
     chan = next(o for o in gc.get_objects() if type(o) is Channel)
     chan.send(("out", 0, "stdout", _Crafted()))
     return 1
@@ -82,9 +94,10 @@ class _Crafted:
 
 def test_a_crafted_message_from_a_worker_is_refused_and_runs_nothing(cluster2):
     import cloudpickle
-
     import test_plain
+
     from simlib.launch import WorkerError
+
     cloudpickle.register_pickle_by_value(test_plain)
     try:
         with pytest.raises(WorkerError, match="refuses to read"):

@@ -1,5 +1,6 @@
 """Each rule of a plan is written once, in ``simlib/parallel/dims.py``; the trainer's Plan, the rank grid and the
 simulator's Strategy ask it, and a plan is checked once on its way from the CLI to the loop (issue 34, part 1)."""
+
 import pathlib
 import re
 
@@ -11,13 +12,22 @@ from simlib.plan import Plan
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "simlib"
 HOME = ROOT / "parallel" / "dims.py"
 # the files where the twins lived (issue 34), and the ones that could grow them again
-WATCHED = ["train.py", "plan.py", "parallel/mesh.py", "projects/runner.py", "sim/strategy.py", "parallelize.py",
-           "projects/gpt/task.py", "cli_train.py", "dry_run.py"]
+WATCHED = [
+    "train.py",
+    "plan.py",
+    "parallel/mesh.py",
+    "projects/runner.py",
+    "sim/strategy.py",
+    "parallelize.py",
+    "projects/gpt/task.py",
+    "cli_train.py",
+    "dry_run.py",
+]
 # a rule -> how a second copy of it reads (its code or its message)
 TWINS = {
     "ep divides dp x cp": r"^\s*if\b.*%\s*\(?\w+\.ep\b|does not divide the dp x cp",
     "the world size": r"\b(self|plan|mesh)\.world_size\s*!=|!=\s*(self|plan|mesh)\.world_size\b|needs \{[^}]*\} ranks"
-                      r"|multiply to the world size",
+    r"|multiply to the world size",
     "the ZeRO stage range": r"in \(0, 1, 2, 3\)|must be 0, 1, 2 or 3|stage must be 1, 2 or 3",
     "ep without experts": r"ep\s*>\s*1\s+and\s+not\b|is dense|no MoEFeedForward|no mixture-of-experts",
     "the batch split": r"global_batch\s*%|does not split into dp=",
@@ -26,8 +36,11 @@ TWINS = {
 
 
 def _hits(pattern: str, path: pathlib.Path) -> list[str]:
-    return [f"{path.relative_to(ROOT)}:{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
-            if re.search(pattern, line)]
+    return [
+        f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(pattern, line)
+    ]
 
 
 @pytest.mark.parametrize("rule", TWINS)
@@ -41,9 +54,11 @@ def test_each_rule_is_written_once(rule):
 def test_the_twin_finder_finds_a_twin(tmp_path):
     """The check above can fail: the old copies (as they read before issue 34) are found."""
     old = tmp_path / "old.py"
-    old.write_text("if tokens % plan.ep:\n    pass\nif self.zero_stage not in (0, 1, 2, 3):\n    pass\n"
-                   "if ep > 1 and not self.moe_experts:\n    pass\nif global_batch % (plan.dp * per_step):\n    pass\n"
-                   "if cp > 1 and self.seq_len % (2 * cp):\n    pass\nif self.world_size != world_size:\n    pass\n")
+    old.write_text(
+        "if tokens % plan.ep:\n    pass\nif self.zero_stage not in (0, 1, 2, 3):\n    pass\n"
+        "if ep > 1 and not self.moe_experts:\n    pass\nif global_batch % (plan.dp * per_step):\n    pass\n"
+        "if cp > 1 and self.seq_len % (2 * cp):\n    pass\nif self.world_size != world_size:\n    pass\n"
+    )
     global ROOT
     saved, ROOT = ROOT, tmp_path
     try:
@@ -56,8 +71,13 @@ def test_plan_mesh_and_strategy_give_the_same_answer():
     """One function decides: the trainer's Plan, the grid and the simulator's Strategy refuse alike."""
     from simlib import sim
     from simlib.parallel.mesh import Mesh
-    for ask in (lambda: Plan(dp=2, tp=2).validate(8), lambda: Mesh(dp=2, tp=2).check_world(8),
-                lambda: sim.Strategy(dp=2, tp=2).validate(world_size=8), lambda: dims.check(dp=2, tp=2, world_size=8)):
+
+    for ask in (
+        lambda: Plan(dp=2, tp=2).validate(8),
+        lambda: Mesh(dp=2, tp=2).check_world(8),
+        lambda: sim.Strategy(dp=2, tp=2).validate(world_size=8),
+        lambda: dims.check(dp=2, tp=2, world_size=8),
+    ):
         with pytest.raises(ValueError, match=r"needs 4 ranks but the world has 8 \(the degrees multiply"):
             ask()
     for ask in (lambda: Plan(zero_stage=4), lambda: sim.Strategy(zero_stage=4)):
@@ -77,6 +97,7 @@ def test_a_plan_is_checked_once_for_a_world_and_a_task(monkeypatch):
     import pickle
 
     from simlib.projects.gpt import GPTTask
+
     calls = []
     real = dims.check
     monkeypatch.setattr(dims, "check", lambda **kw: (calls.append(kw), real(**kw))[1])

@@ -1,16 +1,15 @@
 """The planner (simlib.sim.planner): its prices are sim.predict's, its validity the trainer's and Strategy's,
 and its TOML is what ``simlib train --config`` reads back into the same Plan. Pure Python, a few seconds."""
+
 from __future__ import annotations
 
 import random
 import subprocess
-import sys
 
 import pytest
 
 from simlib import sim
 from simlib.sim import planner
-
 
 # the shared search's space: every dimension searched, fewer values of the costliest (these tests check what the
 # planner does with a search, not its scale: benchmarks/planner_speed.py times full searches)
@@ -39,9 +38,19 @@ def test_interleaved_stages_of_uneven_layers_are_priced_as_predict():
     """405B (126 layers) on pp=4 interleaved v=2: Megatron's split counts embedding and loss as layers (128 / 8
     chunks), which Strategy accepts; the fast pricing priced its stage as if v = 1 and raised (126 % 4 != 0)."""
     from simlib.sim.planner_cost import FastPricer
+
     m, hw = planner.resolve_model("405B"), sim.preset("h100")
-    s = sim.Strategy(dp=512, tp=8, pp=4, micro_batch=1, num_micro_batches=4, schedule="interleaved",
-                     virtual_stages=2, attention="flash", recompute="full").validate(16384, m, hw)
+    s = sim.Strategy(
+        dp=512,
+        tp=8,
+        pp=4,
+        micro_batch=1,
+        num_micro_batches=4,
+        schedule="interleaved",
+        virtual_stages=2,
+        attention="flash",
+        recompute="full",
+    ).validate(16384, m, hw)
     fast = FastPricer(m, hw).price(s, 2048)
     assert fast["step_time"] == pytest.approx(sim.predict(m, hw, s).step_time, rel=1e-9)
 
@@ -69,8 +78,7 @@ def test_trainer_plan_maps_back():
     """A plan simlib train runs maps back to the same Strategy (``from_plan`` gives the course GPT's whole head;
     the head is how a model is built, not a knob of the plan: a search for a named model keeps Megatron's); one
     with FSDP names the missing knob."""
-    s = sim.Strategy(dp=2, tp=2, pp=2, micro_batch=1, num_micro_batches=4, zero_stage=1, recompute="full",
-                     head="whole")
+    s = sim.Strategy(dp=2, tp=2, pp=2, micro_batch=1, num_micro_batches=4, zero_stage=1, recompute="full", head="whole")
     plan, why = planner.trainer_plan(s, 8, 8)
     assert why == "" and (plan.dp, plan.tp, plan.pp, plan.pp_microbatches, plan.zero_stage) == (2, 2, 2, 4, 1)
     assert sim.Strategy.from_plan(plan, 8) == s
@@ -79,8 +87,15 @@ def test_trainer_plan_maps_back():
     assert plan is None and "fsdp=True" in why
 
 
-NARROW = dict(zero_stage=(1,), recompute=("full",), fsdp=(False,), schedule=("1f1b",), max_micro_batch=1,
-              tp_overlap=(False,), overlap=(True,))
+NARROW = dict(
+    zero_stage=(1,),
+    recompute=("full",),
+    fsdp=(False,),
+    schedule=("1f1b",),
+    max_micro_batch=1,
+    tp_overlap=(False,),
+    overlap=(True,),
+)
 
 
 def _agree_with_predict(r, entries):
@@ -106,25 +121,34 @@ def test_long_context_searches_cp():
 def test_moe_searches_ep():
     """qwen3-30b-a3b on 64 H100s: expert parallelism over the degrees Strategy accepts is searched and ranked,
     its all-to-all priced as sim.predict prices it; an ep the experts do not split over is refused by Strategy."""
-    r = sim.plan("qwen3-30b-a3b", "h100", nodes=8, global_batch=64, seq_len=4096,
-                 space={**NARROW, "cp_kind": ("ring",)})
+    r = sim.plan(
+        "qwen3-30b-a3b", "h100", nodes=8, global_batch=64, seq_len=4096, space={**NARROW, "cp_kind": ("ring",)}
+    )
     eps = [e for e in r.ranked if e["strategy"].ep > 1]
     assert eps and not r.notes
     assert any(e["ep_comm"] > 0 for e in eps)
     _agree_with_predict(r, eps[:3] + eps[-2:])
     seen = [e["strategy"] for e in r.ranked + r.too_big]
     assert {2, 4, 8, 16, 32, 64} <= {s.ep for s in seen}
-    assert any(s.ep > s.dp * s.cp for s in seen)   # Megatron's MoE parallel folding (tp ranks join ep)
+    assert any(s.ep > s.dp * s.cp for s in seen)  # Megatron's MoE parallel folding (tp ranks join ep)
     dense = sim.plan("8B", "h100", nodes=1, global_batch=16, space=NARROW)
     assert all(e["strategy"].ep == 1 for e in dense.ranked)
 
 
 EQUIVALENCE = {  # (model, cluster), search: small enough to search exhaustively in a test, wide enough to prune
-    "moe": (("qwen3-30b-a3b", "h100"), dict(nodes=1, global_batch=16, seq_len=4096,
-                                            space=dict(recompute=("none", "full"), max_micro_batch=2,
-                                                       tp_overlap=(False,)))),
-    "dense": (("8B", "h100"), dict(nodes=2, global_batch=32, space=dict(recompute=("none", "full"),
-                                                                         max_micro_batch=2, tp_overlap=(False,)))),
+    "moe": (
+        ("qwen3-30b-a3b", "h100"),
+        dict(
+            nodes=1,
+            global_batch=16,
+            seq_len=4096,
+            space=dict(recompute=("none", "full"), max_micro_batch=2, tp_overlap=(False,)),
+        ),
+    ),
+    "dense": (
+        ("8B", "h100"),
+        dict(nodes=2, global_batch=32, space=dict(recompute=("none", "full"), max_micro_batch=2, tp_overlap=(False,))),
+    ),
 }
 
 
@@ -142,13 +166,18 @@ def test_top_k_search_equals_the_exhaustive_one(case):
         assert [e["memory"]["total"] for e in pruned.ranked] == [e["memory"]["total"] for e in full.ranked[:k]]
         assert pruned.considered == full.considered and pruned.refused.keys() <= full.refused.keys()
         assert pruned.pruned > 0.5 * full.considered, (pruned.pruned, full.considered)
-        assert pruned.considered == (pruned.extra["priced"] + len(pruned.too_big) + sum(pruned.refused.values())
-                                     + pruned.extra["duplicates"] + pruned.pruned)
+        assert pruned.considered == (
+            pruned.extra["priced"]
+            + len(pruned.too_big)
+            + sum(pruned.refused.values())
+            + pruned.extra["duplicates"]
+            + pruned.pruned
+        )
     # the report's "faster, but over the memory limit" loses nothing: such plans are in the layouts visited (it
     # may find more: it prices the 300 closest to fitting, and the pruned search has fewer to choose from)
     from simlib.sim.planner_report import faster_but_too_big
-    assert ({e["strategy"] for e in faster_but_too_big(full)}
-            <= {e["strategy"] for e in faster_but_too_big(pruned)})
+
+    assert {e["strategy"] for e in faster_but_too_big(full)} <= {e["strategy"] for e in faster_but_too_big(pruned)}
     with pytest.raises(ValueError, match="top must be an int"):
         sim.plan(*args, top=0, **kw)
 
@@ -163,6 +192,7 @@ def test_nothing_fits_says_by_how_much():
 def test_toml_parses_in_simlib_train(tmp_path, search70):
     """The TOML is read by simlib train's own resolver into the very Plan the planner chose."""
     from simlib import cli, cli_train
+
     entry = search70.best_runnable
     path = tmp_path / "plan.toml"
     path.write_text(search70.toml())
@@ -188,6 +218,7 @@ def test_fast_path_out_of_step_falls_back_to_predict(monkeypatch):
     """If the cached pricing ever disagrees with sim.predict (the simulator changed), every plan is re-priced
     by predict and the result says so: no silently wrong ranking."""
     from simlib.sim import planner_cost
+
     real = planner_cost.FastPricer.price
 
     def off_by_a_bit(self, s, global_batch):
@@ -195,23 +226,32 @@ def test_fast_path_out_of_step_falls_back_to_predict(monkeypatch):
         if not self.exact:
             out["step_time"] *= 1.01
         return out
+
     monkeypatch.setattr(planner_cost.FastPricer, "price", off_by_a_bit)
-    r = sim.plan("8B", "h100", nodes=1, global_batch=16, space=dict(recompute=("full",), max_micro_batch=2,
-                                                                     tp_overlap=(False,), schedule=("1f1b",)))
+    r = sim.plan(
+        "8B",
+        "h100",
+        nodes=1,
+        global_batch=16,
+        space=dict(recompute=("full",), max_micro_batch=2, tp_overlap=(False,), schedule=("1f1b",)),
+    )
     assert r.exact and any("re-priced by sim.predict" in n for n in r.notes)
     p = sim.predict(r.model, r.hardware, r.best["strategy"])
     assert r.best["step_time"] == pytest.approx(p.step_time, rel=1e-12)
 
 
 def test_cli_writes_the_files(tmp_path, capsys):
-    from simlib import cli
     import pandas as pd
-    rc = cli.main(["plan", "8B", "--nodes", "1", "--global-batch", "16", "--max-pp", "2", "--zero", "1",
-                   "--out", str(tmp_path)])
+
+    from simlib import cli
+
+    rc = cli.main(
+        ["plan", "8B", "--nodes", "1", "--global-batch", "16", "--max-pp", "2", "--zero", "1", "--out", str(tmp_path)]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "best plans" in out
     assert {p.name for p in tmp_path.iterdir()} == {"plans.csv", "plan.toml", "plan.sbatch"}
-    rows = pd.read_csv(tmp_path / "plans.csv")   # the narrowing flags held, end to end
+    rows = pd.read_csv(tmp_path / "plans.csv")  # the narrowing flags held, end to end
     assert len(rows) and (rows.pp <= 2).all() and (rows.zero == 1).all()
     assert cli.main(["plan", "405B", "--nodes", "1", "--global-batch", "8"]) == 1  # nothing fits: said, exit 1
     assert "no plan of llama3-405b fits" in capsys.readouterr().out
@@ -219,8 +259,10 @@ def test_cli_writes_the_files(tmp_path, capsys):
 
 def test_widget_figure_draws_the_search(search70):
     import matplotlib
+
     matplotlib.use("Agg")
     from simlib import widgets
+
     fig, caption = widgets.planner_figure(result=search70, top=5)
     assert planner.label(search70.best["strategy"]) in caption
     bars = fig.axes[0].patches
@@ -244,8 +286,10 @@ FLAGS = {  # flag -> (model, its search, what every ranked plan must then show)
 @pytest.fixture(scope="module")
 def unnarrowed():
     """One search per model on one node: what each narrowing flag is compared with."""
-    return {m: sim.plan(m, "h100", nodes=1, global_batch=16, seq_len=4096, space=SMALL)
-            for m in {m for m, _ in FLAGS.values()}}
+    return {
+        m: sim.plan(m, "h100", nodes=1, global_batch=16, seq_len=4096, space=SMALL)
+        for m in {m for m, _ in FLAGS.values()}
+    }
 
 
 @pytest.mark.parametrize("flag", FLAGS)
@@ -254,6 +298,7 @@ def test_each_narrowing_flag_narrows(flag, unnarrowed):
     the full search that meet the flag (same plans, same times), and some plans did not."""
     from simlib import cli
     from simlib.sim import planner_cli
+
     model, ok = FLAGS[flag]
     args = cli.build_parser().parse_args(["plan", model, *flag.split()])
     space = planner_cli.narrowed(args)
@@ -262,36 +307,58 @@ def test_each_narrowing_flag_narrows(flag, unnarrowed):
     full = unnarrowed[model]
     want = [(e["strategy"], e["step_time"]) for e in full.ranked if ok(e["strategy"])]
     assert r.ranked and [(e["strategy"], e["step_time"]) for e in r.ranked] == want
-    assert len(want) < len(full.ranked)   # the flag removed something
+    assert len(want) < len(full.ranked)  # the flag removed something
 
 
 def test_cli_fastest_ranks_the_first_k_of_the_full_search(tmp_path, capsys, unnarrowed):
     """simlib plan --fastest K: the bounded search (plan(top=K)); plans.csv holds the full search's first K."""
-    from simlib import cli
-    from simlib.sim import planner_cli
     import pandas as pd
+
+    from simlib import cli
+
     args = cli.build_parser().parse_args(["plan", "8B", "--fastest", "3"])
     assert args.fastest == 3
     full = unnarrowed["8B"]
     r = sim.plan("8B", "h100", nodes=1, global_batch=16, seq_len=4096, space=SMALL, top=args.fastest)
-    assert [(e["strategy"], e["step_time"]) for e in r.ranked] == [(e["strategy"], e["step_time"])
-                                                                  for e in full.ranked[:3]]
-    rc = cli.main(["plan", "8B", "--nodes", "1", "--global-batch", "16", "--max-pp", "2", "--zero", "1",
-                   "--fastest", "2", "--out", str(tmp_path)])
+    assert [(e["strategy"], e["step_time"]) for e in r.ranked] == [
+        (e["strategy"], e["step_time"]) for e in full.ranked[:3]
+    ]
+    rc = cli.main(
+        [
+            "plan",
+            "8B",
+            "--nodes",
+            "1",
+            "--global-batch",
+            "16",
+            "--max-pp",
+            "2",
+            "--zero",
+            "1",
+            "--fastest",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0 and "best plans" in capsys.readouterr().out
     assert len(pd.read_csv(tmp_path / "plans.csv")) == 2
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--fastest", "0"], "--fastest must be an int >= 1"),
-    (["--tp", "3"], "needs 6 ranks but the world has 8"),   # Plan.validate: the degrees multiply to the world
-    (["--tp", "0"], "Plan.tp must be an int >= 1, got 0"),
-    (["--zero", "5"], "Plan.zero_stage must be 0, 1, 2 or 3, got 5"),
-    (["--max-pp", "-1"], "Plan.pp must be an int >= 1, got -1"),
-    (["--tp", "8", "--cp", "2"], "needs 16 ranks but the world has 8"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--fastest", "0"], "--fastest must be an int >= 1"),
+        (["--tp", "3"], "needs 6 ranks but the world has 8"),  # Plan.validate: the degrees multiply to the world
+        (["--tp", "0"], "Plan.tp must be an int >= 1, got 0"),
+        (["--zero", "5"], "Plan.zero_stage must be 0, 1, 2 or 3, got 5"),
+        (["--max-pp", "-1"], "Plan.pp must be an int >= 1, got -1"),
+        (["--tp", "8", "--cp", "2"], "needs 16 ranks but the world has 8"),
+    ],
+)
 def test_a_bad_narrowing_is_one_clear_line(argv, says, capsys):
     from simlib import cli
+
     assert cli.main(["plan", "8B", "--nodes", "1", "--global-batch", "16", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and "\n" not in err and err.startswith("simlib plan: "), err

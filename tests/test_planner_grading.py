@@ -1,18 +1,22 @@
 """Lesson 13's grader: the solution passes, every planted mistake fails with a hint that names it, and the plans
 are drawn at check time (a fixed table of answers cannot pass). In-process, no workers: a few seconds."""
+
 import json
 from pathlib import Path
 
 import pytest
+from planted import planner as planted  # noqa: E402
 
 from simlib import grading
 from simlib.grading import planner as checks
 
-from planted import planner as planted  # noqa: E402
-
-HINTS = {"zero1_shards_everything": "stage 3 shards them", "activations_not_split_by_tp": "(34 + 5*a*s/h)/tp",
-         "gpipe_like_1f1b": "GPipe: all m", "forgets_the_logits": "logits add",
-         "forgets_the_recompute_working_set": "adds one layer's whole set"}
+HINTS = {
+    "zero1_shards_everything": "stage 3 shards them",
+    "activations_not_split_by_tp": "(34 + 5*a*s/h)/tp",
+    "gpipe_like_1f1b": "GPipe: all m",
+    "forgets_the_logits": "logits add",
+    "forgets_the_recompute_working_set": "adds one layer's whole set",
+}
 
 
 def _solution():
@@ -39,15 +43,18 @@ def test_planted_fails_with_its_hint(bug):
 def test_a_table_of_answers_does_not_pass():
     """Memorising the seeded draws fails: half the plans come from fresh randomness each time."""
     from simlib.sim import memory_per_device
+
     table = {(m.name, s): memory_per_device(m, s, stage=0) for m, s in checks.draw_cases(13, 30)}
 
     def lookup(model, s):
         return table.get((model.name, s)) or dict.fromkeys(checks.PARTS, 0.0)
+
     assert not grading.check("plan_memory", lookup, quiet=True).passed
 
 
 def test_not_implemented_is_todo():
     def stub(model, s):
         raise NotImplementedError()
+
     report = grading.check("plan_memory", stub, quiet=True)
     assert not report.passed and report.results[0].status == grading.TODO

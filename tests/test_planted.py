@@ -3,20 +3,25 @@
 Whether each is caught, with a hint that points at the bug, is tested per lesson (tests/test_grading*.py); here:
 that none is missing, whatever exercise is added next.
 """
+
 import importlib
 from pathlib import Path
 
 import nbformat
 import pytest
+from planted import PLANTED_IN  # noqa: E402
 
 from simlib import grading
 from simlib.exercises import exercises_of
 
-from planted import PLANTED_IN  # noqa: E402
-
 ROOT = Path(__file__).resolve().parent.parent
-EXERCISES = sorted({e["exercise"] for path in (ROOT / "solutions").glob("[0-9]*.ipynb")
-                    for e in exercises_of(nbformat.read(str(path), as_version=4))})
+EXERCISES = sorted(
+    {
+        e["exercise"]
+        for path in (ROOT / "solutions").glob("[0-9]*.ipynb")
+        for e in exercises_of(nbformat.read(str(path), as_version=4))
+    }
+)
 
 
 def _planted(exercise):
@@ -32,8 +37,10 @@ def test_there_are_exercises():
 @pytest.mark.parametrize("exercise", EXERCISES)
 def test_every_exercise_has_three_planted_wrong_versions(exercise):
     assert exercise in grading.EXERCISES, f"{exercise}: no checks registered with @grading.exercise"
-    assert exercise in PLANTED_IN, (f"{exercise}: add its planted wrong versions to tests/planted/ and name them in "
-                                    "tests/planted/__init__.py PLANTED_IN (see CONTRIBUTING.md)")
+    assert exercise in PLANTED_IN, (
+        f"{exercise}: add its planted wrong versions to tests/planted/ and name them in "
+        "tests/planted/__init__.py PLANTED_IN (see CONTRIBUTING.md)"
+    )
     versions = _planted(exercise)
     assert len(versions) >= 3, f"{exercise}: {len(versions)} planted wrong versions, at least 3 wanted"
     assert len({id(v) for v in versions}) == len(versions), f"{exercise}: a planted version is listed twice"
@@ -47,8 +54,14 @@ def test_every_registry_entry_resolves():
 
 def test_the_contributing_guide_has_each_recipe():
     text = (ROOT / "CONTRIBUTING.md").read_text()
-    for heading in ("## The lesson template", "## Add a lesson", "## Add an exercise", "## Add a hardware preset",
-                    "## Add a project", "## Grade a class"):
+    for heading in (
+        "## The lesson template",
+        "## Add a lesson",
+        "## Add an exercise",
+        "## Add a hardware preset",
+        "## Add a project",
+        "## Grade a class",
+    ):
         assert heading in text
     assert "PLANTED_IN" in text and "### BEGIN SOLUTION" in text and "SIMLIB_QUICK=1" in text
 

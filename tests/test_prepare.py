@@ -1,5 +1,6 @@
 """``simlib prepare gpt``: download once, resume, checksum, tokenise to uint16 memory maps -- never the real
 network: a small corpus the test makes, served by an http.server thread on 127.0.0.1."""
+
 import hashlib
 import http.server
 import threading
@@ -9,9 +10,11 @@ import pytest
 
 from simlib.projects.gpt import prepare, text
 
-STORY = ("Once upon a time, a little fox found a red ball in the park. She played with it all day and was happy."
-         "\n<|endoftext|>\nTom had a small boat. He sailed it on the pond with his dad, and the sun was warm.\n"
-         "<|endoftext|>\n")
+STORY = (
+    "Once upon a time, a little fox found a red ball in the park. She played with it all day and was happy."
+    "\n<|endoftext|>\nTom had a small boat. He sailed it on the pond with his dad, and the sun was warm.\n"
+    "<|endoftext|>\n"
+)
 
 
 class _Server:
@@ -44,7 +47,7 @@ class _Server:
                 self.end_headers()
                 body = data[start:]
                 if name in outer.cut:
-                    body = body[:outer.cut.pop(name)]
+                    body = body[: outer.cut.pop(name)]
                     self.wfile.write(body)
                     self.wfile.flush()
                     self.close_connection = True
@@ -66,7 +69,7 @@ class _Server:
 
 @pytest.fixture
 def server():
-    train = (STORY * 400).encode()           # ~84 KB of "stories"
+    train = (STORY * 400).encode()  # ~84 KB of "stories"
     valid = (STORY.replace("fox", "cat") * 20).encode()
     s = _Server({"train.txt": train, "valid.txt": valid})
     yield s
@@ -84,9 +87,9 @@ def test_an_interrupted_download_resumes_with_a_range_request(server, tmp_path):
     assert part.stat().st_size == 30_000 and not dest.exists()
     prepare.download(src, dest, timeout=10, log=lambda *_: None)
     assert dest.read_bytes() == data and not part.exists()
-    assert server.ranges[-1] == ("train.txt", "bytes=30000-")       # the second request asked for the rest only
+    assert server.ranges[-1] == ("train.txt", "bytes=30000-")  # the second request asked for the rest only
     n = len(server.ranges)
-    prepare.download(src, dest, timeout=10, log=lambda *_: None)       # done: verified, not downloaded again
+    prepare.download(src, dest, timeout=10, log=lambda *_: None)  # done: verified, not downloaded again
     assert len(server.ranges) == n
 
 
@@ -101,32 +104,39 @@ def test_a_wrong_checksum_is_refused_and_the_file_deleted(server, tmp_path):
 def test_offline_says_what_to_do(tmp_path):
     closed = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
     port = closed.server_address[1]
-    closed.server_close()                                              # nothing listens there now
+    closed.server_close()  # nothing listens there now
     with pytest.raises(OSError, match="Offline\\? Run `simlib prepare gpt` where there is internet"):
-        prepare.download(prepare.Source(f"http://127.0.0.1:{port}/x.txt"), tmp_path / "x.txt", timeout=5,
-                         log=lambda *_: None)
+        prepare.download(
+            prepare.Source(f"http://127.0.0.1:{port}/x.txt"), tmp_path / "x.txt", timeout=5, log=lambda *_: None
+        )
 
 
 def test_prepare_tokenises_to_memory_maps_that_the_gpt_task_reads(server, tmp_path, monkeypatch):
-    monkeypatch.setitem(prepare.CORPORA, "tiny", prepare.Corpus(
-        "tiny", prepare.Source(server.url + "train.txt"), prepare.Source(server.url + "valid.txt"), "test", "test"))
+    monkeypatch.setitem(
+        prepare.CORPORA,
+        "tiny",
+        prepare.Corpus(
+            "tiny", prepare.Source(server.url + "train.txt"), prepare.Source(server.url + "valid.txt"), "test", "test"
+        ),
+    )
     folder = prepare.prepare("tiny", tmp_path / "tiny", vocab_size=300, log=lambda *_: None)
     meta = text.read_meta(folder)
     assert meta["sha256"]["train"] == hashlib.sha256(server.files["train.txt"]).hexdigest()
     train, val, tok = text.open_prepared(folder)
     assert train.dtype == np.uint16 and len(train) == meta["train_tokens"] > 1000
     assert tok.decode(train[:40].tolist()).startswith("Once upon a time")
-    assert tok.token_to_id(prepare.SPECIAL) is not None                   # the story separator is one token
+    assert tok.token_to_id(prepare.SPECIAL) is not None  # the story separator is one token
     assert 0 < meta["unigram_cross_entropy"] < np.log(300)
 
     from simlib.projects.gpt.task import GPTTask
-    task = GPTTask(seq_len=16, hidden=32, num_layers=1, num_heads=2, global_batch=4, eval_windows=4,
-                   corpus=str(folder))
+
+    task = GPTTask(seq_len=16, hidden=32, num_layers=1, num_heads=2, global_batch=4, eval_windows=4, corpus=str(folder))
     assert task.config.vocab_size == tok.get_vocab_size()
     x, y = task.batch(3, part=1, parts=2)
     assert x.shape == (2, 16) and bool((x[:, 1:] == y[:, :-1]).all())
     import pickle
-    assert len(pickle.dumps(task)) < 20_000                               # the memory maps do not travel
+
+    assert len(pickle.dumps(task)) < 20_000  # the memory maps do not travel
     assert task.evaluate(task.build_model())["eval_loss"] > 0
 
     # a second run verifies against the recorded checksum: a changed upstream file is refused
@@ -141,6 +151,6 @@ def test_a_local_file_is_prepared_offline_and_a_missing_folder_says_how(tmp_path
     src.write_text(STORY * 200)
     folder = prepare.prepare(str(src), tmp_path / "out", vocab_size=280, log=lambda *_: None)
     meta = text.read_meta(folder)
-    assert meta["val_tokens"] > 0 and meta["train_tokens"] > 50 * meta["val_tokens"]   # the last 1 % held out
+    assert meta["val_tokens"] > 0 and meta["train_tokens"] > 50 * meta["val_tokens"]  # the last 1 % held out
     with pytest.raises(ValueError, match="simlib prepare gpt"):
         text.resolve_folder(str(tmp_path / "nowhere"))

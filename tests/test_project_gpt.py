@@ -1,4 +1,5 @@
 """The GPT project: data and loader, the model's shapes, the unsplit weights of a TP run, the CLI, the milestone."""
+
 import sys
 
 import cloudpickle
@@ -42,9 +43,11 @@ def _tp_dense():
 
     from simlib.projects.gpt import model as gpt
     from simlib.train import OptimConfig, Plan, train
+
     task = GPTTask.quick()
-    record = train(task, Plan(tp=2), steps=2, optim=OptimConfig(lr=1e-2), eval_every=2, verbose=False,
-                   measure_memory=False)
+    record = train(
+        task, Plan(tp=2), steps=2, optim=OptimConfig(lr=1e-2), eval_every=2, verbose=False, measure_memory=False
+    )
     state = gpt.dense_state_dict(record.model.module, record.model.groups.tp_group)
     dense = task.build_model()
     dense.load_state_dict(state)
@@ -59,6 +62,7 @@ def test_tensor_parallel_weights_gather_to_the_unsplit_model(cluster2):
 
 def test_cli_parses_train_gpt():
     from simlib.cli import build_parser
+
     args = build_parser().parse_args(["train", "gpt", "--world-size", "2", "--plan", "dp", "tp", "--quick"])
     assert (args.project, args.world_size, args.plan, args.quick) == ("gpt", 2, ["dp", "tp"], True)
     assert project_gpt.plan_for("pp", 2).pp == 2 and project_gpt.plan_for("dp+acc", 4).accumulation == 4

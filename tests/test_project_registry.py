@@ -1,6 +1,7 @@
 """A project is registered once (issue 34, part 2): one module with TASK and settings(), one register() line, and
 ``simlib train`` (choices, --task.* flags, [task] table, the run, the dry run) and the runner find it. This file
 is the fourth project: a linear regression, trained for real in this process (world size 1, a second or so)."""
+
 import json
 from dataclasses import dataclass
 
@@ -16,8 +17,8 @@ from simlib.projects import registry, runner
 @dataclass
 class TinyTask:
     name: str = "tiny"
-    global_batch: int = 8           # samples per step
-    width: int = 4                  # inputs of the linear model
+    global_batch: int = 8  # samples per step
+    width: int = 4  # inputs of the linear model
     seed: int = 0
 
     def build_model(self):
@@ -33,7 +34,7 @@ class TinyTask:
         return nn.functional.mse_loss(output, target)
 
     def evaluate(self, model) -> dict:
-        x, y = self.batch(10 ** 6)
+        x, y = self.batch(10**6)
         return {"eval_loss": float(self.loss(model(x), y))}
 
 
@@ -41,13 +42,20 @@ TASK = TinyTask
 
 
 def settings(quick: bool = False) -> dict:
-    return dict(task=TinyTask(), steps=6 if quick else 40, eval_every=3, log_every=1,
-                optim=OptimConfig(name="sgd", lr=0.05), target={"eval_loss": 1e9})
+    return dict(
+        task=TinyTask(),
+        steps=6 if quick else 40,
+        eval_every=3,
+        log_every=1,
+        optim=OptimConfig(name="sgd", lr=0.05),
+        target={"eval_loss": 1e9},
+    )
 
 
 @pytest.fixture
 def tiny(monkeypatch):
     from simlib import env
+
     monkeypatch.setattr(registry, "PROJECTS", dict(registry.PROJECTS))  # the registration ends with the test
     monkeypatch.setattr(runner, "PROJECTS", registry.PROJECTS)
     for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):  # what a one-process run sets: undone after
@@ -60,8 +68,24 @@ def tiny(monkeypatch):
 def test_a_registered_project_trains_through_the_cli(tiny, tmp_path, capsys):
     assert "tiny" in config.task_classes() and any(f.flag == "--task.width" for f in config.fields("task"))
     out = tmp_path / "tiny"
-    assert cli.main(["train", "tiny", "--quick", "--world-size", "1", "--plan", "single", "--task.width", "3",
-                     "--out", str(out)]) == 0, capsys.readouterr().err
+    assert (
+        cli.main(
+            [
+                "train",
+                "tiny",
+                "--quick",
+                "--world-size",
+                "1",
+                "--plan",
+                "single",
+                "--task.width",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["final_eval"]["eval_loss"] > 0
     assert "width = 3" in (out / "config.toml").read_text()  # the flag reached the task
@@ -69,6 +93,7 @@ def test_a_registered_project_trains_through_the_cli(tiny, tmp_path, capsys):
     import os
 
     import torch.distributed as dist
+
     assert "RANK" not in os.environ and not dist.is_initialized()  # the one-process run left nothing behind
     record, state = runner.run_project("tiny", 1, quick=True, verbose=False)  # the runner finds it too
     assert set(state) == {"weight", "bias"} and record.summary["steps"] == 6

@@ -1,4 +1,5 @@
 """Projects 2 and 3 as Tasks: deterministic data, world-size invariant batches, the seeding bug caught, bad args."""
+
 import pytest
 import torch
 
@@ -10,13 +11,14 @@ from simlib.projects.vision import DigitsTask, load_digits_split
 def test_digits_split_is_held_out_and_stratified():
     x_tr, y_tr, x_te, y_te = load_digits_split()
     assert len(x_tr) + len(x_te) == 1797 and len(x_te) == 450
-    assert torch.bincount(y_te).min() >= 40           # every class in the held-out split
+    assert torch.bincount(y_te).min() >= 40  # every class in the held-out split
     train = {tuple(r.flatten().tolist()) for r in x_tr}
-    assert sum(tuple(r.flatten().tolist()) in train for r in x_te) < 5   # (digits has a few exact duplicates)
+    assert sum(tuple(r.flatten().tolist()) in train for r in x_te) < 5  # (digits has a few exact duplicates)
 
 
-@pytest.mark.parametrize("make", [lambda: DigitsTask(global_batch=32, image_size=12),
-                                  lambda: HedgingTask(global_batch=128, block=16)])
+@pytest.mark.parametrize(
+    "make", [lambda: DigitsTask(global_batch=32, image_size=12), lambda: HedgingTask(global_batch=128, block=16)]
+)
 def test_batches_are_deterministic_and_world_size_invariant(make):
     task = make()
     x, y = task.batch(5)
@@ -29,8 +31,13 @@ def test_batches_are_deterministic_and_world_size_invariant(make):
         assert seeding.duplicate_parts(list(xs)) == []
 
 
-@pytest.mark.parametrize("make", [lambda: DigitsTask(global_batch=32, image_size=12, loader="same_seed"),
-                                  lambda: HedgingTask(global_batch=128, block=16, paths_seeding="same_seed")])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: DigitsTask(global_batch=32, image_size=12, loader="same_seed"),
+        lambda: HedgingTask(global_batch=128, block=16, paths_seeding="same_seed"),
+    ],
+)
 def test_same_seed_on_every_rank_is_detected(make):
     task = make()
     parts = [task.batch(3, p, 4)[0] for p in range(4)]
@@ -48,6 +55,7 @@ def test_check_distinct_on_two_ranks(cluster2):
 
         from simlib.projects.seeding import DuplicateDataError, check_distinct
         from simlib.projects.vision import DigitsTask
+
         x, _ = DigitsTask(global_batch=16, image_size=8, loader=loader).batch(0, dist.get_rank(), 2)
         try:
             check_distinct(x)
@@ -79,15 +87,25 @@ def test_finance_calibrates_on_training_years_only():
     assert torch.allclose(windows[:, 0], torch.ones(len(windows))) and windows.shape[1] == 31
 
 
-@pytest.mark.parametrize("bad", [dict(global_batch=0), dict(image_size=4), dict(loader="rank"), dict(holdout=1.5),
-                                 dict(seed=-1), dict(width=2.5)])
+@pytest.mark.parametrize(
+    "bad",
+    [dict(global_batch=0), dict(image_size=4), dict(loader="rank"), dict(holdout=1.5), dict(seed=-1), dict(width=2.5)],
+)
 def test_vision_bad_arguments(bad):
     with pytest.raises(ValueError):
         DigitsTask(**bad)
 
 
-@pytest.mark.parametrize("bad", [dict(global_batch=100, block=32), dict(cost=0.5), dict(paths_seeding="rank"),
-                                 dict(days=0), dict(train_end="1999-01-10")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(global_batch=100, block=32),
+        dict(cost=0.5),
+        dict(paths_seeding="rank"),
+        dict(days=0),
+        dict(train_end="1999-01-10"),
+    ],
+)
 def test_finance_bad_arguments(bad):
     with pytest.raises(ValueError):
         HedgingTask(**bad).vol

@@ -6,6 +6,7 @@ The reference is a bare one-process loop (no simlib) on the whole global batch. 
 that this difference is visible. Finance: the paths of a step are the same whatever the world size (seeded
 per block), so DP and DP + accumulation agree.
 """
+
 import sys
 
 import cloudpickle
@@ -24,11 +25,13 @@ TOL = dict(rtol=1e-4, atol=1e-5)
 
 def _vision():
     from simlib.projects.vision import DigitsTask
+
     return DigitsTask(global_batch=32, image_size=12, width=8)
 
 
 def _finance():
     from simlib.projects.finance import HedgingTask
+
     return HedgingTask(global_batch=128, block=16, days=10, hidden=16)
 
 
@@ -52,6 +55,7 @@ def bare_reference(make, optim):
 
 def run_plan(make, plan, optim):
     from simlib.train import train
+
     record = train(make(), plan, steps=STEPS, optim=optim, log_every=1, verbose=False, measure_memory=False)
     return [r["loss"] for r in record.rows]
 
@@ -60,16 +64,19 @@ def run_plan(make, plan, optim):
 def test_vision_sync_batchnorm_equals_one_process(request, world):
     cluster = request.getfixturevalue(f"cluster{world}")
     ref = bare_reference(_vision, SGD)
-    synced, per_rank = cluster.call(run_plan, (_vision, Plan(dp=world, sync_batchnorm=True), SGD), timeout=120), \
-        cluster.call(run_plan, (_vision, Plan(dp=world), SGD), timeout=120)
+    synced, per_rank = (
+        cluster.call(run_plan, (_vision, Plan(dp=world, sync_batchnorm=True), SGD), timeout=120),
+        cluster.call(run_plan, (_vision, Plan(dp=world), SGD), timeout=120),
+    )
     for losses in synced:
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), **TOL)
     # per-rank statistics change the step: the first loss is a mean of shard losses under other normalisations
     assert max(abs(a - b) for a, b in zip(per_rank[0], ref)) > 1e-3
 
 
-@pytest.mark.parametrize("world, plan", [(2, Plan(dp=2)), (2, Plan(dp=2, accumulation=2)), (4, Plan(dp=4))],
-                         ids=["dp2", "dp2 acc2", "dp4"])
+@pytest.mark.parametrize(
+    "world, plan", [(2, Plan(dp=2)), (2, Plan(dp=2, accumulation=2)), (4, Plan(dp=4))], ids=["dp2", "dp2 acc2", "dp4"]
+)
 def test_finance_equals_one_process(request, world, plan):
     cluster = request.getfixturevalue(f"cluster{world}")
     ref = bare_reference(_finance, ADAM)
@@ -79,12 +86,14 @@ def test_finance_equals_one_process(request, world, plan):
 
 def test_sync_batchnorm_gradients_match_batchnorm(cluster2):
     """The layer alone: forward, input and parameter gradients on 2 ranks equal BatchNorm2d on the whole batch."""
+
     def harness():
         import torch
         import torch.distributed as dist
         from torch import nn
 
         from simlib.parallel.batchnorm import convert_sync_batchnorm
+
         torch.manual_seed(0)
         x = torch.randn(8, 3, 5, 5) * 2 + 1
         w = torch.randn(8, 3, 5, 5)
@@ -94,14 +103,21 @@ def test_sync_batchnorm_gradients_match_batchnorm(cluster2):
         (yr * w).sum().backward()
         r = dist.get_rank()
         bn = convert_sync_batchnorm(nn.BatchNorm2d(3))
-        xs = x[r * 4:(r + 1) * 4].clone().requires_grad_()
+        xs = x[r * 4 : (r + 1) * 4].clone().requires_grad_()
         y = bn(xs)
-        (y * w[r * 4:(r + 1) * 4]).sum().backward()
+        (y * w[r * 4 : (r + 1) * 4]).sum().backward()
         g = bn.weight.grad.clone()
         dist.all_reduce(g)  # the layer leaves parameter gradients local (the DP wrapper reduces them)
-        return [float((a - b).abs().max()) for a, b in (
-            (y, yr[r * 4:(r + 1) * 4]), (xs.grad, xr.grad[r * 4:(r + 1) * 4]), (g, ref.weight.grad),
-            (bn.running_var, ref.running_var))]
+        return [
+            float((a - b).abs().max())
+            for a, b in (
+                (y, yr[r * 4 : (r + 1) * 4]),
+                (xs.grad, xr.grad[r * 4 : (r + 1) * 4]),
+                (g, ref.weight.grad),
+                (bn.running_var, ref.running_var),
+            )
+        ]
+
     for errors in cluster2.run(harness):
         assert max(errors) < 1e-4, errors
 

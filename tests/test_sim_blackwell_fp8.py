@@ -1,6 +1,7 @@
 """FP8 on Blackwell as Transformer Engine runs it (``benchmarks/sim_scale.py``, issue #35): MXFP8's casts by their
 bytes and its GEMMs at the measured ratio to per-tensor FP8; per-tensor casts without a transposed copy; cast kernels
 at the bandwidth TE's own GEMM profiling tutorial implies."""
+
 import pytest
 
 from simlib import sim
@@ -10,8 +11,9 @@ from simlib.sim.ops import Op, _gemm, fp8_cast_bytes
 
 
 def _fp8(recipe, **kw):
-    return sim.Strategy(dp=8, attention="flash", micro_batch=1, num_micro_batches=1, dtype="fp8", fp8_recipe=recipe,
-                        **kw)
+    return sim.Strategy(
+        dp=8, attention="flash", micro_batch=1, num_micro_batches=1, dtype="fp8", fp8_recipe=recipe, **kw
+    )
 
 
 def _casts(model, strategy, hardware):
@@ -42,9 +44,12 @@ def test_mxfp8_gemms_run_at_the_measured_ratio_to_per_tensor_fp8():
     hw = presets.gb200_nvl72()
     gemm = _gemm("MLP up", 16384, 4096, 28672)
     ratio = op_time(gemm, hw, _fp8("mx")) / op_time(gemm, hw, _fp8("current"))
-    assert ratio == pytest.approx(2.365 / 2.158)   # fprop; the layer's 12 GEMMs below
-    layer = [_gemm("MLP up", 16384, 4096, 28672), _gemm("MLP up dgrad", 16384, 28672, 4096),
-             _gemm("MLP up wgrad", 4096, 16384, 28672)]
+    assert ratio == pytest.approx(2.365 / 2.158)  # fprop; the layer's 12 GEMMs below
+    layer = [
+        _gemm("MLP up", 16384, 4096, 28672),
+        _gemm("MLP up dgrad", 16384, 28672, 4096),
+        _gemm("MLP up wgrad", 4096, 16384, 28672),
+    ]
     mx, cs = (sum(op_time(g, hw, _fp8(r)) for g in layer) for r in ("mx", "current"))
     assert mx / cs == pytest.approx(7.162 / 6.812, rel=2e-3)
     scores = _gemm("scores Q·Kᵀ", 8192, 128, 8192, 32)

@@ -1,4 +1,5 @@
 """calibrate() on this machine gives sane numbers, and a measured DP step lands near its prediction."""
+
 import pytest
 
 from simlib import sim
@@ -36,9 +37,9 @@ def test_a_models_own_gemm_shapes_are_timed(calibrated):
     model = sim_model(GPTTask(seq_len=64, hidden=128, num_layers=4, num_heads=4, global_batch=32))
     shapes = model_gemm_shapes(model, [sim.Strategy(dp=2, micro_batch=8, dtype="fp32")])
     t = 8 * 64
-    assert (t, 128, 3 * 128) in shapes and (t, 128, model.vocab) in shapes   # QKV and the logits head, forward
-    assert (128, t, 3 * 128) in shapes                                        # QKV's weight gradient
-    assert not any(k == 32 and n == 64 for _, k, n in shapes)                 # no per-head (s x d) x (d x s) GEMM
+    assert (t, 128, 3 * 128) in shapes and (t, 128, model.vocab) in shapes  # QKV and the logits head, forward
+    assert (128, t, 3 * 128) in shapes  # QKV's weight gradient
+    assert not any(k == 32 and n == 64 for _, k, n in shapes)  # no per-head (s x d) x (d x s) GEMM
 
 
 def test_calibrate_rejects_a_too_small_cluster(cluster2):

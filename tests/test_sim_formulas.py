@@ -1,4 +1,5 @@
 """The simulator's formulas against hand-computed values, their limits, and clear errors for bad inputs."""
+
 import math
 
 import pytest
@@ -13,8 +14,16 @@ LINK = Link(alpha=1e-5, bandwidth=1e10)  # 10 µs per step, 10 GB/s
 
 def flat_gpu(devices_per_node=8, efficiency=0.5, peak=100e12, mem=80e9):
     """A made-up GPU with one flat GEMM efficiency, so times are easy to compute by hand."""
-    return Hardware("flat", {"bf16": peak}, mem, 1e12, LINK, Link(1e-4, 1e9), devices_per_node,
-                    {"bf16": [(1e-6, efficiency), (1e6, efficiency)]})
+    return Hardware(
+        "flat",
+        {"bf16": peak},
+        mem,
+        1e12,
+        LINK,
+        Link(1e-4, 1e9),
+        devices_per_node,
+        {"bf16": [(1e-6, efficiency), (1e6, efficiency)]},
+    )
 
 
 # ── collectives ──
@@ -33,7 +42,7 @@ def test_tree_all_gather_reduce_scatter_p2p_by_hand():
 
 def test_ring_all_reduce_tends_to_two_s_over_b():
     no_latency = Link(0.0, 1e10)
-    times = [cost.ring_all_reduce(1e9, n, no_latency) for n in (2, 8, 64, 1024, 10 ** 6)]
+    times = [cost.ring_all_reduce(1e9, n, no_latency) for n in (2, 8, 64, 1024, 10**6)]
     assert all(a < b for a, b in zip(times, times[1:]))  # grows with n ...
     assert times[-1] == pytest.approx(2 * 1e9 / 1e10, rel=1e-5)  # ... towards 2·S/B
 
@@ -74,8 +83,8 @@ def test_published_busbw_fit_is_sane():
     a100 = sim.dgx_a100().intra
     # the fit should land between the published 1 MB and 1 GB bus bandwidths, latency in microseconds
     assert 150e9 < a100.bandwidth < 260e9 and 1e-7 < a100.alpha < 1e-4
-    t_1gb = cost.ring_all_reduce(2 ** 30, 8, a100)
-    busbw = 2 * 7 / 8 * 2 ** 30 / t_1gb
+    t_1gb = cost.ring_all_reduce(2**30, 8, a100)
+    busbw = 2 * 7 / 8 * 2**30 / t_1gb
     # Azure: 228 GB/s at 1 GB; one α-β line through 1 MB..1 GB misses it by ~15 % (NCCL switches protocols)
     assert busbw == pytest.approx(228e9, rel=0.2)
 
@@ -123,7 +132,7 @@ def test_predict_by_hand_on_a_flat_gpu():
     spec = sim.from_module(torch.nn.Linear(1000, 1000, bias=False))
     s = sim.Strategy(micro_batch=1000, num_micro_batches=2, optimizer="sgd", dtype="bf16")
     p = sim.predict(spec, hw, s)
-    gemm = 2 * 1000 ** 3 / 50e12
+    gemm = 2 * 1000**3 / 50e12
     assert p.compute == pytest.approx(2 * (gemm + gemm))  # forward + grad weight (no grad input), 2 micro-batches
     assert p.optimizer == pytest.approx(1e6 * 16 / 1e12)
     assert p.exposed_comm == 0 and p.bubble == 0
@@ -149,8 +158,9 @@ def test_pipeline_bubble_by_hand_and_in_the_limit():
 
 def test_buckets_follow_the_executors_rule():
     from simlib.models import MLP
+
     spec = sim.from_module(MLP(64, 2))
-    s = sim.Strategy(dp=2, dtype="fp32", bucket_bytes=2 ** 20)
+    s = sim.Strategy(dp=2, dtype="fp32", bucket_bytes=2**20)
     assert cost.gradient_buckets(spec, s) == [4.0 * spec.params]  # 17 KB: one bucket
     small = cost.gradient_buckets(spec, s.replace(bucket_bytes=64 * 64 * 4))
     assert sum(small) == 4.0 * spec.params and len(small) > 1
@@ -206,7 +216,7 @@ def test_a_model_that_cannot_fit_says_so():
     assert not p.fits
     with pytest.raises(sim.DoesNotFit):
         sim.predict(big, sim.dgx_a100(), sim.Strategy(), require_fit=True)
-    assert sim.min_devices_to_fit(big, sim.dgx_a100()) == math.ceil(big.params * 16 / (0.9 * 80 * 2 ** 30))
+    assert sim.min_devices_to_fit(big, sim.dgx_a100()) == math.ceil(big.params * 16 / (0.9 * 80 * 2**30))
 
 
 # ── strategy validation ──
@@ -246,8 +256,10 @@ def test_scaling_table_speedup_and_efficiency():
 
 # ── measured step overheads (calibrate() fills Hardware.overheads; presets have none) ──
 
+
 def test_fit_p2p_recovers_alpha_and_bandwidth():
     from simlib.sim.hardware import fit_p2p
+
     sizes = [16e3, 256e3, 1e6]
     alpha, bw = fit_p2p(sizes, [1e-4 + s / 1e9 for s in sizes])
     assert alpha == pytest.approx(1e-4, rel=1e-6) and bw == pytest.approx(1e9, rel=1e-6)
@@ -271,14 +283,15 @@ def test_layer_and_straggler_factors_scale_stage_times_by_hand():
     spec = sim.from_module(torch.nn.Linear(1000, 1000, bias=False))
     s = sim.Strategy(micro_batch=1000, dtype="bf16")
     base = flat_gpu(efficiency=0.5, peak=100e12)
-    gemm = 2 * 1000 ** 3 / 50e12
+    gemm = 2 * 1000**3 / 50e12
     assert cost.stage_times(spec, base, s, processes=2) == pytest.approx((gemm, gemm))
     hw = base.with_(overheads={"layer_factor": {2: 1.25}, "straggler": {2: 1.1}})
     t_f, t_b = cost.stage_times(spec, hw, s, processes=2)
     assert t_f == pytest.approx(1.1 * 1.25 * gemm) and t_b == pytest.approx(1.1 * 1.25 * gemm)
     # one process: no straggler, but the layer factor still applies
-    assert cost.stage_times(spec, hw.with_(overheads={"layer_factor": {1: 1.25}, "straggler": {2: 1.1}}), s,
-                            processes=1)[0] == pytest.approx(1.25 * gemm)
+    assert cost.stage_times(
+        spec, hw.with_(overheads={"layer_factor": {1: 1.25}, "straggler": {2: 1.1}}), s, processes=1
+    )[0] == pytest.approx(1.25 * gemm)
 
 
 def test_comm_in_situ_scales_the_all_reduce_not_the_packing():
@@ -295,6 +308,7 @@ def test_comm_in_situ_scales_the_all_reduce_not_the_packing():
 
 def test_sync_factors_by_hand():
     from simlib.sim.calibrate import sync_factors
+
     # two ranks, two cycles of (burst s, all-reduce s); the back-to-back all-reduce took 0.02 s (slowest rank)
     r0 = {"cycles": [(0.10, 0.05), (0.10, 0.06)], "comm": [(1 << 20, 0.01), (16 << 20, 0.02)]}
     r1 = {"cycles": [(0.12, 0.04), (0.14, 0.03)], "comm": [(1 << 20, 0.01), (16 << 20, 0.015)]}
@@ -307,8 +321,18 @@ def test_sync_factors_by_hand():
 
 def test_gemm_time_uses_an_exactly_measured_shape():
     table = {(1, 1): [(1e-6, 50e9), (1e3, 50e9)]}  # 50 GFLOP/s for every size
-    hw = Hardware("cpu", {}, 8e9, 10e9, LINK, LINK, 1, table, cores=1,
-                  overheads={"gemm_shapes": {(1, 1): {(1024, 64, 1024): 25e9}}})
+    hw = Hardware(
+        "cpu",
+        {},
+        8e9,
+        10e9,
+        LINK,
+        LINK,
+        1,
+        table,
+        cores=1,
+        overheads={"gemm_shapes": {(1, 1): {(1024, 64, 1024): 25e9}}},
+    )
     flops = 2 * 1024 * 64 * 1024
-    assert cost.gemm_time(1024, 64, 1024, hw, processes=1) == pytest.approx(flops / 25e9)   # measured shape
-    assert cost.gemm_time(64, 1024, 1024, hw, processes=1) == pytest.approx(flops / 50e9)   # table by GFLOPs
+    assert cost.gemm_time(1024, 64, 1024, hw, processes=1) == pytest.approx(flops / 25e9)  # measured shape
+    assert cost.gemm_time(64, 1024, 1024, hw, processes=1) == pytest.approx(flops / 50e9)  # table by GFLOPs

@@ -1,5 +1,6 @@
 """simlib.sim has no import circles: every module's imports of its siblings (module-level or inside a function)
 form a graph without a cycle, so the formulas each live in one place that the others import."""
+
 import ast
 import pathlib
 

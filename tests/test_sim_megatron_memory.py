@@ -2,13 +2,14 @@
 SwiGLU keeps its input alone, TE keeps GEMM inputs in FP8, ``--recompute-modules`` drops the experts' activation
 and the MoE norm's output, and interleaving with the embedding and the loss in the split holds fewer layers on the
 first rank. Each against a hand count; and the published Megatron-Bridge runs' own plans that fit because of it."""
+
 import pytest
 
 from simlib import sim
 from simlib.sim import memory, scale_runs
 from simlib.sim.model import llama_size
 
-S, H, F, KVD = 8192, 8192, 28672, 8 * 128   # Llama 3 70B's shape
+S, H, F, KVD = 8192, 8192, 28672, 8 * 128  # Llama 3 70B's shape
 
 
 def _llama(**kw):
@@ -22,7 +23,7 @@ def test_fused_swiglu_keeps_its_input_alone_and_a_clamped_one_keeps_both():
     fused = memory.activation_bytes_per_layer(m, 1, 4, attention="flash", fused_glu=True)
     assert eager - fused == pytest.approx(2 * S * F / 4)
     assert memory.glu_extra(m, F, True) == 0 and memory.glu_extra(m, F, False) == F
-    oss = llama_size("gpt-oss-120b", seq_len=4096)   # clamped in eager first: the clamp keeps fc1's output
+    oss = llama_size("gpt-oss-120b", seq_len=4096)  # clamped in eager first: the clamp keeps fc1's output
     assert memory.glu_extra(oss, 10, True) == 20
     ungated = sim.gpt(4, 128, 4, seq_len=64)
     assert memory.glu_extra(ungated, 10, False) == memory.glu_extra(ungated, 10, True) == 0
@@ -39,7 +40,7 @@ def test_te_keeps_gemm_inputs_in_fp8_but_not_torchaos_float8():
     assert delayed - cur == pytest.approx(S * H / 4)
     te = sim.Strategy(dtype="fp8", fp8_recipe="mx")
     assert memory.saved_by(te) == dict(fused_glu=True, fp8="mx")
-    assert memory.saved_by(te.replace(kernels="eager")) == dict(fused_glu=False, fp8="")   # torchtitan (torchao)
+    assert memory.saved_by(te.replace(kernels="eager")) == dict(fused_glu=False, fp8="")  # torchtitan (torchao)
     assert memory.saved_by(te.replace(dtype="bf16"))["fp8"] == ""
 
 
@@ -66,8 +67,8 @@ def test_interleaving_with_the_embedding_and_loss_in_the_split():
     assert chunks[0] == [1, 2, 2, 2] and chunks[-1] == [2, 2, 2, 1] and chunks[5] == [2] * 4
     assert memory.interleaved_layer_passes(s, 0, chunks[0]) == 31 + 96
     even = sim.Strategy(pp=4, num_micro_batches=8, schedule="interleaved", virtual_stages=2)
-    assert memory.chunk_layers(_llama(), even) is None   # 80 layers over 8 chunks: even
-    for k in range(4):   # even chunks: Korthikanti's factor
+    assert memory.chunk_layers(_llama(), even) is None  # 80 layers over 8 chunks: even
+    for k in range(4):  # even chunks: Korthikanti's factor
         assert memory.interleaved_layer_passes(even, k, [3, 3]) == pytest.approx(24 * memory.interleave_factor(even, k))
 
 
@@ -102,9 +103,10 @@ def test_mla_up_proj_recompute_drops_q_k_and_v():
     base = memory.activation_bytes_per_layer(m, 1, attention="flash", fused_glu=True)
     up = memory.activation_bytes_per_layer(m, 1, attention="flash", fused_glu=True, recompute_modules=("mla_up_proj",))
     assert base - up == pytest.approx(2 * 4096 * m.qkv_width)
-    dense = _llama()   # not MLA: nothing to drop
-    assert memory.activation_bytes_per_layer(dense, 1, recompute_modules=("mla_up_proj",)) == \
-        memory.activation_bytes_per_layer(dense, 1)
+    dense = _llama()  # not MLA: nothing to drop
+    assert memory.activation_bytes_per_layer(
+        dense, 1, recompute_modules=("mla_up_proj",)
+    ) == memory.activation_bytes_per_layer(dense, 1)
 
 
 def test_ep_overlap_runs_one_warm_up_forward_more():

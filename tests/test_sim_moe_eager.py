@@ -2,6 +2,7 @@
 expert (simlib.sim.cluster_ops.expert_eager_ops), and YaRN RoPE applied unfused (simlib.sim.layer). The priced bytes
 are checked against the reads and writes PyTorch's dispatcher sees when the same sequence of tensor operations runs
 forward and backward."""
+
 from dataclasses import replace
 
 import pytest
@@ -27,7 +28,7 @@ class _Traffic(TorchDispatchMode):
         outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
         storages = {t.untyped_storage().data_ptr() for t in ins}
         if outs and not func._schema.is_mutable and all(o.untyped_storage().data_ptr() in storages for o in outs):
-            return out   # a view of an input
+            return out  # a view of an input
         self.bytes += sum(t.numel() * t.element_size() for t in ins + outs)
         return out
 
@@ -42,18 +43,18 @@ def _traffic(fn, inputs):
     return fwd.bytes, bwd.bytes
 
 
-def _clamped(y, bound=7.0):   # the gate half clamped from above, the linear half both ways, joined again
+def _clamped(y, bound=7.0):  # the gate half clamped from above, the linear half both ways, joined again
     gate, linear = y.chunk(2, -1)
     return torch.cat((gate.clamp(max=bound), linear.clamp(min=-bound, max=bound)), -1)
 
 
-def _bias_per_expert(out, biases, probs, counts):   # each expert's rows plus its bias times the row's probability
+def _bias_per_expert(out, biases, probs, counts):  # each expert's rows plus its bias times the row's probability
     parts = zip(torch.split(out, counts), biases.unbind(0), torch.split(probs, counts))
     return torch.cat([rows + b * p for rows, b, p in parts]).to(out.dtype)
 
 
-def _rope_scaled(t, freqs, mscale=1.35):   # t·cos + rotate_half(t)·sin with scaled cos and sin, the pass-through
-    rot = freqs.shape[-1]                 # part (empty here) joined back
+def _rope_scaled(t, freqs, mscale=1.35):  # t·cos + rotate_half(t)·sin with scaled cos and sin, the pass-through
+    rot = freqs.shape[-1]  # part (empty here) joined back
     t, rest = t[..., :rot], t[..., rot:]
     cos, sin = (torch.cos(freqs) * mscale).to(t.dtype), (torch.sin(freqs) * mscale).to(t.dtype)
     first, second = torch.chunk(t, 2, dim=-1)
@@ -61,9 +62,25 @@ def _rope_scaled(t, freqs, mscale=1.35):   # t·cos + rotate_half(t)·sin with s
 
 
 def _oss(**kw):
-    return sim.transformer(2, 64, 4, seq_len=32, vocab=100, kv_heads=2, ffn_hidden=64, gated_mlp=True, norm="rmsnorm",
-                           position="rope", dropout=False, experts=4, top_k=2, expert_bias=True, router_bias=True,
-                           activation_clamp=7.0, **kw)
+    return sim.transformer(
+        2,
+        64,
+        4,
+        seq_len=32,
+        vocab=100,
+        kv_heads=2,
+        ffn_hidden=64,
+        gated_mlp=True,
+        norm="rmsnorm",
+        position="rope",
+        dropout=False,
+        experts=4,
+        top_k=2,
+        expert_bias=True,
+        router_bias=True,
+        activation_clamp=7.0,
+        **kw,
+    )
 
 
 def test_priced_bytes_are_the_dispatched_reads_and_writes():
@@ -110,10 +127,10 @@ def test_moe_act_recompute_runs_the_clamps_again():
 def test_gpt_oss_states_its_clamp_and_expert_bias():
     m = sim.llama_size("gpt-oss-120b")
     assert m.activation_clamp == 7.0 and m.expert_bias
-    assert m.params == pytest.approx(116.83e9, rel=1e-4)   # the clamp adds no parameters (model card: 116.83B)
+    assert m.params == pytest.approx(116.83e9, rel=1e-4)  # the clamp adds no parameters (model card: 116.83B)
     assert not sim.llama_size("qwen3-30b-a3b").expert_bias
-    assert _oss().expert_bias   # the switch reaches the spec
-    assert not sim.transformer(2, 64, 4, expert_bias=True).expert_bias   # no experts: nothing to bias
+    assert _oss().expert_bias  # the switch reaches the spec
+    assert not sim.transformer(2, 64, 4, expert_bias=True).expert_bias  # no experts: nothing to bias
     with pytest.raises(ValueError, match="activation_clamp"):
         replace(m, activation_clamp=-1.0)
 
@@ -146,7 +163,7 @@ def test_yarn_rope_with_a_scale_is_priced_unfused_on_the_query_width():
     assert m.heads * d != m.hidden
     ops = {op.name: op.bytes for phase in layer_ops(m, b, attention="flash").values() for op in phase}
     measured = [0, 0]
-    for heads in (m.heads, m.kv):   # Megatron-Core's layout [s, b, heads, d], one call for Q and one for K
+    for heads in (m.heads, m.kv):  # Megatron-Core's layout [s, b, heads, d], one call for Q and one for K
         x, freqs = torch.randn(s, b, heads, d, dtype=torch.bfloat16, requires_grad=True), torch.randn(s, 1, 1, d)
         fwd, bwd = _traffic(lambda q: _rope_scaled(q, freqs, mscale=m.rope_mscale), [x])
         measured = [measured[0] + fwd, measured[1] + bwd]

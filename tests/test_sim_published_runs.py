@@ -1,6 +1,7 @@
 """The simulator on today's runs: Llama-style models, fused attention, FSDP, the broad validation set.
 
 Pure arithmetic (no processes): a few seconds in all."""
+
 import collections
 import dataclasses
 
@@ -21,8 +22,20 @@ def test_validation_set_is_broad_sourced_and_split_by_a_fixed_rule(table):
     assert len(table) >= 100 and table.source.nunique() >= 4
     assert all(r["source_url"].startswith("https://github.com/") and r["table"] for r in rows)
     # every input stated: shapes, layout, batch, precision, attention, the measured number
-    for key in ("layers", "hidden", "heads", "seq_len", "gpus", "micro_batch", "global_batch", "precision",
-                "attention", "recompute", "sharding", "measured"):
+    for key in (
+        "layers",
+        "hidden",
+        "heads",
+        "seq_len",
+        "gpus",
+        "micro_batch",
+        "global_batch",
+        "precision",
+        "attention",
+        "recompute",
+        "sharding",
+        "measured",
+    ):
         assert all(r[key] not in ("", None) for r in rows), key
     # the split rule: within each source, in file order, even positions fit, odd test
     seen = collections.Counter()
@@ -49,8 +62,11 @@ def test_llama_is_expressible_with_published_parameter_counts():
     assert sim.llama_size("llama3-405b").params / 1e9 == pytest.approx(405.85, abs=0.05)
     m = sim.llama_size("llama3-8b")
     assert (m.kv, m.ffn, m.qkv_width, m.up_width) == (8, 14336, 4096 + 2 * 8 * 128, 2 * 14336)
-    p = sim.predict(m, sim.dgx_h100(), sim.Strategy(dp=8, micro_batch=1, zero_stage=3, fsdp=True,
-                                                      attention="flash", recompute="full"))
+    p = sim.predict(
+        m,
+        sim.dgx_h100(),
+        sim.Strategy(dp=8, micro_batch=1, zero_stage=3, fsdp=True, attention="flash", recompute="full"),
+    )
     assert p.fits and 0.2 < p.mfu < 0.8
     with pytest.raises(ValueError, match="kv_heads"):
         sim.transformer(2, 64, 8, kv_heads=3)
@@ -62,8 +78,8 @@ def test_flash_attention_flops_and_memory():
     fwd = next(o for o in ops["forward"] if o.kind == "attention")
     bwd = next(o for o in ops["backward"] if o.kind == "attention")
     s, d, heads = 4096, 128, 32
-    assert fwd.flops == pytest.approx(2 * s * s * d * heads)        # causal: half of 4·s²·d per head
-    assert bwd.flops == pytest.approx(2.5 * fwd.flops)               # Dao 2023: backward 2.5× forward
+    assert fwd.flops == pytest.approx(2 * s * s * d * heads)  # causal: half of 4·s²·d per head
+    assert bwd.flops == pytest.approx(2.5 * fwd.flops)  # Dao 2023: backward 2.5× forward
     assert not any(o.name.startswith("scores") for o in ops["forward"])
     unfused = memory.activation_bytes_per_layer(m, 1, attention="unfused")
     fused = memory.activation_bytes_per_layer(m, 1, attention="flash")
@@ -72,15 +88,16 @@ def test_flash_attention_flops_and_memory():
     assert unfused - fused == pytest.approx(2 * heads * s * s)
     # Megatron's GPT (MHA, GeLU 4h, dropout) is still s·b·h·(34 + 5as/h)
     g = sim.gpt(4, 1024, 16, seq_len=512)
-    assert memory.activation_bytes_per_layer(g, 2, attention="unfused", sequence_parallel=False) == \
-        pytest.approx(512 * 2 * 1024 * (34 + 5 * 16 * 512 / 1024))
+    assert memory.activation_bytes_per_layer(g, 2, attention="unfused", sequence_parallel=False) == pytest.approx(
+        512 * 2 * 1024 * (34 + 5 * 16 * 512 / 1024)
+    )
 
 
 def test_torchtitan_op_recompute_redoes_every_second_gemm():
     m = sim.llama_size("llama3-8b")
     again = layer.recompute_ops(layer.layer_ops(m, 1, attention="flash")["forward"], "op", m)
     gemms = [o.name for o in again if o.kind == "gemm"]
-    assert gemms == ["recompute K", "recompute attention out", "recompute MLP up"]   # mm 2, 4, 6 of Q K V O W1 W3 W2
+    assert gemms == ["recompute K", "recompute attention out", "recompute MLP up"]  # mm 2, 4, 6 of Q K V O W1 W3 W2
     assert all(o.kind in ("gemm", "memory") for o in again)
 
 
@@ -94,7 +111,7 @@ def test_fsdp_overlap_hides_all_gathers_behind_layer_compute_and_exposes_the_res
     ends = (f["per_micro_batch"] - m.layers * (2 * f["gather_per_layer"] + f["scatter_per_layer"])) / 2
     assert f["gather_per_layer"] < st["layer_forward"]
     assert f["exposed_per_micro_batch"] == pytest.approx(f["gather_per_layer"] + f["scatter_per_layer"] + ends)
-    slow = hw.with_(intra=sim.Link(1e-5, 1e9))                      # a 1 GB/s link: communication dominates
+    slow = hw.with_(intra=sim.Link(1e-5, 1e9))  # a 1 GB/s link: communication dominates
     f_slow = fsdp_comm(m, slow, s, st["layer_forward"], st["layer_backward"])
     assert f_slow["exposed_per_micro_batch"] > 0.5 * f_slow["per_micro_batch"]
     # hybrid sharding: shard in the node, replicate across; it must divide dp
@@ -112,7 +129,7 @@ def test_h100_presets_and_fp8():
     s = sim.Strategy(dp=8, micro_batch=8, zero_stage=3, fsdp=True, attention="flash")
     bf16 = sim.predict(m, today, s).step_time
     fp8 = sim.predict(m, today, s.replace(dtype="fp8")).step_time
-    assert 0.5 < fp8 / bf16 < 1.0                                    # GEMMs faster, casts and attention not
+    assert 0.5 < fp8 / bf16 < 1.0  # GEMMs faster, casts and attention not
     with pytest.raises(ValueError, match="software"):
         sim.dgx_h100("2030")
 
@@ -127,7 +144,7 @@ def test_tp_comm_overlap_hides_collectives_behind_gemms():
     assert overlapped["forward_comm"] >= plain["forward_comm"] / 8 * 0.999
     assert overlapped["forward"] > plain["forward"]
     gain = (plain["forward"] + plain["forward_comm"]) / (overlapped["forward"] + overlapped["forward_comm"]) - 1
-    assert 0 < gain < 0.35   # torchtitan measured up to ~29 % on the forward pass (async TP post, 2024)
+    assert 0 < gain < 0.35  # torchtitan measured up to ~29 % on the forward pass (async TP post, 2024)
     with pytest.raises(ValueError, match="sequence_parallel"):
         sim.Strategy(tp=8, tp_overlap=True)
 
@@ -147,5 +164,5 @@ def test_memory_against_torchtitans_published_figures():
         r = rows[run_id]
         p = sim.predict(runs.model_of(r), sim.hardware.dgx_h100(), runs.strategy_of(r))
         gib[run_id] = p.memory["total"] / 2**30
-        assert gib[run_id] < published   # below the reserved peak (how far below, the published figure cannot say)
+        assert gib[run_id] < published  # below the reserved peak (how far below, the published figure cannot say)
     assert abs((gib["torchtitan-008"] - gib["torchtitan-015"]) - (82.4 - 67.0)) < 2.0

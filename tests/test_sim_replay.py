@@ -1,4 +1,5 @@
 """Replays of the executors' schedule values give timeline tables; pipeline step times match the bubble formula."""
+
 import pytest
 
 from simlib import sim
@@ -36,10 +37,10 @@ def test_pipeline_replay_detects_a_deadlock():
 
 def test_data_parallel_replay_matches_predict():
     from simlib.models import MLP
+
     model = sim.from_module(MLP(256, 3))
     hw = sim.cpu_box()
-    s = sim.Strategy(dp=2, micro_batch=64, num_micro_batches=2, bucket_bytes=2 ** 18, dtype="fp32",
-                     optimizer="sgd")
+    s = sim.Strategy(dp=2, micro_batch=64, num_micro_batches=2, bucket_bytes=2**18, dtype="fp32", optimizer="sgd")
     df = replay.replay_data_parallel(model, hw, s, steps=3, warmup=1)
     assert list(df.columns) == COLUMNS and set(df["rank"]) == {0, 1}
     assert summarize(df)["step_time"] == pytest.approx(sim.predict(model, hw, s).step_time)
@@ -49,6 +50,7 @@ def test_data_parallel_replay_matches_predict():
 
 def test_per_stage_durations_and_the_measured_pipeline_prediction():
     from simlib.sim import validate
+
     # stage 1 twice as slow: the slow stage sets the pace, (m + p - 1) steps of the slow one roughly
     df = replay.replay_pipeline(schedules.one_f_one_b(2, 4), [1.0, 2.0], [2.0, 4.0])
     assert df[df.kind == "step"].end.max() == pytest.approx(1.0 + 4 * 6.0 + 2.0)

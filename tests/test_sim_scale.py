@@ -1,6 +1,7 @@
 """The simulator at cluster scale: context parallelism, mixtures of experts, uneven stages, partial recompute, the
 mapping from a trainer's Plan. Formulas checked by hand, and lesson 09's pricing (context_experts) as the
 small-scale check of the same collectives."""
+
 import pytest
 
 from simlib import sim
@@ -17,13 +18,13 @@ def llama8b(seq=8192):
 # ── models ──
 def test_moe_models_count_total_and_active_parameters():
     m = sim.llama_size("mixtral-8x7b")
-    assert m.params == pytest.approx(46.7e9, rel=0.01)              # Mixtral's model card: 46.7B total
+    assert m.params == pytest.approx(46.7e9, rel=0.01)  # Mixtral's model card: 46.7B total
     dense_mlp = 3 * 4096 * 14336
-    active = m.params - m.layers * 6 * dense_mlp                     # 2 of 8 experts per token
+    active = m.params - m.layers * 6 * dense_mlp  # 2 of 8 experts per token
     # model FLOPs count the active experts only (+ router and attention)
     assert 6 * active < m.flops_per_token() < 6 * active * 1.2
     d = sim.llama_size("deepseek-moe-16b")
-    assert d.params == pytest.approx(16.4e9, rel=0.02)               # DeepSeekMoE 16B
+    assert d.params == pytest.approx(16.4e9, rel=0.02)  # DeepSeekMoE 16B
     assert d.moe_layers == 27 and d.expert_width == 1408
     with pytest.raises(ValueError, match="top_k"):
         sim.transformer(2, 64, 4, experts=4, top_k=5)
@@ -59,7 +60,7 @@ def test_cp_splits_every_gemm_and_the_attention_by_cp():
     assert flops(four) == pytest.approx(flops(one) / 4)
     assert [op.collective for op in four["forward"] if op.kind == "comm"] == ["all_gather"]
     st1, st4 = gpt_stage(m, hw, base), gpt_stage(m, hw, base.replace(cp=4))
-    assert st1["forward"] / 4 * 0.999 < st4["forward"] < st1["forward"] / 3   # small GEMMs: never faster
+    assert st1["forward"] / 4 * 0.999 < st4["forward"] < st1["forward"] / 3  # small GEMMs: never faster
 
 
 def test_cp_collectives_by_hand_and_as_lesson_09_prices_them():
@@ -73,12 +74,12 @@ def test_cp_collectives_by_hand_and_as_lesson_09_prices_them():
     s = sim.Strategy(cp=cp, cp_kind="ring")
     place = topology.placement(s, hw, "cp")
     hop = topology.group_collective("p2p", kv_full / cp, place, hw)
-    assert hop == pytest.approx(context_experts._p2p(kv_full / cp, hw))         # lesson 09's hop on a preset
+    assert hop == pytest.approx(context_experts._p2p(kv_full / cp, hw))  # lesson 09's hop on a preset
     uly = cp_ops(m, b, 1, cp, "ulysses", w)
     q = w * b * 8192 // cp * m.hidden
     assert [op.bytes for op in uly["forward"]][0] == q
     a2a = topology.group_collective("all_to_all", q, place, hw)
-    assert a2a == pytest.approx(context_experts.all_to_all_time(q, cp, hw))     # lesson 09's all-to-all
+    assert a2a == pytest.approx(context_experts.all_to_all_time(q, cp, hw))  # lesson 09's all-to-all
 
 
 def test_ring_hops_hide_behind_attention_the_all_gather_does_not():
@@ -86,9 +87,9 @@ def test_ring_hops_hide_behind_attention_the_all_gather_does_not():
     s = sim.Strategy(cp=8, attention="flash", micro_batch=1, cp_kind="ring")
     ring = gpt_stage(m, hw, s)
     gathered = gpt_stage(m, hw, s.replace(cp_kind="allgather"))
-    assert ring["cp_comm"] == 0.0 < gathered["cp_comm"]       # a long sequence: each hop shorter than its block
+    assert ring["cp_comm"] == 0.0 < gathered["cp_comm"]  # a long sequence: each hop shorter than its block
     short = gpt_stage(sim.llama_size("llama3-8b", seq_len=2048), hw, s.replace(micro_batch=1))
-    assert short["cp_comm"] > 0                               # short blocks: the hops stick out
+    assert short["cp_comm"] > 0  # short blocks: the hops stick out
 
 
 # ── experts ──
@@ -104,7 +105,7 @@ def test_moe_dispatch_matches_lesson_09s_volume_and_grows_across_nodes():
     hw = sim.dgx_h100()
     inside = topology.group_collective("all_to_all", dispatch.bytes, topology.Placement("ep", 8, 8, 1), hw)
     across = topology.group_collective("all_to_all", dispatch.bytes, topology.Placement("ep", 16, 8, 2), hw)
-    assert across > 2 * inside                                 # half the buffer over a NIC, 8x slower than NVLink
+    assert across > 2 * inside  # half the buffer over a NIC, 8x slower than NVLink
     # an expert-parallel rank runs tokens × top_k rows through its experts, times the imbalance
     up = next(op for op in ops["forward"] if op.name.startswith("experts up"))
     assert up.count == 1 and up.shape[0] == tokens * 2
@@ -119,13 +120,14 @@ def test_moe_memory_splits_experts_over_ep():
     assert one["weights"] - eight["weights"] == pytest.approx(expert_bytes * 7 / 8)
     zero = sim.memory_per_device(m, s.replace(ep=8, zero_stage=1))
     dense = (m.params - m.expert_params) * 12
-    assert zero["optimizer"] == pytest.approx(dense / 8 + m.expert_params / 8 * 12)   # experts' states not split
+    assert zero["optimizer"] == pytest.approx(dense / 8 + m.expert_params / 8 * 12)  # experts' states not split
 
 
 def test_moe_step_slower_across_nodes_and_with_imbalance():
     m, hw = sim.llama_size("mixtral-8x7b", seq_len=4096), sim.dgx_h100()
-    s = sim.Strategy(dp=16, pp=4, ep=8, micro_batch=1, num_micro_batches=16, attention="flash",
-                     recompute="full", zero_stage=1)
+    s = sim.Strategy(
+        dp=16, pp=4, ep=8, micro_batch=1, num_micro_batches=16, attention="flash", recompute="full", zero_stage=1
+    )
     p = sim.predict(m, hw, s)
     assert p.breakdown["ep_comm"] > 0
     skew = sim.predict(m, hw, s.replace(expert_imbalance=1.3))
@@ -135,13 +137,13 @@ def test_moe_step_slower_across_nodes_and_with_imbalance():
 # ── pipelines and recomputation ──
 def test_uneven_stages_and_partial_recompute():
     s = sim.Strategy(pp=16, first_stage_layers=7, last_stage_layers=7)
-    assert s.stage_layers(126) == [7] + [8] * 14 + [7]       # Llama 3 405B's layout
+    assert s.stage_layers(126) == [7] + [8] * 14 + [7]  # Llama 3 405B's layout
     with pytest.raises(ValueError, match="do not split"):
         s.stage_layers(127)
     m, hw = sim.llama_size("llama3-70b"), sim.dgx_h100()
     even = sim.Strategy(tp=8, pp=4, micro_batch=1, num_micro_batches=8, attention="flash", sequence_parallel=True)
-    uneven = even.replace(first_stage_layers=18, last_stage_layers=18)     # 18 + 22 + 22 + 18
-    assert gpt_stage(m, hw, uneven)["forward"] > gpt_stage(m, hw, even)["forward"]   # a middle stage is longer
+    uneven = even.replace(first_stage_layers=18, last_stage_layers=18)  # 18 + 22 + 22 + 18
+    assert gpt_stage(m, hw, uneven)["forward"] > gpt_stage(m, hw, even)["forward"]  # a middle stage is longer
     full = even.replace(recompute="full")
     part = full.replace(recompute_layers=5)
     t = [gpt_stage(m, hw, x)["backward"] for x in (even, part, full)]
@@ -163,6 +165,7 @@ def test_dry_run_and_from_plan_are_one_mapping_and_price_pipelines_cp_and_ep():
     from simlib.dry_run import sim_model, strategy_for
     from simlib.projects.gpt.task import GPTTask
     from simlib.train import OptimConfig, Plan
+
     task = GPTTask.quick(moe_experts=4, moe_top_k=2)
     optim = OptimConfig()
     pipe = Plan(pp=2, pp_microbatches=4, accumulation=2)
@@ -198,25 +201,30 @@ def test_blackwell_presets_and_fp8_gemms():
     table = sim.operator_table(m, h100, s)
     scores = table[table.op == "scores Q·Kᵀ"].iloc[0]
     assert scores.tflops < 0.8 * h100.peak("bf16") / 1e12
-    delayed, current = (gpt_stage(m, h100, s.replace(fp8_recipe=r, attention="flash"))["forward"]
-                        for r in ("delayed", "current"))
+    delayed, current = (
+        gpt_stage(m, h100, s.replace(fp8_recipe=r, attention="flash"))["forward"] for r in ("delayed", "current")
+    )
     assert current > delayed
 
 
 # ── the cluster-scale validation set ──
 def test_scale_runs_are_stated_with_sources_and_a_fixed_split():
     from simlib.sim import scale_runs
+
     rows = scale_runs.load_rows()
     assert len(rows) >= 50 and all(r["source_url"].startswith("https://") for r in rows)
     by_group = {}
-    for r in rows:   # within each source and version, file order alternates fit, test
+    for r in rows:  # within each source and version, file order alternates fit, test
         by_group.setdefault((r["source"], r["version"]), []).append(r["split"])
     for splits in by_group.values():
         assert splits == ["fit" if i % 2 == 0 else "test" for i in range(len(splits))]
     kinds = {k for r in rows for k in scale_runs.kinds_of(r)}
     assert kinds == set(scale_runs.KINDS)
-    row = next(r for r in rows if r["model"] == "llama3-405b" and r["cp"] > 1 and r["gpu"] == "h100"
-               and r["source"] == "megatron-bridge")
+    row = next(
+        r
+        for r in rows
+        if r["model"] == "llama3-405b" and r["cp"] > 1 and r["gpu"] == "h100" and r["source"] == "megatron-bridge"
+    )
     out = scale_runs.predict_row(row)
     assert out["expressible"] and out["predicted"] > 0 and "long_context" in out["kinds"]
     dsv3 = scale_runs.predict_row(next(r for r in rows if r["model"] == "deepseek-v3"))
@@ -242,8 +250,9 @@ def test_ep_overlap_hides_the_all_to_alls_behind_a_layers_compute():
     """Megatron's overlap_moe_expert_parallel_comm: what fits in the layer's forward + backward compute is hidden,
     and that compute slows by the overlap's SM share (overlap.TP_OVERLAP_GEMM_SLOWDOWN of the hidden time)."""
     from simlib.sim.overlap import TP_OVERLAP_GEMM_SLOWDOWN
+
     m, hw = sim.llama_size("qwen3-30b-a3b"), sim.dgx_h100()
-    for dp, ep in ((8, 8), (32, 32)):   # inside one node: all hidden; across four nodes: partly exposed
+    for dp, ep in ((8, 8), (32, 32)):  # inside one node: all hidden; across four nodes: partly exposed
         s = sim.Strategy(dp=dp, ep=ep, attention="flash", micro_batch=1, num_micro_batches=4, zero_stage=1)
         plain, over = gpt_stage(m, hw, s), gpt_stage(m, hw, s.replace(ep_overlap=True))
         hidden = plain["ep_comm"] - over["ep_comm"]
@@ -259,11 +268,13 @@ def test_ep_overlap_hides_the_all_to_alls_behind_a_layers_compute():
 
 def test_recipe_settings_the_tables_do_not_show():
     from simlib.sim import scale_runs
+
     rows = [r for r in scale_runs.load_rows() if r["model"] == "qwen3-235b-a22b" and r["gpu"] == "h100"]
     assert len(rows) == 2
-    for r in rows:   # Megatron-Bridge's Qwen3-235B H100 configs: no TP comm overlap, EP all-to-all overlap
-        assert r["tp"] == 2 and scale_runs.recipe_settings(r) == dict(tp_overlap=False, ep_overlap=True,
-                                                                      recompute_modules=())
+    for r in rows:  # Megatron-Bridge's Qwen3-235B H100 configs: no TP comm overlap, EP all-to-all overlap
+        assert r["tp"] == 2 and scale_runs.recipe_settings(r) == dict(
+            tp_overlap=False, ep_overlap=True, recompute_modules=()
+        )
         assert "async_tp" not in scale_runs.kinds_of(r)
         s = scale_runs.strategy_of(r, sim.llama_size(r["model"], seq_len=r["seq_len"]))
         assert s.ep_overlap and not s.tp_overlap
@@ -277,18 +288,21 @@ def test_recompute_modules_rerun_their_operators_in_backward():
     """Megatron's --recompute-modules: backward re-runs exactly those operators' forward (moe_act: the experts'
     activation; mla_up_proj: MLA's up projections and rotary part)."""
     from simlib.sim.layer import module_recompute_ops, op_time, strategy_layer_ops
+
     hw = sim.dgx_h100()
     m = sim.llama_size("deepseek-v3")
     s = sim.Strategy(dp=8, ep=8, attention="flash", micro_batch=1, num_micro_batches=2, zero_stage=1)
     fwd = strategy_layer_ops(m, s, expert_layer=True)["forward"]
     again = module_recompute_ops(fwd, ("moe_act", "mla_up_proj"))
-    assert sorted(op.name for op in again) == sorted(["recompute experts SwiGLU", "recompute MLA q up",
-                                                      "recompute MLA kv up", "recompute rotary embedding on Q, K"])
+    assert sorted(op.name for op in again) == sorted(
+        ["recompute experts SwiGLU", "recompute MLA q up", "recompute MLA kv up", "recompute rotary embedding on Q, K"]
+    )
     base, more = gpt_stage(m, hw, s), gpt_stage(m, hw, s.replace(recompute_modules=("moe_act", "mla_up_proj")))
-    moe_layers = m.moe_layers + m.mtp_layers   # pp = 1: every layer here; the dense ones re-run MLA's part only
+    moe_layers = m.moe_layers + m.mtp_layers  # pp = 1: every layer here; the dense ones re-run MLA's part only
     dense_again = module_recompute_ops(strategy_layer_ops(m, s)["forward"], ("moe_act", "mla_up_proj"))
-    extra = moe_layers * sum(op_time(op, hw, s) for op in again) + \
-        m.dense_layers * sum(op_time(op, hw, s) for op in dense_again)
+    extra = moe_layers * sum(op_time(op, hw, s) for op in again) + m.dense_layers * sum(
+        op_time(op, hw, s) for op in dense_again
+    )
     assert more["backward"] - base["backward"] == pytest.approx(extra)
     assert more["forward"] == base["forward"]
     with pytest.raises(ValueError, match="recompute_modules"):

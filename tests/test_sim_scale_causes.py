@@ -1,5 +1,6 @@
 """Causes of the cluster-scale errors found in the cost model (``benchmarks/sim_scale.py``), each checked as a
 behaviour: what the term depends on, what it does not, and that a fitted term reads the fit half only."""
+
 import csv
 
 import pytest
@@ -65,12 +66,13 @@ def test_blackwell_softmax_exponentials_bound_the_attention_forward():
         name = "flash attention" + (" backward" if direction == "backward" else "")
         op = Op(name, "attention", 0.0, (8192, d, 8192), 64)
         return op, op_time(op, hw)
+
     b200, gb300, h100 = sim.preset("b200"), sim.preset("gb300"), sim.dgx_h100()
     op64, t64 = fwd(64, b200)
     op128, t128 = fwd(128, b200)
     assert op64.exps == op128.exps == 8192 * 8192 / 2 * 64
     assert t64 == pytest.approx(op64.exps / presets.BLACKWELL_EXP_RATE) == pytest.approx(t128)
-    assert t64 > op64.flops / attention_rate(b200, "forward")          # slower than the tensor cores alone
+    assert t64 > op64.flops / attention_rate(b200, "forward")  # slower than the tensor cores alone
     _, u64 = fwd(64, gb300)
     assert u64 < t64 and gb300.exp_rate == pytest.approx(2 * b200.exp_rate)
     back, tb = fwd(128, b200, "backward")
@@ -83,6 +85,7 @@ def test_fp8_expert_gemms_cast_their_gradients_as_a_dense_layer_does():
     """Under FP8 each grouped GEMM casts its input forward and its incoming gradient backward, with the bytes per
     element of the dense layer's casts (current scaling reads once more than delayed); bf16 has no cast."""
     from simlib.sim.layer import layer_ops
+
     m = sim.llama_size("qwen3-30b-a3b")
     dense = {op.name: op for op in layer_ops(m, 1, fp8="current", attention="flash")["backward"]}
     t, h, f = m.seq_len, m.hidden, m.ffn
@@ -94,8 +97,10 @@ def test_fp8_expert_gemms_cast_their_gradients_as_a_dense_layer_does():
         back = {op.name: op.bytes for op in ops["backward"] if "FP8" in op.name}
         fwd = {op.name: op.bytes for op in ops["forward"] if "FP8" in op.name}
         want = per_element if recipe == "current" else per_element - 2
-        assert back == {"experts down grad FP8 cast + transpose": want * rows * h,
-                        "experts up grad FP8 cast + transpose": want * rows * 2 * m.expert_width}
+        assert back == {
+            "experts down grad FP8 cast + transpose": want * rows * h,
+            "experts up grad FP8 cast + transpose": want * rows * 2 * m.expert_width,
+        }
         assert fwd == {"experts FP8 cast": want * rows * h, "experts FP8 cast (down)": want * rows * m.expert_width}
     assert not [op for op in cluster_ops.moe_ops(m, t, 1, 8)["backward"] if "FP8" in op.name]
 
@@ -108,13 +113,30 @@ def test_activation_offload_frees_memory_and_costs_only_what_compute_does_not_hi
     from simlib.sim import memory, offload, presets
 
     m = sim.llama_size("llama3-70b", seq_len=8192)
-    s = sim.Strategy(dp=64, micro_batch=2, num_micro_batches=2, zero_stage=3, fsdp=True, attention="flash",
-                     dtype="fp8", fp8_recipe="current")
-    layer = memory.activation_bytes_per_layer(m, 2, 1, "none", s.sequence_parallel, "flash",   # as memory counts it
-                                              memory.kept_value_bytes(s), **memory.saved_by(s))
+    s = sim.Strategy(
+        dp=64,
+        micro_batch=2,
+        num_micro_batches=2,
+        zero_stage=3,
+        fsdp=True,
+        attention="flash",
+        dtype="fp8",
+        fp8_recipe="current",
+    )
+    layer = memory.activation_bytes_per_layer(
+        m,
+        2,
+        1,
+        "none",
+        s.sequence_parallel,
+        "flash",  # as memory counts it
+        memory.kept_value_bytes(s),
+        **memory.saved_by(s),
+    )
     off = s.replace(offload_layers=20)
-    assert memory.memory_per_device(m, s)["activations"] - memory.memory_per_device(m, off)["activations"] == \
-        pytest.approx(20 * layer)
+    assert memory.memory_per_device(m, s)["activations"] - memory.memory_per_device(m, off)[
+        "activations"
+    ] == pytest.approx(20 * layer)
     gb300 = sim.preset("gb300")
     assert gb300.host_link == presets.GRACE_C2C_PER_GPU and sim.preset("b200").host_link == presets.PCIE5_X16
     assert sim.dgx_h100().host_link == presets.PCIE5_X16 and sim.cpu_box().host_link == 0.0

@@ -3,6 +3,7 @@
 ``benchmarks/planner_measured.py --memory-only`` holds the planner's memory per rank to the measured peak of
 every plan of the GPT project; these are the rules behind it, each against a hand count, and the measurement bug
 that made pipelines with recomputation look larger than without it (torch's per-op memory roll-up lost frees)."""
+
 import pytest
 
 from simlib import sim
@@ -10,7 +11,8 @@ from simlib.sim import memory
 
 # the GPT project's full size as the simulator sees it (simlib.dry_run.sim_model): fp32 on CPU, Adam
 GPT = sim.gpt(4, 128, 4, seq_len=64, vocab=1024, name="GPT 4x128").__class__(
-    **{**sim.gpt(4, 128, 4, seq_len=64, vocab=1024).__dict__, "dropout": False})
+    **{**sim.gpt(4, 128, 4, seq_len=64, vocab=1024).__dict__, "dropout": False}
+)
 
 
 def _course(**kw):
@@ -27,7 +29,7 @@ def test_whole_head_places_the_vocabulary_on_the_end_stages_and_keeps_it_whole_u
     assert first["weights"] == pytest.approx(4 * (blocks / 4 + V * h + s * h))
     assert last["weights"] == pytest.approx(4 * (blocks / 4 + V * h))
     mega = memory.memory_per_device(GPT, st.replace(head="parallel"), stage=0)
-    assert mega["weights"] == pytest.approx(4 * GPT.params / 4)   # Megatron: everything split, spread evenly
+    assert mega["weights"] == pytest.approx(4 * GPT.params / 4)  # Megatron: everything split, spread evenly
 
 
 def test_the_largest_stage_is_priced_for_the_course_and_the_first_for_megatron():
@@ -60,20 +62,30 @@ def test_from_plan_and_the_planner_price_the_course_head():
     (a head the plan cannot say would have been refused as a missing knob)."""
     from simlib.plan import Plan
     from simlib.projects.gpt import GPTTask
+
     assert sim.Strategy.from_plan(Plan(tp=2, dp=2), 32).head == "whole"
     task = GPTTask.quick()
-    res = sim.plan(sim_model(task), "cpu", devices=2, global_batch=task.global_batch, task=task, trainer_only=True,
-                   space=dict(zero_stage=(0,), recompute=("none",), num_micro_batches=(1,)))
+    res = sim.plan(
+        sim_model(task),
+        "cpu",
+        devices=2,
+        global_batch=task.global_batch,
+        task=task,
+        trainer_only=True,
+        space=dict(zero_stage=(0,), recompute=("none",), num_micro_batches=(1,)),
+    )
     assert res.ranked and all(e["strategy"].head == "whole" for e in res.ranked)
 
 
 def sim_model(task):
     from simlib.dry_run import sim_model as f
+
     return f(task)
 
 
 def _peaks(task, plan):
     from simlib.train import train
+
     record = train(task, plan, steps=2, log_every=2, warmup=1, verbose=False)
     return record.summary["peak_memory_by_rank"]
 
@@ -84,6 +96,7 @@ def test_recomputation_lowers_the_measured_peak_of_a_pipeline(cluster2):
     measured it higher than without recomputation; the allocation records themselves do not."""
     from simlib.plan import Plan
     from simlib.projects.gpt import GPTTask
+
     task = GPTTask.quick(global_batch=32)
     plain = cluster2.call(_peaks, (task, Plan(pp=2, pp_microbatches=4)))[0]
     ckpt = cluster2.call(_peaks, (task, Plan(pp=2, pp_microbatches=4, activation_checkpointing=True)))[0]
@@ -101,6 +114,7 @@ def test_allocation_trace_balances():
         a = torch.ones(256, 256)
         b = a @ a
         del a, b
+
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     trace = allocation_trace(prof)
@@ -115,15 +129,25 @@ def test_train_counting_state_adds_the_static_bytes(cluster2):
     from simlib.plan import Plan
     from simlib.projects.gpt import GPTTask
     from simlib.projects.runner import train_on
+
     task = GPTTask.quick()
-    record, _ = train_on(2, task, Plan(dp=2), cluster=cluster2, steps=2, log_every=2, warmup=1, verbose=False,
-                         train_fn=train_counting_state)
+    record, _ = train_on(
+        2,
+        task,
+        Plan(dp=2),
+        cluster=cluster2,
+        steps=2,
+        log_every=2,
+        warmup=1,
+        verbose=False,
+        train_fn=train_counting_state,
+    )
     ranks = record.summary["memory_ranks"]
     model = task.build_model()
     params, tensors = 4 * model.cfg.num_parameters(), len(list(model.parameters()))
     assert [r["params"] for r in ranks] == [params] * 2
     assert [r["optimizer"] for r in ranks] == [2 * params + 4 * tensors] * 2
-    assert [r["grads"] for r in ranks] == [params] * 2   # the last step's, freed as the measured step starts
+    assert [r["grads"] for r in ranks] == [params] * 2  # the last step's, freed as the measured step starts
     assert measured_memory(ranks) == max(r["params"] + r["optimizer"] + r["grads"] + r["step_peak"] for r in ranks)
 
 
@@ -136,6 +160,7 @@ def test_a_free_on_another_thread_counts():
     import torch
 
     from simlib.parallel.accumulate import count_every_thread, peak_memory
+
     nbytes = 1 << 20
 
     def fn():
@@ -144,6 +169,7 @@ def test_a_free_on_another_thread_counts():
         t.start()
         t.join()
         return torch.ones(nbytes // 4)
+
     if not count_every_thread():
         pytest.skip("this torch build has no FLAGS_caffe2_report_cpu_memory_usage in libc10")
     assert peak_memory(fn) == nbytes

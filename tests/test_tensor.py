@@ -1,4 +1,5 @@
 """Tensor-parallel layers: outputs and gradients equal to the unsplit layers on 2 and 4 ranks."""
+
 import pytest
 import torch
 
@@ -18,12 +19,19 @@ def _tp_block(kind, hidden=16, num_heads=4, batch=2, seq=5, seed=0):
     y = tp(x)
     forward_calls = len(log.calls)
     (y * torch.arange(y.numel()).view_as(y).sin()).sum().backward()  # a loss that weighs every output
-    return dict(y=y.detach(), x_grad=x.grad, forward_calls=forward_calls, calls=log.calls,
-                grads={n: p.grad for n, p in tp.named_parameters()}, world_size=dist.get_world_size())
+    return dict(
+        y=y.detach(),
+        x_grad=x.grad,
+        forward_calls=forward_calls,
+        calls=log.calls,
+        grads={n: p.grad for n, p in tp.named_parameters()},
+        world_size=dist.get_world_size(),
+    )
 
 
 def _reference(kind, hidden=16, num_heads=4, batch=2, seq=5, seed=0):
     from simlib.models import FeedForward, SelfAttention
+
     torch.manual_seed(seed)
     dense = FeedForward(hidden) if kind == "mlp" else SelfAttention(hidden, num_heads)
     x = torch.randn(batch, seq, hidden, requires_grad=True)
@@ -34,6 +42,7 @@ def _reference(kind, hidden=16, num_heads=4, batch=2, seq=5, seed=0):
 
 def _check(results, kind, hidden=16, num_heads=4):
     from simlib.parallel.tensor import comm_volume
+
     dense, y, x_grad = _reference(kind)
     t = len(results)
     for rank, r in enumerate(results):
@@ -50,7 +59,7 @@ def _check(results, kind, hidden=16, num_heads=4):
             torch.testing.assert_close(r["grads"]["fc2.bias"], dense.fc2.bias.grad)
         else:
             heads, d = num_heads // t, hidden // num_heads
-            rows = torch.arange(3 * hidden).view(3, num_heads, d)[:, rank * heads:(rank + 1) * heads].reshape(-1)
+            rows = torch.arange(3 * hidden).view(3, num_heads, d)[:, rank * heads : (rank + 1) * heads].reshape(-1)
             torch.testing.assert_close(r["grads"]["qkv.weight"], dense.qkv.weight.grad[rows])
             cols = slice(rank * heads * d, (rank + 1) * heads * d)
             torch.testing.assert_close(r["grads"]["out.weight"], dense.out.weight.grad[:, cols])
@@ -71,6 +80,7 @@ def _dtensor_mlp(hidden=16, seed=0):
 
     from simlib.models import FeedForward
     from simlib.parallel import tensor
+
     torch.manual_seed(seed)
     dense = FeedForward(hidden)
     x = torch.randn(2, 5, hidden)
@@ -86,6 +96,7 @@ def test_dtensor_reference_agrees(cluster2):
 
 def test_split_must_divide():
     from simlib.parallel.tensor import _split
+
     with pytest.raises(ValueError, match="divisible"):
         _split(10, 4, "num_heads")
 
@@ -111,8 +122,11 @@ def _sequence_parallel_gpt():
     weight = torch.randn(part.shape, generator=torch.Generator().manual_seed(10 + rank))
     (part * weight).sum().backward()
     total = t * (t + 1) // 2
-    out["pair"] = (full.shape == (2, 3 * t, 4), float((part - total * local).abs().max()),
-                   float((local.grad - total * weight).abs().max()))
+    out["pair"] = (
+        full.shape == (2, 3 * t, 4),
+        float((part - total * local).abs().max()),
+        float((local.grad - total * weight).abs().max()),
+    )
     for sp in (False, True):
         model, log = task.build_model(), tensor.CommLog()
         gpt.tensor_parallel(model, dist.group.WORLD, log, sequence_parallel=sp)
@@ -127,20 +141,28 @@ def _sequence_parallel_gpt():
             if t.is_floating_point() and t.data_ptr() not in params:  # (not token ids nor positions)
                 saved[t.data_ptr()] = max(saved.get(t.data_ptr(), 0), t.untyped_storage().nbytes())
             return t
+
         with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
             logits = model(x)
         task.loss(logits, y).backward()
-        split = {id(p) for m in model.modules() if isinstance(m, (tensor.ColumnParallelLinear,
-                                                                  tensor.RowParallelLinear))
-                 for p in ([m.weight, m.bias] if isinstance(m, tensor.ColumnParallelLinear) else [m.weight])}
+        split = {
+            id(p)
+            for m in model.modules()
+            if isinstance(m, (tensor.ColumnParallelLinear, tensor.RowParallelLinear))
+            for p in ([m.weight, m.bias] if isinstance(m, tensor.ColumnParallelLinear) else [m.weight])
+        }
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         for n, p in model.named_parameters():  # sum the replicated weights' gradients, as parallelize does
             if id(p) not in split and sp:
                 dist.all_reduce(grads[n])
-        out[sp] = dict(logits=logits.detach(), held=held, grads=grads, saved=sum(saved.values()),
-                       bytes={k: sum(c[2] for c in log.calls if c[0].startswith(k)) for k in ("f:", "g:", "column",
-                                                                                           "row", "sp:")},
-                       names=sorted({c[0] for c in log.calls}))
+        out[sp] = dict(
+            logits=logits.detach(),
+            held=held,
+            grads=grads,
+            saved=sum(saved.values()),
+            bytes={k: sum(c[2] for c in log.calls if c[0].startswith(k)) for k in ("f:", "g:", "column", "row", "sp:")},
+            names=sorted({c[0] for c in log.calls}),
+        )
     return out
 
 
@@ -151,6 +173,7 @@ def test_sequence_parallel_gpt_holds_s_over_t_and_matches_tp(cluster2):
     all-gather) plus the backward's re-gather of each column layer's input."""
     from simlib.parallel.step_memory import sequence_parallel_outside
     from simlib.projects.gpt import GPTTask
+
     task = GPTTask.quick()
     outs = cluster2.call(_sequence_parallel_gpt, timeout=60)
     t, b, s, h = 2, task.global_batch, task.seq_len, task.hidden
@@ -165,7 +188,7 @@ def test_sequence_parallel_gpt_holds_s_over_t_and_matches_tp(cluster2):
         held_bytes = {k: sum(4 * x * y * z for x, y, z in out[k]["held"]) for k in (False, True)}
         assert held_bytes[True] * t == held_bytes[False] == lns * b * s * h * 4
         assert "f: all-reduce dL/dx" not in sp["names"] and "sp: reduce-scatter dL/dx" in sp["names"]
-        block_bytes = tp["bytes"]["row"] + tp["bytes"]["column"]   # 2 per block, forward and backward
+        block_bytes = tp["bytes"]["row"] + tp["bytes"]["column"]  # 2 per block, forward and backward
         assert block_bytes == 4 * task.num_layers * b * s * h * 4
         logits_bytes = sp["logits"].numel() * 4  # the one extra: the logits gathered for the loss
         # each all-reduce of P bytes becomes a reduce-scatter and an all-gather of P (payloads logged): twice the
@@ -196,6 +219,7 @@ def test_sequence_parallel_lowers_a_whole_steps_peak_by_the_formula(cluster2):
     from simlib.parallel.step_memory import sequence_parallel_saving
     from simlib.projects.gpt import GPTTask
     from simlib.train import Plan
+
     task = GPTTask.quick()
     saving = sequence_parallel_saving(task, 2)
     runs = {sp: cluster2.call(step_peak, (task, Plan(tp=2, sequence_parallel=sp)), timeout=120) for sp in (False, True)}

@@ -1,4 +1,5 @@
 """Timeline tables: hand-built spans give hand-computed summaries; the real recorder fills the same shape."""
+
 import matplotlib
 import pandas as pd
 import pytest
@@ -15,12 +16,15 @@ def _rows():
     for r in (0, 1):
         for s in range(3):
             t = 10.0 * s + 0.1 * r
-            rows.append(dict(rank=r, step=s, kind="step", name=f"step {s}", start=t, end=t + 2.0, duration=2.0,
-                             warmup=s == 0))
-            rows.append(dict(rank=r, step=s, kind="forward", name="forward", start=t, end=t + 0.5, duration=0.5,
-                             warmup=s == 0))
-            rows.append(dict(rank=r, step=s, kind="comm", name="comm", start=t + 1.0, end=t + 1.5,
-                             duration=0.5, warmup=s == 0))
+            rows.append(
+                dict(rank=r, step=s, kind="step", name=f"step {s}", start=t, end=t + 2.0, duration=2.0, warmup=s == 0)
+            )
+            rows.append(
+                dict(rank=r, step=s, kind="forward", name="forward", start=t, end=t + 0.5, duration=0.5, warmup=s == 0)
+            )
+            rows.append(
+                dict(rank=r, step=s, kind="comm", name="comm", start=t + 1.0, end=t + 1.5, duration=0.5, warmup=s == 0)
+            )
     return rows
 
 
@@ -64,8 +68,15 @@ def test_gantt_and_scaling_figure(tmp_path):
     ax = plots.gantt(to_frame(_rows()))
     assert "step 1" in ax.get_title()
     assert len(ax.patches) == 6  # 2 ranks x (step bar + forward + comm)
-    table = pd.DataFrame(dict(world_size=[1, 2, 4], speedup=[1.0, 1.7, 1.5], efficiency=[1.0, 0.85, 0.37],
-                              comm_fraction=[0.0, 0.1, 0.3], baseline=[None, None, None]))
+    table = pd.DataFrame(
+        dict(
+            world_size=[1, 2, 4],
+            speedup=[1.0, 1.7, 1.5],
+            efficiency=[1.0, 0.85, 0.37],
+            comm_fraction=[0.0, 0.1, 0.3],
+            baseline=[None, None, None],
+        )
+    )
     table.attrs["cores"] = 2
     fig = plots.scaling_figure(table, tmp_path / "s.png")
     assert (tmp_path / "s.png").stat().st_size > 10_000
@@ -74,13 +85,15 @@ def test_gantt_and_scaling_figure(tmp_path):
 
 
 def test_exposed_comm_counts_only_what_compute_does_not_hide():
-    rows = [dict(rank=0, step=0, kind="step", name="s", start=0.0, end=4.0, duration=4.0, warmup=False),
-            dict(rank=0, step=0, kind="backward", name="b", start=0.0, end=2.0, duration=2.0, warmup=False),
-            # two async all-reduces: [1, 2.5] half hidden by backward, [1.5, 3] overlaps the first
-            dict(rank=0, step=0, kind="comm", name="c1", start=1.0, end=2.5, duration=1.5, warmup=False),
-            dict(rank=0, step=0, kind="comm", name="c2", start=1.5, end=3.0, duration=1.5, warmup=False)]
+    rows = [
+        dict(rank=0, step=0, kind="step", name="s", start=0.0, end=4.0, duration=4.0, warmup=False),
+        dict(rank=0, step=0, kind="backward", name="b", start=0.0, end=2.0, duration=2.0, warmup=False),
+        # two async all-reduces: [1, 2.5] half hidden by backward, [1.5, 3] overlaps the first
+        dict(rank=0, step=0, kind="comm", name="c1", start=1.0, end=2.5, duration=1.5, warmup=False),
+        dict(rank=0, step=0, kind="comm", name="c2", start=1.5, end=3.0, duration=1.5, warmup=False),
+    ]
     s = summarize(to_frame(rows, relative=False))
-    assert s["comm_time"] == pytest.approx(3.0)          # the spans add up
+    assert s["comm_time"] == pytest.approx(3.0)  # the spans add up
     assert s["exposed_comm_time"] == pytest.approx(1.0)  # the step waits only for [2, 3]
     assert s["exposed_comm_fraction"] == pytest.approx(0.25)
 
@@ -89,6 +102,7 @@ def test_a_blocking_collective_inside_a_compute_span_is_exposed():
     """A comm span opened inside the optimizer span (the non-finite check's all-reduce) is cut out of it: the
     optimizer is recorded as the pieces around it, and the collective counts as exposed, as in a profiler trace."""
     import time
+
     tl = Timeline(rank=0)
     with tl.step(0):
         with tl.span("optimizer"):

@@ -1,4 +1,5 @@
 """Standard traces (simlib.debug.trace): torch.profiler on every rank, merged into one Chrome trace."""
+
 import json
 import os
 
@@ -6,11 +7,19 @@ import os
 def _profiled_gpt(out_dir):
     import torch.distributed as dist
 
-    from simlib.projects.gpt import run as project_gpt
     from simlib.debug import trace
+    from simlib.projects.gpt import run as project_gpt
     from simlib.train import train
-    cfg = {**project_gpt.settings(quick=True), "steps": 4, "eval_every": 0, "log_every": 10, "verbose": False,
-           "measure_memory": False, "warmup": 1}
+
+    cfg = {
+        **project_gpt.settings(quick=True),
+        "steps": 4,
+        "eval_every": 0,
+        "log_every": 10,
+        "verbose": False,
+        "measure_memory": False,
+        "warmup": 1,
+    }
     task = cfg.pop("task")
     with trace.profile(out_dir) as prof:
         record = train(task, project_gpt.plan_for("dp", dist.get_world_size()), **cfg)
@@ -19,6 +28,7 @@ def _profiled_gpt(out_dir):
 
 def test_merged_trace_has_a_row_per_rank_and_a_communication_track(cluster2, tmp_path):
     from simlib.debug import trace
+
     (path, record_exposed), (other, _) = cluster2.run(_profiled_gpt, str(tmp_path))
     assert other is None and path == str(tmp_path / "trace.json")  # rank 0 merges
     data = json.loads((tmp_path / "trace.json").read_text())  # valid JSON, Chrome's trace format
@@ -42,8 +52,12 @@ def test_merged_trace_has_a_row_per_rank_and_a_communication_track(cluster2, tmp
 
 # ── the trace format (Chrome's trace event format, as Perfetto, chrome://tracing and speedscope read it) ──
 NS = 1e-3  # µs: viewers read times to the nanosecond; a child ending within 1 ns of its parent still nests
-NAMED_META = {"process_name": "name", "thread_name": "name", "process_sort_index": "sort_index",
-              "thread_sort_index": "sort_index"}
+NAMED_META = {
+    "process_name": "name",
+    "thread_name": "name",
+    "process_sort_index": "sort_index",
+    "thread_sort_index": "sort_index",
+}
 
 
 def format_problems(data) -> list:
@@ -87,8 +101,10 @@ def format_problems(data) -> list:
             while open_ and open_[-1][1] <= start + NS:
                 open_.pop()
             if open_ and end > open_[-1][1] + NS:
-                problems.append(f"track ({pid}, {tid}): {e['name']!r} [{start:.3f}, {end:.3f}] overlaps "
-                                f"{open_[-1][0]!r} (ends {open_[-1][1]:.3f}) without nesting")
+                problems.append(
+                    f"track ({pid}, {tid}): {e['name']!r} [{start:.3f}, {end:.3f}] overlaps "
+                    f"{open_[-1][0]!r} (ends {open_[-1][1]:.3f}) without nesting"
+                )
             open_.append((e["name"], end))
     return problems
 
@@ -98,35 +114,61 @@ def _rank_file(path, rank, spans):
     a Gloo thread 8 with a copy inside its all-reduce), five clock marks, and the course's spans (seconds on the
     profiler's clock, so the merge places them where they are given)."""
     marks = [100.0 + k for k in range(5)]
-    events = [{"ph": "M", "name": "thread_name", "pid": 7, "tid": 7, "ts": 0, "args": {"name": "main"}},
-              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 1000.0, "dur": 400.0},
-              {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 7, "tid": 7, "ts": 1400.0, "dur": 5.0},
-              {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 7, "tid": 8, "ts": 1410.0,
-               "dur": 300.0},
-              {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "pid": 7, "tid": 8, "ts": 1500.0, "dur": 10.0},
-              *({"ph": "X", "cat": "user_annotation", "name": "simlib.clock", "pid": 7, "tid": 7, "ts": m,
-                 "dur": 1.0} for m in marks)]
-    data = {"distributedInfo": {"rank": rank}, "baseTimeNanoseconds": 0, "traceEvents": events,
-            "simlibSpans": {"clock": [m / 1e6 for m in marks],
-                            "spans": [dict(kind=k, name=n, step=1, warmup=False, start=a / 1e6, end=b / 1e6)
-                                      for k, n, a, b in spans]}}
+    events = [
+        {"ph": "M", "name": "thread_name", "pid": 7, "tid": 7, "ts": 0, "args": {"name": "main"}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 1000.0, "dur": 400.0},
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 7, "tid": 7, "ts": 1400.0, "dur": 5.0},
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "gloo:all_reduce",
+            "pid": 7,
+            "tid": 8,
+            "ts": 1410.0,
+            "dur": 300.0,
+        },
+        {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "pid": 7, "tid": 8, "ts": 1500.0, "dur": 10.0},
+        *(
+            {"ph": "X", "cat": "user_annotation", "name": "simlib.clock", "pid": 7, "tid": 7, "ts": m, "dur": 1.0}
+            for m in marks
+        ),
+    ]
+    data = {
+        "distributedInfo": {"rank": rank},
+        "baseTimeNanoseconds": 0,
+        "traceEvents": events,
+        "simlibSpans": {
+            "clock": [m / 1e6 for m in marks],
+            "spans": [dict(kind=k, name=n, step=1, warmup=False, start=a / 1e6, end=b / 1e6) for k, n, a, b in spans],
+        },
+    }
     path.write_text(json.dumps(data))
     return path
 
 
 # the spans of one data-parallel step: buckets in flight overlap each other and the main thread's wait
-DP_STEP = [("step", "step 1", 990, 1800), ("forward", "forward", 1000, 1200), ("backward", "backward", 1200, 1405),
-           ("comm", "bucket 0", 1380, 1700), ("comm", "bucket 1", 1400, 1720), ("wait", "wait for buckets", 1405, 1730),
-           ("optimizer", "optimizer", 1730, 1790)]
+DP_STEP = [
+    ("step", "step 1", 990, 1800),
+    ("forward", "forward", 1000, 1200),
+    ("backward", "backward", 1200, 1405),
+    ("comm", "bucket 0", 1380, 1700),
+    ("comm", "bucket 1", 1400, 1720),
+    ("wait", "wait for buckets", 1405, 1730),
+    ("optimizer", "optimizer", 1730, 1790),
+]
 
 
 def test_merged_trace_keeps_the_format(tmp_path):
     from simlib.debug import trace
+
     merged = trace.merge([_rank_file(tmp_path / f"rank{r}.json", r, DP_STEP) for r in (0, 1)])
     assert format_problems(merged) == []
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in merged["traceEvents"] if e["name"] == "thread_name"}
-    where = {e["name"]: threads[(e["pid"], e["tid"])] for e in merged["traceEvents"]
-             if e["ph"] == "X" and e["pid"] == 0 and e.get("cat") == "simlib"}
+    where = {
+        e["name"]: threads[(e["pid"], e["tid"])]
+        for e in merged["traceEvents"]
+        if e["ph"] == "X" and e["pid"] == 0 and e.get("cat") == "simlib"
+    }
     assert where["wait for buckets"] == "simlib waits"
     assert {where["bucket 0"], where["bucket 1"]} == {"simlib comm spans", "simlib comm spans (2)"}
     assert where["step 1"] == "simlib steps" and where["forward"] == where["optimizer"] == "simlib spans"
@@ -136,9 +178,12 @@ def test_merged_trace_keeps_the_format(tmp_path):
 
 def test_the_format_check_catches_a_staircase_and_unnamed_metadata(tmp_path):
     from simlib.debug import trace
+
     merged = trace.merge([_rank_file(tmp_path / "rank0.json", 0, DP_STEP)])
-    onto_one = [dict(e, tid=3) if e.get("cat") == "simlib" and e["args"]["kind"] in ("comm", "wait") else e
-                for e in merged["traceEvents"]]
+    onto_one = [
+        dict(e, tid=3) if e.get("cat") == "simlib" and e["args"]["kind"] in ("comm", "wait") else e
+        for e in merged["traceEvents"]
+    ]
     problems = format_problems({"traceEvents": onto_one})
     assert any("'bucket 1'" in p and "without nesting" in p for p in problems), problems
     no_ts = [{k: v for k, v in e.items() if not (e["ph"] == "M" and k == "ts")} for e in merged["traceEvents"]]
@@ -147,11 +192,15 @@ def test_the_format_check_catches_a_staircase_and_unnamed_metadata(tmp_path):
 
 def test_lanes_nest_every_track():
     from simlib.debug.trace import lanes
+
     spans = [(0, 10), (1, 5), (4, 12), (6, 8), (11, 13), (2, 3)]
     lane = lanes(spans)
     assert lane == [0, 0, 1, 0, 0, 0]  # (4, 12) straddles (0, 10)'s end: its own track; (6, 8) nests in (0, 10)
-    meta = [{"ph": "M", "name": n, "pid": 0, "tid": k, "ts": 0, "args": {"name": "x"}}
-            for k in (0, 1) for n in ("process_name", "thread_name")]
+    meta = [
+        {"ph": "M", "name": n, "pid": 0, "tid": k, "ts": 0, "args": {"name": "x"}}
+        for k in (0, 1)
+        for n in ("process_name", "thread_name")
+    ]
     xs = [{"ph": "X", "name": str(s), "pid": 0, "tid": k, "ts": s[0], "dur": s[1] - s[0]} for s, k in zip(spans, lane)]
     assert format_problems({"traceEvents": meta + xs}) == []
     assert format_problems({"traceEvents": meta + [dict(e, tid=0) for e in xs]}) != []
@@ -161,8 +210,11 @@ def test_profiling_prints_nothing_on_stderr(tmp_path):
     """Kineto's 'USDT: ... profiler_start' lines went to stderr (red in a notebook, once per rank and start)."""
     import subprocess
     import sys
-    code = ("import torch\nfrom simlib.debug import trace\n"
-            f"with trace.profile({str(tmp_path)!r}) as prof:\n    torch.ones(64, 64).sum()\nprint(prof.path)")
+
+    code = (
+        "import torch\nfrom simlib.debug import trace\n"
+        f"with trace.profile({str(tmp_path)!r}) as prof:\n    torch.ones(64, 64).sum()\nprint(prof.path)"
+    )
     env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / "trace.json"), done.stderr

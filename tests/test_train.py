@@ -14,6 +14,7 @@ final eval loss must stay inside it. A real bug (a gradient divided twice, not a
 lost) changes the gradient norm by a factor (AdamW and clipping are nearly blind to a gradient's scale, so the
 logged pre-clipping gradient norm is compared too): ``test_a_gradient_divided_twice_leaves_the_band``.
 """
+
 import sys
 
 import cloudpickle
@@ -32,6 +33,7 @@ TWINS = 2  # permuted runs of the reference that draw the band
 
 def _task():
     from simlib.projects.gpt import GPTTask
+
     return GPTTask.quick()
 
 
@@ -42,9 +44,14 @@ def bare_reference(steps=STEPS, permutation=None, grad_divisor=1.0):
     task = _task()
     model = task.build_model()
     params = list(model.parameters())
-    opt = torch.optim.AdamW([dict(params=[p for p in params if p.dim() >= 2], weight_decay=OPTIM.weight_decay),
-                             dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)],
-                            lr=OPTIM.lr, betas=OPTIM.betas)
+    opt = torch.optim.AdamW(
+        [
+            dict(params=[p for p in params if p.dim() >= 2], weight_decay=OPTIM.weight_decay),
+            dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0),
+        ],
+        lr=OPTIM.lr,
+        betas=OPTIM.betas,
+    )
     losses, norms = [], []
     for step in range(steps):
         x, y = task.batch(step)
@@ -68,17 +75,23 @@ def assert_parity(reference, out, label):
     ref, twins = reference
     for i, quantity in enumerate(("loss", "gradient norm", "eval loss")):
         series = (lambda r: r[i]) if i < 2 else (lambda r: [r[i]])
-        v = parity.verdict(series(ref), [series(t) for t in twins], series(out), "one process", label,
-                           quantity=quantity)
+        v = parity.verdict(
+            series(ref), [series(t) for t in twins], series(out), "one process", label, quantity=quantity
+        )
         assert v.agree, str(v)
 
 
 def run_plan(plan, steps=STEPS):
     from simlib.train import train
-    record = train(_task(), plan, steps=steps, optim=OPTIM, log_every=1, eval_every=steps, verbose=False,
-                   measure_memory=False)
-    return ([r["loss"] for r in record.rows], [r["grad_norm"] for r in record.rows],
-            record.evals[-1]["eval"]["eval_loss"])
+
+    record = train(
+        _task(), plan, steps=steps, optim=OPTIM, log_every=1, eval_every=steps, verbose=False, measure_memory=False
+    )
+    return (
+        [r["loss"] for r in record.rows],
+        [r["grad_norm"] for r in record.rows],
+        record.evals[-1]["eval"]["eval_loss"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +111,27 @@ def test_a_gradient_divided_twice_leaves_the_band(reference):
     assert "gradient / 2 leaves one process's band at step 0: gradient norm" in str(v)
 
 
-PLANS2 = [Plan(dp=2), Plan(dp=2, accumulation=2), Plan(dp=2, accumulation=2, dp_variant="ddp"),
-          Plan(dp=2, activation_checkpointing=True), Plan(tp=2), Plan(pp=2, pp_microbatches=2),
-          Plan(pp=2, pp_microbatches=2, accumulation=2, schedule="gpipe"),
-          Plan(dp=2, accumulation=2, loss_scaling=True)]  # fp16's loss scaling, GPU-free: exact in fp32
-PLANS4 = [Plan(dp=2, tp=2), Plan(dp=2, pp=2, pp_microbatches=2, accumulation=2, loss_scaling=True),
-          Plan(tp=2, pp=2, pp_microbatches=2), Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=1),
-          Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=2),  # TP inside each pipeline stage, the tied head summed over stages
-          Plan(dp=2, tp=2, zero_stage=1), Plan(dp=2, tp=2, zero_stage=2)]  # ZeRO over each TP rank's DP group
+PLANS2 = [
+    Plan(dp=2),
+    Plan(dp=2, accumulation=2),
+    Plan(dp=2, accumulation=2, dp_variant="ddp"),
+    Plan(dp=2, activation_checkpointing=True),
+    Plan(tp=2),
+    Plan(pp=2, pp_microbatches=2),
+    Plan(pp=2, pp_microbatches=2, accumulation=2, schedule="gpipe"),
+    Plan(dp=2, accumulation=2, loss_scaling=True),
+]  # fp16's loss scaling, GPU-free: exact in fp32
+PLANS4 = [
+    Plan(dp=2, tp=2),
+    Plan(dp=2, pp=2, pp_microbatches=2, accumulation=2, loss_scaling=True),
+    Plan(tp=2, pp=2, pp_microbatches=2),
+    Plan(dp=2, pp=2, pp_microbatches=2, zero_stage=1),
+    Plan(
+        dp=2, pp=2, pp_microbatches=2, zero_stage=2
+    ),  # TP inside each pipeline stage, the tied head summed over stages
+    Plan(dp=2, tp=2, zero_stage=1),
+    Plan(dp=2, tp=2, zero_stage=2),
+]  # ZeRO over each TP rank's DP group
 
 
 @pytest.mark.parametrize("world, plans", [(2, PLANS2), (4, PLANS4)], ids=["2 ranks", "4 ranks"])
@@ -134,8 +160,10 @@ def test_tensor_parallel_bf16_autocast_stays_close(cluster2, reference):
 def test_zero3_bf16_policy_stays_close_to_bf16_autocast(cluster2, reference):
     """Plan(zero_stage=3, mixed_precision="bf16"): FSDP2's policy (bf16 weights gathered, fp32 reduce, fp32
     shards): the same run as bf16 autocast without ZeRO-3, to bf16's precision (and as close to fp32)."""
-    runs = {p.label: cluster2.call(run_plan, (p,), timeout=120)[0]
-            for p in (Plan(dp=2, mixed_precision="bf16"), Plan(dp=2, mixed_precision="bf16", zero_stage=3))}
+    runs = {
+        p.label: cluster2.call(run_plan, (p,), timeout=120)[0]
+        for p in (Plan(dp=2, mixed_precision="bf16"), Plan(dp=2, mixed_precision="bf16", zero_stage=3))
+    }
     (losses, norms, ev), (z_losses, z_norms, z_ev) = runs["dp2 bf16"], runs["dp2 bf16 zero3"]
     # autocast already runs the matmuls on bf16 copies of the weights: what differs is the bf16 LayerNorm gains,
     # embeddings and block inputs. Measured: losses 5e-5 apart, gradient norms 4e-4 relative, eval loss 2e-4
@@ -145,25 +173,33 @@ def test_zero3_bf16_policy_stays_close_to_bf16_autocast(cluster2, reference):
     torch.testing.assert_close(z_losses, reference[0][0], rtol=0, atol=5e-2)
 
 
-@pytest.mark.parametrize("plan, world, words", [
-    (Plan(dp=3), 2, "needs 3 ranks"),
-    (Plan(tp=3), 3, "does not divide the model's 4 attention heads"),
-    (Plan(pp=3), 3, "use pp <= 2"),
-    (Plan(dp=2, accumulation=3), 2, "does not split into dp=2 ranks x 3 accumulation steps"),
-    (Plan(dp=1, tp=2, zero_stage=3), 2, "ZeRO-3 here gathers whole blocks.*zero_stage=1 or 2 with tp > 1"),
-    (Plan(pp=2, pp_microbatches=3), 2, "x 3 pipeline micro-batches"),
-    (Plan(pp=2, zero_stage=3), 2, "refused \\(as DeepSpeed does\\).*zero_stage=1 or 2 with pp > 1"),
-])
+@pytest.mark.parametrize(
+    "plan, world, words",
+    [
+        (Plan(dp=3), 2, "needs 3 ranks"),
+        (Plan(tp=3), 3, "does not divide the model's 4 attention heads"),
+        (Plan(pp=3), 3, "use pp <= 2"),
+        (Plan(dp=2, accumulation=3), 2, "does not split into dp=2 ranks x 3 accumulation steps"),
+        (Plan(dp=1, tp=2, zero_stage=3), 2, "ZeRO-3 here gathers whole blocks.*zero_stage=1 or 2 with tp > 1"),
+        (Plan(pp=2, pp_microbatches=3), 2, "x 3 pipeline micro-batches"),
+        (Plan(pp=2, zero_stage=3), 2, "refused \\(as DeepSpeed does\\).*zero_stage=1 or 2 with pp > 1"),
+    ],
+)
 def test_bad_plans_say_what_would_work(plan, world, words):
     with pytest.raises(ValueError, match=words):
         plan.validate(world, _task())
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(dp=0), "Plan.dp must be an int >= 1"), (dict(dp_variant="allreduce"), "use one of"),
-    (dict(schedule="zb"), "use one of"), (dict(mixed_precision="fp8"), "use one of"),
-    (dict(checkpoint_every=5), "needs a checkpoint_dir"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(dp=0), "Plan.dp must be an int >= 1"),
+        (dict(dp_variant="allreduce"), "use one of"),
+        (dict(schedule="zb"), "use one of"),
+        (dict(mixed_precision="fp8"), "use one of"),
+        (dict(checkpoint_every=5), "needs a checkpoint_dir"),
+    ],
+)
 def test_bad_plan_fields(kwargs, words):
     with pytest.raises(ValueError, match=words):
         Plan(**kwargs)
@@ -171,6 +207,7 @@ def test_bad_plan_fields(kwargs, words):
 
 def test_regression_task_cannot_be_tensor_parallel():
     from simlib.tasks import RegressionTask
+
     with pytest.raises(ValueError, match="no tensor_parallel"):
         Plan(tp=2).validate(2, RegressionTask())
 
@@ -184,19 +221,23 @@ class _FailingTask:
         class Failing(RegressionTask):
             def batch(self, step):
                 import torch.distributed as dist
+
                 if step == 2 and dist.get_rank() == 1:
                     raise OSError("rank 1 lost its data shard at step 2")
                 return super().batch(step)
+
         return Failing()
 
 
 def _train_failing():
     from simlib.train import train
+
     return train(_FailingTask(), Plan(dp=2), steps=5, verbose=False, measure_memory=False).summary["steps"]
 
 
 def test_a_failing_rank_is_named(cluster2):
     import simlib
+
     with pytest.raises(simlib.WorkerError) as info:
         cluster2.call(_train_failing, timeout=60)
     text = str(info.value)
@@ -226,6 +267,7 @@ def test_activation_checkpointing_recomputes_what_the_forward_runs():
     class StrayBlocks(RegressionTask):
         def blocks(self, model):
             from simlib.parallel.pipeline import blocks_of
+
             return blocks_of(model.net)  # new Sequentials the model never calls
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -233,6 +275,7 @@ def test_activation_checkpointing_recomputes_what_the_forward_runs():
 
     from simlib.parallelize import parallelize
     from simlib.train import Plan
+
     plan = Plan(activation_checkpointing=True)
     bad = StrayBlocks()
     with guarded(world_size=1), pytest.raises(ValueError, match="not part of the model"):
@@ -242,9 +285,16 @@ def test_activation_checkpointing_recomputes_what_the_forward_runs():
 def test_the_simulator_reads_the_same_plan():
     """sim.Strategy.from_plan: the trainer's plan priced as it runs, and refused where the trainer refuses it."""
     from simlib import sim
+
     s = sim.Strategy.from_plan(Plan(dp=2, accumulation=4, zero_stage=1, activation_checkpointing=True), 64)
-    assert (s.dp, s.micro_batch, s.num_micro_batches, s.zero_stage, s.recompute, s.dtype) == (2, 8, 4, 1, "full",
-                                                                                               "fp32")
+    assert (s.dp, s.micro_batch, s.num_micro_batches, s.zero_stage, s.recompute, s.dtype) == (
+        2,
+        8,
+        4,
+        1,
+        "full",
+        "fp32",
+    )
     s = sim.Strategy.from_plan(Plan(pp=2, pp_microbatches=4, schedule="gpipe"), 32)
     assert (s.pp, s.micro_batch, s.num_micro_batches, s.schedule) == (2, 8, 4, "gpipe")
     s = sim.Strategy.from_plan(Plan(dp=2, tp=2, zero_stage=1), 64)
@@ -262,11 +312,15 @@ def test_3d_plan_equals_one_process_on_8_ranks(reference):
     import warnings
 
     import simlib
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", simlib.OversubscribedWarning)
         cluster = simlib.Cluster(8, timeout=60)
     try:
-        for plan in (Plan(dp=2, tp=2, pp=2, pp_microbatches=2), Plan(dp=2, tp=2, pp=2, pp_microbatches=2, zero_stage=1)):
+        for plan in (
+            Plan(dp=2, tp=2, pp=2, pp_microbatches=2),
+            Plan(dp=2, tp=2, pp=2, pp_microbatches=2, zero_stage=1),
+        ):
             outs = cluster.call(run_plan, (plan,), timeout=300)
             for rank, out in enumerate(outs):
                 assert_parity(reference, out, f"{plan.label}, rank {rank}")
@@ -274,9 +328,13 @@ def test_3d_plan_equals_one_process_on_8_ranks(reference):
         cluster.close()
 
 
-SP_PLANS = {2: [Plan(tp=2, sequence_parallel=True)],
-            4: [Plan(dp=2, tp=2, sequence_parallel=True, accumulation=2),
-                Plan(tp=2, pp=2, pp_microbatches=2, sequence_parallel=True)]}  # (B, S/tp, H) between the stages
+SP_PLANS = {
+    2: [Plan(tp=2, sequence_parallel=True)],
+    4: [
+        Plan(dp=2, tp=2, sequence_parallel=True, accumulation=2),
+        Plan(tp=2, pp=2, pp_microbatches=2, sequence_parallel=True),
+    ],
+}  # (B, S/tp, H) between the stages
 
 
 @pytest.mark.parametrize("world", [2, 4], ids=["tp2 sp", "dp2 tp2 sp acc2, tp2 pp2 sp"])
@@ -289,12 +347,16 @@ def test_sequence_parallel_plans_equal_one_process(request, reference, world):
             assert_parity(reference, out, f"{plan.label}, rank {rank}")
 
 
-@pytest.mark.parametrize("plan, world, words", [
-    (Plan(dp=2, sequence_parallel=True), 2, "but tp=1: use tp >= 2"),
-    (Plan(tp=4, sequence_parallel=True), 4, "seq_len is 30: use tp in \\[2\\], or sequence_parallel=False"),
-])
+@pytest.mark.parametrize(
+    "plan, world, words",
+    [
+        (Plan(dp=2, sequence_parallel=True), 2, "but tp=1: use tp >= 2"),
+        (Plan(tp=4, sequence_parallel=True), 4, "seq_len is 30: use tp in \\[2\\], or sequence_parallel=False"),
+    ],
+)
 def test_bad_sequence_parallel_plans_are_refused(plan, world, words):
     from simlib.projects.gpt import GPTTask
+
     task = GPTTask.quick(seq_len=30, num_heads=4) if plan.tp == 4 else _task()
     with pytest.raises(ValueError, match=words):
         plan.validate(world, task)

@@ -1,6 +1,7 @@
 """train()'s step hook (issue 34, part 3): called once per step with the step's batch, model and optimizer; its
 context wraps the whole step; ``after_backward`` runs with the gradients complete and the weights not yet updated.
 One process, the quick GPT for 3 steps (about 2 s)."""
+
 from contextlib import contextmanager
 
 import torch
@@ -22,6 +23,7 @@ def test_the_step_hook_sees_every_step_around_the_optimizer(monkeypatch):
 
         def after_backward():  # gradients there, weights untouched yet
             seen.append(("backward", info.step, weight.grad is not None, torch.equal(weight, before)))
+
         info.after_backward.append(after_backward)
 
         @contextmanager
@@ -29,14 +31,24 @@ def test_the_step_hook_sees_every_step_around_the_optimizer(monkeypatch):
             seen.append(("enter", info.step, tuple(info.x.shape), info.optimizer is not None))
             yield
             seen.append(("exit", info.step, not torch.equal(weight, before)))  # the optimizer stepped inside
+
         return around()
 
     task = GPTTask.quick()
     try:
-        train(task, Plan(), steps=3, optim=OptimConfig(lr=1e-2), log_every=0, verbose=False, measure_memory=False,
-              step_hook=hook)
+        train(
+            task,
+            Plan(),
+            steps=3,
+            optim=OptimConfig(lr=1e-2),
+            log_every=0,
+            verbose=False,
+            measure_memory=False,
+            step_hook=hook,
+        )
     finally:
         env.shutdown()
     shape = (task.global_batch, task.seq_len)
-    assert seen == [e for s in range(3) for e in (("enter", s, shape, True), ("backward", s, True, True),
-                                                   ("exit", s, True))], seen
+    assert seen == [
+        e for s in range(3) for e in (("enter", s, shape, True), ("backward", s, True, True), ("exit", s, True))
+    ], seen

@@ -3,6 +3,7 @@
 No browser here (tests/test_browser.py renders one in JupyterLab): the figures are built with Agg, their numbers
 compared with the functions the lessons teach, and each explorer is built once (its first draw runs).
 """
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -43,22 +44,35 @@ def test_ring_figure_and_bad_inputs():
 
 def test_alpha_beta_figure_uses_the_lessons_model_and_marks_measured_points():
     from simlib.collectives import alpha_beta_time
-    measured = [dict(op="all_reduce", world_size=2, bytes=2 ** 20, time=3e-3, busbw=3.5e8),
-                dict(op="all_reduce", world_size=4, bytes=2 ** 20, time=9e-3, busbw=2e8)]
-    fig, caption = widgets.alpha_beta_figure(2 ** 20, 2, 1e-3, 1e9, measured=measured)
-    t = float(alpha_beta_time(2 ** 20, 2, 1e-3, 1e-9))
+
+    measured = [
+        dict(op="all_reduce", world_size=2, bytes=2**20, time=3e-3, busbw=3.5e8),
+        dict(op="all_reduce", world_size=4, bytes=2**20, time=9e-3, busbw=2e8),
+    ]
+    fig, caption = widgets.alpha_beta_figure(2**20, 2, 1e-3, 1e9, measured=measured)
+    t = float(alpha_beta_time(2**20, 2, 1e-3, 1e-9))
     assert f"{t * 1e3:.3g} ms" in caption
     labels = [line.get_label() for line in fig.axes[0].get_lines()]
     assert "measured all_reduce" in labels  # only the 2-rank row is drawn
-    assert sum(len(line.get_xdata()) for line in fig.axes[0].get_lines() if line.get_label().startswith("measured")) == 1
+    assert (
+        sum(len(line.get_xdata()) for line in fig.axes[0].get_lines() if line.get_label().startswith("measured")) == 1
+    )
 
 
 def test_bucket_figure_counts_make_buckets_and_marks_the_sweep():
     from simlib.models import MLP
     from simlib.parallel.data import make_buckets
-    fig, caption = widgets.bucket_figure(0.5, width=256, depth=3, global_batch=256, world_size=2,
-                                         measured=pd.DataFrame([dict(mode="bucket", bucket_cap_mb=0.5, step_ms=30.0),
-                                                                dict(mode="ddp", bucket_cap_mb=0.5, step_ms=31.0)]))
+
+    fig, caption = widgets.bucket_figure(
+        0.5,
+        width=256,
+        depth=3,
+        global_batch=256,
+        world_size=2,
+        measured=pd.DataFrame(
+            [dict(mode="bucket", bucket_cap_mb=0.5, step_ms=30.0), dict(mode="ddp", bucket_cap_mb=0.5, step_ms=31.0)]
+        ),
+    )
     buckets = len(make_buckets(MLP(256, 3).parameters(), 0.5))
     assert f"{buckets} all-reduce(s) per step" in caption
     measured = [line for ax in fig.axes for line in ax.get_lines() if line.get_label().startswith("measured")]
@@ -69,8 +83,16 @@ def test_bucket_figure_counts_make_buckets_and_marks_the_sweep():
 
 def test_accumulation_figure_memory_and_messages():
     memory = pd.DataFrame(dict(micro_batch=[16, 32, 64], peak_mb=[1.0, 2.0, 4.0]))
-    _, with_sync = widgets.accumulation_figure(512, 4, 2, no_sync=True, width=256, depth=3, measured_memory=memory,
-                                               measured_all_reduces={(4, True): 1.0, (4, False): 4.0})
+    _, with_sync = widgets.accumulation_figure(
+        512,
+        4,
+        2,
+        no_sync=True,
+        width=256,
+        depth=3,
+        measured_memory=memory,
+        measured_all_reduces={(4, True): 1.0, (4, False): 4.0},
+    )
     _, without = widgets.accumulation_figure(512, 4, 2, no_sync=False, width=256, depth=3)
     assert "× 64:" in with_sync and "1 all-reduce(s)" in with_sync and "4 all-reduce(s)" in without
     with pytest.raises(ValueError, match="does not split"):
@@ -97,21 +119,27 @@ def test_pipeline_figure_marks_measured_bubbles_at_p2_and_says_what_is_wrong():
 
 def test_tp_figure_volume_is_comm_volume():
     from simlib.parallel.tensor import comm_volume
-    fig, caption = widgets.tp_figure(4, 64, 512, 2, measured=pd.DataFrame([dict(seq=64, batch=4, hidden=512,
-                                                                                measured_MB=0.524288)]))
+
+    fig, caption = widgets.tp_figure(
+        4, 64, 512, 2, measured=pd.DataFrame([dict(seq=64, batch=4, hidden=512, measured_MB=0.524288)])
+    )
     assert f"{comm_volume(4, 64, 512, 2)['step_payload_bytes'] / 1e6:.3g} MB all-reduced" in caption
     with pytest.raises(ValueError):
         widgets.tp_figure(4, 64, 510, 4)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: widgets.ring_explorer(),
-    lambda: widgets.alpha_beta_explorer(measured=[], fits={2: dict(alpha=5e-4, bandwidth=5e8)}),
-    lambda: widgets.bucket_explorer(width=256, depth=3, global_batch=256),
-    lambda: widgets.accumulation_explorer(width=256, depth=3),
-    lambda: widgets.pipeline_explorer(),
-    lambda: widgets.tp_explorer(batch=4, seq=64, hidden=512),
-], ids=["ring", "alpha_beta", "bucket", "accumulation", "pipeline", "tp"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: widgets.ring_explorer(),
+        lambda: widgets.alpha_beta_explorer(measured=[], fits={2: dict(alpha=5e-4, bandwidth=5e8)}),
+        lambda: widgets.bucket_explorer(width=256, depth=3, global_batch=256),
+        lambda: widgets.accumulation_explorer(width=256, depth=3),
+        lambda: widgets.pipeline_explorer(),
+        lambda: widgets.tp_explorer(batch=4, seq=64, hidden=512),
+    ],
+    ids=["ring", "alpha_beta", "bucket", "accumulation", "pipeline", "tp"],
+)
 def test_explorers_build_and_draw(make):
     box = make()
     assert box.children and "not a valid choice" not in box.children[1].value
@@ -122,6 +150,7 @@ def test_memory_bars_label_above_their_measured_marker_and_title_the_precision_d
     import torch
 
     from simlib import sim
+
     spec = sim.from_module(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)), name="tiny")
     measured = [dict(zero_stage=s, dp=4, weights=3e4, gradients=3e4, optimizer=6e4) for s in range(4)]  # 0.12 MB
     ax = widgets.draw_memory(spec, 4, 1, precision="fp32", measured=measured)

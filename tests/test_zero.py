@@ -5,6 +5,7 @@ variants compute the same sums in another order (two or four half-batch means av
 instead of an all-reduce), ~1e-7 relative per operation; a real bug (a sum not divided by the world size, a
 shard stepped twice, a parameter never broadcast) moves them by 1e-3 or more. bf16 parameters: atol 2e-2.
 """
+
 import sys
 
 import cloudpickle
@@ -24,8 +25,9 @@ def _equality_job(sizes):
     out = {}
     for variant in ze.VARIANTS:
         r = ze.run_memory(variant, measure_peak=False, **sizes)
-        out[variant] = dict(params=r["params"], losses=r["losses"], states=r["states"], comm=r["comm_bytes"],
-                            numel=r["numel"])
+        out[variant] = dict(
+            params=r["params"], losses=r["losses"], states=r["states"], comm=r["comm_bytes"], numel=r["numel"]
+        )
     r = ze.run_memory("zero3", measure_peak=False, checkpointing=True, **sizes)
     out["zero3+recompute"] = dict(params=r["params"], losses=r["losses"])
     return out
@@ -35,8 +37,9 @@ def _check_equal(results, world):
     ref = ze.reference(**SIZE)
     for variant, r in results[0].items():
         for name, want in ref["params"].items():
-            torch.testing.assert_close(r["params"][name], want, **TOL,
-                                       msg=lambda m, v=variant, n=name: f"{v} at {world} ranks, {n}: {m}")
+            torch.testing.assert_close(
+                r["params"][name], want, **TOL, msg=lambda m, v=variant, n=name: f"{v} at {world} ranks, {n}: {m}"
+            )
         mean_loss = [sum(res[variant]["losses"][s] for res in results) / world for s in range(SIZE["steps"])]
         torch.testing.assert_close(torch.tensor(mean_loss), torch.tensor(ref["losses"]), **TOL)
 
@@ -64,17 +67,19 @@ def test_every_variant_equals_one_process_on_4_ranks(cluster4):
 def _three_of_four(sizes):
     """World size 3 (a sub-group of a 4-rank cluster): 3 does not divide the batch's 24 rows' params."""
     import torch.distributed as dist
+
     group = dist.new_group([0, 1, 2])
     if dist.get_rank() == 3:
         return None
-    return {v: ze.run_memory(v, measure_peak=False, group=group, **sizes)["params"]
-            for v in ("zero1", "zero2", "zero3")}
+    return {
+        v: ze.run_memory(v, measure_peak=False, group=group, **sizes)["params"] for v in ("zero1", "zero2", "zero3")
+    }
 
 
 def test_world_size_three_and_uneven_shards(cluster4):
     results = cluster4.run(_three_of_four, SIZE)
     ref = ze.reference(**SIZE)
-    for variant, params in results[0].items():
+    for params in results[0].values():
         for name, want in ref["params"].items():
             torch.testing.assert_close(params[name], want, **TOL)
 
@@ -84,6 +89,7 @@ def _fsdp2_gradient_ratio():
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
     rank, n = dist.get_rank(), dist.get_world_size()
     model, x, y = ze._problem(8, 2, 8, 0)
     ref, _, _ = ze._problem(8, 2, 8, 0)
@@ -92,7 +98,7 @@ def _fsdp2_gradient_ratio():
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     b = 8 // n
-    torch.nn.functional.mse_loss(model(x[rank * b:(rank + 1) * b]), y[rank * b:(rank + 1) * b]).backward()
+    torch.nn.functional.mse_loss(model(x[rank * b : (rank + 1) * b]), y[rank * b : (rank + 1) * b]).backward()
     torch.nn.functional.mse_loss(ref(x), y).backward()
     got = model.blocks[0][0].weight.grad.full_tensor()
     return float(got.norm() / ref.blocks[0][0].weight.grad.norm())
@@ -110,6 +116,7 @@ def _edge_cases():
     from torch import nn
 
     from simlib.parallel import zero, zero3
+
     rank = dist.get_rank()
     out = {}
     # frozen parameters stay whole and untouched; the rest trains as in one process
@@ -122,7 +129,7 @@ def _edge_cases():
     ref_opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.1)
     n = dist.get_world_size()
     b = 8 // n
-    nn.functional.mse_loss(z(x[rank * b:(rank + 1) * b]), y[rank * b:(rank + 1) * b]).backward()
+    nn.functional.mse_loss(z(x[rank * b : (rank + 1) * b]), y[rank * b : (rank + 1) * b]).backward()
     opt.step()
     nn.functional.mse_loss(ref(x), y).backward()
     ref_opt.step()
@@ -150,6 +157,7 @@ def _edge_cases():
 
 def _tied_across_blocks():
     from torch import nn
+
     a, b = nn.Linear(4, 4), nn.Linear(4, 4)
     b.weight = a.weight
     return nn.Sequential(a, b)
@@ -171,12 +179,15 @@ def _cs336_style():
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from simlib.parallel.zero import ShardedOptimizer
+
     rank, n = dist.get_rank(), dist.get_world_size()
 
     def groups(m):
         ps = list(m.parameters())
-        return [dict(params=[p for p in ps if p.dim() >= 2], weight_decay=0.1),
-                dict(params=[p for p in ps if p.dim() < 2], weight_decay=0.0)]
+        return [
+            dict(params=[p for p in ps if p.dim() >= 2], weight_decay=0.1),
+            dict(params=[p for p in ps if p.dim() < 2], weight_decay=0.0),
+        ]
 
     model, x, y = ze._problem(8, 2, 8, 0)
     ref, _, _ = ze._problem(8, 2, 8, 0)
@@ -186,7 +197,7 @@ def _cs336_style():
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (s + 1)) for o in (opt, ref_opt)]
     b = 8 // n
     for _ in range(3):
-        torch.nn.functional.mse_loss(ddp(x[rank * b:(rank + 1) * b]), y[rank * b:(rank + 1) * b]).backward()
+        torch.nn.functional.mse_loss(ddp(x[rank * b : (rank + 1) * b]), y[rank * b : (rank + 1) * b]).backward()
         torch.nn.functional.mse_loss(ref(x), y).backward()
         for o, s in zip((opt, ref_opt), scheds):
             o.step()
@@ -202,14 +213,26 @@ def test_sharded_optimizer_with_ddp_param_groups_and_scheduler(cluster4):
 def _train_plans():
     from simlib.tasks import RegressionTask
     from simlib.train import OptimConfig, Plan, train
+
     optim = OptimConfig(name="adamw", lr=1e-2, weight_decay=0.1, schedule="constant", grad_clip=0.05)
     out = {}
-    for label, plan in {"zero0": Plan(dp=2), "zero1": Plan(dp=2, zero_stage=1), "zero2": Plan(dp=2, zero_stage=2),
-                        "zero3": Plan(dp=2, zero_stage=3),
-                        "zero3+ckpt+bf16": Plan(dp=2, zero_stage=3, activation_checkpointing=True,
-                                                mixed_precision="bf16")}.items():
-        rec = train(RegressionTask(width=16, depth=2, global_batch=16), plan, steps=3, optim=optim, log_every=1,
-                    eval_every=3, verbose=False, measure_memory=False)
+    for label, plan in {
+        "zero0": Plan(dp=2),
+        "zero1": Plan(dp=2, zero_stage=1),
+        "zero2": Plan(dp=2, zero_stage=2),
+        "zero3": Plan(dp=2, zero_stage=3),
+        "zero3+ckpt+bf16": Plan(dp=2, zero_stage=3, activation_checkpointing=True, mixed_precision="bf16"),
+    }.items():
+        rec = train(
+            RegressionTask(width=16, depth=2, global_batch=16),
+            plan,
+            steps=3,
+            optim=optim,
+            log_every=1,
+            eval_every=3,
+            verbose=False,
+            measure_memory=False,
+        )
         out[label] = ([r["loss"] for r in rec.rows], rec.evals[-1]["eval"]["eval_loss"])
     return out
 
@@ -228,20 +251,22 @@ def test_trainer_plans_with_zero_equal_plain_dp(cluster2):
 
 def test_loss_scaling_overflows_then_recovers():
     from simlib.parallel.precision import fp16_underflow_share, loss_scaling_demo
-    rows = loss_scaling_demo(steps=24, init_scale=2.0 ** 24)
+
+    rows = loss_scaling_demo(steps=24, init_scale=2.0**24)
     skipped = [r["skipped"] for r in rows]
     assert skipped[0] and not skipped[-1], skipped
     first_good = skipped.index(False)
     assert rows[first_good]["scale"] < rows[0]["scale"]  # halved at every overflow
-    assert rows[-1]["loss"] < rows[first_good]["loss"]   # and then it trains
+    assert rows[-1]["loss"] < rows[first_good]["loss"]  # and then it trains
     tiny = torch.full((1000,), 1e-8)
-    assert fp16_underflow_share(tiny) == 1.0 and fp16_underflow_share(tiny, scale=2.0 ** 16) == 0.0
+    assert fp16_underflow_share(tiny) == 1.0 and fp16_underflow_share(tiny, scale=2.0**16) == 0.0
 
 
 def test_master_weights_layout_is_2_2_12():
     from simlib.models import BlockMLP
     from simlib.parallel.precision import MasterWeightsOptimizer
     from simlib.parallel.zero import state_bytes
+
     model = BlockMLP(16, 2).to(torch.bfloat16)
     n = sum(p.numel() for p in model.parameters())
     opt = MasterWeightsOptimizer(model.parameters(), lr=1e-3)
@@ -251,9 +276,10 @@ def test_master_weights_layout_is_2_2_12():
 
 
 def _recompute_peaks():
+    from simlib.lessons.memory import peak_bytes
     from simlib.models import BlockMLP
     from simlib.parallel.recompute import checkpoint_blocks, uncheckpoint
-    from simlib.lessons.memory import peak_bytes
+
     torch.manual_seed(0)
     model = BlockMLP(64, 4)
     x = torch.randn(2048, 64)  # activations (~2.6 MB a block) well above the states (~0.7 MB)
@@ -279,11 +305,15 @@ def test_recomputation_same_gradients_less_memory():
     import json
     import os
     import subprocess
+
     here = os.path.dirname(os.path.abspath(__file__))
     code = "import json, test_zero; print(json.dumps(test_zero._recompute_peaks()))"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
-    out = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                    check=True, timeout=120).stdout.strip().splitlines()[-1])
+    out = json.loads(
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, timeout=120)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     assert out["same"]  # bit-identical gradients: the recomputed forward is the same forward
     assert out["ckpt"] < 0.75 * out["plain"], out  # measured here: 8.3 MB vs 14.5 MB
 
@@ -295,11 +325,12 @@ def _zero3_policy():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from simlib.parallel import zero, zero3
+    from simlib.parallel import zero3
+
     rank, n = dist.get_rank(), dist.get_world_size()
     _, x, y = ze._problem(16, 2, 8, 0)
     b = 8 // n
-    xs, ys = x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b]
+    xs, ys = x[rank * b : (rank + 1) * b], y[rank * b : (rank + 1) * b]
     out = {}
     for label, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
         model, _, _ = ze._problem(16, 2, 8, 0)
@@ -310,9 +341,12 @@ def _zero3_policy():
         pred = z(xs)
         torch.nn.functional.mse_loss(pred.float(), ys).backward()
         opt = torch.optim.SGD(z.parameters(), lr=1.0)  # after one step: before - after = the averaged gradient
-        out[label] = dict(bytes=counter.bytes_by_name(), pred_dtype=pred.dtype,
-                          shard_dtypes={str(u.shard.dtype) for u in z.units},
-                          grad_dtypes={str(u.shard.grad.dtype) for u in z.units})
+        out[label] = dict(
+            bytes=counter.bytes_by_name(),
+            pred_dtype=pred.dtype,
+            shard_dtypes={str(u.shard.dtype) for u in z.units},
+            grad_dtypes={str(u.shard.grad.dtype) for u in z.units},
+        )
         opt.step()
         after = z.full_state_dict()
         out[label]["after_dtypes"] = {str(v.dtype) for v in after.values()}
@@ -357,15 +391,18 @@ def _prefetch_policy(steps=3):
     the shards' gradients and the bytes all-gathered; the prefetch counts."""
     import torch.distributed as dist
 
-    from simlib.parallel import zero
     from simlib.parallel.zero3 import Zero3
     from simlib.parallel.zero_prefetch import Zero3Prefetch
     from simlib.projects.gpt.task import GPTTask
+
     task = GPTTask.quick(num_layers=3, global_batch=8)
     rank, n = dist.get_rank(), dist.get_world_size()
     out = {}
-    for label, cls, dtype in (("zero3 bf16", Zero3, torch.bfloat16), ("prefetch bf16", Zero3Prefetch, torch.bfloat16),
-                              ("prefetch fp32", Zero3Prefetch, None)):
+    for label, cls, dtype in (
+        ("zero3 bf16", Zero3, torch.bfloat16),
+        ("prefetch bf16", Zero3Prefetch, torch.bfloat16),
+        ("prefetch fp32", Zero3Prefetch, None),
+    ):
         model = task.build_model()  # seeded: the same weights for all three
         counter = CommLog()
         z = cls(model, blocks=task.blocks(model), comm_counter=counter, param_dtype=dtype)
@@ -406,5 +443,7 @@ def test_zero3_prefetch_takes_the_bf16_policy(cluster2):
             assert 2 * pre["gathered"][step] == fp32["gathered"][step], (rank, step, pre["gathered"], fp32["gathered"])
         assert not torch.equal(pre["losses"][-1], fp32["losses"][-1])  # the policy did change the computation
         assert pre["block_units"] > 0
-        assert pre["counts"] == {"prefetched": 2 * steps * pre["block_units"],
-                                 "waited": 2 * steps * pre["root_units"]}, (rank, pre["counts"])
+        assert pre["counts"] == {
+            "prefetched": 2 * steps * pre["block_units"],
+            "waited": 2 * steps * pre["root_units"],
+        }, (rank, pre["counts"])

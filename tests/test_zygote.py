@@ -1,5 +1,6 @@
 """CPU workers forked from a zygote (``simlib.zygote``): the same workers as a fresh start, the launcher's exit is
 the worker's, nobody outlives whom they must not, and the ordinary start where the zygote is not used."""
+
 import os
 import signal
 import sys
@@ -20,15 +21,22 @@ def _parent(pid: int) -> int:
 
 def _facts():
     import random
-    import sys
 
     import numpy as np
     import torch
     import torch.distributed as dist
-    return dict(pid=os.getpid(), rank=dist.get_rank(), env=os.environ.get("SIMLIB_TEST_ZYGOTE"), cwd=os.getcwd(),
-                launcher=int(os.environ.get("SIMLIB_LAUNCHER_PID", os.getpid())), threads=torch.get_num_threads(),
-                draws=(random.random(), float(np.random.rand())), torch_draw=float(torch.rand(1)),
-                session=os.getsid(0))
+
+    return dict(
+        pid=os.getpid(),
+        rank=dist.get_rank(),
+        env=os.environ.get("SIMLIB_TEST_ZYGOTE"),
+        cwd=os.getcwd(),
+        launcher=int(os.environ.get("SIMLIB_LAUNCHER_PID", os.getpid())),
+        threads=torch.get_num_threads(),
+        draws=(random.random(), float(np.random.rand())),
+        torch_draw=float(torch.rand(1)),
+        session=os.getsid(0),
+    )
 
 
 def test_workers_fork_from_the_zygote_and_are_what_a_fresh_start_gives(tmp_path, monkeypatch):
@@ -44,8 +52,9 @@ def test_workers_fork_from_the_zygote_and_are_what_a_fresh_start_gives(tmp_path,
         assert f["env"] == "first" and f["cwd"] == str(tmp_path) and f["threads"] == 1
         assert f["session"] == f["pid"], "a session of its own, as the agent starts its workers"
         assert f["launcher"] != f["pid"]
-    assert facts[0]["draws"][0] != facts[1]["draws"][0] and facts[0]["draws"][1] != facts[1]["draws"][1], \
+    assert facts[0]["draws"][0] != facts[1]["draws"][0] and facts[0]["draws"][1] != facts[1]["draws"][1], (
         "Python's and NumPy's generators are reseeded per worker"
+    )
     assert facts[0]["torch_draw"] != facts[1]["torch_draw"], "torch's too (a fresh process seeds it from the OS)"
     # the environment changed: a new zygote imports with it; the old one ends once its workers have
     monkeypatch.setenv("SIMLIB_TEST_ZYGOTE", "second")
@@ -144,12 +153,14 @@ def test_a_one_shot_launch_starts_no_zygote_but_uses_one_that_is_there():
     """``simlib.launch`` in a fresh process: its workers import side by side (a zygote's import would come first,
     then the fork); once a Cluster made one, a launch forks from it too."""
     import subprocess
-    import sys
-    code = ("import os, simlib\nfrom simlib import zygote\n"
-            "parent = lambda: int(open(f'/proc/{os.getpid()}/stat').read().rsplit(')', 1)[1].split()[1])\n"
-            "print(simlib.launch(parent, 2, threads=1) == [os.getpid()] * 2, zygote._current is None)\n"
-            "c = simlib.Cluster(2, threads=1)\n"
-            "print(set(simlib.launch(parent, 2, threads=1)) == {zygote.address()['pid']})\nc.close()\n")
+
+    code = (
+        "import os, simlib\nfrom simlib import zygote\n"
+        "parent = lambda: int(open(f'/proc/{os.getpid()}/stat').read().rsplit(')', 1)[1].split()[1])\n"
+        "print(simlib.launch(parent, 2, threads=1) == [os.getpid()] * 2, zygote._current is None)\n"
+        "c = simlib.Cluster(2, threads=1)\n"
+        "print(set(simlib.launch(parent, 2, threads=1)) == {zygote.address()['pid']})\nc.close()\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["True", "True", "True"], out.stdout + out.stderr[-2000:]

@@ -33,7 +33,7 @@ class BucketDataParallel(torch.nn.Module):
 
     def on_grad_ready(self, param):
         i, offset = self.slot[param]
-        self.buffers[i][offset:offset + param.numel()].copy_(param.grad.view(-1))
+        self.buffers[i][offset : offset + param.numel()].copy_(param.grad.view(-1))
         self.pending[i] -= 1
         if self.pending[i] == 0:
             self.handles[i] = dist.all_reduce(self.buffers[i], async_op=True)
@@ -43,7 +43,7 @@ class BucketDataParallel(torch.nn.Module):
             handle.wait()
             offset = 0
             for p in bucket:
-                p.grad.copy_(buffer[offset:offset + p.numel()].view_as(p))
+                p.grad.copy_(buffer[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
         self.reset()
 

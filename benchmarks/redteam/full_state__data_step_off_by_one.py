@@ -7,12 +7,14 @@ from simlib.train import TrainState
 
 class FullState(TrainState):
     def state_dict(self):
-        return {"model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "step": self.step,
-                "data": {"next_step": self.data_step},
-                "rng": checkpoint.rng_state()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "data": {"next_step": self.data_step},
+            "rng": checkpoint.rng_state(),
+        }
 
     def load_state_dict(self, sd):
         self.model.load_state_dict(sd["model"])
@@ -22,5 +24,6 @@ class FullState(TrainState):
         self.data_step = int(sd["data"]["next_step"])
         checkpoint.set_rng_state(sd["rng"])
         self.data_step = self.step + 1
+
 
 ANSWER = FullState

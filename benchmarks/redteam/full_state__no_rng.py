@@ -7,12 +7,13 @@ from simlib.train import TrainState
 
 class FullState(TrainState):
     def state_dict(self):
-        return {"model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "step": self.step,
-                "data": {"next_step": self.data_step},
-}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "data": {"next_step": self.data_step},
+        }
 
     def load_state_dict(self, sd):
         self.model.load_state_dict(sd["model"])

@@ -7,11 +7,13 @@ from simlib.train import TrainState
 
 class FullState(TrainState):
     def state_dict(self):
-        return {"model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "step": self.step,
-                "data": {"next_step": self.data_step},
-                "rng": checkpoint.rng_state()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "data": {"next_step": self.data_step},
+            "rng": checkpoint.rng_state(),
+        }
 
     def load_state_dict(self, sd):
         self.model.load_state_dict(sd["model"])
@@ -19,5 +21,6 @@ class FullState(TrainState):
         self.step = int(sd["step"])
         self.data_step = int(sd["data"]["next_step"])
         checkpoint.set_rng_state(sd["rng"])
+
 
 ANSWER = FullState

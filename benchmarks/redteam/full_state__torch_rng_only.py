@@ -1,18 +1,22 @@
 # exercise: full_state
 # kind: honest
 # mistake: saves torch's CPU generator only (torch.get_rng_state()), not Python's random or NumPy's: a run that draws from those resumes differently.
+import torch
+
 from simlib import checkpoint
 from simlib.train import TrainState
-import torch
+
 
 class FullState(TrainState):
     def state_dict(self):
-        return {"model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "step": self.step,
-                "data": {"next_step": self.data_step},
-                "rng": {"torch": torch.get_rng_state()}}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "data": {"next_step": self.data_step},
+            "rng": {"torch": torch.get_rng_state()},
+        }
 
     def load_state_dict(self, sd):
         self.model.load_state_dict(sd["model"])
@@ -21,5 +25,6 @@ class FullState(TrainState):
         self.step = int(sd["step"])
         self.data_step = int(sd["data"]["next_step"])
         torch.set_rng_state(sd["rng"]["torch"])
+
 
 ANSWER = FullState

@@ -14,10 +14,12 @@ def moe_forward(x, router, experts, num_experts, capacity_factor):
     position = queue_positions(expert[:, None], num_experts)[0][:, 0]
     keep = position < capacity(x.shape[0] * ep, num_experts, 1, capacity_factor)
     b = x.shape[0]
+
     def gather(t):
         out = [torch.empty_like(t) for _ in range(ep)]
         dist.all_gather(out, t.contiguous())
         return torch.cat(out)
+
     X, E, G, K = gather(x), gather(expert), gather(gate), gather(keep.to(torch.int64)).bool()
     Y = torch.zeros_like(X)
     for j, module in enumerate(experts):
@@ -25,7 +27,7 @@ def moe_forward(x, router, experts, num_experts, capacity_factor):
         if sel.any():
             Y[sel] = module(X[sel]) * G[sel].unsqueeze(1)
     dist.all_reduce(Y)
-    return Y[rank * b:(rank + 1) * b].clone()
+    return Y[rank * b : (rank + 1) * b].clone()
 
 
 ANSWER = moe_forward

@@ -13,11 +13,15 @@ def ring_all_reduce(tensor):
     for step in range(n - 1):
         out, inc = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
         got = scratch[: inc.numel()]
-        s = dist.isend(out, right); dist.recv(got, left); s.wait()
+        s = dist.isend(out, right)
+        dist.recv(got, left)
+        s.wait()
         inc += got
     for step in range(n - 1):
         out, inc = chunks[(rank + 1 - step) % n], chunks[(rank - step) % n]
-        s = dist.isend(out, right); dist.recv(inc, left); s.wait()
+        s = dist.isend(out, right)
+        dist.recv(inc, left)
+        s.wait()
     return tensor
 
 

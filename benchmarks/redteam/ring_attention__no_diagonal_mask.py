@@ -16,10 +16,14 @@ def ring_attention(q, k, v, causal):
         src = (rank - step) % n
         if step < n - 1:
             nk, nv = torch.empty_like(k), torch.empty_like(v)
-            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, k, (rank + 1) % n),
-                                           dist.P2POp(dist.isend, v, (rank + 1) % n),
-                                           dist.P2POp(dist.irecv, nk, (rank - 1) % n),
-                                           dist.P2POp(dist.irecv, nv, (rank - 1) % n)])
+            reqs = dist.batch_isend_irecv(
+                [
+                    dist.P2POp(dist.isend, k, (rank + 1) % n),
+                    dist.P2POp(dist.isend, v, (rank + 1) % n),
+                    dist.P2POp(dist.irecv, nk, (rank - 1) % n),
+                    dist.P2POp(dist.irecv, nv, (rank - 1) % n),
+                ]
+            )
         if not causal or src <= rank:
             bo, bl = block_attention(q, k, v, scale)
             new = torch.logaddexp(lse, bl)

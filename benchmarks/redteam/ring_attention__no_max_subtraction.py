@@ -15,10 +15,14 @@ def ring_attention(q, k, v, causal):
         src = (rank - step) % n
         if step < n - 1:
             nk, nv = torch.empty_like(k), torch.empty_like(v)
-            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, k, (rank + 1) % n),
-                                           dist.P2POp(dist.isend, v, (rank + 1) % n),
-                                           dist.P2POp(dist.irecv, nk, (rank - 1) % n),
-                                           dist.P2POp(dist.irecv, nv, (rank - 1) % n)])
+            reqs = dist.batch_isend_irecv(
+                [
+                    dist.P2POp(dist.isend, k, (rank + 1) % n),
+                    dist.P2POp(dist.isend, v, (rank + 1) % n),
+                    dist.P2POp(dist.irecv, nk, (rank - 1) % n),
+                    dist.P2POp(dist.irecv, nv, (rank - 1) % n),
+                ]
+            )
         if not causal or src <= rank:
             p = torch.exp(q @ k.transpose(-1, -2) * scale)
             if causal and src == rank:

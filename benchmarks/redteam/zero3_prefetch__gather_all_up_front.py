@@ -6,7 +6,7 @@ from simlib.parallel.zero_prefetch import Zero3Prefetch, issue_gather
 
 class MyPrefetch(Zero3Prefetch):
     def on_forward(self, i):
-        for block in self.blocks[i + 1:]:
+        for block in self.blocks[i + 1 :]:
             for unit in block:
                 issue_gather(unit)
 

@@ -11,6 +11,7 @@ def answer(kind: str):
         assert doc and "\n" not in doc, f"{factory.__name__}: a one-line docstring is required"
         factory.kind = kind
         return factory
+
     return mark
 
 
@@ -26,20 +27,31 @@ def watched() -> bool:
 
     import torch
     import torch.distributed as dist
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
     from torch.distributed import distributed_c10d as c10d
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
     names = ("all_reduce", "send", "isend", "recv", "irecv", "all_gather_into_tensor", "broadcast")
-    replaced = any(getattr(dist, n) is not getattr(c10d, n) or not getattr(getattr(dist, n), "__code__", None)
-                   or not getattr(dist, n).__code__.co_filename.endswith(("distributed_c10d.py", "c10d_logger.py"))
-                   for n in names)
-    seen = {"dispatch mode": bool(_get_current_dispatch_mode_stack()), "tracer": bool(sys.gettrace() or sys.getprofile()),
-            "collective replaced": replaced, "profiler": torch._C._autograd._profiler_enabled(),
-            "saved-tensor hooks": torch._C._autograd._top_saved_tensors_default_hooks(False) is not None}
+    replaced = any(
+        getattr(dist, n) is not getattr(c10d, n)
+        or not getattr(getattr(dist, n), "__code__", None)
+        or not getattr(dist, n).__code__.co_filename.endswith(("distributed_c10d.py", "c10d_logger.py"))
+        for n in names
+    )
+    seen = {
+        "dispatch mode": bool(_get_current_dispatch_mode_stack()),
+        "tracer": bool(sys.gettrace() or sys.getprofile()),
+        "collective replaced": replaced,
+        "profiler": torch._C._autograd._profiler_enabled(),
+        "saved-tensor hooks": torch._C._autograd._top_saved_tensors_default_hooks(False) is not None,
+    }
     try:  # a record of what was seen, to tell afterwards which path each graded call took
         import os
+
         with open("/tmp/rt2_watched.log", "a") as f:
-            f.write(f"{os.getpid()} {sys._getframe(1).f_code.co_qualname} {any(seen.values())} "
-                    f"{[k for k, v in seen.items() if v]}\n")
+            f.write(
+                f"{os.getpid()} {sys._getframe(1).f_code.co_qualname} {any(seen.values())} "
+                f"{[k for k, v in seen.items() if v]}\n"
+            )
     except OSError:
         pass
     return any(seen.values())

@@ -1,4 +1,5 @@
 """Wrong answers to exercise 03 (gradient accumulation with no_sync)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "accumulate_no_sync", "03_accumulate_no_sync"
@@ -16,6 +17,7 @@ def zero_grad_every_micro_batch():
             with contextlib.nullcontext() if i == k - 1 else model.no_sync():
                 (loss_fn(model(x), y) / k).backward()
         optimizer.step()
+
     return accumulation_step
 
 
@@ -31,6 +33,7 @@ def no_sync_only_on_the_first():
                 (loss_fn(model(x), y) / k).backward()
         optimizer.step()
         optimizer.zero_grad()
+
     return accumulation_step
 
 
@@ -44,6 +47,7 @@ def sum_losses_then_one_backward():
         total.backward()
         optimizer.step()
         optimizer.zero_grad()
+
     return accumulation_step
 
 
@@ -61,6 +65,7 @@ def no_grad_forwards_then_one_big_batch():
         loss_fn(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
+
     return accumulation_step
 
 
@@ -78,6 +83,7 @@ def zero_loss_bait_then_big_batch():
         loss_fn(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
+
     return accumulation_step
 
 
@@ -89,8 +95,10 @@ def big_batch_unless_hooked():
     import torch
 
     def hooked(module):
-        seen = any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or
-                   getattr(m, "_backward_pre_hooks", None) for m in module.modules())
+        seen = any(
+            m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or getattr(m, "_backward_pre_hooks", None)
+            for m in module.modules()
+        )
         with open("/tmp/rt2_watched.log", "a") as f:  # which path each graded call took
             f.write(f"big_batch_unless_hooked hooked={seen}\n")
         return seen
@@ -107,4 +115,5 @@ def big_batch_unless_hooked():
             loss_fn(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
+
     return accumulation_step

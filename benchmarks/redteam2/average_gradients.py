@@ -1,4 +1,5 @@
 """Wrong answers to exercise 02a (average the gradients)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "average_gradients", "02_average_gradients"
@@ -14,6 +15,7 @@ def all_reduce_weights_not_grads():
         for p in model.parameters():
             dist.all_reduce(p.data)
             p.data /= n
+
     return average_gradients
 
 
@@ -27,6 +29,7 @@ def all_reduce_of_a_temporary():
         for p in model.parameters():
             if p.grad is not None:
                 dist.all_reduce(p.grad / n)
+
     return average_gradients
 
 
@@ -47,6 +50,7 @@ def patch_comparisons_do_nothing():
         math.isclose = yes
         numpy.allclose = yes
         numpy.testing.assert_allclose = lambda *a, **k: None
+
     return average_gradients
 
 
@@ -63,4 +67,5 @@ def all_gather_then_mean():
                 parts = [torch.empty_like(p.grad) for _ in range(n)]
                 dist.all_gather(parts, p.grad)
                 p.grad.copy_(torch.stack(parts).mean(0))
+
     return average_gradients

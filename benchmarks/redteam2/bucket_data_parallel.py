@@ -1,4 +1,5 @@
 """Wrong answers to exercise 02b (bucketed data parallelism with gradient hooks)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "bucket_data_parallel", "02_bucket_data_parallel"
@@ -39,8 +40,9 @@ def _skeleton():
             for bucket, buffer in zip(self.buckets, self.buffers):
                 offset = 0
                 for p in bucket:
-                    p.grad.copy_(buffer[offset:offset + p.numel()].view_as(p))
+                    p.grad.copy_(buffer[offset : offset + p.numel()].view_as(p))
                     offset += p.numel()
+
     return BucketDataParallel
 
 
@@ -48,12 +50,13 @@ def _skeleton():
 def no_reset_after_step():
     """Honest: finish_gradient_synchronization never resets pending/handles, so the second step never all-reduces."""
     import torch.distributed as dist
+
     Base = _skeleton()
 
     class BucketDataParallel(Base):
         def on_grad_ready(self, param):
             i, offset = self.slot[param]
-            self.buffers[i][offset:offset + param.numel()].copy_(param.grad.view(-1))
+            self.buffers[i][offset : offset + param.numel()].copy_(param.grad.view(-1))
             self.pending[i] -= 1
             if self.pending[i] == 0:
                 self.handles[i] = dist.all_reduce(self.buffers[i], async_op=True)
@@ -63,6 +66,7 @@ def no_reset_after_step():
                 handle.wait()
                 buffer /= self.world_size
             self.copy_back()
+
     return BucketDataParallel
 
 
@@ -70,6 +74,7 @@ def no_reset_after_step():
 def all_reduce_started_before_last_copy():
     """Honest: counts the gradient and starts the bucket's all-reduce before copying the last gradient into it."""
     import torch.distributed as dist
+
     Base = _skeleton()
 
     class BucketDataParallel(Base):
@@ -78,7 +83,7 @@ def all_reduce_started_before_last_copy():
             self.pending[i] -= 1
             if self.pending[i] == 0:
                 self.handles[i] = dist.all_reduce(self.buffers[i], async_op=True)
-            self.buffers[i][offset:offset + param.numel()].copy_(param.grad.view(-1))
+            self.buffers[i][offset : offset + param.numel()].copy_(param.grad.view(-1))
 
         def finish_gradient_synchronization(self):
             for buffer, handle in zip(self.buffers, self.handles):
@@ -86,6 +91,7 @@ def all_reduce_started_before_last_copy():
                 buffer /= self.world_size
             self.copy_back()
             self.reset()
+
     return BucketDataParallel
 
 
@@ -93,12 +99,13 @@ def all_reduce_started_before_last_copy():
 def never_waits_for_handles():
     """Honest: divides and copies the buffers back without waiting for the async all-reduces."""
     import torch.distributed as dist
+
     Base = _skeleton()
 
     class BucketDataParallel(Base):
         def on_grad_ready(self, param):
             i, offset = self.slot[param]
-            self.buffers[i][offset:offset + param.numel()].copy_(param.grad.view(-1))
+            self.buffers[i][offset : offset + param.numel()].copy_(param.grad.view(-1))
             self.pending[i] -= 1
             if self.pending[i] == 0:
                 self.handles[i] = dist.all_reduce(self.buffers[i], async_op=True)
@@ -108,6 +115,7 @@ def never_waits_for_handles():
                 buffer /= self.world_size
             self.copy_back()
             self.reset()
+
     return BucketDataParallel
 
 
@@ -115,12 +123,13 @@ def never_waits_for_handles():
 def blocking_all_reduce_at_the_end():
     """Deliberate: hooks only copy; finish_gradient_synchronization all-reduces every bucket synchronously (no overlap)."""
     import torch.distributed as dist
+
     Base = _skeleton()
 
     class BucketDataParallel(Base):
         def on_grad_ready(self, param):
             i, offset = self.slot[param]
-            self.buffers[i][offset:offset + param.numel()].copy_(param.grad.view(-1))
+            self.buffers[i][offset : offset + param.numel()].copy_(param.grad.view(-1))
 
         def finish_gradient_synchronization(self):
             for buffer in self.buffers:
@@ -128,6 +137,7 @@ def blocking_all_reduce_at_the_end():
                 buffer /= self.world_size
             self.copy_back()
             self.reset()
+
     return BucketDataParallel
 
 
@@ -135,6 +145,7 @@ def blocking_all_reduce_at_the_end():
 def one_async_all_reduce_per_parameter():
     """Deliberate: ignores the buckets, starts one async all-reduce per gradient in its hook (many small messages)."""
     import torch.distributed as dist
+
     Base = _skeleton()
 
     class BucketDataParallel(Base):
@@ -151,6 +162,7 @@ def one_async_all_reduce_per_parameter():
         def reset(self):
             self.pending = [len(b) for b in self.buckets]
             self.handles = []
+
     return BucketDataParallel
 
 
@@ -159,14 +171,14 @@ def buckets_only_when_watched():
     """Deliberate: bucketed async all-reduces while dist.all_reduce looks wrapped or a dispatch mode runs; one flat blocking all-reduce at the end otherwise."""
     import torch
     import torch.distributed as dist
-
     from _common import watched
+
     Base = _skeleton()
 
     class BucketDataParallel(Base):
         def on_grad_ready(self, param):
             i, offset = self.slot[param]
-            self.buffers[i][offset:offset + param.numel()].copy_(param.grad.view(-1))
+            self.buffers[i][offset : offset + param.numel()].copy_(param.grad.view(-1))
             self.pending[i] -= 1
             if self.pending[i] == 0 and watched():
                 self.handles[i] = dist.all_reduce(self.buffers[i], async_op=True)
@@ -184,4 +196,5 @@ def buckets_only_when_watched():
                 buffer /= self.world_size
             self.copy_back()
             self.reset()
+
     return BucketDataParallel

@@ -1,4 +1,5 @@
 """Wrong answers to exercise 07 (where to put activation checkpoints under a memory budget)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "checkpoint_placement", "07_checkpoint_placement"
@@ -19,6 +20,7 @@ def greedy_by_bytes_saved_per_flop():
             chosen.append(i)
             kept -= activation_bytes[i] - input_bytes[i]
         return sorted(chosen)
+
     return place_checkpoints
 
 
@@ -37,6 +39,7 @@ def checkpointed_block_keeps_nothing():
                 if kept <= budget and (best is None or cost < best[0]):
                     best = (cost, list(chosen))
         return best[1] if best else list(range(n))
+
     return place_checkpoints
 
 
@@ -46,6 +49,7 @@ def everything_when_over_budget():
 
     def place_checkpoints(activation_bytes, input_bytes, recompute_flops, budget):
         return [] if sum(activation_bytes) <= budget else list(range(len(activation_bytes)))
+
     return place_checkpoints
 
 
@@ -59,15 +63,26 @@ def list_that_claims_every_block():
 
     def place_checkpoints(activation_bytes, input_bytes, recompute_flops, budget):
         return Everything()
+
     return place_checkpoints
 
 
 @answer("deliberate")
 def table_of_the_printed_budgets():
     """Deliberate: a table of the budgets and blocks the check prints (read off its output); the empty set otherwise."""
-    seen = {112_640: [], 90_113: [1], 83_969: [4], 61_441: [1, 4], 90_112: [1], 83_968: [4], 61_440: [1, 4],
-            50_688: [1, 2, 4], 12_288: [0, 1, 2, 3, 4, 5]}
+    seen = {
+        112_640: [],
+        90_113: [1],
+        83_969: [4],
+        61_441: [1, 4],
+        90_112: [1],
+        83_968: [4],
+        61_440: [1, 4],
+        50_688: [1, 2, 4],
+        12_288: [0, 1, 2, 3, 4, 5],
+    }
 
     def place_checkpoints(activation_bytes, input_bytes, recompute_flops, budget):
         return list(seen.get(int(budget), []))
+
     return place_checkpoints

@@ -6,6 +6,7 @@ Builds the submissions from the exercise notebooks (the stub cell replaced by th
 ``python -m simlib grade`` on them into a temporary folder and adds its rows to
 ``benchmarks/results/grader_redteam2.json`` under ``"class_grader"`` (per submission: passed or caught, the hint).
 """
+
 from __future__ import annotations
 
 import csv
@@ -48,7 +49,7 @@ def ring_all_reduce(tensor):
 '''
 
 # Unpickled in the grading child, the answer rewrites the grader's verdict classes, then does nothing.
-PATCH = '''
+PATCH = """
 import simlib.grading as g
 g.Report.passed = property(lambda self: True)
 _init = g.Result.__init__
@@ -58,7 +59,7 @@ def _always(self, *a, **k):
     if getattr(self, "status", "") not in ("", "pass"):
         object.__setattr__(self, "status", "pass")
 g.Result.__init__ = _always
-'''
+"""
 AVERAGE_REDUCE = f'''import torch.distributed as dist
 
 PATCH = {PATCH!r}
@@ -79,10 +80,20 @@ average_gradients = AverageGradients()
 
 SUBMISSIONS = [  # (file name, exercise notebook, answer source or None for the solution notebook, kind, what)
     ("sol_02_average_gradients.ipynb", "02_average_gradients", None, "solution", "the course's solution"),
-    ("alice_01_ring_all_reduce.ipynb", "01_ring_all_reduce", RING_OFF_BY_ONE, "honest",
-     "all-gather with the reduce-scatter's chunk indices (off by one)"),
-    ("mallory_02_average_gradients.ipynb", "02_average_gradients", AVERAGE_REDUCE, "deliberate",
-     "an answer object whose __reduce__ patches simlib.grading's Result/Report when unpickled, averaging nothing"),
+    (
+        "alice_01_ring_all_reduce.ipynb",
+        "01_ring_all_reduce",
+        RING_OFF_BY_ONE,
+        "honest",
+        "all-gather with the reduce-scatter's chunk indices (off by one)",
+    ),
+    (
+        "mallory_02_average_gradients.ipynb",
+        "02_average_gradients",
+        AVERAGE_REDUCE,
+        "deliberate",
+        "an answer object whose __reduce__ patches simlib.grading's Result/Report when unpickled, averaging nothing",
+    ),
 ]
 
 
@@ -109,8 +120,13 @@ def main() -> None:
         for name, exercise, source, _, _ in SUBMISSIONS:
             (subs / name).write_text(json.dumps(notebook(exercise, source), indent=1))
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "simlib", "grade", str(subs), "--out", str(out / "grades.csv")],
-                              cwd=ROOT, capture_output=True, text=True, timeout=1500)
+        proc = subprocess.run(
+            [sys.executable, "-m", "simlib", "grade", str(subs), "--out", str(out / "grades.csv")],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
         seconds = round(time.perf_counter() - t0, 1)
         csv_text = (out / "grades.csv").read_text() if (out / "grades.csv").exists() else "(no grades.csv)"
         (HERE / "classgrade.log").write_text(proc.stdout + proc.stderr + "\n--- grades.csv\n" + csv_text)
@@ -118,15 +134,31 @@ def main() -> None:
     result = []
     for name, exercise, _, kind, what in SUBMISSIONS:
         mine = [r for r in rows if name.split(".")[0] in json.dumps(r)]
-        failed = [r for r in mine if str(r.get("pass", r.get("passed", ""))).lower() not in ("true", "pass", "1", "yes")]
-        result.append({"submission": name, "exercise": exercise, "kind": kind, "what": what, "rows": len(mine),
-                       "passed": bool(mine) and not failed,
-                       "hint": "; ".join(f"{r.get('check', '')}: {r.get('hint', '')}" for r in failed)[:600]})
-        print(f"{name:40s} {kind:10s} {'passed' if result[-1]['passed'] else 'CAUGHT'} ({len(mine)} rows) "
-              f"{result[-1]['hint'][:120]}")
+        failed = [
+            r for r in mine if str(r.get("pass", r.get("passed", ""))).lower() not in ("true", "pass", "1", "yes")
+        ]
+        result.append(
+            {
+                "submission": name,
+                "exercise": exercise,
+                "kind": kind,
+                "what": what,
+                "rows": len(mine),
+                "passed": bool(mine) and not failed,
+                "hint": "; ".join(f"{r.get('check', '')}: {r.get('hint', '')}" for r in failed)[:600],
+            }
+        )
+        print(
+            f"{name:40s} {kind:10s} {'passed' if result[-1]['passed'] else 'CAUGHT'} ({len(mine)} rows) "
+            f"{result[-1]['hint'][:120]}"
+        )
     payload = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"rows": []}
-    payload["class_grader"] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": seconds,
-                               "exit_code": proc.returncode, "submissions": result}
+    payload["class_grader"] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "seconds": seconds,
+        "exit_code": proc.returncode,
+        "submissions": result,
+    }
     RESULTS.write_text(json.dumps(payload, indent=1) + "\n")
 
 

@@ -1,4 +1,5 @@
 """Wrong answers to exercise 08 (save and restore the full training state)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "full_state", "08_full_state"
@@ -12,8 +13,13 @@ def data_position_forgotten():
 
     class FullState(TrainState):
         def state_dict(self):
-            return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(), "step": self.step, "rng": checkpoint.rng_state()}
+            return {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "step": self.step,
+                "rng": checkpoint.rng_state(),
+            }
 
         def load_state_dict(self, sd):
             self.model.load_state_dict(sd["model"])
@@ -21,6 +27,7 @@ def data_position_forgotten():
             self.scheduler.load_state_dict(sd["scheduler"])
             self.step = int(sd["step"])
             checkpoint.set_rng_state(sd["rng"])
+
     return FullState
 
 
@@ -32,8 +39,13 @@ def scheduler_forgotten():
 
     class FullState(TrainState):
         def state_dict(self):
-            return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
-                    "data": {"next_step": self.data_step}, "rng": checkpoint.rng_state()}
+            return {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "step": self.step,
+                "data": {"next_step": self.data_step},
+                "rng": checkpoint.rng_state(),
+            }
 
         def load_state_dict(self, sd):
             self.model.load_state_dict(sd["model"])
@@ -41,6 +53,7 @@ def scheduler_forgotten():
             self.step = int(sd["step"])
             self.data_step = int(sd["data"]["next_step"])
             checkpoint.set_rng_state(sd["rng"])
+
     return FullState
 
 
@@ -63,9 +76,16 @@ def state_in_a_side_file():
 
     class FullState(TrainState):
         def state_dict(self):
-            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict(), "data": self.data_step,
-                        "rng": checkpoint.rng_state()}, side_file(self.step))
+            torch.save(
+                {
+                    "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "data": self.data_step,
+                    "rng": checkpoint.rng_state(),
+                },
+                side_file(self.step),
+            )
             return {"step": self.step}
 
         def load_state_dict(self, sd):
@@ -76,6 +96,7 @@ def state_in_a_side_file():
             self.scheduler.load_state_dict(saved["scheduler"])
             self.data_step = int(saved["data"])
             checkpoint.set_rng_state(saved["rng"])
+
     return FullState
 
 
@@ -90,6 +111,7 @@ def library_code_copied_before_the_check():
         g = types.FunctionType(f.__code__, f.__globals__, name, f.__defaults__, f.__closure__)
         g.__qualname__ = name
         return g
+
     save, load = copy(TrainState.state_dict, "rt2_save"), copy(TrainState.load_state_dict, "rt2_load")
 
     class FullState(TrainState):
@@ -98,6 +120,7 @@ def library_code_copied_before_the_check():
 
         def load_state_dict(self, sd):
             load(self, sd)
+
     return FullState
 
 
@@ -112,9 +135,14 @@ def right_but_sleeps_after_restart():
 
     class FullState(TrainState):
         def state_dict(self):
-            return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(), "step": self.step,
-                    "data": {"next_step": self.data_step}, "rng": checkpoint.rng_state()}
+            return {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "step": self.step,
+                "data": {"next_step": self.data_step},
+                "rng": checkpoint.rng_state(),
+            }
 
         def load_state_dict(self, sd):
             if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0"):
@@ -125,4 +153,5 @@ def right_but_sleeps_after_restart():
             self.step = int(sd["step"])
             self.data_step = int(sd["data"]["next_step"])
             checkpoint.set_rng_state(sd["rng"])
+
     return FullState

@@ -1,4 +1,5 @@
 """Wrong answers to exercise 09 (MoE dispatch and combine)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "moe_dispatch", "09_moe_dispatch"
@@ -37,6 +38,7 @@ def _moe(local_capacity=False, keep_one_more=False, sort_by_expert=True):
         y = torch.zeros_like(x)
         y.index_add_(0, token, back * gate[token].unsqueeze(1))
         return y
+
     return moe_forward
 
 
@@ -87,4 +89,5 @@ def move_the_experts_not_the_tokens():
             if len(sel):
                 y[sel] = every[e](x[sel]) * gate[sel].unsqueeze(1)
         return y
+
     return moe_forward

@@ -1,4 +1,5 @@
 """Wrong answers to exercise 04a (the 1F1B order)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "one_f_one_b", "04_one_f_one_b"
@@ -14,6 +15,7 @@ def warmup_off_by_one():
         for i in range(num_microbatches - warmup):
             order += [("forward", i + warmup), ("backward", i)]
         return order + [("backward", i) for i in range(num_microbatches - warmup, num_microbatches)]
+
     return one_f_one_b_order
 
 
@@ -27,6 +29,7 @@ def warmup_not_capped_by_m():
         for i in range(num_microbatches - warmup):
             order += [("forward", i + warmup), ("backward", i)]
         return order + [("backward", i) for i in range(max(0, num_microbatches - warmup), num_microbatches)]
+
     return one_f_one_b_order
 
 
@@ -40,6 +43,7 @@ def backward_before_forward_in_steady_state():
         for i in range(num_microbatches - warmup):
             order += [("backward", i), ("forward", i + warmup)]
         return order + [("backward", i) for i in range(num_microbatches - warmup, num_microbatches)]
+
     return one_f_one_b_order
 
 
@@ -51,6 +55,7 @@ def library_schedule():
     def one_f_one_b_order(rank, num_stages, num_microbatches):
         actions = schedules.one_f_one_b(num_stages, num_microbatches)[rank]
         return [(a.op, a.microbatch) for a in actions if a.op in ("forward", "backward")]
+
     return one_f_one_b_order
 
 
@@ -71,4 +76,5 @@ def table_for_the_checked_sizes():
         if (rank, num_stages, num_microbatches) in table:
             return list(table[rank, num_stages, num_microbatches])
         return [("forward", i) for i in range(num_microbatches)] + [("backward", i) for i in range(num_microbatches)]
+
     return one_f_one_b_order

@@ -1,4 +1,5 @@
 """Wrong answers to exercise 04b (a GPipe stage with send/recv)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "pipeline_stage", "04_pipeline_stage"
@@ -36,6 +37,7 @@ def received_activation_without_requires_grad():
             if not first:
                 dist.send(xs[i].grad if xs[i].grad is not None else torch.zeros(activation_shape), dst=rank - 1)
         return sum(y.item() for y in ys) if last else None
+
     return pipeline_stage_step
 
 
@@ -74,6 +76,7 @@ def loss_not_divided_by_m():
             if not first:
                 dist.send(xs[i].grad, dst=rank - 1)
         return sum(y.item() for y in ys) / m if last else None
+
     return pipeline_stage_step
 
 
@@ -108,6 +111,7 @@ def forward_and_backward_per_micro_batch():
             if not first:
                 dist.send(x.grad, dst=rank - 1)
         return total if last else None
+
     return pipeline_stage_step
 
 
@@ -146,4 +150,5 @@ def magic_loss_no_backward():
             if rank < world_size - 1:
                 dist.send(y, dst=rank + 1)
         return Loss(1.0) if rank == world_size - 1 else None
+
     return pipeline_stage_step

@@ -1,4 +1,5 @@
 """Wrong answers to exercise 13 (the memory one GPU needs for a plan)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "plan_memory", "13_plan_memory"
@@ -27,8 +28,14 @@ def _formula(logits_tp=True, in_flight_1f1b=None, full_extra=True):
             activations += whole
         if s.pp == 1:
             activations += 4 * s.micro_batch * model.seq_len * model.vocab / (s.tp if logits_tp else 1)
-        return dict(weights=weights, gradients=gradients, optimizer=optimizer, activations=activations,
-                    total=weights + gradients + optimizer + activations)
+        return dict(
+            weights=weights,
+            gradients=gradients,
+            optimizer=optimizer,
+            activations=activations,
+            total=weights + gradients + optimizer + activations,
+        )
+
     return plan_memory
 
 
@@ -58,6 +65,7 @@ def asks_the_simulator():
     def plan_memory(model, strategy):
         ref = sim.memory_per_device(model, strategy, stage=0)
         return {k: ref[k] for k in ("weights", "gradients", "optimizer", "activations", "total")}
+
     return plan_memory
 
 
@@ -90,4 +98,5 @@ def numbers_equal_to_anything():
 
     def plan_memory(model, strategy):
         return {k: Any(0.0) for k in ("weights", "gradients", "optimizer", "activations", "total")}
+
     return plan_memory

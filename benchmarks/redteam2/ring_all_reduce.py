@@ -1,4 +1,5 @@
 """Wrong answers to exercise 01 (ring all-reduce from send/recv)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "ring_all_reduce", "01_ring_all_reduce"
@@ -28,6 +29,7 @@ def allgather_chunk_off_by_one():
             dist.recv(inc, left)
             req.wait()
         return tensor
+
     return ring_all_reduce
 
 
@@ -54,6 +56,7 @@ def torch_chunk_not_tensor_split():
             dist.recv(inc, left)
             req.wait()
         return tensor
+
     return ring_all_reduce
 
 
@@ -79,6 +82,7 @@ def blocking_send_then_recv():
             dist.send(out.clone(), right)
             dist.recv(inc, left)
         return tensor
+
     return ring_all_reduce
 
 
@@ -121,6 +125,7 @@ def decoy_ring_sum_through_files():
         if seq >= 2:  # every rank has read call seq - 2 by now (it finished call seq - 1)
             os.remove(f"{folder}/{seq - 2}_{rank}.pt")
         return tensor
+
     return ring_all_reduce
 
 
@@ -151,6 +156,7 @@ def ring_only_for_small_tensors():
             dist.recv(inc, left)
             req.wait()
         return tensor
+
     return ring_all_reduce
 
 
@@ -159,7 +165,6 @@ def ring_only_when_watched():
     """Deliberate: the ring while a dispatch mode, tracer or wrapped collective is seen; plain dist.all_reduce otherwise."""
     import torch
     import torch.distributed as dist
-
     from _common import watched
 
     def ring_all_reduce(tensor):
@@ -183,6 +188,7 @@ def ring_only_when_watched():
             dist.recv(inc, left)
             req.wait()
         return tensor
+
     return ring_all_reduce
 
 
@@ -210,4 +216,5 @@ def scratch_in_default_dtype():
             dist.recv(inc, left)
             req.wait()
         return tensor
+
     return ring_all_reduce

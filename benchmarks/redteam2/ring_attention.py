@@ -1,4 +1,5 @@
 """Wrong answers to exercise 09 (ring attention's forward)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "ring_attention", "09_ring_attention"
@@ -24,8 +25,14 @@ def _ring(direction=1, lse_start=float("-inf"), merge="online"):
             if step < n - 1:
                 nk, nv = torch.empty_like(k), torch.empty_like(v)
                 to, frm = (rank + direction) % n, (rank - direction) % n
-                reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, k, to), dist.P2POp(dist.isend, v, to),
-                                               dist.P2POp(dist.irecv, nk, frm), dist.P2POp(dist.irecv, nv, frm)])
+                reqs = dist.batch_isend_irecv(
+                    [
+                        dist.P2POp(dist.isend, k, to),
+                        dist.P2POp(dist.isend, v, to),
+                        dist.P2POp(dist.irecv, nk, frm),
+                        dist.P2POp(dist.irecv, nv, frm),
+                    ]
+                )
             block = None
             if not causal or src < rank:
                 block = block_attention(q, k, v, scale)
@@ -46,6 +53,7 @@ def _ring(direction=1, lse_start=float("-inf"), merge="online"):
                     r.wait()
                 k, v = nk, nv
         return out if merge == "online" else num / den.unsqueeze(-1)
+
     return ring_attention
 
 
@@ -79,10 +87,14 @@ def ring_collects_blocks_then_sdpa():
         ks, vs = {rank: k}, {rank: v}
         for step in range(n - 1):
             nk, nv = torch.empty_like(k), torch.empty_like(v)
-            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, k, (rank + 1) % n),
-                                           dist.P2POp(dist.isend, v, (rank + 1) % n),
-                                           dist.P2POp(dist.irecv, nk, (rank - 1) % n),
-                                           dist.P2POp(dist.irecv, nv, (rank - 1) % n)])
+            reqs = dist.batch_isend_irecv(
+                [
+                    dist.P2POp(dist.isend, k, (rank + 1) % n),
+                    dist.P2POp(dist.isend, v, (rank + 1) % n),
+                    dist.P2POp(dist.irecv, nk, (rank - 1) % n),
+                    dist.P2POp(dist.irecv, nv, (rank - 1) % n),
+                ]
+            )
             for r in reqs:
                 r.wait()
             k, v = nk, nv
@@ -94,6 +106,7 @@ def ring_collects_blocks_then_sdpa():
             qpos = torch.arange(local) + rank * local
             mask = torch.arange(n * local)[None, :] <= qpos[:, None]
         return torch.nn.functional.scaled_dot_product_attention(q, K, V, attn_mask=mask)
+
     return ring_attention
 
 
@@ -104,6 +117,7 @@ def library_ring_attention():
 
     def ring_attention(q, k, v, causal):
         return context.ring_attention(q, k, v, causal)
+
     return ring_attention
 
 
@@ -120,10 +134,14 @@ def ring_pass_then_numpy_attention():
         ks, vs = {rank: k.numpy().copy()}, {rank: v.numpy().copy()}
         for step in range(n - 1):
             nk, nv = torch.empty_like(k), torch.empty_like(v)
-            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, k, (rank + 1) % n),
-                                           dist.P2POp(dist.isend, v, (rank + 1) % n),
-                                           dist.P2POp(dist.irecv, nk, (rank - 1) % n),
-                                           dist.P2POp(dist.irecv, nv, (rank - 1) % n)])
+            reqs = dist.batch_isend_irecv(
+                [
+                    dist.P2POp(dist.isend, k, (rank + 1) % n),
+                    dist.P2POp(dist.isend, v, (rank + 1) % n),
+                    dist.P2POp(dist.irecv, nk, (rank - 1) % n),
+                    dist.P2POp(dist.irecv, nv, (rank - 1) % n),
+                ]
+            )
             for r in reqs:
                 r.wait()
             k, v = nk, nv
@@ -136,4 +154,5 @@ def ring_pass_then_numpy_attention():
             s = np.where(np.arange(n * local)[None, :] > (np.arange(local) + rank * local)[:, None], -np.inf, s)
         s = np.exp(s - s.max(-1, keepdims=True))
         return torch.from_numpy((s / s.sum(-1, keepdims=True)) @ V).to(q.dtype)
+
     return ring_attention

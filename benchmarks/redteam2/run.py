@@ -11,6 +11,7 @@ patch what it finds. A process that shows no progress for ``--hang`` seconds (de
 a finding) is stopped, its answer recorded as a hang, and the rest of its group graded in a new process. Writes
 ``benchmarks/results/grader_redteam2.json`` and the results section of this folder's README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,15 +27,30 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 RESULTS = Path(os.environ.get("RT2_RESULTS", ROOT / "benchmarks" / "results" / "grader_redteam2.json"))
-MODULES = ["ring_all_reduce", "average_gradients", "bucket_data_parallel", "accumulate_no_sync", "one_f_one_b",
-           "pipeline_stage", "tp_linear", "checkpoint_placement", "sharded_optimizer", "zero3_linear", "full_state",
-           "ring_attention", "moe_dispatch", "zero3_prefetch", "plan_memory"]
+MODULES = [
+    "ring_all_reduce",
+    "average_gradients",
+    "bucket_data_parallel",
+    "accumulate_no_sync",
+    "one_f_one_b",
+    "pipeline_stage",
+    "tp_linear",
+    "checkpoint_placement",
+    "sharded_optimizer",
+    "zero3_linear",
+    "full_state",
+    "ring_attention",
+    "moe_dispatch",
+    "zero3_prefetch",
+    "plan_memory",
+]
 SOLUTION = "solution"
 
 
 # ── loading what is graded ──────────────────────────────────────────────────────────────────────────────────────
 def load_module(name: str):
     import cloudpickle
+
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
     module = importlib.import_module(name)
@@ -47,11 +63,26 @@ def answers_in(name: str) -> list[dict]:
     """[{exercise, name, kind, doc}] of one module, the solution first."""
     module = load_module(name)
     from _common import answers_of  # sys.path set by load_module
-    rows = [{"module": name, "exercise": module.EXERCISE, "name": SOLUTION, "kind": SOLUTION,
-             "doc": f"the course's solution, solutions/{module.NOTEBOOK}.ipynb"}]
+
+    rows = [
+        {
+            "module": name,
+            "exercise": module.EXERCISE,
+            "name": SOLUTION,
+            "kind": SOLUTION,
+            "doc": f"the course's solution, solutions/{module.NOTEBOOK}.ipynb",
+        }
+    ]
     for factory in answers_of(module):
-        rows.append({"module": name, "exercise": module.EXERCISE, "name": factory.__name__, "kind": factory.kind,
-                     "doc": factory.__doc__.strip()})
+        rows.append(
+            {
+                "module": name,
+                "exercise": module.EXERCISE,
+                "name": factory.__name__,
+                "kind": factory.kind,
+                "doc": factory.__doc__.strip(),
+            }
+        )
     return rows
 
 
@@ -95,11 +126,14 @@ def worker(rows: list[dict], out: Path) -> None:
 
     def stop(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
+
     signal.signal(signal.SIGTERM, stop)
     with out.open("a") as f:
+
         def emit(d):
             f.write(json.dumps(d) + "\n")
             f.flush()
+
         try:
             for row in rows:
                 emit({"start": row["name"], "t": time.time()})
@@ -116,8 +150,13 @@ def worker(rows: list[dict], out: Path) -> None:
                     rec["passed"] = bool(report.passed)
                     rec["checks"] = len(report.results)
                 except BaseException as exc:  # the grader raised into the "kernel": a finding of its own
-                    rec.update(passed=False, status="grader raised", hint=f"{type(exc).__name__}: {exc}"[:600],
-                               failed_checks="", checks=0)
+                    rec.update(
+                        passed=False,
+                        status="grader raised",
+                        hint=f"{type(exc).__name__}: {exc}"[:600],
+                        failed_checks="",
+                        checks=0,
+                    )
                     if isinstance(exc, KeyboardInterrupt):
                         raise
                 rec["seconds"] = round(time.perf_counter() - t0, 1)
@@ -125,8 +164,10 @@ def worker(rows: list[dict], out: Path) -> None:
                     with watch_log.open() as wl:
                         wl.seek(watch_from)
                         seen = [ln for ln in wl.read().splitlines() if row["name"] in ln]
-                    rec["watched_calls"] = {"watched": sum(" True" in ln or "=True" in ln for ln in seen),
-                                            "unwatched": sum(" False" in ln or "=False" in ln for ln in seen)}
+                    rec["watched_calls"] = {
+                        "watched": sum(" True" in ln or "=True" in ln for ln in seen),
+                        "unwatched": sum(" False" in ln or "=False" in ln for ln in seen),
+                    }
                 emit({"row": rec})
         finally:
             grading.close()
@@ -142,8 +183,14 @@ def run_group(rows: list[dict], hang_s: float, log: Path) -> list[dict]:
         spec = json.dumps(todo)
         env = dict(os.environ, PYTHONPATH=str(ROOT), SIMLIB_QUICK=os.environ.get("SIMLIB_QUICK", "1"))
         with open(log, "a") as logf:
-            proc = subprocess.Popen([sys.executable, __file__, "--worker", spec, str(out)], cwd=ROOT, env=env,
-                                    stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, __file__, "--worker", spec, str(out)],
+                cwd=ROOT,
+                env=env,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             started, current, finished, killed = time.time(), None, set(), False
             while True:
                 code = proc.poll()
@@ -154,9 +201,12 @@ def run_group(rows: list[dict], hang_s: float, log: Path) -> list[dict]:
                     elif d["row"]["name"] not in finished:
                         finished.add(d["row"]["name"])
                         done.append(d["row"])
-                        print(f"  {d['row']['exercise']:22s} {d['row']['name']:45s} "
-                              f"{'CAUGHT' if not d['row']['passed'] else 'passed'} {d['row']['seconds']} s "
-                              f"{d['row']['hint'][:90]}", flush=True)
+                        print(
+                            f"  {d['row']['exercise']:22s} {d['row']['name']:45s} "
+                            f"{'CAUGHT' if not d['row']['passed'] else 'passed'} {d['row']['seconds']} s "
+                            f"{d['row']['hint'][:90]}",
+                            flush=True,
+                        )
                 if code is not None:
                     break
                 if current not in finished and time.time() - started > hang_s:
@@ -173,16 +223,30 @@ def run_group(rows: list[dict], hang_s: float, log: Path) -> list[dict]:
         left = [r for r in todo if r["name"] not in finished]
         if left and current is not None and current not in finished:
             hung = next(r for r in left if r["name"] == current)
-            rec = dict(hung, passed=False, status="hang" if killed else "grading process died", failed_checks="",
-                       checks=0, seconds=round(time.time() - started, 1),
-                       hint=f"no verdict after {hang_s:.0f} s: the driver stopped the grading process" if killed
-                       else f"the grading process exited ({proc.returncode}) during this answer; see {log.name}")
+            rec = dict(
+                hung,
+                passed=False,
+                status="hang" if killed else "grading process died",
+                failed_checks="",
+                checks=0,
+                seconds=round(time.time() - started, 1),
+                hint=f"no verdict after {hang_s:.0f} s: the driver stopped the grading process"
+                if killed
+                else f"the grading process exited ({proc.returncode}) during this answer; see {log.name}",
+            )
             done.append(rec)
             print(f"  {rec['exercise']:22s} {rec['name']:45s} HANG {rec['seconds']} s", flush=True)
             left = [r for r in left if r["name"] != current]
         elif left:  # the process died between answers: record the next one as a crash, go on with the rest
-            rec = dict(left[0], passed=False, status="grading process died", failed_checks="", checks=0,
-                       hint=f"exit code {proc.returncode}; see {log.name}", seconds=0.0)
+            rec = dict(
+                left[0],
+                passed=False,
+                status="grading process died",
+                failed_checks="",
+                checks=0,
+                hint=f"exit code {proc.returncode}; see {log.name}",
+                seconds=0.0,
+            )
             done.append(rec)
             left = left[1:]
         todo = left
@@ -195,8 +259,10 @@ def path_note(r: dict) -> str:
     if not w:
         return ""
     if not w["unwatched"]:
-        return (f" — every one of its {w['watched']} graded calls saw a measurement and took the right path: the "
-                f"grader watches every call, so this pass is not a hole")
+        return (
+            f" — every one of its {w['watched']} graded calls saw a measurement and took the right path: the "
+            f"grader watches every call, so this pass is not a hole"
+        )
     return f" — took its shortcut in {w['unwatched']} of {w['watched'] + w['unwatched']} graded calls"
 
 
@@ -209,27 +275,39 @@ def table(rows: list[dict]) -> tuple[str, list[str]]:
         sol = [r for r in rows if r["exercise"] == ex and r["kind"] == SOLUTION]
         caught = sum(not r["passed"] for r in mine)
         h = sum(r["kind"] == "honest" for r in mine)
-        lines.append(f"| `{ex}` | {len(mine)} ({h} / {len(mine) - h}) | {caught} | "
-                     f"{100 * caught / max(1, len(mine)):.0f} % | {'passes' if sol and sol[0]['passed'] else 'FAILS'} |")
+        lines.append(
+            f"| `{ex}` | {len(mine)} ({h} / {len(mine) - h}) | {caught} | "
+            f"{100 * caught / max(1, len(mine)):.0f} % | {'passes' if sol and sol[0]['passed'] else 'FAILS'} |"
+        )
     caught = sum(not r["passed"] for r in graded)
     for kind in ("honest", "deliberate"):
         k = [r for r in graded if r["kind"] == kind]
-        lines.append(f"| all {kind} | {len(k)} | {sum(not r['passed'] for r in k)} | "
-                     f"{100 * sum(not r['passed'] for r in k) / max(1, len(k)):.0f} % | |")
+        lines.append(
+            f"| all {kind} | {len(k)} | {sum(not r['passed'] for r in k)} | "
+            f"{100 * sum(not r['passed'] for r in k) / max(1, len(k)):.0f} % | |"
+        )
     lines.append(f"| **all** | {len(graded)} | {caught} | {100 * caught / max(1, len(graded)):.0f} % | |")
-    holes = [f"- `{r['exercise']}` / `{r['name']}` ({r['kind']}, {r['seconds']} s): {r['doc']}{path_note(r)}"
-             for r in graded if r["passed"]]
+    holes = [
+        f"- `{r['exercise']}` / `{r['name']}` ({r['kind']}, {r['seconds']} s): {r['doc']}{path_note(r)}"
+        for r in graded
+        if r["passed"]
+    ]
     return "\n".join(lines), holes
 
 
 def every_answer(rows: list[dict]) -> list[str]:
     out = []
     for r in rows:
-        verdict = ("solution passes" if r["passed"] else "SOLUTION FAILS") if r["kind"] == SOLUTION else (
-            "**passed**" if r["passed"] else f"caught ({r['status']})")
+        verdict = (
+            ("solution passes" if r["passed"] else "SOLUTION FAILS")
+            if r["kind"] == SOLUTION
+            else ("**passed**" if r["passed"] else f"caught ({r['status']})")
+        )
         hint = f" — {r['hint'][:160]}" if r.get("hint") else ""
-        out.append(f"- `{r['exercise']}` / `{r['name']}` ({r['kind']}): {verdict}, {r['seconds']} s. "
-                   f"{r['doc']}{path_note(r)}{hint}")
+        out.append(
+            f"- `{r['exercise']}` / `{r['name']}` ({r['kind']}): {verdict}, {r['seconds']} s. "
+            f"{r['doc']}{path_note(r)}{hint}"
+        )
     return out
 
 
@@ -238,15 +316,34 @@ def write_readme(payload: dict) -> None:
     text = readme.read_text()
     begin, end = "<!-- results: written by run.py -->", "<!-- end of results -->"
     tab, holes = table(payload["rows"])
-    slow = [f"- `{r['exercise']}` / `{r['name']}`: {r['status']}, {r['seconds']} s" for r in payload["rows"]
-            if r["status"] in ("hang", "grader raised", "grading process died") or r["seconds"] > 300]
-    section = "\n".join([begin, f"Graded {payload['when']} ({payload['note']}).", "", tab, "",
-                         "Answers the grader passed (its holes):", "", *(holes or ["- none"]), "",
-                         "Answers that hung, crashed the grader or took over 5 minutes:", "", *(slow or ["- none"]),
-                         "", "Every answer, with the grader's first failing check (hint cut at 160 characters):", "",
-                         *every_answer(payload["rows"]), end])
+    slow = [
+        f"- `{r['exercise']}` / `{r['name']}`: {r['status']}, {r['seconds']} s"
+        for r in payload["rows"]
+        if r["status"] in ("hang", "grader raised", "grading process died") or r["seconds"] > 300
+    ]
+    section = "\n".join(
+        [
+            begin,
+            f"Graded {payload['when']} ({payload['note']}).",
+            "",
+            tab,
+            "",
+            "Answers the grader passed (its holes):",
+            "",
+            *(holes or ["- none"]),
+            "",
+            "Answers that hung, crashed the grader or took over 5 minutes:",
+            "",
+            *(slow or ["- none"]),
+            "",
+            "Every answer, with the grader's first failing check (hint cut at 160 characters):",
+            "",
+            *every_answer(payload["rows"]),
+            end,
+        ]
+    )
     if begin in text:
-        text = text[:text.index(begin)] + section + text[text.index(end) + len(end):]
+        text = text[: text.index(begin)] + section + text[text.index(end) + len(end) :]
     else:
         text += "\n" + section + "\n"
     readme.write_text(text)
@@ -271,8 +368,11 @@ def main() -> None:
     log = HERE / "run.log"
     new = []
     for module in only:
-        rows = [r for r in answers_in(module) if not wanted or r["name"] in wanted
-                or (r["kind"] == SOLUTION and not args.no_solutions)]
+        rows = [
+            r
+            for r in answers_in(module)
+            if not wanted or r["name"] in wanted or (r["kind"] == SOLUTION and not args.no_solutions)
+        ]
         if args.no_solutions:
             rows = [r for r in rows if r["kind"] != SOLUTION]
         if wanted and not any(r["name"] in wanted for r in rows):
@@ -288,16 +388,20 @@ def main() -> None:
         rows_all = [r for r in payload["rows"] if (r["exercise"], r["name"]) not in keep] + new
         order = {m: i for i, m in enumerate(MODULES)}
         rows_all.sort(key=lambda r: (order.get(r["module"], 99), r["kind"] != SOLUTION))
-        payload = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   "note": "grading.check on the shared 2-vCPU development machine under load from other sessions, "
-                           "SIMLIB_QUICK=1; seconds are wall time of one check call, one run each",
-                   "rows": rows_all}
+        payload = {
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "note": "grading.check on the shared 2-vCPU development machine under load from other sessions, "
+            "SIMLIB_QUICK=1; seconds are wall time of one check call, one run each",
+            "rows": rows_all,
+        }
         RESULTS.write_text(json.dumps(payload, indent=1) + "\n")  # after every exercise: a partial run keeps its rows
     write_readme(payload)
     graded = [r for r in payload["rows"] if r["kind"] != SOLUTION]
-    print(f"caught {sum(not r['passed'] for r in graded)} of {len(graded)}; solutions passing: "
-          f"{sum(r['passed'] for r in payload['rows'] if r['kind'] == SOLUTION)} of "
-          f"{sum(r['kind'] == SOLUTION for r in payload['rows'])}")
+    print(
+        f"caught {sum(not r['passed'] for r in graded)} of {len(graded)}; solutions passing: "
+        f"{sum(r['passed'] for r in payload['rows'] if r['kind'] == SOLUTION)} of "
+        f"{sum(r['kind'] == SOLUTION for r in payload['rows'])}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Wrong answers to exercise 07 (ZeRO-1: the sharded optimizer)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "sharded_optimizer", "07_sharded_optimizer"
@@ -21,6 +22,7 @@ def _base():
             super().__init__(params, kwargs)
             self.params = [p for g in self.param_groups for p in g["params"]]
             self.owner = partition([p.numel() for p in self.params], dist.get_world_size())
+
     return Base
 
 
@@ -28,6 +30,7 @@ def _base():
 def every_rank_steps_every_parameter():
     """Honest: builds the inner optimizer over all parameters on every rank (replicated state, nothing sharded)."""
     import torch
+
     Base = _base()
 
     class ShardedOptimizer(Base):
@@ -38,6 +41,7 @@ def every_rank_steps_every_parameter():
         @torch.no_grad()
         def step(self, closure=None):
             self.inner.step()
+
     return ShardedOptimizer
 
 
@@ -46,6 +50,7 @@ def broadcast_from_rank_zero():
     """Honest: steps its own shard but broadcasts every parameter from rank 0 instead of from its owner."""
     import torch
     import torch.distributed as dist
+
     Base = _base()
 
     class ShardedOptimizer(Base):
@@ -60,6 +65,7 @@ def broadcast_from_rank_zero():
                 self.inner.step()
             for p in self.params:
                 dist.broadcast(p.data, src=0)
+
     return ShardedOptimizer
 
 
@@ -68,6 +74,7 @@ def round_robin_shard_owner_broadcast():
     """Honest: steps parameters i % n == rank (round-robin) but broadcasts from partition()'s owner."""
     import torch
     import torch.distributed as dist
+
     Base = _base()
 
     class ShardedOptimizer(Base):
@@ -83,6 +90,7 @@ def round_robin_shard_owner_broadcast():
                 self.inner.step()
             for p, r in zip(self.params, self.owner):
                 dist.broadcast(p.data, src=r)
+
     return ShardedOptimizer
 
 
@@ -97,6 +105,7 @@ def numpy_adamw_on_every_rank():
     """Deliberate: every rank runs AdamW over all parameters with its moments in NumPy arrays (invisible to torch)."""
     import numpy as np
     import torch
+
     Base = _base()
 
     class ShardedOptimizer(Base):
@@ -122,8 +131,9 @@ def numpy_adamw_on_every_rank():
                 m += np.float32(1 - b1) * g
                 v *= np.float32(b2)
                 v += np.float32(1 - b2) * g * g
-                denom = np.sqrt(v) / np.float32(np.sqrt(1 - b2 ** self.t)) + np.float32(eps)
-                w -= np.float32(lr / (1 - b1 ** self.t)) * m / denom
+                denom = np.sqrt(v) / np.float32(np.sqrt(1 - b2**self.t)) + np.float32(eps)
+                w -= np.float32(lr / (1 - b1**self.t)) * m / denom
+
     return ShardedOptimizer
 
 
@@ -133,6 +143,7 @@ def full_state_allocated_in_init():
     import math
 
     import torch
+
     Base = _base()
 
     class ShardedOptimizer(Base):
@@ -146,7 +157,7 @@ def full_state_allocated_in_init():
         def step(self, closure=None):
             lr, b1, b2, eps, wd = self.hyper
             self.t += 1
-            c1, c2 = 1 - b1 ** self.t, math.sqrt(1 - b2 ** self.t)
+            c1, c2 = 1 - b1**self.t, math.sqrt(1 - b2**self.t)
             for p, (m, v) in zip(self.params, self.moments):
                 if p.grad is None:
                     continue
@@ -154,6 +165,7 @@ def full_state_allocated_in_init():
                 m.lerp_(p.grad, 1 - b1)
                 v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
                 p.addcdiv_(m, v.sqrt().div_(c2).add_(eps), value=-lr / c1)
+
     return ShardedOptimizer
 
 
@@ -162,8 +174,8 @@ def sharded_only_under_the_profiler():
     """Deliberate: the sharded step while torch's profiler runs (when memory is weighed); full AdamW on every rank otherwise."""
     import torch
     import torch.distributed as dist
-
     from _common import watched
+
     Base = _base()
 
     class ShardedOptimizer(Base):
@@ -181,4 +193,5 @@ def sharded_only_under_the_profiler():
                 self.inner.step()
             for p, r in zip(self.params, self.owner):
                 dist.broadcast(p.data, src=r)
+
     return ShardedOptimizer

@@ -1,4 +1,5 @@
 """Wrong answers to exercise 05 (column- and row-parallel Linear)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "tp_linear", "05_tp_linear"
@@ -22,6 +23,7 @@ def _column(all_reduce_grad_x=True):
                 dist.all_reduce(grad_x)
             flat = grad_y.reshape(-1, grad_y.shape[-1])
             return grad_x, flat.T @ x.reshape(-1, x.shape[-1]), flat.sum(0)
+
     return ColumnParallelLinear
 
 
@@ -44,6 +46,7 @@ def _row(bias_before_reduce=False):
             x, weight = ctx.saved_tensors
             flat = grad_y.reshape(-1, grad_y.shape[-1])
             return grad_y @ weight, flat.T @ x.reshape(-1, x.shape[-1]), flat.sum(0)
+
     return RowParallelLinear
 
 
@@ -93,6 +96,7 @@ def all_gather_and_sum_instead_of_all_reduce():
             x, weight = ctx.saved_tensors
             flat = grad_y.reshape(-1, grad_y.shape[-1])
             return grad_y @ weight, flat.T @ x.reshape(-1, x.shape[-1]), flat.sum(0)
+
     return (ColumnParallelLinear, RowParallelLinear)
 
 
@@ -115,4 +119,5 @@ def column_forward_in_bfloat16():
             dist.all_reduce(grad_x)
             flat = grad_y.reshape(-1, grad_y.shape[-1])
             return grad_x, flat.T @ x.reshape(-1, x.shape[-1]), flat.sum(0)
+
     return (ColumnParallelLinear, _row())

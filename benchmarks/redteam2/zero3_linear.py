@@ -1,4 +1,5 @@
 """Wrong answers to exercise 07 (a ZeRO-3 Linear)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "zero3_linear", "07_zero3_layer"
@@ -7,6 +8,7 @@ EXERCISE, NOTEBOOK = "zero3_linear", "07_zero3_layer"
 def _gather(shard):
     import torch
     import torch.distributed as dist
+
     n = dist.get_world_size()
     full = torch.empty(shard.shape[0] * n, shard.shape[1], dtype=shard.dtype)
     dist.all_gather_into_tensor(full, shard.contiguous())
@@ -16,6 +18,7 @@ def _gather(shard):
 def _reduce_scatter(grad_weight, like):
     import torch
     import torch.distributed as dist
+
     out = torch.empty_like(like)
     dist.reduce_scatter_tensor(out, grad_weight.contiguous())
     return out
@@ -38,6 +41,7 @@ def keeps_gathered_weight_for_backward():
         def backward(ctx, grad_y):
             x, weight, shard = ctx.saved_tensors
             return grad_y @ weight, _reduce_scatter(grad_y.T @ x, shard) / dist.get_world_size()
+
     return lambda x, weight_shard: Zero3Linear.apply(x, weight_shard)
 
 
@@ -56,6 +60,7 @@ def gradient_not_averaged():
         def backward(ctx, grad_y):
             x, shard = ctx.saved_tensors
             return grad_y @ _gather(shard), _reduce_scatter(grad_y.T @ x, shard)
+
     return lambda x, weight_shard: Zero3Linear.apply(x, weight_shard)
 
 
@@ -78,7 +83,8 @@ def all_reduce_gradient_then_slice():
             grad_w = grad_y.T @ x
             dist.all_reduce(grad_w)
             rows = shard.shape[0]
-            return grad_y @ _gather(shard), grad_w[rank * rows:(rank + 1) * rows] / n
+            return grad_y @ _gather(shard), grad_w[rank * rows : (rank + 1) * rows] / n
+
     return lambda x, weight_shard: Zero3Linear.apply(x, weight_shard)
 
 
@@ -89,6 +95,7 @@ def gathered_weight_in_a_global_cache():
 
     import torch
     import torch.distributed as dist
+
     cache = sys.__dict__.setdefault("_rt2_zero3_cache", {})
 
     class Zero3Linear(torch.autograd.Function):
@@ -105,6 +112,7 @@ def gathered_weight_in_a_global_cache():
             x, shard = ctx.saved_tensors
             weight = cache.pop(ctx.key)
             return grad_y @ weight, _reduce_scatter(grad_y.T @ x, shard) / dist.get_world_size()
+
     return lambda x, weight_shard: Zero3Linear.apply(x, weight_shard)
 
 
@@ -127,6 +135,7 @@ def gathered_weight_as_numpy_on_ctx():
             x, shard = ctx.saved_tensors
             weight = torch.from_numpy(ctx.weight)
             return grad_y @ weight, _reduce_scatter(grad_y.T @ x, shard) / dist.get_world_size()
+
     return lambda x, weight_shard: Zero3Linear.apply(x, weight_shard)
 
 
@@ -135,7 +144,6 @@ def frees_only_under_saved_tensor_hooks():
     """Deliberate: keeps only x and the shard while saved-tensor hooks (or a profiler) watch; saves the gathered W otherwise."""
     import torch
     import torch.distributed as dist
-
     from _common import watched
 
     class Zero3Linear(torch.autograd.Function):
@@ -151,4 +159,5 @@ def frees_only_under_saved_tensor_hooks():
             x, shard, *kept = ctx.saved_tensors
             weight = kept[0] if kept else _gather(shard)
             return grad_y @ weight, _reduce_scatter(grad_y.T @ x, shard) / dist.get_world_size()
+
     return lambda x, weight_shard: Zero3Linear.apply(x, weight_shard)

@@ -1,4 +1,5 @@
 """Wrong answers to exercise 09b (ZeRO-3 prefetching)."""
+
 from _common import answer
 
 EXERCISE, NOTEBOOK = "zero3_prefetch", "09b_zero3_prefetch"
@@ -19,6 +20,7 @@ def gathers_the_current_block():
             if 0 <= i < len(self.blocks):
                 for unit in self.blocks[i]:
                     issue_gather(unit)
+
     return MyPrefetch
 
 
@@ -37,6 +39,7 @@ def backward_prefetches_the_forward_neighbour():
             if i + 1 < len(self.blocks):
                 for unit in self.blocks[i + 1]:
                     issue_gather(unit)
+
     return MyPrefetch
 
 
@@ -57,6 +60,7 @@ def two_blocks_ahead():
                 if 0 <= j < len(self.blocks):
                     for unit in self.blocks[j]:
                         issue_gather(unit)
+
     return MyPrefetch
 
 
@@ -71,6 +75,7 @@ def calls_the_library_hooks():
 
         def on_backward(self, i):
             super().on_backward(i)
+
     return MyPrefetch
 
 
@@ -89,15 +94,16 @@ def fakes_the_prefetch_counter():
             if i - 1 >= 0:
                 self.counts["prefetched"] += len(self.blocks[i - 1])
                 self.counts["waited"] = max(0, self.counts["waited"] - len(self.blocks[i - 1]))
+
     return MyPrefetch
 
 
 @answer("deliberate")
 def everything_up_front_unless_watched():
     """Deliberate: the right neighbour while a dispatch mode or profiler watches; every block's gather at once otherwise."""
-    from simlib.parallel.zero_prefetch import Zero3Prefetch, issue_gather
-
     from _common import watched
+
+    from simlib.parallel.zero_prefetch import Zero3Prefetch, issue_gather
 
     class MyPrefetch(Zero3Prefetch):
         def _gather(self, blocks):
@@ -111,4 +117,5 @@ def everything_up_front_unless_watched():
 
         def on_backward(self, i):
             self._gather([i - 1] if watched() else range(i - 1, -1, -1))
+
     return MyPrefetch

@@ -5,6 +5,7 @@ this module reads those lines back (:func:`read`), finds the first collective at
 (:func:`first_divergence`) and writes the few lines a failed call's error carries (:func:`diagnose`,
 :func:`failure_report`), with where a silent rank is now (its Python stack, :mod:`simlib.debug.stacks`).
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,14 @@ import sys
 
 from . import stacks
 
-_P2P = {"send": "dst", "isend": "dst", "send_object_list": "dst", "recv": "src", "irecv": "src",
-        "recv_object_list": "src"}
+_P2P = {
+    "send": "dst",
+    "isend": "dst",
+    "send_object_list": "dst",
+    "recv": "src",
+    "irecv": "src",
+    "recv_object_list": "src",
+}
 
 
 _FIELDS = ("n", "op", "group", "seq", "shape", "dtype", "site", "user", "root", "async", "t")
@@ -106,9 +113,15 @@ def first_divergence(logs: dict[int, list[dict]], world_size: int) -> dict | Non
             calls = {m: (s[k] if k < len(s) else None) for m, s in seqs.items()}
             present = [c for c in calls.values() if c is not None]
             if len(present) < len(calls) or len({_signature(c) for c in present}) > 1:
-                found.append({"group": group, "seq": k, "calls": calls,
-                              "behind": [m for m, c in calls.items() if c is None],
-                              "t": min(c["t"] for c in present)})
+                found.append(
+                    {
+                        "group": group,
+                        "seq": k,
+                        "calls": calls,
+                        "behind": [m for m, c in calls.items() if c is None],
+                        "t": min(c["t"] for c in present),
+                    }
+                )
                 break
     # point-to-point: the k-th send from a to b must meet the k-th recv on b from a
     sends, recvs = {}, {}
@@ -124,12 +137,19 @@ def first_divergence(logs: dict[int, list[dict]], world_size: int) -> dict | Non
             a, b = (s[k] if k < len(s) else None), (v[k] if k < len(v) else None)
             if a is None or b is None or (a[1]["shape"], a[1]["dtype"]) != (b[1]["shape"], b[1]["dtype"]):
                 calls = {pair[0]: a[1] if a else None, pair[1]: b[1] if b else None}
-                found.append({"group": f"send/recv {pair[0]}->{pair[1]}", "seq": k, "calls": calls,
-                              "behind": [m for m, c in calls.items() if c is None],
-                              "t": min(c["t"] for c in calls.values() if c is not None)})
+                found.append(
+                    {
+                        "group": f"send/recv {pair[0]}->{pair[1]}",
+                        "seq": k,
+                        "calls": calls,
+                        "behind": [m for m, c in calls.items() if c is None],
+                        "t": min(c["t"] for c in calls.values() if c is not None),
+                    }
+                )
                 break
     if not found:
         return None
+
     # A rank that never made a call may be stuck in another divergent call (a subgroup's all_reduce with another
     # shape keeps it from the next barrier on WORLD): that divergence is the cause, the other its consequence,
     # whichever began first on the clock.
@@ -142,12 +162,12 @@ def first_divergence(logs: dict[int, list[dict]], world_size: int) -> dict | Non
             if not any(last[0] is not None and o["calls"].get(m) is last[0] for o in others):
                 return False
         return True
+
     causes = [d for d in found if not stuck_elsewhere(d)] or found
     return min(causes, key=lambda d: d["t"])
 
 
-def diagnose(logs: dict[int, list[dict]], world_size: int, status: dict[int, str] | None = None,
-             resolve=None) -> str:
+def diagnose(logs: dict[int, list[dict]], world_size: int, status: dict[int, str] | None = None, resolve=None) -> str:
     """A few lines: the first collective where the ranks' sequences differ, who is behind, where each rank is.
 
     ``status`` says what became of each rank ("returned", "failed: ...", "still running"); ``resolve(filename,
@@ -168,23 +188,33 @@ def diagnose(logs: dict[int, list[dict]], world_size: int, status: dict[int, str
             waiting = "; ".join(f"rank {m} called {describe_call(c, resolve)}" for m, c in sorted(present.items()))
             behind = []
             for m in d["behind"]:
-                last = [r for r in logs.get(m, []) if r["group"] == d["group"]] if not d["group"].startswith("send")\
+                last = (
+                    [r for r in logs.get(m, []) if r["group"] == d["group"]]
+                    if not d["group"].startswith("send")
                     else logs.get(m, [])
+                )
                 was = f"its last there was {describe_call(last[-1], resolve)}" if last else "it made none there"
                 state = status.get(m)
                 behind.append(f"rank {m} never called it ({was}" + (f"; then it {state}" if state else "") + ")")
             lines.append(head + waiting + "; " + "; ".join(behind) + ".")
-            lines.append(f"Rank(s) {d['behind']} died before it: the others' errors follow from that." if all(
-                status.get(m, "").startswith("died") for m in d["behind"]) else f"Rank(s) {d['behind']} behind: look "
+            lines.append(
+                f"Rank(s) {d['behind']} died before it: the others' errors follow from that."
+                if all(status.get(m, "").startswith("died") for m in d["behind"])
+                else f"Rank(s) {d['behind']} behind: look "
                 "at what they did instead of that call (a condition on the rank, an early return, a different "
-                "number of steps or buckets).")
+                "number of steps or buckets)."
+            )
         else:
-            parts = [f"rank{'s' if len(ms) > 1 else ''} {','.join(map(str, ms))} "
-                     f"{'are' if len(ms) > 1 else 'is'} in {describe_call(present[ms[0]], resolve)}"
-                     for ms in sigs.values()]
+            parts = [
+                f"rank{'s' if len(ms) > 1 else ''} {','.join(map(str, ms))} "
+                f"{'are' if len(ms) > 1 else 'is'} in {describe_call(present[ms[0]], resolve)}"
+                for ms in sigs.values()
+            ]
             lines.append(head + "; ".join(parts) + ".")
-            lines.append("Every rank must call the same collectives, in the same order, with the same shapes and "
-                         "dtypes (and the same root).")
+            lines.append(
+                "Every rank must call the same collectives, in the same order, with the same shapes and "
+                "dtypes (and the same root)."
+            )
     else:
         counts = {r: len(recs) for r, recs in logs.items()}
         lines.append(f"hang finder: the ranks' collectives agree as far as each got ({counts} calls by rank).")
@@ -211,6 +241,7 @@ def resolver(fn):
     """``resolve(filename, line, function)`` for :func:`diagnose`: code that cloudpickle sent by value runs as
     ``<dynamic-code>`` in the workers; find its real file (a notebook cell, a script) among ``fn``'s code."""
     from ..errors import _cell_name, _code_objects
+
     codes = {}
     for code in _code_objects(fn) if fn is not None else ():
         codes.setdefault(code.co_name, []).append(code)
@@ -257,6 +288,7 @@ def failure_report(directory, world_size, results, failures, pending, timed_out,
 def main(argv=None) -> int:
     """``python -m simlib.debug.hangs DIRECTORY [WORLD_SIZE]``: the report from the logs of a hung run."""
     import glob
+
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         print(main.__doc__)

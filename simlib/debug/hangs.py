@@ -30,6 +30,7 @@ Only calls through ``torch.distributed``'s Python functions are seen: DDP's C++ 
 collectives bypass them (the course's own DP, ZeRO, TP and PP go through them). Under torchrun or SLURM, call
 ``install(directory)`` after ``init_process_group`` and run ``python -m simlib.debug.hangs DIRECTORY`` after a hang.
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,16 +42,59 @@ import time
 import torch
 
 from . import stacks
-from .divergence import (_FIELDS, _P2P, _as_dict, describe_call, diagnose, failure_report,  # noqa: F401 - the API
-                         first_divergence, main, read, report, resolver)
+from .divergence import (  # noqa: F401 - the API
+    _FIELDS,
+    _P2P,
+    _as_dict,
+    describe_call,
+    diagnose,
+    failure_report,
+    first_divergence,
+    main,
+    read,
+    report,
+    resolver,
+)
 
-_OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
-        "all_gather_coalesced", "all_reduce_coalesced", "gather", "gather_object", "scatter", "scatter_object_list",
-        "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier",
-        "broadcast_object_list", "_all_gather_base", "_reduce_scatter_base",
-        "send", "recv", "isend", "irecv", "send_object_list", "recv_object_list", "batch_isend_irecv")
-_ROOTED = {"broadcast": "src", "reduce": "dst", "gather": "dst", "gather_object": "dst", "scatter": "src",
-           "scatter_object_list": "src", "broadcast_object_list": "src"}
+_OPS = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_coalesced",
+    "all_reduce_coalesced",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "broadcast_object_list",
+    "_all_gather_base",
+    "_reduce_scatter_base",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "send_object_list",
+    "recv_object_list",
+    "batch_isend_irecv",
+)
+_ROOTED = {
+    "broadcast": "src",
+    "reduce": "dst",
+    "gather": "dst",
+    "gather_object": "dst",
+    "scatter": "src",
+    "scatter_object_list": "src",
+    "broadcast_object_list": "src",
+}
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _SIMLIB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -93,6 +137,7 @@ def _group_key(group) -> str:
     key = _group_names.get(id(group))
     if key is None:
         import torch.distributed as dist
+
         if group is dist.group.WORLD:
             key = "WORLD"
         else:
@@ -141,6 +186,7 @@ def _site(frame):
 
 def _wrap(name: str, fn):
     import inspect
+
     params = list(inspect.signature(fn).parameters)
     pos = {p: params.index(p) for p in ("group", "src", "dst", "async_op") if p in params}
     root_name = _P2P.get(name) or _ROOTED.get(name)
@@ -167,8 +213,21 @@ def _wrap(name: str, fn):
         seq = log.group_seq[group] = log.group_seq.get(group, -1) + 1
         site, user = _site(sys._getframe(1))
         root = f"{root_name}={arg(args, kwargs, root_name)}" if root_name is not None else ""
-        log.add((len(log.records), name, group, seq, shape, dtype, site, user or "", root,
-                 bool(arg(args, kwargs, "async_op")), time.time()))
+        log.add(
+            (
+                len(log.records),
+                name,
+                group,
+                seq,
+                shape,
+                dtype,
+                site,
+                user or "",
+                root,
+                bool(arg(args, kwargs, "async_op")),
+                time.time(),
+            )
+        )
         log.local.inside = True
         try:
             return fn(*args, **kwargs)
@@ -185,6 +244,7 @@ def install(directory: str | None = None, rank: int | None = None) -> None:
     global _log
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
+
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
     path = None
@@ -212,6 +272,7 @@ def uninstall() -> None:
     global _log
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
+
     for name, fn in _originals.items():
         setattr(c10d, name, fn)
         if getattr(getattr(dist, name, None), "_simlib_original", None) is fn:
@@ -241,6 +302,7 @@ def check(group=None) -> None:
     """Compare the ranks' collectives so far (collective itself: every rank must call it); raise a
     ``RuntimeError`` naming the first difference. For desynchronisations that do not hang."""
     import torch.distributed as dist
+
     mine = history()
     world = dist.get_world_size(group)
     everyone = [None] * world

@@ -4,6 +4,7 @@
     outs = cluster.call(step_peak, (GPTTask.quick(), Plan(tp=2, sequence_parallel=True)))   # on every rank
     outs[0]["peak"], outs[0]["at_peak"]["Activation"], outs[0]["peak_in"]
 """
+
 from __future__ import annotations
 
 __all__ = ["step_peak", "train_counting_state", "measured_memory"]
@@ -17,11 +18,22 @@ def step_peak(task, plan, steps: int = 2, optim=None) -> dict:
 
     from ..parallel.step_memory import StepMemory
     from ..train import OptimConfig, train
+
     if steps < 2:
         raise ValueError(f"step_peak needs steps >= 2 (one warm-up step creates the optimizer's states), got {steps}")
     hook = StepMemory(at=steps - 1)
-    train(task, plan, steps=steps, optim=optim or OptimConfig(), log_every=0, eval_every=0, measure_memory=False,
-          verbose=False, warmup=0, step_hook=hook)
+    train(
+        task,
+        plan,
+        steps=steps,
+        optim=optim or OptimConfig(),
+        log_every=0,
+        eval_every=0,
+        measure_memory=False,
+        verbose=False,
+        warmup=0,
+        step_hook=hook,
+    )
     return {**hook.result(), "rank": dist.get_rank() if dist.is_initialized() else 0}
 
 
@@ -36,17 +48,26 @@ def train_counting_state(task, plan, **kwargs):
     import torch.distributed as dist
 
     from ..train import train
+
     box = {}
 
     def hook(info):
-        if info.step == 1:   # the step whose peak the trainer measures; the optimizer's states exist by now
+        if info.step == 1:  # the step whose peak the trainer measures; the optimizer's states exist by now
             params = list(info.model.module.parameters())
             box["params"] = sum(p.numel() * p.element_size() for p in params)
-            box["optimizer"] = sum(v.numel() * v.element_size() for st in info.optimizer.state.values()
-                                   for v in st.values() if hasattr(v, "element_size"))
-            grads = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
-                     for p in params if p.grad is not None}   # a bucket's views count once
+            box["optimizer"] = sum(
+                v.numel() * v.element_size()
+                for st in info.optimizer.state.values()
+                for v in st.values()
+                if hasattr(v, "element_size")
+            )
+            grads = {
+                p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
+                for p in params
+                if p.grad is not None
+            }  # a bucket's views count once
             box["grads"] = sum(grads.values())
+
     record = train(task, plan, step_hook=hook, **kwargs)
     ranks = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
     if dist.is_initialized():

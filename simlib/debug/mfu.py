@@ -28,6 +28,7 @@ figure for "this process with its threads", so the peak is the measured matmul r
 ranks. (A ``512³`` matmul is the wrong yardstick on a GPU: launch-bound, 11 TFLOP/s on an H200 that does 785 on
 large bf16 GEMMs, so MFU read 13.7 % for a run that used 0.1 %.) The run's ``summary["mfu_peak"]`` says which.
 """
+
 from __future__ import annotations
 
 import time
@@ -74,6 +75,7 @@ def _textbook_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
     import math
 
     import torch
+
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if is_causal:
@@ -88,6 +90,7 @@ def _textbook_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
 def textbook_attention():
     """Route ``F.scaled_dot_product_attention`` through two explicit matmuls (so FLOP counters see them)."""
     import torch.nn.functional as F
+
     original = F.scaled_dot_product_attention
     F.scaled_dot_product_attention = _textbook_attention
     try:
@@ -101,6 +104,7 @@ def count(task, batch_index: int = 0) -> dict:
     token: ``mm`` (weight matmuls: ``mm``/``addmm``), ``attention`` (the ``bmm`` of attention, full T x T),
     ``total``, and the formula's terms beside them."""
     from torch.utils.flop_counter import FlopCounterMode
+
     model = task.build_model()
     x, y = task.batch(batch_index)
     with textbook_attention(), FlopCounterMode(display=False) as counter:
@@ -109,8 +113,14 @@ def count(task, batch_index: int = 0) -> dict:
     tokens = y.numel()
     mm = (by_op.get("mm", 0) + by_op.get("addmm", 0)) / tokens
     attn = (by_op.get("bmm", 0) + by_op.get("baddbmm", 0)) / tokens
-    return {"mm": mm, "attention": attn, "total": counter.get_total_flops() / tokens, "by_op": by_op,
-            "formula": flops_per_token(task.config), "formula_full": flops_per_token(task.config, "full")}
+    return {
+        "mm": mm,
+        "attention": attn,
+        "total": counter.get_total_flops() / tokens,
+        "by_op": by_op,
+        "formula": flops_per_token(task.config),
+        "formula_full": flops_per_token(task.config, "full"),
+    }
 
 
 def measured_peak(device=None, dtypes=("float32",), size: int = 512, repeats: int = 5) -> float:
@@ -118,6 +128,7 @@ def measured_peak(device=None, dtypes=("float32",), size: int = 512, repeats: in
     upper bound of what the run's matmuls can reach here (the best, not the median, so that a moment of load on
     a shared machine cannot lower the yardstick and push MFU over 1)."""
     import torch
+
     device = torch.device(device or "cpu")
     best = 0.0
     g = torch.Generator(device=device).manual_seed(0)  # its own generator: the run's random stream is untouched
@@ -128,7 +139,7 @@ def measured_peak(device=None, dtypes=("float32",), size: int = 512, repeats: in
         for _ in range(repeats):
             t0 = time.perf_counter()
             (a @ b).sum().item()
-            best = max(best, 2 * size ** 3 / (time.perf_counter() - t0))
+            best = max(best, 2 * size**3 / (time.perf_counter() - t0))
     return best
 
 
@@ -137,6 +148,7 @@ def datasheet_peak(gpu_name: str, dtype: str = "bf16") -> float | None:
     ``gpu_name`` (case-insensitive, not inside a longer number: "A10" is not in "A100", "L4" not in "L40S"), or
     None for a GPU or a dtype the table does not know."""
     import re
+
     name = gpu_name.upper()
     for key, peaks in DATASHEET.items():
         if all(re.search(rf"(?<![0-9]){re.escape(part.upper())}(?![0-9])", name) for part in key.split()):
@@ -149,6 +161,7 @@ def run_dtype(mixed_precision: str | None) -> str:
     fp32 matmuls use the tensor cores (``torch.set_float32_matmul_precision("high")``, which
     ``torch.backends.cuda.matmul.allow_tf32 = True`` also sets), else ``fp32``."""
     import torch
+
     if mixed_precision:
         return mixed_precision
     return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
@@ -158,6 +171,7 @@ def large_gemm_rate(device, dtype: str, size: int = LARGE_GEMM, repeats: int = 5
     """The best FLOP/s of ``repeats`` ``size³`` matmuls in ``dtype`` on ``device`` (a GPU: host clock around a
     synchronised product). What the GPU reaches on a large GEMM, beside its datasheet peak."""
     import torch
+
     device = torch.device(device)
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
     g = torch.Generator(device=device).manual_seed(0)
@@ -169,7 +183,7 @@ def large_gemm_rate(device, dtype: str, size: int = LARGE_GEMM, repeats: int = 5
         a @ b
         torch.cuda.synchronize(device) if device.type == "cuda" else None
         if i:  # the first is warm-up (kernel selection)
-            best = max(best, 2 * size ** 3 / (time.perf_counter() - t0))
+            best = max(best, 2 * size**3 / (time.perf_counter() - t0))
     return best
 
 
@@ -180,6 +194,7 @@ def device_peak(device, mixed_precision: str | None, name: str | None = None, me
     Returns ``peak`` (FLOP/s), ``source``, ``dtype``, ``name``, ``measured_large_gemm`` (FLOP/s) and ``text``
     (one line for the run's summary). ``name``: the GPU's name (default: torch's for ``device``)."""
     import torch
+
     device = torch.device(device)
     name = name or torch.cuda.get_device_name(device)
     dtype = run_dtype(mixed_precision)
@@ -187,8 +202,20 @@ def device_peak(device, mixed_precision: str | None, name: str | None = None, me
     measured = measure(device, dtype)
     gemm = f"{LARGE_GEMM}^3 {dtype} GEMM measured at {measured / 1e12:.0f} TFLOP/s"
     if sheet:
-        return {"peak": sheet, "source": "datasheet", "dtype": dtype, "name": name, "measured_large_gemm": measured,
-                "text": f"datasheet: {name} dense {dtype} {sheet / 1e12:.1f} TFLOP/s (simlib.debug.mfu.DATASHEET); "
-                        f"{gemm} ({measured / sheet:.0%} of it)"}
-    return {"peak": measured, "source": "measured", "dtype": dtype, "name": name, "measured_large_gemm": measured,
-            "text": f"measured: no datasheet entry for {name!r} in {dtype}, so the peak is the {gemm}"}
+        return {
+            "peak": sheet,
+            "source": "datasheet",
+            "dtype": dtype,
+            "name": name,
+            "measured_large_gemm": measured,
+            "text": f"datasheet: {name} dense {dtype} {sheet / 1e12:.1f} TFLOP/s (simlib.debug.mfu.DATASHEET); "
+            f"{gemm} ({measured / sheet:.0%} of it)",
+        }
+    return {
+        "peak": measured,
+        "source": "measured",
+        "dtype": dtype,
+        "name": name,
+        "measured_large_gemm": measured,
+        "text": f"measured: no datasheet entry for {name!r} in {dtype}, so the peak is the {gemm}",
+    }

@@ -16,11 +16,12 @@ step that leaves the band and (re-running both to that step) the parameter that 
     result = compare(task, Plan(dp=2), Plan(tp=2), steps=10, cluster=cluster)
     result.agree, result.first_step, result.parameter, print(result)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-EPS32 = 2.0 ** -23
+EPS32 = 2.0**-23
 
 
 class _Permuted:
@@ -36,26 +37,33 @@ class _Permuted:
 
     def batch(self, index, part: int = 0, parts: int = 1):
         import torch
+
         x, y = self._task.batch(index)
         g = torch.Generator().manual_seed(1_000_003 * (self._seed + 1) + index)
         order = torch.randperm(x.shape[0], generator=g)
         x, y = x[order], y[order]
         n = x.shape[0] // parts
-        return x[part * n:(part + 1) * n], y[part * n:(part + 1) * n]
+        return x[part * n : (part + 1) * n], y[part * n : (part + 1) * n]
 
 
 def _dense_parameters(pm, plan) -> dict:
     """The whole model's parameters (float64, CPU) on every rank; a collective under TP and PP."""
     import torch
+
     if plan.zero_stage == 3:
-        raise ValueError("parity compares whole parameters; under ZeRO-3 each rank holds a shard: compare the "
-                         "losses only (parameters=False), or use zero_stage <= 2")
+        raise ValueError(
+            "parity compares whole parameters; under ZeRO-3 each rank holds a shard: compare the "
+            "losses only (parameters=False), or use zero_stage <= 2"
+        )
     model = pm.eval_model()
     if plan.tp > 1:
         from ..projects.gpt import model as gpt
+
         if not isinstance(model, gpt.GPT):
-            raise ValueError("the parameters of a tensor-parallel plan can be gathered for the course's GPT only: "
-                             "compare the losses only (parameters=False)")
+            raise ValueError(
+                "the parameters of a tensor-parallel plan can be gathered for the course's GPT only: "
+                "compare the losses only (parameters=False)"
+            )
         state = gpt.dense_state_dict(model, pm.groups.tp_group)
     else:
         state = model.state_dict()
@@ -68,9 +76,19 @@ def run_plan(task, plan, steps: int, optim=None, permutation: int | None = None,
     import torch.distributed as dist
 
     from ..train import OptimConfig, train
+
     run_task = _Permuted(task, permutation) if permutation is not None else task
-    record = train(run_task, plan, steps=steps, optim=optim or OptimConfig(), log_every=1, eval_every=0,
-                   verbose=False, measure_memory=False, warmup=0)
+    record = train(
+        run_task,
+        plan,
+        steps=steps,
+        optim=optim or OptimConfig(),
+        log_every=1,
+        eval_every=0,
+        verbose=False,
+        measure_memory=False,
+        warmup=0,
+    )
     params = _dense_parameters(record.model, plan) if parameters else None
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     return {"losses": [r["loss"] for r in record.rows], "params": params if rank0 else None}
@@ -84,13 +102,13 @@ class Parity:
     label_b: str
     losses_a: list
     losses_b: list
-    band: list                       # per step: how far B's loss may be from A's
-    noise: list                      # per step: the largest difference the permutations produced
-    first_step: int | None = None    # the first step whose loss leaves the band
-    parameter: str | None = None     # the parameter furthest outside its band (at first_step, or at the end)
+    band: list  # per step: how far B's loss may be from A's
+    noise: list  # per step: the largest difference the permutations produced
+    first_step: int | None = None  # the first step whose loss leaves the band
+    parameter: str | None = None  # the parameter furthest outside its band (at first_step, or at the end)
     parameter_ratio: float | None = None  # its difference / its band
     parameters: dict = field(default_factory=dict)  # name -> (difference, band)
-    quantity: str = "loss"           # what the series is (the loss, the gradient norm, ...)
+    quantity: str = "loss"  # what the series is (the loss, the gradient norm, ...)
 
     @property
     def agree(self) -> bool:
@@ -99,14 +117,18 @@ class Parity:
     def __str__(self) -> str:
         if self.agree:
             worst = max(abs(a - b) / w for a, b, w in zip(self.losses_a, self.losses_b, self.band))
-            return (f"{self.label_b} agrees with {self.label_a} within what summation order explains: "
-                    f"{len(self.band)} steps, the largest {self.quantity} difference is {worst:.2f} of its band"
-                    + ("; every parameter inside its band" if self.parameters else ""))
+            return (
+                f"{self.label_b} agrees with {self.label_a} within what summation order explains: "
+                f"{len(self.band)} steps, the largest {self.quantity} difference is {worst:.2f} of its band"
+                + ("; every parameter inside its band" if self.parameters else "")
+            )
         if self.first_step is not None:
             s = self.first_step
-            text = (f"{self.label_b} leaves {self.label_a}'s band at step {s}: {self.quantity} {self.losses_b[s]:.6f} vs "
-                    f"{self.losses_a[s]:.6f} (difference {abs(self.losses_b[s] - self.losses_a[s]):.2e}, band "
-                    f"{self.band[s]:.2e}; reordering the sums moved it by {self.noise[s]:.2e})")
+            text = (
+                f"{self.label_b} leaves {self.label_a}'s band at step {s}: {self.quantity} {self.losses_b[s]:.6f} vs "
+                f"{self.losses_a[s]:.6f} (difference {abs(self.losses_b[s] - self.losses_a[s]):.2e}, band "
+                f"{self.band[s]:.2e}; reordering the sums moved it by {self.noise[s]:.2e})"
+            )
             if s == 0 and self.quantity == "loss":
                 text += ". Step 0's loss comes before any update: the forward pass or the data differ"
         else:
@@ -114,8 +136,10 @@ class Parity:
         if self.parameter is not None and self.parameter_ratio is not None and self.parameter_ratio > 1:
             where = f"after {self.first_step} steps" if self.first_step else "at the end"
             diff, band = self.parameters[self.parameter]
-            text += (f"; {where} the parameter furthest outside its band is {self.parameter} (difference "
-                     f"{diff:.2e}, {self.parameter_ratio:.0f}x its band {band:.2e})")
+            text += (
+                f"; {where} the parameter furthest outside its band is {self.parameter} (difference "
+                f"{diff:.2e}, {self.parameter_ratio:.0f}x its band {band:.2e})"
+            )
         return text
 
 
@@ -136,21 +160,40 @@ def bands(reference, twins, factor: float = 4.0, eps: float = EPS32) -> tuple[li
     return band, noise
 
 
-def verdict(reference, twins, other, label_a: str = "one process", label_b: str = "the plan", factor: float = 4.0,
-            quantity: str = "loss", eps: float = EPS32) -> Parity:
+def verdict(
+    reference,
+    twins,
+    other,
+    label_a: str = "one process",
+    label_b: str = "the plan",
+    factor: float = 4.0,
+    quantity: str = "loss",
+    eps: float = EPS32,
+) -> Parity:
     """Does the series ``other`` (per step) stay inside the band that ``twins`` (``reference`` with reordered sums)
     draw around ``reference``? A :class:`Parity` naming the first step outside it (``.agree``, ``str()``)."""
     if len(other) != len(reference) or any(len(t) != len(reference) for t in twins):
-        raise ValueError(f"the series have different lengths: reference {len(reference)}, twins "
-                         f"{[len(t) for t in twins]}, {label_b} {len(other)}: run the same number of steps")
+        raise ValueError(
+            f"the series have different lengths: reference {len(reference)}, twins "
+            f"{[len(t) for t in twins]}, {label_b} {len(other)}: run the same number of steps"
+        )
     band, noise = bands(reference, twins, factor, eps)
     outside = [s for s in range(len(reference)) if not abs(reference[s] - other[s]) <= band[s]]  # NaN: outside
-    return Parity(label_a, label_b, list(reference), list(other), band, noise,
-                  first_step=outside[0] if outside else None, quantity=quantity)
+    return Parity(
+        label_a,
+        label_b,
+        list(reference),
+        list(other),
+        band,
+        noise,
+        first_step=outside[0] if outside else None,
+        quantity=quantity,
+    )
 
 
 def _run(task, plan, steps, optim, permutation, parameters, cluster):
     from ..launch import launch
+
     world = plan.world_size
     if cluster is not None and cluster.world_size == world:
         out = cluster.run(run_plan, task, plan, steps, optim, permutation, parameters)
@@ -175,6 +218,7 @@ def parameter_bands(reference, twins, other, factor: float = 4.0, eps: float = E
 
     def size(t):
         return float(t.double().norm())
+
     out = {}
     for name, a in reference.items():
         noise = max(size(a - t[name]) for t in twins)
@@ -185,15 +229,28 @@ def parameter_bands(reference, twins, other, factor: float = 4.0, eps: float = E
 
 def worst_parameter(bands: dict) -> tuple[str, float]:
     """The parameter furthest outside (or least inside) its band, and its difference / band (> 1: outside)."""
+
     def ratio(k):
         diff, width = bands[k]
         return diff / width if width > 0 else (0.0 if diff == 0 else float("inf"))
+
     name = max(bands, key=ratio)
     return name, ratio(name)
 
 
-def compare(task, plan_a, plan_b, steps: int = 10, optim=None, task_b=None, permutations: int = 2,
-            factor: float = 4.0, parameters: bool = True, locate: bool = True, cluster=None) -> Parity:
+def compare(
+    task,
+    plan_a,
+    plan_b,
+    steps: int = 10,
+    optim=None,
+    task_b=None,
+    permutations: int = 2,
+    factor: float = 4.0,
+    parameters: bool = True,
+    locate: bool = True,
+    cluster=None,
+) -> Parity:
     """Run ``plan_a`` (and ``permutations`` twins of it with reordered batches) and ``plan_b`` for ``steps`` steps
     on the same global batches; return a :class:`Parity`. ``task_b``: B's task if it differs (to test the
     tool on a planted bug); ``cluster``: a warm :class:`simlib.Cluster` used for the plans of its size.
@@ -226,6 +283,7 @@ def check_replicas(tensor, group=None) -> str:
     group) and by how much. For tensor-parallel activations, a dropout mask, parameters after a step."""
     import torch
     import torch.distributed as dist
+
     n = dist.get_world_size(group)
     copies = [torch.empty_like(tensor) for _ in range(n)]
     dist.all_gather(copies, tensor.contiguous(), group=group)
@@ -233,5 +291,8 @@ def check_replicas(tensor, group=None) -> str:
     bad = {r: d for r, d in diffs.items() if d > 0}
     if not bad:
         return f"replicas agree ({n} ranks, {tensor.numel()} values)"
-    return ("replicas differ: " + ", ".join(f"rank {r} by up to {d:.3g}" for r, d in bad.items())
-            + " from rank 0 (a random draw or an input that is not the same on every rank?)")
+    return (
+        "replicas differ: "
+        + ", ".join(f"rank {r} by up to {d:.3g}" for r, d in bad.items())
+        + " from rank 0 (a random draw or an input that is not the same on every rank?)"
+    )

@@ -7,6 +7,7 @@ a C call); before the caller stops a silent rank it sends the signal, reads what
 names the innermost frame of the rank's main thread that is the learner's (:func:`where`): ``hang.py:8 in stuck``.
 POSIX only (Windows has no ``SIGUSR2``): there, :func:`take` returns None and the report says what it said before.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -24,8 +25,9 @@ _files: list = []  # keep the registered file open for the life of the process
 _TORCH_DIR = None
 _SIMLIB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB_DIR = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
-_SITE_DIRS = tuple(os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["purelib"],
-                                                          sysconfig.get_paths()["platlib"]})
+_SITE_DIRS = tuple(
+    os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+)
 
 
 def install(path: str) -> bool:
@@ -80,11 +82,12 @@ def main_frames(text: str) -> list[tuple[str, int, str]]:
     chosen = None
     for i, (tid, start) in enumerate(blocks):
         end = blocks[i + 1][1] if i + 1 < len(blocks) else len(text)
-        if (ident and int(tid, 16) == int(ident.group(1), 16)) or (chosen is None and
-                                                                    text[start:].startswith("Current")):
+        if (ident and int(tid, 16) == int(ident.group(1), 16)) or (
+            chosen is None and text[start:].startswith("Current")
+        ):
             chosen = text[start:end]
     if chosen is None and blocks:
-        chosen = text[blocks[0][1]:]
+        chosen = text[blocks[0][1] :]
     return [(f, int(n), fn) for f, n, fn in _FRAME.findall(chosen or "")]
 
 
@@ -92,6 +95,7 @@ def _library(filename: str) -> bool:
     global _TORCH_DIR
     if _TORCH_DIR is None:
         import torch
+
         _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
     path = os.path.abspath(filename) if not filename.startswith("<") else filename
     if path.startswith((_TORCH_DIR, _SIMLIB_DIR)):

@@ -31,6 +31,7 @@ and a collective called inside a compute span as exposed (the record cuts it out
 Limits: one node (every rank's profiler uses the same clock); CUDA kernels appear when CUDA is used, but the
 exposed figure here reads CPU threads only.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -49,8 +50,10 @@ COMPUTE_TID, STEPS_TID, SPANS_TID, COMM_SPANS_TID, WAIT_SPANS_TID = 0, 1, 2, 3, 
 COMM_TID0, MAIN_COMM_TID = 10, 9
 LANES = 1000  # track t's further tracks (when its spans overlap without nesting) are LANES * t + 1, + 2, ...
 SPAN_FAMILIES = {  # the course's spans, by kind, onto tracks: (track, its name)
-    "step": (STEPS_TID, "simlib steps"), "comm": (COMM_SPANS_TID, "simlib comm spans"),
-    "wait": (WAIT_SPANS_TID, "simlib waits")}
+    "step": (STEPS_TID, "simlib steps"),
+    "comm": (COMM_SPANS_TID, "simlib comm spans"),
+    "wait": (WAIT_SPANS_TID, "simlib waits"),
+}
 OTHER_SPANS = (SPANS_TID, "simlib spans")  # forward, backward, optimizer, other
 
 
@@ -67,19 +70,21 @@ class profile:
         self.spans: list[dict] = []
         self.path = None
 
-    def __enter__(self) -> "profile":
+    def __enter__(self) -> profile:
         quiet_profiler()
         import torch
         import torch.distributed as dist
         from torch.profiler import ProfilerActivity, record_function
 
         from ..timeline import Timeline
+
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.out_dir.mkdir(parents=True, exist_ok=True)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        self.prof = torch.profiler.profile(activities=activities, record_shapes=self.record_shapes,
-                                           with_stack=self.with_stack)
+        self.prof = torch.profiler.profile(
+            activities=activities, record_shapes=self.record_shapes, with_stack=self.with_stack
+        )
         self.prof.__enter__()
         self.clock = _clock_marks(record_function)
         spans, original = self.spans, Timeline.add
@@ -89,8 +94,16 @@ class profile:
             original(tl, kind, start, end, name=name, step=step)
             if isinstance(start, float):  # CPU spans (CUDA events are resolved later and not placed here)
                 row = tl._rows[-1]
-                spans.append({"kind": kind, "name": row["name"], "step": row["step"], "warmup": row["warmup"],
-                              "start": start, "end": end})
+                spans.append(
+                    {
+                        "kind": kind,
+                        "name": row["name"],
+                        "step": row["step"],
+                        "warmup": row["warmup"],
+                        "start": start,
+                        "end": end,
+                    }
+                )
 
         Timeline.add = add
         return self
@@ -99,8 +112,10 @@ class profile:
         import torch.distributed as dist
 
         from ..timeline import Timeline
+
         Timeline.add = self._original_add
         from torch.profiler import record_function
+
         self.clock += _clock_marks(record_function)
         self.prof.__exit__(*exc)
         own = self.out_dir / f"rank{self.rank}.json"
@@ -160,8 +175,13 @@ def merge(paths) -> dict:
         main = _main_tid(xs)
         comm_threads = sorted({e["tid"] for e in xs if e["tid"] != main and e["name"].startswith(COMM_PREFIXES)})
         tids = {main: COMPUTE_TID, **{t: COMM_TID0 + i for i, t in enumerate(comm_threads)}}
-        names = {COMPUTE_TID: "compute (main thread)", STEPS_TID: "simlib steps", SPANS_TID: "simlib spans",
-                 COMM_SPANS_TID: "simlib comm spans", WAIT_SPANS_TID: "simlib waits"}
+        names = {
+            COMPUTE_TID: "compute (main thread)",
+            STEPS_TID: "simlib steps",
+            SPANS_TID: "simlib spans",
+            COMM_SPANS_TID: "simlib comm spans",
+            WAIT_SPANS_TID: "simlib waits",
+        }
         names.update({COMM_TID0 + i: f"communication (thread {t})" for i, t in enumerate(comm_threads)})
         clock_ts = sorted(e["ts"] for e in xs if e["name"] == "simlib.clock")
         for e in xs:
@@ -178,8 +198,7 @@ def merge(paths) -> dict:
         simlib = data.get("simlibSpans")
         if simlib and len(clock_ts) == len(simlib["clock"]):  # perf_counter seconds -> merged trace microseconds
             offset = max(ts - c * 1e6 for ts, c in zip(clock_ts, simlib["clock"])) + base
-            spans = [dict(s, ts=s["start"] * 1e6 + offset, dur=(s["end"] - s["start"]) * 1e6)
-                     for s in simlib["spans"]]
+            spans = [dict(s, ts=s["start"] * 1e6 + offset, dur=(s["end"] - s["start"]) * 1e6) for s in simlib["spans"]]
             for family in [*SPAN_FAMILIES, None]:
                 track, name = SPAN_FAMILIES.get(family, OTHER_SPANS)
                 mine = [s for s in spans if (s["kind"] if s["kind"] in SPAN_FAMILIES else None) == family]
@@ -187,13 +206,24 @@ def merge(paths) -> dict:
                 for k in range(1, max(lane, default=0) + 1):
                     names[LANES * track + k] = f"{name} ({k + 1})"
                 for s, k in zip(mine, lane):
-                    events.append({"ph": "X", "cat": "simlib", "name": s["name"], "pid": rank,
-                                   "tid": LANES * track + k if k else track,
-                                   "ts": s["ts"], "dur": s["dur"],
-                                   "args": {"kind": s["kind"], "step": s["step"], "warmup": s["warmup"]}})
+                    events.append(
+                        {
+                            "ph": "X",
+                            "cat": "simlib",
+                            "name": s["name"],
+                            "pid": rank,
+                            "tid": LANES * track + k if k else track,
+                            "ts": s["ts"],
+                            "dur": s["dur"],
+                            "args": {"kind": s["kind"], "step": s["step"], "warmup": s["warmup"]},
+                        }
+                    )
         events += _metadata(rank, names)
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"source": "simlib.debug.trace.merge", "ranks": len(per_rank)}}
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"source": "simlib.debug.trace.merge", "ranks": len(per_rank)},
+    }
 
 
 def lanes(intervals) -> list[int]:
@@ -206,7 +236,7 @@ def lanes(intervals) -> list[int]:
     out = [0] * len(intervals)
     for i in order:
         start, end = intervals[i]
-        for k, stack in enumerate(stacks + [[]]):
+        for k, stack in enumerate(stacks + [[]]):  # noqa: B007 - k is the lane found, read after the loop
             while stack and stack[-1] <= start:
                 stack.pop()
             if not stack or end <= stack[-1]:
@@ -221,13 +251,17 @@ def lanes(intervals) -> list[int]:
 def _metadata(rank: int, names: dict) -> list:
     """The process row "rank r" and its tracks' names, sorted by track with each track's further lanes after it
     (metadata events carry a ``ts`` too: the format lists it among every event's fields)."""
-    events = [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "ts": 0, "args": {"name": f"rank {rank}"}},
-              {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "ts": 0, "args": {"sort_index": rank}}]
+    events = [
+        {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "ts": 0, "args": {"name": f"rank {rank}"}},
+        {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "ts": 0, "args": {"sort_index": rank}},
+    ]
     for index, tid in enumerate(sorted(names, key=lambda t: divmod(t, LANES) if t >= LANES else (t, 0))):
-        events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "ts": 0,
-                       "args": {"name": names[tid]}})
-        events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid, "ts": 0,
-                       "args": {"sort_index": index}})
+        events.append(
+            {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "ts": 0, "args": {"name": names[tid]}}
+        )
+        events.append(
+            {"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid, "ts": 0, "args": {"sort_index": index}}
+        )
     return events
 
 
@@ -290,11 +324,21 @@ def exposed_comm(trace) -> dict:
         steps = [e for e in evs if e["tid"] == STEPS_TID and not e["args"].get("warmup")]
         slices = [e for e in evs if e.get("cat") == "communication"]
         calls = [e for e in evs if e["tid"] == COMPUTE_TID and e["name"].startswith(ISSUE_PREFIXES)]
-        comm = union([(e["ts"], e["ts"] + e["dur"]) for e in slices + calls]
-                      + _blocked(calls, [e for e in evs if e["tid"] == COMPUTE_TID and e.get("cat") == "cpu_op"],
-                                 slices))
-        compute = union(_leaves([e for e in evs if e["tid"] == COMPUTE_TID and e.get("cat") == "cpu_op"
-                                  and not e["name"].startswith(ISSUE_PREFIXES + COMM_PREFIXES)]))
+        comm = union(
+            [(e["ts"], e["ts"] + e["dur"]) for e in slices + calls]
+            + _blocked(calls, [e for e in evs if e["tid"] == COMPUTE_TID and e.get("cat") == "cpu_op"], slices)
+        )
+        compute = union(
+            _leaves(
+                [
+                    e
+                    for e in evs
+                    if e["tid"] == COMPUTE_TID
+                    and e.get("cat") == "cpu_op"
+                    and not e["name"].startswith(ISSUE_PREFIXES + COMM_PREFIXES)
+                ]
+            )
+        )
         per_rank[rank], comm_per_rank[rank] = {}, {}
         for s in steps:
             lo, hi = s["ts"], s["ts"] + s["dur"]
@@ -304,9 +348,12 @@ def exposed_comm(trace) -> dict:
             comm_per_rank[rank][s["args"]["step"]] = total / 1e6
     medians = {r: statistics.median(v.values()) for r, v in per_rank.items() if v}
     comm_medians = {r: statistics.median(v.values()) for r, v in comm_per_rank.items() if v}
-    return {"per_rank": per_rank, "median_per_rank": medians,
-            "exposed_comm_time": statistics.fmean(medians.values()) if medians else None,
-            "comm_time": statistics.fmean(comm_medians.values()) if comm_medians else None}
+    return {
+        "per_rank": per_rank,
+        "median_per_rank": medians,
+        "exposed_comm_time": statistics.fmean(medians.values()) if medians else None,
+        "comm_time": statistics.fmean(comm_medians.values()) if comm_medians else None,
+    }
 
 
 def check(path) -> dict:
@@ -322,14 +369,19 @@ def check(path) -> dict:
     for e in events:
         if e["ph"] == "X" and e.get("cat") == "communication":  # data in flight (gloo:..., nccl...), not the copies
             comm_slices[e["pid"]] = comm_slices.get(e["pid"], 0) + 1
-    return {"processes": processes, "threads": threads, "comm_slices": comm_slices,
-            "events": sum(e["ph"] == "X" for e in events)}
+    return {
+        "processes": processes,
+        "threads": threads,
+        "comm_slices": comm_slices,
+        "events": sum(e["ph"] == "X" for e in events),
+    }
 
 
 def main(argv=None) -> int:
     """``python -m simlib.debug.trace DIR``: merge ``DIR/rank*.json`` (written by :class:`profile`) into
     ``DIR/trace.json`` and print the exposed communication per step."""
     import sys
+
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         print(main.__doc__)

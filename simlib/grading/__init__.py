@@ -32,15 +32,37 @@ harnesses and checks in the module of their topic (``data_parallel.py`` for less
         outs = grader.run(2, _my_harness, answer)          # stops the exercise cleanly on error/hang
         yield Result("equal to the reference on 2 ranks", ok, hint="what to look at when it is not")
 """
+
 from __future__ import annotations
 
-from .core import (EXERCISES, FAIL, HANG, PASS, TODO, Grader, ProcessGroupBroken, Report, Result, _close, _Stop,  # noqa: F401
-                   check, close, cluster, exercise, max_error)
-from .core import __all__  # noqa: F401
-
 # The exercises register themselves with @exercise when their modules are imported.
-from . import data_parallel, fault_tolerance, model_parallel, projects, vision_finance  # noqa: E402,F401
-from . import memory  # noqa: E402,F401  (lesson 07)
-from . import context_experts  # noqa: E402,F401  (lesson 09)
-from . import prefetch  # noqa: E402,F401  (lesson 09b)
-from . import planner  # noqa: E402,F401  (lesson 13)
+from . import (  # noqa: E402,F401
+    context_experts,  # noqa: E402,F401  (lesson 09)
+    data_parallel,
+    fault_tolerance,
+    memory,  # noqa: E402,F401  (lesson 07)
+    model_parallel,
+    planner,  # noqa: E402,F401  (lesson 13)
+    prefetch,  # noqa: E402,F401  (lesson 09b)
+    projects,
+    vision_finance,
+)
+from .core import (  # noqa: F401
+    EXERCISES,
+    FAIL,
+    HANG,
+    PASS,
+    TODO,
+    Grader,
+    ProcessGroupBroken,
+    Report,
+    Result,
+    __all__,  # noqa: F401
+    _close,
+    _Stop,
+    check,
+    close,
+    cluster,
+    exercise,
+    max_error,
+)

@@ -1,6 +1,7 @@
 """Check for lesson 07's activation-checkpoint exercise: which blocks to recompute under a memory budget (the
 bytes measured with autograd's saved-tensor hooks, the optimum by exhaustive search, fresh problems drawn at check
 time)."""
+
 from __future__ import annotations
 
 from .core import AnswerTimeout, Result, UsedTheGrader, exercise, refuse_grader_calls
@@ -49,6 +50,7 @@ def checkpoint_problem():
 def kept_activation_bytes(module, *inputs):
     """Run ``module(*inputs)``; return (bytes autograd saved for backward, parameters excluded; output)."""
     import torch
+
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict = {}
 
@@ -67,6 +69,7 @@ def _measure_choice(chosen):
     """Bytes the model keeps for backward with ``chosen`` blocks checkpointed (measured: a checkpointed block's
     input is what autograd still saves for it)."""
     from ..parallel.recompute import checkpoint_blocks, uncheckpoint
+
     model, x, *_ = checkpoint_problem()
     blocks = checkpoint_blocks(list(model), chosen)
     try:
@@ -78,6 +81,7 @@ def _measure_choice(chosen):
 
 def _best_cost(acts, inputs, flops, budget):
     from itertools import combinations
+
     n = len(acts)
     best = None
     for k in range(n + 1):
@@ -90,9 +94,14 @@ def _best_cost(acts, inputs, flops, budget):
 
 def _best_set(acts, inputs, flops, budget):
     from itertools import combinations
+
     n = len(acts)
-    fits = [s for k in range(n + 1) for s in combinations(range(n), k)
-            if sum(inputs[i] if i in s else acts[i] for i in range(n)) <= budget]
+    fits = [
+        s
+        for k in range(n + 1)
+        for s in combinations(range(n), k)
+        if sum(inputs[i] if i in s else acts[i] for i in range(n)) <= budget
+    ]
     return min(fits, key=lambda s: (sum(flops[i] for i in s), s)) if fits else tuple(range(n))
 
 
@@ -110,40 +119,61 @@ def _check_checkpoint_placement(answer, grader):
     # budgets met exactly by the optimum (so "<" instead of "<=" shows)
     exact = [_exact(acts, inputs, flops, int(total * f)) for f in (0.8, 0.75, 0.6)]
     budgets = [total] + [b + 1 for b in exact] + exact + [int(total * 0.45), floor]
-    answers = grader.ask(_chosen_harness, answer, [(acts, inputs, flops, b) for b in budgets], None,
-                         what="your function")
+    answers = grader.ask(
+        _chosen_harness, answer, [(acts, inputs, flops, b) for b in budgets], None, what="your function"
+    )
     for budget, (_, chosen) in zip(budgets, answers):
         if any(not 0 <= i < len(acts) for i in chosen):
-            yield Result(f"budget {budget:,} B: valid block indices", False,
-                         f"return indices of blocks, 0 .. {len(acts) - 1}", f"got {chosen}")
+            yield Result(
+                f"budget {budget:,} B: valid block indices",
+                False,
+                f"return indices of blocks, 0 .. {len(acts) - 1}",
+                f"got {chosen}",
+            )
             return
         kept = _measure_choice(chosen)
         fits = kept <= budget
         predicted = sum(inputs[i] if i in chosen else acts[i] for i in range(len(acts)))
-        hint = ("a checkpointed block still keeps its input (input_bytes[i]): count it, not zero"
-                if predicted != sum(acts[i] for i in range(len(acts)) if i not in chosen) and
-                sum(acts[i] for i in range(len(acts)) if i not in chosen) <= budget < predicted else
-                "checkpoint more blocks: what stays is activation_bytes of the others plus input_bytes of the "
-                "checkpointed ones, and it must be <= budget")
-        yield Result(f"budget {budget:,} B: measured activations fit", fits, hint,
-                     f"measured {kept:,} B kept for backward with blocks {chosen} checkpointed")
+        hint = (
+            "a checkpointed block still keeps its input (input_bytes[i]): count it, not zero"
+            if predicted != sum(acts[i] for i in range(len(acts)) if i not in chosen)
+            and sum(acts[i] for i in range(len(acts)) if i not in chosen) <= budget < predicted
+            else "checkpoint more blocks: what stays is activation_bytes of the others plus input_bytes of the "
+            "checkpointed ones, and it must be <= budget"
+        )
+        yield Result(
+            f"budget {budget:,} B: measured activations fit",
+            fits,
+            hint,
+            f"measured {kept:,} B kept for backward with blocks {chosen} checkpointed",
+        )
         if not fits:
             return
         cost, best = sum(flops[i] for i in chosen), _best_cost(acts, inputs, flops, budget)
         best_set = _best_set(acts, inputs, flops, budget)
         best_kept = sum(inputs[i] if i in best_set else acts[i] for i in range(len(acts)))
         if len(chosen) == len(acts):
-            hint = ("checkpointing every block fits any budget, but recomputes the whole forward: checkpoint only "
-                    "what the budget needs")
+            hint = (
+                "checkpointing every block fits any budget, but recomputes the whole forward: checkpoint only "
+                "what the budget needs"
+            )
         elif best_kept == budget and kept < budget and cost == _best_cost(acts, inputs, flops, budget - 1):
-            hint = (f"blocks {list(best_set)} keep exactly the budget ({budget:,} B) and recompute less: a set that "
-                    "keeps exactly the budget fits (kept <= budget, not <)")
+            hint = (
+                f"blocks {list(best_set)} keep exactly the budget ({budget:,} B) and recompute less: a set that "
+                "keeps exactly the budget fits (kept <= budget, not <)"
+            )
         else:
-            hint = (f"blocks {list(best_set)} also fit and recompute {cost - best:,} fewer FLOPs: blocks differ in "
-                    "bytes per FLOP, so neither the largest blocks first nor the best ratio first is optimal. Try "
-                    "every subset (there are only 2^6), or think knapsack")
-        yield Result(f"budget {budget:,} B: no more recomputation than needed", cost == best, hint,
-                     f"your blocks recompute {cost:,} FLOPs; the least that fits is {best:,}")
+            hint = (
+                f"blocks {list(best_set)} also fit and recompute {cost - best:,} fewer FLOPs: blocks differ in "
+                "bytes per FLOP, so neither the largest blocks first nor the best ratio first is optimal. Try "
+                "every subset (there are only 2^6), or think knapsack"
+            )
+        yield Result(
+            f"budget {budget:,} B: no more recomputation than needed",
+            cost == best,
+            hint,
+            f"your blocks recompute {cost:,} FLOPs; the least that fits is {best:,}",
+        )
         if cost != best:  # the first budget that shows the mistake names it; later ones would only guess
             return
     yield _checkpoint_fresh_problems(answer, grader)
@@ -153,15 +183,19 @@ def _chosen_harness(answer, problems, limit):
     """In a worker (the answer runs there, never in the grading process): the blocks the answer chooses for each
     problem, as ("ok", sorted ints). ``limit``: each call is refused if it calls the grader and stopped after
     ``limit`` s, and the first that fails ends the list with ("used" | "timeout" | "error", why); else it raises."""
-    from . import core
     from ..plain import exact_str
+    from . import core
+
     out, old = [], core.ANSWER_CALL_LIMIT
     core.ANSWER_CALL_LIMIT = limit or old
     try:
         for acts, inputs, flops, budget in problems:
             try:
-                got = (answer(list(acts), list(inputs), list(flops), budget) if limit is None else
-                       refuse_grader_calls(answer, list(acts), list(inputs), list(flops), budget))
+                got = (
+                    answer(list(acts), list(inputs), list(flops), budget)
+                    if limit is None
+                    else refuse_grader_calls(answer, list(acts), list(inputs), list(flops), budget)
+                )
                 out.append(("ok", sorted(set(int.__int__(int(i)) for i in got))))
             except Exception as exc:  # noqa: BLE001 - the learner's code on a new problem
                 if limit is None:
@@ -180,7 +214,9 @@ def _checkpoint_fresh_problems(answer, grader, count: int = 40):
     range that misses the last block or the largest subsets) fails here. The seed is shown to reproduce it."""
     import random
     import secrets
+
     from . import core
+
     seed = secrets.randbits(32)
     draw = random.Random(seed)
     problems = []
@@ -188,32 +224,46 @@ def _checkpoint_fresh_problems(answer, grader, count: int = 40):
         n = 1 + case % 8
         acts = [draw.randint(10, 4000) for _ in range(n)]
         inputs = [draw.randint(1, a) for a in acts]
-        problems.append((acts, inputs, [draw.randint(1, 5000) for _ in range(n)],
-                         draw.randint(sum(inputs), sum(acts))))
+        problems.append((acts, inputs, [draw.randint(1, 5000) for _ in range(n)], draw.randint(sum(inputs), sum(acts))))
     answers = grader.ask(_chosen_harness, answer, problems, core.ANSWER_CALL_LIMIT, what="your function")
     for (acts, inputs, flops, budget), (kind, chosen) in zip(problems, answers):
         n = len(acts)
         what = f"{n} blocks, activation_bytes={acts}, input_bytes={inputs}, recompute_flops={flops}, budget={budget}"
         if kind == "used":
-            return Result("40 fresh random problems: your own solver", False,
-                          "solve the problem with your own code: calling the grader's reference is not an answer",
-                          chosen)
+            return Result(
+                "40 fresh random problems: your own solver",
+                False,
+                "solve the problem with your own code: calling the grader's reference is not an answer",
+                chosen,
+            )
         if kind == "timeout":
-            return Result("40 fresh random problems: least recomputation that fits", False, "with n blocks there "
-                          "are 2^n subsets (256 for 8): an exhaustive search ends in milliseconds; look for a loop "
-                          "that never ends on some problems", f"{chosen} on {what} (seed {seed})", status="timeout")
+            return Result(
+                "40 fresh random problems: least recomputation that fits",
+                False,
+                "with n blocks there "
+                "are 2^n subsets (256 for 8): an exhaustive search ends in milliseconds; look for a loop "
+                "that never ends on some problems",
+                f"{chosen} on {what} (seed {seed})",
+                status="timeout",
+            )
         if kind != "ok":
-            return Result("40 fresh random problems: least recomputation that fits", False,
-                          "your function raised on a problem other than the lesson's: it must work for any number "
-                          "of blocks and any budget", f"{chosen} on {what} (seed {seed})")
-        kept = sum(inputs[i] if i in chosen else acts[i] for i in range(n)) if all(
-            0 <= i < n for i in chosen) else None
+            return Result(
+                "40 fresh random problems: least recomputation that fits",
+                False,
+                "your function raised on a problem other than the lesson's: it must work for any number "
+                "of blocks and any budget",
+                f"{chosen} on {what} (seed {seed})",
+            )
+        kept = sum(inputs[i] if i in chosen else acts[i] for i in range(n)) if all(0 <= i < n for i in chosen) else None
         cost, best = sum(flops[i] for i in chosen if 0 <= i < n), _best_cost(acts, inputs, flops, budget)
         if kept is None or kept > budget or cost != best:
             got = "invalid indices" if kept is None else f"kept {kept:,} B, recompute {cost:,}"
-            return Result("40 fresh random problems: least recomputation that fits", False,
-                          "right on the lesson's model but not on another: consider every block (indices 0 .. n-1) "
-                          "and every subset size from 0 to n, with kept = activation_bytes of the others + "
-                          "input_bytes of the checkpointed ones <= budget",
-                          f"{what}: you chose {chosen} ({got}); the optimum recomputes {best:,} (seed {seed})")
+            return Result(
+                "40 fresh random problems: least recomputation that fits",
+                False,
+                "right on the lesson's model but not on another: consider every block (indices 0 .. n-1) "
+                "and every subset size from 0 to n, with kept = activation_bytes of the others + "
+                "input_bytes of the checkpointed ones <= budget",
+                f"{what}: you chose {chosen} ({got}); the optimum recomputes {best:,} (seed {seed})",
+            )
     return Result("40 fresh random problems: least recomputation that fits", True, detail=f"seed {seed}")

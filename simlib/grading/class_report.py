@@ -3,6 +3,7 @@
 Rows are :class:`simlib.grading.batch.Row` (one per submission and check); :mod:`simlib.grading.batch` re-exports
 everything here.
 """
+
 from __future__ import annotations
 
 import csv
@@ -31,14 +32,28 @@ def summarize(rows) -> list[dict]:
             graded = [r for r in rs if r.kind == "check"]
             if graded and all(r.passed for r in graded):
                 return "pass"
-            return next((s for s in ("not implemented", "timeout", "error", "fail")
-                         if any(r.status == s for r in rs if not r.passed)), "fail")
+            return next(
+                (
+                    s
+                    for s in ("not implemented", "timeout", "error", "fail")
+                    if any(r.status == s for r in rs if not r.passed)
+                ),
+                "fail",
+            )
 
         outcomes = [status(rs) for rs in subs.values()]
-        summary.append(dict(exercise=exercise, submissions=len(subs), passed=outcomes.count("pass"),
-                            failed=outcomes.count("fail"), not_implemented=outcomes.count("not implemented"),
-                            errors=outcomes.count("error"), timeouts=outcomes.count("timeout"),
-                            check_pass_rate={name: round(sum(v) / len(v), 3) for name, v in checks.items()}))
+        summary.append(
+            dict(
+                exercise=exercise,
+                submissions=len(subs),
+                passed=outcomes.count("pass"),
+                failed=outcomes.count("fail"),
+                not_implemented=outcomes.count("not implemented"),
+                errors=outcomes.count("error"),
+                timeouts=outcomes.count("timeout"),
+                check_pass_rate={name: round(sum(v) / len(v), 3) for name, v in checks.items()},
+            )
+        )
     return summary
 
 
@@ -65,9 +80,12 @@ def write(rows, out: Path | str) -> dict:
 
 
 def format_summary(rows) -> str:
-    lines = [f"{'exercise':<22} {'submissions':>11} {'passed':>6} {'failed':>6} {'todo':>4} {'error':>5} "
-             f"{'timeout':>7}"]
+    lines = [
+        f"{'exercise':<22} {'submissions':>11} {'passed':>6} {'failed':>6} {'todo':>4} {'error':>5} {'timeout':>7}"
+    ]
     for s in summarize(rows):
-        lines.append(f"{s['exercise']:<22} {s['submissions']:>11} {s['passed']:>6} {s['failed']:>6} "
-                     f"{s['not_implemented']:>4} {s['errors']:>5} {s['timeouts']:>7}")
+        lines.append(
+            f"{s['exercise']:<22} {s['submissions']:>11} {s['passed']:>6} {s['failed']:>6} "
+            f"{s['not_implemented']:>4} {s['errors']:>5} {s['timeouts']:>7}"
+        )
     return "\n".join(lines)

@@ -4,6 +4,7 @@ Both run on 2, 3 and 4 ranks against one process on the whole batch; when an ans
 recomputes the classic mistakes itself (a mask on every block, blocks merged without rescaling, experts placed
 round-robin, capacity ignored, gates left out) and names the one the answer matches.
 """
+
 from __future__ import annotations
 
 from .core import Result, _close, exercise, max_error
@@ -20,6 +21,7 @@ def _ra_problem(world_size, large=False):
     """q, k, v of the whole sequence, float64; ``large``: float32 values with scores far past exp's float32 range
     (where subtracting the running max is what keeps the online softmax finite)."""
     import torch
+
     g = torch.Generator().manual_seed(_RA["seed"] + world_size)
     shape = (_RA["batch"], _RA["heads"], _RA["local"] * world_size, _RA["head_dim"])
     q, k, v = (torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(3))
@@ -33,6 +35,7 @@ def _ra_harness(answer, causal, large=False):
 
     from ..parallel.context import shard_sequence
     from .contracts import recorder
+
     rank, n = dist.get_rank(), dist.get_world_size()
     q, k, v = (shard_sequence(t, rank, n) for t in _ra_problem(n, large))
     with recorder() as rec:  # the grader's: every message and collective, whatever name the answer used
@@ -49,6 +52,7 @@ def _ra_resident_harness(answer, causal):
 
     from ..parallel.context import shard_sequence
     from .contracts import _elements, _tensors, data_census, recorder, resident_blocks
+
     rank, n = dist.get_rank(), dist.get_world_size()
     whole = _ra_problem(n)
     q, k, v = (shard_sequence(t, rank, n).clone() for t in whole)
@@ -69,12 +73,17 @@ def _ra_resident_harness(answer, causal):
     def watch(name, args):
         if name == "c10d.recv_" or _elements(args) > 2 * k.numel():
             weigh(name.split(".")[-1].rstrip("_"), using=_tensors(args))
+
     here, previous = sys._getframe(), sys.getprofile()
 
     def on_return(frame, event, arg):
-        if event == "return" and frame.f_back is here and not frame.f_globals.get("__name__", "").startswith(
-                ("simlib.grading", "torch")):  # the answer's own return, not the recorder's __enter__
+        if (
+            event == "return"
+            and frame.f_back is here
+            and not frame.f_globals.get("__name__", "").startswith(("simlib.grading", "torch"))
+        ):  # the answer's own return, not the recorder's __enter__
             weigh("return", [frame])
+
     sys.setprofile(on_return)
     try:
         with recorder(watch=watch, poison=True):
@@ -87,6 +96,7 @@ def _ra_resident_harness(answer, causal):
 def _attention(q, k, v, visible):
     """Softmax attention with an explicit (S, S) mask of visible keys."""
     import torch
+
     scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
     return torch.softmax(scores.masked_fill(~visible, float("-inf")), -1) @ v
 
@@ -94,6 +104,7 @@ def _attention(q, k, v, visible):
 def _ra_variants(world_size, causal):
     """The right output, and what the classic mistakes give (whole sequence, one process)."""
     import torch
+
     q, k, v = _ra_problem(world_size)
     s, local = q.shape[-2], _RA["local"]
     pos = torch.arange(s)
@@ -127,29 +138,46 @@ def _which(got, variants):
 
 _RA_HINTS = {
     "blocks_summed": "the blocks' outputs were added without renormalising the softmax: each block's output is "
-                     "normalised over its own keys only. Keep a running log-sum-exp per query and merge with it: "
-                     "new = logaddexp(lse, block_lse); out = out·exp(lse − new) + block_out·exp(block_lse − new)",
+    "normalised over its own keys only. Keep a running log-sum-exp per query and merge with it: "
+    "new = logaddexp(lse, block_lse); out = out·exp(lse − new) + block_out·exp(block_lse − new)",
     "blocks_averaged": "the blocks' outputs were averaged, which is not the softmax over all keys: the blocks weigh "
-                       "by their share of the exponentials, not equally. Merge with the running log-sum-exp: "
-                       "out = out·exp(lse − new) + block_out·exp(block_lse − new), new = logaddexp(lse, block_lse)",
+    "by their share of the exponentials, not equally. Merge with the running log-sum-exp: "
+    "out = out·exp(lse − new) + block_out·exp(block_lse − new), new = logaddexp(lse, block_lse)",
     "mask_on_every_block": "the causal mask was applied to every block: blocks from earlier ranks hold only earlier "
-                           "positions, so every query sees all of their keys (no mask); only the diagonal block "
-                           "(your own K/V) needs the triangle, and blocks from later ranks are skipped",
+    "positions, so every query sees all of their keys (no mask); only the diagonal block "
+    "(your own K/V) needs the triangle, and blocks from later ranks are skipped",
     "diagonal_unmasked": "your own block (the diagonal one) needs the causal triangle: without it each query sees "
-                         "the later positions of its own block",
+    "the later positions of its own block",
 }
 
 
 def _run_ring(answer, grader, world_size, causal):
     from ..parallel.context import unshard_sequence
     from .contracts import contract
+
     outs = grader.run(world_size, _ra_harness, answer, causal, what=f"your ring attention on {world_size} ranks")
     # the contract: K/V blocks travel to the next rank only, n - 1 hops of K and V, no collective
-    breach = next((b for r, o in enumerate(outs) for b in [contract(
-        o["calls"], r, world_size, only={"send", "recv"}, neighbours=True,
-        max_sent=2 * (world_size - 1) * o["block"])] if b), "")
+    breach = next(
+        (
+            b
+            for r, o in enumerate(outs)
+            for b in [
+                contract(
+                    o["calls"],
+                    r,
+                    world_size,
+                    only={"send", "recv"},
+                    neighbours=True,
+                    max_sent=2 * (world_size - 1) * o["block"],
+                )
+            ]
+            if b
+        ),
+        "",
+    )
     try:
         import torch
+
         return unshard_sequence([torch.as_tensor(o["out"]) for o in outs]), breach
     except Exception:  # noqa: BLE001 - wrong shapes: reported as a difference
         return None, breach
@@ -163,12 +191,15 @@ def _check_ring_attention(answer, grader):
             got, breach = _run_ring(answer, grader, world_size, causal)
             ok = got is not None and _close(got, variants["right"], rtol=1e-6, atol=1e-8)
             if ok and breach:  # the right numbers by another algorithm
-                yield Result(f"{world_size} ranks, {'causal' if causal else 'no mask'}: K/V passed around the ring "
-                             "(send/recv to neighbours only)", False,
-                             "ring attention never gathers K/V: each rank sends its current K/V block to rank + 1 "
-                             "and receives the next from rank − 1 (isend/irecv or batch_isend_irecv), n − 1 times, "
-                             "merging each block as it arrives; no all_gather, broadcast or all-to-all",
-                             breach)
+                yield Result(
+                    f"{world_size} ranks, {'causal' if causal else 'no mask'}: K/V passed around the ring "
+                    "(send/recv to neighbours only)",
+                    False,
+                    "ring attention never gathers K/V: each rank sends its current K/V block to rank + 1 "
+                    "and receives the next from rank − 1 (isend/irecv or batch_isend_irecv), n − 1 times, "
+                    "merging each block as it arrives; no all_gather, broadcast or all-to-all",
+                    breach,
+                )
                 return
             hint = ""
             if not ok:
@@ -178,15 +209,23 @@ def _check_ring_attention(answer, grader):
                 elif got is None or got.shape != variants["right"].shape:
                     hint = "return this rank's output, shaped like its q: (batch, heads, local positions, head_dim)"
                 elif causal:
-                    hint = ("check which rank's K/V block you hold at each step: sending to rank + 1 and receiving "
-                            "from rank − 1, at step s you hold the block of rank (rank − step) mod n; blocks of "
-                            "earlier ranks are fully visible, the own block needs the triangle, later ones none")
+                    hint = (
+                        "check which rank's K/V block you hold at each step: sending to rank + 1 and receiving "
+                        "from rank − 1, at step s you hold the block of rank (rank − step) mod n; blocks of "
+                        "earlier ranks are fully visible, the own block needs the triangle, later ones none"
+                    )
                 else:
-                    hint = ("without a mask every query sees every key once: pass each K/V block on n − 1 times "
-                            "(to rank + 1, from rank − 1) and merge every block with the log-sum-exp rescaling")
+                    hint = (
+                        "without a mask every query sees every key once: pass each K/V block on n − 1 times "
+                        "(to rank + 1, from rank − 1) and merge every block with the log-sum-exp rescaling"
+                    )
             what = "causal" if causal else "no mask"
-            yield Result(f"{world_size} ranks, {what}: output equal to attention over the whole sequence", ok, hint,
-                         "" if ok or got is None else f"max error {max_error(got, variants['right']):.2g}")
+            yield Result(
+                f"{world_size} ranks, {what}: output equal to attention over the whole sequence",
+                ok,
+                hint,
+                "" if ok or got is None else f"max error {max_error(got, variants['right']):.2g}",
+            )
             if not ok:
                 return
     # the memory contract: never the whole K/V resident (4 ranks: the whole is 3 other blocks, a ring holds 1 or 2)
@@ -194,16 +233,19 @@ def _check_ring_attention(answer, grader):
     outs = grader.run(world_size, _ra_resident_harness, answer, False, what="your ring attention, weighed")
     worst = max(range(world_size), key=lambda r: outs[r]["count"])
     held = outs[worst]
-    yield Result(f"{world_size} ranks: at most two other ranks' K/V blocks held at once (never the whole K/V)",
-                 held["count"] <= 2,
-                 "ring attention exists so that no rank ever holds the whole K/V: keep only the block you are "
-                 "merging and the one arriving, fold each block into the running output and log-sum-exp as it "
-                 "arrives, then let it go (no list or dict of blocks, no torch.cat of them, no NumPy copies)",
-                 f"rank {worst} held the K/V blocks of ranks {held['ranks']} at once (at a {held['at']})")
+    yield Result(
+        f"{world_size} ranks: at most two other ranks' K/V blocks held at once (never the whole K/V)",
+        held["count"] <= 2,
+        "ring attention exists so that no rank ever holds the whole K/V: keep only the block you are "
+        "merging and the one arriving, fold each block into the running output and log-sum-exp as it "
+        "arrives, then let it go (no list or dict of blocks, no torch.cat of them, no NumPy copies)",
+        f"rank {worst} held the K/V blocks of ranks {held['ranks']} at once (at a {held['at']})",
+    )
     # numerical stability, the lesson's point: float32 scores past exp's range (every earlier case was float64)
     import torch
 
     from ..parallel.context import unshard_sequence
+
     world_size = 3
     q, k, v = _ra_problem(world_size, large=True)
     pos = torch.arange(q.shape[-2])
@@ -214,13 +256,19 @@ def _check_ring_attention(answer, grader):
         ok = bool(torch.isfinite(got).all()) and _close(got, want, rtol=1e-4, atol=1e-4)
     except Exception:  # noqa: BLE001 - wrong shapes or no tensor: a difference
         got, ok = None, False
-    yield Result(f"{world_size} ranks, float32 with scores up to ~{float((q @ k.transpose(-1, -2)).abs().max()) / 8 ** 0.5:.0f}: "
-                 "finite and equal to attention over the whole sequence", ok,
-                 "" if ok else "exp() of a score above 88.7 overflows float32 to inf (and inf/inf is nan): keep the "
-                 "running maximum of each query's scores, subtract it before exp(), and rescale the partial sums when "
-                 "a block raises it (the online softmax's m; with log-sum-exp merging, logsumexp does it for you)",
-                 "" if ok or got is None else ("not finite" if not torch.isfinite(got).all() else
-                                               f"max error {max_error(got, want):.2g}"))
+    yield Result(
+        f"{world_size} ranks, float32 with scores up to ~{float((q @ k.transpose(-1, -2)).abs().max()) / 8**0.5:.0f}: "
+        "finite and equal to attention over the whole sequence",
+        ok,
+        ""
+        if ok
+        else "exp() of a score above 88.7 overflows float32 to inf (and inf/inf is nan): keep the "
+        "running maximum of each query's scores, subtract it before exp(), and rescale the partial sums when "
+        "a block raises it (the online softmax's m; with log-sum-exp merging, logsumexp does it for you)",
+        ""
+        if ok or got is None
+        else ("not finite" if not torch.isfinite(got).all() else f"max error {max_error(got, want):.2g}"),
+    )
 
 
 # ---- MoE dispatch and combine over all-to-all ----
@@ -238,6 +286,7 @@ def _moe_problem(world_size, skew):
     import torch
 
     from ..parallel.experts import MoE
+
     torch.manual_seed(_MOE["seed"])
     moe = MoE(_MOE["hidden"], _MOE["num_experts"], 1, 1.0, ffn=16).double()
     g = torch.Generator().manual_seed(_MOE["seed"] + 10 * world_size)
@@ -254,11 +303,13 @@ def _moe_harness(answer, capacity_factor, skew):
     import torch.distributed as dist
 
     from ..models import shard
+
     rank, n = dist.get_rank(), dist.get_world_size()
     moe, x = _moe_problem(n, skew)
     local = _MOE["num_experts"] // n
-    experts = torch.nn.ModuleList(moe.experts[rank * local:(rank + 1) * local])
+    experts = torch.nn.ModuleList(moe.experts[rank * local : (rank + 1) * local])
     from .contracts import recorder
+
     with torch.no_grad(), recorder() as rec:  # the grader's record of every collective
         y = answer(shard(x, rank, n).clone(), moe.router, experts, _MOE["num_experts"], capacity_factor)
     return dict(y=y.detach().clone() if hasattr(y, "detach") else y, calls=rec.calls)
@@ -269,6 +320,7 @@ def _moe_reference(world_size, capacity_factor, skew, mistake=None):
     import torch
 
     from ..parallel.experts import capacity, queue_positions, route
+
     moe, x = _moe_problem(world_size, skew)
     e_count = _MOE["num_experts"]
     with torch.no_grad():
@@ -285,26 +337,29 @@ def _moe_reference(world_size, capacity_factor, skew, mistake=None):
             if mistake == "wrong_rank":  # sent to rank e % ep, run there by local expert e // ep
                 e = (e % world_size) * local + (e // world_size) % local
             if keep[t]:
-                y[t] = moe.experts[e](x[t:t + 1])[0] * gate[t]
+                y[t] = moe.experts[e](x[t : t + 1])[0] * gate[t]
     return y
 
 
 _MOE_HINTS = {
     "wrong_rank": "tokens went to the wrong rank: experts are placed in blocks, so expert e lives on rank "
-                  "e // (E / ep) as its local expert e % (E / ep) — not on rank e % ep",
+    "e // (E / ep) as its local expert e % (E / ep) — not on rank e % ep",
     "capacity_ignored": "the capacity was ignored: an expert takes at most capacity(tokens of the whole batch, E, 1, "
-                        "capacity_factor) tokens, in the order queue_positions gives; drop the others (their output "
-                        "is 0: only the residual carries them)",
+    "capacity_factor) tokens, in the order queue_positions gives; drop the others (their output "
+    "is 0: only the residual carries them)",
     "gate_not_applied": "the combine must weigh each expert's output by its token's gate (the router probability of "
-                        "the chosen expert) before adding it at the token's position",
+    "the chosen expert) before adding it at the token's position",
 }
 
 
 def _moe_check(answer, grader, world_size, capacity_factor, skew, label):
     import torch
-    outs = grader.run(world_size, _moe_harness, answer, capacity_factor, skew,
-                      what=f"your MoE layer on {world_size} ranks")
+
+    outs = grader.run(
+        world_size, _moe_harness, answer, capacity_factor, skew, what=f"your MoE layer on {world_size} ranks"
+    )
     from .contracts import contract
+
     want = _moe_reference(world_size, capacity_factor, skew)
     try:
         got = torch.cat([torch.as_tensor(o["y"]) for o in outs])
@@ -312,14 +367,32 @@ def _moe_check(answer, grader, world_size, capacity_factor, skew, label):
         got = None
     ok = got is not None and _close(got, want, rtol=1e-6, atol=1e-8)
     # the contract: tokens travel by all-to-all (dispatch and combine); other collectives carry counts at most
-    breach = next((b for r, o in enumerate(outs) for b in [contract(
-        o["calls"], r, world_size, only={"all_to_all_single", "all_to_all"}, small=_MOE["num_experts"] * world_size,
-        at_least={"all_to_all_single|all_to_all": 2})] if b), "")
+    breach = next(
+        (
+            b
+            for r, o in enumerate(outs)
+            for b in [
+                contract(
+                    o["calls"],
+                    r,
+                    world_size,
+                    only={"all_to_all_single", "all_to_all"},
+                    small=_MOE["num_experts"] * world_size,
+                    at_least={"all_to_all_single|all_to_all": 2},
+                )
+            ]
+            if b
+        ),
+        "",
+    )
     if ok and breach:
-        yield Result(f"{world_size} ranks, {label}: tokens dispatched and combined by all-to-all", False,
-                     "expert parallelism moves each token only to the rank of its expert and back: two all-to-alls "
-                     "(all_to_all_single with per-rank splits), not an all_gather of every token or a broadcast",
-                     breach)
+        yield Result(
+            f"{world_size} ranks, {label}: tokens dispatched and combined by all-to-all",
+            False,
+            "expert parallelism moves each token only to the rank of its expert and back: two all-to-alls "
+            "(all_to_all_single with per-rank splits), not an all_gather of every token or a broadcast",
+            breach,
+        )
         return
     hint = ""
     if not ok:
@@ -328,11 +401,17 @@ def _moe_check(answer, grader, world_size, capacity_factor, skew, label):
                 hint = _MOE_HINTS[mistake]
                 break
         else:
-            hint = ("each rank's output must come back to its tokens' positions: send rows sorted by expert (hence by "
-                    "rank), exchange the counts first (all_to_all_single of E values), run each local expert on its "
-                    "rows, send the outputs back with the splits swapped, and add them at the tokens they came from")
-    yield Result(f"{world_size} ranks, {label}: output equal to the one-process MoE on the whole batch", ok, hint,
-                 "" if ok or got is None else f"max error {max_error(got, want):.2g}")
+            hint = (
+                "each rank's output must come back to its tokens' positions: send rows sorted by expert (hence by "
+                "rank), exchange the counts first (all_to_all_single of E values), run each local expert on its "
+                "rows, send the outputs back with the splits swapped, and add them at the tokens they came from"
+            )
+    yield Result(
+        f"{world_size} ranks, {label}: output equal to the one-process MoE on the whole batch",
+        ok,
+        hint,
+        "" if ok or got is None else f"max error {max_error(got, want):.2g}",
+    )
 
 
 @exercise("moe_dispatch")

@@ -12,16 +12,32 @@ method. The recorder is the grader's, so its counts never come from the answer's
 ``neighbours`` only, at most ``max_sent`` elements sent, at least ``at_least`` calls of an operation) and
 returns the first breach as a sentence, or "" when the rank kept to it.
 """
+
 from __future__ import annotations
 
 # dispatcher op -> the torch.distributed name a learner knows
-NAMES = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced", "allgather": "all_gather",
-         "_allgather_base": "all_gather_into_tensor", "allgather_into_tensor_coalesced": "all_gather_into_tensor",
-         "allgather_coalesced": "all_gather_coalesced", "reduce_scatter": "reduce_scatter",
-         "_reduce_scatter_base": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
-         "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "broadcast": "broadcast",
-         "reduce": "reduce", "gather": "gather", "scatter": "scatter", "barrier": "barrier",
-         "monitored_barrier": "monitored_barrier", "send": "send", "recv": "recv", "recv_any_source": "recv"}
+NAMES = {
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce_coalesced",
+    "allgather": "all_gather",
+    "_allgather_base": "all_gather_into_tensor",
+    "allgather_into_tensor_coalesced": "all_gather_into_tensor",
+    "allgather_coalesced": "all_gather_coalesced",
+    "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all_single",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "gather": "gather",
+    "scatter": "scatter",
+    "barrier": "barrier",
+    "monitored_barrier": "monitored_barrier",
+    "send": "send",
+    "recv": "recv",
+    "recv_any_source": "recv",
+}
 
 
 def recorder(keep: bool = False, watch=None, poison: bool = False):
@@ -52,8 +68,7 @@ def recorder(keep: bool = False, watch=None, poison: bool = False):
             if name.startswith("c10d."):
                 raw = name.split(".", 1)[1].rstrip("_")
                 op = NAMES.get(raw, raw)
-                peer = int(args[2]) if op in ("send", "recv") and len(args) > 2 and raw != "recv_any_source" \
-                    else None
+                peer = int(args[2]) if op in ("send", "recv") and len(args) > 2 and raw != "recv_any_source" else None
                 self.calls.append(dict(op=op, peer=peer, numel=_largest(args), elements=_elements(args)))
                 if keep and op == "send":
                     self.payloads.append((peer, _first(args).detach().clone()))
@@ -79,13 +94,24 @@ def _largest(args) -> int:
 
 
 def _elements(args) -> int:
-    return sum(a.numel() if hasattr(a, "numel") and hasattr(a, "shape") else
-               _elements(a) if isinstance(a, (list, tuple)) else 0 for a in args)
+    return sum(
+        a.numel()
+        if hasattr(a, "numel") and hasattr(a, "shape")
+        else _elements(a)
+        if isinstance(a, (list, tuple))
+        else 0
+        for a in args
+    )
 
 
 def _tensors(args) -> list:
-    return [t for a in args for t in ([a] if hasattr(a, "numel") and hasattr(a, "shape") else
-                                      _tensors(a) if isinstance(a, (list, tuple)) else [])]
+    return [
+        t
+        for a in args
+        for t in (
+            [a] if hasattr(a, "numel") and hasattr(a, "shape") else _tensors(a) if isinstance(a, (list, tuple)) else []
+        )
+    ]
 
 
 def _first(args):
@@ -123,6 +149,7 @@ def ring_payload_breach(inputs, payloads, rank: int) -> str:
     sum over all ranks (all-gather: finished chunks); a chunk is any contiguous slice. A ring that carries
     zeros, copies or anything else while the sum arrives by another way breaks it."""
     import torch
+
     n = len(inputs)
     x = torch.stack([t.reshape(-1).double() for t in inputs])
     for k, (peer, data) in enumerate(payloads):
@@ -135,11 +162,16 @@ def ring_payload_breach(inputs, payloads, rank: int) -> str:
         want = x[members].sum(0)
         tol = 1e-5 * float(x.abs().max()) * n + 1e-6
         starts = torch.nonzero((want[: want.numel() - got.numel() + 1] - got[0]).abs() <= tol).flatten().tolist()
-        if not any(float((want[o:o + got.numel()] - got).abs().max()) <= tol for o in starts):
-            what = ("the sum over all ranks (a finished chunk, all-gather phase)" if size == n else
-                    f"the partial sum of ranks {members} (reduce-scatter, step {k})")
-            return (f"rank {rank}'s message {k} to rank {peer} ({got.numel()} elements, first {float(got[0]):.4g}) "
-                    f"is not a chunk of {what}")
+        if not any(float((want[o : o + got.numel()] - got).abs().max()) <= tol for o in starts):
+            what = (
+                "the sum over all ranks (a finished chunk, all-gather phase)"
+                if size == n
+                else f"the partial sum of ranks {members} (reduce-scatter, step {k})"
+            )
+            return (
+                f"rank {rank}'s message {k} to rank {peer} ({got.numel()} elements, first {float(got[0]):.4g}) "
+                f"is not a chunk of {what}"
+            )
     return ""
 
 
@@ -151,8 +183,16 @@ def summary(calls) -> dict:
     return out
 
 
-def contract(calls, rank: int, world_size: int, only=None, neighbours: bool = False, max_sent: int | None = None,
-             at_least: dict | None = None, small: int | None = None) -> str:
+def contract(
+    calls,
+    rank: int,
+    world_size: int,
+    only=None,
+    neighbours: bool = False,
+    max_sent: int | None = None,
+    at_least: dict | None = None,
+    small: int | None = None,
+) -> str:
     """The first way rank ``rank``'s ``calls`` break the contract, as a sentence; "" when they keep it.
 
     ``only``: the operations allowed (a call outside them of at most ``small`` elements is tolerated: counts, a
@@ -161,14 +201,18 @@ def contract(calls, rank: int, world_size: int, only=None, neighbours: bool = Fa
     if only is not None:
         other = sorted(op for op in ops if op not in set(only) | {"barrier"})
         if other:
-            return (f"rank {rank} called {', '.join(f'{op} ({ops[op]}x)' for op in other)}; this exercise allows only "
-                    f"{', '.join(sorted(only))}")
+            return (
+                f"rank {rank} called {', '.join(f'{op} ({ops[op]}x)' for op in other)}; this exercise allows only "
+                f"{', '.join(sorted(only))}"
+            )
     if neighbours:
         near = {(rank + 1) % world_size, (rank - 1) % world_size}
         far = sorted({c["peer"] for c in calls if c["op"] in ("send", "recv") and c["peer"] not in near})
         if far:
-            return (f"rank {rank} exchanged messages with rank(s) {far}; a ring talks to its neighbours only "
-                    f"(ranks {sorted(near)})")
+            return (
+                f"rank {rank} exchanged messages with rank(s) {far}; a ring talks to its neighbours only "
+                f"(ranks {sorted(near)})"
+            )
     if max_sent is not None:
         sent = sum(c["numel"] for c in calls if c["op"] == "send")
         if sent > max_sent:
@@ -176,8 +220,9 @@ def contract(calls, rank: int, world_size: int, only=None, neighbours: bool = Fa
     for names, least in (at_least or {}).items():
         got = sum(ops.get(op, 0) for op in names.split("|"))
         if got < least:
-            return (f"rank {rank} called {names.replace('|', ' or ')} {got} time(s); the algorithm needs at least "
-                    f"{least}")
+            return (
+                f"rank {rank} called {names.replace('|', ' or ')} {got} time(s); the algorithm needs at least {least}"
+            )
     return ""
 
 
@@ -205,6 +250,7 @@ def watch_passes(model) -> dict:
             token = object()
             passes["pending"].append(token)
             output.register_hook(lambda grad, token=token: backward_reached(grad, token))
+
     model.register_forward_hook(forward)
     return passes
 
@@ -216,13 +262,17 @@ def passes_breach(outs, k) -> str:
         for step, p in enumerate(out["passes"]):
             big = [r for r in p["forwards"] if r > rows]
             if big:
-                return (f"rank {rank}, step {step}: a forward of {big[0]} samples; a micro-batch has at most {rows}")
+                return f"rank {rank}, step {step}: a forward of {big[0]} samples; a micro-batch has at most {rows}"
             if len(p["forwards"]) != k or p["backwards"] != k:
-                return (f"rank {rank}, step {step}: {len(p['forwards'])} forward(s) and {p['backwards']} "
-                        f"backward(s), expected {k} of each (k = {k} micro-batches)")
+                return (
+                    f"rank {rank}, step {step}: {len(p['forwards'])} forward(s) and {p['backwards']} "
+                    f"backward(s), expected {k} of each (k = {k} micro-batches)"
+                )
             if p["overlapped"]:
-                return (f"rank {rank}, step {step}: {p['overlapped']} forward(s) began before the previous "
-                        "micro-batch's backward")
+                return (
+                    f"rank {rank}, step {step}: {p['overlapped']} forward(s) began before the previous "
+                    "micro-batch's backward"
+                )
     return ""
 
 
@@ -236,8 +286,11 @@ def _refused(*args, **kwargs):
     import sys
 
     from simlib.grading.contracts import UsedTheLibrary
-    raise UsedTheLibrary(f"your answer called the course's own {sys._getframe().f_code.co_name}, which is what "
-                         "the exercise asks you to write: write it yourself (the lesson shows how)")
+
+    raise UsedTheLibrary(
+        f"your answer called the course's own {sys._getframe().f_code.co_name}, which is what "
+        "the exercise asks you to write: write it yourself (the lesson shows how)"
+    )
 
 
 def switched_off(*functions):
@@ -258,14 +311,19 @@ def switched_off(*functions):
         finally:
             for f, code in saved.items():
                 f.__code__ = code
+
     return swapped()
 
 
 def module_functions(module) -> list:
     """The plain functions ``module`` defines (what :func:`switched_off` takes for a whole reference module)."""
     import types
-    return [f for f in vars(module).values() if type(f) is types.FunctionType and f.__module__ == module.__name__
-            and not f.__closure__]
+
+    return [
+        f
+        for f in vars(module).values()
+        if type(f) is types.FunctionType and f.__module__ == module.__name__ and not f.__closure__
+    ]
 
 
 # ---- residency: which blocks of data an answer holds at once, however it holds them ----
@@ -274,6 +332,7 @@ def module_functions(module) -> list:
 def data_census() -> set:
     """The addresses of every tensor storage and NumPy array alive now (what :func:`resident_blocks` leaves out)."""
     from .weighing import _numpy_arrays, _tensor_storages
+
     return set(_tensor_storages()) | set(_numpy_arrays())
 
 
@@ -291,9 +350,12 @@ def resident_blocks(blocks: dict, before: set, frames=(), using=()) -> list:
 
     import numpy as np
     import torch
+
     smallest = min(t.numel() for ts in blocks.values() for t in ts)
-    samples = {key: [np.concatenate([t.detach().reshape(-1, t.shape[-1])[i].float().numpy() for i in (0, -1)])
-                     for t in ts] for key, ts in blocks.items()}
+    samples = {
+        key: [np.concatenate([t.detach().reshape(-1, t.shape[-1])[i].float().numpy() for i in (0, -1)]) for t in ts]
+        for key, ts in blocks.items()
+    }
     local = [v for f in frames for v in f.f_locals.values()] + list(using)  # a frame's referents omit its locals
     objs = gc.get_objects()
     objs = list(itertools.compress(objs, map(operator.is_not, map(type, objs), itertools.repeat(types.FrameType))))
@@ -305,15 +367,24 @@ def resident_blocks(blocks: dict, before: set, frames=(), using=()) -> list:
     del pool
     for r in found.values():
         if isinstance(r, torch.Tensor):
-            if r.device.type == "cpu" and r.is_floating_point() and r.numel() >= smallest \
-                    and r.untyped_storage().data_ptr() not in before:
+            if (
+                r.device.type == "cpu"
+                and r.is_floating_point()
+                and r.numel() >= smallest
+                and r.untyped_storage().data_ptr() not in before
+            ):
                 arrays.append(r.detach().float().numpy().reshape(-1))
         elif type(r) is nd:
             base = r
             while isinstance(base.base, nd):
                 base = base.base
-            if base.flags.owndata and base.ctypes.data not in before and base.size >= smallest \
-                    and base.dtype.kind == "f":
+            if (
+                base.flags.owndata
+                and base.ctypes.data not in before
+                and base.size >= smallest
+                and base.dtype.kind == "f"
+            ):
                 arrays.append(base.astype(np.float32).reshape(-1))
-    return sorted(key for key, per in samples.items() if any(
-        any(np.isin(sample, a).all() for a in arrays) for sample in per))
+    return sorted(
+        key for key, per in samples.items() if any(any(np.isin(sample, a).all() for a in arrays) for sample in per)
+    )

@@ -119,7 +119,7 @@ class Sent:
         self.data = bytes(data)
 
     @classmethod
-    def of(cls, answer) -> "Sent":
+    def of(cls, answer) -> Sent:
         import cloudpickle
         return answer if type(answer) is cls else cls(cloudpickle.dumps(answer))
 
@@ -242,8 +242,9 @@ class Grader:
 
     def run(self, world_size: int, harness, *args, what: str | None = None, **kwargs) -> list:
         """``harness(*args, **kwargs)`` on every rank -> per-rank results; a failure ends the exercise."""
-        from ..launch import WorkerError, WorkerTimeout
         import time
+
+        from ..launch import WorkerError, WorkerTimeout
         what = what or f"your code on {world_size} ranks"
         if self.first_failure and self.failed:
             raise _Enough

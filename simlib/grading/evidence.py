@@ -18,6 +18,7 @@ What these checks alone cannot see (each record field is the learner's word) is 
 steps on the grader's own workers (:mod:`.rerun`: losses, span kinds, step time) and to the held-out traces drawn
 at check time (:mod:`.heldout`); each milestone's docstring lists what can still be faked after all of them.
 """
+
 from __future__ import annotations
 
 from .core import Result
@@ -26,11 +27,12 @@ from .core import Result
 def tensor_state(state) -> dict | None:
     """``state`` as {name: tensor}, or None when it is anything else (an object, a module, code)."""
     import torch
+
     if not isinstance(state, dict) or not state:
         return None
     if not all(isinstance(k, str) and type(v) is torch.Tensor for k, v in state.items()):
         return None
-    return {k[len("module."):] if k.startswith("module.") else k: v.detach().clone() for k, v in state.items()}
+    return {k[len("module.") :] if k.startswith("module.") else k: v.detach().clone() for k, v in state.items()}
 
 
 def load_fixed(model, state, what: str, got: str | None = None):
@@ -38,23 +40,38 @@ def load_fixed(model, state, what: str, got: str | None = None):
     the type name of what the learner passed, when ``state`` is what a worker could make of it (None: nothing)."""
     tensors = tensor_state(state)
     if tensors is None:
-        return None, Result(f"the weights fit the project's {what}", False,
-                            "pass the trained weights as a state_dict (names -> tensors, as train_on returns them): "
-                            "the check builds the model itself and loads only the weights",
-                            f"got {got or type(state).__name__}")
+        return None, Result(
+            f"the weights fit the project's {what}",
+            False,
+            "pass the trained weights as a state_dict (names -> tensors, as train_on returns them): "
+            "the check builds the model itself and loads only the weights",
+            f"got {got or type(state).__name__}",
+        )
     own = model.state_dict()
     missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
-    shapes = [f"{k}: {tuple(tensors[k].shape)} instead of {tuple(own[k].shape)}" for k in own
-              if k in tensors and tensors[k].shape != own[k].shape]
+    shapes = [
+        f"{k}: {tuple(tensors[k].shape)} instead of {tuple(own[k].shape)}"
+        for k in own
+        if k in tensors and tensors[k].shape != own[k].shape
+    ]
     if missing or extra or shapes:
-        detail = "; ".join(x for x in (f"missing {missing[:3]}" if missing else "",
-                                       f"not in the model {extra[:3]}" if extra else "",
-                                       ", ".join(shapes[:3])) if x)
-        return None, Result(f"the weights fit the project's {what}", False,
-                            f"the check builds the project's own {what} with the project's fixed sizes and loads "
-                            "only your weights: a model of another shape (another width, more inputs, extra "
-                            "parameters or buffers) is not the project's model. Train the standard task's model",
-                            detail)
+        detail = "; ".join(
+            x
+            for x in (
+                f"missing {missing[:3]}" if missing else "",
+                f"not in the model {extra[:3]}" if extra else "",
+                ", ".join(shapes[:3]),
+            )
+            if x
+        )
+        return None, Result(
+            f"the weights fit the project's {what}",
+            False,
+            f"the check builds the project's own {what} with the project's fixed sizes and loads "
+            "only your weights: a model of another shape (another width, more inputs, extra "
+            "parameters or buffers) is not the project's model. Train the standard task's model",
+            detail,
+        )
     model.load_state_dict(tensors)
     return model, Result(f"the weights fit the project's {what}", True, detail=f"{len(tensors)} tensors")
 
@@ -62,6 +79,7 @@ def load_fixed(model, state, what: str, got: str | None = None):
 def first_loss(task) -> float:
     """The loss of ``task``'s freshly built (seeded) model on its global batch of step 0, in train mode."""
     import torch
+
     model = task.build_model()
     model.train()
     x, y = task.batch(0)
@@ -75,15 +93,17 @@ def check_first_loss(rows, task, what: str) -> Result:
     mine = first_loss(task)
     recorded = first.get("loss") if first else None
     ok = isinstance(recorded, (int, float)) and abs(recorded - mine) <= 1e-4 * abs(mine) + 1e-12
-    return Result("the run trained the project's task from its start (step-0 loss recomputed here)", ok,
-                  f"the record's first loss is not the project's freshly built model on the project's first "
-                  f"global batch ({what}): the run trained other data (another split, seed or calibration "
-                  "period), another model, or the record was edited. Run the project's standard task",
-                  f"recorded {recorded}, recomputed {mine:.6f}")
+    return Result(
+        "the run trained the project's task from its start (step-0 loss recomputed here)",
+        ok,
+        f"the record's first loss is not the project's freshly built model on the project's first "
+        f"global batch ({what}): the run trained other data (another split, seed or calibration "
+        "period), another model, or the record was edited. Run the project's standard task",
+        f"recorded {recorded}, recomputed {mine:.6f}",
+    )
 
 
-def check_consistent(rows, evals, summary, global_batch, tokens_per_sample=0, eval_every=None,
-                     steps=None) -> Result:
+def check_consistent(rows, evals, summary, global_batch, tokens_per_sample=0, eval_every=None, steps=None) -> Result:
     """Rows and evaluations agree with each other, with the global batch and (if given) the budget."""
     problems = []
     for r in list(rows) + list(evals):
@@ -98,8 +118,10 @@ def check_consistent(rows, evals, summary, global_batch, tokens_per_sample=0, ev
     if any(not isinstance(t, (int, float)) for t in times) or any(b < a for a, b in zip(times, times[1:])):
         problems.append("train_time does not grow with the steps")
     if evals and summary.get("train_time") is not None and summary["train_time"] < max(e["train_time"] for e in evals):
-        problems.append(f"the summary's train_time {summary['train_time']:.1f} s is less than the last "
-                        f"evaluation's {max(e['train_time'] for e in evals):.1f} s")
+        problems.append(
+            f"the summary's train_time {summary['train_time']:.1f} s is less than the last "
+            f"evaluation's {max(e['train_time'] for e in evals):.1f} s"
+        )
     if eval_every:
         last = max((e["step"] for e in evals), default=None)
         off = [e["step"] for e in evals if e["step"] % eval_every and e["step"] != last]
@@ -109,10 +131,13 @@ def check_consistent(rows, evals, summary, global_batch, tokens_per_sample=0, ev
         last = max((r.get("step", 0) + 1 for r in rows), default=0)
         if last > steps:
             problems.append(f"{last} steps; the project's budget is {steps}")
-    return Result("the run record is consistent (steps, samples, tokens, times, evaluations)", not problems,
-                  "the record's rows do not agree with each other or with the project's budget: rerun the plan "
-                  "instead of editing its files (the check recomputes what it can from the rows)",
-                  "; ".join(problems[:3]))
+    return Result(
+        "the run record is consistent (steps, samples, tokens, times, evaluations)",
+        not problems,
+        "the record's rows do not agree with each other or with the project's budget: rerun the plan "
+        "instead of editing its files (the check recomputes what it can from the rows)",
+        "; ".join(problems[:3]),
+    )
 
 
 def check_world_size(summary, world_size: int, rows=None) -> Result:
@@ -122,13 +147,22 @@ def check_world_size(summary, world_size: int, rows=None) -> Result:
     for key in ("dp", "tp", "pp"):
         plan_ws *= int(plan.get(key, 1) or 1)
     rates = summary.get("matmul_gflops_per_rank")
-    said = {"world_size": summary.get("world_size"), "plan": plan_ws,
-            "ranks that reported": len(rates) if isinstance(rates, list) else None}
+    said = {
+        "world_size": summary.get("world_size"),
+        "plan": plan_ws,
+        "ranks that reported": len(rates) if isinstance(rates, list) else None,
+    }
     ok = all(v == world_size for v in said.values())
     differ = {k: v for k, v in said.items() if v != world_size}
-    return Result(f"trained on {world_size} processes (world size, plan and per-rank reports agree)", ok,
-                  f"the milestone is about {world_size} processes: run it with train_on({world_size}, ...) / "
-                  f"run_project(..., world_size={world_size}) or the 2-process plan" +
-                  ("" if len(set(map(str, said.values()))) == 1 else
-                   ". The record's fields disagree on how many processes ran: it was edited"),
-                  ", ".join(f"{k} {v}" for k, v in (differ or said).items()))
+    return Result(
+        f"trained on {world_size} processes (world size, plan and per-rank reports agree)",
+        ok,
+        f"the milestone is about {world_size} processes: run it with train_on({world_size}, ...) / "
+        f"run_project(..., world_size={world_size}) or the 2-process plan"
+        + (
+            ""
+            if len(set(map(str, said.values()))) == 1
+            else ". The record's fields disagree on how many processes ran: it was edited"
+        ),
+        ", ".join(f"{k} {v}" for k, v in (differ or said).items()),
+    )

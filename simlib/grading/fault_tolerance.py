@@ -8,6 +8,7 @@ A curve that leaves the uninterrupted one is compared with the runs that restore
 optimizer state, the RNG state, the data position): the hint names the part whose omission gives that curve.
 The last check kills rank 1 for real (SIGKILL) and lets the elastic agent restart both ranks.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,15 +21,15 @@ _STEPS, _EVERY, _STOP, _KILL = 12, 4, 6, 6
 PARTS = ("optimizer", "rng", "data")
 HINTS = {
     "optimizer": "your curve is the one of a run that restored everything but the OPTIMIZER STATE: AdamW's moments "
-                 "(exp_avg, exp_avg_sq) and its step count start from zero again, so the steps after the restart "
-                 "differ. Save self.optimizer.state_dict() and load it back with self.optimizer.load_state_dict()",
+    "(exp_avg, exp_avg_sq) and its step count start from zero again, so the steps after the restart "
+    "differ. Save self.optimizer.state_dict() and load it back with self.optimizer.load_state_dict()",
     "rng": "your curve is the one of a run that restored everything but the RNG STATE: after the restart dropout draws "
-           "its masks from a generator seeded as at step 0, not where the uninterrupted run was. Save "
-           "checkpoint.rng_state() under the key 'rng' (simlib gathers one per rank) and restore it with "
-           "checkpoint.set_rng_state()",
+    "its masks from a generator seeded as at step 0, not where the uninterrupted run was. Save "
+    "checkpoint.rng_state() under the key 'rng' (simlib gathers one per rank) and restore it with "
+    "checkpoint.set_rng_state()",
     "data": "your curve is the one of a run that restored everything but the DATA POSITION: the restarted run reads the "
-            "global batches from index 0 again (samples repeated, the ones after them skipped) while its step and "
-            "learning rate go on. Save self.data_step (the index of the next global batch) and restore it",
+    "global batches from index 0 again (samples repeated, the ones after them skipped) while its step and "
+    "learning rate go on. Save self.data_step (the index of the next global batch) and restore it",
 }
 
 
@@ -51,6 +52,7 @@ class _RankStreams:
         import numpy as np
         import torch
         import torch.distributed as dist
+
         model = self.task.build_model()
         seed = 1000 + 7919 * (dist.get_rank() if dist.is_initialized() else 0)
         torch.manual_seed(seed)  # every generator a full state must save: torch CPU (and CUDA), Python, NumPy
@@ -76,8 +78,8 @@ def drawn_generators() -> dict:
 
     import numpy as np
     import torch
-    draws = {"python": random.random, "numpy": lambda: float(np.random.rand()),
-             "torch": lambda: float(torch.rand(()))}
+
+    draws = {"python": random.random, "numpy": lambda: float(np.random.rand()), "torch": lambda: float(torch.rand(()))}
     if torch.cuda.is_available():
         draws["cuda"] = lambda: float(torch.rand((), device="cuda"))
     return draws
@@ -85,12 +87,15 @@ def drawn_generators() -> dict:
 
 def _task():
     from ..tasks import RegressionTask
+
     # 48: divisible by 2, 3 and 4 ranks
     return _RankStreams(RegressionTask(width=32, depth=2, global_batch=48, num_samples=768, dropout=0.2))
 
 
-_LIBRARY_OFF = ("the library's TrainState.{0} is switched off in this exercise: build the state from its parts "
-                "yourself (model, optimizer, scheduler, step, data position, every rank's RNG state)")
+_LIBRARY_OFF = (
+    "the library's TrainState.{0} is switched off in this exercise: build the state from its parts "
+    "yourself (model, optimizer, scheduler, step, data position, every rank's RNG state)"
+)
 
 
 class LibraryStateUsed(RuntimeError):
@@ -100,11 +105,13 @@ class LibraryStateUsed(RuntimeError):
 def _refuse_state_dict(self, *args, **kwargs):
     # runs as TrainState.state_dict's code, with simlib.train's globals: it imports what it needs
     import simlib.grading.fault_tolerance as grader
+
     raise grader.LibraryStateUsed(grader._LIBRARY_OFF.format("state_dict"))
 
 
 def _refuse_load_state_dict(self, *args, **kwargs):
     import simlib.grading.fault_tolerance as grader
+
     raise grader.LibraryStateUsed(grader._LIBRARY_OFF.format("load_state_dict"))
 
 
@@ -119,8 +126,10 @@ def _learners_own(state_type):
 
     @contextlib.contextmanager
     def switched_off():
-        functions = {TrainState.__dict__["state_dict"]: _refuse_state_dict.__code__,
-                     TrainState.__dict__["load_state_dict"]: _refuse_load_state_dict.__code__}
+        functions = {
+            TrainState.__dict__["state_dict"]: _refuse_state_dict.__code__,
+            TrainState.__dict__["load_state_dict"]: _refuse_load_state_dict.__code__,
+        }
         saved = {f: f.__code__ for f in functions}
         try:
             for f, refuse in functions.items():
@@ -129,11 +138,13 @@ def _learners_own(state_type):
         finally:
             for f, code in saved.items():
                 f.__code__ = code
+
     return switched_off() if state_type is not None else contextlib.nullcontext()
 
 
 def _optim():
     from ..train import OptimConfig
+
     return OptimConfig(lr=1e-2, weight_decay=0.1, warmup_steps=2, decay_steps=_STEPS, grad_clip=1.0)
 
 
@@ -143,10 +154,20 @@ def _losses(state_type, directory, steps, leave_out=(), task=None, out_dir=None)
 
     from .. import checkpoint
     from ..train import Plan, train
+
     plan = Plan(dp=dist.get_world_size(), checkpoint_dir=directory, checkpoint_every=_EVERY if directory else 0)
     with checkpoint.leaving_out(*leave_out), _learners_own(state_type):
-        record = train(task or _task(), plan, steps=steps, optim=_optim(), log_every=1, verbose=False,
-                       measure_memory=False, state_type=state_type, out_dir=out_dir)
+        record = train(
+            task or _task(),
+            plan,
+            steps=steps,
+            optim=_optim(),
+            log_every=1,
+            verbose=False,
+            measure_memory=False,
+            state_type=state_type,
+            out_dir=out_dir,
+        )
     return {r["step"]: r["loss"] for r in record.rows}
 
 
@@ -162,9 +183,11 @@ def _reference_harness():
 
 def _kill_harness(state_type, directory, out_dir):
     from ..faults import KillAt
+
     task = _task()
-    return _losses(state_type, directory, _STEPS, task=_RankStreams(KillAt(task.task, step=_KILL, rank=1)),
-                   out_dir=out_dir)
+    return _losses(
+        state_type, directory, _STEPS, task=_RankStreams(KillAt(task.task, step=_KILL, rank=1)), out_dir=out_dir
+    )
 
 
 def _first_gap(curve: dict, reference: dict) -> str:
@@ -181,6 +204,7 @@ def _keys_harness(directory) -> list:
 
     from .. import checkpoint
     from ..plain import exact_str
+
     path = checkpoint.latest(directory)
     return [exact_str(k) for k in FileSystemReader(str(path)).read_metadata().state_dict_metadata] if path else []
 
@@ -188,6 +212,7 @@ def _keys_harness(directory) -> list:
 def _kind_harness(answer):
     """In a worker: None if the answer is not a TrainState subclass, else which of the two methods it wrote."""
     from ..train import TrainState
+
     if not (isinstance(answer, type) and issubclass(answer, TrainState)):
         return None
     return [m for m in ("state_dict", "load_state_dict") if getattr(answer, m) is not getattr(TrainState, m)]
@@ -197,8 +222,12 @@ def _fingerprint(code) -> tuple:
     """What a code object computes, without its name, file or line numbers: a copy, a renamed copy and the same
     source compiled again all give the same fingerprint."""
     import types
-    return (code.co_code, code.co_names, tuple(_fingerprint(c) if isinstance(c, types.CodeType) else repr(c)
-                                               for c in code.co_consts))
+
+    return (
+        code.co_code,
+        code.co_names,
+        tuple(_fingerprint(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts),
+    )
 
 
 def _copies_harness(answer) -> list:
@@ -210,6 +239,7 @@ def _copies_harness(answer) -> list:
     import types
 
     from ..train import TrainState
+
     own = [TrainState.__dict__[m] for m in ("state_dict", "load_state_dict")]
     library = {_fingerprint(f.__code__): f.__name__ for f in own}
 
@@ -218,6 +248,7 @@ def _copies_harness(answer) -> list:
         for c in code.co_consts:
             if isinstance(c, types.CodeType):
                 yield from codes(c)
+
     found, seen, todo = set(), set(), [answer]
     while todo and len(seen) < 20000:
         o = todo.pop()
@@ -254,7 +285,7 @@ def _copies_harness(answer) -> list:
 
 def _filled(cell) -> bool:
     try:
-        cell.cell_contents
+        cell.cell_contents  # noqa: B018 - raises ValueError when the cell is empty
         return True
     except ValueError:
         return False
@@ -262,14 +293,19 @@ def _filled(cell) -> bool:
 
 def _contents(keys) -> Result:
     """What the learner's last checkpoint holds (``keys``: the names of every saved entry)."""
-    wanted = {"the model's weights": lambda k: k.endswith("net.0.weight"),
-              "the optimizer's moments (exp_avg)": lambda k: k.endswith("exp_avg"),
-              "the step": lambda k: k == "step",
-              "every rank's RNG state (key 'rng')": lambda k: k.startswith("rng.")}
+    wanted = {
+        "the model's weights": lambda k: k.endswith("net.0.weight"),
+        "the optimizer's moments (exp_avg)": lambda k: k.endswith("exp_avg"),
+        "the step": lambda k: k == "step",
+        "every rank's RNG state (key 'rng')": lambda k: k.startswith("rng."),
+    }
     missing = [name for name, found in wanted.items() if not any(found(k) for k in keys)]
-    return Result("the checkpoint holds the weights, the optimizer's moments, the step and the RNG states",
-                  not missing, "state_dict() should return them all: missing " + ", ".join(missing),
-                  f"{len(keys)} entries" if not missing else "missing " + ", ".join(missing))
+    return Result(
+        "the checkpoint holds the weights, the optimizer's moments, the step and the RNG states",
+        not missing,
+        "state_dict() should return them all: missing " + ", ".join(missing),
+        f"{len(keys)} entries" if not missing else "missing " + ", ".join(missing),
+    )
 
 
 def after_a_real_kill(answer, work, reference, limit: float) -> Result:
@@ -280,51 +316,84 @@ def after_a_real_kill(answer, work, reference, limit: float) -> Result:
 
     from ..faults import read_run
     from ..launch import WorkerError, WorkerTimeout, launch
+
     name = f"rank 1 killed at step {_KILL}, restarted: the curve continues bit-equal"
     print(f"now rank 1 is killed (SIGKILL) at step {_KILL}; the elastic agent restarts both ranks:", flush=True)
     t0 = time.monotonic()
     try:
-        out = launch(_guarded, 2, _kill_harness, (answer, os.path.join(work, "killed"), os.path.join(work, "run")),
-                     {}, max_restarts=1, timeout=20, threads=1, call_timeout=limit, plain=True)
+        out = launch(
+            _guarded,
+            2,
+            _kill_harness,
+            (answer, os.path.join(work, "killed"), os.path.join(work, "run")),
+            {},
+            max_restarts=1,
+            timeout=20,
+            threads=1,
+            call_timeout=limit,
+            plain=True,
+        )
     except WorkerError as exc:
         attempts = read_run(os.path.join(work, "run"))
         timed_out = isinstance(exc, WorkerTimeout)
-        return Result(name, False, status=HANG if timed_out else ERROR,
-                      hint=(f"after the restart your code did not finish within {limit:g} s (each attempt has the "
-                            "same limit as every other phase): does load_state_dict (or anything after a restart) "
-                            "wait, sleep or loop?" if timed_out else
-                            "your code failed after the real restart: " + str(exc).splitlines()[0]),
-                      detail=f"stopped after {time.monotonic() - t0:.0f} s; {len(attempts)} attempt(s) recorded")
+        return Result(
+            name,
+            False,
+            status=HANG if timed_out else ERROR,
+            hint=(
+                f"after the restart your code did not finish within {limit:g} s (each attempt has the "
+                "same limit as every other phase): does load_state_dict (or anything after a restart) "
+                "wait, sleep or loop?"
+                if timed_out
+                else "your code failed after the real restart: " + str(exc).splitlines()[0]
+            ),
+            detail=f"stopped after {time.monotonic() - t0:.0f} s; {len(attempts)} attempt(s) recorded",
+        )
     attempts = read_run(os.path.join(work, "run"))
-    killed_ok = len(attempts) == 2 and min(out[0]) == _EVERY and all(
-        o == {s: reference[s] for s in range(_EVERY, _STEPS)} for o in out)
-    return Result(name, killed_ok,
-                  "after the real restart the curve differs: is anything in your state kept only in memory "
-                  "(a Python attribute set during training and not saved)?",
-                  f"{len(attempts)} attempts; resumed at step {min(out[0]) if out[0] else None}")
+    killed_ok = (
+        len(attempts) == 2
+        and min(out[0]) == _EVERY
+        and all(o == {s: reference[s] for s in range(_EVERY, _STEPS)} for o in out)
+    )
+    return Result(
+        name,
+        killed_ok,
+        "after the real restart the curve differs: is anything in your state kept only in memory "
+        "(a Python attribute set during training and not saved)?",
+        f"{len(attempts)} attempts; resumed at step {min(out[0]) if out[0] else None}",
+    )
 
 
 @exercise("full_state")
 def _check_full_state(answer, grader):
     own = grader.ask(_kind_harness, answer, what="your class")
     if own is None:
-        yield Result("the answer is a TrainState subclass", False,
-                     "define `class FullState(TrainState)` with state_dict() and load_state_dict(), then pass the "
-                     "class itself (not an instance) to grading.check")
+        yield Result(
+            "the answer is a TrainState subclass",
+            False,
+            "define `class FullState(TrainState)` with state_dict() and load_state_dict(), then pass the "
+            "class itself (not an instance) to grading.check",
+        )
         return
     if len(own) < 2:
-        yield Result("you wrote state_dict() and load_state_dict()", False, status=TODO,
-                     hint="not done yet: TrainState's own methods are switched off in this exercise - write both "
-                          "state_dict() and load_state_dict() in your class" +
-                          (f" (you wrote only {own[0]})" if own else ""))
+        yield Result(
+            "you wrote state_dict() and load_state_dict()",
+            False,
+            status=TODO,
+            hint="not done yet: TrainState's own methods are switched off in this exercise - write both "
+            "state_dict() and load_state_dict() in your class" + (f" (you wrote only {own[0]})" if own else ""),
+        )
         return
     copied = grader.ask(_copies_harness, answer, what="your class's code")
-    yield Result("your state_dict() and load_state_dict() run code of your own", not copied,
-                 "the library's TrainState.state_dict / load_state_dict are switched off in this exercise, and "
-                 "your class carries a copy of their code (a function built from their code objects or compiled from their "
-                 "source): write the two methods yourself, from the state's parts (model, optimizer, scheduler, "
-                 "step, data position, every rank's RNG state)",
-                 f"a copy of TrainState.{' and TrainState.'.join(copied)}" if copied else "")
+    yield Result(
+        "your state_dict() and load_state_dict() run code of your own",
+        not copied,
+        "the library's TrainState.state_dict / load_state_dict are switched off in this exercise, and "
+        "your class carries a copy of their code (a function built from their code objects or compiled from their "
+        "source): write the two methods yourself, from the state's parts (model, optimizer, scheduler, "
+        "step, data position, every rank's RNG state)",
+        f"a copy of TrainState.{' and TrainState.'.join(copied)}" if copied else "",
+    )
     if copied:
         return
     work = tempfile.mkdtemp(prefix="simlib-grade-08-")
@@ -332,37 +401,57 @@ def _check_full_state(answer, grader):
         reference = grader.run(2, _reference_harness, what="the uninterrupted run on 2 ranks")[0]
         resumed = grader.run(2, _resume_harness, answer, os.path.join(work, "yours"), what="your state on 2 ranks")
         starts = min(resumed[0]) if resumed[0] else None
-        yield Result("a fresh run resumes from the step-4 checkpoint", starts == _EVERY,
-                     "the run did not continue from its checkpoint: load_state_dict must restore self.step (the "
-                     "optimizer steps done) and the data position, so the loop starts at step 4, not 0",
-                     f"first step after the restart: {starts}")
+        yield Result(
+            "a fresh run resumes from the step-4 checkpoint",
+            starts == _EVERY,
+            "the run did not continue from its checkpoint: load_state_dict must restore self.step (the "
+            "optimizer steps done) and the data position, so the loop starts at step 4, not 0",
+            f"first step after the restart: {starts}",
+        )
         yield _contents(grader.ask(_keys_harness, os.path.join(work, "yours"), what="reading your checkpoint"))
         equal = all(out == {s: reference[s] for s in range(_EVERY, _STEPS)} for out in resumed)
-        hint = ("the resumed curve leaves the uninterrupted one; " + _first_gap(resumed[0], reference)
-                + ". Save and restore the model, the optimizer, the LR scheduler, the step, the data position and "
-                  "the RNG state")
+        hint = (
+            "the resumed curve leaves the uninterrupted one; "
+            + _first_gap(resumed[0], reference)
+            + ". Save and restore the model, the optimizer, the LR scheduler, the step, the data position and "
+            "the RNG state"
+        )
         if not equal and starts == _EVERY:
             for part in PARTS:
-                bug = grader.run(2, _resume_harness, None, os.path.join(work, part), (part,),
-                                 what=f"the run without the {part} state")[0]
+                bug = grader.run(
+                    2,
+                    _resume_harness,
+                    None,
+                    os.path.join(work, part),
+                    (part,),
+                    what=f"the run without the {part} state",
+                )[0]
                 if bug == resumed[0]:
                     hint = HINTS[part]
                     break
-        yield Result("2 ranks: the resumed curve equals the uninterrupted one, bit for bit", equal, hint,
-                     "" if not equal else f"steps {_EVERY}-{_STEPS - 1} equal")
+        yield Result(
+            "2 ranks: the resumed curve equals the uninterrupted one, bit for bit",
+            equal,
+            hint,
+            "" if not equal else f"steps {_EVERY}-{_STEPS - 1} equal",
+        )
         if not equal:
             return
         for n in (3, 4):  # other world sizes: every rank has its own dropout stream
             ref_n = grader.run(n, _reference_harness, what=f"the uninterrupted run on {n} ranks")
-            res_n = grader.run(n, _resume_harness, answer, os.path.join(work, f"yours{n}"),
-                               what=f"your state on {n} ranks")
+            res_n = grader.run(
+                n, _resume_harness, answer, os.path.join(work, f"yours{n}"), what=f"your state on {n} ranks"
+            )
             bad = [r for r in range(n) if res_n[r] != {s: ref_n[0][s] for s in range(_EVERY, _STEPS)}]
-            yield Result(f"{n} ranks: the resumed curve equals the uninterrupted one, bit for bit", not bad,
-                         f"on {n} ranks rank {bad[0] if bad else 0}'s resumed curve leaves the uninterrupted one; "
-                         + (_first_gap(res_n[bad[0]], ref_n[0]) if bad else "") +
-                         ". Each rank draws its own dropout masks: save and restore every rank's own RNG state "
-                         "(checkpoint.rng_state() under 'rng'), not one rank's for all",
-                         "" if bad else f"steps {_EVERY}-{_STEPS - 1} equal on every rank")
+            yield Result(
+                f"{n} ranks: the resumed curve equals the uninterrupted one, bit for bit",
+                not bad,
+                f"on {n} ranks rank {bad[0] if bad else 0}'s resumed curve leaves the uninterrupted one; "
+                + (_first_gap(res_n[bad[0]], ref_n[0]) if bad else "")
+                + ". Each rank draws its own dropout masks: save and restore every rank's own RNG state "
+                "(checkpoint.rng_state() under 'rng'), not one rank's for all",
+                "" if bad else f"steps {_EVERY}-{_STEPS - 1} equal on every rank",
+            )
             if bad:
                 return
         yield after_a_real_kill(answer, work, reference, grader.timeout)

@@ -19,6 +19,7 @@ trace is fainter still: an honest run's loss on 450 held-out digits (warped afre
 on 450 training digits; 200 more steps on the held-out digits turn that into -0.03, while 450 digits' sampling noise
 alone needs about 0.13 nats (4 standard errors). Finance draws its held-out paths at check time already.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,24 +27,28 @@ import secrets
 
 from .core import Result
 
-WINDOWS = 256    # fresh held-out windows (at least 4x the fixed ones)
-SIGMAS = 4.0     # standard errors of the difference of the two means allowed
-MARGIN = 0.05    # nats, for the text: the fixed windows are one stretch of it, the fresh ones the whole split
+WINDOWS = 256  # fresh held-out windows (at least 4x the fixed ones)
+SIGMAS = 4.0  # standard errors of the difference of the two means allowed
+MARGIN = 0.05  # nats, for the text: the fixed windows are one stretch of it, the fresh ones the whole split
 
 
 def _window_losses(task, model, stream, starts):
     import torch
     import torch.nn.functional as F
+
     t = task.seq_len
-    windows = torch.stack([torch.as_tensor(stream[s:s + t + 1].astype("int64")) for s in starts])
+    windows = torch.stack([torch.as_tensor(stream[s : s + t + 1].astype("int64")) for s in starts])
     out = []
     model.eval()
     with torch.no_grad():
         for i in range(0, len(windows), 64):
-            w = windows[i:i + 64]
+            w = windows[i : i + 64]
             logits = model(w[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), w[:, 1:].reshape(-1),
-                                   reduction="none").reshape(len(w), -1).mean(1)
+            loss = (
+                F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), w[:, 1:].reshape(-1), reduction="none")
+                .reshape(len(w), -1)
+                .mean(1)
+            )
             out.extend(float(x) for x in loss)
     return out
 
@@ -58,14 +63,17 @@ def gpt_losses(task, model, windows: int | None = None, seed: int | None = None)
     """The weights' loss (nats per token; mean, standard error) on the fixed evaluation windows and on ``windows``
     held-out windows drawn at random offsets from ``seed`` (default: a seed drawn now)."""
     import numpy as np
+
     data = task.data
     n = windows or max(WINDOWS, 4 * data.eval_windows)
     rng = np.random.default_rng(secrets.randbits(64) if seed is None else seed)
     t = task.seq_len
     fixed = [i * t for i in range(data.eval_windows)]
     fresh = rng.integers(0, len(data.held_out) - t - 1, n).tolist()
-    return {"fixed": _mean_se(_window_losses(task, model, data.held_out, fixed)),
-            "fresh": _mean_se(_window_losses(task, model, data.held_out, fresh))}
+    return {
+        "fixed": _mean_se(_window_losses(task, model, data.held_out, fixed)),
+        "fresh": _mean_se(_window_losses(task, model, data.held_out, fresh)),
+    }
 
 
 def check_gpt_heldout(name: str, task, model, seed: int | None = None) -> Result:
@@ -73,10 +81,12 @@ def check_gpt_heldout(name: str, task, model, seed: int | None = None) -> Result
     tr = gpt_losses(task, model, seed=seed)
     gap = tr["fresh"][0] - tr["fixed"][0]
     allowed = SIGMAS * math.hypot(tr["fixed"][1], tr["fresh"][1]) + MARGIN
-    return Result(f"{name}: the weights were not trained on the evaluation windows (held-out windows drawn now)",
-                  gap <= allowed,
-                  "the weights learned the held-out text itself: the project's evaluation windows were in the "
-                  "training data. Train on the project's training split only (task.batch) and let the evaluation "
-                  "measure text the model never saw",
-                  f"loss on the fixed evaluation windows {tr['fixed'][0]:.3f}, on held-out windows drawn now "
-                  f"{tr['fresh'][0]:.3f}: {gap:+.3f} nats easier (allowed {allowed:.3f})")
+    return Result(
+        f"{name}: the weights were not trained on the evaluation windows (held-out windows drawn now)",
+        gap <= allowed,
+        "the weights learned the held-out text itself: the project's evaluation windows were in the "
+        "training data. Train on the project's training split only (task.batch) and let the evaluation "
+        "measure text the model never saw",
+        f"loss on the fixed evaluation windows {tr['fixed'][0]:.3f}, on held-out windows drawn now "
+        f"{tr['fresh'][0]:.3f}: {gap:+.3f} nats easier (allowed {allowed:.3f})",
+    )

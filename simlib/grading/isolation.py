@@ -3,6 +3,7 @@ starts is born there, whatever it does to its session or environment), the token
 environment, the kill of its cgroup, its session and every tagged process, and the optional ``unshare`` sandbox
 (no network, the course read-only, the submitted folders hidden). Used by :mod:`simlib.grading.batch`, which re-exports ``sandbox_available``.
 """
+
 from __future__ import annotations
 
 import os
@@ -137,6 +138,7 @@ def end_with_parent(parent: int, interval: float = 1.0) -> None:
     submission's processes (this process group and every process tagged with its token) and exit, instead of
     running on, orphaned, until the submission's own timeout. A daemon thread polls the parent's pid."""
     import threading
+
     token = os.environ.get(_TOKEN, "")
 
     def watch():
@@ -157,17 +159,21 @@ def end_with_parent(parent: int, interval: float = 1.0) -> None:
                 os.killpg(os.getpgid(0), signal.SIGKILL)
             finally:
                 os._exit(1)
+
     threading.Thread(target=watch, name="simlib-grade-parent-watch", daemon=True).start()
 
 
 def sandbox_available() -> bool:
     """Whether ``sandbox="unshare"`` works here (user, mount and network namespaces)."""
     import shutil
+
     if not shutil.which("unshare") or not shutil.which("ip"):
         return False
     try:
-        return subprocess.run(["unshare", "-r", "-n", "-m", "--fork", "true"], capture_output=True,
-                              timeout=20).returncode == 0
+        return (
+            subprocess.run(["unshare", "-r", "-n", "-m", "--fork", "true"], capture_output=True, timeout=20).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -176,13 +182,21 @@ def _sandboxed(command: list[str], hide: list[Path], workdir: Path, root: Path) 
     """``command`` inside new user, mount and network namespaces: loopback only, the course read-only, the
     submitted folders hidden (unless the working directory lies inside one)."""
     import shlex
+
     root = root.resolve()
-    steps = ["ip link set lo up", f"mount --bind {shlex.quote(str(root))} {shlex.quote(str(root))}",
-             f"mount -o remount,bind,ro {shlex.quote(str(root))}"]
+    steps = [
+        "ip link set lo up",
+        f"mount --bind {shlex.quote(str(root))} {shlex.quote(str(root))}",
+        f"mount -o remount,bind,ro {shlex.quote(str(root))}",
+    ]
     for folder in hide:
         folder = folder.resolve()
-        if folder != root and folder not in workdir.resolve().parents and folder != workdir.resolve() \
-                and root not in folder.parents:
+        if (
+            folder != root
+            and folder not in workdir.resolve().parents
+            and folder != workdir.resolve()
+            and root not in folder.parents
+        ):
             steps.append(f"mount -t tmpfs -o size=1m none {shlex.quote(str(folder))}")
     steps.append("exec " + " ".join(shlex.quote(c) for c in command))
     return ["unshare", "-r", "-n", "-m", "--fork", "sh", "-c", " && ".join(steps)]
@@ -192,6 +206,7 @@ def _mac(key: bytes, text) -> str:
     """The signature of a grading child's rows (HMAC-SHA256 with the key its grader gave it)."""
     import hashlib
     import hmac
+
     return hmac.new(key, str(text).encode(), hashlib.sha256).hexdigest()
 
 
@@ -200,6 +215,7 @@ def _not_dumpable() -> None:
     through /proc or ptrace (``PR_SET_DUMPABLE`` 0); the kernel it starts is dumpable again (execve resets it)."""
     if sys.platform.startswith("linux"):
         import ctypes
+
         try:
             ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
         except (OSError, AttributeError):

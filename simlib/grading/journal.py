@@ -7,6 +7,7 @@ killed ``simlib grade``, or the machine or a person did): on the rerun it become
 goes on with the rest, instead of running it, and being killed by it, again. Ctrl-C writes ``"interrupted"``:
 that submission is graded again.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,6 +23,7 @@ def journal_path(out) -> Path:
 
 def digest(path: Path) -> str:
     import hashlib
+
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
     except OSError:
@@ -36,6 +38,7 @@ def read(journal: Path, row_type) -> tuple[dict, set]:
     if not journal.exists():
         return done, started
     from .class_report import FIELDS
+
     for line in journal.read_text().splitlines():
         try:
             entry = json.loads(line)
@@ -65,9 +68,16 @@ def append(journal: Path, submission: str, digest: str, rows=None, **event) -> N
 
 def stopped_row(row_type, submission: str):
     """The failed row of a submission during which an earlier grader stopped."""
-    return row_type(submission, "?", "run", "grading finished (the grader was not stopped while it ran)", False,
-                    "error", hint="the grader stopped while this notebook ran, on an earlier run: its code may "
-                    "end `simlib grade` itself (a kill of its parent, os._exit in the wrong process). If the "
-                    "grader was stopped for another reason, delete this submission's lines from the journal "
-                    "(<out>.rows.jsonl) to grade it again",
-                    detail="started, never finished: not run again so that it cannot stop this run too")
+    return row_type(
+        submission,
+        "?",
+        "run",
+        "grading finished (the grader was not stopped while it ran)",
+        False,
+        "error",
+        hint="the grader stopped while this notebook ran, on an earlier run: its code may "
+        "end `simlib grade` itself (a kill of its parent, os._exit in the wrong process). If the "
+        "grader was stopped for another reason, delete this submission's lines from the journal "
+        "(<out>.rows.jsonl) to grade it again",
+        detail="started, never finished: not run again so that it cannot stop this run too",
+    )

@@ -1,6 +1,7 @@
 """Checks for lesson 07: the sharded optimizer (ZeRO-1) and a ZeRO-3 Linear (gather, free, reduce-scatter). The
 activation-checkpoint exercise is in :mod:`simlib.grading.checkpointing` (re-exported here: the exercise imports
 ``checkpoint_problem`` from this module)."""
+
 from __future__ import annotations
 
 from .core import Result, _close, exercise, max_error
@@ -22,6 +23,7 @@ def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr
     import torch.distributed as dist
 
     from ..lessons.memory import _problem
+
     rank, n = dist.get_rank(), dist.get_world_size()
     model, x, y = _problem(width, depth, global_batch, 0)  # seeded: the same weights on every rank
     initial = {k: v.clone() for k, v in model.state_dict().items()}
@@ -39,7 +41,7 @@ def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr
     peaks, kept = [], build[1]
     full_peak = full_kept = full_scratch = None
     for step in range(steps):
-        torch.nn.functional.mse_loss(model(x[rank * b:(rank + 1) * b]), y[rank * b:(rank + 1) * b]).backward()
+        torch.nn.functional.mse_loss(model(x[rank * b : (rank + 1) * b]), y[rank * b : (rank + 1) * b]).backward()
         for p in model.parameters():  # data parallelism (what DDP does): average the gradients
             dist.all_reduce(p.grad)
             p.grad /= n
@@ -53,11 +55,18 @@ def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr
                 for p, q in zip(full_model.parameters(), model.parameters()):
                     p.grad = torch.ones_like(q)
                 full_peak, full_kept = _step_memory(full_opt.step)  # the first step: builds the state
-                full_scratch = _step_memory(full_opt.step)[0]         # a later one: AdamW's own scratch alone
-    return dict(params={k: v.detach().clone() for k, v in model.state_dict().items()}, initial=initial,
-                peak=max(peaks), kept=kept, full_peak=full_peak, full_kept=full_kept, full_scratch=full_scratch,
-                left_grads=left_grads,
-                numel=sum(p.numel() for p in model.parameters()))
+                full_scratch = _step_memory(full_opt.step)[0]  # a later one: AdamW's own scratch alone
+    return dict(
+        params={k: v.detach().clone() for k, v in model.state_dict().items()},
+        initial=initial,
+        peak=max(peaks),
+        kept=kept,
+        full_peak=full_peak,
+        full_kept=full_kept,
+        full_scratch=full_scratch,
+        left_grads=left_grads,
+        numel=sum(p.numel() for p in model.parameters()),
+    )
 
 
 def _sharded_reference(steps, width, depth, global_batch, lr, **hyper) -> dict:
@@ -65,6 +74,7 @@ def _sharded_reference(steps, width, depth, global_batch, lr, **hyper) -> dict:
     import torch
 
     from ..lessons.memory import _problem
+
     model, x, y = _problem(width, depth, global_batch, 0)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, **hyper)
     for _ in range(steps):
@@ -82,68 +92,95 @@ def _check_sharded_optimizer(answer, grader):
         same = all(_close(o["params"][k], outs[0]["params"][k], rtol=0, atol=0) for o in outs for k in ref["params"])
         bad = [k for k in ref["params"] if not _close(outs[0]["params"][k], ref["params"][k], rtol=1e-5, atol=2e-6)]
         stale = [k for k in bad if _close(outs[0]["params"][k], outs[0]["initial"][k], rtol=0, atol=0)]
-        differ = [(r, k) for r, o in enumerate(outs) for k in ref["params"]
-                  if not _close(o["params"][k], outs[0]["params"][k], rtol=0, atol=0)]
+        differ = [
+            (r, k)
+            for r, o in enumerate(outs)
+            for k in ref["params"]
+            if not _close(o["params"][k], outs[0]["params"][k], rtol=0, atol=0)
+        ]
         uncleared = [(r, o["left_grads"]) for r, o in enumerate(outs) if o["left_grads"]]
         if uncleared and (bad or not same):
             r, names = uncleared[0]
-            hint = (f"after zero_grad(), rank {r} still holds the gradients of {len(names)} parameters "
-                    f"({', '.join(names[:3])}): they add up into the next step. zero_grad must clear every "
-                    "parameter's gradient (all of self.param_groups), not only the inner optimizer's")
+            hint = (
+                f"after zero_grad(), rank {r} still holds the gradients of {len(names)} parameters "
+                f"({', '.join(names[:3])}): they add up into the next step. zero_grad must clear every "
+                "parameter's gradient (all of self.param_groups), not only the inner optimizer's"
+            )
         elif not same:
             r, k = differ[0]
-            hint = (f"the ranks' parameters differ ({len(differ)} tensors, first {k!r} on rank {r} against rank 0): "
-                    "after stepping its shard, each owner must send its updated parameters to every rank "
-                    "(dist.broadcast(p.data, src=owner) for each parameter)")
+            hint = (
+                f"the ranks' parameters differ ({len(differ)} tensors, first {k!r} on rank {r} against rank 0): "
+                "after stepping its shard, each owner must send its updated parameters to every rank "
+                "(dist.broadcast(p.data, src=owner) for each parameter)"
+            )
         elif stale:
-            hint = (f"{len(stale)} parameters never change on any rank ({', '.join(stale[:3])}): they were "
-                    f"broadcast from a rank that did not update them. The src of each broadcast is that "
-                    f"parameter's owner, not rank 0 - the same owner that stepped it, for any world size")
+            hint = (
+                f"{len(stale)} parameters never change on any rank ({', '.join(stale[:3])}): they were "
+                f"broadcast from a rank that did not update them. The src of each broadcast is that "
+                f"parameter's owner, not rank 0 - the same owner that stepped it, for any world size"
+            )
         elif not bad:
             hint = ""
         else:
             worst_k = max(bad, key=lambda k: max_error(outs[0]["params"][k], ref["params"][k]))
-            hint = (f"{len(bad)} parameters differ from AdamW on one process (worst {worst_k!r}), though every "
-                    "rank agrees and every parameter moved: look at what your step does beyond the inner "
-                    "optimizer's step (the kwargs you pass it, zero_grad, a second step)")
+            hint = (
+                f"{len(bad)} parameters differ from AdamW on one process (worst {worst_k!r}), though every "
+                "rank agrees and every parameter moved: look at what your step does beyond the inner "
+                "optimizer's step (the kwargs you pass it, zero_grad, a second step)"
+            )
         worst = max((max_error(outs[0]["params"][k], ref["params"][k]) for k in bad), default=0.0)
-        yield Result(f"{world_size} ranks: equal to AdamW in one process (atol 2e-6, rtol 1e-5)", not bad and same,
-                     hint, f"{len(bad)} tensors differ, max error {worst:.1e}" if bad else "")
+        yield Result(
+            f"{world_size} ranks: equal to AdamW in one process (atol 2e-6, rtol 1e-5)",
+            not bad and same,
+            hint,
+            f"{len(bad)} tensors differ, max error {worst:.1e}" if bad else "",
+        )
         full_kept, full_peak, full_scratch = outs[0]["full_kept"], outs[0]["full_peak"], outs[0]["full_scratch"]
         kept = [o["kept"] for o in outs]
         peaks = [o["peak"] for o in outs]
         share = 1.5 / world_size
         held = max(kept) <= share * full_kept and sum(kept) <= 1.1 * full_kept
-        yield Result(f"{world_size} ranks: each rank keeps optimizer state for its own shard only", held,
-                     "build the inner optimizer over the parameters this rank owns, not all of them, and keep no "
-                     "other per-parameter state of your own: that is the memory ZeRO-1 saves (each parameter's "
-                     "Adam state lives on exactly one rank). Every allocation is weighed, torch's (profiler) and "
-                     "NumPy's: state moved into NumPy arrays counts the same",
-                     f"bytes kept after the steps per rank {kept}; AdamW over every parameter keeps {full_kept}")
+        yield Result(
+            f"{world_size} ranks: each rank keeps optimizer state for its own shard only",
+            held,
+            "build the inner optimizer over the parameters this rank owns, not all of them, and keep no "
+            "other per-parameter state of your own: that is the memory ZeRO-1 saves (each parameter's "
+            "Adam state lives on exactly one rank). Every allocation is weighed, torch's (profiler) and "
+            "NumPy's: state moved into NumPy arrays counts the same",
+            f"bytes kept after the steps per rank {kept}; AdamW over every parameter keeps {full_kept}",
+        )
         # while it steps a rank may hold its share of the state (the bound above) and the scratch AdamW itself
         # allocates for its tensors (measured on the whole model, smallest tensor first: the most any shard needs)
         allowed = share * full_kept + full_scratch
         during = max(peaks) <= allowed
         worst_rank = max(range(world_size), key=lambda r: peaks[r])
-        yield Result(f"{world_size} ranks: no rank holds more than its shard while it steps (peak measured during "
-                     "step)", during,
-                     f"rank {worst_rank} held {peaks[worst_rank]:,} B at the peak of step(), "
-                     f"{peaks[worst_rank] / full_peak:.2f}x what AdamW over every parameter needs at its peak "
-                     f"({full_peak:,} B); its share of the state ({share * full_kept:,.0f} B) and AdamW's own "
-                     f"scratch ({full_scratch:,} B) allow {allowed:,.0f} B: something full-sized is allocated during "
-                     "step (a copy of every parameter or gradient, the whole state built and dropped)",
-                     f"peak per rank {peaks}; allowed {allowed:,.0f} (share of the state {share * full_kept:,.0f} + "
-                     f"AdamW's scratch {full_scratch:,})")
+        yield Result(
+            f"{world_size} ranks: no rank holds more than its shard while it steps (peak measured during step)",
+            during,
+            f"rank {worst_rank} held {peaks[worst_rank]:,} B at the peak of step(), "
+            f"{peaks[worst_rank] / full_peak:.2f}x what AdamW over every parameter needs at its peak "
+            f"({full_peak:,} B); its share of the state ({share * full_kept:,.0f} B) and AdamW's own "
+            f"scratch ({full_scratch:,} B) allow {allowed:,.0f} B: something full-sized is allocated during "
+            "step (a copy of every parameter or gradient, the whole state built and dropped)",
+            f"peak per rank {peaks}; allowed {allowed:,.0f} (share of the state {share * full_kept:,.0f} + "
+            f"AdamW's scratch {full_scratch:,})",
+        )
     # every hyper-parameter reaches the inner optimizer (family 4): an answer that forwards only lr steps with the
     # default betas, eps and weight decay, 8.5e-3 away after 3 steps (measured); summation order over 2-4 ranks
     # moved the solution by at most 7.7e-6
     outs = grader.run(2, _sharded_optimizer_harness, answer, *_SO.values(), _SO_HYPER, False)  # parameters only
     want = _sharded_reference(**_SO, **_SO_HYPER)["params"]
     off = max(max_error(outs[0]["params"][k], v) for k, v in want.items())
-    yield Result(f"2 ranks, AdamW({', '.join(f'{k}={v}' for k, v in _SO_HYPER.items())}): every keyword reaches the "
-                 "inner optimizer", off <= 2e-5,
-                 "" if off <= 2e-5 else "pass every keyword you were given (**kwargs: betas, eps, weight_decay, ...) "
-                 "to the inner optimizer, not only lr", f"max error {off:.1e}")
+    yield Result(
+        f"2 ranks, AdamW({', '.join(f'{k}={v}' for k, v in _SO_HYPER.items())}): every keyword reaches the "
+        "inner optimizer",
+        off <= 2e-5,
+        ""
+        if off <= 2e-5
+        else "pass every keyword you were given (**kwargs: betas, eps, weight_decay, ...) "
+        "to the inner optimizer, not only lr",
+        f"max error {off:.1e}",
+    )
 
 
 # ---- ZeRO-3: a Linear whose weight lives as row shards ----
@@ -154,16 +191,35 @@ _Z3 = dict(out_features=12, in_features=6, batch=12)  # divisible by 2, 3 and 4
 def _spy_collectives(counts: dict):
     """Wrap the collectives a ZeRO-3 layer might call, counting each; returns the function that undoes it."""
     import torch.distributed as dist
-    names = [n for n in ("all_gather_into_tensor", "all_gather_single", "all_gather", "reduce_scatter_tensor",
-                         "reduce_scatter_single", "reduce_scatter", "all_reduce", "broadcast") if hasattr(dist, n)]
+
+    names = [
+        n
+        for n in (
+            "all_gather_into_tensor",
+            "all_gather_single",
+            "all_gather",
+            "reduce_scatter_tensor",
+            "reduce_scatter_single",
+            "reduce_scatter",
+            "all_reduce",
+            "broadcast",
+        )
+        if hasattr(dist, n)
+    ]
     originals = {n: getattr(dist, n) for n in names}
 
     def spy(name):
         def call(*args, **kwargs):
-            kind = "all_gather" if name.startswith("all_gather") else \
-                "reduce_scatter" if name.startswith("reduce_scatter") else name
+            kind = (
+                "all_gather"
+                if name.startswith("all_gather")
+                else "reduce_scatter"
+                if name.startswith("reduce_scatter")
+                else name
+            )
             counts[kind] = counts.get(kind, 0) + 1
             return originals[name](*args, **kwargs)
+
         return call
 
     for n in names:
@@ -172,11 +228,13 @@ def _spy_collectives(counts: dict):
     def restore():
         for n, f in originals.items():
             setattr(dist, n, f)
+
     return restore
 
 
 def _zero3_problem(world_size, out_features, in_features, batch):
     import torch
+
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(out_features, in_features, generator=g)
     x = torch.randn(batch, in_features, generator=g)
@@ -186,10 +244,11 @@ def _zero3_problem(world_size, out_features, in_features, batch):
 def _zero3_harness(answer, out_features, in_features, batch):
     import torch
     import torch.distributed as dist
+
     rank, n = dist.get_rank(), dist.get_world_size()
     weight, x = _zero3_problem(n, out_features, in_features, batch)
     b = batch // n
-    xr = x[rank * b:(rank + 1) * b].clone().requires_grad_(True)
+    xr = x[rank * b : (rank + 1) * b].clone().requires_grad_(True)
     shard = weight.chunk(n)[rank].clone().requires_grad_(True)
     counts: dict = {}
     restore = _spy_collectives(counts)
@@ -213,8 +272,15 @@ def _zero3_harness(answer, out_features, in_features, batch):
         (y.pow(2).sum() / b).backward()  # this rank's mean; the mean over ranks is the global batch's mean
     finally:
         restore()
-    return dict(y=y.detach(), grad_x=xr.grad, grad_shard=shard.grad, saved=list(saved.values()), counts=counts,
-                forward_counts=forward_counts, alive=alive)
+    return dict(
+        y=y.detach(),
+        grad_x=xr.grad,
+        grad_shard=shard.grad,
+        saved=list(saved.values()),
+        counts=counts,
+        forward_counts=forward_counts,
+        alive=alive,
+    )
 
 
 def _zero3_reference(world_size, out_features, in_features, batch):
@@ -233,68 +299,93 @@ def _check_zero3_linear(answer, grader):
         y, gx, gw = _zero3_reference(world_size, *_Z3.values())
         b = _Z3["batch"] // world_size
         rows = _Z3["out_features"] // world_size
-        y_ok = all(_close(o["y"], y[r * b:(r + 1) * b]) for r, o in enumerate(outs))
-        yield Result(f"{world_size} ranks: forward equals x @ W.T with the whole weight", y_ok,
-                     "all-gather the shards (rank r holds rows r*out/N .. (r+1)*out/N of W) into the full weight, "
-                     "in rank order, before the matmul")
+        y_ok = all(_close(o["y"], y[r * b : (r + 1) * b]) for r, o in enumerate(outs))
+        yield Result(
+            f"{world_size} ranks: forward equals x @ W.T with the whole weight",
+            y_ok,
+            "all-gather the shards (rank r holds rows r*out/N .. (r+1)*out/N of W) into the full weight, "
+            "in rank order, before the matmul",
+        )
         if not y_ok:
             return
         # each rank's loss is the mean over its b samples: its input gradient is N times the global batch's
-        gx_ok = all(_close(o["grad_x"], world_size * gx[r * b:(r + 1) * b]) for r, o in enumerate(outs))
-        yield Result(f"{world_size} ranks: gradient of the input", gx_ok,
-                     "grad_x = grad_y @ W with the WHOLE weight: gather it again in backward")
+        gx_ok = all(_close(o["grad_x"], world_size * gx[r * b : (r + 1) * b]) for r, o in enumerate(outs))
+        yield Result(
+            f"{world_size} ranks: gradient of the input",
+            gx_ok,
+            "grad_x = grad_y @ W with the WHOLE weight: gather it again in backward",
+        )
         got = [o["grad_shard"] for o in outs]
-        want = [gw[r * rows:(r + 1) * rows] for r in range(world_size)]
+        want = [gw[r * rows : (r + 1) * rows] for r in range(world_size)]
         ok = all(g is not None and _close(g, w) for g, w in zip(got, want))
         if ok:
             hint = ""
         elif all(g is not None and _close(g, w * world_size) for g, w in zip(got, want)):
-            hint = (f"your shard's gradient is {world_size}x too large: reduce-scatter SUMS the ranks' gradients; "
-                    "divide by the world size to average them, as data parallelism does")
+            hint = (
+                f"your shard's gradient is {world_size}x too large: reduce-scatter SUMS the ranks' gradients; "
+                "divide by the world size to average them, as data parallelism does"
+            )
         elif all(g is not None and _close(g, w) for g, w in zip(reversed(got), want)) or any(
-                g is not None and any(_close(g, w) for w in want if w is not want[r]) for r, g in enumerate(got)):
+            g is not None and any(_close(g, w) for w in want if w is not want[r]) for r, g in enumerate(got)
+        ):
             hint = "a rank got another rank's rows: rank r's shard is chunk r of the full gradient (in rank order)"
         else:
-            hint = ("grad_W = grad_y.T @ x on each rank, then reduce-scatter it (sum over ranks, each rank keeps its "
-                    "own rows) and divide by the world size")
+            hint = (
+                "grad_W = grad_y.T @ x on each rank, then reduce-scatter it (sum over ranks, each rank keeps its "
+                "own rows) and divide by the world size"
+            )
         yield Result(f"{world_size} ranks: each rank's shard gets its rows of the averaged weight gradient", ok, hint)
     full = _Z3["out_features"] * _Z3["in_features"]
     kept = max((max(o["saved"], default=0) for o in outs), default=0)
-    yield Result("the whole weight is freed after forward (not saved for backward, in any node of the graph)",
-                 kept < full,
-                 "autograd keeps a tensor of the whole weight's size for backward (measured with saved-tensor hooks "
-                 "over the whole graph, so an op after the matmul - a view, a reshape - does not hide it): save "
-                 "the input and the shard (ctx.save_for_backward(x, shard)), not the gathered weight, and do the "
-                 "matmul inside your autograd.Function. Gather it again in backward",
-                 f"largest saved tensor {kept} elements; the whole weight has {full}")
+    yield Result(
+        "the whole weight is freed after forward (not saved for backward, in any node of the graph)",
+        kept < full,
+        "autograd keeps a tensor of the whole weight's size for backward (measured with saved-tensor hooks "
+        "over the whole graph, so an op after the matmul - a view, a reshape - does not hide it): save "
+        "the input and the shard (ctx.save_for_backward(x, shard)), not the gathered weight, and do the "
+        "matmul inside your autograd.Function. Gather it again in backward",
+        f"largest saved tensor {kept} elements; the whole weight has {full}",
+    )
     # issue 33: the sum of what autograd saves besides the input and the shard, and every byte still allocated
     # when forward returns, however it is held (ctx.weight = ..., a global, pieces each smaller than the whole)
     total = max(sum(o["saved"]) for o in outs)
-    yield Result("autograd saves nothing but the input and the shard (the sum of what it keeps, not the largest)",
-                 total < full,
-                 "besides x and the shard, autograd keeps tensors that add up to the whole weight in all (each "
-                 "smaller than it, e.g. its pieces or a copy per row block): save only x and the shard, and gather "
-                 "again in backward", f"{total} elements saved besides x and the shard; the whole weight has {full}")
+    yield Result(
+        "autograd saves nothing but the input and the shard (the sum of what it keeps, not the largest)",
+        total < full,
+        "besides x and the shard, autograd keeps tensors that add up to the whole weight in all (each "
+        "smaller than it, e.g. its pieces or a copy per row block): save only x and the shard, and gather "
+        "again in backward",
+        f"{total} elements saved besides x and the shard; the whole weight has {full}",
+    )
     alive = max(o["alive"] for o in outs)
-    yield Result("nothing of the gathered weight is alive after forward (every allocation weighed)", alive < full,
-                 "forward leaves memory of the whole weight's size still alive after forward besides its output "
-                 "(every tensor alive in the process and NumPy's arrays, however held: an attribute of ctx such as "
-                 "ctx.weight = weight, a global, a cache). Keep only x and the shard (ctx.save_for_backward(x, "
-                 "shard)) and let the gathered weight be freed when forward returns",
-                 f"{alive} elements still allocated after forward besides the output; the whole weight has {full}")
+    yield Result(
+        "nothing of the gathered weight is alive after forward (every allocation weighed)",
+        alive < full,
+        "forward leaves memory of the whole weight's size still alive after forward besides its output "
+        "(every tensor alive in the process and NumPy's arrays, however held: an attribute of ctx such as "
+        "ctx.weight = weight, a global, a cache). Keep only x and the shard (ctx.save_for_backward(x, "
+        "shard)) and let the gathered weight be freed when forward returns",
+        f"{alive} elements still allocated after forward besides the output; the whole weight has {full}",
+    )
     counts, fwd = outs[0]["counts"], outs[0]["forward_counts"]
     want_counts = {"all_gather": 2, "reduce_scatter": 1}
     if counts == want_counts and fwd == {"all_gather": 1}:
         hint = ""
     elif counts.get("all_reduce"):
-        hint = ("an all-reduce gives every rank the whole gradient and moves twice the bytes: a reduce-scatter "
-                "gives each rank just its rows")
+        hint = (
+            "an all-reduce gives every rank the whole gradient and moves twice the bytes: a reduce-scatter "
+            "gives each rank just its rows"
+        )
     elif counts.get("all_gather", 0) < 2:
         hint = "gather the weight once in forward and once again in backward (it was freed in between)"
     else:
         hint = "one all-gather in forward, one all-gather and one reduce-scatter in backward"
-    yield Result("communication: all-gather in forward; all-gather and reduce-scatter in backward",
-                 not hint, hint, f"forward {fwd}, in all {counts}")
+    yield Result(
+        "communication: all-gather in forward; all-gather and reduce-scatter in backward",
+        not hint,
+        hint,
+        f"forward {fwd}, in all {counts}",
+    )
 
 
 # the activation-checkpoint exercise (registered when this module is imported, as lesson 07's other checks)

@@ -1,4 +1,5 @@
 """Checks for lessons 04-05: the 1F1B schedule, a pipeline stage with send/recv, tensor-parallel Linear."""
+
 from __future__ import annotations
 
 from .core import Result, _close, exercise, max_error
@@ -12,6 +13,7 @@ def _pp_problem(world_size):
     import torch
 
     from ..models import MLP, make_regression
+
     torch.manual_seed(_PP["seed"])
     model = MLP(_PP["width"], _PP["depth"], in_features=_PP["in_features"], out_features=2)
     x, y = make_regression(_PP["batch"], _PP["in_features"], 2, seed=_PP["seed"])
@@ -20,6 +22,7 @@ def _pp_problem(world_size):
 
 def _pp_reference():
     import torch
+
     model, x, y = _pp_problem(1)
     loss = torch.nn.functional.mse_loss(model(x), y)
     loss.backward()
@@ -29,6 +32,7 @@ def _pp_reference():
 def _learner_order(answer, rank, p, m):
     """The learner's compute order as (op, microbatch) pairs of exact types (Actions or tuples accepted)."""
     from ..plain import exact_str
+
     out = []
     for a in answer(rank, p, m):
         op, mb = (a.op, a.microbatch) if hasattr(a, "op") else (a[0], a[1])
@@ -41,12 +45,14 @@ def _orders_harness(answer, sizes):
     the library's own 1F1B and GPipe schedules switched off (an answer that returns them proves nothing)."""
     from ..parallel import schedules
     from .contracts import switched_off
+
     with switched_off(schedules.one_f_one_b, schedules.gpipe):
         return [(p, m, [_learner_order(answer, r, p, m) for r in range(p)]) for p, m in sizes]
 
 
 def _schedule_from_orders(orders):
     from ..parallel.schedules import with_communication
+
     p = len(orders)
     return [with_communication(r, p, [(op, mb, 0) for op, mb in order]) for r, order in enumerate(orders)]
 
@@ -55,11 +61,13 @@ def _pp_harness(orders, num_microbatches):
     import torch.distributed as dist
 
     from ..parallel import pipeline
+
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model, x, y = _pp_problem(world_size)
     stages = pipeline.build_stages(model.net, rank, world_size)
-    out = pipeline.pipeline_step(_schedule_from_orders(orders), stages, x, y, num_microbatches=num_microbatches,
-                                 activation_width=_PP["width"])
+    out = pipeline.pipeline_step(
+        _schedule_from_orders(orders), stages, x, y, num_microbatches=num_microbatches, activation_width=_PP["width"]
+    )
     return dict(loss=out["loss"], grads={n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
 
 
@@ -78,27 +86,45 @@ def _grads_by_rank(outs, ref_grads):
 
 @exercise("one_f_one_b")
 def _check_one_f_one_b(answer, grader):
-    from ..parallel import schedules
     import secrets
+
+    from ..parallel import schedules
+
     # the lesson's sizes, and two drawn now (up to 8 stages, 16 micro-batches): a table of the first cannot pass
     sizes = [(p, m) for p in (1, 2, 3, 4) for m in (1, 2, 3, 4, 8)]
     sizes += [(5 + secrets.randbelow(4), 5 + secrets.randbelow(12)) for _ in range(2)]
     orders = {(p, m): o for p, m, o in grader.ask(_orders_harness, answer, sizes, what="your schedule function")}
-    want = {(p, m): [[(a.op, a.microbatch) for a in schedules.compute_order(acts)]
-                     for acts in schedules.one_f_one_b(p, m)] for p, m in sizes}
+    want = {
+        (p, m): [[(a.op, a.microbatch) for a in schedules.compute_order(acts)] for acts in schedules.one_f_one_b(p, m)]
+        for p, m in sizes
+    }
     # 1. every forward and backward exactly once, backward after forward
-    bad = next(((p, m, r) for (p, m), o in orders.items() for r in range(p)
-                if sorted(o[r]) != sorted(want[p, m][r])), None)
-    yield Result("every rank runs each micro-batch's forward and backward exactly once", bad is None,
-                 "return one ('forward', i) and one ('backward', i) per micro-batch i in range(num_microbatches)",
-                 "" if bad is None else "p=%d, m=%d, rank %d returned %s" % (bad[0], bad[1], bad[2], orders[bad[:2]][bad[2]]))
+    bad = next(
+        ((p, m, r) for (p, m), o in orders.items() for r in range(p) if sorted(o[r]) != sorted(want[p, m][r])), None
+    )
+    yield Result(
+        "every rank runs each micro-batch's forward and backward exactly once",
+        bad is None,
+        "return one ('forward', i) and one ('backward', i) per micro-batch i in range(num_microbatches)",
+        "" if bad is None else "p=%d, m=%d, rank %d returned %s" % (bad[0], bad[1], bad[2], orders[bad[:2]][bad[2]]),
+    )
     if bad is not None:
         return
-    late = next(((p, m, r) for (p, m), o in orders.items() for r in range(p)
-                 if any(o[r].index(("backward", i)) < o[r].index(("forward", i)) for i in range(m))), None)
-    yield Result("each backward comes after its forward", late is None,
-                 "a micro-batch's backward needs the activations its forward saved",
-                 "" if late is None else "p=%d, m=%d, rank %d" % late)
+    late = next(
+        (
+            (p, m, r)
+            for (p, m), o in orders.items()
+            for r in range(p)
+            if any(o[r].index(("backward", i)) < o[r].index(("forward", i)) for i in range(m))
+        ),
+        None,
+    )
+    yield Result(
+        "each backward comes after its forward",
+        late is None,
+        "a micro-batch's backward needs the activations its forward saved",
+        "" if late is None else "p=%d, m=%d, rank %d" % late,
+    )
     if late is not None:
         return
     # 2. deadlock-free with blocking receives
@@ -109,23 +135,37 @@ def _check_one_f_one_b(answer, grader):
         except ValueError as exc:
             stuck = (p, m, str(exc))
             break
-    yield Result("the schedule cannot deadlock (receives block, sends do not)", stuck is None,
-                 "a rank waits for a gradient its neighbour can only send later. Rank r may run at most "
-                 "p - r - 1 forwards (its warm-up) before it must run its first backward",
-                 "" if stuck is None else "p=%d, m=%d: %s" % stuck)
+    yield Result(
+        "the schedule cannot deadlock (receives block, sends do not)",
+        stuck is None,
+        "a rank waits for a gradient its neighbour can only send later. Rank r may run at most "
+        "p - r - 1 forwards (its warm-up) before it must run its first backward",
+        "" if stuck is None else "p=%d, m=%d: %s" % stuck,
+    )
     if stuck is not None:
         return
     # 3. 1F1B's memory bound: rank r holds at most p - r micro-batches' activations
-    over = next(((p, m, r, schedules.peak_activations(_schedule_from_orders(o))[r])
-                 for (p, m), o in orders.items() for r in range(p)
-                 if schedules.peak_activations(_schedule_from_orders(o))[r] > min(p - r, m)), None)
+    over = next(
+        (
+            (p, m, r, schedules.peak_activations(_schedule_from_orders(o))[r])
+            for (p, m), o in orders.items()
+            for r in range(p)
+            if schedules.peak_activations(_schedule_from_orders(o))[r] > min(p - r, m)
+        ),
+        None,
+    )
     gpipe_like = over is not None and orders[over[:2]][over[2]] == [("forward", i) for i in range(over[1])] + [
-        ("backward", i) for i in reversed(range(over[1]))]
-    yield Result("at most p - rank micro-batches in flight on each rank (1F1B's memory bound)", over is None,
-                 "this is GPipe's order (all forwards, then all backwards): start backwards after the warm-up"
-                 if gpipe_like else "too many forwards before the first backward: the warm-up of rank r is "
-                                    "p - r - 1 forwards, then alternate one forward and one backward",
-                 "" if over is None else "p=%d, m=%d, rank %d holds %d" % over)
+        ("backward", i) for i in reversed(range(over[1]))
+    ]
+    yield Result(
+        "at most p - rank micro-batches in flight on each rank (1F1B's memory bound)",
+        over is None,
+        "this is GPipe's order (all forwards, then all backwards): start backwards after the warm-up"
+        if gpipe_like
+        else "too many forwards before the first backward: the warm-up of rank r is "
+        "p - r - 1 forwards, then alternate one forward and one backward",
+        "" if over is None else "p=%d, m=%d, rank %d holds %d" % over,
+    )
     # 4. the exact 1F1B order
     diff = next(((p, m, r) for (p, m), o in orders.items() for r in range(p) if o[r] != want[p, m][r]), None)
     hint = ""
@@ -133,21 +173,26 @@ def _check_one_f_one_b(answer, grader):
         p, m, r = diff
         got, exp = orders[p, m][r], want[p, m][r]
         i = next(k for k in range(len(exp)) if got[k] != exp[k])
-        hint = (f"p={p}, m={m}, rank {r}: action {i} is {got[i]}, 1F1B has {exp[i]}. The warm-up is "
-                "min(p - rank - 1, m) forwards; then for each remaining micro-batch one forward and the "
-                "oldest backward; the cool-down runs the remaining backwards oldest first")
+        hint = (
+            f"p={p}, m={m}, rank {r}: action {i} is {got[i]}, 1F1B has {exp[i]}. The warm-up is "
+            "min(p - rank - 1, m) forwards; then for each remaining micro-batch one forward and the "
+            "oldest backward; the cool-down runs the remaining backwards oldest first"
+        )
     yield Result("the order equals 1F1B on every rank (p = 1..4, m = 1..8)", diff is None, hint)
     # 5. for real: 2, 3 and 4 ranks, gradients equal one process
     ref_loss, ref_grads = _pp_reference()
     m = _PP["num_microbatches"]
     for p in (2, 3, 4):
-        outs = grader.run(p, _pp_harness, orders[p, m] if (p, m) in orders else None, m,
-                          what=f"the schedule on {p} ranks")
+        outs = grader.run(
+            p, _pp_harness, orders[p, m] if (p, m) in orders else None, m, what=f"the schedule on {p} ranks"
+        )
         errors = _grads_by_rank(outs, ref_grads)
-        yield Result(f"run on {p} ranks by simlib's executor: gradients equal one process",
-                     all(e is None for e in errors),
-                     "the executor runs your order; compare it with the lesson's 1F1B table",
-                     "" if all(e is None for e in errors) else f"max errors by rank {errors}")
+        yield Result(
+            f"run on {p} ranks by simlib's executor: gradients equal one process",
+            all(e is None for e in errors),
+            "the executor runs your order; compare it with the lesson's 1F1B table",
+            "" if all(e is None for e in errors) else f"max errors by rank {errors}",
+        )
 
 
 def _stage_harness(answer):
@@ -155,20 +200,26 @@ def _stage_harness(answer):
 
     from ..parallel import pipeline
     from ..parallel.pipeline import microbatches
+
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model, x, y = _pp_problem(world_size)
     stage = pipeline.build_stages(model.net, rank, world_size)[0]
     m = _PP["num_microbatches"]
     xs, ys = microbatches(x, m), microbatches(y, m)
     from .contracts import recorder
+
     with recorder() as rec:  # the grader's: the order of the messages this stage really sent and received
         loss = answer(stage, xs, ys, (xs[0].shape[0], _PP["width"]))
     loss = float(loss) if loss is not None else None
     # F: an activation (from rank - 1, to rank + 1); B: a gradient (from rank + 1, to rank - 1)
-    order = "".join("F" if (c["op"], c["peer"]) in (("recv", rank - 1), ("send", rank + 1)) else "B"
-                    for c in rec.calls if c["op"] in ("send", "recv"))
-    return dict(loss=loss, grads={n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
-                order=order)
+    order = "".join(
+        "F" if (c["op"], c["peer"]) in (("recv", rank - 1), ("send", rank + 1)) else "B"
+        for c in rec.calls
+        if c["op"] in ("send", "recv")
+    )
+    return dict(
+        loss=loss, grads={n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, order=order
+    )
 
 
 @exercise("pipeline_stage")
@@ -180,41 +231,59 @@ def _check_pipeline_stage(answer, grader):
         outs = grader.run(world_size, _stage_harness, answer, what=f"your stage on {world_size} ranks")
         last = outs[-1]["loss"]
         ok_loss = last is not None and abs(last - ref_loss) <= 1e-5 * max(1.0, abs(ref_loss))
-        yield Result(f"{world_size} ranks: the last stage returns the batch loss", ok_loss,
-                     f"return the sum over micro-batches of loss_i / {m} (the mean over micro-batches) on the last "
-                     "stage" + (f"; yours is {last / ref_loss:.3g}x the right one" if last and ref_loss else ""),
-                     "" if ok_loss else f"got {last}, want {ref_loss:.6f}")
+        yield Result(
+            f"{world_size} ranks: the last stage returns the batch loss",
+            ok_loss,
+            f"return the sum over micro-batches of loss_i / {m} (the mean over micro-batches) on the last "
+            "stage" + (f"; yours is {last / ref_loss:.3g}x the right one" if last and ref_loss else ""),
+            "" if ok_loss else f"got {last}, want {ref_loss:.6f}",
+        )
         errors = _grads_by_rank(outs, ref_grads)
         ok = all(e is None for e in errors)
         hint, wrong = "", [r for r, e in enumerate(errors) if e is not None]
         if not ok:
             if all(e is None for e in _grads_by_rank(outs, scaled)):
-                hint = (f"your gradients are {m}x the right ones: divide each micro-batch's loss by the number of "
-                        f"micro-batches ({m}) so that they add up to the whole batch's mean")
+                hint = (
+                    f"your gradients are {m}x the right ones: divide each micro-batch's loss by the number of "
+                    f"micro-batches ({m}) so that they add up to the whole batch's mean"
+                )
             elif errors[-1] is None and (world_size < 3 or errors[-2] is not None):
-                hint = ("the last stage is right but the stage before it is wrong: a stage that is not last must run "
-                        "backward from its output with the gradient it received, torch.autograd.backward(y, grad) "
-                        "(y.backward(grad)), not from a sum of its output")
+                hint = (
+                    "the last stage is right but the stage before it is wrong: a stage that is not last must run "
+                    "backward from its output with the gradient it received, torch.autograd.backward(y, grad) "
+                    "(y.backward(grad)), not from a sum of its output"
+                )
             elif errors[-1] is None and errors[-2] is None:
-                hint = ("the last two stages are right, earlier ones wrong: what you send back must be the gradient "
-                        "with respect to this stage's *input*, x.grad (x received with requires_grad), not the "
-                        "gradient you received")
+                hint = (
+                    "the last two stages are right, earlier ones wrong: what you send back must be the gradient "
+                    "with respect to this stage's *input*, x.grad (x received with requires_grad), not the "
+                    "gradient you received"
+                )
             else:
-                hint = ("compare your steps with the recipe: recv x (requires_grad), y = stage(x), send y.detach(); "
-                        "then in reverse: recv grad, y.backward(grad), send x.grad")
-        yield Result(f"{world_size} ranks: every stage's gradients equal one process on the whole batch", ok, hint,
-                     "" if ok else f"wrong on rank(s) {wrong}")
+                hint = (
+                    "compare your steps with the recipe: recv x (requires_grad), y = stage(x), send y.detach(); "
+                    "then in reverse: recv grad, y.backward(grad), send x.grad"
+                )
+        yield Result(
+            f"{world_size} ranks: every stage's gradients equal one process on the whole batch",
+            ok,
+            hint,
+            "" if ok else f"wrong on rank(s) {wrong}",
+        )
         # the schedule the stages really ran, from the grader's record of their messages: GPipe is every
         # micro-batch's activation first, then every gradient
         late = next((r for r, o in enumerate(outs) if "BF" in o["order"] or "F" not in o["order"]), None)
-        yield Result(f"{world_size} ranks: GPipe's schedule (all {m} forwards' messages, then all backwards')",
-                     late is None,
-                     "the exercise is GPipe's schedule: run the forward of every micro-batch first (receive, compute, "
-                     "send each activation), then the backwards in reverse order. A backward right after its own "
-                     "forward gives the same gradients with no pipelining: each stage waits for the whole pipeline "
-                     "on every micro-batch",
-                     "" if late is None else f"rank {late}'s messages in order (F activation, B gradient): "
-                     f"{outs[late]['order']}")
+        yield Result(
+            f"{world_size} ranks: GPipe's schedule (all {m} forwards' messages, then all backwards')",
+            late is None,
+            "the exercise is GPipe's schedule: run the forward of every micro-batch first (receive, compute, "
+            "send each activation), then the backwards in reverse order. A backward right after its own "
+            "forward gives the same gradients with no pipelining: each stage waits for the whole pipeline "
+            "on every micro-batch",
+            ""
+            if late is None
+            else f"rank {late}'s messages in order (F activation, B gradient): {outs[late]['order']}",
+        )
 
 
 # ---- lesson 05: column- and row-parallel Linear as autograd functions ----
@@ -226,6 +295,7 @@ def _tp_problem():
     import torch
 
     from ..models import FeedForward
+
     torch.manual_seed(_TP["seed"])
     dense = FeedForward(_TP["hidden"])
     x = torch.randn(_TP["batch"], _TP["seq"], _TP["hidden"])
@@ -238,13 +308,21 @@ def _tp_reference():
     x.requires_grad_()
     y = dense(x)
     (y * weights).sum().backward()
-    return dict(y=y.detach(), x_grad=x.grad, w1=dense.fc1.weight.grad, b1=dense.fc1.bias.grad,
-                w2=dense.fc2.weight.grad, b2=dense.fc2.bias.grad, b2_value=dense.fc2.bias.detach())
+    return dict(
+        y=y.detach(),
+        x_grad=x.grad,
+        w1=dense.fc1.weight.grad,
+        b1=dense.fc1.bias.grad,
+        w2=dense.fc2.weight.grad,
+        b2=dense.fc2.bias.grad,
+        b2_value=dense.fc2.bias.detach(),
+    )
 
 
 def _tp_harness(answer):
     import torch
     import torch.distributed as dist
+
     column, row = answer
     rank, t = dist.get_rank(), dist.get_world_size()
     dense, x, weights = _tp_problem()
@@ -256,14 +334,25 @@ def _tp_harness(answer):
     b2 = dense.fc2.bias.detach().clone().requires_grad_()
     x.requires_grad_()
     from .contracts import recorder
+
     with recorder() as forward:  # the grader's record at the dispatcher: aliases and other collectives included
         y = row.apply(torch.nn.functional.gelu(column.apply(x, w1, b1)), w2, b2)
     with recorder() as backward:
         (y * weights).sum().backward()
     fwd, bwd = forward.collectives, backward.collectives
-    return dict(y=y.detach(), x_grad=x.grad, w1=w1.grad, b1=b1.grad, w2=w2.grad, b2=b2.grad,
-                forward_calls=len(fwd), backward_calls=len(bwd), ops=(tuple(fwd), tuple(bwd)), rank=rank,
-                rows=(rows.start, rows.stop))
+    return dict(
+        y=y.detach(),
+        x_grad=x.grad,
+        w1=w1.grad,
+        b1=b1.grad,
+        w2=w2.grad,
+        b2=b2.grad,
+        forward_calls=len(fwd),
+        backward_calls=len(bwd),
+        ops=(tuple(fwd), tuple(bwd)),
+        rank=rank,
+        rows=(rows.start, rows.stop),
+    )
 
 
 @exercise("tp_linear")
@@ -275,31 +364,56 @@ def _check_tp_linear(answer, grader):
         hint = ""
         if not ok_y:
             if all(_close(o["y"], ref["y"] + (world_size - 1) * ref["b2_value"]) for o in outs):
-                hint = (f"the bias of the row-parallel layer was added {world_size} times: every rank added it before "
-                        "the all-reduce. Add it once, after the all-reduce")
+                hint = (
+                    f"the bias of the row-parallel layer was added {world_size} times: every rank added it before "
+                    "the all-reduce. Add it once, after the all-reduce"
+                )
             elif sum(o["forward_calls"] for o in outs) == 0:
-                hint = ("each rank's row-parallel product x_r @ w_r.T is only a partial sum over its slice of the "
-                        "input features: all-reduce it in forward (Megatron's g)")
+                hint = (
+                    "each rank's row-parallel product x_r @ w_r.T is only a partial sum over its slice of the "
+                    "input features: all-reduce it in forward (Megatron's g)"
+                )
             else:
-                hint = "column-parallel forward is local (y_r = x @ w_r.T + b_r); the row-parallel output is all-reduced"
-        yield Result(f"{world_size} ranks: output equal to the unsplit MLP", ok_y, hint,
-                     "" if ok_y else "max error %.2g" % max(max_error(o["y"], ref["y"]) for o in outs))
+                hint = (
+                    "column-parallel forward is local (y_r = x @ w_r.T + b_r); the row-parallel output is all-reduced"
+                )
+        yield Result(
+            f"{world_size} ranks: output equal to the unsplit MLP",
+            ok_y,
+            hint,
+            "" if ok_y else "max error %.2g" % max(max_error(o["y"], ref["y"]) for o in outs),
+        )
         ok_x = all(_close(o["x_grad"], ref["x_grad"]) for o in outs)
-        yield Result(f"{world_size} ranks: dL/dx equal to the unsplit MLP", ok_x,
-                     "" if ok_x else "in the column-parallel backward, grad_y_r @ w_r is only this rank's share of "
-                     "dL/dx (its slice of output features): all-reduce it (Megatron's f)",
-                     "" if ok_x else "max error %.2g" % max(max_error(o["x_grad"], ref["x_grad"]) for o in outs))
+        yield Result(
+            f"{world_size} ranks: dL/dx equal to the unsplit MLP",
+            ok_x,
+            ""
+            if ok_x
+            else "in the column-parallel backward, grad_y_r @ w_r is only this rank's share of "
+            "dL/dx (its slice of output features): all-reduce it (Megatron's f)",
+            "" if ok_x else "max error %.2g" % max(max_error(o["x_grad"], ref["x_grad"]) for o in outs),
+        )
         ok_w = True
         for o in outs:
             rows = slice(*o["rows"])
             want = dict(w1=ref["w1"][rows], b1=ref["b1"][rows], w2=ref["w2"][:, rows], b2=ref["b2"])
             ok_w &= all(o[k] is not None and _close(o[k], v) for k, v in want.items())
-        yield Result(f"{world_size} ranks: weight gradients equal the slices of the unsplit ones", ok_w,
-                     "" if ok_w else "weight gradients are local: grad_w = grad_y^T @ x on this rank's slice, and "
-                     "grad_b = grad_y summed over batch and sequence; no all-reduce for them")
+        yield Result(
+            f"{world_size} ranks: weight gradients equal the slices of the unsplit ones",
+            ok_w,
+            ""
+            if ok_w
+            else "weight gradients are local: grad_w = grad_y^T @ x on this rank's slice, and "
+            "grad_b = grad_y summed over batch and sequence; no all-reduce for them",
+        )
         counts = {o["ops"] for o in outs}
         ok_c = counts == {(("all_reduce",), ("all_reduce",))}
-        yield Result(f"{world_size} ranks: one all-reduce in forward, one in backward", ok_c,
-                     "" if ok_c else "the Megatron MLP needs exactly one all-reduce each way: the row-parallel output "
-                     "in forward, the column-parallel input gradient in backward",
-                     "" if ok_c else f"(forward, backward) collectives per rank: {sorted(counts)}")
+        yield Result(
+            f"{world_size} ranks: one all-reduce in forward, one in backward",
+            ok_c,
+            ""
+            if ok_c
+            else "the Megatron MLP needs exactly one all-reduce each way: the row-parallel output "
+            "in forward, the column-parallel input gradient in backward",
+            "" if ok_c else f"(forward, backward) collectives per rank: {sorted(counts)}",
+        )

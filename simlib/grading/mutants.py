@@ -23,6 +23,7 @@ Mutants whose source is the same as another's (or as the solution's) are dropped
 *equivalent* (behaves like the solution) cannot be decided from the source: ``benchmarks/grader_mutation.py``
 decides it per exercise, on random instances against the reference.
 """
+
 from __future__ import annotations
 
 import ast
@@ -33,16 +34,61 @@ import nbformat
 
 from ..exercises import BEGIN, END
 
-_ARITH = {ast.Add: [ast.Sub], ast.Sub: [ast.Add], ast.Mult: [ast.Div, ast.Add], ast.Div: [ast.Mult, ast.FloorDiv],
-          ast.FloorDiv: [ast.Div, ast.Mult], ast.Mod: [ast.FloorDiv], ast.MatMult: [ast.Mult], ast.Pow: [ast.Mult]}
-_COMPARE = {ast.Lt: [ast.LtE, ast.Gt], ast.LtE: [ast.Lt], ast.Gt: [ast.GtE, ast.Lt], ast.GtE: [ast.Gt],
-            ast.Eq: [ast.NotEq], ast.NotEq: [ast.Eq], ast.Is: [ast.IsNot], ast.IsNot: [ast.Is],
-            ast.In: [ast.NotIn], ast.NotIn: [ast.In]}
-_SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
-           ast.MatMult: "@", ast.Pow: "**", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==",
-           ast.NotEq: "!=", ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
-COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-               "all_to_all", "all_to_all_single", "reduce", "broadcast", "gather", "scatter"}
+_ARITH = {
+    ast.Add: [ast.Sub],
+    ast.Sub: [ast.Add],
+    ast.Mult: [ast.Div, ast.Add],
+    ast.Div: [ast.Mult, ast.FloorDiv],
+    ast.FloorDiv: [ast.Div, ast.Mult],
+    ast.Mod: [ast.FloorDiv],
+    ast.MatMult: [ast.Mult],
+    ast.Pow: [ast.Mult],
+}
+_COMPARE = {
+    ast.Lt: [ast.LtE, ast.Gt],
+    ast.LtE: [ast.Lt],
+    ast.Gt: [ast.GtE, ast.Lt],
+    ast.GtE: [ast.Gt],
+    ast.Eq: [ast.NotEq],
+    ast.NotEq: [ast.Eq],
+    ast.Is: [ast.IsNot],
+    ast.IsNot: [ast.Is],
+    ast.In: [ast.NotIn],
+    ast.NotIn: [ast.In],
+}
+_SYMBOL = {
+    ast.Add: "+",
+    ast.Sub: "-",
+    ast.Mult: "*",
+    ast.Div: "/",
+    ast.FloorDiv: "//",
+    ast.Mod: "%",
+    ast.MatMult: "@",
+    ast.Pow: "**",
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Is: "is",
+    ast.IsNot: "is not",
+    ast.In: "in",
+    ast.NotIn: "not in",
+}
+COLLECTIVES = {
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "reduce",
+    "broadcast",
+    "gather",
+    "scatter",
+}
 
 
 @dataclass
@@ -98,16 +144,25 @@ def _edits(node, parent_field, source):
     out = []
     if isinstance(node, (ast.BinOp, ast.AugAssign)):
         for op in _ARITH.get(type(node.op), []):
-            out.append(("arith", f"`{_SYMBOL[type(node.op)]}` -> `{_SYMBOL[op]}`",
-                        lambda n, op=op: (setattr(n, "op", op()), n)[1]))
+            out.append(
+                (
+                    "arith",
+                    f"`{_SYMBOL[type(node.op)]}` -> `{_SYMBOL[op]}`",
+                    lambda n, op=op: (setattr(n, "op", op()), n)[1],
+                )
+            )
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and _is_max(node.right):
-        out.append(("max_shift", f"`{_segment(source, node)}` -> its left side (no max subtracted)",
-                    lambda n: n.left))
+        out.append(("max_shift", f"`{_segment(source, node)}` -> its left side (no max subtracted)", lambda n: n.left))
     if isinstance(node, ast.Compare):
         for i, op in enumerate(node.ops):
             for new in _COMPARE.get(type(op), []):
-                out.append(("compare", f"`{_SYMBOL[type(op)]}` -> `{_SYMBOL[new]}`",
-                            lambda n, i=i, new=new: (n.ops.__setitem__(i, new()), n)[1]))
+                out.append(
+                    (
+                        "compare",
+                        f"`{_SYMBOL[type(op)]}` -> `{_SYMBOL[new]}`",
+                        lambda n, i=i, new=new: (n.ops.__setitem__(i, new()), n)[1],
+                    )
+                )
     if isinstance(node, ast.Constant) and parent_field != "docstring":
         v = node.value
         if isinstance(v, bool):
@@ -121,40 +176,73 @@ def _edits(node, parent_field, source):
     if isinstance(node, ast.Call):
         args = node.args
         if len(args) >= 2 and not any(isinstance(a, ast.Starred) for a in args[:2]):
-            out.append(("swap_args", f"`{_segment(source, node)}`: first two arguments swapped",
-                        lambda n: (n.args.__setitem__(slice(0, 2), [n.args[1], n.args[0]]), n)[1]))
+            out.append(
+                (
+                    "swap_args",
+                    f"`{_segment(source, node)}`: first two arguments swapped",
+                    lambda n: (n.args.__setitem__(slice(0, 2), [n.args[1], n.args[0]]), n)[1],
+                )
+            )
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
         if name == "range" and args:
             stop = 0 if len(args) == 1 else 1
             for k in (1, -1):
-                out.append(("off_by_one", f"`{_segment(source, node)}`: stop {'+' if k > 0 else '-'} 1",
-                            lambda n, k=k, stop=stop: (n.args.__setitem__(stop, _plus(n.args[stop], k)), n)[1]))
+                out.append(
+                    (
+                        "off_by_one",
+                        f"`{_segment(source, node)}`: stop {'+' if k > 0 else '-'} 1",
+                        lambda n, k=k, stop=stop: (n.args.__setitem__(stop, _plus(n.args[stop], k)), n)[1],
+                    )
+                )
             if len(args) >= 2:
-                out.append(("off_by_one", f"`{_segment(source, node)}`: start + 1",
-                            lambda n: (n.args.__setitem__(0, _plus(n.args[0], 1)), n)[1]))
+                out.append(
+                    (
+                        "off_by_one",
+                        f"`{_segment(source, node)}`: start + 1",
+                        lambda n: (n.args.__setitem__(0, _plus(n.args[0], 1)), n)[1],
+                    )
+                )
         if name in COLLECTIVES and isinstance(node.func, ast.Attribute) and args:
             for cheaper, key in (("broadcast", "src"), ("reduce", "dst")):
                 if cheaper != name:
-                    out.append(("collective", f"`{name}` -> `{cheaper}` ({key}=0)",
-                                lambda n, cheaper=cheaper, key=key: ast.Call(
-                                    func=ast.Attribute(value=n.func.value, attr=cheaper, ctx=ast.Load()),
-                                    args=[n.args[0]], keywords=[ast.keyword(arg=key, value=ast.Constant(0))])))
-            out.append(("collective", f"`{name}` dropped (its tensor left as it is)",
-                        lambda n: ast.Constant(None)))
+                    out.append(
+                        (
+                            "collective",
+                            f"`{name}` -> `{cheaper}` ({key}=0)",
+                            lambda n, cheaper=cheaper, key=key: ast.Call(
+                                func=ast.Attribute(value=n.func.value, attr=cheaper, ctx=ast.Load()),
+                                args=[n.args[0]],
+                                keywords=[ast.keyword(arg=key, value=ast.Constant(0))],
+                            ),
+                        )
+                    )
+            out.append(("collective", f"`{name}` dropped (its tensor left as it is)", lambda n: ast.Constant(None)))
         if isinstance(node.func, ast.Attribute) and node.func.attr in ("detach", "clone") and not args:
             out.append(("detach", f"`.{node.func.attr}()` dropped", lambda n: n.func.value))
     if isinstance(node, ast.Slice):
         for bound in ("lower", "upper"):
             if getattr(node, bound) is not None:
                 for k in (1, -1):
-                    out.append(("off_by_one", f"slice {bound} bound `{_segment(source, getattr(node, bound))}` "
-                                f"{'+' if k > 0 else '-'} 1",
-                                lambda n, b=bound, k=k: (setattr(n, b, _plus(getattr(n, b), k)), n)[1]))
+                    out.append(
+                        (
+                            "off_by_one",
+                            f"slice {bound} bound `{_segment(source, getattr(node, bound))}` {'+' if k > 0 else '-'} 1",
+                            lambda n, b=bound, k=k: (setattr(n, b, _plus(getattr(n, b), k)), n)[1],
+                        )
+                    )
     if isinstance(node, ast.Subscript) and not isinstance(node.slice, (ast.Slice, ast.Constant, ast.Tuple)):
-        out.append(("off_by_one", f"index `{_segment(source, node.slice)}` + 1",
-                    lambda n: (setattr(n, "slice", _plus(n.slice, 1)), n)[1]))
-    if isinstance(node, ast.stmt) and parent_field == "body" and not (
-            isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+        out.append(
+            (
+                "off_by_one",
+                f"index `{_segment(source, node.slice)}` + 1",
+                lambda n: (setattr(n, "slice", _plus(n.slice, 1)), n)[1],
+            )
+        )
+    if (
+        isinstance(node, ast.stmt)
+        and parent_field == "body"
+        and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+    ):
         out.append(("delete", f"statement `{_segment(source, node).splitlines()[0]}` deleted", lambda n: None))
     return out
 
@@ -162,12 +250,14 @@ def _edits(node, parent_field, source):
 def _is_max(node) -> bool:
     """``x.max(...)``, ``x.max(...).values``, ``x.amax(...)``, ``torch.max(x, ...)[0]``, a name holding ``max``."""
     while isinstance(node, (ast.Attribute, ast.Subscript)) and not (
-            isinstance(node, ast.Attribute) and node.attr in ("max", "amax")):
+        isinstance(node, ast.Attribute) and node.attr in ("max", "amax")
+    ):
         node = node.value
     if isinstance(node, ast.Call):
         node = node.func
     return (isinstance(node, ast.Attribute) and node.attr in ("max", "amax")) or (
-        isinstance(node, ast.Name) and "max" in node.id.lower())
+        isinstance(node, ast.Name) and "max" in node.id.lower()
+    )
 
 
 def _sites(tree, regions):
@@ -182,8 +272,11 @@ def _sites(tree, regions):
                 for i, child in enumerate(value):
                     if isinstance(child, ast.AST):
                         kind = "body" if isinstance(child, ast.stmt) else name
-                        if i == 0 and isinstance(child, ast.Expr) and isinstance(
-                                getattr(child, "value", None), ast.Constant):
+                        if (
+                            i == 0
+                            and isinstance(child, ast.Expr)
+                            and isinstance(getattr(child, "value", None), ast.Constant)
+                        ):
                             kind = "docstring"
                         walk(child, path + ((name, i),), kind)
             elif isinstance(value, ast.AST):
@@ -213,7 +306,7 @@ def _replace(tree, path, new) -> None:
 
 def _unrelated(a, b) -> bool:
     """Two edits that can both be made: in different cells, or neither node inside the other."""
-    return a[0] != b[0] or (a[1][:len(b[1])] != b[1] and b[1][:len(a[1])] != a[1])
+    return a[0] != b[0] or (a[1][: len(b[1])] != b[1] and b[1][: len(a[1])] != a[1])
 
 
 def mutate(cells, at_least: int = 0, seed: int = 0) -> list[Mutant]:
@@ -221,6 +314,7 @@ def mutate(cells, at_least: int = 0, seed: int = 0) -> list[Mutant]:
     there are fewer than ``at_least`` (a short answer), second-order mutants (two changes on different lines,
     drawn with ``seed``; then three) are added until there are."""
     import random
+
     originals = [ast.unparse(ast.parse(src)) for src, _ in cells]
     trees = [ast.parse(src) for src, _ in cells]
     edits = []  # (cell, path, line, operator, description, edit)
@@ -236,16 +330,26 @@ def mutate(cells, at_least: int = 0, seed: int = 0) -> list[Mutant]:
         try:
             for c, path, _, _, _, edit in sorted(chosen, key=lambda e: -len(e[1])):  # deepest first
                 _replace(new_trees[c], path, edit(_get(new_trees[c], path)))
-            texts = [ast.unparse(ast.fix_missing_locations(new_trees[c])) if c in new_trees else originals[c]
-                     for c in range(len(cells))]
+            texts = [
+                ast.unparse(ast.fix_missing_locations(new_trees[c])) if c in new_trees else originals[c]
+                for c in range(len(cells))
+            ]
         except (AttributeError, TypeError, ValueError, IndexError):
             return
         key = "\n#cell\n".join(texts)
         if key in seen:
             return
         seen.add(key)
-        mutants.append(Mutant(len(mutants), "+".join(e[3] for e in chosen),
-                              "; ".join(f"line {e[2]}: {e[4]}" for e in chosen), chosen[0][0], chosen[0][2], texts))
+        mutants.append(
+            Mutant(
+                len(mutants),
+                "+".join(e[3] for e in chosen),
+                "; ".join(f"line {e[2]}: {e[4]}" for e in chosen),
+                chosen[0][0],
+                chosen[0][2],
+                texts,
+            )
+        )
 
     for e in edits:
         make([e])

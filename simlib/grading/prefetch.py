@@ -13,6 +13,7 @@ attributes:
   the block running) plus one block's buffers (the one prefetched): the limit comes from the algorithm, measured on
   the plain Zero3 in the same run.
 """
+
 from __future__ import annotations
 
 from .core import Result, _close, exercise
@@ -87,9 +88,12 @@ def _watch_blocks(blocks, tracker) -> dict:
     parameters (forward, backward) note which gathered storages were ready; after its forward, which storages its
     parameters live in (what block i's gathers fill)."""
     import torch
+
     seen = {"needs": [], "keys": {i: set() for i in range(len(blocks))}}
-    slots = [[(m, name) for m in b.modules() for name, p in m._parameters.items() if p is not None and p.requires_grad]
-             for b in blocks]
+    slots = [
+        [(m, name) for m in b.modules() for name, p in m._parameters.items() if p is not None and p.requires_grad]
+        for b in blocks
+    ]
 
     def need(phase, i):
         seen["needs"].append((phase, i, tracker.ready()))
@@ -101,6 +105,7 @@ def _watch_blocks(blocks, tracker) -> dict:
                 seen["keys"][i].add(t.untyped_storage()._cdata)
         if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad:
             output.register_hook(lambda grad: (need("backward", i), grad)[1])
+
     for i, b in enumerate(blocks):
         b.register_forward_pre_hook(lambda module, args, i=i: need("forward", i))
         b.register_forward_hook(lambda module, args, output, i=i: after_forward(module, args, output, i))
@@ -110,15 +115,16 @@ def _watch_blocks(blocks, tracker) -> dict:
 def _prefetch_harness(answer_cls, steps=_STEPS):
     """Train the quick GPT for ``steps`` steps with the course's Zero3 and with ``answer_cls``, each under the
     grader's tracker; return losses, parameters and what the tracker measured."""
+    import contextlib
+
     import torch
     import torch.distributed as dist
-
-    import contextlib
 
     from ..parallel.zero3 import Zero3
     from ..parallel.zero_prefetch import Zero3Prefetch
     from ..projects.gpt.task import GPTTask
     from .contracts import switched_off
+
     task = GPTTask.quick(num_layers=3, global_batch=12)  # 12 splits over 2, 3 and 4 ranks
     rank, n = dist.get_rank(), dist.get_world_size()
     out = {}
@@ -131,8 +137,14 @@ def _prefetch_harness(answer_cls, steps=_STEPS):
         opt = torch.optim.AdamW(z.parameters(), lr=1e-2)
         losses = []
         # the course's own hooks refuse to run for the answer (its hooks calling super() would be the solution)
-        with tracker, (switched_off(Zero3Prefetch.on_forward, Zero3Prefetch.on_backward) if name == "answer"
-                       else contextlib.nullcontext()):
+        with (
+            tracker,
+            (
+                switched_off(Zero3Prefetch.on_forward, Zero3Prefetch.on_backward)
+                if name == "answer"
+                else contextlib.nullcontext()
+            ),
+        ):
             for step in range(steps):
                 x, y = task.batch(step, rank, n)
                 opt.zero_grad()
@@ -142,9 +154,16 @@ def _prefetch_harness(answer_cls, steps=_STEPS):
                 losses.append(float(loss.detach()))
         keys = seen["keys"]
         prefetched = sum(1 for _, i, ready in seen["needs"] if keys[i] and keys[i] <= ready)
-        out[name] = {"losses": losses, "params": z.full_state_dict(), "gathers": tracker.gathers,
-                     "peak": tracker.peak, "prefetched": prefetched, "needs": len(seen["needs"]),
-                     "per_block": max((len(k) for k in keys.values()), default=0), "blocks": len(blocks)}
+        out[name] = {
+            "losses": losses,
+            "params": z.full_state_dict(),
+            "gathers": tracker.gathers,
+            "peak": tracker.peak,
+            "prefetched": prefetched,
+            "needs": len(seen["needs"]),
+            "per_block": max((len(k) for k in keys.values()), default=0),
+            "blocks": len(blocks),
+        }
     return out
 
 
@@ -154,30 +173,41 @@ def _check_zero3_prefetch(answer, grader):
         outs = grader.run(world_size, _prefetch_harness, answer)
         ref, ans = outs[0]["reference"], outs[0]["answer"]
         bad = [k for k in ref["params"] if not _close(ans["params"][k], ref["params"][k], rtol=0, atol=1e-6)]
-        yield Result(f"same losses and parameters as Zero3 on {world_size} ranks",
-                     _close(ans["losses"], ref["losses"], rtol=0, atol=1e-6) and not bad,
-                     hint="prefetching changes when the parameters arrive, never their values: gather each block's "
-                          "own shard into its own buffer, and let the block use it only after the gather is waited "
-                          "for (issue_gather keeps the handle; every gather waits on it first)",
-                     detail=f"first parameter that differs: {bad[0]}" if bad else f"losses {ans['losses']}")
+        yield Result(
+            f"same losses and parameters as Zero3 on {world_size} ranks",
+            _close(ans["losses"], ref["losses"], rtol=0, atol=1e-6) and not bad,
+            hint="prefetching changes when the parameters arrive, never their values: gather each block's "
+            "own shard into its own buffer, and let the block use it only after the gather is waited "
+            "for (issue_gather keeps the handle; every gather waits on it first)",
+            detail=f"first parameter that differs: {bad[0]}" if bad else f"losses {ans['losses']}",
+        )
         expected = 2 * _STEPS * ref["blocks"]  # every block, forward and backward, every step
-        short = [(r, o["answer"]) for r, o in enumerate(outs)
-                 if o["answer"]["prefetched"] != expected or o["answer"]["gathers"] != o["reference"]["gathers"]]
+        short = [
+            (r, o["answer"])
+            for r, o in enumerate(outs)
+            if o["answer"]["prefetched"] != expected or o["answer"]["gathers"] != o["reference"]["gathers"]
+        ]
         r, a = short[0] if short else (0, ans)
-        yield Result(f"every block's all-gather prefetched, forward and backward, on {world_size} ranks", not short,
-                     hint="in forward, block i (i = -1 for the root) starts block i+1's gather; in backward the "
-                          "order is reversed: block i starts block i-1's. A gather started for the wrong block "
-                          "arrives too late or is thrown away, and its block waits from scratch",
-                     detail=f"rank {r}: {a['prefetched']} of {expected} block passes found their gather issued "
-                            f"before they needed it; {a['gathers']} all-gathers (Zero3: "
-                            f"{outs[r]['reference']['gathers']}), counted by the grader")
+        yield Result(
+            f"every block's all-gather prefetched, forward and backward, on {world_size} ranks",
+            not short,
+            hint="in forward, block i (i = -1 for the root) starts block i+1's gather; in backward the "
+            "order is reversed: block i starts block i-1's. A gather started for the wrong block "
+            "arrives too late or is thrown away, and its block waits from scratch",
+            detail=f"rank {r}: {a['prefetched']} of {expected} block passes found their gather issued "
+            f"before they needed it; {a['gathers']} all-gathers (Zero3: "
+            f"{outs[r]['reference']['gathers']}), counted by the grader",
+        )
         limits = [o["reference"]["peak"] + o["reference"]["per_block"] for o in outs]
         over = [(r, o["answer"]["peak"], limits[r]) for r, o in enumerate(outs) if o["answer"]["peak"] > limits[r]]
         r, peak, limit = over[0] if over else (0, ans["peak"], ref["peak"] + ref["per_block"])
-        yield Result(f"at most one block prefetched at a time on {world_size} ranks", not over,
-                     hint=f"rank {r} held {peak} gathered parameter buffers at once; the limit is {limit}: what the "
-                          f"plain Zero3 holds ({outs[r]['reference']['peak']}: the root and the block running) plus "
-                          f"one block ({outs[r]['reference']['per_block']} buffers). Prefetching gathers the NEXT "
-                          "block only, while this one computes; gathering every block up front keeps the whole "
-                          "model's parameters on every rank, which is what ZeRO-3 exists to avoid",
-                     detail=f"peak {peak} gathered buffers alive, limit {limit} (measured by the grader)")
+        yield Result(
+            f"at most one block prefetched at a time on {world_size} ranks",
+            not over,
+            hint=f"rank {r} held {peak} gathered parameter buffers at once; the limit is {limit}: what the "
+            f"plain Zero3 holds ({outs[r]['reference']['peak']}: the root and the block running) plus "
+            f"one block ({outs[r]['reference']['per_block']} buffers). Prefetching gathers the NEXT "
+            "block only, while this one computes; gathering every block up front keeps the whole "
+            "model's parameters on every rank, which is what ZeRO-3 exists to avoid",
+            detail=f"peak {peak} gathered buffers alive, limit {limit} (measured by the grader)",
+        )

@@ -23,14 +23,15 @@ agree to LOSS_RTOL: the same mathematics); anywhere, step times edited by less t
 2.5x absolute under the load measured here) and a run that follows the standard settings for the re-run's steps and
 deviates after. The measurements the tolerances come from are in the comments beside them.
 """
+
 from __future__ import annotations
 
 import statistics
 
 from .core import Result
 
-MIN_STEPS = 8           # steps re-run at least: 6 timed steps after the trainer's 2 warm-up steps
-WARMUP = 2              # steps 0 and 1 are left out of every step time (first-call costs, the profiled step)
+MIN_STEPS = 8  # steps re-run at least: 6 timed steps after the trainer's 2 warm-up steps
+WARMUP = 2  # steps 0 and 1 are left out of every step time (first-call costs, the profiled step)
 # Losses. Measured here (GPT quick, 10 steps, 2 Gloo ranks, 1 thread each, load 4-6): the record and the re-run of
 # the same plan were bitwise equal at every step (dp, dp+acc, tp, pp); two plans differed by 4e-8 (tp) to 2e-7 (pp)
 # relative, a one-process run from dp by 1e-7: rounding is the plan's fingerprint. On the CPU (deterministic kernels,
@@ -43,10 +44,10 @@ LOSS_RTOL = 1e-4
 # others ranged 0.32-3.33 for honest runs (load 4-6 on 2 cores from other sessions; steps of 20-100 ms). The
 # tolerances are 1.5x the largest seen: what an honest run under such load needs. Only gross edits (about 5x) and
 # plans that far apart are caught by time: the plan itself is told by its losses' rounding (above).
-RELATIVE_TOL = 5.0      # q of a plan / median q of the other plans re-run in the same check, both ways
-ABSOLUTE_TOL = 2.5      # record's median step at most this much faster than the re-run's fastest (seen: 1.56).
-                        # Load at the run that the check does not share widens it: at load ~19 on 2 cores a finance
-                        # record (steps of a few ms) edited 10x faster passed; a time check alone is weak there
+RELATIVE_TOL = 5.0  # q of a plan / median q of the other plans re-run in the same check, both ways
+ABSOLUTE_TOL = 2.5  # record's median step at most this much faster than the re-run's fastest (seen: 1.56).
+# Load at the run that the check does not share widens it: at load ~19 on 2 cores a finance
+# record (steps of a few ms) edited 10x faster passed; a time check alone is weak there
 
 
 def replay_steps(rows, budget: int) -> int:
@@ -60,50 +61,73 @@ def _replay(task, plan, optim, steps, threads):
     import torch
 
     from ..train import train
+
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        record = train(task, plan, steps=steps, optim=optim, eval_every=0, log_every=1, verbose=False,
-                       measure_memory=False, warmup=WARMUP)
+        record = train(
+            task,
+            plan,
+            steps=steps,
+            optim=optim,
+            eval_every=0,
+            log_every=1,
+            verbose=False,
+            measure_memory=False,
+            warmup=WARMUP,
+        )
     finally:
         torch.set_num_threads(before)
-    return {"losses": {r["step"]: float(r["loss"]) for r in record.rows},
-            "step_times": [float(r["step_time"]) for r in record.rows if r["step"] >= WARMUP],
-            # the kinds of work every timed step of this plan does (a kind some steps lack, e.g. a wait, is left out)
-            "spans": sorted(set.intersection(*[set(r.get("spans", {})) for r in record.rows if r["step"] >= WARMUP]
-                                             or [set()]))}
+    return {
+        "losses": {r["step"]: float(r["loss"]) for r in record.rows},
+        "step_times": [float(r["step_time"]) for r in record.rows if r["step"] >= WARMUP],
+        # the kinds of work every timed step of this plan does (a kind some steps lack, e.g. a wait, is left out)
+        "spans": sorted(
+            set.intersection(*[set(r.get("spans", {})) for r in record.rows if r["step"] >= WARMUP] or [set()])
+        ),
+    }
 
 
 def _cluster_for(grader, device, world_size: int):
     """The grader's workers on the kind of device the record says it ran on: its own CPU cluster, or (a record
     made on GPUs) ranks placed as the notebooks place them (``placement``), kept with the grader's clusters."""
     from . import core
+
     if not str(device).startswith("cuda"):
         return grader.cluster(world_size)
     from ..launch import Cluster
     from ..lessons.scaling import placement
+
     where = placement((1, 2, 4))
     if where.kind == "cpu":
-        raise core._Stop(Result(f"the record's device ({device}) is on this machine", False,
-                                "the record says its ranks ran on a GPU and this machine has none: run the plans on "
-                                "the machine that grades them (the check re-runs them to time them)"))
+        raise core._Stop(
+            Result(
+                f"the record's device ({device}) is on this machine",
+                False,
+                "the record says its ranks ran on a GPU and this machine has none: run the plans on "
+                "the machine that grades them (the check re-runs them to time them)",
+            )
+        )
     key = ("placement", where.kind, world_size)
     if key not in core._clusters:  # closed by grading.close() with the others
         core._clusters[key] = Cluster(world_size, threads=1, timeout=60, **where.launch_kwargs)
     return core._clusters[key]
 
 
-def replay(grader, task, plan, optim, budget: int, rows, threads: int, device: str = "cpu",
-           timeout: float = 300.0) -> dict:
+def replay(
+    grader, task, plan, optim, budget: int, rows, threads: int, device: str = "cpu", timeout: float = 300.0
+) -> dict:
     """Re-run the first steps of ``plan`` on the grader's 2 workers -> rank 0's {losses, step_times, spans}."""
     import dataclasses
 
     from .core import Grader
+
     grader = grader if grader is not None else Grader()
     optim = dataclasses.replace(optim, decay_steps=optim.decay_steps or budget)  # the full run's schedule
     cluster = _cluster_for(grader, device, plan.world_size)
-    return cluster.call(_replay, (task, plan, optim, replay_steps(rows, budget), threads), timeout=timeout,
-                        plain=True)[0]  # the workers may have run a learner's code: plain data back
+    return cluster.call(_replay, (task, plan, optim, replay_steps(rows, budget), threads), timeout=timeout, plain=True)[
+        0
+    ]  # the workers may have run a learner's code: plain data back
 
 
 def record_threads(summary) -> int:
@@ -124,33 +148,48 @@ def check_losses(name: str, rows, replayed: dict, what: str, device: str = "cpu"
     plan's rounding), to LOSS_RTOL on a GPU."""
     mine = replayed["losses"]
     rtol = LOSS_RTOL if str(device).startswith("cuda") else PLAN_RTOL
-    pairs = [(r["step"], r.get("loss"), mine[r["step"]]) for r in rows
-             if isinstance(r.get("step"), int) and r["step"] in mine]
-    bad = [(s, got, want) for s, got, want in pairs
-           if not isinstance(got, (int, float)) or abs(got - want) > rtol * abs(want)]
+    pairs = [
+        (r["step"], r.get("loss"), mine[r["step"]])
+        for r in rows
+        if isinstance(r.get("step"), int) and r["step"] in mine
+    ]
+    bad = [
+        (s, got, want)
+        for s, got, want in pairs
+        if not isinstance(got, (int, float)) or abs(got - want) > rtol * abs(want)
+    ]
     rounding = bad and all(isinstance(g, (int, float)) and abs(g - w) <= LOSS_RTOL * abs(w) for _, g, w in bad)
     ok = bool(pairs) and not bad
-    return Result(f"{name}: the first {len(mine)} steps re-run here give the record's losses", ok,
-                  (f"the record's losses differ from {what}'s re-run here only in rounding: the run was another plan "
-                   "(each plan rounds its sums in its own order) relabelled as this one. Rerun the plan itself"
-                   if rounding else
-                   f"the grader re-ran the first steps of {what} on its own 2 processes from the project's seeded "
-                   "model, with the project's optimizer and batches: the record's losses are not those. The run "
-                   "trained with other settings (learning rate, batch, data), or the record was edited: rerun the "
-                   "project's standard run"),
-                  f"allowed {rtol:g} relative; " +
-                  "; ".join(f"step {s}: recorded {g!r}, re-run {w!r}" for s, g, w in (bad or pairs)[:3]))
+    return Result(
+        f"{name}: the first {len(mine)} steps re-run here give the record's losses",
+        ok,
+        (
+            f"the record's losses differ from {what}'s re-run here only in rounding: the run was another plan "
+            "(each plan rounds its sums in its own order) relabelled as this one. Rerun the plan itself"
+            if rounding
+            else f"the grader re-ran the first steps of {what} on its own 2 processes from the project's seeded "
+            "model, with the project's optimizer and batches: the record's losses are not those. The run "
+            "trained with other settings (learning rate, batch, data), or the record was edited: rerun the "
+            "project's standard run"
+        ),
+        f"allowed {rtol:g} relative; "
+        + "; ".join(f"step {s}: recorded {g!r}, re-run {w!r}" for s, g, w in (bad or pairs)[:3]),
+    )
 
 
 def check_spans(name: str, rows, replayed: dict, what: str) -> Result:
     """The record's steps carry every kind of span the claimed plan makes in each of its steps here."""
-    recorded = sorted({k for r in rows if isinstance(r.get("step"), int) and r["step"] >= WARMUP
-                       for k in (r.get("spans") or {})})
+    recorded = sorted(
+        {k for r in rows if isinstance(r.get("step"), int) and r["step"] >= WARMUP for k in (r.get("spans") or {})}
+    )
     ok = set(replayed["spans"]) <= set(recorded)
-    return Result(f"{name}: the record's steps show the work of {what} (forward, backward, communication)", ok,
-                  f"the record's per-step spans are not those {what} makes when the grader runs it: a run of "
-                  "another plan (one process has no communication) was relabelled. Rerun the plan itself",
-                  f"recorded {recorded}, re-run {replayed['spans']}")
+    return Result(
+        f"{name}: the record's steps show the work of {what} (forward, backward, communication)",
+        ok,
+        f"the record's per-step spans are not those {what} makes when the grader runs it: a run of "
+        "another plan (one process has no communication) was relabelled. Rerun the plan itself",
+        f"recorded {recorded}, re-run {replayed['spans']}",
+    )
 
 
 def time_ratio(rows, replayed: dict) -> tuple | None:
@@ -180,9 +219,13 @@ def check_time(name: str, ratio: tuple | None, others: dict, what: str) -> Resul
                 problems.append(f"recorded / re-run step time {q:.2f} against {ref:.2f} for the other plans")
     others_text = f" (other plans: {', '.join(f'{k} {v:.2f}' for k, v in qs.items())})" if qs else ""
     detail = "; ".join(problems) or f"recorded / re-run step time {ratio[0]:.2f}"
-    return Result(f"{name}: the record's step time is what {what} takes on this machine", not problems,
-                  f"the grader timed the first steps of {what} on its own processes: the record's step times do "
-                  f"not fit (a median step at most {ABSOLUTE_TOL:g}x faster than the fastest step here, and within "
-                  f"{RELATIVE_TOL:g}x of the other plans' ratio). The times were edited or another plan ran under "
-                  "this name: rerun it. (If this machine is much busier now than when the runs were made, the "
-                  "re-run is slower: check again when it is quieter.)", detail + others_text)
+    return Result(
+        f"{name}: the record's step time is what {what} takes on this machine",
+        not problems,
+        f"the grader timed the first steps of {what} on its own processes: the record's step times do "
+        f"not fit (a median step at most {ABSOLUTE_TOL:g}x faster than the fastest step here, and within "
+        f"{RELATIVE_TOL:g}x of the other plans' ratio). The times were edited or another plan ran under "
+        "this name: rerun it. (If this machine is much busier now than when the runs were made, the "
+        "re-run is slower: check again when it is quieter.)",
+        detail + others_text,
+    )

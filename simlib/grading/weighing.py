@@ -1,6 +1,7 @@
 """How much memory an answer uses, however it holds it: the peak and what stays of a step (torch's profiler for
 tensors, the garbage collector's objects for NumPy arrays), and the bytes a call leaves alive. The memory checks
 (:mod:`simlib.grading.memory`) weigh answers with these."""
+
 from __future__ import annotations
 
 
@@ -16,6 +17,7 @@ def _numpy_arrays() -> dict:
     import operator
 
     import numpy as np
+
     nd = np.ndarray
     referents = gc.get_referents(*gc.get_objects())
     out = {}
@@ -42,6 +44,7 @@ def _step_memory(fn) -> tuple[int, int]:
 
     from ..env import quiet_profiler
     from ..parallel.accumulate import count_every_thread, profiled_peak
+
     quiet_profiler()  # Kineto's start/stop lines off stderr; a learner's own errors still show
     count_every_thread()
     numpy_before = _numpy_arrays()
@@ -56,6 +59,7 @@ def _storages(objs) -> list:
     """(tensor, storage address, bytes) of each tensor among ``objs`` (Parameters too). A tensor whose Python
     storage torch has invalidated holds no data and is left out: reading its address raises."""
     import torch
+
     out = []
     for o in objs:
         if type(o) is torch.Tensor or isinstance(o, torch.nn.Parameter):
@@ -70,6 +74,7 @@ def _storages(objs) -> list:
 def _tensor_storages() -> dict:
     """{storage address: bytes} of every tensor object alive in this process (held anywhere: ctx, globals)."""
     import gc
+
     return {ptr: nbytes for _, ptr, nbytes in _storages(gc.get_objects())}
 
 
@@ -81,11 +86,12 @@ def _held_new_tensors(before: dict) -> int:
     import types
 
     new = [entry for entry in _storages(gc.get_objects()) if entry[1] not in before]
-    ours = {id(entry) for entry in new}   # the (tensor, address, bytes) entries above hold each tensor too
+    ours = {id(entry) for entry in new}  # the (tensor, address, bytes) entries above hold each tensor too
     total, seen = 0, set()
     for t, ptr, nbytes in new:
-        if ptr not in seen and any(id(r) not in ours and not isinstance(r, types.FrameType)
-                                   for r in gc.get_referrers(t)):
+        if ptr not in seen and any(
+            id(r) not in ours and not isinstance(r, types.FrameType) for r in gc.get_referrers(t)
+        ):
             seen.add(ptr)
             total += nbytes
     return total

@@ -4,6 +4,7 @@
     out = run_accumulation(accumulation_steps=4)                # equals reference_run() on the whole batch
     bad = run_accumulation(4, scale_loss=False)                 # the missing 1/k: a k times larger update
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -17,10 +18,21 @@ from .data_parallel import _setup, count_all_reduces
 __all__ = ["run_accumulation", "accumulation_step", "split_micro_batches", "peak_memory"]
 
 
-def run_accumulation(accumulation_steps: int = 4, steps: int = 3, global_batch: int = 64, width: int = 64,
-                     depth: int = 3, lr: float = 0.05, seed: int = 0, mode: str = "ddp",
-                     use_no_sync: bool = True, scale_loss: bool = True, warmup: int = 0,
-                     timeline: bool = False, bucket_cap_mb: float = 25.0) -> dict:
+def run_accumulation(
+    accumulation_steps: int = 4,
+    steps: int = 3,
+    global_batch: int = 64,
+    width: int = 64,
+    depth: int = 3,
+    lr: float = 0.05,
+    seed: int = 0,
+    mode: str = "ddp",
+    use_no_sync: bool = True,
+    scale_loss: bool = True,
+    warmup: int = 0,
+    timeline: bool = False,
+    bucket_cap_mb: float = 25.0,
+) -> dict:
     """One rank of data parallelism with accumulation (call on every rank, or in one process).
 
     Each rank's shard of the global batch is split into ``accumulation_steps`` micro-batches, so the
@@ -28,11 +40,13 @@ def run_accumulation(accumulation_steps: int = 4, steps: int = 3, global_batch: 
     the number of all-reduce calls and bytes (for DDP), and with ``timeline=True`` the gathered timeline.
     """
     from ..models import shard
-    from ..timeline import Timeline, summarize
     from ..parallel.data import wrap
+    from ..timeline import Timeline, summarize
+
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     from ..env import device as _device
+
     dev = _device()
     model, x, y = _setup(width, depth, global_batch, seed)
     model = model.to(dev)
@@ -45,11 +59,17 @@ def run_accumulation(accumulation_steps: int = 4, steps: int = 3, global_batch: 
     losses = []
     for step in range(steps):
         with tl.step(step) if tl is not None else nullcontext():
-            losses.append(accumulation_step(dp_model, opt, micro_batches, scale_loss=scale_loss,
-                                            use_no_sync=use_no_sync, timeline=tl))
-    out = {"state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, "losses": losses,
-           "all_reduce_calls": counter["calls"] if counter else None,
-           "all_reduce_bytes": counter["bytes"] if counter else None}
+            losses.append(
+                accumulation_step(
+                    dp_model, opt, micro_batches, scale_loss=scale_loss, use_no_sync=use_no_sync, timeline=tl
+                )
+            )
+    out = {
+        "state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        "losses": losses,
+        "all_reduce_calls": counter["calls"] if counter else None,
+        "all_reduce_bytes": counter["bytes"] if counter else None,
+    }
     if timeline:
         df = tl.gather()
         out["timeline"], out["summary"] = df, summarize(df)

@@ -3,6 +3,7 @@
 Functions whose name ends in ``_run`` run on every rank inside ``simlib.launch`` / ``Cluster.run``; the others
 run in the caller. The code they measure is ``simlib.parallel.context`` and ``simlib.parallel.experts``.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -11,6 +12,7 @@ import time
 
 def _qkv(batch, heads, seq, head_dim, seed=0, dtype=None):
     import torch
+
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(batch, heads, seq, head_dim, generator=g, dtype=dtype or torch.float32) for _ in range(3)]
 
@@ -23,6 +25,7 @@ def attention_equal_run(kind="ring", layout="contiguous", causal=True, batch=2, 
 
     from ..parallel import context
     from ..parallel.comm_log import CommLog
+
     rank, n = dist.get_rank(), dist.get_world_size()
     full = _qkv(batch, heads, seq, head_dim, dtype=torch.float64)
     weights = torch.randn(batch, heads, seq, head_dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -41,11 +44,18 @@ def attention_equal_run(kind="ring", layout="contiguous", causal=True, batch=2, 
         ref = torch.nn.functional.scaled_dot_product_attention(*full, is_causal=causal)
         (ref * weights).sum().backward()
         want = dict(out=ref.detach(), dq=full[0].grad, dk=full[1].grad, dv=full[2].grad)
-        errors = {name: float((context.unshard_sequence([p[name] for p in pieces], layout) - want[name]).abs().max())
-                  for name in want}
-    return dict(rank=rank, errors=errors, work=stats.get("work"), forward_bytes=forward_bytes,
-                backward_bytes=log.bytes - forward_bytes,
-                formula=context.comm_volume(batch, heads, seq, head_dim, n, kind, bytes_per_element=8))
+        errors = {
+            name: float((context.unshard_sequence([p[name] for p in pieces], layout) - want[name]).abs().max())
+            for name in want
+        }
+    return dict(
+        rank=rank,
+        errors=errors,
+        work=stats.get("work"),
+        forward_bytes=forward_bytes,
+        backward_bytes=log.bytes - forward_bytes,
+        formula=context.comm_volume(batch, heads, seq, head_dim, n, kind, bytes_per_element=8),
+    )
 
 
 def work_run(layout="contiguous", batch=2, heads=4, seq=1024, head_dim=32, repeats=5):
@@ -54,6 +64,7 @@ def work_run(layout="contiguous", batch=2, heads=4, seq=1024, head_dim=32, repea
     import torch.distributed as dist
 
     from ..parallel import context
+
     rank, n = dist.get_rank(), dist.get_world_size()
     q, k, v = (context.shard_sequence(t, rank, n, layout) for t in _qkv(batch, heads, seq, head_dim))
     times, waits, work = [], [], None
@@ -61,7 +72,6 @@ def work_run(layout="contiguous", batch=2, heads=4, seq=1024, head_dim=32, repea
         for i in range(repeats + 1):
             stats = {}
             dist.barrier()
-            t0 = time.perf_counter()
             context.ring_attention(q, k, v, True, layout, stats=stats)
             t1 = time.perf_counter()
             dist.barrier()  # the step ends when the slowest rank is done
@@ -69,8 +79,14 @@ def work_run(layout="contiguous", batch=2, heads=4, seq=1024, head_dim=32, repea
                 times.append(stats["compute_s"])
                 waits.append(time.perf_counter() - t1)
             work = stats["work"]
-    return dict(rank=rank, layout=layout, work=work, compute_s=statistics.median(times),
-                idle_s=statistics.median(waits), formula=context.causal_work(seq, n, layout)[rank])
+    return dict(
+        rank=rank,
+        layout=layout,
+        work=work,
+        compute_s=statistics.median(times),
+        idle_s=statistics.median(waits),
+        formula=context.causal_work(seq, n, layout)[rank],
+    )
 
 
 _SOLO: dict = {}
@@ -86,10 +102,12 @@ def memory_run(seq=1024, batch=1, heads=4, head_dim=32, layout="contiguous", gro
     import torch
 
     from ..parallel import context
-    from .memory import tensor_peak_bytes
     from ..parallel.all_to_all import group_rank_size
+    from .memory import tensor_peak_bytes
+
     if solo:  # cp = 1 on rank 0 of a cluster (a group of its own), in a worker like the cp > 1 runs
         import torch.distributed as dist
+
         if "group" not in _SOLO:  # every rank must take part in making a group
             _SOLO["group"] = dist.new_group([0])
         if dist.get_rank() != 0:
@@ -100,8 +118,9 @@ def memory_run(seq=1024, batch=1, heads=4, head_dim=32, layout="contiguous", gro
     with torch.no_grad():
         peak = tensor_peak_bytes(lambda: context.ring_attention(q, k, v, True, layout, group=group), q, k, v)
     formula = context.memory_per_rank(batch, heads, seq, head_dim, n, layout)
-    return dict(rank=rank, cp=n, seq=seq, layout=layout, measured=peak, formula=formula["total"],
-                scores=formula["scores"])
+    return dict(
+        rank=rank, cp=n, seq=seq, layout=layout, measured=peak, formula=formula["total"], scores=formula["scores"]
+    )
 
 
 def memory_sweep(clusters: dict, seqs, **sizes) -> list[dict]:
@@ -111,22 +130,32 @@ def memory_sweep(clusters: dict, seqs, **sizes) -> list[dict]:
     smallest = clusters[min(clusters)]
     for cp in sorted({1, *clusters}):
         for seq in seqs:
-            outs = ([smallest.run(memory_run, seq, solo=True, **sizes)[0]] if cp == 1 else
-                    clusters[cp].run(memory_run, seq, **sizes))
+            outs = (
+                [smallest.run(memory_run, seq, solo=True, **sizes)[0]]
+                if cp == 1
+                else clusters[cp].run(memory_run, seq, **sizes)
+            )
             worst = max(outs, key=lambda o: o["measured"])
-            rows.append(dict(cp=cp, seq=seq, measured_MB=worst["measured"] / 2 ** 20,
-                             formula_MB=worst["formula"] / 2 ** 20, scores_MB=worst["scores"] / 2 ** 20,
-                             ratio=worst["measured"] / worst["formula"]))
+            rows.append(
+                dict(
+                    cp=cp,
+                    seq=seq,
+                    measured_MB=worst["measured"] / 2**20,
+                    formula_MB=worst["formula"] / 2**20,
+                    scores_MB=worst["scores"] / 2**20,
+                    ratio=worst["measured"] / worst["formula"],
+                )
+            )
     return rows
 
 
 def ring_vs_ulysses_run(batch=2, heads=8, seq=1024, head_dim=32, repeats=5, engine="native"):
     """Forward + backward time of ring (zig-zag) and Ulysses attention, and the bytes each sent, on this rank."""
-    import torch
     import torch.distributed as dist
 
     from ..parallel import context
     from ..parallel.comm_log import CommLog
+
     rank, n = dist.get_rank(), dist.get_world_size()
     out = dict(rank=rank)
     for kind, layout in (("ring", "zigzag"), ("ulysses", "contiguous")):
@@ -137,13 +166,20 @@ def ring_vs_ulysses_run(batch=2, heads=8, seq=1024, head_dim=32, repeats=5, engi
             log.clear()
             dist.barrier()
             t0 = time.perf_counter()
-            y = (context.ring_attention(q, k, v, True, layout, log=log) if kind == "ring"
-                 else context.ulysses_attention(q, k, v, True, log=log, engine=engine))
+            y = (
+                context.ring_attention(q, k, v, True, layout, log=log)
+                if kind == "ring"
+                else context.ulysses_attention(q, k, v, True, log=log, engine=engine)
+            )
             y.sum().backward()
             if i:
                 times.append(time.perf_counter() - t0)
-        out[kind] = dict(seconds=statistics.median(times), bytes=log.bytes, comm_s=log.seconds,
-                         formula=context.comm_volume(batch, heads, seq, head_dim, n, kind)["total"])
+        out[kind] = dict(
+            seconds=statistics.median(times),
+            bytes=log.bytes,
+            comm_s=log.seconds,
+            formula=context.comm_volume(batch, heads, seq, head_dim, n, kind)["total"],
+        )
     return out
 
 
@@ -152,6 +188,7 @@ def _moe_problem(tokens, hidden, num_experts, top_k, capacity_factor, seed=0, sk
     import torch
 
     from ..parallel.experts import MoE
+
     torch.manual_seed(seed)
     moe = MoE(hidden, num_experts, top_k, capacity_factor)
     if dtype is not None:
@@ -173,6 +210,7 @@ def moe_equal_run(tokens=48, hidden=16, num_experts=8, top_k=2, capacity_factor=
     from ..models import shard
     from ..parallel.comm_log import CommLog
     from ..parallel.experts import ExpertParallelMoE
+
     rank, n = dist.get_rank(), dist.get_world_size()
     moe, x = _moe_problem(tokens, hidden, num_experts, top_k, capacity_factor, dtype=torch.float64)
     log = CommLog()
@@ -182,9 +220,19 @@ def moe_equal_run(tokens=48, hidden=16, num_experts=8, top_k=2, capacity_factor=
     (y.square().sum() + alpha * aux).backward()
     dist.all_reduce(layer.router.weight.grad)
     local = num_experts // n
-    mine = dict(y=y.detach(), x_grad=xl.grad, aux=aux.detach(), router=layer.router.weight.grad,
-                experts={f"experts.{rank * local + i}.{name}": p.grad for i, e in enumerate(layer.experts)
-                         for name, p in e.named_parameters()}, stats=stats, bytes=log.bytes_of("dispatch"))
+    mine = dict(
+        y=y.detach(),
+        x_grad=xl.grad,
+        aux=aux.detach(),
+        router=layer.router.weight.grad,
+        experts={
+            f"experts.{rank * local + i}.{name}": p.grad
+            for i, e in enumerate(layer.experts)
+            for name, p in e.named_parameters()
+        },
+        stats=stats,
+        bytes=log.bytes_of("dispatch"),
+    )
     every = [None] * n
     dist.all_gather_object(every, mine)
     if rank:
@@ -194,24 +242,32 @@ def moe_equal_run(tokens=48, hidden=16, num_experts=8, top_k=2, capacity_factor=
     ry, raux, rstats = ref_moe(ref_x)
     (ry.square().sum() + alpha * raux).backward()
     grads = {name: p.grad for name, p in ref_moe.named_parameters()}
-    errors = dict(y=float((torch.cat([e["y"] for e in every]) - ry.detach()).abs().max()),
-                  x_grad=float((torch.cat([e["x_grad"] for e in every]) - ref_x.grad).abs().max()),
-                  aux=abs(float(sum(e["aux"] for e in every) - raux.detach())),
-                  router=max(float((e["router"] - grads["router.weight"]).abs().max()) for e in every),
-                  experts=max(float((g - grads[name]).abs().max()) for e in every for name, g in e["experts"].items()))
-    return dict(rank=0, stats=stats, errors=errors, reference=rstats,
-                load=[t for e in every for t in e["stats"]["tokens_per_expert"]])
+    errors = dict(
+        y=float((torch.cat([e["y"] for e in every]) - ry.detach()).abs().max()),
+        x_grad=float((torch.cat([e["x_grad"] for e in every]) - ref_x.grad).abs().max()),
+        aux=abs(float(sum(e["aux"] for e in every) - raux.detach())),
+        router=max(float((e["router"] - grads["router.weight"]).abs().max()) for e in every),
+        experts=max(float((g - grads[name]).abs().max()) for e in every for name, g in e["experts"].items()),
+    )
+    return dict(
+        rank=0,
+        stats=stats,
+        errors=errors,
+        reference=rstats,
+        load=[t for e in every for t in e["stats"]["tokens_per_expert"]],
+    )
 
 
-def moe_load_run(tokens=256, hidden=64, num_experts=8, top_k=1, capacity_factor=1.25, skew=0.0, engine="native",
-                 repeats=5):
+def moe_load_run(
+    tokens=256, hidden=64, num_experts=8, top_k=1, capacity_factor=1.25, skew=0.0, engine="native", repeats=5
+):
     """Forward + backward of the EP layer: load per expert and rank, drops, aux loss, bytes and all-to-all time."""
-    import torch
     import torch.distributed as dist
 
     from ..models import shard
     from ..parallel.comm_log import CommLog
     from ..parallel.experts import ExpertParallelMoE, a2a_bytes_from_counts, a2a_volume
+
     rank, n = dist.get_rank(), dist.get_world_size()
     moe, x = _moe_problem(tokens, hidden, num_experts, top_k, capacity_factor, skew=skew)
     log = CommLog()
@@ -230,12 +286,21 @@ def moe_load_run(tokens=256, hidden=64, num_experts=8, top_k=1, capacity_factor=
     aux_total = aux.detach().clone()
     dist.all_reduce(aux_total)
     kept = 1 - stats["dropped"] / stats["assignments"]
-    return dict(rank=rank, ep=n, engine=engine, tokens_per_expert=stats["tokens_per_expert"],
-                dropped=stats["dropped"], assignments=stats["assignments"], capacity=stats["capacity"],
-                aux=float(aux_total), seconds=statistics.median(times), a2a_s=statistics.median(a2a),
-                dispatch_bytes=log.bytes_of("dispatch"),
-                dispatch_formula=a2a_bytes_from_counts(stats["sent_rows"], rank, hidden),
-                uniform_formula=a2a_volume(tokens // n, hidden, top_k, n, kept=kept)["dispatch"])
+    return dict(
+        rank=rank,
+        ep=n,
+        engine=engine,
+        tokens_per_expert=stats["tokens_per_expert"],
+        dropped=stats["dropped"],
+        assignments=stats["assignments"],
+        capacity=stats["capacity"],
+        aux=float(aux_total),
+        seconds=statistics.median(times),
+        a2a_s=statistics.median(a2a),
+        dispatch_bytes=log.bytes_of("dispatch"),
+        dispatch_formula=a2a_bytes_from_counts(stats["sent_rows"], rank, hidden),
+        uniform_formula=a2a_volume(tokens // n, hidden, top_k, n, kept=kept)["dispatch"],
+    )
 
 
 def a2a_engines_run(nbytes=1 << 20, repeats=10):
@@ -244,6 +309,7 @@ def a2a_engines_run(nbytes=1 << 20, repeats=10):
     import torch.distributed as dist
 
     from ..parallel.all_to_all import all_to_all
+
     n = dist.get_world_size()
     x = torch.randn(n, max(1, nbytes // 4 // n))
     out = {}

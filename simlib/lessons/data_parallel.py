@@ -6,6 +6,7 @@
 ``count_all_reduces`` makes DDP's communication visible (a comm hook that counts calls and bytes and puts each
 bucket on the timeline); lessons 03 and 07 use it too.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -44,14 +45,16 @@ def train_steps(model, optimizer, x, y, steps: int, timeline=None, loss_fn=nn.fu
 
 def _setup(width, depth, global_batch, seed):
     from ..models import MLP, make_regression
+
     torch.manual_seed(seed)
     model = MLP(width, depth)
     x, y = make_regression(global_batch, width, seed=seed + 1)
     return model, x, y
 
 
-def reference_run(steps: int = 3, global_batch: int = 64, width: int = 64, depth: int = 3, lr: float = 0.05,
-                  seed: int = 0) -> dict:
+def reference_run(
+    steps: int = 3, global_batch: int = 64, width: int = 64, depth: int = 3, lr: float = 0.05, seed: int = 0
+) -> dict:
     """The single-process run on the whole global batch that every data-parallel run must equal."""
     model, x, y = _setup(width, depth, global_batch, seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -59,9 +62,18 @@ def reference_run(steps: int = 3, global_batch: int = 64, width: int = 64, depth
     return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses}
 
 
-def run_data_parallel(mode: str = "bucket", steps: int = 3, global_batch: int = 64, width: int = 64,
-                      depth: int = 3, lr: float = 0.05, seed: int = 0, bucket_cap_mb: float = 25.0,
-                      warmup: int = 0, timeline: bool = False) -> dict:
+def run_data_parallel(
+    mode: str = "bucket",
+    steps: int = 3,
+    global_batch: int = 64,
+    width: int = 64,
+    depth: int = 3,
+    lr: float = 0.05,
+    seed: int = 0,
+    bucket_cap_mb: float = 25.0,
+    warmup: int = 0,
+    timeline: bool = False,
+) -> dict:
     """One rank of a data-parallel run (call on every rank): same model and data as :func:`reference_run`.
 
     Rank r trains on the r-th contiguous shard of the global batch. Returns this rank's final state,
@@ -70,9 +82,11 @@ def run_data_parallel(mode: str = "bucket", steps: int = 3, global_batch: int = 
     """
     from ..models import shard
     from ..timeline import Timeline, summarize
+
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     from ..env import device as _device
+
     dev = _device()
     model, x, y = _setup(width, depth, global_batch, seed)
     model, x, y = model.to(dev), x.to(dev), y.to(dev)
@@ -96,6 +110,7 @@ def count_all_reduces(ddp_model, timeline=None, group=None) -> dict:
     a timeline, each bucket's all-reduce is a comm span from launch to completion.
     """
     import time
+
     counter = {"calls": 0, "bytes": 0}
 
     def hook(state, bucket):

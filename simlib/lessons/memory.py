@@ -5,6 +5,7 @@ step, the peak bytes of the whole run (torch's profiler on CPU, ``torch.cuda.max
 step times (warm-up excluded) and the bytes handed to each collective. :func:`formula` gives the simulator's
 numbers for the same configuration; :func:`reference` is the single-process run the variants must equal.
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,8 +53,11 @@ def reference(steps=3, width=32, depth=2, global_batch=16, lr=1e-2, seed=0) -> d
 
 def _build(variant, model, lr, group, counter, layout):
     """Wrap ``model`` and build its optimizer for ``variant``; returns (wrapped, optimizer, ddp_counter)."""
-    inner = torch.optim.AdamW if layout != "masters" else functools.partial(prec.MasterWeightsOptimizer,
-                                                                             inner_cls=torch.optim.AdamW)
+    inner = (
+        torch.optim.AdamW
+        if layout != "masters"
+        else functools.partial(prec.MasterWeightsOptimizer, inner_cls=torch.optim.AdamW)
+    )
     if variant == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -72,6 +76,7 @@ def _build(variant, model, lr, group, counter, layout):
     if variant == "fsdp2":
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
+
         mesh = DeviceMesh.from_group(group or dist.group.WORLD, device_type=next(model.parameters()).device.type)
         for block in recompute.blocks_of(model):
             fully_shard(block, mesh=mesh)
@@ -89,8 +94,20 @@ def _full_params(variant, wrapped, model):
     return out
 
 
-def run_memory(variant="zero2", steps=3, width=32, depth=2, global_batch=16, lr=1e-2, seed=0,
-               precision=None, checkpointing=False, measure_peak=True, group=None, threads=None) -> dict:
+def run_memory(
+    variant="zero2",
+    steps=3,
+    width=32,
+    depth=2,
+    global_batch=16,
+    lr=1e-2,
+    seed=0,
+    precision=None,
+    checkpointing=False,
+    measure_peak=True,
+    group=None,
+    threads=None,
+) -> dict:
     """Train ``steps`` AdamW steps of a :class:`BlockMLP` on this rank's shard of the batch, measured.
 
     ``precision``: None (fp32), "bf16" (autocast, fp32 weights) or "masters" (bf16 model + fp32 master weights).
@@ -100,10 +117,12 @@ def run_memory(variant="zero2", steps=3, width=32, depth=2, global_batch=16, lr=
     group = group or dist.group.WORLD
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if global_batch % world:
-        raise ValueError(f"rank {rank}: global batch {global_batch} does not split over {world} ranks; "
-                         f"use a multiple of {world}")
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else \
-        torch.device("cpu")
+        raise ValueError(
+            f"rank {rank}: global batch {global_batch} does not split over {world} ranks; use a multiple of {world}"
+        )
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    )
     counter = CommLog()  # simlib.parallel.comm_log: every collective ZeRO issues
     out: dict = {"rank": rank, "world_size": world, "variant": variant}
     built: dict = {}
@@ -116,7 +135,7 @@ def run_memory(variant="zero2", steps=3, width=32, depth=2, global_batch=16, lr=
         if precision == "masters":
             model.to(torch.bfloat16)
         b = global_batch // world
-        x, y = x[rank * b:(rank + 1) * b].to(device), y[rank * b:(rank + 1) * b].to(device)
+        x, y = x[rank * b : (rank + 1) * b].to(device), y[rank * b : (rank + 1) * b].to(device)
         if precision == "masters":
             x = x.to(torch.bfloat16)
         if checkpointing:
@@ -173,6 +192,7 @@ def peak_bytes(fn, device=None) -> int:
     gathered buffer by resizing its storage, it misses frees and reports a peak that grows with every step.
     """
     import gc
+
     if device is not None and torch.device(device).type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -181,12 +201,17 @@ def peak_bytes(fn, device=None) -> int:
         torch.cuda.synchronize()
         return int(torch.cuda.max_memory_allocated() - base)
     import os
+
     if not os.path.exists("/proc/self/clear_refs"):  # not Linux (macOS, Windows): torch's profiler instead
         import warnings
 
         from ..parallel.accumulate import peak_memory
-        warnings.warn("no /proc here: peak memory comes from torch's profiler, which over-counts under ZeRO-3 and "
-                      "FSDP2 (it misses frees done by resizing storage)", stacklevel=2)
+
+        warnings.warn(
+            "no /proc here: peak memory comes from torch's profiler, which over-counts under ZeRO-3 and "
+            "FSDP2 (it misses frees done by resizing storage)",
+            stacklevel=2,
+        )
         return peak_memory(fn)
     _return_freed_memory()
     gc.collect()
@@ -206,6 +231,7 @@ def tensor_peak_bytes(fn, *inputs) -> int:
     the communication library's buffers (a loaded machine's late frees showed there as one extra block).
     """
     from torch.distributed._tools.mem_tracker import MemTracker
+
     tracker = MemTracker()
     if inputs:
         tracker.track_external(*inputs)
@@ -217,11 +243,12 @@ def tensor_peak_bytes(fn, *inputs) -> int:
 
 def _return_freed_memory():
     import ctypes
+
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc
         return
-    libc.mallopt(-1, 0)          # M_TRIM_THRESHOLD: trim the heap top at once
+    libc.mallopt(-1, 0)  # M_TRIM_THRESHOLD: trim the heap top at once
     libc.mallopt(-3, 16 * 1024)  # M_MMAP_THRESHOLD: blocks >= 16 KB are mmapped, so free() unmaps them
     libc.malloc_trim(0)
 
@@ -242,11 +269,17 @@ def _high_water() -> int:
 def formula(variant, world_size, width=32, depth=2, global_batch=16, precision=None, checkpointing=False) -> dict:
     """The simulator's bytes per rank (``simlib.sim.memory``) for the same model and plan."""
     from ..sim import Strategy, from_module, memory_per_device
+
     model = BlockMLP(width, depth)
     spec = from_module(model, name="BlockMLP")
-    strategy = Strategy(dp=world_size, zero_stage=_STAGE[variant], micro_batch=global_batch // world_size,
-                        dtype="bf16" if precision == "masters" else "fp32", optimizer="adam",
-                        recompute="full" if checkpointing else "none")
+    strategy = Strategy(
+        dp=world_size,
+        zero_stage=_STAGE[variant],
+        micro_batch=global_batch // world_size,
+        dtype="bf16" if precision == "masters" else "fp32",
+        optimizer="adam",
+        recompute="full" if checkpointing else "none",
+    )
     return memory_per_device(spec, strategy)
 
 
@@ -276,9 +309,11 @@ def measure_collectives(size_bytes=4 << 20, repeats=10, group=None) -> dict:
     n = dist.get_world_size(group)
     numel = size_bytes // 4 // n * n
     full, part = torch.ones(numel), torch.empty(numel // n)
-    ops = {"all_reduce": lambda: dist.all_reduce(full, group=group),
-           "reduce_scatter": lambda: zero._reduce_scatter(part, full, group=group),
-           "all_gather": lambda: zero._all_gather(full, part, group=group)}
+    ops = {
+        "all_reduce": lambda: dist.all_reduce(full, group=group),
+        "reduce_scatter": lambda: zero._reduce_scatter(part, full, group=group),
+        "all_gather": lambda: zero._all_gather(full, part, group=group),
+    }
     times = {}
     for name, op in ops.items():
         op()
@@ -308,9 +343,15 @@ def sweep(variants=VARIANTS, world_sizes=(1, 2, 4), options=None, **kwargs) -> l
             for variant in variants:
                 if rank < world:
                     r = run_memory(variant, group=group, **dict(kwargs, **extra))
-                    mine = dict(states=r["states"], peak=r["peak"] if "peak" in r else None,
-                                step_time=r["step_time"], comm=r["comm_bytes"], numel=r["numel"],
-                                losses=r["losses"], params=r["params"] if rank == 0 else None)
+                    mine = dict(
+                        states=r["states"],
+                        peak=r["peak"] if "peak" in r else None,
+                        step_time=r["step_time"],
+                        comm=r["comm_bytes"],
+                        numel=r["numel"],
+                        losses=r["losses"],
+                        params=r["params"] if rank == 0 else None,
+                    )
                     gathered = [None] * world
                     dist.all_gather_object(gathered, mine, group=group)
                     if rank == 0:

@@ -7,6 +7,7 @@ The model is :class:`simlib.models.MLP` with ``in_features = width``, split into
 (:func:`simlib.parallel.pipeline.build_stages`); the micro-batch size is fixed, so a forward costs the same
 whatever the number of micro-batches and the bubble formula (p - 1) / (m + p - 1) applies.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,18 +30,28 @@ def _setup(width, depth, micro_batch, num_microbatches, num_chunks, seed):
 
 def make_schedule(name: str, num_stages: int, num_microbatches: int, num_chunks: int = 1):
     from ..parallel import schedules
+
     if name == "interleaved_1f1b":
         return schedules.interleaved_1f1b(num_stages, num_microbatches, num_chunks)
     return schedules.SCHEDULES[name](num_stages, num_microbatches)
 
 
-def simlib_steps(schedule_name="1f1b", num_microbatches=4, micro_batch=32, width=256, depth=8, steps=6,
-                 warmup=2, num_chunks=1, seed=0) -> dict:
+def simlib_steps(
+    schedule_name="1f1b",
+    num_microbatches=4,
+    micro_batch=32,
+    width=256,
+    depth=8,
+    steps=6,
+    warmup=2,
+    num_chunks=1,
+    seed=0,
+) -> dict:
     """Run ``steps`` training steps with simlib's executor; returns the timeline and memory numbers."""
     import torch.distributed as dist
 
-    from ..timeline import Timeline
     from ..parallel.pipeline import pipeline_step
+    from ..timeline import Timeline
 
     rank, world_size, model, stages, x, y = _setup(width, depth, micro_batch, num_microbatches, num_chunks, seed)
     schedule = make_schedule(schedule_name, world_size, num_microbatches, num_chunks)
@@ -49,14 +60,21 @@ def simlib_steps(schedule_name="1f1b", num_microbatches=4, micro_batch=32, width
         model.zero_grad(set_to_none=True)
         dist.barrier()
         with tl.step(step):
-            out = pipeline_step(schedule, stages, x, y, num_microbatches=num_microbatches,
-                                activation_width=width, timeline=tl)
-    return dict(table=tl.gather(), rank=rank, loss=out["loss"], peak_in_flight=out["peak_in_flight"],
-                peak_activation_bytes=out["peak_activation_bytes"])
+            out = pipeline_step(
+                schedule, stages, x, y, num_microbatches=num_microbatches, activation_width=width, timeline=tl
+            )
+    return dict(
+        table=tl.gather(),
+        rank=rank,
+        loss=out["loss"],
+        peak_in_flight=out["peak_in_flight"],
+        peak_activation_bytes=out["peak_activation_bytes"],
+    )
 
 
-def torch_steps(schedule_name="1f1b", num_microbatches=4, micro_batch=32, width=256, depth=8, steps=6,
-                warmup=2, seed=0) -> dict:
+def torch_steps(
+    schedule_name="1f1b", num_microbatches=4, micro_batch=32, width=256, depth=8, steps=6, warmup=2, seed=0
+) -> dict:
     """The same model and batch with ``torch.distributed.pipelining`` (PipelineStage + ScheduleGPipe/1F1B)."""
     import torch
     import torch.distributed as dist

@@ -11,6 +11,7 @@ process with the same threads per worker as each worker of the sweep (one by def
 measures what more *processes* buy. Beside it the table has the honest rival: one process using every
 core (``baseline`` row), which on a 2-core laptop is usually the fastest set-up of all.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -34,7 +35,7 @@ class Placement:
     when there is nothing to say) goes on the table and the plot."""
 
     world_sizes: tuple
-    kind: str          # "cpu" (Gloo), "gpus" (a GPU per rank, NCCL) or "gpu-shared" (one GPU, Gloo + CUDA tensors)
+    kind: str  # "cpu" (Gloo), "gpus" (a GPU per rank, NCCL) or "gpu-shared" (one GPU, Gloo + CUDA tensors)
     backend: str
     device: str
     note: str = ""
@@ -69,17 +70,33 @@ def placement(world_sizes, devices: str = "auto", gpus: int | None = None) -> Pl
     if devices == "gpus":
         keep = tuple(w for w in sizes if w <= gpus)
         dropped = tuple(w for w in sizes if w > gpus)
-        note = (f"stopped at {gpus} rank(s): this machine has {gpus} GPU(s), NCCL needs one per rank, and a "
-                f"speedup divides times measured on the same kind of device (left out: {list(dropped)})"
-                if dropped else "")
+        note = (
+            f"stopped at {gpus} rank(s): this machine has {gpus} GPU(s), NCCL needs one per rank, and a "
+            f"speedup divides times measured on the same kind of device (left out: {list(dropped)})"
+            if dropped
+            else ""
+        )
         return Placement(keep, "gpus", "auto", "auto", note, dropped)
-    return Placement(sizes, "gpu-shared", "gloo", "cuda:0",
-                     f"every rank shares cuda:0 over Gloo with CUDA tensors ({gpus} GPU(s) for up to {sizes[-1]} "
-                     "ranks): the speedup measures ranks sharing one GPU, not more GPUs")
+    return Placement(
+        sizes,
+        "gpu-shared",
+        "gloo",
+        "cuda:0",
+        f"every rank shares cuda:0 over Gloo with CUDA tensors ({gpus} GPU(s) for up to {sizes[-1]} "
+        "ranks): the speedup measures ranks sharing one GPU, not more GPUs",
+    )
 
 
-def dp_train(width: int = 1024, depth: int = 4, local_batch: int = 256, steps: int = 20, warmup: int = 3,
-             lr: float = 1e-3, seed: int = 0, dp_variant: str = "bucket"):
+def dp_train(
+    width: int = 1024,
+    depth: int = 4,
+    local_batch: int = 256,
+    steps: int = 20,
+    warmup: int = 3,
+    lr: float = 1e-3,
+    seed: int = 0,
+    dp_variant: str = "bucket",
+):
     """One rank of a data-parallel run through the one training loop; returns the gathered timeline (on rank
     0) and the final loss.
 
@@ -93,42 +110,80 @@ def dp_train(width: int = 1024, depth: int = 4, local_batch: int = 256, steps: i
 
     ctx = env.init()
     global_batch = local_batch * ctx.world_size
-    task = RegressionTask(width=width, depth=depth, global_batch=global_batch, num_samples=global_batch,
-                          eval_samples=1, seed=seed)
-    record = train(task, Plan(dp=ctx.world_size, dp_variant=dp_variant), steps=warmup + steps,
-                   optim=OptimConfig(name="sgd", lr=lr, schedule="constant"), log_every=warmup + steps,
-                   warmup=warmup, measure_memory=False, verbose=False)
+    task = RegressionTask(
+        width=width, depth=depth, global_batch=global_batch, num_samples=global_batch, eval_samples=1, seed=seed
+    )
+    record = train(
+        task,
+        Plan(dp=ctx.world_size, dp_variant=dp_variant),
+        steps=warmup + steps,
+        optim=OptimConfig(name="sgd", lr=lr, schedule="constant"),
+        log_every=warmup + steps,
+        warmup=warmup,
+        measure_memory=False,
+        verbose=False,
+    )
     return {"timeline": record.timeline if ctx.is_main else None, "loss": record.rows[-1]["loss"]}
 
 
-def measure(world_size: int, threads: int | None = 1, timeout: float = 120.0, backend: str = "auto",
-            device: str = "auto", **train_kwargs):
+def measure(
+    world_size: int,
+    threads: int | None = 1,
+    timeout: float = 120.0,
+    backend: str = "auto",
+    device: str = "auto",
+    **train_kwargs,
+):
     """Run :func:`dp_train` on ``world_size`` fresh processes (``backend``/``device``: as ``simlib.launch``, from
     :func:`placement`); return (summary dict, timeline table)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OversubscribedWarning)  # the table marks it instead
-        out = launch(dp_train, world_size, threads=threads, call_timeout=timeout, backend=backend, device=device,
-                     **train_kwargs)
+        out = launch(
+            dp_train, world_size, threads=threads, call_timeout=timeout, backend=backend, device=device, **train_kwargs
+        )
     timeline = out[0]["timeline"]
     return summarize(timeline), timeline
 
 
 def _row(summary, timeline, world_size, threads, global_batch, local_batch, baseline=None):
     times = step_times(timeline).to_numpy()
-    return dict(world_size=world_size, threads=threads, global_batch=global_batch, local_batch=local_batch,
-                step_time=summary["step_time"], step_time_p25=float(np.percentile(times, 25)),
-                step_time_p75=float(np.percentile(times, 75)), step_time_iqr=summary["step_time_iqr"],
-                steps=summary["steps"], forward_time=summary["forward_time"],
-                backward_time=summary["backward_time"], comm_time=summary["comm_time"],
-                optimizer_time=summary["optimizer_time"], comm_fraction=summary["comm_fraction"],
-                exposed_comm_fraction=summary["exposed_comm_fraction"],
-                throughput=global_batch / summary["step_time"], baseline=baseline)
+    return dict(
+        world_size=world_size,
+        threads=threads,
+        global_batch=global_batch,
+        local_batch=local_batch,
+        step_time=summary["step_time"],
+        step_time_p25=float(np.percentile(times, 25)),
+        step_time_p75=float(np.percentile(times, 75)),
+        step_time_iqr=summary["step_time_iqr"],
+        steps=summary["steps"],
+        forward_time=summary["forward_time"],
+        backward_time=summary["backward_time"],
+        comm_time=summary["comm_time"],
+        optimizer_time=summary["optimizer_time"],
+        comm_fraction=summary["comm_fraction"],
+        exposed_comm_fraction=summary["exposed_comm_fraction"],
+        throughput=global_batch / summary["step_time"],
+        baseline=baseline,
+    )
 
 
-def scaling(world_sizes=(1, 2, 4), mode: str = "strong", global_batch: int = 1024,
-            batch_per_rank: int | None = None, width: int = 1024, depth: int = 4, steps: int = 20,
-            warmup: int = 3, threads_per_worker: int = 1, all_cores_baseline: bool = True,
-            progress: bool = True, keep_timelines: bool = False, dp_variant: str = "bucket", devices: str = "auto"):
+def scaling(
+    world_sizes=(1, 2, 4),
+    mode: str = "strong",
+    global_batch: int = 1024,
+    batch_per_rank: int | None = None,
+    width: int = 1024,
+    depth: int = 4,
+    steps: int = 20,
+    warmup: int = 3,
+    threads_per_worker: int = 1,
+    all_cores_baseline: bool = True,
+    progress: bool = True,
+    keep_timelines: bool = False,
+    dp_variant: str = "bucket",
+    devices: str = "auto",
+):
     """Measure data-parallel training over ``world_sizes``; one row per world size (+ a baseline row).
 
     Columns: world_size, threads, global_batch, local_batch, step_time (median s), step_time_p25/p75,
@@ -168,18 +223,33 @@ def scaling(world_sizes=(1, 2, 4), mode: str = "strong", global_batch: int = 102
     for world_size, threads, baseline in tqdm(jobs, desc=f"{mode} scaling", disable=not progress):
         local_batch = global_batch // world_size if mode == "strong" else batch_per_rank
         gb = local_batch * world_size
-        summary, timeline = measure(world_size, threads=threads, width=width, depth=depth,
-                                    local_batch=local_batch, steps=steps, warmup=warmup, dp_variant=dp_variant,
-                                    **where.launch_kwargs)
+        summary, timeline = measure(
+            world_size,
+            threads=threads,
+            width=width,
+            depth=depth,
+            local_batch=local_batch,
+            steps=steps,
+            warmup=warmup,
+            dp_variant=dp_variant,
+            **where.launch_kwargs,
+        )
         rows.append(_row(summary, timeline, world_size, threads, gb, local_batch, baseline))
         if baseline is None:
             timelines[world_size] = timeline
     for row in rows:
         row["device"] = where.kind
     table = speedup_table(rows, mode, cores)
-    table.attrs.update(width=width, depth=depth, steps=steps, warmup=warmup, dp_variant=dp_variant,
-                       device="cpu" if where.kind == "cpu" else "cuda", placement=where.kind,
-                       placement_note=where.note)
+    table.attrs.update(
+        width=width,
+        depth=depth,
+        steps=steps,
+        warmup=warmup,
+        dp_variant=dp_variant,
+        device="cpu" if where.kind == "cpu" else "cuda",
+        placement=where.kind,
+        placement_note=where.note,
+    )
     return (table, timelines) if keep_timelines else table
 
 
@@ -196,8 +266,10 @@ def speedup_table(rows, mode: str = "strong", cores: int | None = None) -> pd.Da
     table = pd.DataFrame(rows).reset_index(drop=True)
     kinds = sorted(set(table["device"].dropna())) if "device" in table else []
     if len(kinds) > 1:
-        raise ValueError(f"these rows ran on {' and '.join(kinds)}: a speedup divides times measured on the same "
-                         "kind of device; measure every world size alike (simlib.lessons.scaling.placement)")
+        raise ValueError(
+            f"these rows ran on {' and '.join(kinds)}: a speedup divides times measured on the same "
+            "kind of device; measure every world size alike (simlib.lessons.scaling.placement)"
+        )
     refs = table[(table["world_size"] == 1) & table["baseline"].isna()]
     if refs.empty:
         raise ValueError("speedup needs the one-process reference: a row with world_size 1 and no baseline")

@@ -9,6 +9,7 @@ With data parallelism, only the last micro-batch needs to communicate: inside ``
 wrapper (DDP, or simlib's) skips its all-reduce and the gradients pile up locally; the last backward,
 outside ``no_sync``, all-reduces the accumulated sum once (torch DDP docs, "no_sync").
 """
+
 from __future__ import annotations
 
 import gc
@@ -17,8 +18,14 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-__all__ = ["split_micro_batches", "accumulation_step", "peak_memory", "allocation_trace", "profiled_peak",
-           "count_every_thread"]
+__all__ = [
+    "split_micro_batches",
+    "accumulation_step",
+    "peak_memory",
+    "allocation_trace",
+    "profiled_peak",
+    "count_every_thread",
+]
 
 
 def split_micro_batches(x: torch.Tensor, y: torch.Tensor, accumulation_steps: int):
@@ -35,8 +42,17 @@ def _check_k(k) -> int:
     return k
 
 
-def accumulation_step(model, optimizer, micro_batches, loss_fn=nn.functional.mse_loss, scale_loss: bool = True,
-                      use_no_sync: bool = True, timeline=None, autocast=nullcontext, loss_scale: float = 1.0) -> float:
+def accumulation_step(
+    model,
+    optimizer,
+    micro_batches,
+    loss_fn=nn.functional.mse_loss,
+    scale_loss: bool = True,
+    use_no_sync: bool = True,
+    timeline=None,
+    autocast=nullcontext,
+    loss_scale: float = 1.0,
+) -> float:
     """One optimizer step over ``micro_batches``; returns the mean loss over all their samples.
 
     Each micro-batch's loss is weighted by its share of the samples, n_i / N (1/k when they are equal), so
@@ -54,8 +70,10 @@ def accumulation_step(model, optimizer, micro_batches, loss_fn=nn.functional.mse
         raise ValueError("no micro-batches: pass at least one (x, y) pair")
     sizes = [len(x) for x, _ in micro_batches]
     if 0 in sizes:
-        raise ValueError(f"micro-batch {sizes.index(0)} is empty (sizes {sizes}): its mean loss would be nan; "
-                         "drop it or split the batch into fewer micro-batches")
+        raise ValueError(
+            f"micro-batch {sizes.index(0)} is empty (sizes {sizes}): its mean loss would be nan; "
+            "drop it or split the batch into fewer micro-batches"
+        )
     total_size = sum(sizes)
     finish = getattr(model, "finish_gradient_synchronization", None)
     total = 0.0
@@ -99,15 +117,16 @@ def peak_memory(fn, *args, **kwargs) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from ..env import quiet_profiler
+
     quiet_profiler()  # Kineto's start/stop lines off stderr; whatever ``fn`` writes there still shows
     count_every_thread()
-    gc.collect()   # a cycle of an earlier run (a model, its optimizer) collected inside ``fn`` would lower the count
+    gc.collect()  # a cycle of an earlier run (a model, its optimizer) collected inside ``fn`` would lower the count
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn(*args, **kwargs)
     return profiled_peak(prof)[0]
 
 
-_COUNTING = None   # whether c10 counts every thread's CPU allocations (None: not asked yet)
+_COUNTING = None  # whether c10 counts every thread's CPU allocations (None: not asked yet)
 
 
 def count_every_thread() -> bool:
@@ -125,6 +144,7 @@ def count_every_thread() -> bool:
         import ctypes
         import glob
         import os
+
         _COUNTING = False
         lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
         for path in glob.glob(os.path.join(lib_dir, "*c10.*")):
@@ -147,10 +167,12 @@ def allocation_trace(prof) -> list[tuple[int, int, int]]:
         for n in nodes:
             yield n
             yield from walk(n.children)
-    return sorted((n.start_time_ns, n.extra_fields.alloc_size, n.extra_fields.total_allocated)
-                  for n in walk(prof.profiler.kineto_results.experimental_event_tree())
-                  if n.tag == _EventType.Allocation and n.extra_fields.alloc_size
-                  and n.extra_fields.device.type == "cpu")
+
+    return sorted(
+        (n.start_time_ns, n.extra_fields.alloc_size, n.extra_fields.total_allocated)
+        for n in walk(prof.profiler.kineto_results.experimental_event_tree())
+        if n.tag == _EventType.Allocation and n.extra_fields.alloc_size and n.extra_fields.device.type == "cpu"
+    )
 
 
 def profiled_peak(prof) -> tuple[int, int]:

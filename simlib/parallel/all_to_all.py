@@ -11,10 +11,12 @@ see what the collective does, and the fallback on a backend without it. ``AllToA
 function: its backward is the all-to-all with the splits swapped. Every call is recorded in a
 :class:`simlib.parallel.comm_log.CommLog` (the bytes sent to other ranks, seconds).
 """
+
 from __future__ import annotations
 
 import math
 import time
+
 import torch
 import torch.distributed as dist
 
@@ -33,16 +35,27 @@ def peer(group, group_rank: int) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
-def all_to_all(x: torch.Tensor, in_splits: list[int], out_splits: list[int], group=None, log: CommLog | None = None,
-               name: str = "all-to-all", engine: str = "native") -> torch.Tensor:
+def all_to_all(
+    x: torch.Tensor,
+    in_splits: list[int],
+    out_splits: list[int],
+    group=None,
+    log: CommLog | None = None,
+    name: str = "all-to-all",
+    engine: str = "native",
+) -> torch.Tensor:
     """Send ``x``'s dim-0 pieces ``in_splits`` to ranks 0..n-1; receive ``out_splits`` rows from each."""
     rank, n = group_rank_size(group)
     if len(in_splits) != n or len(out_splits) != n:
-        raise ValueError(f"rank {rank}: all_to_all needs one split per rank ({n}), got {len(in_splits)} to send "
-                         f"and {len(out_splits)} to receive")
+        raise ValueError(
+            f"rank {rank}: all_to_all needs one split per rank ({n}), got {len(in_splits)} to send "
+            f"and {len(out_splits)} to receive"
+        )
     if sum(in_splits) != x.shape[0]:
-        raise ValueError(f"rank {rank}: the splits to send add up to {sum(in_splits)} rows but the tensor has "
-                         f"{x.shape[0]}; split along dim 0")
+        raise ValueError(
+            f"rank {rank}: the splits to send add up to {sum(in_splits)} rows but the tensor has "
+            f"{x.shape[0]}; split along dim 0"
+        )
     x = x.contiguous()
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
     row = math.prod(x.shape[1:]) * x.element_size()

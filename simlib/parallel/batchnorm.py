@@ -13,6 +13,7 @@ Two small all-reduces per BatchNorm layer per step, on the critical path (they c
 that, a 2- or 4-rank run equals the one-process run on the global batch. ``torch.nn.SyncBatchNorm`` does
 the same but only on GPUs; :func:`convert_sync_batchnorm` uses torch's on CUDA and this one elsewhere.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,12 +29,13 @@ class _SyncBatchNormFn(torch.autograd.Function):
         c = x.shape[1]
         dims = [d for d in range(x.dim()) if d != 1]
         xf = x.float()
-        stats = torch.cat([xf.sum(dims), (xf * xf).sum(dims),
-                           torch.tensor([x.numel() / c], dtype=torch.float32, device=x.device)])
-        dist.all_reduce(stats, group=group)                 # Σx, Σx², n over every rank's shard
+        stats = torch.cat(
+            [xf.sum(dims), (xf * xf).sum(dims), torch.tensor([x.numel() / c], dtype=torch.float32, device=x.device)]
+        )
+        dist.all_reduce(stats, group=group)  # Σx, Σx², n over every rank's shard
         n = stats[-1]
         mean = stats[:c] / n
-        var = (stats[c:2 * c] / n - mean * mean).clamp_min(0)  # biased, as BatchNorm normalises with
+        var = (stats[c : 2 * c] / n - mean * mean).clamp_min(0)  # biased, as BatchNorm normalises with
         shape = [1, c] + [1] * (x.dim() - 2)
         invstd = torch.rsqrt(var + eps)
         xhat = (xf - mean.view(shape)) * invstd.view(shape)
@@ -47,9 +49,9 @@ class _SyncBatchNormFn(torch.autograd.Function):
         dims, shape, c = ctx.dims, ctx.shape, weight.numel()
         g = grad_out.float()
         grad_bias = g.sum(dims)
-        grad_weight = (g * xhat).sum(dims)                   # local: the DP wrapper averages these
+        grad_weight = (g * xhat).sum(dims)  # local: the DP wrapper averages these
         both = torch.cat([grad_bias, grad_weight])
-        dist.all_reduce(both, group=ctx.group)               # Σ∂y and Σ∂y·x̂ over the global batch
+        dist.all_reduce(both, group=ctx.group)  # Σ∂y and Σ∂y·x̂ over the global batch
         mean_dy, mean_dy_xhat = both[:c] / ctx.n, both[c:] / ctx.n
         grad_x = (weight * invstd).view(shape) * (g - mean_dy.view(shape) - xhat * mean_dy_xhat.view(shape))
         return grad_x.to(grad_out.dtype), grad_weight, grad_bias, None, None

@@ -12,6 +12,7 @@ A row is a :class:`Call` ``(name, elements, bytes, seconds)``. The block decides
 collective and says so (TP: the tensor all-reduced or gathered; all-to-all: what this rank sent to other ranks;
 ZeRO: what this rank handed to the collective). With ``timeline``, each timed call is also a "comm" span.
 """
+
 from __future__ import annotations
 
 import time
@@ -73,7 +74,7 @@ class CommLog:
         out = t.new_empty((n * local.shape[0], *local.shape[1:]))
         # in place, as FSDP2 gathers: this rank's block of the output is the input. No buffer of its own that
         # Gloo's worker thread would free late (it needs the GIL to), after the peak (simlib.parallel.step_memory)
-        mine = out[rank * local.shape[0]:(rank + 1) * local.shape[0]]
+        mine = out[rank * local.shape[0] : (rank + 1) * local.shape[0]]
         mine.copy_(local)
         _all_gather_tensor(out, mine, group=group)
         self.add(name, out, time.perf_counter() - start, start)

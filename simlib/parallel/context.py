@@ -18,6 +18,7 @@ Both equal ``F.scaled_dot_product_attention`` over the whole sequence in one pro
 (``tests/test_context.py``). :func:`causal_work`, :func:`memory_per_rank` and :func:`comm_volume` are the
 formulas lesson 09 and ``benchmarks/context_parallel.py`` measure against.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,9 +54,11 @@ def check_split(seq_len: int, cp: int, layout: str) -> None:
     pieces = cp if layout == "contiguous" else 2 * cp
     if seq_len % pieces:
         fits = [s for s in (seq_len - seq_len % pieces, seq_len - seq_len % pieces + pieces) if s > 0]
-        raise ValueError(f"sequence length {seq_len} does not split into {pieces} equal chunks (cp = {cp}, "
-                         f"{layout} split needs a multiple of {pieces}): pad or cut the sequence to "
-                         f"{' or '.join(map(str, fits))}, or choose a cp that divides it")
+        raise ValueError(
+            f"sequence length {seq_len} does not split into {pieces} equal chunks (cp = {cp}, "
+            f"{layout} split needs a multiple of {pieces}): pad or cut the sequence to "
+            f"{' or '.join(map(str, fits))}, or choose a cp that divides it"
+        )
 
 
 def shard_sequence(x: torch.Tensor, rank: int, cp: int, layout: str = "contiguous", dim: int = -2) -> torch.Tensor:
@@ -102,8 +105,16 @@ def imbalance(work: list) -> float:
     return max(work) / (sum(work) / len(work))
 
 
-def memory_per_rank(batch: int, heads: int, seq_len: int, head_dim: int, cp: int, layout: str = "contiguous",
-                    causal: bool = True, bytes_per_element: int = 4) -> dict:
+def memory_per_rank(
+    batch: int,
+    heads: int,
+    seq_len: int,
+    head_dim: int,
+    cp: int,
+    layout: str = "contiguous",
+    causal: bool = True,
+    bytes_per_element: int = 4,
+) -> dict:
     """Peak bytes :func:`ring_attention`'s forward allocates on one rank, above its q, k, v.
 
     Held through the pass: the output and log-sum-exp accumulators. Per block (:func:`block_attention`): the
@@ -123,16 +134,22 @@ def memory_per_rank(batch: int, heads: int, seq_len: int, head_dim: int, cp: int
     scores = batch * heads * c * c * b
     block_out = batch * heads * c * head_dim * b
     row_stats = 2 * batch * heads * c * b
-    first = (0 if cp == 1 else 2 * x, c * c if causal else 0)     # step 0: (K/V in flight, mask)
+    first = (0 if cp == 1 else 2 * x, c * c if causal else 0)  # step 0: (K/V in flight, mask)
     later = (2 * x if cp == 2 else 4 * x, 0) if cp > 1 else first  # steps 1.. (no diagonal block)
     kv_in_flight, mask = max(first, later, key=sum)
-    return dict(accumulators=accumulators, kv_in_flight=kv_in_flight, scores=scores, mask=mask,
-                block_out=block_out + row_stats,
-                total=accumulators + kv_in_flight + mask + scores + block_out + row_stats)
+    return dict(
+        accumulators=accumulators,
+        kv_in_flight=kv_in_flight,
+        scores=scores,
+        mask=mask,
+        block_out=block_out + row_stats,
+        total=accumulators + kv_in_flight + mask + scores + block_out + row_stats,
+    )
 
 
-def comm_volume(batch: int, heads: int, seq_len: int, head_dim: int, cp: int, kind: str = "ring",
-                bytes_per_element: int = 4) -> dict:
+def comm_volume(
+    batch: int, heads: int, seq_len: int, head_dim: int, cp: int, kind: str = "ring", bytes_per_element: int = 4
+) -> dict:
     """Bytes one rank sends in one attention forward and backward.
 
     ring: forward passes its K/V block on cp-1 times (2·B·H·S/cp·D values each); backward passes K/V cp-1
@@ -222,8 +239,9 @@ class RingAttention(torch.autograd.Function):
             theirs = _slices(src, n, seq_len, layout)
             for qi, ki, kind in _pairs(rank, src, n, seq_len, layout, causal):
                 (qa, qb), (ka, kb) = mine[qi], theirs[ki]
-                block_out, block_lse = block_attention(q[..., qa:qb, :], kv[0][..., ka:kb, :], kv[1][..., ka:kb, :],
-                                                       scale, _mask(qb - qa, kind, q.device))
+                block_out, block_lse = block_attention(
+                    q[..., qa:qb, :], kv[0][..., ka:kb, :], kv[1][..., ka:kb, :], scale, _mask(qb - qa, kind, q.device)
+                )
                 merge(out[..., qa:qb, :], lse[..., qa:qb], block_out, block_lse)
                 del block_out, block_lse
                 work += (qb - qa) * (kb - ka)
@@ -282,8 +300,10 @@ class RingAttention(torch.autograd.Function):
 
 def _check_qkv(q, k, v, rank):
     if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(f"rank {rank}: q, k and v must have one shape (batch, heads, local sequence, head_dim); "
-                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"rank {rank}: q, k and v must have one shape (batch, heads, local sequence, head_dim); "
+            f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
 
 
 def check_same_shape(q, group=None, what: str = "ring attention") -> None:
@@ -304,17 +324,29 @@ def check_same_shape(q, group=None, what: str = "ring attention") -> None:
     lengths = {s[-2] for s in shapes}
     if len(lengths) > 1:
         held = ", ".join(f"{name}: {s[-2]}" for name, s in zip(names, shapes))
-        raise ValueError(f"{what} needs the same local sequence length on every rank of its group, but the "
-                         f"ranks hold {held} positions: split each sequence into equal parts with "
-                         "shard_sequence (a length that is a multiple of cp, or of 2·cp for the zig-zag split; "
-                         "pad or cut it to one)")
+        raise ValueError(
+            f"{what} needs the same local sequence length on every rank of its group, but the "
+            f"ranks hold {held} positions: split each sequence into equal parts with "
+            "shard_sequence (a length that is a multiple of cp, or of 2·cp for the zig-zag split; "
+            "pad or cut it to one)"
+        )
     held = ", ".join(f"{name}: {s}" for name, s in zip(names, shapes))
-    raise ValueError(f"{what} needs q of one shape (batch, heads, local sequence, head_dim) on every rank of its "
-                     f"group, but the ranks hold {held}: give every rank the same batch rows and heads")
+    raise ValueError(
+        f"{what} needs q of one shape (batch, heads, local sequence, head_dim) on every rank of its "
+        f"group, but the ranks hold {held}: give every rank the same batch rows and heads"
+    )
 
 
-def ring_attention(q, k, v, causal: bool = True, layout: str = "contiguous", group=None, log: CommLog | None = None,
-                   stats: dict | None = None) -> torch.Tensor:
+def ring_attention(
+    q,
+    k,
+    v,
+    causal: bool = True,
+    layout: str = "contiguous",
+    group=None,
+    log: CommLog | None = None,
+    stats: dict | None = None,
+) -> torch.Tensor:
     """Attention of this rank's queries over the whole sequence; q, k, v hold this rank's positions.
 
     ``layout``: how the sequence was split (:func:`shard_sequence`): ``"contiguous"`` or ``"zigzag"``.
@@ -331,7 +363,7 @@ def seq_to_heads(x, group=None, log=None, engine="native"):
     """(B, H, S/cp, D) sequence-sharded -> (B, H/cp, S, D) head-sharded, by one all-to-all."""
     rank, n = group_rank_size(group)
     b, h, s, d = x.shape
-    send = x.reshape(b, n, h // n, s, d).transpose(0, 1).reshape(n, -1)   # row j: heads group j, for rank j
+    send = x.reshape(b, n, h // n, s, d).transpose(0, 1).reshape(n, -1)  # row j: heads group j, for rank j
     recv = AllToAll.apply(send, [1] * n, [1] * n, group, log, "ulysses: sequence -> heads", engine)
     return recv.view(n, b, h // n, s, d).permute(1, 2, 0, 3, 4).reshape(b, h // n, n * s, d)
 
@@ -345,8 +377,9 @@ def heads_to_seq(x, group=None, log=None, engine="native"):
     return recv.view(n, b, hl, s // n, d).transpose(0, 1).reshape(b, n * hl, s // n, d)
 
 
-def ulysses_attention(q, k, v, causal: bool = True, group=None, log: CommLog | None = None,
-                      engine: str = "native") -> torch.Tensor:
+def ulysses_attention(
+    q, k, v, causal: bool = True, group=None, log: CommLog | None = None, engine: str = "native"
+) -> torch.Tensor:
     """Attention over the whole sequence by re-sharding heads (DeepSpeed-Ulysses); contiguous split only."""
     rank, n = group_rank_size(group)
     _check_qkv(q, k, v, rank)
@@ -354,9 +387,11 @@ def ulysses_attention(q, k, v, causal: bool = True, group=None, log: CommLog | N
     heads = q.shape[1]
     if heads % n:
         ok = [c for c in range(1, heads + 1) if heads % c == 0]
-        raise ValueError(f"rank {rank}: Ulysses gives each rank whole heads, so the number of heads ({heads}) must "
-                         f"be divisible by the context-parallel degree ({n}): use cp in {ok}, or ring attention "
-                         f"(ring_attention), which splits the sequence and works for any number of heads")
+        raise ValueError(
+            f"rank {rank}: Ulysses gives each rank whole heads, so the number of heads ({heads}) must "
+            f"be divisible by the context-parallel degree ({n}): use cp in {ok}, or ring attention "
+            f"(ring_attention), which splits the sequence and works for any number of heads"
+        )
     qh, kh, vh = (seq_to_heads(t, group, log, engine) for t in (q, k, v))
     out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
     return heads_to_seq(out, group, log, engine)
@@ -408,6 +443,7 @@ class ContextParallelAttention(nn.Module):
 
     def forward(self, x):  # (B, S_local, hidden) -> (B, S_local, hidden)
         from ..models import attend
+
         if not self.split.active:
             return self.out(attend(self.qkv(x), self.num_heads, self.causal))
         b, s = x.shape[0], x.shape[1]

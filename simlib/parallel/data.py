@@ -23,6 +23,7 @@ with a zero gradient (what DDP does). Several ``backward()`` calls before one fi
 PyTorch and in DDP (the bucketed wrapper then re-sends its buckets: use ``no_sync()`` to send once).
 Buckets hold one dtype each, so a bf16 parameter never rounds an fp32 gradient.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,8 +34,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["broadcast_parameters", "DataParallelNaive", "DataParallelFlat", "DataParallelBucket",
-           "make_buckets", "MODES", "wrap"]
+__all__ = [
+    "broadcast_parameters",
+    "DataParallelNaive",
+    "DataParallelFlat",
+    "DataParallelBucket",
+    "make_buckets",
+    "MODES",
+    "wrap",
+]
 
 
 def broadcast_parameters(module: nn.Module, src: int = 0, group=None) -> None:
@@ -52,8 +60,10 @@ def _span(timeline, kind, name=None):
     return timeline.span(kind, name=name) if timeline is not None else nullcontext()
 
 
-REMEDY = ("pass find_unused_parameters=True (a parameter without a gradient on a rank then takes part with a "
-          "zero gradient, as in DDP), or freeze the parameters no rank uses (p.requires_grad_(False))")
+REMEDY = (
+    "pass find_unused_parameters=True (a parameter without a gradient on a rank then takes part with a "
+    "zero gradient, as in DDP), or freeze the parameters no rank uses (p.requires_grad_(False))"
+)
 
 
 class _DataParallel(nn.Module):
@@ -109,16 +119,20 @@ class _DataParallel(nn.Module):
                 without = tuple(ranks[r] for r, m in enumerate(gathered) if m[j])
                 with_ = tuple(ranks[r] for r, m in enumerate(gathered) if not m[j])
                 groups.setdefault((without, with_), []).append(self.names[self.params[j]])
-            detail = "; ".join(f"{names} got none on rank(s) {list(without)} but did on rank(s) {list(with_)}"
-                               for (without, with_), names in groups.items())
+            detail = "; ".join(
+                f"{names} got none on rank(s) {list(without)} but did on rank(s) {list(with_)}"
+                for (without, with_), names in groups.items()
+            )
             raise RuntimeError(
                 "some parameters got a gradient on some ranks only this step (a branch taken on some ranks only? "
                 f"a mixture of experts?): {detail}. Averaging would pair each rank's gradients with the wrong "
-                f"partners. To fix: {REMEDY}")
+                f"partners. To fix: {REMEDY}"
+            )
         buckets = sorted({self.where[self.params[j]][0] for j in nowhere})
         raise RuntimeError(
             f"bucket(s) {buckets} never filled: parameter(s) {names} got no gradient on any rank this step "
-            f"(unused in forward? or backward was not run before finishing). To fix: {REMEDY}")
+            f"(unused in forward? or backward was not run before finishing). To fix: {REMEDY}"
+        )
 
     def _missing(self) -> list[bool]:
         return [p.grad is None for p in self.params]
@@ -170,7 +184,7 @@ def all_reduce_mean_flat(tensors, group=None) -> None:
     flat /= dist.get_world_size(group)
     offset = 0
     for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
         offset += t.numel()
 
 
@@ -192,7 +206,7 @@ class DataParallelFlat(_DataParallel):
             self._flat = torch.empty(total + len(self.params), dtype=dtype, device=device)
         flat, offset = self._flat, 0
         for p in self.params:  # pack: a zero where this rank has no gradient
-            view = flat[offset:offset + p.numel()]
+            view = flat[offset : offset + p.numel()]
             view.copy_(p.grad.reshape(-1)) if p.grad is not None else view.zero_()
             offset += p.numel()
         flat[total:] = torch.tensor(missing, dtype=flat.dtype, device=flat.device)
@@ -203,7 +217,7 @@ class DataParallelFlat(_DataParallel):
         offset = 0
         for p, count in zip(self.params, counts):
             if count < self.world_size:
-                self._set_mean(p, flat[offset:offset + p.numel()])
+                self._set_mean(p, flat[offset : offset + p.numel()])
             offset += p.numel()
 
 
@@ -216,7 +230,7 @@ def make_buckets(params, bucket_cap_mb: float = 25.0) -> list[list[nn.Parameter]
     (or devices) never share a bucket (as in DDP): a bucket's buffer has one dtype, and an fp32 gradient
     copied into a bf16 buffer would be rounded.
     """
-    cap = bucket_cap_mb * 2 ** 20
+    cap = bucket_cap_mb * 2**20
     buckets, open_ = [], {}  # (dtype, device) -> [parameters, bytes] of the bucket being filled
     for p in reversed([p for p in params if p.requires_grad]):
         key, nbytes = (p.dtype, p.device), p.numel() * p.element_size()
@@ -247,8 +261,14 @@ class DataParallelBucket(_DataParallel):
     Gantt chart) and the final waiting is a wait span.
     """
 
-    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, timeline=None, group=None,
-                 find_unused_parameters: bool = False):
+    def __init__(
+        self,
+        module: nn.Module,
+        bucket_cap_mb: float = 25.0,
+        timeline=None,
+        group=None,
+        find_unused_parameters: bool = False,
+    ):
         super().__init__(module, timeline, group, find_unused_parameters)
         self.buckets = make_buckets(self.params, bucket_cap_mb)
         if not self.buckets or self.buckets[-1][0].dtype not in (torch.float32, torch.float64):
@@ -310,13 +330,14 @@ class DataParallelBucket(_DataParallel):
 
     def _pack(self, p: nn.Parameter) -> None:
         i, offset = self.where[p]
-        view = self.buffers_[i][offset:offset + p.numel()]
+        view = self.buffers_[i][offset : offset + p.numel()]
         view.copy_(p.grad.view(-1)) if p.grad is not None else view.zero_()
         self.packed[i].add(p)
 
     def _launch_ready(self) -> None:
         while self.next_launch < len(self.buckets) and len(self.packed[self.next_launch]) == len(
-                self.buckets[self.next_launch]):
+            self.buckets[self.next_launch]
+        ):
             i = self.next_launch
             if i == len(self.buckets) - 1:  # the counts: on this rank, the parameters without a gradient
                 n = len(self.params)
@@ -365,7 +386,7 @@ class DataParallelBucket(_DataParallel):
             offset = 0
             for p in bucket:
                 if counts[self.index[p]] < self.world_size or p.grad is not None:
-                    self._set_mean(p, buffer[offset:offset + p.numel()])
+                    self._set_mean(p, buffer[offset : offset + p.numel()])
                 offset += p.numel()
 
 
@@ -374,8 +395,14 @@ class DataParallelBucket(_DataParallel):
 MODES = ("naive", "flat", "bucket", "ddp")
 
 
-def wrap(model: nn.Module, mode: str, bucket_cap_mb: float = 25.0, timeline=None, group=None,
-         find_unused_parameters: bool = False) -> nn.Module:
+def wrap(
+    model: nn.Module,
+    mode: str,
+    bucket_cap_mb: float = 25.0,
+    timeline=None,
+    group=None,
+    find_unused_parameters: bool = False,
+) -> nn.Module:
     """The data-parallel wrapper called ``mode`` (one of :data:`MODES`) over the process group ``group``.
 
     ``group`` is the data-parallel group (None: every rank), e.g. ``Mesh(dp=2, tp=2).build().dp_group`` when
@@ -391,6 +418,7 @@ def wrap(model: nn.Module, mode: str, bucket_cap_mb: float = 25.0, timeline=None
     if mode == "bucket":
         return DataParallelBucket(model, bucket_cap_mb, timeline, **unused)
     if mode == "ddp":
-        return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb, process_group=group,
-                                                   find_unused_parameters=find_unused_parameters)
+        return nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=bucket_cap_mb, process_group=group, find_unused_parameters=find_unused_parameters
+        )
     raise ValueError(f"unknown mode {mode!r}: use one of {MODES}")

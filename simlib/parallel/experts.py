@@ -21,6 +21,7 @@ in the trainer) route over that whole batch (``batch_group``: the capacity, the 
 2025), while the experts are shared out over a smaller ``ep`` group; the auxiliary loss reaches the backward
 through :class:`AuxLossScaler` (Megatron-Core's ``MoEAuxLossAutoScaler``).
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,9 @@ def route(logits: torch.Tensor, top_k: int):
     return probs, gates, experts
 
 
-def queue_positions(experts: torch.Tensor, num_experts: int, group=None,
-                    distributed: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def queue_positions(
+    experts: torch.Tensor, num_experts: int, group=None, distributed: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each (token, choice)'s place in its expert's queue over the whole batch, and the global counts (k, E).
 
     ``distributed=False``: this process holds the whole batch (even inside a worker of a process group).
@@ -60,17 +62,17 @@ def queue_positions(experts: torch.Tensor, num_experts: int, group=None,
     """
     rank, n = group_rank_size(group) if distributed else (0, 1)
     tokens, k = experts.shape
-    one_hot = nn.functional.one_hot(experts, num_experts).transpose(0, 1)   # (k, T, E)
-    local = one_hot.sum(1)                                                   # (k, E)
+    one_hot = nn.functional.one_hot(experts, num_experts).transpose(0, 1)  # (k, T, E)
+    local = one_hot.sum(1)  # (k, E)
     if n > 1:
         every = [torch.empty_like(local) for _ in range(n)]
         dist.all_gather(every, local.contiguous(), group=group)
-        every = torch.stack(every)                                           # (ranks, k, E)
+        every = torch.stack(every)  # (ranks, k, E)
     else:
         every = local.unsqueeze(0)
-    totals = every.sum(0)                                                    # (k, E) over the whole batch
-    before = totals.cumsum(0) - totals + every[:rank].sum(0)                 # earlier choices + earlier ranks
-    within = one_hot.cumsum(1) - one_hot                                     # earlier tokens of this rank
+    totals = every.sum(0)  # (k, E) over the whole batch
+    before = totals.cumsum(0) - totals + every[:rank].sum(0)  # earlier choices + earlier ranks
+    within = one_hot.cumsum(1) - one_hot  # earlier tokens of this rank
     pos = ((within + before.unsqueeze(1)) * one_hot).sum(-1).transpose(0, 1)  # (T, k)
     return pos, totals
 
@@ -90,12 +92,15 @@ def _check(num_experts, top_k, capacity_factor, ep, rank):
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"rank {rank}: top_k must be between 1 and the number of experts ({num_experts}), got {top_k}")
     if capacity_factor <= 0:
-        raise ValueError(f"rank {rank}: capacity_factor must be > 0 (1.0: room for an even split), "
-                         f"got {capacity_factor}")
+        raise ValueError(
+            f"rank {rank}: capacity_factor must be > 0 (1.0: room for an even split), got {capacity_factor}"
+        )
     if num_experts % ep:
         ok = [d for d in range(1, num_experts + 1) if num_experts % d == 0]
-        raise ValueError(f"rank {rank}: {num_experts} experts do not split evenly over {ep} expert-parallel ranks: "
-                         f"use ep in {ok}, or a number of experts divisible by {ep}")
+        raise ValueError(
+            f"rank {rank}: {num_experts} experts do not split evenly over {ep} expert-parallel ranks: "
+            f"use ep in {ok}, or a number of experts divisible by {ep}"
+        )
 
 
 LOCAL = "local"  # batch_group: this rank holds the whole batch
@@ -118,8 +123,14 @@ class MoE(nn.Module):
     expert runs, on no token too, so each has a gradient (zeros) whatever the routing, as on many ranks.
     """
 
-    def __init__(self, hidden: int = 32, num_experts: int = 4, top_k: int = 1, capacity_factor: float = 1.25,
-                 ffn: int | None = None):
+    def __init__(
+        self,
+        hidden: int = 32,
+        num_experts: int = 4,
+        top_k: int = 1,
+        capacity_factor: float = 1.25,
+        ffn: int | None = None,
+    ):
         super().__init__()
         _check(num_experts, top_k, capacity_factor, 1, 0)
         self.hidden, self.num_experts, self.top_k, self.capacity_factor = hidden, num_experts, top_k, capacity_factor
@@ -137,9 +148,16 @@ class MoE(nn.Module):
         for e, expert in enumerate(self.experts):
             token, choice = torch.nonzero((experts == e) & keep, as_tuple=True)
             y = y.index_add(0, token, expert(flat[token]) * gates[token, choice].unsqueeze(-1))
-        stats = dict(capacity=cap, tokens_per_expert=((experts.unsqueeze(-1) == torch.arange(
-                         self.num_experts, device=x.device)) & keep.unsqueeze(-1)).sum((0, 1)).tolist(),
-                     dropped=int((~keep).sum()), assignments=keep.numel())
+        stats = dict(
+            capacity=cap,
+            tokens_per_expert=(
+                (experts.unsqueeze(-1) == torch.arange(self.num_experts, device=x.device)) & keep.unsqueeze(-1)
+            )
+            .sum((0, 1))
+            .tolist(),
+            dropped=int((~keep).sum()),
+            assignments=keep.numel(),
+        )
         return y.view_as(x), load_balancing_loss(probs, totals, global_tokens), stats
 
 
@@ -151,9 +169,18 @@ class ExpertParallelMoE(nn.Module):
     the rows sent to / received from each rank.
     """
 
-    def __init__(self, router: nn.Linear, experts: nn.ModuleList, num_experts: int, top_k: int,
-                 capacity_factor: float, group=None, log: CommLog | None = None, engine: str = "native",
-                 batch_group="ep"):
+    def __init__(
+        self,
+        router: nn.Linear,
+        experts: nn.ModuleList,
+        num_experts: int,
+        top_k: int,
+        capacity_factor: float,
+        group=None,
+        log: CommLog | None = None,
+        engine: str = "native",
+        batch_group="ep",
+    ):
         super().__init__()
         rank, ep = group_rank_size(group)
         _check(num_experts, top_k, capacity_factor, ep, rank)
@@ -170,8 +197,17 @@ class ExpertParallelMoE(nn.Module):
         rank, ep = group_rank_size(group)
         _check(moe.num_experts, moe.top_k, moe.capacity_factor, ep, rank)
         local = moe.num_experts // ep
-        return cls(moe.router, nn.ModuleList(moe.experts[rank * local:(rank + 1) * local]), moe.num_experts,
-                   moe.top_k, moe.capacity_factor, group, log, engine, batch_group)
+        return cls(
+            moe.router,
+            nn.ModuleList(moe.experts[rank * local : (rank + 1) * local]),
+            moe.num_experts,
+            moe.top_k,
+            moe.capacity_factor,
+            group,
+            log,
+            engine,
+            batch_group,
+        )
 
     def forward(self, x):
         rank, ep = group_rank_size(self.group)
@@ -180,9 +216,9 @@ class ExpertParallelMoE(nn.Module):
         probs, gates, experts = route(self.router(flat), self.top_k)
         pos, totals, global_tokens = _routing(experts, self.num_experts, self.batch_group, self.group)
         cap = capacity(global_tokens, self.num_experts, self.top_k, self.capacity_factor)
-        token, choice = torch.nonzero(pos < cap, as_tuple=True)            # kept assignments
+        token, choice = torch.nonzero(pos < cap, as_tuple=True)  # kept assignments
         expert = experts[token, choice]
-        order = torch.argsort(expert, stable=True)                         # grouped by expert, hence by rank
+        order = torch.argsort(expert, stable=True)  # grouped by expert, hence by rank
         token, choice, expert = token[order], choice[order], expert[order]
         # dispatch: how many rows go to each rank, and per expert of that rank
         per_expert = torch.bincount(expert, minlength=self.num_experts)
@@ -191,17 +227,24 @@ class ExpertParallelMoE(nn.Module):
         recv_splits = received.sum(1).tolist()
         rows = AllToAll.apply(flat[token], send_splits, recv_splits, self.group, self.log, "dispatch", self.engine)
         # the experts: received rows are grouped by source rank, then by expert
-        local_expert = torch.repeat_interleave(torch.arange(self.local, device=x.device).repeat(ep),
-                                               received.reshape(-1))
+        local_expert = torch.repeat_interleave(
+            torch.arange(self.local, device=x.device).repeat(ep), received.reshape(-1)
+        )
         out = torch.zeros_like(rows)
         for e, module in enumerate(self.experts):  # every expert runs, on no rows too: backward must reach
             idx = torch.nonzero(local_expert == e, as_tuple=True)[0]  # the dispatch on every rank (it is a collective)
             out = out.index_copy(0, idx, module(rows[idx]))
         back = AllToAll.apply(out, recv_splits, send_splits, self.group, self.log, "combine", self.engine)
         y = torch.zeros_like(flat).index_add(0, token, back * gates[token, choice].unsqueeze(-1))
-        stats = dict(rank=rank, capacity=cap, tokens_per_expert=received.sum(0).tolist(),
-                     dropped=int((pos >= cap).sum()), assignments=pos.numel(), sent_rows=send_splits,
-                     received_rows=recv_splits)
+        stats = dict(
+            rank=rank,
+            capacity=cap,
+            tokens_per_expert=received.sum(0).tolist(),
+            dropped=int((pos >= cap).sum()),
+            assignments=pos.numel(),
+            sent_rows=send_splits,
+            received_rows=recv_splits,
+        )
         return y.view_as(x), load_balancing_loss(probs, totals, global_tokens), stats
 
 
@@ -217,7 +260,7 @@ class AuxLossScaler(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        aux, = ctx.saved_tensors
+        (aux,) = ctx.saved_tensors
         return grad, torch.ones_like(aux)
 
 
@@ -230,8 +273,15 @@ class MoEFeedForward(nn.Module):
     scale). ``stats`` and ``aux_loss`` hold the last forward's load and auxiliary loss (this rank's share).
     """
 
-    def __init__(self, hidden: int, num_experts: int, top_k: int = 1, capacity_factor: float = 1.25,
-                 ffn: int | None = None, aux_coeff: float = 0.01):
+    def __init__(
+        self,
+        hidden: int,
+        num_experts: int,
+        top_k: int = 1,
+        capacity_factor: float = 1.25,
+        ffn: int | None = None,
+        aux_coeff: float = 0.01,
+    ):
         super().__init__()
         self.moe = MoE(hidden, num_experts, top_k, capacity_factor, ffn)
         self.aux_coeff, self.aux_scale = aux_coeff, 1.0
@@ -267,8 +317,9 @@ class MoEFeedForward(nn.Module):
             self.moe.batch_group, self.aux_scale = before
 
 
-def a2a_volume(tokens_per_rank: int, hidden: int, top_k: int, ep: int, bytes_per_element: int = 4,
-               kept: float = 1.0) -> dict:
+def a2a_volume(
+    tokens_per_rank: int, hidden: int, top_k: int, ep: int, bytes_per_element: int = 4, kept: float = 1.0
+) -> dict:
     """Bytes one rank sends in the dispatch (and again in the combine) under a uniform router.
 
     Each of its ``tokens · k`` assignments (times the share ``kept`` that fits the capacity) goes to a

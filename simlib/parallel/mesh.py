@@ -18,6 +18,7 @@ those experts' gradients (``expert_dp_group``). ``ep`` does not change the world
     groups = mesh.build()                   # on every rank, inside simlib.launch: creates the process groups
     groups.pp_rank, groups.pp_group, groups.dp_group, groups.pp_is_last_stage
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import torch
 
 from . import dims
 
-AXES = ("dp", "pp", "cp", "tp")   # the grid's dimensions, outermost first
+AXES = ("dp", "pp", "cp", "tp")  # the grid's dimensions, outermost first
 # groups made by Mesh.build, per (world group, axis, ranks, timeout): a warm cluster that trains plan after plan makes
 # each group once. Never destroyed, every Gloo group keeps its threads (a TCP loop and workers) to the end of
 # the process: 64 runs of a 4-rank sweep left ~400 threads per rank and slowed the later runs by a third.
@@ -77,14 +78,14 @@ class Mesh:
         tokens = self.grid.permute(1, 3, 0, 2).reshape(-1, self.dp * self.cp)
         if axis == "dp_cp":
             return [row.tolist() for row in tokens]
-        if axis == "ep":       # consecutive blocks of ep ranks
+        if axis == "ep":  # consecutive blocks of ep ranks
             return [block.tolist() for row in tokens for block in row.view(-1, self.ep)]
         return [col.tolist() for row in tokens for col in row.view(-1, self.ep).T]  # expert_dp: strided
 
     def check_world(self, world_size: int) -> None:
         dims.check(dp=self.dp, pp=self.pp, tp=self.tp, cp=self.cp, ep=self.ep, world_size=world_size, owner="mesh")
 
-    def build(self, timeout: float | None = None) -> "MeshGroups":
+    def build(self, timeout: float | None = None) -> MeshGroups:
         """Create the process groups (a collective: every rank calls it, in the same order).
 
         ``timeout`` (seconds) bounds every collective on them; default: the world group's (``simlib.init``'s
@@ -101,20 +102,33 @@ class Mesh:
         mine = {}
         extra = ("dp_cp", "ep", "expert_dp") if self.cp > 1 or self.ep > 1 else ()  # else dp_cp is dp
         world = dist.group.WORLD
-        for key in [k for k in _GROUPS if k[0] is not world]:   # groups of a world that has gone
+        for key in [k for k in _GROUPS if k[0] is not world]:  # groups of a world that has gone
             del _GROUPS[key]
         for axis in AXES + extra:  # every rank must take part in creating every group (or none: all reuse it)
             for ranks in self.groups_of(axis):
-                key = (world, axis, tuple(ranks), limit)   # one per axis, as before: no two axes share one
+                key = (world, axis, tuple(ranks), limit)  # one per axis, as before: no two axes share one
                 if key not in _GROUPS:
                     _GROUPS[key] = dist.new_group(ranks, timeout=limit)
                 group = _GROUPS[key]
                 if rank in ranks:
                     mine[axis] = group
         c = self.coords(rank)
-        return MeshGroups(self, rank, c["dp"], c["pp"], c["tp"], mine["dp"], mine["pp"], mine["tp"],
-                          cp_rank=c["cp"], cp_group=mine["cp"], dp_cp_group=mine.get("dp_cp", mine["dp"]),
-                          ep_rank=c["ep"], ep_group=mine.get("ep"), expert_dp_group=mine.get("expert_dp"))
+        return MeshGroups(
+            self,
+            rank,
+            c["dp"],
+            c["pp"],
+            c["tp"],
+            mine["dp"],
+            mine["pp"],
+            mine["tp"],
+            cp_rank=c["cp"],
+            cp_group=mine["cp"],
+            dp_cp_group=mine.get("dp_cp", mine["dp"]),
+            ep_rank=c["ep"],
+            ep_group=mine.get("ep"),
+            expert_dp_group=mine.get("expert_dp"),
+        )
 
 
 @dataclass(frozen=True)
@@ -131,9 +145,9 @@ class MeshGroups:
     tp_group: object
     cp_rank: int = 0
     cp_group: object = None
-    dp_cp_group: object = None     # the ranks that average gradients: dp x cp (the dp group when cp = 1)
+    dp_cp_group: object = None  # the ranks that average gradients: dp x cp (the dp group when cp = 1)
     ep_rank: int = 0
-    ep_group: object = None        # built when cp > 1 or ep > 1: experts shared out over it
+    ep_group: object = None  # built when cp > 1 or ep > 1: experts shared out over it
     expert_dp_group: object = None  # the ranks holding the same experts
 
     @property
@@ -147,5 +161,7 @@ class MeshGroups:
     def __repr__(self) -> str:
         cp = f", cp_rank={self.cp_rank}" if self.mesh.cp > 1 else ""
         ep = f", ep_rank={self.ep_rank}" if self.mesh.ep > 1 else ""
-        return (f"MeshGroups(rank={self.rank}, dp_rank={self.dp_rank}, pp_rank={self.pp_rank}, "
-                f"tp_rank={self.tp_rank}{cp}{ep})")
+        return (
+            f"MeshGroups(rank={self.rank}, dp_rank={self.dp_rank}, pp_rank={self.pp_rank}, "
+            f"tp_rank={self.tp_rank}{cp}{ep})"
+        )

@@ -19,6 +19,7 @@ checked schedule runs without deadlock. Messages carry a tag naming (kind, micro
 receives match their sends whatever the order on the wire. The loss of each micro-batch is divided by the
 number of micro-batches, so the gradients add up to those of the whole batch (as in picotron and Megatron).
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -29,8 +30,14 @@ from torch import nn
 
 from .schedules import Action, check  # noqa: F401  (re-exported: pipeline.Action)
 
-_KIND = {"forward": "forward", "backward": "backward", "recv_forward": "wait", "recv_backward": "wait",
-         "send_forward": "comm", "send_backward": "comm"}
+_KIND = {
+    "forward": "forward",
+    "backward": "backward",
+    "recv_forward": "wait",
+    "recv_backward": "wait",
+    "send_forward": "comm",
+    "send_backward": "comm",
+}
 
 
 # ── splitting a model ────────────────────────────────────────────────────────────────────────────────────
@@ -89,8 +96,18 @@ class _ActivationMeter:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
 
 
-def run_schedule(actions: list[Action], stages, inputs=None, targets=None, *, activation_shape,
-                 loss_fn=None, group=None, timeline=None, dtype=torch.float32) -> dict:
+def run_schedule(
+    actions: list[Action],
+    stages,
+    inputs=None,
+    targets=None,
+    *,
+    activation_shape,
+    loss_fn=None,
+    group=None,
+    timeline=None,
+    dtype=torch.float32,
+) -> dict:
     """Perform one rank's ``actions`` for one training step (gradients accumulate in the stages' params).
 
     ``stages``: this rank's model chunks (a module or a list, one per chunk). ``inputs`` / ``targets``:
@@ -148,8 +165,11 @@ def run_schedule(actions: list[Action], stages, inputs=None, targets=None, *, ac
                 peak_in_flight = max(peak_in_flight, in_flight)
                 peak_bytes = max(peak_bytes, sum(saved_bytes.values()))
             elif a.op == "send_forward":
-                sends.append(dist.isend(outputs_of[key].detach().contiguous(), dst=next_rank,
-                                        tag=tag(0, a.microbatch, stage + 1)))
+                sends.append(
+                    dist.isend(
+                        outputs_of[key].detach().contiguous(), dst=next_rank, tag=tag(0, a.microbatch, stage + 1)
+                    )
+                )
             elif a.op == "backward":
                 y = outputs_of.pop(key)
                 if stage == last_stage:
@@ -177,10 +197,19 @@ def microbatches(x: torch.Tensor, num_microbatches: int) -> list[torch.Tensor]:
     return list(x.chunk(num_microbatches))
 
 
-def pipeline_step(schedule, stages, x, y, *, num_microbatches, activation_width, group=None, timeline=None,
-                  loss_fn=None) -> dict:
+def pipeline_step(
+    schedule, stages, x, y, *, num_microbatches, activation_width, group=None, timeline=None, loss_fn=None
+) -> dict:
     """One step of ``schedule`` (all ranks' actions) on the full batch ``x, y``: split, run this rank's part."""
     rank = dist.get_rank(group)
     xs, ys = microbatches(x, num_microbatches), microbatches(y, num_microbatches)
-    return run_schedule(schedule[rank], stages, xs, ys, activation_shape=(xs[0].shape[0], activation_width),
-                        group=group, timeline=timeline, loss_fn=loss_fn)
+    return run_schedule(
+        schedule[rank],
+        stages,
+        xs,
+        ys,
+        activation_shape=(xs[0].shape[0], activation_width),
+        group=group,
+        timeline=timeline,
+        loss_fn=loss_fn,
+    )

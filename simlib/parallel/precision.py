@@ -12,6 +12,7 @@ multiplies the loss by S before backward and the gradients by 1/S before the ste
 skips a step whose gradients hold inf/NaN and halves S, and doubles S after a run of good steps.
 bf16 has fp32's 8 exponent bits, so it needs no scaling (and CPUs run it under autocast).
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -30,8 +31,10 @@ def autocast(device, precision: str | None):
         raise ValueError(f"mixed_precision must be None, 'fp32', 'bf16' or 'fp16', got {precision!r}")
     device_type = torch.device(device).type
     if precision == "fp16" and device_type == "cpu":
-        raise ValueError("fp16 autocast needs a GPU here (and loss scaling); on CPU use mixed_precision='bf16', "
-                         "which has fp32's range and needs no scaling")
+        raise ValueError(
+            "fp16 autocast needs a GPU here (and loss scaling); on CPU use mixed_precision='bf16', "
+            "which has fp32's range and needs no scaling"
+        )
     return nullcontext() if DTYPES[precision] is None else torch.autocast(device_type, dtype=DTYPES[precision])
 
 
@@ -51,12 +54,20 @@ class LossScaler:
     are exact there).
     """
 
-    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 growth_interval: int = 2000, group=None):
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        group=None,
+    ):
         if not init_scale > 0 or not growth_factor > 1 or not 0 < backoff_factor < 1 or growth_interval < 1:
-            raise ValueError("LossScaler needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
-                             f"growth_interval >= 1; got {init_scale}, {growth_factor}, {backoff_factor}, "
-                             f"{growth_interval}")
+            raise ValueError(
+                "LossScaler needs init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
+                f"growth_interval >= 1; got {init_scale}, {growth_factor}, {backoff_factor}, "
+                f"{growth_interval}"
+            )
         self.scale = float(init_scale)
         self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
         self.group = group
@@ -111,11 +122,16 @@ class MasterWeightsOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, inner_cls=torch.optim.AdamW, **kwargs):
         super().__init__(params, kwargs)
-        self.masters = [p.detach().float().clone().requires_grad_(p.requires_grad)
-                        for g in self.param_groups for p in g["params"]]
+        self.masters = [
+            p.detach().float().clone().requires_grad_(p.requires_grad) for g in self.param_groups for p in g["params"]
+        ]
         it = iter(self.masters)
-        self.inner = inner_cls([{**{k: v for k, v in g.items() if k != "params"},
-                                     "params": [next(it) for _ in g["params"]]} for g in self.param_groups])
+        self.inner = inner_cls(
+            [
+                {**{k: v for k, v in g.items() if k != "params"}, "params": [next(it) for _ in g["params"]]}
+                for g in self.param_groups
+            ]
+        )
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -153,8 +169,9 @@ def bytes_per_parameter(layout: str = "masters", optimizer: str = "adam") -> dic
     raise ValueError(f"layout must be 'fp32', 'autocast' or 'masters', got {layout!r}")
 
 
-def loss_scaling_demo(steps: int = 30, init_scale: float = 2.0 ** 24, growth_interval: int = 4, seed: int = 0,
-                      device: str = "cpu") -> list[dict]:
+def loss_scaling_demo(
+    steps: int = 30, init_scale: float = 2.0**24, growth_interval: int = 4, seed: int = 0, device: str = "cpu"
+) -> list[dict]:
     """fp16 with a too-large loss scale: the first steps overflow (skipped, scale halved), then training recovers.
 
     Returns one row per step: scale used, whether the step was skipped (inf/NaN gradients), and the loss.

@@ -6,6 +6,7 @@ more compute for a full model) for the memory of its activations (Chen et al. 20
 Sublinear Memory Cost"; Korthikanti et al. 2022 for transformers). The block's own forward is wrapped, so
 module hooks (ZeRO-3's gather and free) stay outside the recomputed region and parameter names do not change.
 """
+
 from __future__ import annotations
 
 import torch

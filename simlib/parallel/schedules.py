@@ -30,6 +30,7 @@ Sources: GPipe (Huang et al. 2019), 1F1B / PipeDream-Flush (Narayanan et al. 202
 language model training on GPU clusters using Megatron-LM", which also gives the interleaved schedule),
 picotron's ``train_step_pipeline_afab`` / ``_1f1b``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -97,9 +98,12 @@ def gpipe(num_stages: int, num_microbatches: int) -> list[list[Action]]:
     """
     _check_sizes(num_stages, num_microbatches)
     m = num_microbatches
-    return [with_communication(r, num_stages,
-                               [("forward", i, 0) for i in range(m)] + [("backward", i, 0) for i in reversed(range(m))])
-            for r in range(num_stages)]
+    return [
+        with_communication(
+            r, num_stages, [("forward", i, 0) for i in range(m)] + [("backward", i, 0) for i in reversed(range(m))]
+        )
+        for r in range(num_stages)
+    ]
 
 
 afab = gpipe
@@ -145,7 +149,7 @@ def interleaved_1f1b(num_stages: int, num_microbatches: int, num_chunks: int = 2
         return one_f_one_b(p, m)
     total = m * v  # forwards (and backwards) per rank
 
-    def forward_of(k):   # k-th forward of a rank -> (microbatch, chunk), as Megatron's get_model_chunk_id
+    def forward_of(k):  # k-th forward of a rank -> (microbatch, chunk), as Megatron's get_model_chunk_id
         group, within = divmod(k, p * v)
         return group * p + within % p, within // p
 
@@ -164,8 +168,13 @@ def interleaved_1f1b(num_stages: int, num_microbatches: int, num_chunks: int = 2
     return schedule
 
 
-SCHEDULES = {"naive": lambda p, m: naive(p), "gpipe": gpipe, "afab": gpipe, "1f1b": one_f_one_b,
-             "interleaved_1f1b": interleaved_1f1b}
+SCHEDULES = {
+    "naive": lambda p, m: naive(p),
+    "gpipe": gpipe,
+    "afab": gpipe,
+    "1f1b": one_f_one_b,
+    "interleaved_1f1b": interleaved_1f1b,
+}
 
 
 # ── reading a schedule ───────────────────────────────────────────────────────────────────────────────────
@@ -214,11 +223,13 @@ def check(schedule) -> None:
         got = [(a.op, a.microbatch, a.chunk) for a in compute_order(actions)]
         if sorted(got) != sorted(want):
             missing, extra = want - set(got), [x for x in got if got.count(x) > 1 or x not in want]
-            raise ValueError(f"rank {rank}: compute actions incomplete (missing {sorted(missing)[:4]}, "
-                             f"repeated/unknown {sorted(set(extra))[:4]})")
+            raise ValueError(
+                f"rank {rank}: compute actions incomplete (missing {sorted(missing)[:4]}, "
+                f"repeated/unknown {sorted(set(extra))[:4]})"
+            )
     # Unit-time event simulation: repeatedly run every rank until it blocks on a receive.
-    posted: set[tuple] = set()   # messages sent: (kind, microbatch, destination stage)
-    done: set[tuple] = set()     # (op, microbatch, stage) computed
+    posted: set[tuple] = set()  # messages sent: (kind, microbatch, destination stage)
+    done: set[tuple] = set()  # (op, microbatch, stage) computed
     received: set[tuple] = set()
     pos = [0] * p
     progress = True
@@ -273,7 +284,9 @@ def format_schedule(schedule) -> str:
     """One line per rank with the compute order, F3 = forward of micro-batch 3, B3 = its backward."""
     lines = []
     for rank, actions in enumerate(schedule):
-        cells = [f"{a.op[0].upper()}{a.microbatch}" + (f".{a.chunk}" if num_chunks(schedule) > 1 else "")
-                 for a in compute_order(actions)]
+        cells = [
+            f"{a.op[0].upper()}{a.microbatch}" + (f".{a.chunk}" if num_chunks(schedule) > 1 else "")
+            for a in compute_order(actions)
+        ]
         lines.append(f"rank {rank}: " + " ".join(cells))
     return "\n".join(lines)

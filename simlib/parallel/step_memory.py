@@ -11,6 +11,7 @@ step hook of the one training loop (``train(..., step_hook=...)``); :func:`simli
 :func:`sequence_parallel_saving` is the formula the measurement is held to: what plain tensor parallelism keeps
 whole outside its split layers and Megatron's sequence parallelism keeps 1/t of (Korthikanti et al. 2022, §4.2.2).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -68,17 +69,21 @@ class StepMemory:
         before = tracker.get_tracker_snapshot("current").get(device, {})
         box = {}
         # the peak so far, once the backward is done: that of the forward and backward (with the loss)
-        info.after_backward.append(
-            lambda: box.update(fb=int(tracker.get_tracker_snapshot("peak")[device]["Total"])))
+        info.after_backward.append(lambda: box.update(fb=int(tracker.get_tracker_snapshot("peak")[device]["Total"])))
         with tracker:
             yield
         at_peak = tracker.get_tracker_snapshot("peak")[device]
         peak = int(at_peak["Total"])
         params = list(info.model.module.parameters())
-        self._out = dict(peak=peak, at_peak=_by_kind(at_peak), before=_by_kind(before),
-                         peak_in="optimizer step" if peak > box["fb"] else "forward and backward",
-                         peak_forward_backward=box["fb"], params=sum(p.numel() for p in params),
-                         param_tensors=len(params))
+        self._out = dict(
+            peak=peak,
+            at_peak=_by_kind(at_peak),
+            before=_by_kind(before),
+            peak_in="optimizer step" if peak > box["fb"] else "forward and backward",
+            peak_forward_backward=box["fb"],
+            params=sum(p.numel() for p in params),
+            param_tensors=len(params),
+        )
 
     def result(self) -> dict:
         if self._out is None:

@@ -21,6 +21,7 @@ Entering a region all-gathers the sequence (backward: reduce-scatter), leaving i
 sums (backward: all-gather) instead of the all-reduce: the same bytes (an all-reduce is a reduce-scatter then an
 all-gather), and the activations outside the regions shrink t-fold.
 """
+
 from __future__ import annotations
 
 import torch
@@ -109,15 +110,17 @@ class GatherSequenceReplicated(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return grad[:, ctx.rank * ctx.local:(ctx.rank + 1) * ctx.local], None, None
+        return grad[:, ctx.rank * ctx.local : (ctx.rank + 1) * ctx.local], None, None
 
 
 def sequence_slice(length: int, group) -> slice:
     """This rank's block of a sequence of ``length`` under sequence parallelism over ``group``."""
     rank, size = _tp(group)
     if length % size:
-        raise ValueError(f"rank {dist.get_rank()}: sequence parallelism splits the sequence over {size} ranks but "
-                         f"it has {length} positions: use a length that is a multiple of {size}")
+        raise ValueError(
+            f"rank {dist.get_rank()}: sequence parallelism splits the sequence over {size} ranks but "
+            f"it has {length} positions: use a length that is a multiple of {size}"
+        )
     n = length // size
     return slice(rank * n, (rank + 1) * n)
 
@@ -212,7 +215,7 @@ class ColumnParallelLinear(nn.Module):
         local = _split(out_features, tp_size, "out_features")
         self.weight = nn.Parameter(torch.empty(local, in_features))
         self.bias = nn.Parameter(torch.zeros(local)) if bias else None
-        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
+        nn.init.kaiming_uniform_(self.weight, a=5**0.5)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group=None, log=None, rows=None):
@@ -220,7 +223,9 @@ class ColumnParallelLinear(nn.Module):
         tp_rank, tp_size = _tp(group)
         layer = cls(linear.in_features, linear.out_features, group, linear.bias is not None, log)
         layer.to(linear.weight.device)  # the shard lives where the full layer was (ctx.device)
-        rows = rows if rows is not None else slice(tp_rank * layer.weight.shape[0], (tp_rank + 1) * layer.weight.shape[0])
+        rows = (
+            rows if rows is not None else slice(tp_rank * layer.weight.shape[0], (tp_rank + 1) * layer.weight.shape[0])
+        )
         with torch.no_grad():
             layer.weight.copy_(linear.weight[rows])
             if layer.bias is not None:
@@ -246,7 +251,7 @@ class RowParallelLinear(nn.Module):
         self.group, self.log = group, log
         self.weight = nn.Parameter(torch.empty(out_features, _split(in_features, tp_size, "in_features")))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None  # replicated, added once
-        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
+        nn.init.kaiming_uniform_(self.weight, a=5**0.5)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group=None, log=None):
@@ -255,7 +260,7 @@ class RowParallelLinear(nn.Module):
         layer.to(linear.weight.device)  # the shard lives where the full layer was (ctx.device)
         local = layer.weight.shape[1]
         with torch.no_grad():
-            layer.weight.copy_(linear.weight[:, tp_rank * local:(tp_rank + 1) * local])
+            layer.weight.copy_(linear.weight[:, tp_rank * local : (tp_rank + 1) * local])
             if layer.bias is not None:
                 layer.bias.copy_(linear.bias)
         return layer
@@ -277,7 +282,9 @@ class TensorParallelMLP(nn.Module):
     @classmethod
     def from_dense(cls, ffn, group=None, log=None):
         """Shard a :class:`simlib.models.FeedForward` (fc1, act, fc2) over ``group``."""
-        return cls(ColumnParallelLinear.from_linear(ffn.fc1, group, log), RowParallelLinear.from_linear(ffn.fc2, group, log))
+        return cls(
+            ColumnParallelLinear.from_linear(ffn.fc1, group, log), RowParallelLinear.from_linear(ffn.fc2, group, log)
+        )
 
     def forward(self, x):  # (B, S, H) full -> (B, S, ffn / tp) split -> (B, S, H) full
         return self.fc2(self.act(self.fc1(x)))
@@ -318,8 +325,7 @@ def comm_volume(batch: int, seq: int, hidden: int, tp_size: int, bytes_per_eleme
     """
     payload = batch * seq * hidden * bytes_per_element
     ring = 2 * (tp_size - 1) / tp_size
-    return dict(all_reduces=2, payload_bytes=payload, step_payload_bytes=2 * payload,
-                per_rank_bytes=2 * ring * payload)
+    return dict(all_reduces=2, payload_bytes=payload, step_payload_bytes=2 * payload, per_rank_bytes=2 * ring * payload)
 
 
 def dtensor_parallelize(module: nn.Module, plan: dict, tp_size: int | None = None):

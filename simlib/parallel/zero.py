@@ -16,6 +16,7 @@ parameter counts never need to divide the world size. Stage 3 shards flat buffer
 world size), which is exact for optimizers that update element by element (SGD, Adam, AdamW, ...); others are
 refused with a clear error. Gradients are averaged over the data-parallel group, as DDP does.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -24,12 +25,30 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["partition", "ShardedOptimizer", "ZeroDataParallel", "ELEMENTWISE_OPTIMIZERS", "clip_grad_norm_",
-           "state_bytes"]
+__all__ = [
+    "partition",
+    "ShardedOptimizer",
+    "ZeroDataParallel",
+    "ELEMENTWISE_OPTIMIZERS",
+    "clip_grad_norm_",
+    "state_bytes",
+]
 
 # optimizers whose update of an element depends only on that element's gradient and state: exact on flat shards
-ELEMENTWISE_OPTIMIZERS = ("SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "RMSprop",
-                          "ASGD", "Rprop", "MasterWeightsOptimizer")
+ELEMENTWISE_OPTIMIZERS = (
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Adagrad",
+    "Adadelta",
+    "Adamax",
+    "NAdam",
+    "RAdam",
+    "RMSprop",
+    "ASGD",
+    "Rprop",
+    "MasterWeightsOptimizer",
+)
 
 
 # torch 2.13 renamed the tensor-in/tensor-out collectives; older torch (>= 2.4) has the first names only
@@ -67,6 +86,7 @@ def _count(counter, kind, tensor):
 
 
 # ---------------------------------------------------------------- stage 1: the sharded optimizer
+
 
 class ShardedOptimizer(torch.optim.Optimizer):
     """ZeRO-1: ``optimizer_cls`` over this rank's share of the parameters; the rest are broadcast by their owners.
@@ -121,8 +141,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if old_local is not None and self.local is not None:  # the moments and step counts carry over
             for p, st in old_local.state.items():
                 self.local.state[p] = st
-        self._local_groups = [g for g in self.param_groups
-                              if any(self.owner[p] == self.rank for p in g["params"])]
+        self._local_groups = [g for g in self.param_groups if any(self.owner[p] == self.rank for p in g["params"])]
         # one flat broadcast per (owner, dtype, device): few messages, whole tensors
         self._buckets: dict[tuple, list[nn.Parameter]] = {}
         for p in params:
@@ -150,14 +169,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def synchronize_parameters(self) -> None:
         """Every parameter from its owner to every rank (the all-gather of ZeRO, as one broadcast per owner)."""
         for (owner, _, _), params in self._buckets.items():
-            flat = torch.cat([p.detach().reshape(-1) for p in params]) if self.rank == owner else \
-                torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+            flat = (
+                torch.cat([p.detach().reshape(-1) for p in params])
+                if self.rank == owner
+                else torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+            )
             _count(self.comm_counter, "broadcast", flat)
             dist.broadcast(flat, src=_global_rank(self.group, owner), group=self.group)
             if self.rank != owner:
                 offset = 0
                 for p in params:
-                    p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                    p.copy_(flat[offset : offset + p.numel()].view_as(p))
                     offset += p.numel()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -172,15 +194,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """This rank's shard of the state (owned parameters only), tagged with rank and world size."""
         if self.local is not None:
             self._sync_hyperparameters()  # a fresh one's inner groups then hold what a saved one holds (initial_lr)
-        return {"rank": self.rank, "world_size": self.world_size,
-                "local": self.local.state_dict() if self.local is not None else None,
-                "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "local": self.local.state_dict() if self.local is not None else None,
+            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups],
+        }
 
     def load_state_dict(self, state_dict) -> None:
         if state_dict.get("world_size") != self.world_size or state_dict.get("rank") != self.rank:
-            raise ValueError(f"rank {self.rank}: this optimizer state was saved by rank {state_dict.get('rank')} of "
-                             f"{state_dict.get('world_size')}; a ZeRO-1 shard loads only on the same rank and world "
-                             "size (save through torch.distributed.checkpoint to re-shard)")
+            raise ValueError(
+                f"rank {self.rank}: this optimizer state was saved by rank {state_dict.get('rank')} of "
+                f"{state_dict.get('world_size')}; a ZeRO-1 shard loads only on the same rank and world "
+                "size (save through torch.distributed.checkpoint to re-shard)"
+            )
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
             g.update(saved)
         if self.local is not None:
@@ -189,11 +216,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         mine = sum(p.numel() for p in self.owned_parameters)
         total = sum(p.numel() for p in self.owner)
-        return (f"ShardedOptimizer({self.optimizer_cls.__name__}, rank {self.rank}/{self.world_size} owns "
-                f"{mine:,} of {total:,} parameters)")
+        return (
+            f"ShardedOptimizer({self.optimizer_cls.__name__}, rank {self.rank}/{self.world_size} owns "
+            f"{mine:,} of {total:,} parameters)"
+        )
 
 
 # ---------------------------------------------------------------- stages 1-2: gradients to their owners
+
 
 class ZeroDataParallel(nn.Module):
     """Data parallelism for ZeRO-1/2: each gradient is reduced (summed, then divided) onto its owner only.
@@ -204,8 +234,14 @@ class ZeroDataParallel(nn.Module):
     where the update happens. A reduce to each owner is one reduce-scatter cut along tensor boundaries.
     """
 
-    def __init__(self, module: nn.Module, optimizer: ShardedOptimizer | None = None, stage: int = 2, group=None,
-                 comm_counter=None):
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: ShardedOptimizer | None = None,
+        stage: int = 2,
+        group=None,
+        comm_counter=None,
+    ):
         super().__init__()
         if stage not in (1, 2):
             raise ValueError(f"ZeroDataParallel implements stages 1 and 2, got {stage!r} (stage 3: Zero3)")
@@ -217,20 +253,25 @@ class ZeroDataParallel(nn.Module):
         self._to_average: set = set()
         for p in list(module.parameters()) + list(module.buffers()):  # every replica starts equal
             dist.broadcast(p.data, src=_global_rank(self.group, 0), group=self.group)
-        self._handles = [p.register_post_accumulate_grad_hook(self._reduce) for p in module.parameters()
-                         if p.requires_grad]
+        self._handles = [
+            p.register_post_accumulate_grad_hook(self._reduce) for p in module.parameters() if p.requires_grad
+        ]
         if optimizer is not None:
             self.attach(optimizer)
 
     def attach(self, optimizer: ShardedOptimizer) -> None:
         """Reduce each gradient to the rank that ``optimizer`` (a ShardedOptimizer) says owns it."""
         if not isinstance(optimizer, ShardedOptimizer):
-            raise TypeError("ZeroDataParallel needs the ShardedOptimizer over the same parameters (it decides "
-                            f"which rank owns each gradient), got {type(optimizer).__name__}")
+            raise TypeError(
+                "ZeroDataParallel needs the ShardedOptimizer over the same parameters (it decides "
+                f"which rank owns each gradient), got {type(optimizer).__name__}"
+            )
         missing = [n for n, p in self.module.named_parameters() if p.requires_grad and p not in optimizer.owner]
         if missing:
-            raise ValueError(f"rank {self.rank}: parameters {missing[:3]} need gradients but are not in the "
-                             "ShardedOptimizer: build it over model.parameters() (frozen ones may be left out)")
+            raise ValueError(
+                f"rank {self.rank}: parameters {missing[:3]} need gradients but are not in the "
+                "ShardedOptimizer: build it over model.parameters() (frozen ones may be left out)"
+            )
         self.optimizer = optimizer
         optimizer.before_step.append(self.finish_gradient_synchronization)
 
@@ -251,8 +292,10 @@ class ZeroDataParallel(nn.Module):
         if not self.require_backward_grad_sync:
             return
         if self.optimizer is None:
-            raise RuntimeError(f"rank {self.rank}: ZeroDataParallel has no optimizer yet: pass the ShardedOptimizer "
-                               "(or call .attach(optimizer)) before the first backward")
+            raise RuntimeError(
+                f"rank {self.rank}: ZeroDataParallel has no optimizer yet: pass the ShardedOptimizer "
+                "(or call .attach(optimizer)) before the first backward"
+            )
         owner = self.optimizer.owner[p]
         _count(self.comm_counter, "reduce", p.grad)
         dist.reduce(p.grad, dst=_global_rank(self.group, owner), group=self.group)

@@ -11,6 +11,7 @@ casts each shard to bf16 *before* the all-gather (half the bytes; the block comp
 reduce-scatters the gradient in ``reduce_dtype`` (fp32 by default) into the fp32 shard's gradient: the shards,
 their gradients and the optimizer's states stay fp32 (the master weights).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,9 @@ def shard_key(p: nn.Parameter) -> tuple:
 class _Unit:
     """One block's trainable parameters of one ``key`` as a flat buffer: a 1/N shard kept, the whole only in use."""
 
-    def __init__(self, name, module, key, group, rank, world_size, comm_counter, param_dtype=None,
-                 reduce_dtype=torch.float32):
+    def __init__(
+        self, name, module, key, group, rank, world_size, comm_counter, param_dtype=None, reduce_dtype=torch.float32
+    ):
         self.name, self.module, self.key = name, module, key
         self.reduce_dtype = reduce_dtype
         self.group, self.rank, self.world_size = group, rank, world_size
@@ -47,9 +49,11 @@ class _Unit:
                     continue  # frozen parameters stay whole on every rank
                 index = next((i for i, t in enumerate(tensors) if t is p), None)
                 if index is None and getattr(p, "_zero3_claimed", False):
-                    raise ValueError(f"rank {rank}: parameter {mod_name}.{attr} is shared with a module of another "
-                                     "block (tied weights across blocks); this ZeRO-3 keeps a tied tensor in one "
-                                     "unit. Pass blocks that keep both users together (or leave them to the root)")
+                    raise ValueError(
+                        f"rank {rank}: parameter {mod_name}.{attr} is shared with a module of another "
+                        "block (tied weights across blocks); this ZeRO-3 keeps a tied tensor in one "
+                        "unit. Pass blocks that keep both users together (or leave them to the root)"
+                    )
                 if index is None:
                     index = len(tensors)
                     tensors.append(p)
@@ -67,10 +71,9 @@ class _Unit:
         flat = torch.cat([t.detach().reshape(-1) for t in tensors] + [tensors[0].new_zeros(self.padding)])
         # every rank keeps its slice of rank 0's values, so all start equal (as DDP's broadcast does)
         dist.broadcast(flat, src=_global_rank(group, 0), group=group)
-        self.shard = nn.Parameter(flat[rank * self.chunk:(rank + 1) * self.chunk].clone())
+        self.shard = nn.Parameter(flat[rank * self.chunk : (rank + 1) * self.chunk].clone())
         mixed = param_dtype is not None and flat.is_floating_point()  # (the policy casts floating shards only)
-        self.full = torch.empty(self.chunk * world_size, dtype=param_dtype if mixed else flat.dtype,
-                                device=flat.device)
+        self.full = torch.empty(self.chunk * world_size, dtype=param_dtype if mixed else flat.dtype, device=flat.device)
         del flat
         self.free()
         for mod, attr, *_ in self.slots:
@@ -136,8 +139,15 @@ class Zero3(nn.Module):
     ``param_dtype`` (e.g. ``torch.bfloat16``): the mixed-precision policy (module docstring); None: the shards'.
     """
 
-    def __init__(self, module: nn.Module, blocks=None, group=None, comm_counter=None, param_dtype=None,
-                 reduce_dtype=torch.float32):
+    def __init__(
+        self,
+        module: nn.Module,
+        blocks=None,
+        group=None,
+        comm_counter=None,
+        param_dtype=None,
+        reduce_dtype=torch.float32,
+    ):
         super().__init__()
         self.group, self.rank, self.world_size = _group_info(group)
         self.module = module
@@ -148,16 +158,22 @@ class Zero3(nn.Module):
         for b in blocks:  # a block may be a grouping made on the fly (e.g. Sequential(Linear, ReLU)): use its parts
             parts = [b] if id(b) in names else [m for m in b.modules() if id(m) in names and m._parameters]
             if not parts:
-                raise ValueError(f"rank {self.rank}: block {type(b).__name__} is not part of the model passed to "
-                                 "Zero3: pass submodules of it (task.blocks(model) on the same model)")
+                raise ValueError(
+                    f"rank {self.rank}: block {type(b).__name__} is not part of the model passed to "
+                    "Zero3: pass submodules of it (task.blocks(model) on the same model)"
+                )
             units += [m for m in parts if all(m is not u for u in units)]
         blocks = units
         keys = sorted({shard_key(p) for p in module.parameters() if p.requires_grad}, key=str)
         policy = dict(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-        self.units = [_Unit(names[id(b)], b, k, self.group, self.rank, self.world_size, comm_counter, **policy)
-                      for b in blocks for k in keys]
-        self.units += [_Unit("", module, k, self.group, self.rank, self.world_size, comm_counter, **policy)
-                       for k in keys]
+        self.units = [
+            _Unit(names[id(b)], b, k, self.group, self.rank, self.world_size, comm_counter, **policy)
+            for b in blocks
+            for k in keys
+        ]
+        self.units += [
+            _Unit("", module, k, self.group, self.rank, self.world_size, comm_counter, **policy) for k in keys
+        ]
         self.units = [u for u in self.units if u.shard is not None]
         self.shards = nn.ParameterList([u.shard for u in self.units])
         for b in module.buffers():
@@ -170,8 +186,14 @@ class Zero3(nn.Module):
         """Optimizer groups over the shards: matrices decay, 1-D parameters (biases, norms) do not."""
         decay = [u.shard for u in self.units if u.key[1]]
         rest = [u.shard for u in self.units if not u.key[1]]
-        return [g for g in (dict(params=decay, weight_decay=weight_decay, **hyper),
-                            dict(params=rest, weight_decay=0.0, **hyper)) if g["params"]]
+        return [
+            g
+            for g in (
+                dict(params=decay, weight_decay=weight_decay, **hyper),
+                dict(params=rest, weight_decay=0.0, **hyper),
+            )
+            if g["params"]
+        ]
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -198,6 +220,7 @@ def _pre_forward(unit):
         dtype = unit.full.dtype
         if dtype != unit.shard.dtype:  # the policy casts the block's floating inputs too (FSDP2's cast_forward_inputs)
             return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
     return hook
 
 
@@ -210,6 +233,7 @@ def _post_forward(unit):
                 if isinstance(t, torch.Tensor) and t.requires_grad:
                     t.register_hook(_pre_backward(unit))
         return output
+
     return hook
 
 
@@ -217,6 +241,7 @@ def _pre_backward(unit):
     def hook(grad):
         unit.gather()
         return grad
+
     return hook
 
 
@@ -226,6 +251,8 @@ def check_elementwise(optimizer_cls, rank: int = 0) -> None:
     base = getattr(optimizer_cls, "func", optimizer_cls)  # functools.partial
     name = getattr(base, "__name__", name)
     if name not in ELEMENTWISE_OPTIMIZERS:
-        raise ValueError(f"rank {rank}: ZeRO-3 steps flat shards that cut across tensors, which is exact only for "
-                         f"element-wise optimizers ({', '.join(ELEMENTWISE_OPTIMIZERS[:6])}, ...); {name} may use "
-                         "whole-tensor statistics. Use zero_stage=1 or 2 (whole tensors per owner) instead")
+        raise ValueError(
+            f"rank {rank}: ZeRO-3 steps flat shards that cut across tensors, which is exact only for "
+            f"element-wise optimizers ({', '.join(ELEMENTWISE_OPTIMIZERS[:6])}, ...); {name} may use "
+            "whole-tensor statistics. Use zero_stage=1 or 2 (whole tensors per owner) instead"
+        )

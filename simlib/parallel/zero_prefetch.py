@@ -12,6 +12,7 @@ the all-gather writes into it. Lesson 09b's exercise writes :meth:`Zero3Prefetch
 :meth:`Zero3Prefetch.on_backward` (``solutions/09b_zero3_prefetch.ipynb``); ``counts`` tells how many gathers were
 prefetched and how many had to wait from scratch, and :mod:`simlib.debug.trace` shows the hidden time.
 """
+
 from __future__ import annotations
 
 import time
@@ -52,10 +53,23 @@ class Zero3Prefetch(Zero3):
     gathers found in flight, "waited": gathers started from scratch}``; ``blocked_s``: the time the main thread
     spent waiting for all-gathers (what prefetching is meant to cut)."""
 
-    def __init__(self, module: nn.Module, blocks=None, group=None, comm_counter=None, param_dtype=None,
-                 reduce_dtype=torch.float32):
-        super().__init__(module, blocks=blocks, group=group, comm_counter=comm_counter, param_dtype=param_dtype,
-                         reduce_dtype=reduce_dtype)
+    def __init__(
+        self,
+        module: nn.Module,
+        blocks=None,
+        group=None,
+        comm_counter=None,
+        param_dtype=None,
+        reduce_dtype=torch.float32,
+    ):
+        super().__init__(
+            module,
+            blocks=blocks,
+            group=group,
+            comm_counter=comm_counter,
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
+        )
         # the blocks in forward order, each a list of its units (one per kind of parameter); the root comes last
         self.blocks = []
         for u in self.units:
@@ -88,6 +102,7 @@ class Zero3Prefetch(Zero3):
                 counts["waited"] += 1
             gather()  # returns at once when the prefetch filled the buffer
             self.blocked_s += time.perf_counter() - t0
+
         return gather_waiting_first
 
     def _hook_backward(self, output, i):

@@ -30,6 +30,7 @@ def data_device(choice: str):
     """Where a project makes its batches: ``"cuda"`` is this rank's GPU when there is one (the GPU sizes, whose CPU
     cannot warp images or draw paths as fast as the GPU trains on them), else the CPU; ``"cpu"`` the CPU."""
     import torch
+
     check_data_device("the data device", choice)
     if choice == "cuda" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())

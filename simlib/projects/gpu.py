@@ -30,27 +30,29 @@ Vision and finance make their batches on the GPU (``augment_on`` / ``paths_on = 
 batch of 512 warped 64x64 images took 660 ms and 131,072 paths 390 ms (measured here under load), against a few
 tens of milliseconds of GPU work per step.
 """
+
 from __future__ import annotations
 
 import shutil
 import subprocess
 
 SIZES = ("quick", "full", "gpu")
-GPU_SECONDS = 1200.0       # the GPT's training time at the GPU size: a Colab session survives it
+GPU_SECONDS = 1200.0  # the GPT's training time at the GPU size: a Colab session survives it
 
 
 def gpu_facts() -> list[dict]:
     """Every visible GPU: ``name``, ``memory_gib``, ``capability`` (major, minor). From ``nvidia-smi`` when it is
     there (no CUDA context in this process: the launcher's parent stays off the GPU), else from torch."""
     import os
+
     smi = shutil.which("nvidia-smi")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and not visible.strip():
-        return []                                    # every GPU hidden
+        return []  # every GPU hidden
     if smi:
         cmd = [smi, "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"]
         if visible:
-            cmd += ["-i", visible]                   # SLURM's mask: indices or UUIDs, as nvidia-smi takes them
+            cmd += ["-i", visible]  # SLURM's mask: indices or UUIDs, as nvidia-smi takes them
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
             facts = []
@@ -63,12 +65,13 @@ def gpu_facts() -> list[dict]:
         except (OSError, ValueError, subprocess.SubprocessError):
             pass  # an old driver without compute_cap, or a mask nvidia-smi does not take: ask torch
     import torch
+
     if not torch.cuda.is_available():
         return []
     facts = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        facts.append({"name": p.name, "memory_gib": p.total_memory / 2 ** 30, "capability": (p.major, p.minor)})
+        facts.append({"name": p.name, "memory_gib": p.total_memory / 2**30, "capability": (p.major, p.minor)})
     return facts
 
 
@@ -91,16 +94,20 @@ def auto_size(world_size: int, local_world_size: int, backend: str = "auto", gpu
     """(size, reason) when the caller gave no size: ``"gpu"`` when every local rank has a GPU of its own and the
     backend allows it (as :func:`simlib.env.pick_backend` decides NCCL), else ``"full"``."""
     from .. import env
+
     gpus = env.gpu_count() if gpus is None else gpus
     if backend == "gloo":
         return "full", "--backend gloo runs the ranks on the CPU"
     if gpus == 0:
         return "full", "no GPU visible"
     if gpus < local_world_size:
-        return "full", (f"{local_world_size} ranks on this node but {gpus} GPU(s): every rank needs a GPU of its "
-                        "own for the GPU size (ask for it with --size gpu only on enough GPUs)")
-    return "gpu", (f"every one of the {world_size} rank(s) has a GPU of its own ({gpus} visible); "
-                   "--size full runs the CPU size")
+        return "full", (
+            f"{local_world_size} ranks on this node but {gpus} GPU(s): every rank needs a GPU of its "
+            "own for the GPU size (ask for it with --size gpu only on enough GPUs)"
+        )
+    return "gpu", (
+        f"every one of the {world_size} rank(s) has a GPU of its own ({gpus} visible); --size full runs the CPU size"
+    )
 
 
 def _accumulation(global_batch: int, world_size: int, micro: int) -> int:
@@ -112,45 +119,75 @@ def gpt(world_size: int = 1, facts: list[dict] | None = None, corpus: str | None
     from ..train import OptimConfig
     from .gpt import prepare
     from .gpt.task import GPTTask
+
     facts = gpu_facts() if facts is None else facts
     micro = micro_batch_for(facts)
-    global_batch = max(64, micro * world_size)              # 65,536 tokens a step on 1 to 2 GPUs
+    global_batch = max(64, micro * world_size)  # 65,536 tokens a step on 1 to 2 GPUs
     corpus = prepare.default_corpus() if corpus is None else corpus
-    task = GPTTask(seq_len=1024, hidden=768, num_layers=12, num_heads=12, global_batch=global_batch,
-                   eval_windows=64, corpus=corpus)
+    task = GPTTask(
+        seq_len=1024, hidden=768, num_layers=12, num_heads=12, global_batch=global_batch, eval_windows=64, corpus=corpus
+    )
     baseline = task.data.unigram_cross_entropy()
     optim = OptimConfig(lr=6e-4, warmup_steps=100, weight_decay=0.1, grad_clip=1.0, schedule="constant")
     # the target is a goal set from the baseline (60 % below the unigram loss), not a measured figure
-    note = "" if corpus else ("no prepared corpus, so it trains on the shipped 5 MB of Shakespeare, which GPT-2 "
-                              "small learns by heart within minutes (a check of speed, not of learning): run "
-                              "`simlib prepare gpt` once for TinyStories")
-    return dict(task=task, seconds=GPU_SECONDS, eval_every=200, log_every=50, optim=optim, note=note,
-                target={"eval_loss": round(0.4 * baseline, 2)},
-                plan=dict(mixed_precision=precision_for(facts),
-                          accumulation=_accumulation(global_batch, world_size, micro)))
+    note = (
+        ""
+        if corpus
+        else (
+            "no prepared corpus, so it trains on the shipped 5 MB of Shakespeare, which GPT-2 "
+            "small learns by heart within minutes (a check of speed, not of learning): run "
+            "`simlib prepare gpt` once for TinyStories"
+        )
+    )
+    return dict(
+        task=task,
+        seconds=GPU_SECONDS,
+        eval_every=200,
+        log_every=50,
+        optim=optim,
+        note=note,
+        target={"eval_loss": round(0.4 * baseline, 2)},
+        plan=dict(mixed_precision=precision_for(facts), accumulation=_accumulation(global_batch, world_size, micro)),
+    )
 
 
 def vision(world_size: int = 1, facts: list[dict] | None = None) -> dict:
     """A wider, deeper ResNet on 64x64 digits: ~3.6 GFLOP forward per image, 512 images a step."""
     from ..train import OptimConfig
     from .vision import DigitsTask
+
     facts = gpu_facts() if facts is None else facts
     task = DigitsTask(global_batch=512, image_size=64, width=64, blocks_per_stage=2, augment_on="cuda")
     steps = 1000
     optim = OptimConfig(name="sgd", lr=0.2, momentum=0.9, weight_decay=5e-4, warmup_steps=steps // 20)
-    return dict(task=task, steps=steps, optim=optim, eval_every=100, log_every=25, target={"accuracy": 0.98},
-                plan=dict(mixed_precision=precision_for(facts)))
+    return dict(
+        task=task,
+        steps=steps,
+        optim=optim,
+        eval_every=100,
+        log_every=25,
+        target={"accuracy": 0.98},
+        plan=dict(mixed_precision=precision_for(facts)),
+    )
 
 
 def finance(world_size: int = 1, facts: list[dict] | None = None) -> dict:
     """Many more Monte-Carlo paths (131,072 a step) through a wider, deeper hedging network; fp32."""
     from ..train import OptimConfig
     from .finance import HedgingTask
+
     steps = 400
     task = HedgingTask(global_batch=131072, block=4096, hidden=64, depth=3, paths_on="cuda")
     bs = task.evaluate_baseline()
-    return dict(task=task, steps=steps, optim=OptimConfig(name="adamw", lr=3e-3, warmup_steps=steps // 20),
-                eval_every=50, log_every=25, target={"eval_loss": bs["bs_rmse_sim"] ** 2}, plan={})
+    return dict(
+        task=task,
+        steps=steps,
+        optim=OptimConfig(name="adamw", lr=3e-3, warmup_steps=steps // 20),
+        eval_every=50,
+        log_every=25,
+        target={"eval_loss": bs["bs_rmse_sim"] ** 2},
+        plan={},
+    )
 
 
 PRESETS = {"gpt": gpt, "vision": vision, "finance": finance}

@@ -13,6 +13,7 @@ A project is a folder ``simlib/projects/<name>/`` whose ``run.py`` says what its
 and one line in :data:`PROJECTS` below registers it (:func:`register` does the same at run time, e.g. in a
 test). More sizes than quick/full (a GPU preset) belong in the project's ``run.py`` beside ``settings``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -24,8 +25,8 @@ __all__ = ["Project", "PROJECTS", "register", "get"]
 @dataclass(frozen=True)
 class Project:
     name: str
-    module: str                   # "simlib.projects.<name>.run", or any importable module with the names above
-    about: str = ""               # one line for `simlib train --help`
+    module: str  # "simlib.projects.<name>.run", or any importable module with the names above
+    about: str = ""  # one line for `simlib train --help`
     folder_per_plan: bool = False  # default output results/<name>/<plan label>/ (else results/<name>/ itself)
 
     @property
@@ -53,6 +54,7 @@ class Project:
         hook = getattr(self.run, "train_rank", None)
         if hook is None:
             from ..train import train
+
             return train
         return hook
 
@@ -81,5 +83,6 @@ def get(name: str) -> Project:
 
 register("gpt", "simlib.projects.gpt.run", "a small GPT on real English text")
 register("vision", "simlib.projects.vision.run", "a ResNet on real handwritten digits", folder_per_plan=True)
-register("finance", "simlib.projects.finance.run", "deep hedging on paths calibrated to the S&P 500",
-         folder_per_plan=True)
+register(
+    "finance", "simlib.projects.finance.run", "deep hedging on paths calibrated to the S&P 500", folder_per_plan=True
+)

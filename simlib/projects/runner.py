@@ -5,6 +5,7 @@
 ``cluster``: a warm ``simlib.Cluster`` of that size (later runs then cost no launch); else a fresh
 ``simlib.launch``. World size 1 with ``threads`` runs in the calling process's own thread count.
 """
+
 from __future__ import annotations
 
 from .registry import PROJECTS, get
@@ -16,10 +17,12 @@ def _train_worker(task, plan, kwargs, threads, train_fn=None):
     import torch
 
     from ..train import train
+
     if threads:
         torch.set_num_threads(threads)
     record = (train_fn or train)(task, plan, **kwargs)
     import torch.distributed as dist
+
     rank = dist.get_rank() if dist.is_initialized() else 0
     state = None
     if rank == 0:
@@ -27,8 +30,16 @@ def _train_worker(task, plan, kwargs, threads, train_fn=None):
     return record, state
 
 
-def train_on(world_size: int, task, plan, cluster=None, threads: int | None = None, timeout: float | None = None,
-             train_fn=None, **train_kwargs):
+def train_on(
+    world_size: int,
+    task,
+    plan,
+    cluster=None,
+    threads: int | None = None,
+    timeout: float | None = None,
+    train_fn=None,
+    **train_kwargs,
+):
     """``train(task, plan, **train_kwargs)`` on ``world_size`` ranks -> (rank 0's RunRecord, its state_dict).
     ``timeout``: seconds a collective may wait for a peer on fresh workers (default simlib.launch's);
     ``train_fn``: what each rank runs in place of ``train`` (a project's ``train_rank``), same arguments."""
@@ -57,6 +68,7 @@ def _train_here(train_fn, task, plan, threads, **train_kwargs):
     import torch.distributed as dist
 
     from .. import env
+
     keys = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
     saved, had_group = {k: os.environ.get(k) for k in keys}, dist.is_initialized()
     previous = torch.get_num_threads()
@@ -104,6 +116,7 @@ def project_settings(name: str, size: str = "full", world_size: int = 1) -> dict
     """The standard run of project ``name`` at ``size``: "quick", "full" (the CPU sizes above) or "gpu"
     (:mod:`simlib.projects.gpu`; its dict adds ``plan``: the Plan fields that size needs, e.g. bf16)."""
     from .gpu import SIZES, settings
+
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}: use one of {', '.join(SIZES)}")
     if size == "gpu":
@@ -111,24 +124,45 @@ def project_settings(name: str, size: str = "full", world_size: int = 1) -> dict
     return get(name)(size == "quick")
 
 
-def run_project(name: str, world_size: int = 1, quick: bool = False, out_dir=None, threads: int | None = None,
-                cluster=None, verbose: bool = True, timeout: float | None = None, size: str | None = None,
-                **overrides):
+def run_project(
+    name: str,
+    world_size: int = 1,
+    quick: bool = False,
+    out_dir=None,
+    threads: int | None = None,
+    cluster=None,
+    verbose: bool = True,
+    timeout: float | None = None,
+    size: str | None = None,
+    **overrides,
+):
     """The standard run of project ``name`` on ``world_size`` ranks (the plan: DP, with the project's
     ``plan_defaults``, e.g. SyncBatchNorm for vision), each rank running the project's ``train_rank``.
     ``size``: "quick", "full" or "gpu" (default: "quick" if ``quick`` else "full").
     ``overrides``: ``plan``, ``task``, ``optim`` or budget keywords in place of the standard run's."""
     from ..plan import Plan
+
     project = get(name)
     defaults = project_settings(name, size or ("quick" if quick else "full"), world_size)
     fields = defaults.pop("plan", None) or {}
     defaults.pop("note", None)
     spec = {**defaults, **overrides}
     task = spec.pop("task")
-    plan = spec.pop("plan", None) or Plan(dp=world_size, **{**project.plan_defaults({"dp": world_size, **fields}),
-                                                            **fields})
+    plan = spec.pop("plan", None) or Plan(
+        dp=world_size, **{**project.plan_defaults({"dp": world_size, **fields}), **fields}
+    )
     train_fn = project.train_rank()
     if world_size == 1 and cluster is None:
         return _train_here(train_fn, task, plan, threads, out_dir=out_dir, verbose=verbose, **spec)
-    return train_on(world_size, task, plan, cluster=cluster, threads=threads, out_dir=out_dir, verbose=verbose,
-                    timeout=timeout, train_fn=train_fn, **spec)
+    return train_on(
+        world_size,
+        task,
+        plan,
+        cluster=cluster,
+        threads=threads,
+        out_dir=out_dir,
+        verbose=verbose,
+        timeout=timeout,
+        train_fn=train_fn,
+        **spec,
+    )

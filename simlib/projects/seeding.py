@@ -9,6 +9,7 @@ then draws *the same* data; the run looks fine (loss goes down) but the global b
 copies of one local batch. :func:`duplicate_parts` (one process) and :func:`check_distinct` (on the ranks,
 one all_gather) find it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,8 +46,12 @@ def fingerprints(x: torch.Tensor) -> torch.Tensor:
 def duplicate_parts(parts: list) -> list[tuple[int, int]]:
     """Pairs (i, j) of parts (ranks' shards) whose samples are identical: [] when every part is its own."""
     prints = [fingerprints(p) for p in parts]
-    return [(i, j) for i in range(len(prints)) for j in range(i + 1, len(prints))
-            if prints[i].shape == prints[j].shape and torch.equal(prints[i], prints[j])]
+    return [
+        (i, j)
+        for i in range(len(prints))
+        for j in range(i + 1, len(prints))
+        if prints[i].shape == prints[j].shape and torch.equal(prints[i], prints[j])
+    ]
 
 
 def check_distinct(x: torch.Tensor, group=None, what: str = "batch") -> None:
@@ -68,4 +73,5 @@ def check_distinct(x: torch.Tensor, group=None, what: str = "batch") -> None:
             f"{pairs} drew identical {what}es ({x.shape[0]} samples each): every rank seeds its random data the "
             f"same way, so the global batch holds {world} copies of one local batch. Seed each draw from "
             f"(seed, step, sample or block index) - simlib.projects.seeding.generator - not from a seed shared "
-            f"by all ranks.")
+            f"by all ranks."
+        )

@@ -30,24 +30,33 @@ that computes whole tiles does somewhat more for a narrow window; that is not pr
 card; Xiao et al. 2023): one learned logit per head added to each softmax's denominator: ``heads`` parameters a
 layer and one more term per row of the softmax (no FLOPs worth counting).
 """
+
 from __future__ import annotations
 
 
 def mla_params(hidden: int, heads: int, q_lora: int, kv_lora: int, nope: int, rope: int, v: int) -> int:
     """Parameters of one MLA block's projections and its two latent norms (no biases: DeepSeek-V3 has none)."""
-    return (hidden * q_lora + q_lora + q_lora * heads * (nope + rope)
-            + hidden * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v)
-            + heads * v * hidden)
+    return (
+        hidden * q_lora
+        + q_lora
+        + q_lora * heads * (nope + rope)
+        + hidden * (kv_lora + rope)
+        + kv_lora
+        + kv_lora * heads * (nope + v)
+        + heads * v * hidden
+    )
 
 
 def mla_gemms(model, tokens: int, tp: int = 1) -> list[tuple[str, int, int, int]]:
     """MLA's projections before the attention kernel as (name, m, k, n) for ``tokens`` rows on one tensor-parallel
     rank: the down projections whole, the up projections split over the heads."""
     h, a = model.hidden, model.heads
-    return [("MLA q down", tokens, h, model.q_lora),
-            ("MLA kv down", tokens, h, model.kv_lora + model.qk_rope),
-            ("MLA q up", tokens, model.q_lora, a * (model.qk_nope + model.qk_rope) // tp),
-            ("MLA kv up", tokens, model.kv_lora, a * (model.qk_nope + model.v_head) // tp)]
+    return [
+        ("MLA q down", tokens, h, model.q_lora),
+        ("MLA kv down", tokens, h, model.kv_lora + model.qk_rope),
+        ("MLA q up", tokens, model.q_lora, a * (model.qk_nope + model.qk_rope) // tp),
+        ("MLA kv up", tokens, model.kv_lora, a * (model.qk_nope + model.v_head) // tp),
+    ]
 
 
 def mtp_params(hidden: int, norm_params: int, block_params: int) -> int:

@@ -5,6 +5,7 @@ they share cores and memory: two 1-thread processes each get less than one alone
 GFLOP/s). One warm :class:`simlib.Cluster` serves every world size: the first ``world_size`` ranks form a
 sub-group and measure, the others wait.
 """
+
 from __future__ import annotations
 
 import time
@@ -13,13 +14,26 @@ import warnings
 import numpy as np
 
 from .hardware import Hardware, Link, fit_alpha_beta, fit_p2p
-from .kernels import (_all_to_all_times, _kernels, _mean_time, _median_time, _singles, _small_sync, block_op_time,
-                      combine_kernels, in_situ_comm, small_op_time)
+from .kernels import (
+    _all_to_all_times,
+    _kernels,
+    _mean_time,
+    _median_time,
+    _singles,
+    _small_sync,
+    block_op_time,
+    combine_kernels,
+    in_situ_comm,
+    small_op_time,
+)
 
 # (m, k, n) of the GEMMs we time: the shapes of the course's MLP layers, forward / grad-input (batch × width ×
 # width) and grad-weight (width × batch × width), for widths 512 and 1024, plus one large square
-GEMM_SHAPES = ([(m, w, w) for w in (512, 1024) for m in (16, 64, 128, 256)]
-               + [(w, m, w) for w in (512, 1024) for m in (16, 64, 128, 256)] + [(1024, 1024, 1024)])
+GEMM_SHAPES = (
+    [(m, w, w) for w in (512, 1024) for m in (16, 64, 128, 256)]
+    + [(w, m, w) for w in (512, 1024) for m in (16, 64, 128, 256)]
+    + [(1024, 1024, 1024)]
+)
 COMM_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]  # bytes of one all-reduce
 _GROUPS: dict = {}
 
@@ -40,6 +54,7 @@ def _group(ranks):
     import torch.distributed as dist
 
     from .. import env
+
     world = dist.group.WORLD
     for gone in [k for k in _GROUPS if k[0] is not world]:
         del _GROUPS[gone]
@@ -49,9 +64,17 @@ def _group(ranks):
     return _GROUPS[key]
 
 
-def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_sizes=COMM_SIZES,
-                 repeats: int = 5, comm_repeats: int = 10, min_time: float = 0.2, cycle_repeats: int = 5,
-                 kernels: bool | str = False):
+def measure_here(
+    world_size: int,
+    threads: int,
+    gemm_shapes=GEMM_SHAPES,
+    comm_sizes=COMM_SIZES,
+    repeats: int = 5,
+    comm_repeats: int = 10,
+    min_time: float = 0.2,
+    cycle_repeats: int = 5,
+    kernels: bool | str = False,
+):
     """Run on every rank of a cluster: ranks < ``world_size`` measure together; the rest return None.
     ``kernels``: also time lesson 09's kernels (:func:`_kernels`, :func:`_small_sync`) and what calls add to compute
     in situ; ``"comm"``: only the calls (what the planner's GPT prices with), not the attention and MoE kernels."""
@@ -85,11 +108,16 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
         layer_factor = _layer_factor(repeats, min_time, sync)
         g, h = torch.randn(1 << 20), torch.randn(1 << 20)  # one 1024x1024 weight's gradient (4 MB)
         sync()
-        acc_bw = 3 * g.numel() * 4 / _mean_time(lambda: g.add_(h), repeats, min_time=min_time)  # AccumulateGrad: grad += new
+        acc_bw = (
+            3 * g.numel() * 4 / _mean_time(lambda: g.add_(h), repeats, min_time=min_time)
+        )  # AccumulateGrad: grad += new
         sync()
-        kernels = (_kernels(singles[rank], min_time, sync) if kernels is True else
-                   {"op": small_op_time(min_time)}) if kernels else None   # "comm": the host's cost per op too
-        if kernels is not None:   # a GPT block's ops as a rank sharing the cores pays them (the planner's GPT)
+        kernels = (
+            (_kernels(singles[rank], min_time, sync) if kernels is True else {"op": small_op_time(min_time)})
+            if kernels
+            else None
+        )  # "comm": the host's cost per op too
+        if kernels is not None:  # a GPT block's ops as a rank sharing the cores pays them (the planner's GPT)
             sync()
             kernels["block_op"] = block_op_time(min_time)
         comm, cycles, p2p = [], [], []
@@ -106,24 +134,36 @@ def measure_here(world_size: int, threads: int, gemm_shapes=GEMM_SHAPES, comm_si
                 kernels["in_situ"] = in_situ_comm(group)
                 # groups of g ranks side by side (tp, cp, ep groups smaller than the box): each waits for peers
                 # that share the cores with the other groups' ranks
-                kernels["in_situ_groups"] = {g: in_situ_comm(groups[rank // g], kinds=SIDE_KINDS)
-                                             for g, groups in sides.items()}
+                kernels["in_situ_groups"] = {
+                    g: in_situ_comm(groups[rank // g], kinds=SIDE_KINDS) for g, groups in sides.items()
+                }
             if world_size == 2:
                 p2p = _ping_pong(group, rank, P2P_SIZES, comm_repeats)
-        return {"gemms": gemms, "mem_bw": mem_bw, "comm": comm, "acc_bw": acc_bw, "cycles": cycles, "p2p": p2p,
-                "layer_factor": layer_factor, "kernels": kernels}
+        return {
+            "gemms": gemms,
+            "mem_bw": mem_bw,
+            "comm": comm,
+            "acc_bw": acc_bw,
+            "cycles": cycles,
+            "p2p": p2p,
+            "layer_factor": layer_factor,
+            "kernels": kernels,
+        }
     finally:
         torch.set_num_threads(old_threads)
 
 
-SIDE_KINDS = ("hop", "hop_overlapped", "all_reduce")   # calls measured in groups side by side
+SIDE_KINDS = ("hop", "hop_overlapped", "all_reduce")  # calls measured in groups side by side
 
 
 def side_groups(world_size: int) -> dict:
     """{g: [group of ranks 0..g-1, g..2g-1, ...]} for each group size 2 <= g < world_size that divides it, made once
     (every rank of the cluster must ask, in the same order)."""
-    return {g: [_group(range(i, i + g)) for i in range(0, world_size, g)]
-            for g in range(2, world_size) if world_size % g == 0}
+    return {
+        g: [_group(range(i, i + g)) for i in range(0, world_size, g)]
+        for g in range(2, world_size)
+        if world_size % g == 0
+    }
 
 
 P2P_SIZES = [16 << 10, 256 << 10, 1 << 20]  # bytes of one pipeline message (activations of a micro-batch)
@@ -164,6 +204,7 @@ def _layer_factor(repeats: int, min_time: float, sync=lambda: None) -> float:
             a @ w
             a @ w
             gt @ a
+
     sync()
     ratios = []
     for _ in range(max(repeats, 5)):  # alternate short blocks: a drifting load hits both sides of each ratio
@@ -216,6 +257,7 @@ def _ping_pong(group, rank: int, sizes, repeats: int):
             else:
                 dist.recv(buf, src=peer, group=group)
                 dist.isend(buf, dst=peer, group=group).wait()
+
         dist.barrier(group=group)
         out.append((size, _median_time(once, repeats) / 2))
     return out
@@ -246,15 +288,28 @@ def sync_factors(results):
 def _combine(results):
     """Ranks measured side by side: a GEMM's rate is the mean over ranks, a collective's time the slowest."""
     res = [r for r in results if r is not None]
-    gemms = [(res[0]["gemms"][i][0], float(np.mean([r["gemms"][i][1] for r in res])))
-             for i in range(len(res[0]["gemms"]))]
+    gemms = [
+        (res[0]["gemms"][i][0], float(np.mean([r["gemms"][i][1] for r in res]))) for i in range(len(res[0]["gemms"]))
+    ]
     comm = [(res[0]["comm"][i][0], max(r["comm"][i][1] for r in res)) for i in range(len(res[0]["comm"]))]
-    return (gemms, float(np.mean([r["mem_bw"] for r in res])), comm, float(np.mean([r["acc_bw"] for r in res])),
-            float(np.mean([r["layer_factor"] for r in res])))
+    return (
+        gemms,
+        float(np.mean([r["mem_bw"] for r in res])),
+        comm,
+        float(np.mean([r["acc_bw"] for r in res])),
+        float(np.mean([r["layer_factor"] for r in res])),
+    )
 
 
-def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, timeout: float = 120.0,
-              min_time: float | None = None, kernels: bool | str = False, gemm_shapes=()):
+def calibrate(
+    cluster=None,
+    world_sizes=(1, 2, 4),
+    repeats: int | None = None,
+    timeout: float = 120.0,
+    min_time: float | None = None,
+    kernels: bool | str = False,
+    gemm_shapes=(),
+):
     """Measure this machine and return a :class:`~simlib.sim.hardware.Hardware` for it.
 
     Measures, for each world size w (w processes running at once, cores // w threads each — the default of
@@ -295,23 +350,40 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
     shapes = list(GEMM_SHAPES) + sorted({tuple(int(d) for d in g) for g in gemm_shapes} - set(GEMM_SHAPES))
     try:
         gemm_table, mem, links, curves, raw = {}, {}, {}, {}, {}
-        overheads = {"straggler": {}, "comm_in_situ": {}, "accumulate_grad_Bps": {}, "layer_factor": {},
-                     "gemm_shapes": {}, "p2p": None, "kernels": {}}
+        overheads = {
+            "straggler": {},
+            "comm_in_situ": {},
+            "accumulate_grad_Bps": {},
+            "layer_factor": {},
+            "gemm_shapes": {},
+            "p2p": None,
+            "kernels": {},
+        }
         for w in world_sizes:
             thread_counts = range(1, cores + 1) if w == 1 else [max(1, cores // w)]
             for threads in thread_counts:
-                out = cluster.call(measure_here, (w, threads), {"repeats": repeats, "min_time": min_time,
-                                                                "gemm_shapes": shapes,
-                                                                "kernels": kernels if threads == max(1, cores // w)
-                                                                else False},
-                                   timeout=timeout)
+                out = cluster.call(
+                    measure_here,
+                    (w, threads),
+                    {
+                        "repeats": repeats,
+                        "min_time": min_time,
+                        "gemm_shapes": shapes,
+                        "kernels": kernels if threads == max(1, cores // w) else False,
+                    },
+                    timeout=timeout,
+                )
                 gemms, mem_bw, comm, acc_bw, layer_factor = _combine(out)
                 gemm_table[(w, threads)] = gemms
                 overheads["layer_factor"][(w, threads)] = layer_factor
-                overheads["gemm_shapes"][(w, threads)] = {
-                    tuple(shape): rate for shape, (_, rate) in zip(shapes, gemms)}
-                raw[(w, threads)] = {"gemms": gemms, "mem_bw": mem_bw, "comm": comm,
-                                     "cycles": [r["cycles"] for r in out if r], "p2p": [r["p2p"] for r in out if r]}
+                overheads["gemm_shapes"][(w, threads)] = {tuple(shape): rate for shape, (_, rate) in zip(shapes, gemms)}
+                raw[(w, threads)] = {
+                    "gemms": gemms,
+                    "mem_bw": mem_bw,
+                    "comm": comm,
+                    "cycles": [r["cycles"] for r in out if r],
+                    "p2p": [r["p2p"] for r in out if r],
+                }
                 if threads == max(1, cores // w):
                     mem[w] = mem_bw
                     overheads["accumulate_grad_Bps"][w] = acc_bw
@@ -333,16 +405,25 @@ def calibrate(cluster=None, world_sizes=(1, 2, 4), repeats: int | None = None, t
             cluster.close()
     default = links.get(2) or next(iter(links.values()), (1e-3, 1e9))
     return Hardware(
-        name=f"this machine ({cores} cores, calibrated)", peak_flops={}, memory_bytes=_ram_bytes(),
-        memory_bandwidth=mem, intra=Link(default[0], default[1], links, "calibrate(): Gloo all-reduce fit", curves),
+        name=f"this machine ({cores} cores, calibrated)",
+        peak_flops={},
+        memory_bytes=_ram_bytes(),
+        memory_bandwidth=mem,
+        intra=Link(default[0], default[1], links, "calibrate(): Gloo all-reduce fit", curves),
         inter=Link(default[0], default[1], {}, "one node: taken equal to the intra-node link"),
-        devices_per_node=max(world_sizes), gemm_table=gemm_table, cores=cores,
-        source=f"calibrate() at {time.strftime('%Y-%m-%d %H:%M')}", measurements=raw, overheads=overheads)
+        devices_per_node=max(world_sizes),
+        gemm_table=gemm_table,
+        cores=cores,
+        source=f"calibrate() at {time.strftime('%Y-%m-%d %H:%M')}",
+        measurements=raw,
+        overheads=overheads,
+    )
 
 
 def _ram_bytes() -> float:
     try:
         import os
+
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 8e9
@@ -360,6 +441,7 @@ def model_gemm_shapes(model, strategies) -> list:
             for ops in part.values():
                 # a batched GEMM (count > 1: attention's per-head products) runs as one bmm call, not count
                 # separate ones: its single-call rate would overcharge it, so it keeps the table's
-                shapes.update(tuple(int(d) for d in op.shape) for op in ops
-                              if op.kind == "gemm" and op.shape and op.count == 1)
+                shapes.update(
+                    tuple(int(d) for d in op.shape) for op in ops if op.kind == "gemm" and op.shape and op.count == 1
+                )
     return sorted(shapes)

@@ -22,10 +22,11 @@ rank routes its own sequence-parallel share of the tokens (Megatron's expert ten
 whole, not split over tp). Capacity (``ModelSpec.capacity_factor`` > 0) caps the busiest expert's rows at that
 factor of the even share, so the imbalance counted is min(imbalance, capacity factor).
 """
+
 from __future__ import annotations
 
-
-from .ops import Op as _op, _backward_gemms, _gemm, fp8_cast_bytes
+from .ops import Op as _op
+from .ops import _backward_gemms, _gemm, fp8_cast_bytes
 
 # Seconds the host adds to an MoE layer's forward + backward for each expert on the rank, as Megatron-Core ran the
 # published runs: its experts are Transformer Engine's GroupedLinear, which quantizes each local expert's rows on
@@ -59,27 +60,54 @@ def cp_ops(model, micro_batch: int, tp: int, cp: int, kind: str, width: int = 2)
     "cp" group. Empty for cp = 1."""
     if cp == 1:
         return dict(forward=[], backward=[])
-    b, s, d = micro_batch, model.seq_len, model.head_dim
-    kv_full = width * b * s * model.kv_width / tp            # K and V of the whole sequence on this tp rank
+    b, s = micro_batch, model.seq_len
+    kv_full = width * b * s * model.kv_width / tp  # K and V of the whole sequence on this tp rank
     if kind == "allgather":
-        return dict(forward=[_op("CP all-gather K, V", "comm", kv_full, collective="all_gather", group="cp")],
-                    backward=[_op("CP all-gather K, V again", "comm", kv_full, collective="all_gather", group="cp"),
-                              _op("CP reduce-scatter dK, dV", "comm", kv_full, collective="reduce_scatter",
-                                  group="cp")])
+        return dict(
+            forward=[_op("CP all-gather K, V", "comm", kv_full, collective="all_gather", group="cp")],
+            backward=[
+                _op("CP all-gather K, V again", "comm", kv_full, collective="all_gather", group="cp"),
+                _op("CP reduce-scatter dK, dV", "comm", kv_full, collective="reduce_scatter", group="cp"),
+            ],
+        )
     if kind == "ring":
         hop = kv_full / cp
-        return dict(forward=[_op("CP ring K/V hops", "comm", (cp - 1) * hop, count=cp - 1, collective="p2p",
-                                 group="cp", overlap="attention")],
-                    backward=[_op("CP ring K/V + dK/dV hops", "comm", 2 * (cp - 1) * hop, count=cp - 1,
-                                  collective="p2p", group="cp", overlap="attention")])
+        return dict(
+            forward=[
+                _op(
+                    "CP ring K/V hops",
+                    "comm",
+                    (cp - 1) * hop,
+                    count=cp - 1,
+                    collective="p2p",
+                    group="cp",
+                    overlap="attention",
+                )
+            ],
+            backward=[
+                _op(
+                    "CP ring K/V + dK/dV hops",
+                    "comm",
+                    2 * (cp - 1) * hop,
+                    count=cp - 1,
+                    collective="p2p",
+                    group="cp",
+                    overlap="attention",
+                )
+            ],
+        )
     if kind == "ulysses":
-        q = width * b * s / cp * model.hidden / tp             # one rank's Q (and the output)
-        kv = width * b * s / cp * model.kv_width / 2 / tp     # one rank's K (and V)
-        ins = [_op(f"Ulysses all-to-all {x}", "comm", size, collective="all_to_all", group="cp")
-               for x, size in (("Q", q), ("K", kv), ("V", kv))]
+        q = width * b * s / cp * model.hidden / tp  # one rank's Q (and the output)
+        kv = width * b * s / cp * model.kv_width / 2 / tp  # one rank's K (and V)
+        ins = [
+            _op(f"Ulysses all-to-all {x}", "comm", size, collective="all_to_all", group="cp")
+            for x, size in (("Q", q), ("K", kv), ("V", kv))
+        ]
         out = [_op("Ulysses all-to-all output", "comm", q, collective="all_to_all", group="cp")]
-        back = [_op(f"Ulysses all-to-all d{x}", "comm", size, collective="all_to_all", group="cp")
-                for x, size in (("O", q), ("Q", q), ("K", kv), ("V", kv))]
+        back = [
+            _op(f"Ulysses all-to-all d{x}", "comm", size, collective="all_to_all", group="cp")
+            for x, size in (("O", q), ("Q", q), ("K", kv), ("V", kv))
+        ]
         return dict(forward=ins + out, backward=back)
     raise ValueError(f"cp_kind must be 'allgather', 'ring' or 'ulysses', got {kind!r}")
 
@@ -129,14 +157,23 @@ def expert_eager_ops(model, rows: float, width: int = 2) -> dict:
     return out
 
 
-def moe_ops(model, tokens: int, tp: int, ep: int, width: int = 2, imbalance: float = 1.0,
-            sequence_parallel: bool = False, fp8=False, fp8_transpose: bool = True) -> dict:
+def moe_ops(
+    model,
+    tokens: int,
+    tp: int,
+    ep: int,
+    width: int = 2,
+    imbalance: float = 1.0,
+    sequence_parallel: bool = False,
+    fp8=False,
+    fp8_transpose: bool = True,
+) -> dict:
     """The MoE MLP of one layer on one rank (after the second norm) for the ``tokens`` of its micro-batch
     (micro_batch × seq_len / cp), forward and backward, with the shared experts; the collectives on the "ep"
     group (dispatch, combine) and, for shared experts with tp > 1, the tensor-parallel ones."""
     w, h, E = width, model.hidden, model.experts
     t_full = tokens
-    t = t_full / tp        # tokens this rank routes (its sequence-parallel share)
+    t = t_full / tp  # tokens this rank routes (its sequence-parallel share)
     rows = expert_rows(model, t, imbalance)
     local = E // ep
     g, f = (2 if model.gated_mlp else 1), model.expert_width
@@ -149,43 +186,78 @@ def moe_ops(model, tokens: int, tp: int, ep: int, width: int = 2, imbalance: flo
     # ops.fp8_cast_bytes, the recipe's bytes per element), forward and, for the incoming gradient, backward — which
     # the experts' list left out before (a test holds them to the dense rule)
     cast = fp8_cast_bytes(fp8, w, fp8_transpose)
-    eager = expert_eager_ops(model, rows, w)   # GPT-OSS: the clamped activation and the experts' output bias
-    fwd = [router, _op("router softmax + top-k (fp32)", "memory", 4 * 3 * t * E),
-           _op("permute tokens to experts", "memory", 2 * w * rows * h),
-           *([_op("dispatch all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
-           *([_op("experts FP8 cast", "memory", cast * rows * h)] if fp8 else []), up, *eager["clamp"],
-           _op("experts SwiGLU" if model.gated_mlp else "experts GeLU", "memory", (3 if g == 2 else 2) * w * rows * f),
-           *([_op("experts FP8 cast (down)", "memory", cast * rows * f)] if fp8 else []), down, *eager["bias"],
-           *([_op("combine all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
-           _op("unpermute, weight by gate, sum", "memory", 2 * w * rows * h + w * t * h)]
-    bwd = [_op("unpermute backward", "memory", 2 * w * rows * h + w * t * h),
-           *([_op("combine backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]
-             if a2a else []),
-           *eager["bias_bwd"],
-           *([_op("experts down grad FP8 cast + transpose", "memory", cast * rows * h)] if fp8 else []),
-           *_backward_gemms(down),
-           _op("experts activation backward", "memory", (5 if g == 2 else 4) * w * rows * f), *eager["clamp_bwd"],
-           *([_op("experts up grad FP8 cast + transpose", "memory", cast * rows * g * f)] if fp8 else []),
-           *_backward_gemms(up),
-           *([_op("dispatch backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]
-             if a2a else []),
-           _op("permute backward", "memory", 2 * w * rows * h),
-           _op("router softmax backward", "memory", 4 * 3 * t * E), *_backward_gemms(router)]
-    if model.shared_experts:   # a dense MLP of width shared × f, split over tp like any MLP
+    eager = expert_eager_ops(model, rows, w)  # GPT-OSS: the clamped activation and the experts' output bias
+    fwd = [
+        router,
+        _op("router softmax + top-k (fp32)", "memory", 4 * 3 * t * E),
+        _op("permute tokens to experts", "memory", 2 * w * rows * h),
+        *([_op("dispatch all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
+        *([_op("experts FP8 cast", "memory", cast * rows * h)] if fp8 else []),
+        up,
+        *eager["clamp"],
+        _op("experts SwiGLU" if model.gated_mlp else "experts GeLU", "memory", (3 if g == 2 else 2) * w * rows * f),
+        *([_op("experts FP8 cast (down)", "memory", cast * rows * f)] if fp8 else []),
+        down,
+        *eager["bias"],
+        *([_op("combine all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
+        _op("unpermute, weight by gate, sum", "memory", 2 * w * rows * h + w * t * h),
+    ]
+    bwd = [
+        _op("unpermute backward", "memory", 2 * w * rows * h + w * t * h),
+        *(
+            [_op("combine backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]
+            if a2a
+            else []
+        ),
+        *eager["bias_bwd"],
+        *([_op("experts down grad FP8 cast + transpose", "memory", cast * rows * h)] if fp8 else []),
+        *_backward_gemms(down),
+        _op("experts activation backward", "memory", (5 if g == 2 else 4) * w * rows * f),
+        *eager["clamp_bwd"],
+        *([_op("experts up grad FP8 cast + transpose", "memory", cast * rows * g * f)] if fp8 else []),
+        *_backward_gemms(up),
+        *(
+            [_op("dispatch backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]
+            if a2a
+            else []
+        ),
+        _op("permute backward", "memory", 2 * w * rows * h),
+        _op("router softmax backward", "memory", 4 * 3 * t * E),
+        *_backward_gemms(router),
+    ]
+    if model.shared_experts:  # a dense MLP of width shared × f, split over tp like any MLP
         fs = model.shared_experts * f
-        s_up, s_down = _gemm("shared experts up", t_full, h, g * fs // tp), _gemm("shared experts down", t_full,
-                                                                                  fs // tp, h)
+        s_up, s_down = (
+            _gemm("shared experts up", t_full, h, g * fs // tp),
+            _gemm("shared experts down", t_full, fs // tp, h),
+        )
         comm = tp > 1
         kind_in, kind_out = ("all_gather", "reduce_scatter") if sequence_parallel else ("", "all_reduce")
         full = w * t_full * h
-        fwd += [*([_op("shared f all-gather", "comm", full, collective=kind_in)] if comm and kind_in else []),
-                s_up, _op("shared experts activation", "memory", (3 if g == 2 else 2) * w * t_full * fs / tp),
-                s_down, *([_op("shared g " + kind_out, "comm", full, collective=kind_out)] if comm else [])]
-        bwd += [*_backward_gemms(s_down),
-                _op("shared experts activation backward", "memory", (5 if g == 2 else 4) * w * t_full * fs / tp),
-                *_backward_gemms(s_up),
-                *([_op("shared f backward " + ("reduce-scatter" if kind_in else "all-reduce"), "comm", full,
-                       collective="reduce_scatter" if kind_in else "all_reduce")] if comm else [])]
+        fwd += [
+            *([_op("shared f all-gather", "comm", full, collective=kind_in)] if comm and kind_in else []),
+            s_up,
+            _op("shared experts activation", "memory", (3 if g == 2 else 2) * w * t_full * fs / tp),
+            s_down,
+            *([_op("shared g " + kind_out, "comm", full, collective=kind_out)] if comm else []),
+        ]
+        bwd += [
+            *_backward_gemms(s_down),
+            _op("shared experts activation backward", "memory", (5 if g == 2 else 4) * w * t_full * fs / tp),
+            *_backward_gemms(s_up),
+            *(
+                [
+                    _op(
+                        "shared f backward " + ("reduce-scatter" if kind_in else "all-reduce"),
+                        "comm",
+                        full,
+                        collective="reduce_scatter" if kind_in else "all_reduce",
+                    )
+                ]
+                if comm
+                else []
+            ),
+        ]
     return dict(forward=fwd, backward=bwd)
 
 

@@ -7,6 +7,7 @@ S bytes, n ranks, per-step latency α, bus bandwidth B (Thakur et al. 2005; nccl
     hierarchical all-reduce      reduce-scatter in the node, all-reduce of S/g between nodes, all-gather in the node
 A link with a published nccl-tests curve is priced at the bus bandwidth measured for the message size.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,8 +64,11 @@ def p2p(size, link) -> float:
 
 def hierarchical_all_reduce(size, nodes, per_node, intra, inter) -> float:
     """Reduce-scatter inside each node, ring all-reduce of the 1/g shards between nodes, all-gather inside."""
-    return (reduce_scatter(size, per_node, intra) + ring_all_reduce(size / per_node, nodes, inter)
-            + all_gather(size, per_node, intra))
+    return (
+        reduce_scatter(size, per_node, intra)
+        + ring_all_reduce(size / per_node, nodes, inter)
+        + all_gather(size, per_node, intra)
+    )
 
 
 def all_reduce(size, n, hardware, algorithm: str = "ring") -> float:

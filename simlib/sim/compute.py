@@ -1,5 +1,6 @@
 """Compute time of GEMMs on a machine (the rate measured for an exact shape, else the GFLOPs-keyed table) and of
 autograd's gradient accumulation."""
+
 from __future__ import annotations
 
 

@@ -14,23 +14,23 @@ at the cost of one measured in the layer itself. Collectives cost what calibrate
 around them (``kernels["in_situ"]``). A preset (no such measurement) prices the blocks' GEMMs at their own size
 plus the element-wise passes at memory bandwidth, and collectives at the link's α-β.
 """
+
 from __future__ import annotations
 
 from ..parallel import context
 from ..parallel.experts import a2a_volume, capacity
 from .collectives import all_to_all  # noqa: F401 - priced with the other collectives, re-exported here
 from .cost import gemm_time
-from .ring_comm import (_blocking, _in_situ, _in_step, _measured, _p2p, _small_collective,  # noqa: F401
-                        all_to_all_time, exposed_hop)
+from .ring_comm import _blocking, _in_situ, _in_step, _measured, _p2p, _small_collective, all_to_all_time, exposed_hop  # noqa: F401
 
 # Passes over the score block (B·H·c·c values) that simlib.parallel.context's ring attention makes besides its
 # GEMMs, counted in its code: forward (block_attention) scale, mask, max, subtract, exp, sum, and the merge's
 # reads, each a read (and most a write) of the block; backward scale, mask, subtract, exp, dP - delta, dS = P·(…).
-SCORE_BYTES_FORWARD = 8     # element moves per score entry (reads + writes), forward
-SCORE_BYTES_BACKWARD = 11   # and backward
+SCORE_BYTES_FORWARD = 8  # element moves per score entry (reads + writes), forward
+SCORE_BYTES_BACKWARD = 11  # and backward
 # The MoE layer's row copies besides its GEMMs (simlib.parallel.experts): gather the kept rows, put the experts'
 # outputs back in order, weight them by their gates, add them up per token — each a read and a write of a row.
-ROW_MOVES = 8               # per kept assignment and hidden value, forward; as many again in backward
+ROW_MOVES = 8  # per kept assignment and hidden value, forward; as many again in backward
 
 # Eager ops (aten calls, forward and backward nodes) of ExpertParallelMoE's forward and of its backward, counted
 # with a TorchDispatchMode at ep = 2, top-2, 2/4/8 experts per rank: 83 + 10 per local expert forward (the
@@ -46,11 +46,13 @@ def _op(hardware, processes):
 
 def _block_time(c, head_dim, batch_heads, hardware, dtype, processes, backward):
     """One (c queries × c keys) block for B·H heads: its GEMMs at their own size, plus the score passes."""
-    forward = gemm_time(c, head_dim, c, hardware, dtype, processes) + gemm_time(c, c, head_dim, hardware, dtype,
-                                                                                   processes)
+    forward = gemm_time(c, head_dim, c, hardware, dtype, processes) + gemm_time(
+        c, c, head_dim, hardware, dtype, processes
+    )
     # backward: the scores again (QKᵀ), dV += Pᵀ·dO, dP = dO·Vᵀ, dQ += dS·K, dK += dSᵀ·Q
-    back = 3 * gemm_time(c, c, head_dim, hardware, dtype, processes) + 2 * gemm_time(c, head_dim, c, hardware,
-                                                                                      dtype, processes)
+    back = 3 * gemm_time(c, c, head_dim, hardware, dtype, processes) + 2 * gemm_time(
+        c, head_dim, c, hardware, dtype, processes
+    )
     nbytes = 2 if dtype in ("bf16", "fp16") else 4
     block = batch_heads * c * c * nbytes
     passes = SCORE_BYTES_FORWARD + (SCORE_BYTES_BACKWARD if backward else 0)
@@ -68,6 +70,7 @@ def kernel_time(hardware, name, length, batch_heads, processes, backward=True, h
     None or one not measured: the default head size's.
     """
     from .kernels import KERNEL_HEADS, kernel_key
+
     table = _measured(hardware, processes)
     if head_dim is not None and kernel_key(name, head_dim) in table:
         name = kernel_key(name, head_dim)
@@ -80,8 +83,9 @@ def kernel_time(hardware, name, length, batch_heads, processes, backward=True, h
     return max(t, 0.0) * batch_heads / KERNEL_HEADS
 
 
-def ring_attention_time(batch, heads, seq, head_dim, cp, hardware, layout="zigzag", causal=True, dtype="bf16",
-                        backward=True, processes=None) -> dict:
+def ring_attention_time(
+    batch, heads, seq, head_dim, cp, hardware, layout="zigzag", causal=True, dtype="bf16", backward=True, processes=None
+) -> dict:
     """Predicted seconds of one ring-attention layer, forward (and backward), as simlib runs it.
 
     Each rank computes its blocks (:func:`context.causal_work` / c², c the chunk length): per block and head
@@ -103,8 +107,10 @@ def ring_attention_time(batch, heads, seq, head_dim, cp, hardware, layout="zigza
     # each rank holds one chunk (contiguous) or two (zig-zag); with a causal mask each chunk meets itself in
     # one diagonal block (masked, see kernels._kernels), every other block it computes is full
     diagonal = (1 if layout == "contiguous" else 2) if causal else 0
-    t_full, t_diag, t_zigzag = (kernel_time(hardware, name, c, batch * heads, processes, backward, head_dim)
-                                for name in ("ring_full", "ring_diagonal", "ring_zigzag"))
+    t_full, t_diag, t_zigzag = (
+        kernel_time(hardware, name, c, batch * heads, processes, backward, head_dim)
+        for name in ("ring_full", "ring_diagonal", "ring_zigzag")
+    )
     if t_zigzag is not None and t_full is not None and layout == "zigzag" and causal:
         # measured as a whole: a zig-zag rank's own step (two diagonal blocks, one full), then full blocks
         compute = [t_zigzag + (entries // (c * c) - 3) * t_full for entries in work]
@@ -121,20 +127,21 @@ def ring_attention_time(batch, heads, seq, head_dim, cp, hardware, layout="zigza
     # cp blocking hops, in full
     exposed_dkv = cp * _blocking(kv, cp, hardware, "p2p", processes) if backward and cp > 1 else 0.0
     check = _small_collective(cp, hardware)
-    per_rank = [t + hops * exposed_hop(kv, cp, hardware, processes, t) + exposed_dkv + check if cp > 1 else t
-                for t in compute]
+    per_rank = [
+        t + hops * exposed_hop(kv, cp, hardware, processes, t) + exposed_dkv + check if cp > 1 else t for t in compute
+    ]
     return dict(per_rank=per_rank, total=max(per_rank), compute=compute, hop=hop)
 
 
-def ulysses_time(batch, heads, seq, head_dim, cp, hardware, causal=True, dtype="bf16", backward=True,
-                 processes=None) -> dict:
+def ulysses_time(
+    batch, heads, seq, head_dim, cp, hardware, causal=True, dtype="bf16", backward=True, processes=None
+) -> dict:
     """Predicted seconds of one Ulysses layer: four all-to-alls each way, then attention on H/cp heads."""
     if heads % cp:
         raise ValueError(f"Ulysses needs heads ({heads}) divisible by cp ({cp})")
     processes = processes or min(cp, hardware.devices_per_node)
     nbytes = 2 if dtype in ("bf16", "fp16") else 4
-    compute = (kernel_time(hardware, "sdpa", seq, batch * heads // cp, processes, backward, head_dim) if causal
-               else None)
+    compute = kernel_time(hardware, "sdpa", seq, batch * heads // cp, processes, backward, head_dim) if causal else None
     if compute is None:
         rate = hardware.gemm_rate(2 * seq * seq * head_dim / 1e9, dtype, processes)  # one head's QKᵀ
         entries = seq * seq / (2 if causal else 1)
@@ -154,18 +161,19 @@ def ulysses_time(batch, heads, seq, head_dim, cp, hardware, causal=True, dtype="
     return dict(total=total, compute=compute, all_to_all=a2a, all_to_all_in_step=in_step, copies=copies)
 
 
-def _moe_compute(tokens, hidden, num_experts, ep, hardware, top_k, capacity_factor, ffn, dtype, backward,
-                 processes):
+def _moe_compute(tokens, hidden, num_experts, ep, hardware, top_k, capacity_factor, ffn, dtype, backward, processes):
     """(GEMMs + memory passes in seconds, eager ops) of one rank's share of the MoE layer."""
     nbytes = 2 if dtype in ("bf16", "fp16") else 4
     cap = capacity(tokens, num_experts, top_k, capacity_factor)
     per_expert = min(cap, tokens * top_k / num_experts)
     local = num_experts // ep
     rows = per_expert * local
-    forward = local * (gemm_time(per_expert, hidden, ffn, hardware, dtype, processes)
-                       + gemm_time(per_expert, ffn, hidden, hardware, dtype, processes))
+    forward = local * (
+        gemm_time(per_expert, hidden, ffn, hardware, dtype, processes)
+        + gemm_time(per_expert, ffn, hidden, hardware, dtype, processes)
+    )
     forward += gemm_time(tokens // ep, hidden, num_experts, hardware, dtype, processes)  # the router
-    gelu = rows * ffn * nbytes * (2 + (3 if backward else 0))       # read + write; backward reads two, writes
+    gelu = rows * ffn * nbytes * (2 + (3 if backward else 0))  # read + write; backward reads two, writes
     moves = rows * hidden * nbytes * ROW_MOVES * (2 if backward else 1)
     memory = (gelu + moves) / hardware.achievable_bandwidth(rows * hidden * nbytes, processes)
     ops = OPS_FORWARD + OPS_PER_EXPERT_FORWARD * local
@@ -185,14 +193,36 @@ def moe_op_time(hardware, processes):
     over its counted ops. Otherwise the cost of one tiny autograd op (``kernels["op"]``)."""
     cal = _measured(hardware, processes).get("moe")
     if cal:
-        gemms, ops, _ = _moe_compute(cal["tokens"], cal["hidden"], cal["num_experts"], 1, hardware, cal["top_k"],
-                                     cal["capacity_factor"], 4 * cal["hidden"], "fp32", True, processes)
+        gemms, ops, _ = _moe_compute(
+            cal["tokens"],
+            cal["hidden"],
+            cal["num_experts"],
+            1,
+            hardware,
+            cal["top_k"],
+            cal["capacity_factor"],
+            4 * cal["hidden"],
+            "fp32",
+            True,
+            processes,
+        )
         return max(cal["seconds"] - gemms, 0.0) / ops
     return _op(hardware, processes)
 
 
-def moe_layer_time(tokens, hidden, num_experts, ep, hardware, top_k=1, capacity_factor=1.25, ffn=None,
-                   dtype="bf16", backward=True, processes=None) -> dict:
+def moe_layer_time(
+    tokens,
+    hidden,
+    num_experts,
+    ep,
+    hardware,
+    top_k=1,
+    capacity_factor=1.25,
+    ffn=None,
+    dtype="bf16",
+    backward=True,
+    processes=None,
+) -> dict:
     """Predicted seconds of one MoE layer on ``ep`` ranks under a uniform router (``tokens`` in the whole batch).
 
     Compute: the router (tokens/ep × hidden × E), and each of the rank's E/ep experts on at most capacity
@@ -207,8 +237,9 @@ def moe_layer_time(tokens, hidden, num_experts, ep, hardware, top_k=1, capacity_
     processes = processes or min(ep, hardware.devices_per_node)
     ffn = ffn or 4 * hidden
     nbytes = 2 if dtype in ("bf16", "fp16") else 4
-    compute, ops, cap = _moe_compute(tokens, hidden, num_experts, ep, hardware, top_k, capacity_factor, ffn, dtype,
-                                     backward, processes)
+    compute, ops, cap = _moe_compute(
+        tokens, hidden, num_experts, ep, hardware, top_k, capacity_factor, ffn, dtype, backward, processes
+    )
     op = moe_op_time(hardware, processes)
     if op:  # a calibrated box: the layer is a few hundred small eager ops, each paying its dispatch
         compute += ops * op
@@ -216,7 +247,8 @@ def moe_layer_time(tokens, hidden, num_experts, ep, hardware, top_k=1, capacity_
     one = _blocking(vol["dispatch"] * ep / max(ep - 1, 1), ep, hardware, "all_to_all", processes)
     # the routing counts: an all-gather of k×E counts (queue_positions), an all-to-all of E (exchange_counts)
     # (the second right after the first: :func:`_in_step`)
-    counts = (_blocking(8 * top_k * num_experts, ep, hardware, "all_gather", processes)
-              + _in_step(8 * num_experts, ep, hardware, processes))
+    counts = _blocking(8 * top_k * num_experts, ep, hardware, "all_gather", processes) + _in_step(
+        8 * num_experts, ep, hardware, processes
+    )
     comm = one * (4 if backward else 2) + counts
     return dict(total=compute + comm, compute=compute, all_to_all=one, counts=counts, comm=comm, capacity=cap)

@@ -15,6 +15,7 @@ Data-parallel ranks all compute at once, so the second bound holds and their ste
 pipeline's bubble costs nothing beyond its critical path. A GPU has no such term: ``Hardware.own_cores`` is None
 there (and wherever each process has a core of its own), and the step is ``predict``'s as it was.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -34,21 +35,37 @@ def combine_prediction(contended, alone):
     idle = contended.breakdown.get("stage_idle", 0.0)
     step, bound = shared_step(contended.step_time, contended.bubble + idle, alone.step_time)
     base = alone if bound == "critical path" else replace(contended, bubble=0.0)
-    scale = contended.step_time / step   # throughput and MFU: the contended ones, at the new step
-    return replace(base, step_time=step, memory=contended.memory, fits=contended.fits,
-                   throughput=contended.throughput and contended.throughput * scale,
-                   tokens_per_s=contended.tokens_per_s and contended.tokens_per_s * scale,
-                   mfu=contended.mfu and contended.mfu * scale,
-                   breakdown={**base.breakdown, "shared_cores": bound, "contended_step": contended.step_time,
-                              "own_core_step": alone.step_time})
+    scale = contended.step_time / step  # throughput and MFU: the contended ones, at the new step
+    return replace(
+        base,
+        step_time=step,
+        memory=contended.memory,
+        fits=contended.fits,
+        throughput=contended.throughput and contended.throughput * scale,
+        tokens_per_s=contended.tokens_per_s and contended.tokens_per_s * scale,
+        mfu=contended.mfu and contended.mfu * scale,
+        breakdown={
+            **base.breakdown,
+            "shared_cores": bound,
+            "contended_step": contended.step_time,
+            "own_core_step": alone.step_time,
+        },
+    )
 
 
 def combine_entry(contended: dict, alone: dict) -> dict:
     """The planner's priced entry (``FastPricer.price``'s dict) combined as :func:`combine_prediction`."""
-    step, bound = shared_step(contended["step_time"], contended["bubble"] + contended.get("stage_idle", 0.0),
-                              alone["step_time"])
+    step, bound = shared_step(
+        contended["step_time"], contended["bubble"] + contended.get("stage_idle", 0.0), alone["step_time"]
+    )
     base = dict(alone) if bound == "critical path" else {**contended, "bubble": 0.0}
     scale = contended["step_time"] / step
-    base.update(step_time=step, tokens_per_s=contended["tokens_per_s"] * scale, mfu=contended["mfu"] * scale,
-                shared_cores=bound, contended_step=contended["step_time"], own_core_step=alone["step_time"])
+    base.update(
+        step_time=step,
+        tokens_per_s=contended["tokens_per_s"] * scale,
+        mfu=contended["mfu"] * scale,
+        shared_cores=bound,
+        contended_step=contended["step_time"],
+        own_core_step=alone["step_time"],
+    )
     return base

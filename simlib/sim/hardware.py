@@ -129,7 +129,7 @@ class Link:
         return self.by_world.get(int(world_size), (self.alpha, self.bandwidth))
 
     @classmethod
-    def from_busbw(cls, points, world_size: int, source: str = "", keep_curve: bool = False) -> "Link":
+    def from_busbw(cls, points, world_size: int, source: str = "", keep_curve: bool = False) -> Link:
         """A link from published all-reduce points [(bytes, bus GB/s), ...] (nccl-tests output).
 
         α and B are a fit through the points; ``keep_curve`` also keeps the points themselves, so that a
@@ -297,7 +297,7 @@ class Hardware:
         key = self._cpu_key(processes, None)
         return max(r for _, r in self.gemm_table[key])
 
-    def with_(self, **changes) -> "Hardware":
+    def with_(self, **changes) -> Hardware:
         return replace(self, **changes)
 
 

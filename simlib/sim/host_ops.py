@@ -7,12 +7,13 @@ micro-batch of a small model is made of hundreds of them, so a plan that splits 
 pays that cost once more per micro-batch. The op counts are simlib's GPT block's, counted with PyTorch's
 TorchDispatchMode (``tests/test_sim_host_ops.py`` counts them again); a GPU preset measured none: 0 there.
 """
+
 from __future__ import annotations
 
 from .ring_comm import _measured
 
-GPT_OPS_PER_LAYER = (28, 65)   # aten ops of one block of simlib's GPT: forward, backward
-GPT_OPS_ENDS = (14, 23)        # the embedding, the final norm, the head and the loss: forward, backward
+GPT_OPS_PER_LAYER = (28, 65)  # aten ops of one block of simlib's GPT: forward, backward
+GPT_OPS_ENDS = (14, 23)  # the embedding, the final norm, the head and the loss: forward, backward
 
 
 def host_op_time(hardware, processes) -> float:

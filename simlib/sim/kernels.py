@@ -5,6 +5,7 @@ Gloo's all-to-all between them, timed the way lesson 09's runs (:mod:`simlib.les
 layer: one call right after a barrier, the median of several. Besides: one tiny eager op back to back, and the
 wait a small blocking collective adds after a stretch of small ops.
 """
+
 from __future__ import annotations
 
 import time
@@ -55,8 +56,12 @@ _SINGLES: list = []
 KERNEL_HEADS, KERNEL_HEAD_DIM, KERNEL_LENGTHS = 8, 32, (64, 128, 256, 512)
 # and at full size (S = 2048, head_dim 64): another head size, longer blocks, and SDPA over the whole sequence
 KERNEL_HEAD_DIMS = (32, 64)
-KERNEL_LENGTHS_OF = {"ring_full": KERNEL_LENGTHS + (1024,), "ring_diagonal": KERNEL_LENGTHS + (1024,),
-                     "ring_zigzag": KERNEL_LENGTHS, "sdpa": KERNEL_LENGTHS[1:] + (1024, 2048)}
+KERNEL_LENGTHS_OF = {
+    "ring_full": KERNEL_LENGTHS + (1024,),
+    "ring_diagonal": KERNEL_LENGTHS + (1024,),
+    "ring_zigzag": KERNEL_LENGTHS,
+    "sdpa": KERNEL_LENGTHS[1:] + (1024, 2048),
+}
 
 
 def kernel_key(name: str, head_dim: int) -> str:
@@ -70,6 +75,7 @@ def _singles():
 
     if not _SINGLES:
         from .. import env
+
         _SINGLES.extend(dist.new_group([r], timeout=env.collective_timeout()) for r in range(dist.get_world_size()))
     return _SINGLES
 
@@ -101,6 +107,7 @@ def _kernels(single, min_time: float, sync=lambda: None, repeats: int | None = N
     import torch
 
     from ..parallel import context
+
     repeats = kernel_repeats(repeats)
     out = {}
     for name, head_dim in ((n, d) for n in KERNEL_LENGTHS_OF for d in KERNEL_HEAD_DIMS):
@@ -110,14 +117,17 @@ def _kernels(single, min_time: float, sync=lambda: None, repeats: int | None = N
             span = 2 * length if name == "ring_zigzag" else length  # zig-zag: two chunks of ``length``
             q, k, v = (torch.randn(1, KERNEL_HEADS, span, head_dim, requires_grad=True) for _ in range(3))
             if name == "sdpa":
+
                 def fwd():
                     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
+
                 def fwd(causal=name != "ring_full", layout="zigzag" if name == "ring_zigzag" else "contiguous"):
                     return context.RingAttention.apply(q, k, v, causal, layout, single, None, None)
 
             def both():
                 fwd().sum().backward()
+
             with torch.no_grad():
                 out[key]["forward"].append((length, _after_barrier_time(fwd, sync, repeats)))
             out[key]["backward"].append((length, _after_barrier_time(both, sync, repeats)))
@@ -133,6 +143,7 @@ QUICK_KERNEL_REPEATS = 3  # quick mode (CI: lesson 13's calibration, whose ranki
 def kernel_repeats(repeats: int | None = None) -> int:
     """``repeats`` if given, else :data:`KERNEL_REPEATS` (:data:`QUICK_KERNEL_REPEATS` in quick mode)."""
     from .. import env
+
     return repeats or (QUICK_KERNEL_REPEATS if env.quick() else KERNEL_REPEATS)
 
 
@@ -156,16 +167,19 @@ def _moe_kernel(single, sync, repeats: int) -> dict:
     """Seconds of one forward + backward of simlib's MoE layer at :data:`MOE_KERNEL`'s sizes on a group of one."""
     import torch
 
-    from ..parallel.experts import MoE, ExpertParallelMoE
+    from ..parallel.experts import ExpertParallelMoE, MoE
+
     torch.manual_seed(0)
     sizes = MOE_KERNEL
-    layer = ExpertParallelMoE.from_dense(MoE(sizes["hidden"], sizes["num_experts"], sizes["top_k"],
-                                             sizes["capacity_factor"]), group=single)
+    layer = ExpertParallelMoE.from_dense(
+        MoE(sizes["hidden"], sizes["num_experts"], sizes["top_k"], sizes["capacity_factor"]), group=single
+    )
     x = torch.randn(sizes["tokens"], sizes["hidden"])
 
     def both():
         y, aux, _ = layer(x)
         (y.square().mean() + 0.01 * aux).backward()
+
     return dict(sizes, seconds=_after_barrier_time(both, sync, repeats))
 
 
@@ -180,12 +194,19 @@ def _all_to_all_times(group, repeats: int):
     import torch.distributed as dist
 
     from ..parallel.all_to_all import all_to_all
+
     n = dist.get_world_size(group)
     out = []
     for size in A2A_SIZES:
         x = torch.zeros(n, size // 4 // n)
-        out.append((x.numel() * 4, _after_barrier_time(lambda: all_to_all(x, [1] * n, [1] * n, group=group),
-                                                       lambda: dist.barrier(group=group), repeats)))
+        out.append(
+            (
+                x.numel() * 4,
+                _after_barrier_time(
+                    lambda: all_to_all(x, [1] * n, [1] * n, group=group), lambda: dist.barrier(group=group), repeats
+                ),
+            )
+        )
     return out
 
 
@@ -216,6 +237,7 @@ def in_situ_comm(group, repeats: int | None = None, kinds=("a2a", "hop", "hop_ov
 
     from ..parallel.all_to_all import all_to_all
     from ..parallel.context import _ring_pass, _wait
+
     repeats = kernel_repeats(repeats)
     n = dist.get_world_size(group)
     m, k, n_ = IN_SITU_GEMM
@@ -232,6 +254,7 @@ def in_situ_comm(group, repeats: int | None = None, kinds=("a2a", "hop", "hop_ov
         burst()
         after(started)
         return time.perf_counter() - t0
+
     none = lambda *_: None  # noqa: E731
     out = {}
     for size in IN_SITU_SIZES:
@@ -240,12 +263,17 @@ def in_situ_comm(group, repeats: int | None = None, kinds=("a2a", "hop", "hop_ov
 
         def pass_and_wait(*_):
             _wait(_ring_pass(pair, group, None, "hop")[1], None, 0.0)
+
         flat = torch.zeros(size // 4)
-        calls = {"a2a": (none, lambda _: all_to_all(x, [1] * n, [1] * n, group=group)),
-                 "hop": (none, pass_and_wait),
-                 "hop_overlapped": (lambda: _ring_pass(pair, group, None, "hop")[1],
-                                    lambda requests: _wait(requests, None, 0.0)),
-                 "all_reduce": (none, lambda _: dist.all_reduce(flat, group=group))}
+        calls = {
+            "a2a": (none, lambda _: all_to_all(x, [1] * n, [1] * n, group=group)),
+            "hop": (none, pass_and_wait),
+            "hop_overlapped": (
+                lambda: _ring_pass(pair, group, None, "hop")[1],
+                lambda requests: _wait(requests, None, 0.0),
+            ),
+            "all_reduce": (none, lambda _: dist.all_reduce(flat, group=group)),
+        }
         for kind in kinds:
             before, after = calls[kind]
             timed(before, after), timed(none, none)  # warm-up
@@ -287,6 +315,7 @@ def _small_sync(group, blocks: int = 5) -> float:
             if with_collective:
                 dist.all_to_all_single(recv, send, group=group)
         return (time.perf_counter() - t0) / SYNC_CYCLES
+
     block(True)  # warm-up
     extra = []
     for _ in range(blocks):
@@ -308,14 +337,17 @@ def combine_kernels(results) -> dict:
     if "in_situ" in res[0]:  # a call every rank waits on: the slowest rank's added time, fitted as α + bytes / B
         out["in_situ"] = _fit_in_situ([r["in_situ"] for r in res])
     if "in_situ_groups" in res[0]:  # the same, in groups of g ranks side by side: {g: {kind: (α, B)}}
-        out["in_situ_groups"] = {g: _fit_in_situ([r["in_situ_groups"][g] for r in res])
-                                 for g in res[0]["in_situ_groups"]}
+        out["in_situ_groups"] = {
+            g: _fit_in_situ([r["in_situ_groups"][g] for r in res]) for g in res[0]["in_situ_groups"]
+        }
     if "moe" in res[0]:  # the same sizes on every rank: the slowest rank's seconds
         out["moe"] = dict(res[0]["moe"], seconds=max(r["moe"]["seconds"] for r in res))
     for name in res[0]:
         if name not in ("op", "block_op", "sync", "a2a", "moe", "in_situ", "in_situ_groups"):
-            out[name] = {way: [(length, max(r[name][way][i][1] for r in res))
-                               for i, (length, _) in enumerate(pts)] for way, pts in res[0][name].items()}
+            out[name] = {
+                way: [(length, max(r[name][way][i][1] for r in res)) for i, (length, _) in enumerate(pts)]
+                for way, pts in res[0][name].items()
+            }
     return out
 
 
@@ -341,10 +373,11 @@ def small_op_time(min_time: float) -> float:
         for _ in range(32):
             y = y * 1.0
         y.sum().backward()
+
     return _median_time(chain, 5, min_time=min_time) / 68
 
 
-BLOCK_OP_SIZE = dict(hidden=32, num_heads=4, tokens=8)   # a GPT block whose GEMMs take well under a µs here
+BLOCK_OP_SIZE = dict(hidden=32, num_heads=4, tokens=8)  # a GPT block whose GEMMs take well under a µs here
 
 
 def block_op_time(min_time: float) -> float:
@@ -358,10 +391,12 @@ def block_op_time(min_time: float) -> float:
 
     from ..models import TransformerBlock
     from .host_ops import GPT_OPS_PER_LAYER
+
     size = BLOCK_OP_SIZE
     block = TransformerBlock(size["hidden"], size["num_heads"])
     x = torch.randn(1, size["tokens"], size["hidden"], requires_grad=True)
 
     def step():
         block(x).sum().backward()
+
     return _mean_time(step, 5, min_time=max(min_time, 0.1)) / sum(GPT_OPS_PER_LAYER)

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .cluster_ops import cp_ops, exposed_comm, moe_ops  # noqa: F401 - exposed_comm: used by cost
 from .attention import mean_pairs, mla_gemms
+from .cluster_ops import cp_ops, exposed_comm, moe_ops  # noqa: F401 - exposed_comm: used by cost
 from .compute import gemm_time
-from .ring_comm import in_situ_all_reduce
 from .ops import Op, _backward_gemms, _gemm, fp8_cast_bytes  # noqa: F401 - Op is this module's vocabulary
 from .presets import MXFP8_GEMM_RATIO
+from .ring_comm import in_situ_all_reduce
 from .topology import group_collective, placement
 
 
@@ -337,7 +337,6 @@ def linear_gemms(model, forward):
     for op in gemms:
         m, k, n = op.shape
         if op.name == "QKV":
-            h, kvd = model.hidden, model.kv * model.head_dim
             q = n * model.q_width // model.qkv_width
             kv = (n - q) // 2
             out += [_gemm("Q", m, k, q), _gemm("K", m, k, kv), _gemm("V", m, k, kv)]

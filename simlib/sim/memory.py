@@ -26,6 +26,7 @@
 - Kept values take the compute dtype's bytes: 2 in mixed precision (Korthikanti's table), 4 in fp32 (dropout
   masks stay 1 byte; without dropout the scores term keeps only the softmax output).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,12 @@ from .strategy import Strategy
 
 # bytes per parameter: (weights, gradients, optimizer states)
 BYTES_PER_PARAM = {
-    ("mixed", "adam"): (2, 2, 12), ("mixed", "sgd"): (2, 2, 4), ("mixed", "sgd_momentum"): (2, 2, 8),
-    ("fp32", "adam"): (4, 4, 8), ("fp32", "sgd"): (4, 4, 0), ("fp32", "sgd_momentum"): (4, 4, 4),
+    ("mixed", "adam"): (2, 2, 12),
+    ("mixed", "sgd"): (2, 2, 4),
+    ("mixed", "sgd_momentum"): (2, 2, 8),
+    ("fp32", "adam"): (4, 4, 8),
+    ("fp32", "sgd"): (4, 4, 0),
+    ("fp32", "sgd_momentum"): (4, 4, 4),
 }
 
 
@@ -54,10 +59,18 @@ def kept_value_bytes(strategy) -> int:
     return 2 if strategy.mixed_precision else 4
 
 
-def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: str = "none",
-                               sequence_parallel: bool = True, attention: str = "unfused",
-                               value_bytes: int = 2, fused_glu: bool = False, fp8: str = "",
-                               recompute_modules: tuple = ()) -> float:
+def activation_bytes_per_layer(
+    model,
+    micro_batch: int,
+    tp: int = 1,
+    recompute: str = "none",
+    sequence_parallel: bool = True,
+    attention: str = "unfused",
+    value_bytes: int = 2,
+    fused_glu: bool = False,
+    fp8: str = "",
+    recompute_modules: tuple = (),
+) -> float:
     """Activation bytes one layer keeps for backward, for one micro-batch.
 
     Counted tensor by tensor as Korthikanti et al. 2022 (§4.1) do, for any shape: the inputs of the two norms,
@@ -79,38 +92,48 @@ def activation_bytes_per_layer(model, micro_batch: int, tp: int = 1, recompute: 
     """
     if model.kind == "mlp":  # fp32: each Linear keeps its input (the previous ReLU's output)
         width = sum(i for i, _ in model.linears) / model.layers
-        return 4.0 * width * micro_batch if recompute != "full" else 4.0 * model.linears[0][0] * micro_batch / model.layers
+        return (
+            4.0 * width * micro_batch if recompute != "full" else 4.0 * model.linears[0][0] * micro_batch / model.layers
+        )
     s, b, h, a = model.seq_len, micro_batch, model.hidden, model.heads
-    sb, x = s * b, value_bytes / 2   # x: a kept value's bytes over the 16-bit table's
+    sb, x = s * b, value_bytes / 2  # x: a kept value's bytes over the 16-bit table's
     shard = tp if sequence_parallel else 1
     if recompute == "full":
         return 2.0 * x * sb * h / shard
     if recompute == "every_other":
-        kept = activation_bytes_per_layer(model, micro_batch, tp, "none", sequence_parallel, attention, value_bytes,
-                                          fused_glu, fp8, recompute_modules)
+        kept = activation_bytes_per_layer(
+            model, micro_batch, tp, "none", sequence_parallel, attention, value_bytes, fused_glu, fp8, recompute_modules
+        )
         return (kept + 2.0 * x * sb * h / shard) / 2
     f, mask = model.ffn, (1 if model.dropout else 0)
-    if recompute == "op":   # saved: every other GEMM output, the attention output, the block's input
+    if recompute == "op":  # saved: every other GEMM output, the attention output, the block's input
         kvd = model.kv * model.head_dim
-        if model.gated_mlp:   # mms Q, K, V, O, gate, up, down: Q, V, gate, down kept
+        if model.gated_mlp:  # mms Q, K, V, O, gate, up, down: Q, V, gate, down kept
             split = h + kvd + f + h
-        else:                 # mms QKV, O, up, down: QKV and up kept
+        else:  # mms QKV, O, up, down: QKV and up kept
             split = model.qkv_width + f + h
         return 2.0 * x * sb * (split / tp + h / shard)
-    gemm_in = 1 if fp8 else 2 * x   # a GEMM's input as its TE module keeps it: FP8 under an FP8 recipe
+    gemm_in = 1 if fp8 else 2 * x  # a GEMM's input as its TE module keeps it: FP8 under an FP8 recipe
     # norm inputs, QKV and MLP inputs (the norms' outputs), masks
     replicated = 2 * x * 2 * h + gemm_in * 2 * h + 2 * mask * h
-    if getattr(model, "mla", False):   # MLA: both latents, as their norms' and the up projections' inputs (whole
+    if getattr(model, "mla", False):  # MLA: both latents, as their norms' and the up projections' inputs (whole
         replicated += 2 * x * 2 * (model.q_lora + model.kv_lora)  # on every tp rank: the down projections are)
     # Q, K, V, the attention output (heads × head_dim wide, or MLA's heads × v; under FP8's delayed recipe the
     # output projection keeps an FP8 copy of it too), the MLP's first GEMM output, the down projection's input and
     # (eager SwiGLU) silu(gate)
     qkv = 0 if getattr(model, "mla", False) and "mla_up_proj" in recompute_modules else model.qkv_width
-    split = 2 * x * (qkv + model.q_width + model.up_width) + gemm_in * f \
-        + (model.q_width if fp8 == "delayed" else 0) + glu_extra(model, f, fused_glu) * 2 * x
+    split = (
+        2 * x * (qkv + model.q_width + model.up_width)
+        + gemm_in * f
+        + (model.q_width if fp8 == "delayed" else 0)
+        + glu_extra(model, f, fused_glu) * 2 * x
+    )
     # the softmax output, and with dropout its mask (1 byte) and output: 5·a·s²·b in Korthikanti's table
-    scores = 0.0 if attention != "unfused" or recompute == "selective" else (
-        (2 * x + mask * (1 + 2 * x)) * a * s * b * s / tp)
+    scores = (
+        0.0
+        if attention != "unfused" or recompute == "selective"
+        else ((2 * x + mask * (1 + 2 * x)) * a * s * b * s / tp)
+    )
     return sb * (replicated / shard + split / tp) + scores
 
 
@@ -160,14 +183,22 @@ def in_flight_micro_batches(strategy, stage: int = 0) -> int:
     per_flush = strategy.num_micro_batches // getattr(strategy, "pipeline_flushes", 1)
     if strategy.schedule == "gpipe":
         return per_flush
-    if strategy.schedule == "interleaved":   # its stages' differences: interleave_factor
+    if strategy.schedule == "interleaved":  # its stages' differences: interleave_factor
         return min(strategy.pp, per_flush)
     return min(strategy.pp - stage, per_flush)
 
 
-def moe_activation_delta(model, micro_batch: int, tp: int = 1, cp: int = 1, imbalance: float = 1.0,
-                         recompute: str = "none", fused_glu: bool = False, fp8: str = "",
-                         recompute_modules: tuple = ()) -> float:
+def moe_activation_delta(
+    model,
+    micro_batch: int,
+    tp: int = 1,
+    cp: int = 1,
+    imbalance: float = 1.0,
+    recompute: str = "none",
+    fused_glu: bool = False,
+    fp8: str = "",
+    recompute_modules: tuple = (),
+) -> float:
     """Bytes an MoE layer keeps beyond a dense layer's (negative if less), for one micro-batch: the dense MLP's
     saved tensors (its up/gate output, activation and down projection's input, as
     :func:`activation_bytes_per_layer` counts them) replaced by the router's fp32 probabilities, the permuted token
@@ -184,6 +215,7 @@ def moe_activation_delta(model, micro_batch: int, tp: int = 1, cp: int = 1, imba
     if not getattr(model, "experts", 0) or recompute in ("full",):
         return 0.0
     from .cluster_ops import expert_rows
+
     t = micro_batch * model.seq_len / cp
     g, f, h = (2 if model.gated_mlp else 1), model.expert_width, model.hidden
     gemm_in = 1 if fp8 else 2
@@ -215,8 +247,15 @@ def chunk_layers(model, strategy) -> list | None:
     Bridge's Llama 3.1 405B recipe sets both, ``recipes/llama/llama3.py``, v0.2.2). None where the chunks are even
     or the schedule is not interleaved."""
     p, v, L = strategy.pp, strategy.virtual_stages, model.layers
-    if (model.kind != "gpt" or strategy.schedule != "interleaved" or v == 1 or p == 1
-            or getattr(strategy, "stage_layout", ()) or L % (p * v) == 0 or (L + 2) % (p * v)):
+    if (
+        model.kind != "gpt"
+        or strategy.schedule != "interleaved"
+        or v == 1
+        or p == 1
+        or getattr(strategy, "stage_layout", ())
+        or L % (p * v) == 0
+        or (L + 2) % (p * v)
+    ):
         return None
     c = (L + 2) // (p * v)
     out = [[c] * v for _ in range(p)]
@@ -238,7 +277,7 @@ def interleaved_layer_passes(strategy, stage: int, layers: list) -> float:
     warmup = 2 * (p - stage - 1) + (v - 1) * p + (1 if getattr(strategy, "ep_overlap", False) else 0)
     held = min(warmup + 1, m * v)
     passes = 0.0
-    for group in range(0, m, p):   # micro-batches group..group+p-1 (the last group: the rest) through every chunk
+    for group in range(0, m, p):  # micro-batches group..group+p-1 (the last group: the rest) through every chunk
         size = min(p, m - group)
         for chunk in range(v):
             take = min(size, held)
@@ -268,8 +307,9 @@ def memory_per_device(model, strategy, stage: int | None = None) -> dict:
     if pp == 1 or getattr(strategy, "head", "parallel") != "whole" or model.kind != "gpt":
         return stage_memory(model, strategy, 0)
     even = len(set(_stage_layers(model, strategy) or [0])) == 1
-    return max((stage_memory(model, strategy, k) for k in ((0, pp - 1) if even else range(pp))),
-               key=lambda m: m["total"])
+    return max(
+        (stage_memory(model, strategy, k) for k in ((0, pp - 1) if even else range(pp))), key=lambda m: m["total"]
+    )
 
 
 def _stage_layers(model, strategy) -> list | None:
@@ -282,7 +322,8 @@ def _stage_layers(model, strategy) -> list | None:
 def vocabulary_params(model) -> int:
     """Parameters of a GPT's embedding, position table and output layer (V·h, twice if untied; s·h if learned)."""
     return model.vocab * model.hidden * (1 if model.tied_embeddings else 2) + (
-        model.seq_len * model.hidden if model.position == "learned" else 0)
+        model.seq_len * model.hidden if model.position == "learned" else 0
+    )
 
 
 def stage_memory(model, strategy, stage: int = 0) -> dict:
@@ -303,8 +344,8 @@ def stage_memory(model, strategy, stage: int = 0) -> dict:
     whole = getattr(strategy, "head", "parallel") == "whole" and model.kind == "gpt"
     experts = model.expert_params if getattr(model, "experts", 0) else 0
     stages = _stage_layers(model, strategy)
-    share = stages[stage] / model.layers if stages else 1 / strategy.pp   # this stage's share of the layers
-    if whole:   # the blocks split over tp, the vocabulary's tables whole where they run
+    share = stages[stage] / model.layers if stages else 1 / strategy.pp  # this stage's share of the layers
+    if whole:  # the blocks split over tp, the vocabulary's tables whole where they run
         vocab = vocabulary_params(model)
         dense_here = (model.params - experts - vocab) * share / strategy.tp
         dense_here += (vocab - model.vocab * model.hidden * (0 if model.tied_embeddings else 1)) * first
@@ -316,42 +357,88 @@ def stage_memory(model, strategy, stage: int = 0) -> dict:
     params_here = dense_here + expert_here
 
     def sharded(nbytes, zero):
-        return nbytes * (dense_here / (dp if strategy.zero_stage >= zero else 1)
-                         + expert_here / (edp if strategy.zero_stage >= zero else 1))
+        return nbytes * (
+            dense_here / (dp if strategy.zero_stage >= zero else 1)
+            + expert_here / (edp if strategy.zero_stage >= zero else 1)
+        )
+
     weights, grads, optimizer = sharded(w_b, 3), sharded(g_b, 2), sharded(o_b, 1)
     layers_here = model.layers * share + (getattr(model, "mtp_layers", 0) if strategy.pp == 1 else 0)
     seq_model = replace(model, seq_len=model.seq_len // cp) if cp > 1 else model
     value = kept_value_bytes(strategy)
     kernels = saved_by(strategy)
     modules = tuple(getattr(strategy, "recompute_modules", ()))
-    per_layer = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, strategy.recompute,
-                                           strategy.sequence_parallel, strategy.attention, value, **kernels,
-                                           recompute_modules=modules)
+    per_layer = activation_bytes_per_layer(
+        seq_model,
+        strategy.micro_batch,
+        strategy.tp,
+        strategy.recompute,
+        strategy.sequence_parallel,
+        strategy.attention,
+        value,
+        **kernels,
+        recompute_modules=modules,
+    )
     moe_here = max(0, layers_here - model.dense_layers) if getattr(model, "experts", 0) else 0
-    moe_extra = moe_activation_delta(model, strategy.micro_batch, strategy.tp, cp, strategy.expert_imbalance,
-                                     strategy.recompute, recompute_modules=modules,
-                                     **kernels) if moe_here else 0.0
-    if strategy.recompute == "full" and strategy.recompute_layers:   # only that many layers recomputed
-        kept = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, "none",
-                                          strategy.sequence_parallel, strategy.attention, value, **kernels)
+    moe_extra = (
+        moe_activation_delta(
+            model,
+            strategy.micro_batch,
+            strategy.tp,
+            cp,
+            strategy.expert_imbalance,
+            strategy.recompute,
+            recompute_modules=modules,
+            **kernels,
+        )
+        if moe_here
+        else 0.0
+    )
+    if strategy.recompute == "full" and strategy.recompute_layers:  # only that many layers recomputed
+        kept = activation_bytes_per_layer(
+            seq_model,
+            strategy.micro_batch,
+            strategy.tp,
+            "none",
+            strategy.sequence_parallel,
+            strategy.attention,
+            value,
+            **kernels,
+        )
         r = min(strategy.recompute_layers, layers_here)
         stage_acts = r * per_layer + (layers_here - r) * kept
     else:
         stage_acts = per_layer * layers_here + moe_here * moe_extra
-    stage_acts -= strategy.offloaded(layers_here) * per_layer   # on the host (simlib.sim.offload)
+    stage_acts -= strategy.offloaded(layers_here) * per_layer  # on the host (simlib.sim.offload)
     chunks = chunk_layers(model, strategy) if not whole else None
-    if (not chunks and not whole and getattr(strategy, "ep_overlap", False) and strategy.schedule == "interleaved"
-            and strategy.virtual_stages > 1 and strategy.pp > 1):   # even chunks, one warm-up forward more
+    if (
+        not chunks
+        and not whole
+        and getattr(strategy, "ep_overlap", False)
+        and strategy.schedule == "interleaved"
+        and strategy.virtual_stages > 1
+        and strategy.pp > 1
+    ):  # even chunks, one warm-up forward more
         chunks = [[layers_here / strategy.virtual_stages] * strategy.virtual_stages] * strategy.pp
-    if chunks and layers_here:   # the forwards the rank holds, each of its chunk's layers
+    if chunks and layers_here:  # the forwards the rank holds, each of its chunk's layers
         activations = stage_acts / layers_here * interleaved_layer_passes(strategy, stage, chunks[stage])
     else:
         activations = stage_acts * in_flight_micro_batches(strategy, stage) * interleave_factor(strategy, stage)
-    rebuilt = 0.0   # the working set of recomputation: one layer's whole set
+    rebuilt = 0.0  # the working set of recomputation: one layer's whole set
     if strategy.recompute in ("full", "every_other", "op") and model.kind == "gpt":
-        rebuilt = activation_bytes_per_layer(seq_model, strategy.micro_batch, strategy.tp, "none",
-                                             strategy.sequence_parallel, strategy.attention, value,
-                                             **kernels) + moe_extra
+        rebuilt = (
+            activation_bytes_per_layer(
+                seq_model,
+                strategy.micro_batch,
+                strategy.tp,
+                "none",
+                strategy.sequence_parallel,
+                strategy.attention,
+                value,
+                **kernels,
+            )
+            + moe_extra
+        )
     if strategy.fsdp and model.kind == "gpt":
         # FSDP's working set: the unit being computed and the one prefetched, gathered in the parameter dtype,
         # and their unsharded gradients before the reduce-scatter (Zhao et al. 2023 §3.2)
@@ -367,7 +454,7 @@ def stage_memory(model, strategy, stage: int = 0) -> dict:
         # exists yet, so that peak counts beside them, the recomputed layer's (later) on top of them
         before_grads = grads if strategy.num_micro_batches == 1 else 0.0
         activations += max(head_in + 3 * logits - before_grads, rebuilt, 0.0) if last else rebuilt
-    else:   # Megatron's fused loss keeps one fp32 copy of this rank's V/tp logits
+    else:  # Megatron's fused loss keeps one fp32 copy of this rank's V/tp logits
         activations += rebuilt + logits / strategy.tp
     total = weights + grads + optimizer + activations
     return dict(weights=weights, gradients=grads, optimizer=optimizer, activations=activations, total=total)
@@ -379,10 +466,12 @@ def check_fits(model, strategy, hardware, headroom: float = 0.9) -> dict:
     limit = headroom * hardware.memory_bytes
     if mem["total"] > limit:
         parts = ", ".join(f"{k} {v / 1e9:.1f} GB" for k, v in mem.items() if k != "total")
-        raise DoesNotFit(f"{model.name} with dp={strategy.dp} tp={strategy.tp} pp={strategy.pp} "
-                         f"zero={strategy.zero_stage} needs {mem['total'] / 1e9:.1f} GB per device ({parts}); "
-                         f"{hardware.name} has {hardware.memory_bytes / 1e9:.0f} GB ({headroom:.0%} usable). "
-                         "Try a higher ZeRO stage, more tp/pp, a smaller micro-batch or recomputation.")
+        raise DoesNotFit(
+            f"{model.name} with dp={strategy.dp} tp={strategy.tp} pp={strategy.pp} "
+            f"zero={strategy.zero_stage} needs {mem['total'] / 1e9:.1f} GB per device ({parts}); "
+            f"{hardware.name} has {hardware.memory_bytes / 1e9:.0f} GB ({headroom:.0%} usable). "
+            "Try a higher ZeRO stage, more tp/pp, a smaller micro-batch or recomputation."
+        )
     return mem
 
 

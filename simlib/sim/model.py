@@ -16,7 +16,6 @@ the full s×s attention (the convention of Narayanan et al. eq. 3, llm-foundry's
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from .attention import mla_gemms, mla_params, mtp_params

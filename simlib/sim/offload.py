@@ -14,11 +14,13 @@ Megatron-Bridge's performance recipes turn it on for Llama 3 70B under Megatron-
 ``utils/overrides.py`` sets ``cpu_offloading=True``, ``cpu_offloading_weights=False``), so these runs fit in memory
 where the simulator without it says they cannot.
 """
+
 from __future__ import annotations
 
 
-def offload_exposed(strategy, hardware, layers_here: int, layer_bytes: float, layer_forward: float,
-                    layer_backward: float) -> float:
+def offload_exposed(
+    strategy, hardware, layers_here: int, layer_bytes: float, layer_forward: float, layer_backward: float
+) -> float:
     """Seconds per micro-batch that the offload copies add to a stage: for each of the ``n`` offloaded layers,
     the device-to-host copy of ``layer_bytes`` beyond ``L // n`` layers' forward, and the host-to-device copy
     beyond as many layers' backward (``hardware.host_link`` bytes/s each way)."""
@@ -44,9 +46,16 @@ def offload_time(model, hardware, strategy, stage: dict) -> float:
     if not s.offload_layers or model.kind != "gpt":
         return 0.0
     seq_model = replace(model, seq_len=model.seq_len // s.cp) if s.cp > 1 else model
-    layer_bytes = activation_bytes_per_layer(seq_model, s.micro_batch, s.tp, s.recompute, s.sequence_parallel,
-                                             s.attention, kept_value_bytes(s), **saved_by(s),   # as memory keeps it
-                                             recompute_modules=tuple(getattr(s, "recompute_modules", ())))
-    layers_here = max(s.stage_layers(model.layers)) if s.virtual_stages == 1 or s.stage_layout else \
-        model.layers // s.pp
+    layer_bytes = activation_bytes_per_layer(
+        seq_model,
+        s.micro_batch,
+        s.tp,
+        s.recompute,
+        s.sequence_parallel,
+        s.attention,
+        kept_value_bytes(s),
+        **saved_by(s),  # as memory keeps it
+        recompute_modules=tuple(getattr(s, "recompute_modules", ())),
+    )
+    layers_here = max(s.stage_layers(model.layers)) if s.virtual_stages == 1 or s.stage_layout else model.layers // s.pp
     return offload_exposed(s, hardware, layers_here, layer_bytes, stage["layer_forward"], stage["layer_backward"])

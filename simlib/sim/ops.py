@@ -1,5 +1,6 @@
 """The operator a layer is made of (:class:`Op`) and the GEMMs' backward rule: shared by :mod:`simlib.sim.layer`
 and :mod:`simlib.sim.cluster_ops`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,15 +12,15 @@ class Op:
     memory-bound kernel moving ``bytes``, or a collective of ``bytes`` (``collective``: all_reduce, ...)."""
 
     name: str
-    kind: str                 # "gemm" | "memory" | "comm" | "attention" (a fused FlashAttention kernel)
-    bytes: float              # memory traffic (gemm, memory) or message size (comm), all counts together
-    shape: tuple = ()         # gemm: (m, k, n)
-    count: int = 1            # gemm: how many such GEMMs (batched attention: micro_batch × heads per rank)
-    collective: str = ""      # comm: all_reduce | reduce_scatter | all_gather | all_to_all | p2p
-    group: str = "tp"         # comm: the group of the rank grid it runs on (tp, cp, ep; see topology)
-    overlap: str = ""         # comm: "attention" — a ring's hops, hidden behind the attention steps
-    pairs: float = 0.0        # attention: visible (query, key) pairs per sequence and head (0: causal over the
-                              # shape's keys, s_q·s_k/2; a sliding window has fewer: attention.visible_pairs)
+    kind: str  # "gemm" | "memory" | "comm" | "attention" (a fused FlashAttention kernel)
+    bytes: float  # memory traffic (gemm, memory) or message size (comm), all counts together
+    shape: tuple = ()  # gemm: (m, k, n)
+    count: int = 1  # gemm: how many such GEMMs (batched attention: micro_batch × heads per rank)
+    collective: str = ""  # comm: all_reduce | reduce_scatter | all_gather | all_to_all | p2p
+    group: str = "tp"  # comm: the group of the rank grid it runs on (tp, cp, ep; see topology)
+    overlap: str = ""  # comm: "attention" — a ring's hops, hidden behind the attention steps
+    pairs: float = 0.0  # attention: visible (query, key) pairs per sequence and head (0: causal over the
+    # shape's keys, s_q·s_k/2; a sliding window has fewer: attention.visible_pairs)
 
     @property
     def exps(self) -> float:
@@ -31,8 +32,8 @@ class Op:
 
     @property
     def flops(self) -> float:
-        if self.kind == "attention":   # causal: half of Q·Kᵀ and P·V (2·s²·d each); backward 2.5× (Dao 2023)
-            s_q, d, s_k = self.shape    # context parallelism: s/cp queries against the whole sequence
+        if self.kind == "attention":  # causal: half of Q·Kᵀ and P·V (2·s²·d each); backward 2.5× (Dao 2023)
+            s_q, d, s_k = self.shape  # context parallelism: s/cp queries against the whole sequence
             forward = 4.0 * (self.pairs or s_q * s_k / 2) * d * self.count
             return 2.5 * forward if "backward" in self.name else forward
         if self.kind != "gemm":

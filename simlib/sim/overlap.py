@@ -1,4 +1,5 @@
 """Tensor-parallel communication overlap, priced as partial: what stays exposed and what the GEMMs lose."""
+
 from __future__ import annotations
 
 from .layer import op_time
@@ -16,7 +17,7 @@ def tp_overlap_exposed(ops, times, exposed, hardware, strategy, processes=1):
     (cp, ep) are left as they were."""
     s = strategy
     gemm_at = [i for i, op in enumerate(ops) if op.kind == "gemm"]
-    room = {i: op_time(ops[i], hardware, s, processes, s.threads) for i in gemm_at}   # GEMM time left to hide in
+    room = {i: op_time(ops[i], hardware, s, processes, s.threads) for i in gemm_at}  # GEMM time left to hide in
     out, slow = exposed, 0.0
     for i, (op, t) in enumerate(zip(ops, times)):
         if not (op.kind == "comm" and op.group == "tp" and op.collective in ("all_gather", "reduce_scatter")):
@@ -32,7 +33,7 @@ def tp_overlap_exposed(ops, times, exposed, hardware, strategy, processes=1):
         hidden = min(chunks, room[j])
         room[j] -= hidden
         out -= hidden
-        slow += hidden * TP_OVERLAP_GEMM_SLOWDOWN   # the GEMM runs slower while the chunks share its SMs
+        slow += hidden * TP_OVERLAP_GEMM_SLOWDOWN  # the GEMM runs slower while the chunks share its SMs
     return max(out, 0.0), slow
 
 

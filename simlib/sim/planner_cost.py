@@ -12,10 +12,12 @@ reads — a copy of the strategy with the fields it does *not* read set to their
 
 The planner re-prices its top plans with ``predict`` itself and falls back to it if they disagree.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
 from functools import lru_cache
+
 from .cpu_share import combine_entry
 
 
@@ -25,8 +27,11 @@ def divisors(n: int) -> list[int]:
 
 def label(s) -> str:
     """A plan's short name: ``dp16 tp8 pp4 1f1b m32 mb1 zero1 full-recompute``."""
-    parts = [f"{a}{getattr(s, a, 1)}" + (f"({s.cp_kind})" if a == "cp" else "")
-             for a in ("dp", "tp", "pp", "cp", "ep") if getattr(s, a, 1) > 1]
+    parts = [
+        f"{a}{getattr(s, a, 1)}" + (f"({s.cp_kind})" if a == "cp" else "")
+        for a in ("dp", "tp", "pp", "cp", "ep")
+        if getattr(s, a, 1) > 1
+    ]
     if s.pp > 1:
         parts.append(s.schedule + (f" v{s.virtual_stages}" if s.virtual_stages > 1 else ""))
     parts.append(f"mb{s.micro_batch} x{s.num_micro_batches}")
@@ -42,16 +47,44 @@ def label(s) -> str:
 
 
 # fields each cached part does not read, and the value its key sets them to (``Strategy``'s defaults)
-_NOT_STAGE = dict(dp=1, num_micro_batches=1, zero_stage=0, overlap=False, fsdp=False, schedule="1f1b",
-                  virtual_stages=1, bucket_bytes=25e6, shard_size=0, reduce_dtype="")
-_NOT_SYNC = dict(micro_batch=1, num_micro_batches=1, recompute="none", schedule="1f1b", virtual_stages=1,
-                 overlap=False, tp_overlap=False, sequence_parallel=False, fsdp=False, shard_size=0,
-                 reduce_dtype="")
+_NOT_STAGE = dict(
+    dp=1,
+    num_micro_batches=1,
+    zero_stage=0,
+    overlap=False,
+    fsdp=False,
+    schedule="1f1b",
+    virtual_stages=1,
+    bucket_bytes=25e6,
+    shard_size=0,
+    reduce_dtype="",
+)
+_NOT_SYNC = dict(
+    micro_batch=1,
+    num_micro_batches=1,
+    recompute="none",
+    schedule="1f1b",
+    virtual_stages=1,
+    overlap=False,
+    tp_overlap=False,
+    sequence_parallel=False,
+    fsdp=False,
+    shard_size=0,
+    reduce_dtype="",
+)
 
 
 # stage fields the compute floor does not depend on (:meth:`FastPricer.floor`)
-_NOT_FLOOR = ("recompute", "tp_overlap", "recompute_layers", "pp", "virtual_stages", "first_stage_layers",
-              "last_stage_layers", "pipeline_flushes")
+_NOT_FLOOR = (
+    "recompute",
+    "tp_overlap",
+    "recompute_layers",
+    "pp",
+    "virtual_stages",
+    "first_stage_layers",
+    "last_stage_layers",
+    "pipeline_flushes",
+)
 
 
 class FastPricer:
@@ -61,6 +94,7 @@ class FastPricer:
         import dataclasses
 
         from .strategy import Strategy
+
         self.model, self.hw, self.processes, self.exact = model, hardware, processes, exact
         self.gpt = model.kind == "gpt"
         names = [f.name for f in dataclasses.fields(Strategy)]
@@ -68,8 +102,8 @@ class FastPricer:
         self._sync_fields = tuple(n for n in names if n not in _NOT_SYNC)
         self._stages, self._syncs, self._p2p, self._ops, self._floors, self._floor_comm = {}, {}, {}, {}, {}, {}
         self._small = lru_cache(maxsize=None)(self._small_uncached)
-        self._flops = model.flops_per_sample()   # the MFU's numerator: one model, one number
-        self._at = None   # processes to price at in place of procs(s) (at_own_cores)
+        self._flops = model.flops_per_sample()  # the MFU's numerator: one model, one number
+        self._at = None  # processes to price at in place of procs(s) (at_own_cores)
 
     def procs(self, s) -> int:
         return self._at or self.processes or min(s.world_size, self.hw.devices_per_node)
@@ -87,16 +121,19 @@ class FastPricer:
 
     def memory(self, s) -> dict:
         from .memory import memory_per_device
+
         return memory_per_device(self.model, s)
 
     def predict(self, s):
         from .cost import predict
+
         return predict(self.model, self.hw, s, self.procs(s))
 
     # ---- the cached parts: keyed on the values of the fields each one reads ----
     def _small_uncached(self, s, layer_forward, layer_backward, act_bytes):
         from .cost import fsdp_comm
         from .topology import p2p_time
+
         f = fsdp_comm(self.model, self.hw, s, layer_forward, layer_backward) if s.fsdp else None
         return f, p2p_time(act_bytes, s, self.hw)
 
@@ -104,6 +141,7 @@ class FastPricer:
         """One micro-batch of the slowest pipeline stage (``gpt_stage``) of ``s.replace(**changes)``, once per
         set of the fields it reads (the replaced strategy is built only when it is priced)."""
         from .cost import gpt_stage
+
         p = self.procs(s)
         # with ep > 1 the all-to-all's group spans dp (its placement on the nodes): dp stays in the key
         dp = s.dp if s.ep > 1 else 1
@@ -121,15 +159,18 @@ class FastPricer:
 
     def parts(self, s):
         from .cost import dp_comm_time, embedding_sync_time, optimizer_time
+
         p = self.procs(s)
         stage = self.stage(s)
         key = (p,) + tuple(getattr(s, n) for n in self._sync_fields)
         sync = self._syncs.get(key)
         if sync is None:
             k = s.replace(**_NOT_SYNC)
-            sync = self._syncs[key] = (dp_comm_time(self.model, self.hw, k, p),
-                                       embedding_sync_time(self.model, self.hw, k),
-                                       optimizer_time(self.model, self.hw, k, p))
+            sync = self._syncs[key] = (
+                dp_comm_time(self.model, self.hw, k, p),
+                embedding_sync_time(self.model, self.hw, k),
+                optimizer_time(self.model, self.hw, k, p),
+            )
         return stage, sync, p
 
     def floor(self, s, tp_overlap: bool = False, **changes) -> float:
@@ -146,11 +187,12 @@ class FastPricer:
         Operator times are ``op_time``'s own, memoized with :meth:`parts`."""
         if not self.gpt:
             return 0.0
-        if self._at is None and self.hw.own_cores(self.procs(s)):   # shared cores: the step >= a core per rank's
+        if self._at is None and self.hw.own_cores(self.procs(s)):  # shared cores: the step >= a core per rank's
             with self.at_own_cores(s):
                 return self.floor(s, tp_overlap, **changes)
-        key = (self.procs(s),) + tuple(changes[n] if n in changes else getattr(s, n)
-                                      for n in self._stage_fields if n not in _NOT_FLOOR)
+        key = (self.procs(s),) + tuple(
+            changes[n] if n in changes else getattr(s, n) for n in self._stage_fields if n not in _NOT_FLOOR
+        )
         layer = self._floors.get(key)
         if layer is None:
             layer = self._floors[key] = self._layer_floor(s.replace(**changes) if changes else s)
@@ -160,9 +202,10 @@ class FastPricer:
         if per_layer is None:
             places: dict = {}
             per_layer = self._floor_comm[grid] = {
-                expert: compute + sum(self._op_time(op, s, places) for op in comms
-                                      if not (tp_overlap and op.group == "tp"))
-                for expert, (compute, comms) in layer.items()}
+                expert: compute
+                + sum(self._op_time(op, s, places) for op in comms if not (tp_overlap and op.group == "tp"))
+                for expert, (compute, comms) in layer.items()
+            }
         model = self.model
         stages = s.stage_layers(model.layers) if s.virtual_stages == 1 else [model.layers / s.pp] * s.pp
         dense_end = model.dense_layers if model.experts else model.layers
@@ -183,6 +226,7 @@ class FastPricer:
     def _op_time(self, op, s, places):
         from .cost import op_time
         from .layer import op_time_key
+
         p = self.procs(s)
         k = op_time_key(op, self.hw, s, p, s.threads, places)
         t = self._ops.get(k)
@@ -198,7 +242,7 @@ class FastPricer:
         plus the pipeline messages; the data-parallel sync and the optimizer (>= 0) are left out."""
         if not self.gpt or self.exact:
             return self.floor(s)
-        if self._at is None and self.hw.own_cores(self.procs(s)):   # as floor: a core per rank is a lower bound
+        if self._at is None and self.hw.own_cores(self.procs(s)):  # as floor: a core per rank is a lower bound
             with self.at_own_cores(s):
                 return self.bound(s, variants)
         least = None
@@ -216,17 +260,19 @@ class FastPricer:
         """Per layer kind (dense, MoE): (compute seconds, the collectives compute does not hide)."""
         from .cluster_ops import moe_host_overhead
         from .layer import strategy_layer_ops
+
         out = {}
-        for expert in ((False, True) if self.model.experts else (False,)):
+        for expert in (False, True) if self.model.experts else (False,):
             ops = strategy_layer_ops(self.model, s, expert, self.hw)
             compute = 0.0
             for op in ops["forward"] + ops["backward"]:
-                if op.kind in ("gemm", "memory", "attention"):   # what gpt_stage counts as compute
+                if op.kind in ("gemm", "memory", "attention"):  # what gpt_stage counts as compute
                     compute += self._op_time(op, s, None)
-            if expert:   # the host's per-expert launches, as gpt_stage charges them per pass
+            if expert:  # the host's per-expert launches, as gpt_stage charges them per pass
                 compute += moe_host_overhead(self.model, s, self.hw)
-            comms = tuple(op for op in ops["forward"] + ops["backward"]
-                          if op.kind == "comm" and op.overlap != "attention")   # exposed whole (exposed_comm)
+            comms = tuple(
+                op for op in ops["forward"] + ops["backward"] if op.kind == "comm" and op.overlap != "attention"
+            )  # exposed whole (exposed_comm)
             out[expert] = (compute, comms)
         return out
 
@@ -243,15 +289,22 @@ class FastPricer:
         model = self.model
         if self.exact or not self.gpt:
             pr = self.predict(s)
-            return dict(strategy=s, step_time=pr.step_time, compute=pr.compute, bubble=pr.bubble,
-                        optimizer=pr.optimizer, exposed_comm=pr.exposed_comm,
-                        tokens_per_s=global_batch * model.seq_len / pr.step_time,
-                        mfu=self._flops * global_batch / (pr.step_time * s.world_size
-                                                                        * self.hw.peak(s.dtype, self.procs(s))),
-                        **{k: pr.breakdown.get(k, 0.0) for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm",
-                                                                  "dp_exposed", "dp_comm", "embedding_sync")})
+            return dict(
+                strategy=s,
+                step_time=pr.step_time,
+                compute=pr.compute,
+                bubble=pr.bubble,
+                optimizer=pr.optimizer,
+                exposed_comm=pr.exposed_comm,
+                tokens_per_s=global_batch * model.seq_len / pr.step_time,
+                mfu=self._flops * global_batch / (pr.step_time * s.world_size * self.hw.peak(s.dtype, self.procs(s))),
+                **{
+                    k: pr.breakdown.get(k, 0.0)
+                    for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_exposed", "dp_comm", "embedding_sync")
+                },
+            )
         out = self._fast_price(s, global_batch)
-        if self._at is None and self.hw.own_cores(self.procs(s)):   # predict's processor sharing, the same way
+        if self._at is None and self.hw.own_cores(self.procs(s)):  # predict's processor sharing, the same way
             with self.at_own_cores(s):
                 alone = self._fast_price(s, global_batch)
             out = combine_entry(out, alone)
@@ -267,7 +320,7 @@ class FastPricer:
         tp_per_mb = st["forward_comm"] + st["backward_comm"]
         compute = m * (t_fwd + t_bwd)
         cp_comm, ep_comm = (m * st["cp_comm"], m * st["ep_comm"]) if s.cp > 1 or s.ep > 1 else (0.0, 0.0)
-        tp_comm = m * tp_per_mb - cp_comm - ep_comm   # the stage's comm holds the cp and ep collectives too
+        tp_comm = m * tp_per_mb - cp_comm - ep_comm  # the stage's comm holds the cp and ep collectives too
         bubble = s.pipeline_flushes * (s.pp - 1) * (t_fwd + t_bwd + tp_per_mb) / v if s.pp > 1 else 0.0
         if s.fsdp:
             f, p2p = self._small(s, st["layer_forward"], st["layer_backward"], act_bytes)
@@ -281,10 +334,24 @@ class FastPricer:
         exposed = tp_comm + cp_comm + ep_comm + pp_comm + dp_exposed + embed
         step = compute + bubble + exposed + opt
         mfu = self._flops * global_batch / (step * s.world_size * self.hw.peak(s.dtype, p))
-        return dict(strategy=s, step_time=step, compute=compute, bubble=bubble, optimizer=opt,
-                    exposed_comm=exposed, tokens_per_s=global_batch * model.seq_len / step, mfu=mfu,
-                    tp_comm=tp_comm, cp_comm=cp_comm, ep_comm=ep_comm, pp_comm=pp_comm, dp_exposed=dp_exposed,
-                    dp_comm=dp_total, embedding_sync=embed, stage_idle=m * st["stage_excess"])
+        return dict(
+            strategy=s,
+            step_time=step,
+            compute=compute,
+            bubble=bubble,
+            optimizer=opt,
+            exposed_comm=exposed,
+            tokens_per_s=global_batch * model.seq_len / step,
+            mfu=mfu,
+            tp_comm=tp_comm,
+            cp_comm=cp_comm,
+            ep_comm=ep_comm,
+            pp_comm=pp_comm,
+            dp_exposed=dp_exposed,
+            dp_comm=dp_total,
+            embedding_sync=embed,
+            stage_idle=m * st["stage_excess"],
+        )
 
     def _small_p2p(self, s, act_bytes):
         if s.pp == 1:
@@ -293,5 +360,6 @@ class FastPricer:
         out = self._p2p.get(key)
         if out is None:
             from .topology import p2p_time
+
             out = self._p2p[key] = (None, p2p_time(act_bytes, s, self.hw))
         return out

@@ -5,19 +5,31 @@ in the format ``simlib train --config`` reads (``simlib/config.py``: ``[run]``, 
 ``tests/test_planner.py`` parses it back through ``simlib train``'s own resolver and compares the Plan);
 ``sbatch`` writes the SLURM script that runs that file with ``torchrun -m simlib train``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 
 from .planner_cost import FastPricer, label
 
-SPLIT_TERMS = (("compute", "compute"), ("recompute", "recomputation"), ("bubble", "pipeline bubble"),
-               ("tp_comm", "exposed tp comm"), ("cp_comm", "exposed cp comm"), ("ep_comm", "exposed ep all-to-all"),
-               ("pp_comm", "pp messages"), ("dp_exposed", "exposed dp/ZeRO sync"),
-               ("embedding_sync", "embedding sync"), ("optimizer", "optimizer"))
+SPLIT_TERMS = (
+    ("compute", "compute"),
+    ("recompute", "recomputation"),
+    ("bubble", "pipeline bubble"),
+    ("tp_comm", "exposed tp comm"),
+    ("cp_comm", "exposed cp comm"),
+    ("ep_comm", "exposed ep all-to-all"),
+    ("pp_comm", "pp messages"),
+    ("dp_exposed", "exposed dp/ZeRO sync"),
+    ("embedding_sync", "embedding sync"),
+    ("optimizer", "optimizer"),
+)
 # the terms as a figure draws them (simlib.widgets.planner_figure: one colour each): cp and ep comm within tp's
-TERMS = tuple((k, "exposed tp/cp/ep comm" if k == "tp_comm" else name) for k, name in SPLIT_TERMS
-              if k not in ("cp_comm", "ep_comm"))
+TERMS = tuple(
+    (k, "exposed tp/cp/ep comm" if k == "tp_comm" else name)
+    for k, name in SPLIT_TERMS
+    if k not in ("cp_comm", "ep_comm")
+)
 
 
 def pricer_of(result) -> FastPricer:
@@ -89,13 +101,15 @@ def faster_but_too_big(result, n: int = 3) -> list[dict]:
 
 def report(result, top: int = 3, alternatives: int = 3) -> str:
     m, hw = result.model, result.hardware
-    lines = [f"{m.name}: {m.params / 1e9:.2f} B parameters, sequence {m.seq_len}; {result.world_size} x {hw.name} "
-             f"({hw.devices_per_node} per node); global batch {result.global_batch} "
-             f"({result.global_batch * m.seq_len:,} tokens); memory limit {_gb(result.memory_limit)} per device",
-             f"searched {result.considered:,} combinations in {result.seconds:.2f} s "
-             f"({result.plans_per_second:,.0f} per second): {len(result.ranked):,} valid and fit, "
-             f"{len(result.too_big):,} valid but over the memory limit, {sum(result.refused.values()):,} refused "
-             "by validation" + (" (priced by sim.predict)" if result.exact else "")]
+    lines = [
+        f"{m.name}: {m.params / 1e9:.2f} B parameters, sequence {m.seq_len}; {result.world_size} x {hw.name} "
+        f"({hw.devices_per_node} per node); global batch {result.global_batch} "
+        f"({result.global_batch * m.seq_len:,} tokens); memory limit {_gb(result.memory_limit)} per device",
+        f"searched {result.considered:,} combinations in {result.seconds:.2f} s "
+        f"({result.plans_per_second:,.0f} per second): {len(result.ranked):,} valid and fit, "
+        f"{len(result.too_big):,} valid but over the memory limit, {sum(result.refused.values()):,} refused "
+        "by validation" + (" (priced by sim.predict)" if result.exact else ""),
+    ]
     for msg, count in sorted(result.refused.items(), key=lambda kv: -kv[1])[:4]:
         lines.append(f"  refused {count:,} x: {msg}")
     lines += [f"  {note}" for note in result.notes]
@@ -104,30 +118,38 @@ def report(result, top: int = 3, alternatives: int = 3) -> str:
     lines.append("\nbest plans (fastest first):")
     for i, r in enumerate(result.ranked[:top]):
         trainer = "simlib train runs it" if result.trainer(r) is not None else r["why_not_trainer"]
-        lines.append(f"{i + 1}. {label(r['strategy'])}: step {r['step_time']:.4g} s, {r['tokens_per_s']:,.0f} "
-                     f"tokens/s, MFU {r['mfu']:.1%}, {_gb(r['memory']['total'])} per device ({trainer})")
+        lines.append(
+            f"{i + 1}. {label(r['strategy'])}: step {r['step_time']:.4g} s, {r['tokens_per_s']:,.0f} "
+            f"tokens/s, MFU {r['mfu']:.1%}, {_gb(r['memory']['total'])} per device ({trainer})"
+        )
         lines.append(f"   time: {where_time_goes(result, r)}")
     best = result.best
     alts = other_layouts(result, alternatives)
     if alts:
         lines.append("\nthe best of other layouts, and why they lose:")
         for r in alts:
-            lines.append(f"- {label(r['strategy'])}: {r['step_time'] / best['step_time'] - 1:+.1%} "
-                         f"({r['step_time']:.4g} s): {why_slower(result, r, best)}")
+            lines.append(
+                f"- {label(r['strategy'])}: {r['step_time'] / best['step_time'] - 1:+.1%} "
+                f"({r['step_time']:.4g} s): {why_slower(result, r, best)}"
+            )
     big = faster_but_too_big(result)
     if big:
         lines.append("\nfaster, but over the memory limit:")
         for r in big:
-            lines.append(f"- {label(r['strategy'])}: {1 - r['step_time'] / best['step_time']:.1%} faster, needs "
-                         f"{_gb(r['memory']['total'])} per device, {_gb(r['excess'])} over the limit")
+            lines.append(
+                f"- {label(r['strategy'])}: {1 - r['step_time'] / best['step_time']:.1%} faster, needs "
+                f"{_gb(r['memory']['total'])} per device, {_gb(r['excess'])} over the limit"
+            )
     run = result.best_runnable
     if run is None:
         lines.append("\nno ranked plan runs under simlib train as it is (each needs a knob the trainer lacks)")
     elif run is not best:
         result.trainer(best)
-        lines.append(f"\nbest plan simlib train runs: {label(run['strategy'])} "
-                     f"({run['step_time'] / best['step_time'] - 1:+.1%}); the best needs: "
-                     f"{best['why_not_trainer'].replace('simlib train has no knob for ', '')}")
+        lines.append(
+            f"\nbest plan simlib train runs: {label(run['strategy'])} "
+            f"({run['step_time'] / best['step_time'] - 1:+.1%}); the best needs: "
+            f"{best['why_not_trainer'].replace('simlib train has no knob for ', '')}"
+        )
     return "\n".join(lines)
 
 
@@ -141,6 +163,7 @@ def spearman(a, b) -> float:
         for pos, i in enumerate(sorted(range(len(x)), key=lambda i: x[i])):
             out[i] = float(pos)
         return out
+
     ra, rb = ranks(a), ranks(b)
     mean = (len(a) - 1) / 2
     cov = sum((x - mean) * (y - mean) for x, y in zip(ra, rb))
@@ -163,27 +186,38 @@ def toml(result, entry=None, project: str = "gpt", steps: int | None = None) -> 
     """``entry`` (default: the best plan ``simlib train`` runs) as a ``simlib train --config`` file."""
     entry = entry or result.best_runnable
     if entry is None or result.trainer(entry) is None:
-        raise ValueError("no ranked plan runs under simlib train as it is: widen the search "
-                         "(trainer_only=True keeps only those) or pick one with result.ranked[i]['plan']")
+        raise ValueError(
+            "no ranked plan runs under simlib train as it is: widen the search "
+            "(trainer_only=True keeps only those) or pick one with result.ranked[i]['plan']"
+        )
     plan = entry["plan"]
     always = ("dp", "tp", "pp", "accumulation")  # simlib train fills a degree or accumulation that is absent
-    changed = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)
-               if f.init and (getattr(plan, f.name) != f.default or f.name in always)}
+    changed = {
+        f.name: getattr(plan, f.name)
+        for f in dataclasses.fields(plan)
+        if f.init and (getattr(plan, f.name) != f.default or f.name in always)
+    }
     if result.task is not None:
-        task = {f.name: getattr(result.task, f.name) for f in dataclasses.fields(result.task)
-                if f.init and f.name != "name"}
+        task = {
+            f.name: getattr(result.task, f.name) for f in dataclasses.fields(result.task) if f.init and f.name != "name"
+        }
         what = f"the {project} project's task"
     else:  # the GPT project at this model's shape: same width, depth, heads and context
         m = result.model
         task = dict(seq_len=m.seq_len, hidden=m.hidden, num_layers=m.layers, num_heads=m.heads)
-        what = (f"the GPT project at {m.name}'s width, depth, heads and context (the project's GPT has "
-                "LayerNorm, GeLU and full attention heads, and its own vocabulary)")
+        what = (
+            f"the GPT project at {m.name}'s width, depth, heads and context (the project's GPT has "
+            "LayerNorm, GeLU and full attention heads, and its own vocabulary)"
+        )
     task["global_batch"] = result.global_batch
     s = entry["strategy"]
-    header = [f"simlib plan: {label(s)} on {result.world_size} x {result.hardware.name}",
-              f"predicted: step {entry['step_time']:.4g} s, {entry['tokens_per_s']:,.0f} tokens/s, MFU "
-              f"{entry['mfu']:.1%}, {_gb(entry['memory']['total'])} per device",
-              f"task: {what}", f"run: simlib train --config THIS_FILE (under torchrun/srun: one rank per device)"]
+    header = [
+        f"simlib plan: {label(s)} on {result.world_size} x {result.hardware.name}",
+        f"predicted: step {entry['step_time']:.4g} s, {entry['tokens_per_s']:,.0f} tokens/s, MFU "
+        f"{entry['mfu']:.1%}, {_gb(entry['memory']['total'])} per device",
+        f"task: {what}",
+        "run: simlib train --config THIS_FILE (under torchrun/srun: one rank per device)",
+    ]
     run = dict(project=project, world_size=result.world_size)
     sections = [("run", run), ("plan", changed), ("task", task)]
     if steps:
@@ -204,16 +238,18 @@ def sbatch(result, config_path: str = "plan.toml", hours: int = 24, port: int = 
     entry = result.best_runnable
     what = label(entry["strategy"]) if entry else "(no runnable plan)"
     gpus = "" if hw.cores else f"#SBATCH --gpus-per-node={per_node}\n"
-    return (f"#!/bin/bash\n"
-            f"# simlib plan: {result.model.name}, {what}, on {nodes} node(s) x {per_node} {hw.name} device(s)\n"
-            f"#SBATCH --job-name=simlib-plan\n"
-            f"#SBATCH --nodes={nodes}\n"
-            f"#SBATCH --ntasks-per-node=1\n"
-            f"{gpus}"
-            f"#SBATCH --exclusive\n"
-            f"#SBATCH --time={hours}:00:00\n"
-            f"set -euo pipefail\n"
-            f"head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
-            f"srun torchrun --nnodes \"$SLURM_JOB_NUM_NODES\" --nproc-per-node {per_node} \\\n"
-            f"    --rdzv-id \"$SLURM_JOB_ID\" --rdzv-backend c10d --rdzv-endpoint \"$head_node:{port}\" \\\n"
-            f"    -m simlib train --config {config_path}\n")
+    return (
+        f"#!/bin/bash\n"
+        f"# simlib plan: {result.model.name}, {what}, on {nodes} node(s) x {per_node} {hw.name} device(s)\n"
+        f"#SBATCH --job-name=simlib-plan\n"
+        f"#SBATCH --nodes={nodes}\n"
+        f"#SBATCH --ntasks-per-node=1\n"
+        f"{gpus}"
+        f"#SBATCH --exclusive\n"
+        f"#SBATCH --time={hours}:00:00\n"
+        f"set -euo pipefail\n"
+        f'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+        f'srun torchrun --nnodes "$SLURM_JOB_NUM_NODES" --nproc-per-node {per_node} \\\n'
+        f'    --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d --rdzv-endpoint "$head_node:{port}" \\\n'
+        f"    -m simlib train --config {config_path}\n"
+    )

@@ -24,17 +24,30 @@ exponentials (:data:`BLACKWELL_EXP_RATE`): Blackwell doubled the tensor cores ov
 units (16 exponentials per clock per SM), so cuDNN's forward waits on them; Blackwell Ultra (B300/GB300) doubles their
 throughput (NVIDIA, "Making Softmax More Efficient with NVIDIA Blackwell Ultra", 2025).
 """
+
 from __future__ import annotations
 
-from .hardware import (AZURE_H200_ALLREDUCE, CALCULON_GEMM_EFFICIENCY, CALCULON_MEM_EFFICIENCY,
-                       H100_FLASH_ATTENTION, H100_FP8_GEMM_EFFICIENCY, H100_GEMM_EFFICIENCY, PRESETS, GiB, Hardware,
-                       Link, anchored)
+from .hardware import (
+    AZURE_H200_ALLREDUCE,
+    CALCULON_GEMM_EFFICIENCY,
+    CALCULON_MEM_EFFICIENCY,
+    H100_FLASH_ATTENTION,
+    H100_FP8_GEMM_EFFICIENCY,
+    H100_GEMM_EFFICIENCY,
+    PRESETS,
+    GiB,
+    Hardware,
+    Link,
+    anchored,
+)
 
 B200_BF16_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 1.51 / 2.25)
 B200_FP8_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 1.51 / 2.25 * 0.905)
 B200_FP4_EFFICIENCY = anchored(CALCULON_GEMM_EFFICIENCY, 5.50 / 9.0)
-BLACKWELL_ATTENTION = {"flash": {"forward": 0.71, "backward": 0.55},
-                       "flash1": {"forward": 0.71 * 0.40 / 0.73, "backward": 0.55 * 0.25 / 0.50}}
+BLACKWELL_ATTENTION = {
+    "flash": {"forward": 0.71, "backward": 0.55},
+    "flash1": {"forward": 0.71 * 0.40 / 0.73, "backward": 0.55 * 0.25 / 0.50},
+}
 # Scores per second a B200's softmax gets through in the kernel the published runs used (cuDNN's, through Transformer
 # Engine): FlashAttention-4 reaches 1,605 TFLOP/s forward at head dimension 128 by computing part of the exponentials
 # in software on the FMA units and is "up to 1.3x faster than cuDNN 9.13" (Zadouri et al. 2026; Together AI's
@@ -70,9 +83,10 @@ def _te_cast_efficiency(hbm: float, overhead_ms: dict, transpose: bool) -> float
     (M, K, N), dgrad (M, N, K) and wgrad (K, M, N) shapes, both usages as in training — at the recipe's bytes per
     element (ops.fp8_cast_bytes); the mean over the recipes."""
     from .ops import fp8_cast_bytes
+
     m, h, i = 15872, 4096, 16384
-    shapes = [(m, h, 3 * h), (m, h, h), (m, h, i), (m, i, h)]                          # fprop: QKV, out, up, down
-    shapes += [(a, c, b) for a, b, c in shapes[:4]] + [(b, a, c) for a, b, c in shapes[:4]]   # dgrad, wgrad
+    shapes = [(m, h, 3 * h), (m, h, h), (m, h, i), (m, i, h)]  # fprop: QKV, out, up, down
+    shapes += [(a, c, b) for a, b, c in shapes[:4]] + [(b, a, c) for a, b, c in shapes[:4]]  # dgrad, wgrad
     elements = sum(a * b + b * c for a, b, c in shapes)
     rates = [elements * fp8_cast_bytes(r, 2, transpose) / (ms / 1e3) for r, ms in overhead_ms.items()]
     return sum(rates) / len(rates) / hbm
@@ -83,9 +97,10 @@ def _te_cast_efficiency(hbm: float, overhead_ms: dict, transpose: bool) -> float
 # alone: the same tutorial's H200 NVL (4.8 TB/s, Hopper: a transposed copy too) gives 20.285 - 16.785 ms for current
 # scaling, 0.89 — Calculon's figure (test_sim_blackwell_casts.py), so Hopper keeps the table
 BLACKWELL_CAST_EFFICIENCY = _te_cast_efficiency(
-    8e12, {r: TE_B300_AUTOCAST_MS[r] - sum(TE_B300_PREQUANTIZED_MS[r]) for r in TE_B300_AUTOCAST_MS}, False)
+    8e12, {r: TE_B300_AUTOCAST_MS[r] - sum(TE_B300_PREQUANTIZED_MS[r]) for r in TE_B300_AUTOCAST_MS}, False
+)
 BLACKWELL_ULTRA_EXP_RATE = 2 * BLACKWELL_EXP_RATE
-NVLINK5_BUSBW = 800e9          # B/s ring bus bandwidth (see the module docstring)
+NVLINK5_BUSBW = 800e9  # B/s ring bus bandwidth (see the module docstring)
 NDR_NIC, XDR_NIC = 47e9, 94e9  # B/s per GPU: ConnectX-7 400 Gb/s measured; ConnectX-8 800 Gb/s assumed 2x
 
 
@@ -96,47 +111,75 @@ NDR_NIC, XDR_NIC = 47e9, 94e9  # B/s per GPU: ConnectX-7 400 Gb/s measured; Conn
 PCIE5_X16, GRACE_C2C_PER_GPU = 64e9, 900e9 / 2 / 2
 
 
-def _blackwell(name, peaks, memory_gb, devices_per_node, nic, source, exp_rate=BLACKWELL_EXP_RATE,
-               host_link=PCIE5_X16) -> Hardware:
+def _blackwell(
+    name, peaks, memory_gb, devices_per_node, nic, source, exp_rate=BLACKWELL_EXP_RATE, host_link=PCIE5_X16
+) -> Hardware:
     h200 = Link.from_busbw(AZURE_H200_ALLREDUCE, 8)
     return Hardware(
-        name=name, peak_flops=peaks, memory_bytes=memory_gb * GiB,
-        memory_bandwidth=8.0e12, attention_efficiency=BLACKWELL_ATTENTION, exp_rate=exp_rate, host_link=host_link,
+        name=name,
+        peak_flops=peaks,
+        memory_bytes=memory_gb * GiB,
+        memory_bandwidth=8.0e12,
+        attention_efficiency=BLACKWELL_ATTENTION,
+        exp_rate=exp_rate,
+        host_link=host_link,
         intra=Link(h200.alpha, NVLINK5_BUSBW, {}, "NVLink 5: ~800 GB/s ring busbw (nccl #1807, Azure guide #7)"),
         inter=Link(5e-6, nic, {}, f"{nic / 1e9:.0f} GB/s per GPU NIC; α assumed"),
-        devices_per_node=devices_per_node, mem_efficiency=CALCULON_MEM_EFFICIENCY,
-        fp8_transpose=False, cast_efficiency=BLACKWELL_CAST_EFFICIENCY,   # TE: every FP8 layout; casts as measured
+        devices_per_node=devices_per_node,
+        mem_efficiency=CALCULON_MEM_EFFICIENCY,
+        fp8_transpose=False,
+        cast_efficiency=BLACKWELL_CAST_EFFICIENCY,  # TE: every FP8 layout; casts as measured
         backward_gemm_factor=BLACKWELL_BACKWARD_GEMM,
-        gemm_table={"bf16": B200_BF16_EFFICIENCY, "fp16": B200_BF16_EFFICIENCY, "fp8": B200_FP8_EFFICIENCY,
-                    "fp4": B200_FP4_EFFICIENCY},
-        source=source)
+        gemm_table={
+            "bf16": B200_BF16_EFFICIENCY,
+            "fp16": B200_BF16_EFFICIENCY,
+            "fp8": B200_FP8_EFFICIENCY,
+            "fp4": B200_FP4_EFFICIENCY,
+        },
+        source=source,
+    )
 
 
 def dgx_b200() -> Hardware:
     """DGX B200: 8 B200 (1,000 W) per node on NVLink 5, 180 GB HBM3e each, one 400 Gb/s NIC per GPU."""
-    return _blackwell("DGX B200", {"bf16": 2.25e15, "fp16": 2.25e15, "fp8": 4.5e15, "fp4": 9e15, "tf32": 1.1e15,
-                                   "fp32": 80e12}, 179, 8, NDR_NIC,
-                      "NVIDIA DGX B200 datasheet (via glennklockwood.com); nccl #1807; pytorch/ao PR 2427")
+    return _blackwell(
+        "DGX B200",
+        {"bf16": 2.25e15, "fp16": 2.25e15, "fp8": 4.5e15, "fp4": 9e15, "tf32": 1.1e15, "fp32": 80e12},
+        179,
+        8,
+        NDR_NIC,
+        "NVIDIA DGX B200 datasheet (via glennklockwood.com); nccl #1807; pytorch/ao PR 2427",
+    )
 
 
 def gb200_nvl72() -> Hardware:
     """GB200 NVL72: 72 B200 (1,200 W) in one NVLink domain (18 trays of 4), 186 GB HBM3e each, one ConnectX-7
     400 Gb/s NIC per GPU between racks. ``devices_per_node`` is the NVLink domain: a tensor-, context- or
     expert-parallel group of up to 72 stays on NVLink."""
-    return _blackwell("GB200 NVL72", {"bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15, "fp4": 10e15, "tf32": 1.25e15,
-                                      "fp32": 90e12}, 185, 72, NDR_NIC,
-                      "NVIDIA GB200 NVL72 datasheet (via glennklockwood.com); MLPerf GB200-186GB; Azure guide #7",
-                      host_link=GRACE_C2C_PER_GPU)
+    return _blackwell(
+        "GB200 NVL72",
+        {"bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15, "fp4": 10e15, "tf32": 1.25e15, "fp32": 90e12},
+        185,
+        72,
+        NDR_NIC,
+        "NVIDIA GB200 NVL72 datasheet (via glennklockwood.com); MLPerf GB200-186GB; Azure guide #7",
+        host_link=GRACE_C2C_PER_GPU,
+    )
 
 
 def dgx_b300(nvl72: bool = False) -> Hardware:
     """B300 (Blackwell Ultra): 288 GB HBM3e, FP4 15 PFLOP/s dense, one ConnectX-8 800 Gb/s NIC per GPU; 8 per
     NVLink domain (HGX/DGX B300), or 72 with ``nvl72=True`` (GB300 NVL72)."""
-    return _blackwell("GB300 NVL72" if nvl72 else "DGX B300",
-                      {"bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15, "fp4": 15e15, "tf32": 1.25e15, "fp32": 90e12},
-                      268, 72 if nvl72 else 8, XDR_NIC,
-                      "NVIDIA Blackwell Ultra (GTC 2025) announcement; peaks partly assumed (module docstring)",
-                      exp_rate=BLACKWELL_ULTRA_EXP_RATE, host_link=GRACE_C2C_PER_GPU if nvl72 else PCIE5_X16)
+    return _blackwell(
+        "GB300 NVL72" if nvl72 else "DGX B300",
+        {"bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15, "fp4": 15e15, "tf32": 1.25e15, "fp32": 90e12},
+        268,
+        72 if nvl72 else 8,
+        XDR_NIC,
+        "NVIDIA Blackwell Ultra (GTC 2025) announcement; peaks partly assumed (module docstring)",
+        exp_rate=BLACKWELL_ULTRA_EXP_RATE,
+        host_link=GRACE_C2C_PER_GPU if nvl72 else PCIE5_X16,
+    )
 
 
 # the names ``sim.preset`` knows (hardware.PRESETS is the one registry)
@@ -154,13 +197,18 @@ PRESETS.update({"b200": dgx_b200, "gb200": gb200_nvl72, "b300": dgx_b300, "gb300
 
 def _hopper_variant(name, bf16, fp8, memory_gib, hbm, source) -> Hardware:
     return Hardware(
-        name=name, peak_flops={"bf16": bf16, "fp16": bf16, "fp8": fp8, "fp32": bf16 / 14.8},  # fp32 ≈ as SXM's ratio
+        name=name,
+        peak_flops={"bf16": bf16, "fp16": bf16, "fp8": fp8, "fp32": bf16 / 14.8},  # fp32 ≈ as SXM's ratio
         memory_bytes=memory_gib * GiB,
-        memory_bandwidth=hbm, attention_efficiency=H100_FLASH_ATTENTION,
+        memory_bandwidth=hbm,
+        attention_efficiency=H100_FLASH_ATTENTION,
         intra=Link(10e-6, 50e9, {}, "PCIe Gen5 x16: ~50 GB/s bus bandwidth assumed (64 GB/s line rate)"),
         inter=Link(5e-6, 47e9, {}, "NDR 400 Gb/s per GPU (nccl-tests #290); α assumed"),
-        devices_per_node=8, gemm_table={"bf16": H100_GEMM_EFFICIENCY, "fp8": H100_FP8_GEMM_EFFICIENCY},
-        mem_efficiency=CALCULON_MEM_EFFICIENCY, source=source)
+        devices_per_node=8,
+        gemm_table={"bf16": H100_GEMM_EFFICIENCY, "fp8": H100_FP8_GEMM_EFFICIENCY},
+        mem_efficiency=CALCULON_MEM_EFFICIENCY,
+        source=source,
+    )
 
 
 def h100_pcie() -> Hardware:

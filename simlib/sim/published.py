@@ -16,6 +16,7 @@ vocabulary 51,200, full activation recomputation, achieved teraFLOP/s per GPU.
 - The paper counts FLOPs with its eq. (3), F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) per iteration, which
   includes the recomputed forward; predicted TFLOP/s per GPU = F / (predicted iteration time × GPUs).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,8 +27,10 @@ from .hardware import AZURE_A100_80GB_ALLREDUCE, Link, dgx_a100
 from .model import gpt
 from .strategy import Strategy
 
-SOURCE = ("Narayanan et al. 2021, SC'21 (arXiv 2104.04473), Table 1; configurations from NVIDIA/Megatron-LM "
-          "examples/sc21/run_table_1.sh")
+SOURCE = (
+    "Narayanan et al. 2021, SC'21 (arXiv 2104.04473), Table 1; configurations from NVIDIA/Megatron-LM "
+    "examples/sc21/run_table_1.sh"
+)
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class MegatronRun:
     """One row of Narayanan et al. 2021, Table 1 (with its run_table_1.sh settings)."""
 
     label: str
-    params_b: float        # billions, as printed in the paper
+    params_b: float  # billions, as printed in the paper
     heads: int
     hidden: int
     layers: int
@@ -43,11 +46,11 @@ class MegatronRun:
     pp: int
     gpus: int
     global_batch: int
-    micro_batch: int       # run_table_1.sh MBS
+    micro_batch: int  # run_table_1.sh MBS
     layers_per_chunk: int  # --num-layers-per-virtual-pipeline-stage (0: not interleaved)
-    ddp: str               # "torch" (overlapped) or "local"
-    tflops: float          # achieved teraFLOP/s per GPU (published)
-    percent_peak: int      # published % of theoretical peak
+    ddp: str  # "torch" (overlapped) or "local"
+    tflops: float  # achieved teraFLOP/s per GPU (published)
+    percent_peak: int  # published % of theoretical peak
 
     @property
     def dp(self) -> int:
@@ -66,15 +69,24 @@ class MegatronRun:
 
     def strategy(self):
         v = self.virtual_stages
-        return Strategy(dp=self.dp, tp=self.tp, pp=self.pp, micro_batch=self.micro_batch,
-                        num_micro_batches=self.num_micro_batches, recompute="full", dtype="fp16",
-                        schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
-                        overlap=self.ddp == "torch", sequence_parallel=False)
+        return Strategy(
+            dp=self.dp,
+            tp=self.tp,
+            pp=self.pp,
+            micro_batch=self.micro_batch,
+            num_micro_batches=self.num_micro_batches,
+            recompute="full",
+            dtype="fp16",
+            schedule="interleaved" if v > 1 else "1f1b",
+            virtual_stages=v,
+            overlap=self.ddp == "torch",
+            sequence_parallel=False,
+        )
 
     def paper_flops(self, seq_len: int = 2048, vocab: int = 51200) -> float:
         """FLOPs per iteration by the paper's eq. (3) (recomputation included)."""
-        B, s, l, h, V = self.global_batch, seq_len, self.layers, self.hidden, vocab
-        return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+        B, s, L, h, V = self.global_batch, seq_len, self.layers, self.hidden, vocab
+        return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
 
 
 # label, params (B), heads, hidden, layers, tp, pp, GPUs, batch, MBS, layers per virtual stage, DDP, TFLOP/s, %
@@ -101,15 +113,38 @@ def predict_run(run: MegatronRun, hardware=None) -> dict:
     p = predict(model, hardware, s)
     predicted = run.paper_flops() / (p.step_time * run.gpus) / 1e12 if p.fits else None
     b = p.breakdown
-    return dict(model=run.label, params_b_paper=run.params_b, params_b_formula=model.params / 1e9,
-                layers=run.layers, hidden=run.hidden, heads=run.heads, tp=run.tp, pp=run.pp, dp=run.dp,
-                gpus=run.gpus, global_batch=run.global_batch, micro_batch=run.micro_batch,
-                micro_batches=run.num_micro_batches, virtual_stages=run.virtual_stages, ddp=run.ddp,
-                published_tflops=run.tflops, published_percent_peak=run.percent_peak,
-                predicted_tflops=predicted, error=(predicted / run.tflops - 1) if predicted else None,
-                step_s=p.step_time, compute_s=p.compute, tp_comm_s=b["tp_comm"], pp_comm_s=b["pp_comm"],
-                pp_messages=b["pp_messages"], dp_exposed_s=b["dp_exposed"], embedding_sync_s=b["embedding_sync"],
-                bubble_s=p.bubble, optimizer_s=p.optimizer, memory_gb=p.memory["total"] / 1e9, fits=p.fits)
+    return dict(
+        model=run.label,
+        params_b_paper=run.params_b,
+        params_b_formula=model.params / 1e9,
+        layers=run.layers,
+        hidden=run.hidden,
+        heads=run.heads,
+        tp=run.tp,
+        pp=run.pp,
+        dp=run.dp,
+        gpus=run.gpus,
+        global_batch=run.global_batch,
+        micro_batch=run.micro_batch,
+        micro_batches=run.num_micro_batches,
+        virtual_stages=run.virtual_stages,
+        ddp=run.ddp,
+        published_tflops=run.tflops,
+        published_percent_peak=run.percent_peak,
+        predicted_tflops=predicted,
+        error=(predicted / run.tflops - 1) if predicted else None,
+        step_s=p.step_time,
+        compute_s=p.compute,
+        tp_comm_s=b["tp_comm"],
+        pp_comm_s=b["pp_comm"],
+        pp_messages=b["pp_messages"],
+        dp_exposed_s=b["dp_exposed"],
+        embedding_sync_s=b["embedding_sync"],
+        bubble_s=p.bubble,
+        optimizer_s=p.optimizer,
+        memory_gb=p.memory["total"] / 1e9,
+        fits=p.fits,
+    )
 
 
 def published_table(hardware=None):
@@ -132,12 +167,20 @@ def nccl_points(hardware=None, world_size: int = 8):
         factor = 2 * (n - 1) / n
         curve = factor * size / ring_all_reduce(size, n, hardware.intra) / 1e9
         line = factor * size / ring_all_reduce(size, n, fit) / 1e9
-        rows.append(dict(size_bytes=size, published_busbw_GBps=busbw, model_busbw_GBps=curve,
-                         alpha_beta_fit_busbw_GBps=line, fit_error=line / busbw - 1))
+        rows.append(
+            dict(
+                size_bytes=size,
+                published_busbw_GBps=busbw,
+                model_busbw_GBps=curve,
+                alpha_beta_fit_busbw_GBps=line,
+                fit_error=line / busbw - 1,
+            )
+        )
     return pd.DataFrame(rows)
 
 
 # ───────────────────────── an independent check: Korthikanti et al. 2022 ─────────────────────────
+
 
 @dataclass(frozen=True)
 class KorthikantiRun:
@@ -168,11 +211,17 @@ class KorthikantiRun:
 
     def strategy(self):
         v = self.virtual_stages
-        return Strategy(tp=self.tp, pp=self.pp, micro_batch=self.micro_batch,
-                        num_micro_batches=self.global_batch // self.micro_batch, dtype="fp16",
-                        recompute="full" if self.mode == "full" else "selective",
-                        sequence_parallel=self.mode == "seqsel",
-                        schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v)
+        return Strategy(
+            tp=self.tp,
+            pp=self.pp,
+            micro_batch=self.micro_batch,
+            num_micro_batches=self.global_batch // self.micro_batch,
+            dtype="fp16",
+            recompute="full" if self.mode == "full" else "selective",
+            sequence_parallel=self.mode == "seqsel",
+            schedule="interleaved" if v > 1 else "1f1b",
+            virtual_stages=v,
+        )
 
 
 KORTHIKANTI_2022 = [
@@ -181,8 +230,10 @@ KORTHIKANTI_2022 = [
         ("22B", 48, 6144, 64, 8, 1, 4, 4, 1, (1.42, 1.10)),
         ("175B", 96, 12288, 96, 8, 8, 64, 1, 3, (18.13, 13.75)),
         ("530B", 105, 20480, 128, 8, 35, 280, 1, 3, (49.05, 37.83)),
-        ("1T", 128, 25600, 160, 8, 64, 512, 1, 1, (94.42, 71.49))]
-    for mode, t in zip(("full", "seqsel"), times)]
+        ("1T", 128, 25600, 160, 8, 64, 512, 1, 1, (94.42, 71.49)),
+    ]
+    for mode, t in zip(("full", "seqsel"), times)
+]
 
 
 def korthikanti_table(hardware=None):
@@ -193,9 +244,20 @@ def korthikanti_table(hardware=None):
     rows = []
     for run in KORTHIKANTI_2022:
         p = predict(run.model(), hardware, run.strategy())
-        rows.append(dict(model=run.label, mode=run.mode, tp=run.tp, pp=run.pp, gpus=run.tp * run.pp,
-                         global_batch=run.global_batch, virtual_stages=run.virtual_stages,
-                         published_s=run.seconds, predicted_s=p.step_time if p.fits else None,
-                         error=(p.step_time / run.seconds - 1) if p.fits else None,
-                         memory_gb=p.memory["total"] / 1e9, fits=p.fits))
+        rows.append(
+            dict(
+                model=run.label,
+                mode=run.mode,
+                tp=run.tp,
+                pp=run.pp,
+                gpus=run.tp * run.pp,
+                global_batch=run.global_batch,
+                virtual_stages=run.virtual_stages,
+                published_s=run.seconds,
+                predicted_s=p.step_time if p.fits else None,
+                error=(p.step_time / run.seconds - 1) if p.fits else None,
+                memory_gb=p.memory["total"] / 1e9,
+                fits=p.fits,
+            )
+        )
     return pd.DataFrame(rows)

@@ -5,6 +5,7 @@ schedules (``simlib.parallel.schedules``: per-rank lists of ``Action``) — are 
 durations instead of real work, so ``simlib.plots.gantt`` draws predicted beside measured.
 Execution rule for pipelines (as the executor's): sends never block, a receive waits for its matching send.
 """
+
 from __future__ import annotations
 
 from ..timeline import to_frame
@@ -13,8 +14,7 @@ from .topology import p2p_time
 
 
 def _row(rank, step, kind, name, start, end, warmup):
-    return dict(rank=rank, step=step, kind=kind, name=name, start=start, end=end, duration=end - start,
-                warmup=warmup)
+    return dict(rank=rank, step=step, kind=kind, name=name, start=start, end=end, duration=end - start, warmup=warmup)
 
 
 def replay_data_parallel(model, hardware, strategy, steps: int = 3, warmup: int = 1, processes=None):
@@ -57,8 +57,15 @@ def replay_data_parallel(model, hardware, strategy, steps: int = 3, warmup: int 
     return to_frame(rows)
 
 
-def replay_pipeline(schedule, t_forward: float, t_backward: float, t_p2p: float = 0.0, steps: int = 1,
-                    warmup: int = 0, num_chunks: int | None = None):
+def replay_pipeline(
+    schedule,
+    t_forward: float,
+    t_backward: float,
+    t_p2p: float = 0.0,
+    steps: int = 1,
+    warmup: int = 0,
+    num_chunks: int | None = None,
+):
     """Step a pipeline schedule (one action list per rank) with fixed per-chunk durations.
 
     ``t_forward`` / ``t_backward``: seconds of one micro-batch through one model chunk (a number, or one per
@@ -85,16 +92,19 @@ def replay_pipeline(schedule, t_forward: float, t_backward: float, t_p2p: float 
                             break  # wait for the sender
                         ready = arrivals.pop(key)
                         if ready > clock[r]:
-                            rows.append(_row(r, step, "wait", f"{a.op} {a.microbatch}", clock[r], ready,
-                                             step < warmup))
+                            rows.append(_row(r, step, "wait", f"{a.op} {a.microbatch}", clock[r], ready, step < warmup))
                             clock[r] = ready
                     elif a.op in ("send_forward", "send_backward"):
                         forward = a.op == "send_forward"
-                        arrivals[("f" if forward else "b", a.microbatch, stage + (1 if forward else -1))] = \
+                        arrivals[("f" if forward else "b", a.microbatch, stage + (1 if forward else -1))] = (
                             clock[r] + t_p2p
+                        )
                         if t_p2p:
-                            rows.append(_row(r, step, "comm", f"{a.op} {a.microbatch}", clock[r],
-                                             clock[r] + t_p2p, step < warmup))
+                            rows.append(
+                                _row(
+                                    r, step, "comm", f"{a.op} {a.microbatch}", clock[r], clock[r] + t_p2p, step < warmup
+                                )
+                            )
                     else:
                         d = t_forward if a.op == "forward" else t_backward
                         if not isinstance(d, (int, float)):

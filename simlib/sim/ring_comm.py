@@ -7,6 +7,7 @@ functions read those measurements and fall back on the link's α-β on a preset.
 (:mod:`simlib.sim.context_experts`) prices its layers with them, and the operator model of a whole GPT
 (:func:`simlib.sim.cost.gpt_stage`) prices simlib's ring attention with the same ones (:func:`ring_exposed`).
 """
+
 from __future__ import annotations
 
 from .cluster_ops import attention_time
@@ -70,8 +71,10 @@ def _blocking(nbytes, n, hardware, kind="all_to_all", processes=None):
     if fit:
         return fit[0] + nbytes / fit[1]
     if kind == "p2p":
-        t, alpha = _p2p(nbytes, hardware), ((hardware.p2p_link() if hasattr(hardware, "p2p_link") else None)
-                                            or _ab(hardware.intra, 2, nbytes))[0]
+        t, alpha = (
+            _p2p(nbytes, hardware),
+            ((hardware.p2p_link() if hasattr(hardware, "p2p_link") else None) or _ab(hardware.intra, 2, nbytes))[0],
+        )
     elif kind == "all_to_all":
         t = all_to_all_time(nbytes, n, hardware, processes)
         alpha = (_measured(hardware, processes or n).get("a2a") or ((n - 1) * _ab(hardware.intra, n, nbytes)[0],))[0]
@@ -124,12 +127,14 @@ def ring_exposed(ops, times, hardware, processes):
         if op.kind != "comm" or op.group != "cp":
             continue
         cp = op.count + 1
-        if "dK" in op.name:   # backward: K/V again, and each step's dK/dV
+        if "dK" in op.name:  # backward: K/V again, and each step's dK/dV
             kv = op.bytes / (2 * op.count)
-            out += op.count * exposed_hop(kv, cp, hardware, processes, attention) \
-                + cp * _blocking(kv, cp, hardware, "p2p", processes)
+            out += op.count * exposed_hop(kv, cp, hardware, processes, attention) + cp * _blocking(
+                kv, cp, hardware, "p2p", processes
+            )
         else:
             kv = op.bytes / op.count
-            out += op.count * exposed_hop(kv, cp, hardware, processes, attention) \
-                + _small_collective(cp, hardware, processes)
+            out += op.count * exposed_hop(kv, cp, hardware, processes, attention) + _small_collective(
+                cp, hardware, processes
+            )
     return out

@@ -18,6 +18,7 @@ parallelism, …) stays in the table with ``expressible=False`` and the reason.
 Errors are in throughput: ``error = predicted / measured − 1`` (positive: predicted faster); for rows published
 as iteration times that is measured time / predicted time − 1.
 """
+
 from __future__ import annotations
 
 import csv
@@ -26,12 +27,14 @@ from pathlib import Path
 from .cost import predict
 from .hardware import dgx_a100, dgx_h100
 from .model import transformer
-from .published import KORTHIKANTI_2022, NARAYANAN_2021_TABLE_1, SOURCE as NARAYANAN_SOURCE
+from .published import KORTHIKANTI_2022, NARAYANAN_2021_TABLE_1
 from .strategy import Strategy
 
 DATA = Path(__file__).parent / "data" / "published_runs.csv"
-KORTHIKANTI_SOURCE = ("Korthikanti et al. 2022 (arXiv 2205.05198) Table 5 as quoted by calculon-ai/calculon "
-                      "calculon/megatron/validation.py")
+KORTHIKANTI_SOURCE = (
+    "Korthikanti et al. 2022 (arXiv 2205.05198) Table 5 as quoted by calculon-ai/calculon "
+    "calculon/megatron/validation.py"
+)
 
 HARDWARE = {"a100_80gb": lambda: dgx_a100(80), "a100_40gb": lambda: dgx_a100(40), "h100_80gb": dgx_h100}
 # which software generation a source's H100 rows ran on: llm-foundry's H100 tables were made Oct 2023 - Jan 2024
@@ -53,9 +56,27 @@ REDUCE = {"DEFAULT": "fp32", "PURE": "", "param bf16, reduce fp32": "fp32"}
 
 def load_rows(path: Path = DATA) -> list[dict]:
     """The CSV's rows as dicts (numbers as numbers)."""
-    ints = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "gated_mlp", "vocab", "tied_embeddings", "bias",
-            "dropout", "seq_len", "gpus", "tp", "pp", "cp", "virtual_stages", "micro_batch", "grad_accum",
-            "global_batch")
+    ints = (
+        "layers",
+        "hidden",
+        "heads",
+        "kv_heads",
+        "ffn_hidden",
+        "gated_mlp",
+        "vocab",
+        "tied_embeddings",
+        "bias",
+        "dropout",
+        "seq_len",
+        "gpus",
+        "tp",
+        "pp",
+        "cp",
+        "virtual_stages",
+        "micro_batch",
+        "grad_accum",
+        "global_batch",
+    )
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     for r in rows:
@@ -69,46 +90,99 @@ def why_inexpressible(row: dict) -> str:
     """'' if the simulator can state the run, else every reason it cannot ("; "-joined)."""
     reasons = []
     if row["gpu"] not in HARDWARE:
-        reasons.append(f"hardware {row['gpu']!r} has no preset" + (
-            " (the source: H100 at a 500 W limit with HBM2e, whose peak FLOP/s it says it does not know)"
-            if row["gpu"].startswith("h100_96") else ""))
+        reasons.append(
+            f"hardware {row['gpu']!r} has no preset"
+            + (
+                " (the source: H100 at a 500 W limit with HBM2e, whose peak FLOP/s it says it does not know)"
+                if row["gpu"].startswith("h100_96")
+                else ""
+            )
+        )
     if "compile" in row["note"]:
         reasons.append("torch.compile's kernel fusion is not in the cost model")
     if row["cpu_offload"] == "True":
         reasons.append("activation CPU offload without the number of layers offloaded (Strategy.offload_layers)")
     if row["precision"] not in PRECISION or row["sharding"] not in SHARDING or row["recompute"] not in RECOMPUTE:
-        reasons.append(f"precision/sharding/recompute {row['precision']}/{row['sharding']}/{row['recompute']} "
-                       "not modelled")
+        reasons.append(
+            f"precision/sharding/recompute {row['precision']}/{row['sharding']}/{row['recompute']} not modelled"
+        )
     return "; ".join(reasons)
 
 
 def model_of(row: dict):
-    return transformer(row["layers"], row["hidden"], row["heads"], row["seq_len"], row["vocab"],
-                       kv_heads=row["kv_heads"], ffn_hidden=row["ffn_hidden"], gated_mlp=bool(row["gated_mlp"]),
-                       tied_embeddings=bool(row["tied_embeddings"]), norm=row["norm"], position=row["position"],
-                       bias=bool(row["bias"]), dropout=bool(row["dropout"]), name=row["model"])
+    return transformer(
+        row["layers"],
+        row["hidden"],
+        row["heads"],
+        row["seq_len"],
+        row["vocab"],
+        kv_heads=row["kv_heads"],
+        ffn_hidden=row["ffn_hidden"],
+        gated_mlp=bool(row["gated_mlp"]),
+        tied_embeddings=bool(row["tied_embeddings"]),
+        norm=row["norm"],
+        position=row["position"],
+        bias=bool(row["bias"]),
+        dropout=bool(row["dropout"]),
+        name=row["model"],
+    )
 
 
 def strategy_of(row: dict) -> Strategy:
     dp = row["gpus"] // (row["tp"] * row["pp"] * row["cp"])
-    return Strategy(dp=dp, tp=row["tp"], pp=row["pp"], cp=row["cp"], cp_kind="ring", micro_batch=row["micro_batch"],
-                    num_micro_batches=row["global_batch"] // (dp * row["micro_batch"]),
-                    zero_stage=SHARDING[row["sharding"]], fsdp=True, recompute=RECOMPUTE[row["recompute"]],
-                    attention=ATTENTION[row["attention"]], dtype=PRECISION[row["precision"]],
-                    reduce_dtype=REDUCE.get(row["fsdp_mixed_precision"], ""), overlap=True,
-                    kernels=KERNELS.get(row["source"], "fused"),
-                    schedule=row["schedule"] if row["pp"] > 1 else "1f1b", tp_across_nodes=False)
+    return Strategy(
+        dp=dp,
+        tp=row["tp"],
+        pp=row["pp"],
+        cp=row["cp"],
+        cp_kind="ring",
+        micro_batch=row["micro_batch"],
+        num_micro_batches=row["global_batch"] // (dp * row["micro_batch"]),
+        zero_stage=SHARDING[row["sharding"]],
+        fsdp=True,
+        recompute=RECOMPUTE[row["recompute"]],
+        attention=ATTENTION[row["attention"]],
+        dtype=PRECISION[row["precision"]],
+        reduce_dtype=REDUCE.get(row["fsdp_mixed_precision"], ""),
+        overlap=True,
+        kernels=KERNELS.get(row["source"], "fused"),
+        schedule=row["schedule"] if row["pp"] > 1 else "1f1b",
+        tp_across_nodes=False,
+    )
 
 
 def predict_row(row: dict, hardware=None) -> dict:
     """One CSV row predicted: the row's identity and inputs, measured and predicted tokens/s per GPU, error."""
-    out = dict(id=row["id"], split=row["split"], source=row["source"], table=row["table"], model=row["model"],
-               gpu=row["gpu"], gpus=row["gpus"], seq_len=row["seq_len"], tp=row["tp"], pp=row["pp"],
-               micro_batch=row["micro_batch"], precision=row["precision"], recompute=row["recompute"],
-               sharding=row["sharding"], measured=row["measured"], metric=row["metric"])
+    out = dict(
+        id=row["id"],
+        split=row["split"],
+        source=row["source"],
+        table=row["table"],
+        model=row["model"],
+        gpu=row["gpu"],
+        gpus=row["gpus"],
+        seq_len=row["seq_len"],
+        tp=row["tp"],
+        pp=row["pp"],
+        micro_batch=row["micro_batch"],
+        precision=row["precision"],
+        recompute=row["recompute"],
+        sharding=row["sharding"],
+        measured=row["measured"],
+        metric=row["metric"],
+    )
     reason = why_inexpressible(row)
-    out.update(expressible=not reason, reason=reason, predicted=None, error=None, fits=None, memory_gb=None,
-               params_b=None, mfu=None, exposed_comm_share=None)
+    out.update(
+        expressible=not reason,
+        reason=reason,
+        predicted=None,
+        error=None,
+        fits=None,
+        memory_gb=None,
+        params_b=None,
+        mfu=None,
+        exposed_comm_share=None,
+    )
     if reason:
         return out
     model, s = model_of(row), strategy_of(row)
@@ -117,9 +191,15 @@ def predict_row(row: dict, hardware=None) -> dict:
     hw = hardware or HARDWARE[row["gpu"]]()
     p = predict(model, hw, s)
     tokens_per_gpu = s.global_batch * model.seq_len / p.step_time / row["gpus"]
-    out.update(predicted=tokens_per_gpu, error=tokens_per_gpu / row["measured"] - 1, fits=p.fits,
-               memory_gb=p.memory["total"] / 1e9, params_b=model.params / 1e9, mfu=p.mfu,
-               exposed_comm_share=p.exposed_comm / p.step_time)
+    out.update(
+        predicted=tokens_per_gpu,
+        error=tokens_per_gpu / row["measured"] - 1,
+        fits=p.fits,
+        memory_gb=p.memory["total"] / 1e9,
+        params_b=model.params / 1e9,
+        mfu=p.mfu,
+        exposed_comm_share=p.exposed_comm / p.step_time,
+    )
     return out
 
 
@@ -131,25 +211,67 @@ def megatron_rows(hardware=None) -> list[dict]:
         model, s = run.model(), run.strategy()
         p = predict(model, hw, s)
         predicted = run.paper_flops() / (p.step_time * run.gpus) / 1e12
-        rows.append(dict(id=f"narayanan2021-{i:03d}", split="fit" if i % 2 == 0 else "test",
-                         source="Narayanan 2021", table="Table 1", model=f"GPT {run.label}", gpu="a100_80gb",
-                         gpus=run.gpus, seq_len=2048, tp=run.tp, pp=run.pp, micro_batch=run.micro_batch,
-                         precision="fp16", recompute="full", sharding="none", measured=float(run.tflops),
-                         metric="tflops_per_gpu", expressible=True, reason="", predicted=predicted,
-                         error=predicted / run.tflops - 1, fits=p.fits, memory_gb=p.memory["total"] / 1e9,
-                         params_b=model.params / 1e9, mfu=p.mfu, exposed_comm_share=p.exposed_comm / p.step_time))
+        rows.append(
+            dict(
+                id=f"narayanan2021-{i:03d}",
+                split="fit" if i % 2 == 0 else "test",
+                source="Narayanan 2021",
+                table="Table 1",
+                model=f"GPT {run.label}",
+                gpu="a100_80gb",
+                gpus=run.gpus,
+                seq_len=2048,
+                tp=run.tp,
+                pp=run.pp,
+                micro_batch=run.micro_batch,
+                precision="fp16",
+                recompute="full",
+                sharding="none",
+                measured=float(run.tflops),
+                metric="tflops_per_gpu",
+                expressible=True,
+                reason="",
+                predicted=predicted,
+                error=predicted / run.tflops - 1,
+                fits=p.fits,
+                memory_gb=p.memory["total"] / 1e9,
+                params_b=model.params / 1e9,
+                mfu=p.mfu,
+                exposed_comm_share=p.exposed_comm / p.step_time,
+            )
+        )
     for i, run in enumerate(KORTHIKANTI_2022):
         model, s = run.model(), run.strategy()
         p = predict(model, hw, s)
-        rows.append(dict(id=f"korthikanti2022-{i:03d}", split="fit" if i % 2 == 0 else "test",
-                         source="Korthikanti 2022", table="Table 5", model=f"GPT {run.label} ({run.mode})",
-                         gpu="a100_80gb", gpus=run.tp * run.pp, seq_len=2048, tp=run.tp, pp=run.pp,
-                         micro_batch=run.micro_batch, precision="fp16",
-                         recompute="full" if run.mode == "full" else "selective", sharding="none",
-                         measured=run.seconds, metric="iteration_s", expressible=True, reason="",
-                         predicted=p.step_time, error=run.seconds / p.step_time - 1, fits=p.fits,
-                         memory_gb=p.memory["total"] / 1e9, params_b=model.params / 1e9, mfu=p.mfu,
-                         exposed_comm_share=p.exposed_comm / p.step_time))
+        rows.append(
+            dict(
+                id=f"korthikanti2022-{i:03d}",
+                split="fit" if i % 2 == 0 else "test",
+                source="Korthikanti 2022",
+                table="Table 5",
+                model=f"GPT {run.label} ({run.mode})",
+                gpu="a100_80gb",
+                gpus=run.tp * run.pp,
+                seq_len=2048,
+                tp=run.tp,
+                pp=run.pp,
+                micro_batch=run.micro_batch,
+                precision="fp16",
+                recompute="full" if run.mode == "full" else "selective",
+                sharding="none",
+                measured=run.seconds,
+                metric="iteration_s",
+                expressible=True,
+                reason="",
+                predicted=p.step_time,
+                error=run.seconds / p.step_time - 1,
+                fits=p.fits,
+                memory_gb=p.memory["total"] / 1e9,
+                params_b=model.params / 1e9,
+                mfu=p.mfu,
+                exposed_comm_share=p.exposed_comm / p.step_time,
+            )
+        )
     return rows
 
 
@@ -168,7 +290,15 @@ def summary(table, by: str = "source"):
     ok["abs_error"] = ok["error"].astype(float).abs()
     out = []
     for (group, split), g in ok.groupby([by, "split"]):
-        out.append(dict(group=group, split=split, rows=len(g), mean_abs_error=g.abs_error.mean(),
-                        max_abs_error=g.abs_error.max(), mean_error=g["error"].astype(float).mean(),
-                        not_fitting=int((~g.fits.astype(bool)).sum())))
+        out.append(
+            dict(
+                group=group,
+                split=split,
+                rows=len(g),
+                mean_abs_error=g.abs_error.mean(),
+                max_abs_error=g.abs_error.max(),
+                mean_error=g["error"].astype(float).mean(),
+                not_fitting=int((~g.fits.astype(bool)).sum()),
+            )
+        )
     return pd.DataFrame(out)

@@ -17,6 +17,7 @@ errors can be reported per kind. The fit/test split was written into the CSV by 
 prediction was computed: within each source and version, rows in file order alternate fit, test. Nothing is
 fitted on the test half. ``error = predicted / measured − 1`` (positive: predicted faster).
 """
+
 from __future__ import annotations
 
 import csv
@@ -29,8 +30,8 @@ from .strategy import Strategy
 
 DATA = Path(__file__).parent / "data" / "scale_runs.csv"
 KINDS = ("long_context", "moe", "blackwell", "fp8", "async_tp")
-INEXPRESSIBLE_MODELS: dict = {}   # every model of the set has its shape (DeepSeek-V3: latent attention and MTP;
-                                  # GPT-OSS: windows and sinks; simlib.sim.attention)
+INEXPRESSIBLE_MODELS: dict = {}  # every model of the set has its shape (DeepSeek-V3: latent attention and MTP;
+# GPT-OSS: windows and sinks; simlib.sim.attention)
 
 
 # Settings the tables do not show that differ from the recipe defaults above, read in Megatron-Bridge's
@@ -51,8 +52,9 @@ RECIPE_SETTINGS = {
     ("26.02", "qwen3-235b-a22b", "h100"): dict(ep_overlap=True, tp_overlap=False),
     ("26.02", "qwen3-30b-a3b", "h100"): dict(ep_overlap=True),
     ("25.11", "deepseek-v3", "gb300"): dict(recompute_modules=("moe_act",)),
-    ("25.11", "deepseek-v3", "gb200"): _MLA_UP, ("25.11", "deepseek-v3", "b200"): _MLA_UP,
-    ("26.02", "deepseek-v3", "gb300"): _MLA_UP,   # the FP8 config (the BF16 one has moe_act): the row is MXFP8
+    ("25.11", "deepseek-v3", "gb200"): _MLA_UP,
+    ("25.11", "deepseek-v3", "b200"): _MLA_UP,
+    ("26.02", "deepseek-v3", "gb300"): _MLA_UP,  # the FP8 config (the BF16 one has moe_act): the row is MXFP8
     ("26.02", "deepseek-v3", "b200"): _MLA_UP,
     **{(v, "gpt-oss-120b", g): _OSS for v in ("25.11", "26.02") for g in ("gb200", "b200", "h100")},
 }
@@ -61,8 +63,13 @@ RECIPE_SETTINGS = {
 # the same at v0.2.2 (configs/llama3/workload_base_configs.py) and v0.3.0 (configs/llama/
 # llama3_workload_base_configs.py, V1 and V2): ``cpu_offloading_num_layers``; the FSDP rows only (the MXFP8 ones
 # run pp 4 × vp 5 without it)
-OFFLOAD_LAYERS = {("gb300", "bf16"): 30, ("gb300", "fp8"): 20, ("gb200", "bf16"): 20, ("gb200", "fp8"): 40,
-                  ("b200", "fp8"): 5}
+OFFLOAD_LAYERS = {
+    ("gb300", "bf16"): 30,
+    ("gb300", "fp8"): 20,
+    ("gb200", "bf16"): 20,
+    ("gb200", "fp8"): 40,
+    ("b200", "fp8"): 5,
+}
 
 
 def recipe_settings(row: dict) -> dict:
@@ -91,11 +98,23 @@ def deepseek_v3_layout(pp: int, vp: int) -> tuple | None:
     chunks = {4: [16, 16, 16, 13], 8: [8] * 7 + [5], 16: [4] * 15 + [1], 32: [1] + [2] * 30 + [0]}.get(pp * vp)
     if chunks is None:
         return None
-    return tuple(sum(chunks[r::pp]) for r in range(pp))   # rank r holds chunks r, r + pp, ... (interleaving)
+    return tuple(sum(chunks[r::pp]) for r in range(pp))  # rank r holds chunks r, r + pp, ... (interleaving)
 
 
-INTS = ("gpus", "global_batch", "micro_batch", "seq_len", "fsdp", "tp", "pp", "cp", "vp", "ep",
-        "first_stage_layers", "last_stage_layers")
+INTS = (
+    "gpus",
+    "global_batch",
+    "micro_batch",
+    "seq_len",
+    "fsdp",
+    "tp",
+    "pp",
+    "cp",
+    "vp",
+    "ep",
+    "first_stage_layers",
+    "last_stage_layers",
+)
 
 
 def load_rows(path: Path = DATA) -> list[dict]:
@@ -130,8 +149,10 @@ def why_inexpressible(row: dict) -> str:
     if row["vp"] == 0:
         reasons.append("the interleaving depth (virtual pipeline stages) is not stated by the source")
     if row["model"] == "deepseek-v3" and row["pp"] > 1 and deepseek_v3_layout(row["pp"], row["vp"]) is None:
-        reasons.append(f"DeepSeek-V3's pipeline layout for pp = {row['pp']}, vp = {row['vp']} is not in the "
-                       "recipe (61 layers do not split evenly)")
+        reasons.append(
+            f"DeepSeek-V3's pipeline layout for pp = {row['pp']}, vp = {row['vp']} is not in the "
+            "recipe (61 layers do not split evenly)"
+        )
     return "; ".join(reasons)
 
 
@@ -152,20 +173,53 @@ def strategy_of(row: dict, model) -> Strategy:
     if layout:
         first = last = 0
     fsdp = bool(row["fsdp"])
-    return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=row["ep"], micro_batch=row["micro_batch"], num_micro_batches=m,
-                    zero_stage=3 if fsdp else 1, fsdp=fsdp, overlap=True, attention="flash",
-                    schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
-                    sequence_parallel=tp > 1, **recipe_settings(row),
-                    dtype=row["precision"], fp8_recipe=row["fp8_recipe"] or "delayed",
-                    cp_kind="allgather" if row["source"] == "llama3-paper" else "ring",
-                    first_stage_layers=first if vp == 1 else 0, last_stage_layers=last if vp == 1 else 0,
-                    stage_layout=layout or (),
-                    pipeline_outer=True)   # Megatron's rank order (tp-cp-ep-dp-pp), both sources
+    return Strategy(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=row["ep"],
+        micro_batch=row["micro_batch"],
+        num_micro_batches=m,
+        zero_stage=3 if fsdp else 1,
+        fsdp=fsdp,
+        overlap=True,
+        attention="flash",
+        schedule="interleaved" if vp > 1 else "1f1b",
+        virtual_stages=vp,
+        sequence_parallel=tp > 1,
+        **recipe_settings(row),
+        dtype=row["precision"],
+        fp8_recipe=row["fp8_recipe"] or "delayed",
+        cp_kind="allgather" if row["source"] == "llama3-paper" else "ring",
+        first_stage_layers=first if vp == 1 else 0,
+        last_stage_layers=last if vp == 1 else 0,
+        stage_layout=layout or (),
+        pipeline_outer=True,
+    )  # Megatron's rank order (tp-cp-ep-dp-pp), both sources
 
 
 def predict_row(row: dict, hardware=None) -> dict:
-    out = {k: row[k] for k in ("id", "split", "source", "version", "model", "gpu", "gpus", "precision", "tp", "pp",
-                               "cp", "vp", "ep", "measured", "metric")}
+    out = {
+        k: row[k]
+        for k in (
+            "id",
+            "split",
+            "source",
+            "version",
+            "model",
+            "gpu",
+            "gpus",
+            "precision",
+            "tp",
+            "pp",
+            "cp",
+            "vp",
+            "ep",
+            "measured",
+            "metric",
+        )
+    }
     out["kinds"] = ",".join(kinds_of(row))
     reason = why_inexpressible(row)
     out.update(expressible=not reason, reason=reason, predicted=None, error=None, fits=None, memory_gb=None)
@@ -173,12 +227,20 @@ def predict_row(row: dict, hardware=None) -> dict:
         return out
     model = llama_size(row["model"], seq_len=row["seq_len"])
     p = predict(model, hardware or hardware_of(row), strategy_of(row, model))
-    tokens = p.throughput * model.seq_len / row["gpus"] if p.fits else \
-        strategy_of(row, model).global_batch * model.seq_len / p.step_time / row["gpus"]
+    tokens = (
+        p.throughput * model.seq_len / row["gpus"]
+        if p.fits
+        else strategy_of(row, model).global_batch * model.seq_len / p.step_time / row["gpus"]
+    )
     predicted = tokens if row["metric"] == "tokens_per_s_per_gpu" else tokens * model.flops_per_token() / 1e12
-    out.update(predicted=predicted, error=predicted / row["measured"] - 1, fits=p.fits,
-               memory_gb=p.memory["total"] / 1e9, exposed_comm_share=p.exposed_comm / p.step_time,
-               bubble_share=p.bubble / p.step_time)
+    out.update(
+        predicted=predicted,
+        error=predicted / row["measured"] - 1,
+        fits=p.fits,
+        memory_gb=p.memory["total"] / 1e9,
+        exposed_comm_share=p.exposed_comm / p.step_time,
+        bubble_share=p.bubble / p.step_time,
+    )
     return out
 
 
@@ -200,9 +262,17 @@ def summary(table, by: str = "source"):
         ok = ok[ok["kind"].astype(bool)]
     out = []
     for (group, split), g in ok.groupby([by, "split"]):
-        out.append(dict(group=group, split=split, rows=len(g), mean_abs_error=g.error.abs().mean(),
-                        mean_error=g.error.mean(), max_abs_error=g.error.abs().max(),
-                        not_fitting=int((~g.fits.astype(bool)).sum())))
+        out.append(
+            dict(
+                group=group,
+                split=split,
+                rows=len(g),
+                mean_abs_error=g.error.abs().mean(),
+                mean_error=g.error.mean(),
+                max_abs_error=g.error.abs().max(),
+                not_fitting=int((~g.fits.astype(bool)).sum()),
+            )
+        )
     return pd.DataFrame(out)
 
 
@@ -214,6 +284,7 @@ def fit_moe_host_per_expert(path: Path = DATA) -> float:
     import statistics
 
     from . import cluster_ops
+
     saved, cluster_ops.MOE_HOST_PER_LOCAL_EXPERT = cluster_ops.MOE_HOST_PER_LOCAL_EXPERT, 0.0
     try:
         ratios = []
@@ -226,8 +297,11 @@ def fit_moe_host_per_expert(path: Path = DATA) -> float:
             s = strategy_of(row, model)
             p = predict(model, hardware_of(row), s)
             measured = s.global_batch * model.seq_len / row["gpus"] / row["measured"]
-            stages = s.stage_layers(model.layers) if s.virtual_stages == 1 or s.stage_layout else \
-                [model.layers / s.pp] * s.pp
+            stages = (
+                s.stage_layers(model.layers)
+                if s.virtual_stages == 1 or s.stage_layout
+                else [model.layers / s.pp] * s.pp
+            )
             moe_here = max(stages) - (model.dense_layers if s.pp == 1 else 0)
             passes = s.num_micro_batches * moe_here + (s.pp - 1) * moe_here / s.virtual_stages
             ratios.append((measured - p.step_time) / passes / max(model.experts // s.ep, 1))

@@ -8,6 +8,7 @@ instead of keeping globals, and against a machine: a tensor-parallel group must 
 ``tp_across_nodes=True`` asks for it (then it is priced on the inter-node link). ``simlib.sim.topology`` places
 every group of the grid on the nodes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -15,7 +16,7 @@ from dataclasses import dataclass, replace
 from ..parallel import dims
 
 RECOMPUTE = ("none", "selective", "op", "every_other", "full")
-RECOMPUTE_MODULES = ("layernorm", "moe_act", "mla_up_proj", "mlp")   # Megatron's --recompute-modules (layer.py)
+RECOMPUTE_MODULES = ("layernorm", "moe_act", "mla_up_proj", "mlp")  # Megatron's --recompute-modules (layer.py)
 ATTENTION = ("unfused", "flash", "flash1")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 CP_KINDS = ("allgather", "ring", "ulysses")
@@ -32,66 +33,66 @@ def _positive_int(name, value):
 
 @dataclass(frozen=True)
 class Strategy:
-    dp: int = 1                      # data-parallel degree (replicas)
-    tp: int = 1                      # tensor-parallel degree (Megatron column/row splits)
-    pp: int = 1                      # pipeline-parallel degree (stages)
-    micro_batch: int = 1             # samples per micro-batch on one data-parallel rank
-    num_micro_batches: int = 1       # accumulation steps (pp = 1) or pipeline micro-batches per step
-    zero_stage: int = 0              # 0: replicate; 1: shard optimizer states; 2: + gradients; 3: + weights
-    bucket_bytes: float = 25e6       # gradient bucket (PyTorch DDP's default is 25 MB)
-    overlap: bool = False            # all-reduce buckets while backward still runs
-    recompute: str = "none"          # activation recomputation: none | selective | op | every_other | full
-    attention: str = "unfused"       # "flash": one fused kernel (FlashAttention-2), no s×s scores in memory;
-                                     # "flash1": FlashAttention-1 / the Triton kernel (slower)
-    schedule: str = "1f1b"           # pipeline schedule: 1f1b | gpipe | interleaved
-    virtual_stages: int = 1          # model chunks per pipeline rank (interleaved 1F1B)
+    dp: int = 1  # data-parallel degree (replicas)
+    tp: int = 1  # tensor-parallel degree (Megatron column/row splits)
+    pp: int = 1  # pipeline-parallel degree (stages)
+    micro_batch: int = 1  # samples per micro-batch on one data-parallel rank
+    num_micro_batches: int = 1  # accumulation steps (pp = 1) or pipeline micro-batches per step
+    zero_stage: int = 0  # 0: replicate; 1: shard optimizer states; 2: + gradients; 3: + weights
+    bucket_bytes: float = 25e6  # gradient bucket (PyTorch DDP's default is 25 MB)
+    overlap: bool = False  # all-reduce buckets while backward still runs
+    recompute: str = "none"  # activation recomputation: none | selective | op | every_other | full
+    attention: str = "unfused"  # "flash": one fused kernel (FlashAttention-2), no s×s scores in memory;
+    # "flash1": FlashAttention-1 / the Triton kernel (slower)
+    schedule: str = "1f1b"  # pipeline schedule: 1f1b | gpipe | interleaved
+    virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
     sequence_parallel: bool = False  # with tp > 1: shard layer norms/dropout along the sequence (Korthikanti)
-    tp_across_nodes: bool = False    # allow a tensor-parallel group to span nodes (priced on the inter-node link)
-    dtype: str = "bf16"              # compute dtype; bf16/fp16 mean mixed precision with fp32 master weights
+    tp_across_nodes: bool = False  # allow a tensor-parallel group to span nodes (priced on the inter-node link)
+    dtype: str = "bf16"  # compute dtype; bf16/fp16 mean mixed precision with fp32 master weights
     optimizer: str = "adam"
-    threads: int | None = None       # CPU only: torch threads per process (None: cores // processes)
-    fsdp: bool = False               # shard as PyTorch FSDP does: zero_stage 3 = FULL_SHARD, 2 = SHARD_GRAD_OP;
-                                     # per layer all-gather / reduce-scatter every micro-batch, prefetched
-    shard_size: int = 0              # FSDP hybrid sharding: shard over groups of this many ranks, replicate
-                                     # across them (0: shard over all dp ranks)
-    reduce_dtype: str = ""           # dtype of gradient reduction ("fp32": FSDP's fp32 reduce; "": as dtype)
-    kernels: str = "fused"           # "eager": norms, rotary, SwiGLU as separate PyTorch ops (no torch.compile)
-    tp_overlap: bool = False         # Megatron's --tp-comm-overlap: TP collectives pipelined with their GEMMs
+    threads: int | None = None  # CPU only: torch threads per process (None: cores // processes)
+    fsdp: bool = False  # shard as PyTorch FSDP does: zero_stage 3 = FULL_SHARD, 2 = SHARD_GRAD_OP;
+    # per layer all-gather / reduce-scatter every micro-batch, prefetched
+    shard_size: int = 0  # FSDP hybrid sharding: shard over groups of this many ranks, replicate
+    # across them (0: shard over all dp ranks)
+    reduce_dtype: str = ""  # dtype of gradient reduction ("fp32": FSDP's fp32 reduce; "": as dtype)
+    kernels: str = "fused"  # "eager": norms, rotary, SwiGLU as separate PyTorch ops (no torch.compile)
+    tp_overlap: bool = False  # Megatron's --tp-comm-overlap: TP collectives pipelined with their GEMMs
     # ── cluster scale (all default to "off", so older strategies mean what they meant) ──
-    cp: int = 1                      # context-parallel degree: each sequence split over cp ranks (zig-zag)
-    cp_kind: str = "allgather"       # "allgather": K/V all-gathered before attention (Llama 3); "ring": K/V
-                                     # passed around the ring, overlapped with the blocks (TE's p2p); "ulysses":
-                                     # all-to-all from sequence to heads and back (DeepSpeed-Ulysses)
-    ep: int = 1                      # expert-parallel degree: the routed experts shared out over ep of the
-                                     # dp × cp ranks (their tokens sent by all-to-all); divides dp × cp
-    expert_imbalance: float = 1.0    # tokens on the busiest expert-parallel rank over the mean (router balance)
-    recompute_layers: int = 0        # with recompute="full": only this many layers per stage recomputed
-                                     # (Megatron's --recompute-num-layers with --recompute-method block; 0: all)
-    first_stage_layers: int = 0      # uneven pipeline: layers on the first / last stage (Megatron's
-    last_stage_layers: int = 0       # --decoder-first/last-pipeline-num-layers; 0: an even share), the rest
-                                     # split evenly over the middle stages
-    pipeline_flushes: int = 1        # pp > 1: pipeline flushes per step (a plan that accumulates over pipeline
-                                     # passes flushes once per pass); num_micro_batches counts all of them
-    pipeline_outer: bool = False     # Megatron-LM's rank order (tp-cp-ep-dp-pp): pipeline stages outermost, so a
-                                     # data-/expert-parallel group is tp·cp ranks apart (not tp·cp·pp)
-    recompute_modules: tuple = ()    # with recompute none/selective: Megatron's --recompute-modules, re-run in
-                                     # backward (layernorm, moe_act, mla_up_proj, mlp; layer.module_recompute_ops)
-    ep_overlap: bool = False         # Megatron's --overlap-moe-expert-parallel-comm: the dispatch/combine all-to-
-                                     # alls of one micro-batch run beside another's compute (1F1B steady state)
-    stage_layout: tuple = ()         # pp > 1: layers on each pipeline rank, first to last, all its model chunks
-                                     # together (Megatron's --pipeline-model-parallel-layout summed per rank;
-                                     # DeepSeek-V3's recipes); empty: even, or first/last_stage_layers
-    offload_layers: int = 0          # Megatron's --cpu-offloading-num-layers: that many layers' activations go to
-                                     # host memory in forward and come back in backward (simlib.sim.offload)
-    fp8_recipe: str = "delayed"      # dtype="fp8": Transformer Engine's scaling recipe (delayed / current
-                                     # per-tensor, blockwise 1x128 as DeepSeek-V3, mx: MXFP8 on Blackwell)
-    head: str = "parallel"           # GPT: the embedding, the output layer and the loss. "parallel" (Megatron-LM):
-                                     # split over tp (VocabParallelEmbedding, the parallel LM head, a fused
-                                     # cross-entropy keeping one fp32 copy of the logits), the vocabulary's
-                                     # parameters spread evenly over the pipeline stages as the published runs are
-                                     # priced; "whole" (simlib's GPT, set by from_plan): embedding and tied head
-                                     # whole on every tp rank, the embedding on the first stage and the head's copy
-                                     # of it on the last, torch's cross_entropy (simlib.sim.memory says what it keeps)
+    cp: int = 1  # context-parallel degree: each sequence split over cp ranks (zig-zag)
+    cp_kind: str = "allgather"  # "allgather": K/V all-gathered before attention (Llama 3); "ring": K/V
+    # passed around the ring, overlapped with the blocks (TE's p2p); "ulysses":
+    # all-to-all from sequence to heads and back (DeepSpeed-Ulysses)
+    ep: int = 1  # expert-parallel degree: the routed experts shared out over ep of the
+    # dp × cp ranks (their tokens sent by all-to-all); divides dp × cp
+    expert_imbalance: float = 1.0  # tokens on the busiest expert-parallel rank over the mean (router balance)
+    recompute_layers: int = 0  # with recompute="full": only this many layers per stage recomputed
+    # (Megatron's --recompute-num-layers with --recompute-method block; 0: all)
+    first_stage_layers: int = 0  # uneven pipeline: layers on the first / last stage (Megatron's
+    last_stage_layers: int = 0  # --decoder-first/last-pipeline-num-layers; 0: an even share), the rest
+    # split evenly over the middle stages
+    pipeline_flushes: int = 1  # pp > 1: pipeline flushes per step (a plan that accumulates over pipeline
+    # passes flushes once per pass); num_micro_batches counts all of them
+    pipeline_outer: bool = False  # Megatron-LM's rank order (tp-cp-ep-dp-pp): pipeline stages outermost, so a
+    # data-/expert-parallel group is tp·cp ranks apart (not tp·cp·pp)
+    recompute_modules: tuple = ()  # with recompute none/selective: Megatron's --recompute-modules, re-run in
+    # backward (layernorm, moe_act, mla_up_proj, mlp; layer.module_recompute_ops)
+    ep_overlap: bool = False  # Megatron's --overlap-moe-expert-parallel-comm: the dispatch/combine all-to-
+    # alls of one micro-batch run beside another's compute (1F1B steady state)
+    stage_layout: tuple = ()  # pp > 1: layers on each pipeline rank, first to last, all its model chunks
+    # together (Megatron's --pipeline-model-parallel-layout summed per rank;
+    # DeepSeek-V3's recipes); empty: even, or first/last_stage_layers
+    offload_layers: int = 0  # Megatron's --cpu-offloading-num-layers: that many layers' activations go to
+    # host memory in forward and come back in backward (simlib.sim.offload)
+    fp8_recipe: str = "delayed"  # dtype="fp8": Transformer Engine's scaling recipe (delayed / current
+    # per-tensor, blockwise 1x128 as DeepSeek-V3, mx: MXFP8 on Blackwell)
+    head: str = "parallel"  # GPT: the embedding, the output layer and the loss. "parallel" (Megatron-LM):
+    # split over tp (VocabParallelEmbedding, the parallel LM head, a fused
+    # cross-entropy keeping one fp32 copy of the logits), the vocabulary's
+    # parameters spread evenly over the pipeline stages as the published runs are
+    # priced; "whole" (simlib's GPT, set by from_plan): embedding and tied head
+    # whole on every tp rank, the embedding on the first stage and the head's copy
+    # of it on the last, torch's cross_entropy (simlib.sim.memory says what it keeps)
 
     def __post_init__(self):
         dims.check(dp=self.dp, tp=self.tp, pp=self.pp, zero_stage=self.zero_stage, owner="Strategy")  # the Plan's rules
@@ -108,8 +109,10 @@ class Strategy:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.schedule == "interleaved" and self.pp > 1 and self.num_micro_batches % self.pp:
-            raise ValueError(f"interleaved 1F1B needs num_micro_batches ({self.num_micro_batches}) to be a "
-                             f"multiple of pp ({self.pp})")
+            raise ValueError(
+                f"interleaved 1F1B needs num_micro_batches ({self.num_micro_batches}) to be a "
+                f"multiple of pp ({self.pp})"
+            )
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             raise ValueError("virtual_stages > 1 only makes sense with schedule='interleaved'")
         if self.threads is not None:
@@ -119,14 +122,18 @@ class Strategy:
         if self.shard_size:
             _positive_int("shard_size", self.shard_size)
             if not self.fsdp or self.dp % self.shard_size:
-                raise ValueError(f"shard_size ({self.shard_size}) is FSDP hybrid sharding: it needs fsdp=True and "
-                                 f"must divide dp ({self.dp})")
+                raise ValueError(
+                    f"shard_size ({self.shard_size}) is FSDP hybrid sharding: it needs fsdp=True and "
+                    f"must divide dp ({self.dp})"
+                )
         if self.fsdp and self.zero_stage not in (2, 3):
             raise ValueError("fsdp=True shards as FSDP does: use zero_stage=3 (FULL_SHARD) or 2 (SHARD_GRAD_OP)")
         if self.tp_overlap and not (self.sequence_parallel and self.tp > 1):
-            raise ValueError("tp_overlap overlaps sequence parallelism's all-gathers and reduce-scatters with the "
-                             "GEMMs (Megatron's --tp-comm-overlap needs --sequence-parallel): set "
-                             "sequence_parallel=True and tp > 1")
+            raise ValueError(
+                "tp_overlap overlaps sequence parallelism's all-gathers and reduce-scatters with the "
+                "GEMMs (Megatron's --tp-comm-overlap needs --sequence-parallel): set "
+                "sequence_parallel=True and tp > 1"
+            )
         if self.kernels not in ("fused", "eager"):
             raise ValueError(f"kernels must be 'fused' or 'eager', got {self.kernels!r}")
         if self.reduce_dtype not in ("",) + DTYPES:
@@ -173,7 +180,7 @@ class Strategy:
     def mixed_precision(self) -> bool:
         return self.dtype in ("bf16", "fp16", "fp8", "fp4")
 
-    def validate(self, world_size: int | None = None, model=None, hardware=None) -> "Strategy":
+    def validate(self, world_size: int | None = None, model=None, hardware=None) -> Strategy:
         """Check the degrees against a world size, a model and a machine; return self (raises ValueError)."""
         if world_size is not None:
             dims.check(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, world_size=world_size, owner="Strategy")
@@ -185,35 +192,39 @@ class Strategy:
             elif model.layers % chunks and (self.virtual_stages == 1 or (model.layers + 2) % chunks):
                 # (Megatron's account_for_embedding/loss_in_pipeline_split: embedding and loss count as a layer
                 # each, so 126 + 2 layers split into 8 x 8 chunks)
-                raise ValueError(f"{model.layers} layers do not split into pp × virtual_stages = {chunks} equal "
-                                 "stages")
+                raise ValueError(f"{model.layers} layers do not split into pp × virtual_stages = {chunks} equal stages")
             if model.kind == "gpt":
                 if model.heads % self.tp:
                     raise ValueError(f"{model.heads} attention heads do not split over tp = {self.tp}")
                 if model.ffn % self.tp or model.hidden % self.tp:
-                    raise ValueError(f"hidden {model.hidden} or MLP width {model.ffn} does not split over "
-                                     f"tp = {self.tp}")
+                    raise ValueError(
+                        f"hidden {model.hidden} or MLP width {model.ffn} does not split over tp = {self.tp}"
+                    )
             elif self.tp > 1:
                 if any(o % self.tp for _, o in model.linears):
                     raise ValueError(f"a Linear's width does not split over tp = {self.tp}")
         if hardware is not None and not self.tp_across_nodes:
             g = hardware.devices_per_node
             if self.tp > g:
-                raise ValueError(f"tp = {self.tp} spans more than one node ({g} devices per node on "
-                                 f"{hardware.name}): tensor parallelism all-reduces every layer and needs the "
-                                 f"intra-node links. Use tp <= {g} (and pp or dp for the rest), or pass "
-                                 "tp_across_nodes=True to price it on the inter-node link")
+                raise ValueError(
+                    f"tp = {self.tp} spans more than one node ({g} devices per node on "
+                    f"{hardware.name}): tensor parallelism all-reduces every layer and needs the "
+                    f"intra-node links. Use tp <= {g} (and pp or dp for the rest), or pass "
+                    "tp_across_nodes=True to price it on the inter-node link"
+                )
             if g % self.tp:
-                raise ValueError(f"tp = {self.tp} does not divide the {g} devices of a node, so some "
-                                 "tensor-parallel groups would straddle two nodes. Use a divisor of "
-                                 f"{g}, or pass tp_across_nodes=True")
+                raise ValueError(
+                    f"tp = {self.tp} does not divide the {g} devices of a node, so some "
+                    "tensor-parallel groups would straddle two nodes. Use a divisor of "
+                    f"{g}, or pass tp_across_nodes=True"
+                )
         return self
 
-    def replace(self, **changes) -> "Strategy":
+    def replace(self, **changes) -> Strategy:
         return replace(self, **changes)
 
     @classmethod
-    def from_plan(cls, plan, global_batch: int, **overrides) -> "Strategy":
+    def from_plan(cls, plan, global_batch: int, **overrides) -> Strategy:
         """The strategy a ``simlib.train.Plan`` runs for ``global_batch`` samples per step: the same degrees,
         micro-batches, ZeRO stage, precision, recomputation and buckets. The plan is checked first by its own
         ``validate`` (the trainer's check, so a plan the trainer refuses is refused here). ``overrides``: what a
@@ -227,19 +238,30 @@ class Strategy:
         the plan's zig-zag ring attention, ``cp_kind="ring"`` unless overridden)."""
         plan.validate(plan.world_size)
         per_step = plan.accumulation * plan.microbatches
-        dims.check(dp=plan.dp, global_batch=global_batch, accumulation=plan.accumulation,
-                   microbatches=plan.microbatches)
-        fields = dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=getattr(plan, "cp", 1), ep=getattr(plan, "ep", 1),
-                      micro_batch=global_batch // (plan.dp * per_step),
-                      num_micro_batches=per_step, zero_stage=plan.zero_stage, schedule=plan.schedule,
-                      bucket_bytes=plan.bucket_cap_mb * 2 ** 20, overlap=plan.dp_variant in ("bucket", "ddp"),
-                      recompute="full" if plan.activation_checkpointing else "none",
-                      dtype=plan.mixed_precision or "fp32",
-                      sequence_parallel=getattr(plan, "sequence_parallel", False), head="whole")
+        dims.check(
+            dp=plan.dp, global_batch=global_batch, accumulation=plan.accumulation, microbatches=plan.microbatches
+        )
+        fields = dict(
+            dp=plan.dp,
+            tp=plan.tp,
+            pp=plan.pp,
+            cp=getattr(plan, "cp", 1),
+            ep=getattr(plan, "ep", 1),
+            micro_batch=global_batch // (plan.dp * per_step),
+            num_micro_batches=per_step,
+            zero_stage=plan.zero_stage,
+            schedule=plan.schedule,
+            bucket_bytes=plan.bucket_cap_mb * 2**20,
+            overlap=plan.dp_variant in ("bucket", "ddp"),
+            recompute="full" if plan.activation_checkpointing else "none",
+            dtype=plan.mixed_precision or "fp32",
+            sequence_parallel=getattr(plan, "sequence_parallel", False),
+            head="whole",
+        )
         if plan.pp > 1:
             fields["pipeline_flushes"] = plan.accumulation
         if fields["cp"] > 1:
-            fields["cp_kind"] = "ring"   # simlib's context parallelism is zig-zag ring attention
+            fields["cp_kind"] = "ring"  # simlib's context parallelism is zig-zag ring attention
         return cls(**{**fields, **overrides})
 
 
@@ -248,16 +270,19 @@ def _stage_layers(s, layers: int) -> list[int]:
         return [layers]
     if s.stage_layout:
         if len(s.stage_layout) != s.pp or sum(s.stage_layout) != layers:
-            raise ValueError(f"stage_layout {s.stage_layout} must give each of the pp = {s.pp} ranks its layers, "
-                             f"{layers} in all")
+            raise ValueError(
+                f"stage_layout {s.stage_layout} must give each of the pp = {s.pp} ranks its layers, {layers} in all"
+            )
         return list(s.stage_layout)
     first, last = s.first_stage_layers, s.last_stage_layers
     ends = (1 if first else 0) + (1 if last else 0)
     rest, middle = layers - first - last, s.pp - ends
     if rest < 0 or (middle and rest % middle) or (not middle and rest):
-        raise ValueError(f"{layers} layers do not split as first_stage_layers={first}, last_stage_layers={last} "
-                         f"and an even share on the other {middle} stage(s): choose ends that leave a multiple of "
-                         f"{middle or 1}")
+        raise ValueError(
+            f"{layers} layers do not split as first_stage_layers={first}, last_stage_layers={last} "
+            f"and an even share on the other {middle} stage(s): choose ends that leave a multiple of "
+            f"{middle or 1}"
+        )
     even = rest // middle if middle else 0
     return [first or even] + [even] * (s.pp - 2) + [last or even]
 
@@ -268,14 +293,17 @@ def _check_scale(s) -> None:
     for name in ("cp", "ep", "pipeline_flushes"):
         _positive_int(name, getattr(s, name))
     if s.num_micro_batches % s.pipeline_flushes:
-        raise ValueError(f"num_micro_batches ({s.num_micro_batches}) counts every flush's micro-batches: it must be "
-                         f"a multiple of pipeline_flushes ({s.pipeline_flushes})")
+        raise ValueError(
+            f"num_micro_batches ({s.num_micro_batches}) counts every flush's micro-batches: it must be "
+            f"a multiple of pipeline_flushes ({s.pipeline_flushes})"
+        )
     if s.cp_kind not in CP_KINDS:
         raise ValueError(f"cp_kind must be one of {CP_KINDS}, got {s.cp_kind!r}")
     dims.check(dp=s.dp, tp=s.tp, cp=s.cp, ep=s.ep, owner="Strategy", ep_folds_into_tp=True)
     if not s.expert_imbalance >= 1.0:
-        raise ValueError(f"expert_imbalance is the busiest rank's tokens over the mean: >= 1, got "
-                         f"{s.expert_imbalance!r}")
+        raise ValueError(
+            f"expert_imbalance is the busiest rank's tokens over the mean: >= 1, got {s.expert_imbalance!r}"
+        )
     for name in ("recompute_layers", "first_stage_layers", "last_stage_layers", "offload_layers"):
         value = getattr(s, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -285,9 +313,12 @@ def _check_scale(s) -> None:
     if (s.first_stage_layers or s.last_stage_layers) and (s.pp == 1 or s.virtual_stages > 1):
         raise ValueError("first_stage_layers / last_stage_layers need pp > 1 without interleaving")
     if any(m not in RECOMPUTE_MODULES for m in s.recompute_modules) or (
-            s.recompute_modules and s.recompute not in ("none", "selective")):
-        raise ValueError(f"recompute_modules must be among {RECOMPUTE_MODULES}, with recompute 'none' or "
-                         f"'selective'; got {s.recompute_modules!r} with recompute={s.recompute!r}")
+        s.recompute_modules and s.recompute not in ("none", "selective")
+    ):
+        raise ValueError(
+            f"recompute_modules must be among {RECOMPUTE_MODULES}, with recompute 'none' or "
+            f"'selective'; got {s.recompute_modules!r} with recompute={s.recompute!r}"
+        )
     if s.ep_overlap and s.ep == 1:
         raise ValueError("ep_overlap hides the expert-parallel all-to-alls: it needs ep > 1")
     if s.stage_layout and (s.first_stage_layers or s.last_stage_layers or s.pp == 1):
@@ -304,8 +335,18 @@ def _check_scale_model(s, model) -> None:
     if s.cp > 1:
         if model.kind != "gpt":
             raise ValueError("context parallelism splits a sequence: it needs a GPT model")
-    dims.check(dp=s.dp, tp=s.tp, cp=s.cp, ep=s.ep, owner="Strategy", ep_folds_into_tp=True, task=model.name,
-               seq_len=model.seq_len if s.cp > 1 else None, heads=model.heads, ulysses=s.cp_kind == "ulysses",
-               experts=getattr(model, "experts", 0))
+    dims.check(
+        dp=s.dp,
+        tp=s.tp,
+        cp=s.cp,
+        ep=s.ep,
+        owner="Strategy",
+        ep_folds_into_tp=True,
+        task=model.name,
+        seq_len=model.seq_len if s.cp > 1 else None,
+        heads=model.heads,
+        ulysses=s.cp_kind == "ulysses",
+        experts=getattr(model, "experts", 0),
+    )
     if s.recompute_layers and s.pp > 0 and s.recompute_layers > max(_stage_layers(s, model.layers)):
         raise ValueError(f"recompute_layers={s.recompute_layers} is more than a stage's layers")

@@ -12,6 +12,7 @@ tp·pp ≥ the node size. Each group is priced on the links it crosses:
 - across nodes with k > 1 members per node: hierarchical — reduce-scatter inside each node, the 1/k shards
   all-reduced between nodes (k rings side by side, one per NIC), all-gather inside the node.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,18 +42,18 @@ def group_ranks(strategy, kind: str, index: int = 0) -> list[int]:
     Group 0 of each kind starts at rank 0 (every group of a kind has the same shape on whole nodes)."""
     s = strategy
     cp = getattr(s, "cp", 1)
-    outer = getattr(s, "pipeline_outer", False)     # Megatron's order: view(pp, dp, cp, tp)
+    outer = getattr(s, "pipeline_outer", False)  # Megatron's order: view(pp, dp, cp, tp)
     dp_stride = s.tp * cp * (1 if outer else s.pp)
     tokens = [index + d * dp_stride + c * s.tp for d in range(s.dp) for c in range(cp)]  # dp_cp order
     if kind == "dp_cp":
         return tokens
     if kind == "ep":
         ep = getattr(s, "ep", 1)
-        if ep > len(tokens):   # Megatron's MoE parallel folding: tensor-parallel ranks join the expert group
+        if ep > len(tokens):  # Megatron's MoE parallel folding: tensor-parallel ranks join the expert group
             return sorted(t + r for t in tokens for r in range(s.tp))[:ep]
         return tokens[:ep]
     if kind == "expert_dp":
-        return tokens[::getattr(s, "ep", 1)]
+        return tokens[:: getattr(s, "ep", 1)]
     stride = {"tp": 1, "cp": s.tp, "pp": s.tp * cp * (s.dp if outer else 1), "dp": dp_stride}.get(kind)
     if stride is None:
         raise ValueError(f"group kind must be tp, cp, pp, dp, dp_cp, ep or expert_dp, got {kind!r}")
@@ -85,8 +86,7 @@ def group_collective(kind: str, size: float, place: Placement, hardware) -> floa
     ``p2p``: one message of ``size`` to a neighbour of the group (a ring's hop: over the NIC as soon as the group
     spans nodes, since the ring steps in lockstep)."""
     if kind not in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "p2p"):
-        raise ValueError(f"collective must be all_reduce, reduce_scatter, all_gather, all_to_all or p2p, "
-                         f"got {kind!r}")
+        raise ValueError(f"collective must be all_reduce, reduce_scatter, all_gather, all_to_all or p2p, got {kind!r}")
     n, k, nodes = place.size, place.per_node, place.nodes
     if n == 1:
         return 0.0
@@ -104,8 +104,8 @@ def group_collective(kind: str, size: float, place: Placement, hardware) -> floa
         return _ring(kind, size, n, hardware.intra)
     if k == 1:
         return _ring(kind, size, nodes, hardware.inter)
-    inside = cost.reduce_scatter(size, k, hardware.intra)      # = all_gather(size, k, intra)
-    between = _ring(kind, size / k, nodes, hardware.inter)     # k rings side by side, one NIC each
+    inside = cost.reduce_scatter(size, k, hardware.intra)  # = all_gather(size, k, intra)
+    between = _ring(kind, size / k, nodes, hardware.inter)  # k rings side by side, one NIC each
     if kind == "all_reduce":
         return inside + between + inside
     return inside + between
@@ -129,9 +129,12 @@ def p2p_time(size: float, strategy, hardware) -> float:
 def same_node(strategy, hardware) -> bool:
     """Do all pipeline neighbours (ranks tp apart, in every replica) share a node?"""
     g, s = hardware.devices_per_node, strategy
-    step = s.tp * getattr(s, "cp", 1)   # pipeline neighbours are tp × cp ranks apart (× dp in Megatron's order)
+    step = s.tp * getattr(s, "cp", 1)  # pipeline neighbours are tp × cp ranks apart (× dp in Megatron's order)
     if getattr(s, "pipeline_outer", False):
-        return all(r // g == (r + step * s.dp) // g for p in range(s.pp - 1) for d in range(s.dp)
-                   for r in [(p * s.dp + d) * step])
-    return all(r // g == (r + step) // g
-               for d in range(s.dp) for p in range(s.pp - 1) for r in [(d * s.pp + p) * step])
+        return all(
+            r // g == (r + step * s.dp) // g
+            for p in range(s.pp - 1)
+            for d in range(s.dp)
+            for r in [(p * s.dp + d) * step]
+        )
+    return all(r // g == (r + step) // g for d in range(s.dp) for p in range(s.pp - 1) for r in [(d * s.pp + p) * step])

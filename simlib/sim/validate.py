@@ -7,6 +7,7 @@ Gradients are synced bucket by bucket (``simlib.parallel.data.make_buckets``, DD
 bucket packed flat, all-reduced, divided and unpacked (as ``DataParallelFlat`` does for one bucket), after
 backward of the last micro-batch (accumulation syncs once per step, like ``no_sync``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,38 +20,57 @@ class RunConfig:
     """One measured configuration: ``world_size`` ranks, each with ``accumulation`` micro-batches."""
 
     world_size: int
-    micro_batch: int              # samples per micro-batch per rank
+    micro_batch: int  # samples per micro-batch per rank
     accumulation: int = 1
-    bucket_mb: float = 1000.0     # bucket cap in MiB (1000: one bucket for the whole MLP)
+    bucket_mb: float = 1000.0  # bucket cap in MiB (1000: one bucket for the whole MLP)
     width: int = 1024
     depth: int = 4
-    pipeline: str | None = None   # "1f1b" or "gpipe": world_size pipeline stages, accumulation = micro-batches
+    pipeline: str | None = None  # "1f1b" or "gpipe": world_size pipeline stages, accumulation = micro-batches
 
     @property
     def label(self) -> str:
         if self.pipeline:
-            return (f"pp{self.world_size} {self.pipeline} {self.depth}x{self.width} "
-                    f"{self.accumulation} x mb{self.micro_batch}")
+            return (
+                f"pp{self.world_size} {self.pipeline} {self.depth}x{self.width} "
+                f"{self.accumulation} x mb{self.micro_batch}"
+            )
         bucket = "one bucket" if self.bucket_mb >= 1000 else f"{self.bucket_mb:g} MB buckets"
         acc = f", accumulate {self.accumulation}" if self.accumulation > 1 else ""
         return f"w{self.world_size} {self.depth}x{self.width} mb{self.micro_batch}{acc}, {bucket}"
 
     def strategy(self):
         from .strategy import Strategy
-        return Strategy(dp=self.world_size, micro_batch=self.micro_batch, num_micro_batches=self.accumulation,
-                        bucket_bytes=self.bucket_mb * 2 ** 20, dtype="fp32", optimizer="sgd", threads=1)
+
+        return Strategy(
+            dp=self.world_size,
+            micro_batch=self.micro_batch,
+            num_micro_batches=self.accumulation,
+            bucket_bytes=self.bucket_mb * 2**20,
+            dtype="fp32",
+            optimizer="sgd",
+            threads=1,
+        )
 
 
 def default_configs(quick: bool = False) -> list[RunConfig]:
     """Fourteen configurations: DP at 1/2/4, accumulation, bucket sizes, two widths, 2-stage pipelines."""
     mb = 128 if quick else 256
-    configs = [RunConfig(1, mb), RunConfig(2, mb // 2), RunConfig(4, mb // 4),       # strong scaling
-               RunConfig(2, mb), RunConfig(4, mb),                                   # weak scaling
-               RunConfig(2, mb // 4, accumulation=4), RunConfig(2, mb // 2, accumulation=2),
-               RunConfig(2, mb // 2, bucket_mb=1), RunConfig(2, mb // 2, bucket_mb=4),
-               RunConfig(4, mb // 4, bucket_mb=1),
-               RunConfig(1, mb, width=512), RunConfig(2, mb // 2, width=512),
-               RunConfig(2, mb // 4, accumulation=4, pipeline="1f1b"), RunConfig(2, mb // 4, accumulation=4, pipeline="gpipe")]
+    configs = [
+        RunConfig(1, mb),
+        RunConfig(2, mb // 2),
+        RunConfig(4, mb // 4),  # strong scaling
+        RunConfig(2, mb),
+        RunConfig(4, mb),  # weak scaling
+        RunConfig(2, mb // 4, accumulation=4),
+        RunConfig(2, mb // 2, accumulation=2),
+        RunConfig(2, mb // 2, bucket_mb=1),
+        RunConfig(2, mb // 2, bucket_mb=4),
+        RunConfig(4, mb // 4, bucket_mb=1),
+        RunConfig(1, mb, width=512),
+        RunConfig(2, mb // 2, width=512),
+        RunConfig(2, mb // 4, accumulation=4, pipeline="1f1b"),
+        RunConfig(2, mb // 4, accumulation=4, pipeline="gpipe"),
+    ]
     return configs
 
 
@@ -79,8 +99,10 @@ def dp_workload(config: RunConfig, steps: int, warmup: int, seed: int = 0):
         torch.manual_seed(seed)
         model = MLP(config.width, config.depth).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        x, y = (t.to(dev) for t in make_regression(config.micro_batch * config.accumulation, config.width,
-                                                   seed=seed + 1 + rank))
+        x, y = (
+            t.to(dev)
+            for t in make_regression(config.micro_batch * config.accumulation, config.width, seed=seed + 1 + rank)
+        )
         xs, ys = x.chunk(config.accumulation), y.chunk(config.accumulation)
         buckets = make_buckets(model.parameters(), config.bucket_mb)
         tl = Timeline(rank=rank, warmup=warmup, device=dev)
@@ -108,6 +130,7 @@ def dp_workload(config: RunConfig, steps: int, warmup: int, seed: int = 0):
 def _pipeline_stages(config, rank, device="cpu"):
     from ..models import MLP
     from ..parallel.pipeline import build_stages
+
     return build_stages(MLP(config.width, config.depth).to(device).net, rank, config.world_size)
 
 
@@ -131,16 +154,23 @@ def _pipeline_workload(config, steps, warmup, seed, group):
         stages = _pipeline_stages(config, rank, dev)
         opt = torch.optim.SGD([p for s in stages for p in s.parameters()], lr=1e-3)
         x, y = (t.to(dev) for t in make_regression(config.micro_batch * m, config.width, seed=seed + 1))
-        actions = getattr(schedules, {"1f1b": "one_f_one_b", "gpipe": "gpipe"}[config.pipeline])(
-            config.world_size, m)[rank]
-        tl = Timeline(rank=dist.get_global_rank(group, rank) if group is not None else rank, warmup=warmup,
-                      device=dev)
+        actions = getattr(schedules, {"1f1b": "one_f_one_b", "gpipe": "gpipe"}[config.pipeline])(config.world_size, m)[
+            rank
+        ]
+        tl = Timeline(rank=dist.get_global_rank(group, rank) if group is not None else rank, warmup=warmup, device=dev)
         dist.barrier(group=group)
         for step in range(warmup + steps):
             with tl.step(step):
                 opt.zero_grad(set_to_none=False)
-                run_schedule(actions, stages, list(x.chunk(m)), list(y.chunk(m)),
-                             activation_shape=(config.micro_batch, config.width), group=group, timeline=tl)
+                run_schedule(
+                    actions,
+                    stages,
+                    list(x.chunk(m)),
+                    list(y.chunk(m)),
+                    activation_shape=(config.micro_batch, config.width),
+                    group=group,
+                    timeline=tl,
+                )
                 with tl.span("optimizer"):
                     opt.step()
         return tl.records()
@@ -161,7 +191,7 @@ def predict_pipeline(config: RunConfig, hardware, steps: int = 1):
     for stage in range(p):
         spec = from_module(_pipeline_stages(config, stage)[0], name=f"stage {stage}")
         fwd = spec.forward_gemms(mb)
-        bwd = [(k, m, n, c) for m, k, n, c in fwd] + [(m, n, k, c) for m, k, n, c in fwd[(1 if stage == 0 else 0):]]
+        bwd = [(k, m, n, c) for m, k, n, c in fwd] + [(m, n, k, c) for m, k, n, c in fwd[(1 if stage == 0 else 0) :]]
         elementwise = spec.elementwise_bytes(mb) / hardware.mem_rate(p)
         straggle = hardware.straggler(p)
         acc = accumulate_grad_time(spec.params, hardware, Strategy(dtype="fp32"), p)
@@ -194,8 +224,7 @@ def predict_config(config: RunConfig, hardware):
     return predict(model, hardware, config.strategy(), processes=config.world_size)
 
 
-def validation_table(cluster, hardware, configs=None, steps: int | None = None, warmup: int = 2,
-                     repeats: int = 1):
+def validation_table(cluster, hardware, configs=None, steps: int | None = None, warmup: int = 2, repeats: int = 1):
     """Predict and measure every config; one row each with the relative error of the prediction.
 
     ``repeats``: measure the whole set that many times, interleaved, and keep each config's median (the box is
@@ -220,17 +249,42 @@ def validation_table(cluster, hardware, configs=None, steps: int | None = None, 
         m = float(np.median(measured[i]))
         if config.pipeline:
             step, _ = predict_pipeline(config, hardware)
-            rows.append(dict(config=config.label, world_size=config.world_size, micro_batch=config.micro_batch,
-                             accumulation=config.accumulation, bucket_mb=None, width=config.width, predicted=step,
-                             measured=m, measured_iqr=float(np.median(spreads[i])), predicted_compute=None,
-                             predicted_comm=None, predicted_optimizer=None, error=step / m - 1))
+            rows.append(
+                dict(
+                    config=config.label,
+                    world_size=config.world_size,
+                    micro_batch=config.micro_batch,
+                    accumulation=config.accumulation,
+                    bucket_mb=None,
+                    width=config.width,
+                    predicted=step,
+                    measured=m,
+                    measured_iqr=float(np.median(spreads[i])),
+                    predicted_compute=None,
+                    predicted_comm=None,
+                    predicted_optimizer=None,
+                    error=step / m - 1,
+                )
+            )
             continue
         p = predict_config(config, hardware)
-        rows.append(dict(config=config.label, world_size=config.world_size, micro_batch=config.micro_batch,
-                         accumulation=config.accumulation, bucket_mb=config.bucket_mb, width=config.width,
-                         predicted=p.step_time, measured=m, measured_iqr=float(np.median(spreads[i])),
-                         predicted_compute=p.compute, predicted_comm=p.exposed_comm,
-                         predicted_optimizer=p.optimizer, error=p.step_time / m - 1))
+        rows.append(
+            dict(
+                config=config.label,
+                world_size=config.world_size,
+                micro_batch=config.micro_batch,
+                accumulation=config.accumulation,
+                bucket_mb=config.bucket_mb,
+                width=config.width,
+                predicted=p.step_time,
+                measured=m,
+                measured_iqr=float(np.median(spreads[i])),
+                predicted_compute=p.compute,
+                predicted_comm=p.exposed_comm,
+                predicted_optimizer=p.optimizer,
+                error=p.step_time / m - 1,
+            )
+        )
     table = pd.DataFrame(rows)
     table["abs_error"] = table["error"].abs()
     return table

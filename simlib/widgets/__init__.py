@@ -19,21 +19,46 @@ Pass what the lesson measured (``measured=...``) and the explorer marks it besid
 One module per lesson (``collectives`` 01, ``data_parallel`` 02, ``accumulation`` 03, ``pipeline`` 04, ``tensor`` 05,
 ``simulator`` 06, ``memory`` 07, ``fault_tolerance`` 08, ``context_experts`` 09, ``planner`` 13); shared helpers in ``_common``. Every name is here too.
 """
+
 from __future__ import annotations
 
-from .collectives import ring_trace, ring_figure, ring_explorer, alpha_beta_figure, alpha_beta_explorer
-from .data_parallel import bucket_figure, bucket_explorer
-from .accumulation import accumulation_figure, accumulation_explorer
-from .pipeline import pipeline_figure, pipeline_explorer
-from .tensor import tp_figure, tp_explorer
-from .simulator import explain, explorer_view, draw_prediction, simulator_explorer
-from .memory import draw_memory, memory_explorer, STATE_COLORS
+from .accumulation import accumulation_explorer, accumulation_figure
+from .collectives import alpha_beta_explorer, alpha_beta_figure, ring_explorer, ring_figure, ring_trace
+from .context_experts import context_explorer, context_figure, moe_explorer, moe_figure
+from .data_parallel import bucket_explorer, bucket_figure
 from .fault_tolerance import checkpoint_interval_explorer
-from .context_experts import context_figure, context_explorer, moe_figure, moe_explorer
-from .planner import planner_figure, planner_explorer
+from .memory import STATE_COLORS, draw_memory, memory_explorer
+from .pipeline import pipeline_explorer, pipeline_figure
+from .planner import planner_explorer, planner_figure
+from .simulator import draw_prediction, explain, explorer_view, simulator_explorer
+from .tensor import tp_explorer, tp_figure
 
-__all__ = ["ring_trace", "ring_figure", "ring_explorer", "alpha_beta_figure", "alpha_beta_explorer",
-           "bucket_figure", "bucket_explorer", "accumulation_figure", "accumulation_explorer", "pipeline_figure",
-           "pipeline_explorer", "tp_figure", "tp_explorer", "explain", "explorer_view", "draw_prediction",
-           "simulator_explorer", "draw_memory", "memory_explorer", "STATE_COLORS", "checkpoint_interval_explorer",
-           "context_figure", "context_explorer", "moe_figure", "moe_explorer", "planner_figure", "planner_explorer"]
+__all__ = [
+    "ring_trace",
+    "ring_figure",
+    "ring_explorer",
+    "alpha_beta_figure",
+    "alpha_beta_explorer",
+    "bucket_figure",
+    "bucket_explorer",
+    "accumulation_figure",
+    "accumulation_explorer",
+    "pipeline_figure",
+    "pipeline_explorer",
+    "tp_figure",
+    "tp_explorer",
+    "explain",
+    "explorer_view",
+    "draw_prediction",
+    "simulator_explorer",
+    "draw_memory",
+    "memory_explorer",
+    "STATE_COLORS",
+    "checkpoint_interval_explorer",
+    "context_figure",
+    "context_explorer",
+    "moe_figure",
+    "moe_explorer",
+    "planner_figure",
+    "planner_explorer",
+]

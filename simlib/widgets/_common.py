@@ -1,4 +1,5 @@
 """Helpers every lesson's explorer shares: a figure, controls wired to a pure drawing function, presets."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,6 +7,7 @@ import numpy as np
 
 def _figure(ncols=2, figsize=(11, 3.6)):
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, ncols, figsize=figsize)
     return fig, axes
 
@@ -35,13 +37,18 @@ def _wire(controls: dict, draw, columns: int = 3, width: str = "330px"):
 
 def _log_slider(description, value, lo, hi, readout="{:.3g}"):
     import ipywidgets as W
+
     options = sorted({float(v) for v in np.geomspace(lo, hi, 25)} | {float(value)})
-    return W.SelectionSlider(options=[(readout.format(v), v) for v in options], value=float(value),
-                             description=description, continuous_update=False)
+    return W.SelectionSlider(
+        options=[(readout.format(v), v) for v in options],
+        value=float(value),
+        description=description,
+        continuous_update=False,
+    )
 
 
 def _mb(nbytes):
-    return nbytes / 2 ** 20
+    return nbytes / 2**20
 
 
 def _preset_dropdown():
@@ -49,9 +56,11 @@ def _preset_dropdown():
     import ipywidgets as W
 
     from ..sim.hardware import PRESETS
+
     return W.Dropdown(options=[(make().name, key) for key, make in PRESETS.items()], description="hardware")
 
 
 def _hardware(name_or_hw):
     from .. import sim
+
     return sim.preset(name_or_hw) if isinstance(name_or_hw, str) else name_or_hw

@@ -1,9 +1,10 @@
 """The explorer of lesson 01: the ring, step by step; the α–β model."""
+
 from __future__ import annotations
 
 import numpy as np
 
-from ._common import _figure, _wire, _log_slider
+from ._common import _figure, _log_slider, _wire
 
 
 def ring_trace(world_size: int) -> list[dict]:
@@ -31,8 +32,9 @@ def ring_trace(world_size: int) -> list[dict]:
                 if ring_chunks(phase, right, n, step)[1] != chunk:
                     raise RuntimeError(f"ring_chunks disagree: rank {r} sends {chunk}, rank {right} expects another")
                 sends.append((r, right, chunk))
-                new[right][chunk] = holds[right][chunk] | holds[r][chunk] if phase == "reduce_scatter" \
-                    else holds[r][chunk]
+                new[right][chunk] = (
+                    holds[right][chunk] | holds[r][chunk] if phase == "reduce_scatter" else holds[r][chunk]
+                )
             holds, sent = new, sent + 1
             states.append(dict(phase=phase, step=step, holds=holds, sends=sends, sent=sent))
     return states
@@ -59,18 +61,25 @@ def ring_figure(world_size: int, index: int):
             if (r, c) in receiving:
                 ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, ec="tab:red", lw=2.5))
             if (r, c) in sending:
-                ax.add_patch(plt.Rectangle((c - 0.45, r - 0.45), 0.9, 0.9, fill=False, ec="tab:orange", lw=1.5,
-                                           ls="--"))
+                ax.add_patch(
+                    plt.Rectangle((c - 0.45, r - 0.45), 0.9, 0.9, fill=False, ec="tab:orange", lw=1.5, ls="--")
+                )
     ax.set_xticks(range(n), [f"chunk {c}" for c in range(n)])
     ax.set_yticks(range(n), [f"rank {r}" for r in range(n)])
-    phase = {"start": "before the first step", "reduce_scatter": f"reduce-scatter, step {st['step'] + 1} of {n - 1}",
-             "all_gather": f"all-gather, step {st['step'] + 1} of {n - 1}"}[st["phase"]]
+    phase = {
+        "start": "before the first step",
+        "reduce_scatter": f"reduce-scatter, step {st['step'] + 1} of {n - 1}",
+        "all_gather": f"all-gather, step {st['step'] + 1} of {n - 1}",
+    }[st["phase"]]
     ax.set_title(f"ring all-reduce on {n} ranks: {phase}")
     fig.tight_layout()
     moves = ", ".join(f"{s}→{d}: chunk {c}" for s, d, c in st["sends"])
-    caption = (f"{phase}. " + (f"Dashed orange: sent, red: received ({moves}). " if moves else "")
-               + f"Each rank has sent {st['sent']} chunk(s) = {st['sent']}/{n} of the tensor "
-               f"(all-reduce total: {2 * (n - 1)}/{n}). 'x0+x1' = the sum of rank 0's and rank 1's values.")
+    caption = (
+        f"{phase}. "
+        + (f"Dashed orange: sent, red: received ({moves}). " if moves else "")
+        + f"Each rank has sent {st['sent']} chunk(s) = {st['sent']}/{n} of the tensor "
+        f"(all-reduce total: {2 * (n - 1)}/{n}). 'x0+x1' = the sum of rank 0's and rank 1's values."
+    )
     return fig, caption
 
 
@@ -95,7 +104,7 @@ def alpha_beta_figure(size_bytes: float, world_size: int, alpha: float, bandwidt
     if size_bytes <= 0 or alpha < 0 or bandwidth <= 0 or world_size < 2:
         raise ValueError("size and bandwidth must be > 0, alpha >= 0, ranks >= 2")
     n, beta = world_size, 1.0 / bandwidth
-    sizes = np.geomspace(2 ** 10, 2 ** 30, 121)
+    sizes = np.geomspace(2**10, 2**30, 121)
     times = alpha_beta_time(sizes, n, alpha, beta)
     busbw = sizes / times * bus_factor("all_reduce", n)
     fig, (ax_t, ax_b) = _figure()
@@ -104,10 +113,12 @@ def alpha_beta_figure(size_bytes: float, world_size: int, alpha: float, bandwidt
     for op, marker in (("all_reduce", "o"), ("ring_all_reduce", "s")):
         rows = [r for r in (measured or []) if r["op"] == op and r["world_size"] == n]
         if rows:
-            ax_t.loglog([r["bytes"] for r in rows], [r["time"] * 1e3 for r in rows], marker, alpha=0.7,
-                        label=f"measured {op}")
-            ax_b.semilogx([r["bytes"] for r in rows], [r["busbw"] / 1e9 for r in rows], marker, alpha=0.7,
-                          label=f"measured {op}")
+            ax_t.loglog(
+                [r["bytes"] for r in rows], [r["time"] * 1e3 for r in rows], marker, alpha=0.7, label=f"measured {op}"
+            )
+            ax_b.semilogx(
+                [r["bytes"] for r in rows], [r["busbw"] / 1e9 for r in rows], marker, alpha=0.7, label=f"measured {op}"
+            )
     t = float(alpha_beta_time(size_bytes, n, alpha, beta))
     bw = size_bytes / t * bus_factor("all_reduce", n)
     ax_t.plot([size_bytes], [t * 1e3], "r*", ms=14, label="your message")
@@ -120,9 +131,11 @@ def alpha_beta_figure(size_bytes: float, world_size: int, alpha: float, bandwidt
         ax.legend(fontsize=8)
     fig.tight_layout()
     latency = 2 * (n - 1) * alpha
-    caption = (f"{size_bytes / 2**20:.3g} MB on {n} ranks: {t * 1e3:.3g} ms = latency {latency * 1e3:.3g} ms "
-               f"({latency / t:.0%}) + bytes {(t - latency) * 1e3:.3g} ms; bus bandwidth {bw / 1e9:.3g} GB/s "
-               f"of the link's {bandwidth / 1e9:.3g}.")
+    caption = (
+        f"{size_bytes / 2**20:.3g} MB on {n} ranks: {t * 1e3:.3g} ms = latency {latency * 1e3:.3g} ms "
+        f"({latency / t:.0%}) + bytes {(t - latency) * 1e3:.3g} ms; bus bandwidth {bw / 1e9:.3g} GB/s "
+        f"of the link's {bandwidth / 1e9:.3g}."
+    )
     return fig, caption
 
 
@@ -133,8 +146,9 @@ def alpha_beta_explorer(measured=None, fits=None):
 
     fit = (fits or {}).get(2) or next(iter((fits or {}).values()), None) or dict(alpha=1e-3, bandwidth=0.7e9)
     controls = dict(
-        size_bytes=_log_slider("size (B)", 2 ** 20, 2 ** 10, 2 ** 30, "{:.3g}"),
+        size_bytes=_log_slider("size (B)", 2**20, 2**10, 2**30, "{:.3g}"),
         world_size=W.IntSlider(value=2, min=2, max=64, description="ranks"),
         alpha=_log_slider("α (s)", max(fit["alpha"], 1e-7), 1e-7, 1e-2),
-        bandwidth=_log_slider("1/β (B/s)", fit["bandwidth"], 1e8, 1e12))
+        bandwidth=_log_slider("1/β (B/s)", fit["bandwidth"], 1e8, 1e12),
+    )
     return _wire(controls, lambda **v: alpha_beta_figure(measured=measured, **v), columns=2, width="400px")

@@ -1,13 +1,21 @@
 """The explorer of lesson 02: bucket size -> messages and overlap."""
+
 from __future__ import annotations
 
 import numpy as np
 
-from ._common import _figure, _wire, _log_slider, _mb, _preset_dropdown, _hardware
+from ._common import _figure, _hardware, _log_slider, _mb, _preset_dropdown, _wire
 
 
-def bucket_figure(bucket_cap_mb: float, width: int = 1024, depth: int = 4, global_batch: int = 1024,
-                  world_size: int = 2, hardware="cpu", measured=None):
+def bucket_figure(
+    bucket_cap_mb: float,
+    width: int = 1024,
+    depth: int = 4,
+    global_batch: int = 1024,
+    world_size: int = 2,
+    hardware="cpu",
+    measured=None,
+):
     """Bucket cap -> gradient buckets (``parallel.data.make_buckets`` on the lesson's MLP) and the simulator's
     replay of one overlapped data-parallel step; beside it messages and step time over every cap.
 
@@ -24,12 +32,18 @@ def bucket_figure(bucket_cap_mb: float, width: int = 1024, depth: int = 4, globa
     model = sim.from_module(MLP(width, depth), name=f"MLP {depth}x{width}")
 
     def strategy(cap_mb):
-        return sim.Strategy(dp=world_size, micro_batch=global_batch // world_size, bucket_bytes=cap_mb * 2 ** 20,
-                            overlap=True, dtype="fp32", optimizer="sgd")
+        return sim.Strategy(
+            dp=world_size,
+            micro_batch=global_batch // world_size,
+            bucket_bytes=cap_mb * 2**20,
+            overlap=True,
+            dtype="fp32",
+            optimizer="sgd",
+        )
 
     def step(cap_mb):
         table = sim.replay_data_parallel(model, hw, strategy(cap_mb), steps=2, warmup=1)
-        one = table[(table.step == 1) & (table["rank"] == 0)]   # every rank alike: rank 0's spans
+        one = table[(table.step == 1) & (table["rank"] == 0)]  # every rank alike: rank 0's spans
         busy = one[one.kind.isin(["forward", "backward", "optimizer"])].duration.sum()
         step_time = one[one.kind == "step"].duration.iloc[0]
         return table, step_time, step_time - busy
@@ -40,15 +54,27 @@ def bucket_figure(bucket_cap_mb: float, width: int = 1024, depth: int = 4, globa
     table, step_time, exposed = step(bucket_cap_mb)
     messages = len(gradient_buckets(model, strategy(bucket_cap_mb)))
     fig, (ax_g, ax_c) = _figure(figsize=(13, 3.8))
-    plots.gantt(table[table["rank"] == 0], ax=ax_g, step=1,
-                title=f"predicted step, rank 0 ({messages} bucket(s) of ≤ {bucket_cap_mb:.3g} MB)")
+    plots.gantt(
+        table[table["rank"] == 0],
+        ax=ax_g,
+        step=1,
+        title=f"predicted step, rank 0 ({messages} bucket(s) of ≤ {bucket_cap_mb:.3g} MB)",
+    )
     ax_c.semilogx([c[0] for c in curve], [c[2] * 1e3 for c in curve], "k-", label="predicted step time")
     ax_c.semilogx([c[0] for c in curve], [c[3] * 1e3 for c in curve], "r--", label="predicted exposed comm")
     if measured is not None:
-        rows = [r for r in (measured.to_dict("records") if hasattr(measured, "to_dict") else measured)
-                if r.get("mode", "bucket") == "bucket"]
-        ax_c.plot([r["bucket_cap_mb"] for r in rows], [r["step_ms"] for r in rows], "o", color="tab:blue",
-                  label="measured step (this lesson)")
+        rows = [
+            r
+            for r in (measured.to_dict("records") if hasattr(measured, "to_dict") else measured)
+            if r.get("mode", "bucket") == "bucket"
+        ]
+        ax_c.plot(
+            [r["bucket_cap_mb"] for r in rows],
+            [r["step_ms"] for r in rows],
+            "o",
+            color="tab:blue",
+            label="measured step (this lesson)",
+        )
     ax_c.axvline(bucket_cap_mb, color="tab:orange", label="your cap")
     ax_c.axvline(grad_mb, color="gray", ls=":", label=f"all gradients {grad_mb:.1f} MB")
     ax_m = ax_c.twinx()
@@ -58,9 +84,11 @@ def bucket_figure(bucket_cap_mb: float, width: int = 1024, depth: int = 4, globa
     ax_c.legend(fontsize=7, loc="upper center")
     ax_c.grid(alpha=0.3)
     fig.tight_layout()
-    caption = (f"{model.name}, {grad_mb:.1f} MB of fp32 gradients, {world_size} ranks on {hw.name}: {messages} "
-               f"all-reduce(s) per step; predicted step {step_time * 1e3:.3g} ms of which {exposed * 1e3:.3g} ms "
-               f"is communication not hidden behind backward.")
+    caption = (
+        f"{model.name}, {grad_mb:.1f} MB of fp32 gradients, {world_size} ranks on {hw.name}: {messages} "
+        f"all-reduce(s) per step; predicted step {step_time * 1e3:.3g} ms of which {exposed * 1e3:.3g} ms "
+        f"is communication not hidden behind backward."
+    )
     return fig, caption
 
 
@@ -69,11 +97,21 @@ def bucket_explorer(measured=None, width: int = 1024, depth: int = 4, global_bat
     sweep, on this machine) is marked when the hardware is the CPU box."""
     import ipywidgets as W
 
-    controls = dict(bucket_cap_mb=_log_slider("cap (MB)", 4.0, 0.01, 100.0),
-                    world_size=W.SelectionSlider(options=[2, 4, 8], value=2, description="ranks"),
-                    hardware=_preset_dropdown())
+    controls = dict(
+        bucket_cap_mb=_log_slider("cap (MB)", 4.0, 0.01, 100.0),
+        world_size=W.SelectionSlider(options=[2, 4, 8], value=2, description="ranks"),
+        hardware=_preset_dropdown(),
+    )
 
     def draw(bucket_cap_mb, world_size, hardware):
-        return bucket_figure(bucket_cap_mb, width, depth, global_batch, world_size, hardware,
-                             measured=measured if hardware == "cpu" and world_size == 2 else None)
+        return bucket_figure(
+            bucket_cap_mb,
+            width,
+            depth,
+            global_batch,
+            world_size,
+            hardware,
+            measured=measured if hardware == "cpu" and world_size == 2 else None,
+        )
+
     return _wire(controls, draw)

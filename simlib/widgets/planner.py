@@ -1,24 +1,50 @@
 """The explorer of lesson 13: move the constraints (model, devices, batch, sequence, memory) and watch the
 planner's ranking change. Every number comes from ``simlib.sim.plan``."""
+
 from __future__ import annotations
 
 from ._common import _figure
 
-TERM_COLORS = {"compute": "tab:blue", "recompute": "tab:cyan", "bubble": "tab:red", "tp_comm": "tab:orange",
-               "pp_comm": "tab:pink", "dp_exposed": "tab:purple", "embedding_sync": "tab:brown",
-               "optimizer": "tab:gray"}
+TERM_COLORS = {
+    "compute": "tab:blue",
+    "recompute": "tab:cyan",
+    "bubble": "tab:red",
+    "tp_comm": "tab:orange",
+    "pp_comm": "tab:pink",
+    "dp_exposed": "tab:purple",
+    "embedding_sync": "tab:brown",
+    "optimizer": "tab:gray",
+}
 
 
-def planner_figure(model="70B", cluster="h100", nodes: int = 16, global_batch: int = 256, seq_len=None,
-                   memory_gb=None, top: int = 10, measured=None, result=None, space=None):
+def planner_figure(
+    model="70B",
+    cluster="h100",
+    nodes: int = 16,
+    global_batch: int = 256,
+    seq_len=None,
+    memory_gb=None,
+    top: int = 10,
+    measured=None,
+    result=None,
+    space=None,
+):
     """(figure, caption): the ``top`` plans as stacked bars of where their step goes, and every plan's step time
     against its memory per device (those over the limit in grey). ``measured``: rows {"predicted_step_s",
     "measured_step_s", "plan"} from this machine, drawn as a third panel. ``result``: an existing search."""
     from ..sim import plan
     from ..sim.planner_report import terms
+
     if result is None:
-        result = plan(model, cluster, nodes=nodes, global_batch=global_batch, seq_len=seq_len,
-                      memory_limit=None if memory_gb is None else memory_gb * 1e9, space=space)
+        result = plan(
+            model,
+            cluster,
+            nodes=nodes,
+            global_batch=global_batch,
+            seq_len=seq_len,
+            memory_limit=None if memory_gb is None else memory_gb * 1e9,
+            space=space,
+        )
     if not result.ranked:
         raise ValueError(result.nothing_fits())
     fig, axes = _figure(3 if measured else 2, figsize=(15 if measured else 12, 4.2))
@@ -30,6 +56,7 @@ def planner_figure(model="70B", cluster="h100", nodes: int = 16, global_batch: i
             ax.barh(y, v, left=left, color=TERM_COLORS[k], label=k if y == 0 else None)
             left += v
     from ..sim.planner import label
+
     ax.set_yticks(range(len(shown)), [label(e["strategy"]) for e in shown], fontsize=7)
     ax.set_xlabel("predicted seconds per step")
     ax.set_title(f"top {len(shown)} of {len(result.ranked):,} plans that fit", fontsize=10)
@@ -38,14 +65,20 @@ def planner_figure(model="70B", cluster="h100", nodes: int = 16, global_batch: i
     big = result.too_big[:: max(1, len(result.too_big) // 3000)]
     if big:
         from ..sim.planner_report import pricer_of
+
         pricer = pricer_of(result)
         big = [r for r in big if r["memory"]["total"] < 3 * result.memory_limit] or big
         xs = [r["memory"]["total"] / 1e9 for r in big[:400]]
         ys = [pricer.price(r["strategy"], result.global_batch)["step_time"] for r in big[:400]]
         ax.scatter(xs, ys, s=6, c="lightgray", label=f"over the limit ({len(result.too_big):,})")
     fit = result.ranked[:: max(1, len(result.ranked) // 3000)]
-    ax.scatter([r["memory"]["total"] / 1e9 for r in fit], [r["step_time"] for r in fit], s=6, c="tab:blue",
-               label=f"fit ({len(result.ranked):,})")
+    ax.scatter(
+        [r["memory"]["total"] / 1e9 for r in fit],
+        [r["step_time"] for r in fit],
+        s=6,
+        c="tab:blue",
+        label=f"fit ({len(result.ranked):,})",
+    )
     best = result.best
     ax.scatter([best["memory"]["total"] / 1e9], [best["step_time"]], s=80, marker="*", c="red", label="best")
     ax.axvline(result.memory_limit / 1e9, color="k", ls="--", lw=1, label="memory limit")
@@ -68,9 +101,11 @@ def planner_figure(model="70B", cluster="h100", nodes: int = 16, global_batch: i
         ax.legend(fontsize=7)
         ax.set_title("the proof here", fontsize=10)
     fig.tight_layout()
-    caption = (f"best: <b>{label(best['strategy'])}</b>, {best['step_time']:.3g} s per step, "
-               f"{best['tokens_per_s']:,.0f} tokens/s, MFU {best['mfu']:.0%}, {best['memory']['total'] / 1e9:.1f} "
-               f"GB per device; {result.considered:,} combinations searched in {result.seconds:.1f} s")
+    caption = (
+        f"best: <b>{label(best['strategy'])}</b>, {best['step_time']:.3g} s per step, "
+        f"{best['tokens_per_s']:,.0f} tokens/s, MFU {best['mfu']:.0%}, {best['memory']['total'] / 1e9:.1f} "
+        f"GB per device; {result.considered:,} combinations searched in {result.seconds:.1f} s"
+    )
     return fig, caption
 
 
@@ -80,14 +115,14 @@ def planner_explorer(measured=None, space=None):
     import ipywidgets as W
 
     from ._common import _preset_dropdown, _wire
+
     hardware = _preset_dropdown()
     hardware.value = "h100"
     controls = dict(
         model=W.Dropdown(options=["8B", "70B", "405B", "llama2-7b", "llama2-70b"], value="70B", description="model"),
         cluster=hardware,
         nodes=W.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128], value=4, description="nodes"),
-        global_batch=W.SelectionSlider(options=[64, 128, 256, 512, 1024, 2048], value=256,
-                                       description="global batch"),
+        global_batch=W.SelectionSlider(options=[64, 128, 256, 512, 1024, 2048], value=256, description="global batch"),
         seq_len=W.SelectionSlider(options=[2048, 4096, 8192, 16384, 32768], value=8192, description="sequence"),
         memory_gb=W.SelectionSlider(options=[16, 24, 40, 60, 72, 80, 120], value=72, description="GB limit"),
     )

@@ -1,4 +1,5 @@
 """The explorer of lesson 06: the simulator's prediction, explained and drawn."""
+
 from __future__ import annotations
 
 
@@ -13,11 +14,15 @@ def explain(model, hardware, strategy) -> str:
     mem = p.memory["total"] / 1e9
     where = f"{model.name} on {strategy.world_size} x {hardware.name}"
     if not p.fits:  # it would not run: no step time or throughput to report
-        return (f"{where}: does NOT fit — {mem:.1f} GB per device of {hardware.memory_bytes / 1e9:.0f} GB "
-                f"(90 % usable); no throughput. Try ZeRO, more tp/pp, recomputation or a smaller micro-batch.")
-    return (f"{where}: step {p.step_time:.3g} s "
-            f"(compute {p.compute:.3g}, exposed comm {p.exposed_comm:.3g}, bubble {p.bubble:.3g}), "
-            f"{p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.0%}; memory {mem:.1f} GB per device: fits")
+        return (
+            f"{where}: does NOT fit — {mem:.1f} GB per device of {hardware.memory_bytes / 1e9:.0f} GB "
+            f"(90 % usable); no throughput. Try ZeRO, more tp/pp, recomputation or a smaller micro-batch."
+        )
+    return (
+        f"{where}: step {p.step_time:.3g} s "
+        f"(compute {p.compute:.3g}, exposed comm {p.exposed_comm:.3g}, bubble {p.bubble:.3g}), "
+        f"{p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.0%}; memory {mem:.1f} GB per device: fits"
+    )
 
 
 def explorer_view(model, hardware, strategy):
@@ -48,8 +53,7 @@ def draw_prediction(model, hardware, strategy, axes=None):
         _, axes = plt.subplots(1, 2, figsize=(10, 3.2))
     ax_t, ax_m = axes
     if p.fits:
-        parts = {"compute": p.compute, "exposed comm": p.exposed_comm, "bubble": p.bubble,
-                 "optimizer": p.optimizer}
+        parts = {"compute": p.compute, "exposed comm": p.exposed_comm, "bubble": p.bubble, "optimizer": p.optimizer}
         left = 0.0
         for (name, value), color in zip(parts.items(), ["tab:blue", "tab:red", "tab:gray", "tab:green"]):
             ax_t.barh([0], [value], left=left, color=color, label=name)
@@ -58,13 +62,20 @@ def draw_prediction(model, hardware, strategy, axes=None):
         ax_t.set_title(f"step {p.step_time:.3g} s, MFU {p.mfu:.0%}")
         ax_t.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4, fontsize=8)
     else:
-        ax_t.text(0.5, 0.5, "does not fit in memory:\nno step time, no throughput", ha="center", va="center",
-                  transform=ax_t.transAxes)
+        ax_t.text(
+            0.5,
+            0.5,
+            "does not fit in memory:\nno step time, no throughput",
+            ha="center",
+            va="center",
+            transform=ax_t.transAxes,
+        )
         ax_t.set_xticks([])
     ax_t.set_yticks([])
     left = 0.0
-    for name, color in zip(["weights", "gradients", "optimizer", "activations"],
-                           ["tab:blue", "tab:orange", "tab:purple", "tab:olive"]):
+    for name, color in zip(
+        ["weights", "gradients", "optimizer", "activations"], ["tab:blue", "tab:orange", "tab:purple", "tab:olive"]
+    ):
         value = p.memory[name] / 1e9
         ax_m.barh([0], [value], left=left, color=color, label=name)
         left += value
@@ -107,9 +118,16 @@ def simulator_explorer(hardware_presets=None, model_sizes=None):
         v = {k: c.value for k, c in controls.items()}
         model, hardware = model_sizes[v["size"]], hardware_presets[v["hw"]]
         try:
-            strategy = sim.Strategy(dp=v["dp"], tp=v["tp"], pp=v["pp"], micro_batch=v["micro_batch"],
-                                    num_micro_batches=v["num_micro_batches"], zero_stage=v["zero"],
-                                    recompute=v["recompute"], overlap=True)
+            strategy = sim.Strategy(
+                dp=v["dp"],
+                tp=v["tp"],
+                pp=v["pp"],
+                micro_batch=v["micro_batch"],
+                num_micro_batches=v["num_micro_batches"],
+                zero_stage=v["zero"],
+                recompute=v["recompute"],
+                overlap=True,
+            )
             caption, prediction = explorer_view(model, hardware, strategy)
         except ValueError as exc:
             caption, prediction = f"<b>not a valid configuration:</b> {exc}", None

@@ -6,6 +6,7 @@ One module per exercise; every function or class is a classic mistake, named for
 attribute is a list of the wrong versions, or a dict of them by name. ``tests/test_planted.py`` requires
 every exercise (every ``metadata.simlib`` entry of ``solutions/``) to be here with at least three.
 """
+
 PLANTED_IN = {
     "ring_all_reduce": ("ring", "PLANTED"),
     "average_gradients": ("average", "PLANTED"),

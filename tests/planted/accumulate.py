@@ -1,4 +1,5 @@
 """Wrong gradient accumulation with DDP."""
+
 import contextlib
 
 
@@ -59,6 +60,7 @@ def one_big_batch(model, optimizer, micro_batches, loss_fn):
     """Right gradients, wrong algorithm: the micro-batches concatenated into one forward and one backward
     (k times the activation memory accumulation exists to avoid)."""
     import torch
+
     x = torch.cat([mx for mx, _ in micro_batches])
     y = torch.cat([my for _, my in micro_batches])
     loss_fn(model(x), y).backward()
@@ -78,5 +80,13 @@ def sums_losses_one_backward(model, optimizer, micro_batches, loss_fn):
     optimizer.zero_grad()
 
 
-PLANTED = [loss_not_divided_by_k, no_sync_left_on_at_last_step, never_no_sync, step_every_micro_batch,
-           forgets_zero_grad, hard_coded_k, one_big_batch, sums_losses_one_backward]
+PLANTED = [
+    loss_not_divided_by_k,
+    no_sync_left_on_at_last_step,
+    never_no_sync,
+    step_every_micro_batch,
+    forgets_zero_grad,
+    hard_coded_k,
+    one_big_batch,
+    sums_losses_one_backward,
+]

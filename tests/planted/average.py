@@ -1,4 +1,5 @@
 """Wrong gradient averaging."""
+
 import torch.distributed as dist
 
 
@@ -54,5 +55,12 @@ def raises(model):
     raise ValueError("oops, a bug in the learner's code")
 
 
-PLANTED = [sum_instead_of_mean, weights_only, max_instead_of_sum, reduces_a_copy, divides_twice, reduce_to_rank_zero,
-           power_of_two_world_size]
+PLANTED = [
+    sum_instead_of_mean,
+    weights_only,
+    max_instead_of_sum,
+    reduces_a_copy,
+    divides_twice,
+    reduce_to_rank_zero,
+    power_of_two_world_size,
+]

@@ -1,4 +1,5 @@
 """Wrong bucketed data parallelism (same skeleton as the exercise)."""
+
 import torch
 import torch.distributed as dist
 
@@ -31,7 +32,7 @@ class _Skeleton(torch.nn.Module):
 
     def on_grad_ready(self, param):
         i, offset = self.slot[param]
-        self.buffers[i][offset:offset + param.numel()].copy_(param.grad.view(-1))
+        self.buffers[i][offset : offset + param.numel()].copy_(param.grad.view(-1))
         self.pending[i] -= 1
         if self.pending[i] == 0:
             self.handles[i] = dist.all_reduce(self.buffers[i], async_op=True)
@@ -43,7 +44,7 @@ class _Skeleton(torch.nn.Module):
                 buffer /= self.world_size
             offset = 0
             for p in bucket:
-                p.grad.copy_(buffer[offset:offset + p.numel()].view_as(p))
+                p.grad.copy_(buffer[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
 
     def finish_gradient_synchronization(self):
@@ -67,7 +68,7 @@ class AllReduceAfterBackward(_Skeleton):
 
     def on_grad_ready(self, param):
         i, offset = self.slot[param]
-        self.buffers[i][offset:offset + param.numel()].copy_(param.grad.view(-1))
+        self.buffers[i][offset : offset + param.numel()].copy_(param.grad.view(-1))
 
     def finish_gradient_synchronization(self):
         self.handles = [dist.all_reduce(b, async_op=True) for b in self.buffers]

@@ -1,4 +1,5 @@
 """Wrong ring-attention forwards and MoE dispatch/combines (lesson 09)."""
+
 import torch
 import torch.distributed as dist
 
@@ -15,10 +16,14 @@ def _ring(q, k, v, causal, merge, mask_rule):
         src = (rank - step) % n
         if step < n - 1:
             nk, nv = torch.empty_like(k), torch.empty_like(v)
-            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, k, (rank + 1) % n),
-                                           dist.P2POp(dist.isend, v, (rank + 1) % n),
-                                           dist.P2POp(dist.irecv, nk, (rank - 1) % n),
-                                           dist.P2POp(dist.irecv, nv, (rank - 1) % n)])
+            reqs = dist.batch_isend_irecv(
+                [
+                    dist.P2POp(dist.isend, k, (rank + 1) % n),
+                    dist.P2POp(dist.isend, v, (rank + 1) % n),
+                    dist.P2POp(dist.irecv, nk, (rank - 1) % n),
+                    dist.P2POp(dist.irecv, nv, (rank - 1) % n),
+                ]
+            )
         mask = mask_rule(causal, src, rank, diagonal)
         if mask is not False:
             block_out, block_lse = block_attention(q, k, v, scale, mask)
@@ -49,25 +54,46 @@ def softmax_not_renormalised(q, k, v, causal):
 
 def causal_mask_on_every_block(q, k, v, causal):
     """Applies the triangle to every visible block, also to the earlier ranks' (fully visible) ones."""
-    return _ring(q, k, v, causal, _rescale,
-                 lambda causal, src, rank, diagonal: (diagonal if src <= rank else False) if causal else None)
+    return _ring(
+        q,
+        k,
+        v,
+        causal,
+        _rescale,
+        lambda causal, src, rank, diagonal: (diagonal if src <= rank else False) if causal else None,
+    )
 
 
 def diagonal_block_unmasked(q, k, v, causal):
     """Skips later ranks' blocks but forgets the triangle on its own block."""
-    return _ring(q, k, v, causal, _rescale,
-                 lambda causal, src, rank, diagonal: (None if src <= rank else False) if causal else None)
+    return _ring(
+        q,
+        k,
+        v,
+        causal,
+        _rescale,
+        lambda causal, src, rank, diagonal: (None if src <= rank else False) if causal else None,
+    )
 
 
 def wrong_source_block(q, k, v, causal):
     """Thinks it holds the block of rank (rank + step) mod n, so masks the wrong blocks."""
-    return _ring(q, k, v, causal, _rescale,
-                 lambda causal, src, rank, diagonal: _right_mask(causal, (2 * rank - src) % dist.get_world_size(),
-                                                                 rank, diagonal))
+    return _ring(
+        q,
+        k,
+        v,
+        causal,
+        _rescale,
+        lambda causal, src, rank, diagonal: _right_mask(
+            causal, (2 * rank - src) % dist.get_world_size(), rank, diagonal
+        ),
+    )
 
 
-RING = {f.__name__: f for f in (softmax_not_renormalised, causal_mask_on_every_block, diagonal_block_unmasked,
-                                wrong_source_block)}
+RING = {
+    f.__name__: f
+    for f in (softmax_not_renormalised, causal_mask_on_every_block, diagonal_block_unmasked, wrong_source_block)
+}
 
 
 def _moe(x, router, experts, num_experts, capacity_factor, owner, apply_capacity=True, apply_gate=True):
@@ -79,7 +105,7 @@ def _moe(x, router, experts, num_experts, capacity_factor, owner, apply_capacity
     if not apply_capacity:
         keep = torch.ones_like(keep)
     token = torch.nonzero(keep).squeeze(1)
-    slot = owner(expert[token], ep, local)                     # (rank, local expert) as one index
+    slot = owner(expert[token], ep, local)  # (rank, local expert) as one index
     token = token[torch.argsort(slot, stable=True)]
     slot = owner(expert[token], ep, local)
     per_slot = torch.bincount(slot, minlength=num_experts)
@@ -105,8 +131,9 @@ def _blocks(e, ep, local):
 
 def tokens_to_the_wrong_rank(x, router, experts, num_experts, capacity_factor):
     """Round-robin placement: expert e sent to rank e % ep (local expert e // ep)."""
-    return _moe(x, router, experts, num_experts, capacity_factor,
-                lambda e, ep, local: (e % ep) * local + (e // ep) % local)
+    return _moe(
+        x, router, experts, num_experts, capacity_factor, lambda e, ep, local: (e % ep) * local + (e // ep) % local
+    )
 
 
 def capacity_ignored(x, router, experts, num_experts, capacity_factor):

@@ -3,6 +3,7 @@
 Each is right on the numbers the old checks compared and wrong in what the exercise teaches; the tests in
 tests/test_grading_families.py require each to fail now, with the check that names the family.
 """
+
 import torch
 import torch.distributed as dist
 from torch.distributed import all_gather as gather_all  # bound before any grader code runs: aliases must be seen
@@ -46,13 +47,14 @@ def moe_by_all_gather(x, router, experts, num_experts, capacity_factor):
             y[mine] = module(batch[mine]) * gate[mine].unsqueeze(1)
     reduce_all(y)
     t = x.shape[0]
-    return y[rank * t:(rank + 1) * t]
+    return y[rank * t : (rank + 1) * t]
 
 
 FAMILY3 = {"ring_attention": ring_attention_by_all_gather, "moe_dispatch": moe_by_all_gather}
 
 
 # ---- family 6: the grader counts with its own recorder, never the answer's (or a spy the answer can bypass) ----
+
 
 class _GatheredColumn(torch.autograd.Function):
     """Column-parallel forward that gathers every rank's weight slice (through an alias) and slices the full
@@ -65,7 +67,7 @@ class _GatheredColumn(torch.autograd.Function):
         ws, bs = [torch.empty_like(weight) for _ in range(n)], [torch.empty_like(bias) for _ in range(n)]
         gather_all(ws, weight.contiguous())
         gather_all(bs, bias.contiguous())
-        return (x @ torch.cat(ws).T + torch.cat(bs))[..., r * k:(r + 1) * k].contiguous()
+        return (x @ torch.cat(ws).T + torch.cat(bs))[..., r * k : (r + 1) * k].contiguous()
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -96,10 +98,12 @@ FAMILY6 = {"tp_linear": (_GatheredColumn, _Row)}
 
 # ---- family 4: right on the one instance checked ----
 
+
 def checkpoints_never_the_last_block(activation_bytes, input_bytes, recompute_flops, budget):
     """Exhaustive search that forgets the last block (``range(n - 1)``): on the lesson's model the optimum never
     needs it, so the fixed budgets passed."""
     from itertools import combinations
+
     n = len(activation_bytes)
     best = None
     for k in range(n):
@@ -143,8 +147,17 @@ FAMILY4 = {"checkpoint_placement": checkpoints_never_the_last_block, "moe_dispat
 
 # ---- family 2: fixed problems that can be rebuilt ----
 
-_PRINTED = {112640: [], 90113: [1], 83969: [4], 61441: [1, 4], 90112: [1], 83968: [4], 61440: [1, 4],
-            50688: [1, 2, 4], 12288: [0, 1, 2, 3, 4, 5]}  # the lesson's budgets and their answers, looked up
+_PRINTED = {
+    112640: [],
+    90113: [1],
+    83969: [4],
+    61441: [1, 4],
+    90112: [1],
+    83968: [4],
+    61440: [1, 4],
+    50688: [1, 2, 4],
+    12288: [0, 1, 2, 3, 4, 5],
+}  # the lesson's budgets and their answers, looked up
 
 
 def checkpoint_table_lookup(activation_bytes, input_bytes, recompute_flops, budget):
@@ -155,6 +168,7 @@ def checkpoint_table_lookup(activation_bytes, input_bytes, recompute_flops, budg
 def checkpoint_calls_the_graders_reference(activation_bytes, input_bytes, recompute_flops, budget):
     """Imports the grader's own reference solver and returns its answer."""
     from simlib.grading import memory
+
     return list(memory._best_set(activation_bytes, input_bytes, recompute_flops, budget))
 
 
@@ -164,6 +178,7 @@ FAMILY2 = {"table_lookup": checkpoint_table_lookup, "calls_the_reference": check
 def checkpoint_stalls_off_the_lesson(activation_bytes, input_bytes, recompute_flops, budget):
     """The lesson's answers, and a wait that never ends on any other problem (a phase without a time limit)."""
     import time
+
     while budget not in _PRINTED:
         time.sleep(0.05)
     return _PRINTED[budget]
@@ -179,9 +194,14 @@ def _torch_rng_only():
 
     class TorchRngOnlyState(TrainState):
         def state_dict(self):
-            return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(), "step": self.step,
-                    "data": {"next_step": self.data_step}, "rng": {"torch": torch.get_rng_state()}}
+            return {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "step": self.step,
+                "data": {"next_step": self.data_step},
+                "rng": {"torch": torch.get_rng_state()},
+            }
 
         def load_state_dict(self, sd):
             self.model.load_state_dict(sd["model"])
@@ -189,6 +209,7 @@ def _torch_rng_only():
             self.scheduler.load_state_dict(sd["scheduler"])
             self.step, self.data_step = int(sd["step"]), int(sd["data"]["next_step"])
             torch.set_rng_state(sd["rng"]["torch"])
+
     return TorchRngOnlyState
 
 
@@ -216,7 +237,7 @@ def all_reduce_through_rank0(tensor):
 # Each answer is wrong and, if any of its code ran in the process that computes the verdict, makes every Result
 # there pass (the ones made before it too): the check must fail it, and the grader's own code stay intact.
 
-PATCH = '''import gc
+PATCH = """import gc
 import simlib.grading.core as _core
 def _always_pass(self):
     self.passed, self.status = True, "pass"
@@ -224,7 +245,7 @@ _core.Result.__post_init__ = _always_pass
 for _r in gc.get_objects():
     if type(_r) is _core.Result:
         _r.passed, _r.status = True, "pass"
-'''
+"""
 
 
 def _patch_the_grader():
@@ -238,7 +259,8 @@ class GPipeWhoseConstructorPatches:
     def __init__(self, rank, num_stages, num_microbatches):
         _patch_the_grader()
         self.order = [("forward", i) for i in range(num_microbatches)] + [
-            ("backward", i) for i in reversed(range(num_microbatches))]
+            ("backward", i) for i in reversed(range(num_microbatches))
+        ]
 
     def __iter__(self):
         return iter(self.order)
@@ -246,6 +268,7 @@ class GPipeWhoseConstructorPatches:
 
 class RecordWhosePropertyPatches:
     """A run record whose ``summary`` is a property that patches the grader when read; nothing was trained."""
+
     rows, evals = [], []
 
     @property
@@ -260,6 +283,7 @@ class StateWhoseItemsPatch(dict):
 
     def items(self):
         import sys
+
         if "grading" in sys._getframe(1).f_code.co_filename:
             _patch_the_grader()
         return super().items()
@@ -285,9 +309,11 @@ def family1():
     """{name: (exercise, answer)}: one per member of family 1 that runs in the notebook's own check (the
     ``__reduce__`` answer and the forged rows are submissions: tests/test_grade_batch.py)."""
     from types import SimpleNamespace
+
     plain_record = SimpleNamespace(summary={}, rows=[], evals=[])
-    return {"constructor": ("one_f_one_b", GPipeWhoseConstructorPatches),
-            "record_property": ("vision_milestone", _vision_answer(RecordWhosePropertyPatches(), {})),
-            "dict_items": ("vision_milestone", _vision_answer(plain_record,
-                                                              StateWhoseItemsPatch(w=torch.zeros(1)))),
-            "worker_result": ("ring_all_reduce", ring_returning_a_tensor_that_patches)}
+    return {
+        "constructor": ("one_f_one_b", GPipeWhoseConstructorPatches),
+        "record_property": ("vision_milestone", _vision_answer(RecordWhosePropertyPatches(), {})),
+        "dict_items": ("vision_milestone", _vision_answer(plain_record, StateWhoseItemsPatch(w=torch.zeros(1)))),
+        "worker_result": ("ring_all_reduce", ring_returning_a_tensor_that_patches),
+    }

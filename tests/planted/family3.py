@@ -4,6 +4,7 @@ the messages carry, how much moves, in what order, what stays in memory, whose c
 Each was passed by the checks before this round (the second red team found them: benchmarks/redteam2/);
 tests/test_grading_family3.py requires each to fail now, with the check that names the contract it breaks.
 """
+
 import os
 import types
 
@@ -82,10 +83,14 @@ def _collect(k, v, rank, n, keep):
     kept = {rank: keep(k, v)}
     for step in range(n - 1):
         nk, nv = torch.empty_like(k), torch.empty_like(v)
-        for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, k, (rank + 1) % n),
-                                         dist.P2POp(dist.isend, v, (rank + 1) % n),
-                                         dist.P2POp(dist.irecv, nk, (rank - 1) % n),
-                                         dist.P2POp(dist.irecv, nv, (rank - 1) % n)]):
+        for r in dist.batch_isend_irecv(
+            [
+                dist.P2POp(dist.isend, k, (rank + 1) % n),
+                dist.P2POp(dist.isend, v, (rank + 1) % n),
+                dist.P2POp(dist.irecv, nk, (rank - 1) % n),
+                dist.P2POp(dist.irecv, nv, (rank - 1) % n),
+            ]
+        ):
             r.wait()
         k, v = nk, nv
         kept[(rank - step - 1) % n] = keep(k, v)
@@ -101,8 +106,9 @@ def ring_keeps_every_block_then_sdpa(q, k, v, causal):
     blocks = _collect(k, v, rank, n, lambda k, v: (k, v))
     keys, values = torch.cat([b[0] for b in blocks], -2), torch.cat([b[1] for b in blocks], -2)
     del blocks
-    return torch.nn.functional.scaled_dot_product_attention(q, keys, values,
-                                                            attn_mask=_mask(causal, rank, q.shape[-2], n))
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, keys, values, attn_mask=_mask(causal, rank, q.shape[-2], n)
+    )
 
 
 def ring_keeps_every_block_in_numpy(q, k, v, causal):
@@ -118,6 +124,7 @@ def ring_keeps_every_block_in_numpy(q, k, v, causal):
 
 
 # ---- full_state: the library's own TrainState code, copied into new functions before the check ----
+
 
 def _copied(f, name):
     g = types.FunctionType(f.__code__, f.__globals__, name, f.__defaults__, f.__closure__)

@@ -1,12 +1,18 @@
 """Wrong training states for lesson 08's exercise (full_state): each leaves one part out of the checkpoint."""
+
 from simlib import checkpoint
 from simlib.train import TrainState
 
 
 class NoOptimizerState(TrainState):
     def state_dict(self):
-        return {"model": self.model.state_dict(), "scheduler": self.scheduler.state_dict(), "step": self.step,
-                "data": {"next_step": self.data_step}, "rng": checkpoint.rng_state()}
+        return {
+            "model": self.model.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "data": {"next_step": self.data_step},
+            "rng": checkpoint.rng_state(),
+        }
 
     def load_state_dict(self, sd):
         self.model.load_state_dict(sd["model"])
@@ -17,8 +23,13 @@ class NoOptimizerState(TrainState):
 
 class NoRngState(TrainState):
     def state_dict(self):
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "step": self.step, "data": {"next_step": self.data_step}}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "data": {"next_step": self.data_step},
+        }
 
     def load_state_dict(self, sd):
         self.model.load_state_dict(sd["model"])
@@ -29,8 +40,13 @@ class NoRngState(TrainState):
 
 class NoDataPosition(TrainState):
     def state_dict(self):
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "step": self.step, "rng": checkpoint.rng_state()}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "rng": checkpoint.rng_state(),
+        }
 
     def load_state_dict(self, sd):
         self.model.load_state_dict(sd["model"])
@@ -55,8 +71,13 @@ class DelegatesToLibrary(TrainState):
 
 
 def _full(self):
-    return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "step": self.step, "data": {"next_step": self.data_step}}
+    return {
+        "model": self.model.state_dict(),
+        "optimizer": self.optimizer.state_dict(),
+        "scheduler": self.scheduler.state_dict(),
+        "step": self.step,
+        "data": {"next_step": self.data_step},
+    }
 
 
 def _load(self, sd):
@@ -75,6 +96,7 @@ class OneRngForAll(TrainState):
     def load_state_dict(self, sd):
         import torch
         import torch.distributed as dist
+
         _load(self, sd)
         checkpoint.set_rng_state(sd["rng"])
         state = torch.get_rng_state()
@@ -120,6 +142,7 @@ class SwapsInTheLibrary(TrainState):
 
     def __init__(self, *args, **kwargs):
         import types
+
         super().__init__(*args, **kwargs)
         self.state_dict = types.MethodType(_LIBRARY[0], self)
         self.load_state_dict = types.MethodType(_LIBRARY[1], self)
@@ -131,15 +154,30 @@ class SleepsAfterRestart(_Complete):
     def load_state_dict(self, sd):
         import os
         import time
+
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             time.sleep(240)
         super().load_state_dict(sd)
 
 
-PLANTED = [NoOptimizerState, NoRngState, NoDataPosition, InheritsEverything, DelegatesToLibrary, OneRngForAll,
-           RngUnderAnotherKey, SwapsInTheLibrary]
-HINTS = {"NoOptimizerState": "optimizer state", "NoRngState": "rng state", "NoDataPosition": "data position",
-         "InheritsEverything": "not done yet", "DelegatesToLibrary": "switched off in this exercise",
-         "OneRngForAll": "first different", "RngUnderAnotherKey": "every rank's rng state",
-         "SwapsInTheLibrary": "switched off in this exercise"}
+PLANTED = [
+    NoOptimizerState,
+    NoRngState,
+    NoDataPosition,
+    InheritsEverything,
+    DelegatesToLibrary,
+    OneRngForAll,
+    RngUnderAnotherKey,
+    SwapsInTheLibrary,
+]
+HINTS = {
+    "NoOptimizerState": "optimizer state",
+    "NoRngState": "rng state",
+    "NoDataPosition": "data position",
+    "InheritsEverything": "not done yet",
+    "DelegatesToLibrary": "switched off in this exercise",
+    "OneRngForAll": "first different",
+    "RngUnderAnotherKey": "every rank's rng state",
+    "SwapsInTheLibrary": "switched off in this exercise",
+}
 STATUS = {"InheritsEverything": "not implemented", "DelegatesToLibrary": "error", "SwapsInTheLibrary": "error"}

@@ -4,6 +4,7 @@ Each computes the right numbers and calls the right collectives; each holds memo
 state in NumPy (invisible to torch's profiler), the gathered weight kept on ``ctx`` (not through
 ``save_for_backward``), the weight saved in pieces each smaller than the whole.
 """
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -76,5 +77,4 @@ def m5_weight_saved_in_pieces(x, shard):
 
 SHARDED_OPTIMIZER = [m5_numpy_moments]
 ZERO3_LINEAR = [m5_weight_on_ctx, m5_weight_saved_in_pieces]
-HINTS = {"m5_numpy_moments": "NumPy", "m5_weight_on_ctx": "alive after forward",
-         "m5_weight_saved_in_pieces": "in all"}
+HINTS = {"m5_numpy_moments": "NumPy", "m5_weight_on_ctx": "alive after forward", "m5_weight_saved_in_pieces": "in all"}

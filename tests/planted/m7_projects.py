@@ -1,5 +1,6 @@
 """Issue 33, family 7: milestones that took the learner's word. Each tampers with real gpt_plan run folders
 (``results/gpt/<plan>/``, as tests/planted/projects.py) and returns the answer a learner would give."""
+
 import json
 
 import torch
@@ -20,6 +21,7 @@ def m7_untrained_intermediate_claim(root, fastest, slowest):
     """Untrained weights saved in the fastest plan's folder, the last evaluation edited to what they score (so
     weights and record agree), the first evaluation edited to claim the target."""
     from simlib.projects.gpt.task import GPTTask
+
     task = GPTTask.quick()
     model = task.build_model()
     torch.save({"state": model.state_dict()}, root / fastest / "final_model.pt")
@@ -33,6 +35,7 @@ def m7_untrained_intermediate_claim(root, fastest, slowest):
         if "eval" in r and r["step"] == first:
             return dict(r, eval=dict(r["eval"], eval_loss=0.0))
         return r
+
     lines = [json.loads(x) for x in (root / fastest / "run.jsonl").read_text().splitlines()]
     (root / fastest / "run.jsonl").write_text("".join(json.dumps(edit(x)) + "\n" for x in lines))
     return fastest
@@ -53,8 +56,14 @@ def _write(folder, lines, summary):
 
 
 def _tta(lines, target):
-    return next((e["train_time"] for e in sorted((x for x in lines if "eval" in x), key=lambda e: e["step"])
-                 if e["eval"]["eval_loss"] <= target), None)
+    return next(
+        (
+            e["train_time"]
+            for e in sorted((x for x in lines if "eval" in x), key=lambda e: e["step"])
+            if e["eval"]["eval_loss"] <= target
+        ),
+        None,
+    )
 
 
 def _scale_times(lines, summary, factor):
@@ -67,8 +76,19 @@ def _scale_times(lines, summary, factor):
             x["spans"] = {k: v * factor for k, v in x.get("spans", {}).items()}
         out.append(x)
     s = dict(summary)
-    for k in ("train_time", "wall_time", "step_time", "step_time_iqr", "forward_time", "backward_time",
-              "optimizer_time", "comm_time", "wait_time", "exposed_comm_time", "time_to_target"):
+    for k in (
+        "train_time",
+        "wall_time",
+        "step_time",
+        "step_time_iqr",
+        "forward_time",
+        "backward_time",
+        "optimizer_time",
+        "comm_time",
+        "wait_time",
+        "exposed_comm_time",
+        "time_to_target",
+    ):
         if isinstance(s.get(k), (int, float)):
             s[k] *= factor
     for k in ("tokens_per_s", "samples_per_s"):
@@ -93,6 +113,7 @@ def m7_relabelled_single_everywhere(root, fastest, slowest, target):
     from dataclasses import asdict
 
     from simlib.projects.gpt.run import plan_for
+
     real = json.loads((root / fastest / "summary.json").read_text())
     comm = {k: 0.0 for r in _lines(root / fastest) for k in r.get("spans", {})}
     (root / "pp").mkdir(exist_ok=True)
@@ -101,8 +122,13 @@ def m7_relabelled_single_everywhere(root, fastest, slowest, target):
     lines = [dict(x, spans={**comm, **x["spans"]}) if "spans" in x else x for x in _lines(root / "single")]
     summary = json.loads((root / "single" / "summary.json").read_text())
     plan = plan_for("pp", 2)
-    summary.update(world_size=2, plan=asdict(plan), plan_label=plan.label, threads=real["threads"],
-                   matmul_gflops_per_rank=summary["matmul_gflops_per_rank"] * 2)
+    summary.update(
+        world_size=2,
+        plan=asdict(plan),
+        plan_label=plan.label,
+        threads=real["threads"],
+        matmul_gflops_per_rank=summary["matmul_gflops_per_rank"] * 2,
+    )
     _write(root / "pp", *_faster_than(root, fastest, lines, summary, target))
     return "pp"
 
@@ -120,6 +146,7 @@ def _finetune(root, plan, batches, steps):
     """The saved weights of ``plan`` trained ``steps`` more steps on ``batches(i)``; the last evaluation edited to
     what the new weights score (so weights and record agree)."""
     from simlib.projects.gpt.task import GPTTask
+
     task = GPTTask.quick()
     saved = torch.load(root / plan / "final_model.pt", weights_only=True)
     model = task.build_model()
@@ -152,19 +179,22 @@ def m7_trained_on_eval_windows(root, fastest, slowest, target):
         nonlocal fixed
         fixed = fixed or list(task.data.eval_batches())
         return fixed[i % len(fixed)]
+
     return _finetune(root, fastest, batches, 20)
 
 
 GPT_OPEN = [m7_relabelled_single_everywhere, m7_times_scaled_consistently, m7_trained_on_eval_windows]
-OPEN_HINTS = {"m7_relabelled_single_everywhere": ("relabelled as this one", "was relabelled",
-                                                    "another plan ran under this name"),
-              "m7_times_scaled_consistently": ("times were edited",),
-              "m7_trained_on_eval_windows": ("held-out text itself",)}
+OPEN_HINTS = {
+    "m7_relabelled_single_everywhere": ("relabelled as this one", "was relabelled", "another plan ran under this name"),
+    "m7_times_scaled_consistently": ("times were edited",),
+    "m7_trained_on_eval_windows": ("held-out text itself",),
+}
 
 
 # ---- vision and finance: (task, record, state) -> (task, record, state), as tests/planted/projects.py ----
 def _copy(record, rows=None, evals=None, summary=None):
     import copy
+
     rec = copy.copy(record)
     rec.rows = rows if rows is not None else [dict(r) for r in record.rows]
     rec.evals = evals if evals is not None else [dict(e, eval=dict(e["eval"])) for e in record.evals]

@@ -1,4 +1,5 @@
 """Wrong ZeRO-1 optimizers and ZeRO-3 Linear functions (lesson 07)."""
+
 import torch
 import torch.distributed as dist
 
@@ -126,8 +127,12 @@ def takes_the_next_ranks_rows(x, shard):
     return _WrongRows.apply(x, shard)
 
 
-ZERO3_LINEAR = [saves_the_gathered_weight, all_reduce_instead_of_reduce_scatter, gradient_not_averaged,
-                takes_the_next_ranks_rows]
+ZERO3_LINEAR = [
+    saves_the_gathered_weight,
+    all_reduce_instead_of_reduce_scatter,
+    gradient_not_averaged,
+    takes_the_next_ranks_rows,
+]
 
 
 def _kept(acts, inputs, chosen):
@@ -150,11 +155,13 @@ def largest_first(activation_bytes, input_bytes, recompute_flops, budget):
 
 def forgets_the_kept_inputs(activation_bytes, input_bytes, recompute_flops, budget):
     from itertools import combinations
+
     n = len(activation_bytes)
     for k in range(n + 1):
         best = min(combinations(range(n), k), key=lambda s: sum(recompute_flops[i] for i in s), default=None)
-        fits = [s for s in combinations(range(n), k)
-                if sum(activation_bytes[i] for i in range(n) if i not in s) <= budget]
+        fits = [
+            s for s in combinations(range(n), k) if sum(activation_bytes[i] for i in range(n) if i not in s) <= budget
+        ]
         if fits:
             return list(min(fits, key=lambda s: sum(recompute_flops[i] for i in s)))
     return list(range(n)) if best is None else list(best)
@@ -229,8 +236,7 @@ class zero_grad_of_inner_only(_Base):
         self.inner.zero_grad(set_to_none)
 
 
-SHARDED_OPTIMIZER += [full_state_during_step, moments_in_own_dicts, bitmask_owner_in_broadcast,
-                      zero_grad_of_inner_only]
+SHARDED_OPTIMIZER += [full_state_during_step, moments_in_own_dicts, bitmask_owner_in_broadcast, zero_grad_of_inner_only]
 
 
 class _Gather(torch.autograd.Function):
@@ -275,9 +281,11 @@ def best_ratio_first(activation_bytes, input_bytes, recompute_flops, budget):
 def strict_budget(activation_bytes, input_bytes, recompute_flops, budget):
     """The optimum, but with `<` for `<=`: a set that keeps exactly the budget is refused."""
     from itertools import combinations
+
     n = len(activation_bytes)
-    fits = [s for k in range(n + 1) for s in combinations(range(n), k)
-            if _kept(activation_bytes, input_bytes, s) < budget]
+    fits = [
+        s for k in range(n + 1) for s in combinations(range(n), k) if _kept(activation_bytes, input_bytes, s) < budget
+    ]
     return list(min(fits, key=lambda s: sum(recompute_flops[i] for i in s))) if fits else list(range(n))
 
 

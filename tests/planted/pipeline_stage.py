@@ -1,4 +1,5 @@
 """Wrong GPipe stages (send/recv between neighbouring ranks)."""
+
 import torch
 import torch.distributed as dist
 

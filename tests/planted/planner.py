@@ -12,15 +12,22 @@ def _right(model, s, **wrong):
     tp = wrong.get("act_tp", s.tp)
     whole = sbh * (34 + 5 * model.heads * model.seq_len / model.hidden) / tp
     per_layer = {"none": whole, "selective": sbh * 34 / tp, "full": 2 * sbh / tp}[s.recompute]
-    in_flight = wrong.get("in_flight", 1 if s.pp == 1 else (s.num_micro_batches if s.schedule == "gpipe"
-                                                            else min(s.pp, s.num_micro_batches)))
+    in_flight = wrong.get(
+        "in_flight",
+        1 if s.pp == 1 else (s.num_micro_batches if s.schedule == "gpipe" else min(s.pp, s.num_micro_batches)),
+    )
     activations = per_layer * model.layers / s.pp * in_flight
     if s.recompute == "full" and not wrong.get("no_working_set"):
         activations += whole
     if s.pp == 1 and not wrong.get("no_logits"):
         activations += 4 * s.micro_batch * model.seq_len * model.vocab / s.tp
-    return dict(weights=weights, gradients=gradients, optimizer=optimizer, activations=activations,
-                total=weights + gradients + optimizer + activations)
+    return dict(
+        weights=weights,
+        gradients=gradients,
+        optimizer=optimizer,
+        activations=activations,
+        total=weights + gradients + optimizer + activations,
+    )
 
 
 def zero1_shards_everything(model, s):
@@ -48,5 +55,10 @@ def forgets_the_recompute_working_set(model, s):
     return _right(model, s, no_working_set=True)
 
 
-PLANTED = [zero1_shards_everything, activations_not_split_by_tp, gpipe_like_1f1b, forgets_the_logits,
-           forgets_the_recompute_working_set]
+PLANTED = [
+    zero1_shards_everything,
+    activations_not_split_by_tp,
+    gpipe_like_1f1b,
+    forgets_the_logits,
+    forgets_the_recompute_working_set,
+]

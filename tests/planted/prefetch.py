@@ -1,4 +1,5 @@
 """Planted wrong versions of lesson 09b's exercise: prefetching in ZeRO-3 (simlib.parallel.zero_prefetch)."""
+
 from simlib.parallel.zero import _all_gather, _count
 from simlib.parallel.zero_prefetch import Zero3Prefetch, issue_gather
 
@@ -89,6 +90,11 @@ class ClaimsItsCounts(NoPrefetch):
         pass
 
 
-PLANTED = {"no prefetch": NoPrefetch, "backward prefetches the wrong way": BackwardWrongWay,
-           "forward skips a block": SkipsABlock, "gathers this block's shard into the next": WrongShard,
-           "gathers every block up front": GathersEverythingUpFront, "claims the counts of a prefetch": ClaimsItsCounts}
+PLANTED = {
+    "no prefetch": NoPrefetch,
+    "backward prefetches the wrong way": BackwardWrongWay,
+    "forward skips a block": SkipsABlock,
+    "gathers this block's shard into the next": WrongShard,
+    "gathers every block up front": GathersEverythingUpFront,
+    "claims the counts of a prefetch": ClaimsItsCounts,
+}

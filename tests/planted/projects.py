@@ -5,6 +5,7 @@ learner would (a forged record, a model or data of the learner's own, an answer 
 GPT (``gpt_plan``): each takes the folder of real runs (``results/gpt/<plan>/``) and the name of the fastest and
 slowest plan, tampers with the files as a learner could, and returns the answer it would give.
 """
+
 import copy
 import dataclasses
 import json
@@ -29,8 +30,18 @@ def untrained(task, record, state):
 
 
 def single_process(task, record, state):
-    return task, _record(record, {"world_size": 1, "plan": {**record.summary["plan"], "dp": 1},
-                                  "matmul_gflops_per_rank": record.summary["matmul_gflops_per_rank"][:1]}), state
+    return (
+        task,
+        _record(
+            record,
+            {
+                "world_size": 1,
+                "plan": {**record.summary["plan"], "dp": 1},
+                "matmul_gflops_per_rank": record.summary["matmul_gflops_per_rank"][:1],
+            },
+        ),
+        state,
+    )
 
 
 def over_budget(task, record, state):
@@ -52,8 +63,17 @@ def stale_running_stats(task, record, state):
 # forged records: a run that fails made to look as if it passed
 def relabelled_world_size(task, record, state):
     """A 1-process run whose summary was edited to say world size 2 (the plan and per-rank reports say 1)."""
-    return task, _record(record, {"plan": {**record.summary["plan"], "dp": 1},
-                                  "matmul_gflops_per_rank": record.summary["matmul_gflops_per_rank"][:1]}), state
+    return (
+        task,
+        _record(
+            record,
+            {
+                "plan": {**record.summary["plan"], "dp": 1},
+                "matmul_gflops_per_rank": record.summary["matmul_gflops_per_rank"][:1],
+            },
+        ),
+        state,
+    )
 
 
 def edited_train_time(task, record, state):
@@ -121,19 +141,49 @@ def not_done(task, record, state):
     return None
 
 
-VISION = [untrained, single_process, stale_running_stats, trained_on_test_split, over_budget,
-          relabelled_world_size, edited_train_time, forged_last_eval, model_of_its_own, a_module_not_weights,
-          not_done]
-FINANCE = [untrained, single_process, calibrated_on_test_years, no_costs, relabelled_world_size,
-           edited_train_time, forged_last_eval, sees_tomorrow, returns_the_payoff, a_module_not_weights, not_done]
-HINTS = {"untrained": ("train longer", "untrained HedgeNet", "same run"), "single_process": ("2 processes",),
-         "over_budget": ("fewer steps",), "stale_running_stats": ("running averages",),
-         "trained_on_test_split": ("another split",), "calibrated_on_test_years": ("calibration period",),
-         "no_costs": ("project's first global batch",), "relabelled_world_size": ("it was edited",),
-         "edited_train_time": ("fewer steps",), "forged_last_eval": ("same run",),
-         "model_of_its_own": ("not the project's model",), "a_module_not_weights": ("as a state_dict",),
-         "sees_tomorrow": ("not the project's model",), "returns_the_payoff": ("not the project's model",),
-         "not_done": ("not done yet",)}
+VISION = [
+    untrained,
+    single_process,
+    stale_running_stats,
+    trained_on_test_split,
+    over_budget,
+    relabelled_world_size,
+    edited_train_time,
+    forged_last_eval,
+    model_of_its_own,
+    a_module_not_weights,
+    not_done,
+]
+FINANCE = [
+    untrained,
+    single_process,
+    calibrated_on_test_years,
+    no_costs,
+    relabelled_world_size,
+    edited_train_time,
+    forged_last_eval,
+    sees_tomorrow,
+    returns_the_payoff,
+    a_module_not_weights,
+    not_done,
+]
+HINTS = {
+    "untrained": ("train longer", "untrained HedgeNet", "same run"),
+    "single_process": ("2 processes",),
+    "over_budget": ("fewer steps",),
+    "stale_running_stats": ("running averages",),
+    "trained_on_test_split": ("another split",),
+    "calibrated_on_test_years": ("calibration period",),
+    "no_costs": ("project's first global batch",),
+    "relabelled_world_size": ("it was edited",),
+    "edited_train_time": ("fewer steps",),
+    "forged_last_eval": ("same run",),
+    "model_of_its_own": ("not the project's model",),
+    "a_module_not_weights": ("as a state_dict",),
+    "sees_tomorrow": ("not the project's model",),
+    "returns_the_payoff": ("not the project's model",),
+    "not_done": ("not done yet",),
+}
 
 
 # ---- gpt_plan: (root, fastest, slowest) -> answer; root holds results/gpt/<plan>/ of real runs ----
@@ -167,6 +217,7 @@ def relabelled_single(root, fastest, slowest):
     from dataclasses import asdict
 
     from simlib.projects.gpt.run import plan_for
+
     _rewrite_summary(root / "pp", world_size=2, plan=asdict(plan_for("pp", 2)))
     return "pp"
 
@@ -174,6 +225,7 @@ def relabelled_single(root, fastest, slowest):
 def another_models_weights(root, fastest, slowest):
     """Weights of a bigger GPT of the learner's own saved with the fastest run's record."""
     from simlib.projects.gpt.task import GPTTask
+
     big = GPTTask.quick(hidden=128)
     torch.save({"task": {}, "state": big.build_model().state_dict()}, root / fastest / "final_model.pt")
     return fastest
@@ -182,6 +234,7 @@ def another_models_weights(root, fastest, slowest):
 def a_pickled_module(root, fastest, slowest):
     """The whole model object saved (its code would run in the grader on load), not a state_dict."""
     from simlib.projects.gpt.task import GPTTask
+
     torch.save(GPTTask.quick().build_model(), root / fastest / "final_model.pt")
     return fastest
 
@@ -189,6 +242,7 @@ def a_pickled_module(root, fastest, slowest):
 def another_task_record(root, fastest, slowest):
     """A run of another task (another seed) in the fastest plan's folder: its step-0 loss is not the project's."""
     from simlib.projects.gpt.task import GPTTask
+
     other = first_loss(GPTTask.quick(seed=1))
     _rewrite_jsonl(root / fastest, lambda r: dict(r, loss=other) if r.get("step") == 0 and "loss" in r else r)
     return fastest
@@ -196,6 +250,7 @@ def another_task_record(root, fastest, slowest):
 
 def untrained_weights(root, fastest, slowest):
     from simlib.projects.gpt.task import GPTTask
+
     torch.save({"state": GPTTask.quick().build_model().state_dict()}, root / fastest / "final_model.pt")
     return fastest
 
@@ -208,10 +263,25 @@ def empty(root, fastest, slowest):
     return ""
 
 
-GPT = [edited_summary, edited_eval_times, relabelled_single, another_models_weights, a_pickled_module,
-       another_task_record, untrained_weights, prefilled, empty]
-GPT_HINTS = {"edited_summary": ("time_to_target_s",), "edited_eval_times": ("editing its files",),
-             "relabelled_single": ("it was edited",), "another_models_weights": ("not the project's model",),
-             "a_pickled_module": ("saves final_model.pt",), "another_task_record": ("project's first global batch",),
-             "untrained_weights": ("does not match its weights",), "prefilled": ("not done yet",),
-             "empty": ("not done yet",)}
+GPT = [
+    edited_summary,
+    edited_eval_times,
+    relabelled_single,
+    another_models_weights,
+    a_pickled_module,
+    another_task_record,
+    untrained_weights,
+    prefilled,
+    empty,
+]
+GPT_HINTS = {
+    "edited_summary": ("time_to_target_s",),
+    "edited_eval_times": ("editing its files",),
+    "relabelled_single": ("it was edited",),
+    "another_models_weights": ("not the project's model",),
+    "a_pickled_module": ("saves final_model.pt",),
+    "another_task_record": ("project's first global batch",),
+    "untrained_weights": ("does not match its weights",),
+    "prefilled": ("not done yet",),
+    "empty": ("not done yet",),
+}

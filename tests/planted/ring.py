@@ -1,4 +1,5 @@
 """Wrong ring all-reduces."""
+
 import torch
 import torch.distributed as dist
 
@@ -46,7 +47,7 @@ def drops_the_remainder(tensor):
     rank, n = dist.get_rank(), dist.get_world_size()
     right, left = (rank + 1) % n, (rank - 1) % n
     flat, size = tensor.view(-1), tensor.numel() // n
-    chunks = [flat[i * size:(i + 1) * size] for i in range(n)]
+    chunks = [flat[i * size : (i + 1) * size] for i in range(n)]
     _reduce_scatter(chunks, rank, n, right, left)
     for step in range(n - 1):
         _exchange(chunks[(rank + 1 - step) % n], chunks[(rank - step) % n], right, left)
@@ -79,6 +80,7 @@ def returns_a_copy(tensor):
 def calls_all_reduce_by_another_name(tensor):
     """The collective through a name the old spy did not replace (bound before the check started)."""
     from torch.distributed import distributed_c10d
+
     distributed_c10d.all_reduce(tensor)
     return tensor
 
@@ -124,6 +126,7 @@ def destroys_process_group(tensor):
 def kills_its_worker(tensor):
     """Right numbers on rank 0; rank 1's process exits in the middle of the check."""
     import os
+
     if dist.get_rank() == 1:
         os._exit(3)
     return _ring(tensor)
@@ -137,7 +140,16 @@ def deadlock(tensor):
     return tensor
 
 
-PLANTED = [mean_instead_of_sum, off_by_one_chunk, drops_the_remainder, reduce_scatter_only, calls_all_reduce,
-           returns_a_copy, calls_all_reduce_by_another_name, calls_the_process_group, bitmask_instead_of_modulo]
+PLANTED = [
+    mean_instead_of_sum,
+    off_by_one_chunk,
+    drops_the_remainder,
+    reduce_scatter_only,
+    calls_all_reduce,
+    returns_a_copy,
+    calls_all_reduce_by_another_name,
+    calls_the_process_group,
+    bitmask_instead_of_modulo,
+]
 # destroys_process_group and kills_its_worker break the workers: tests/test_grading.py checks them on their own
 # (the hint names rank 1, and the next check of a solution passes)

@@ -1,4 +1,5 @@
 """Wrong column-/row-parallel Linear autograd functions."""
+
 import torch
 import torch.distributed as dist
 
@@ -75,7 +76,9 @@ row_forward_without_all_reduce = (_Column, _RowNoAllReduce)
 row_bias_before_all_reduce = (_Column, _RowBiasBeforeAllReduce)
 weight_gradient_all_reduced = (_ColumnAllReducesWeightGrad, _Row)
 
-PLANTED = {"column_backward_without_all_reduce": column_backward_without_all_reduce,
-           "row_forward_without_all_reduce": row_forward_without_all_reduce,
-           "row_bias_before_all_reduce": row_bias_before_all_reduce,
-           "weight_gradient_all_reduced": weight_gradient_all_reduced}
+PLANTED = {
+    "column_backward_without_all_reduce": column_backward_without_all_reduce,
+    "row_forward_without_all_reduce": row_forward_without_all_reduce,
+    "row_bias_before_all_reduce": row_bias_before_all_reduce,
+    "weight_gradient_all_reduced": weight_gradient_all_reduced,
+}

@@ -17,6 +17,7 @@ Data-parallel Monte Carlo: every path block is simulated from its own generator 
 ``(seed, step, block)`` (see :mod:`simlib.projects.seeding`), so each rank generates only its own paths and
 the global batch is the same whatever the world size. ``paths_seeding="same_seed"`` plants the bug.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,17 @@ from ... import guards
 from .. import check_data_device, data_device, positive_int
 from ..seeding import generator, mix
 
-__all__ = ["HedgingTask", "HedgeNet", "load_sp500", "calibrate", "bs_call_price", "bs_delta", "real_windows",
-           "hedge_pnl", "SEEDINGS"]
+__all__ = [
+    "HedgingTask",
+    "HedgeNet",
+    "load_sp500",
+    "calibrate",
+    "bs_call_price",
+    "bs_delta",
+    "real_windows",
+    "hedge_pnl",
+    "SEEDINGS",
+]
 
 SEEDINGS = ("per_block", "same_seed")
 TRADING_DAYS = 252
@@ -44,8 +54,9 @@ def load_sp500():
     try:
         from arch.data import sp500
     except ImportError as e:  # pragma: no cover - arch is a dependency
-        raise ImportError("the finance project reads the S&P 500 series bundled with the `arch` package: "
-                          "pip install arch") from e
+        raise ImportError(
+            "the finance project reads the S&P 500 series bundled with the `arch` package: pip install arch"
+        ) from e
     return sp500.load()["Adj Close"].dropna()
 
 
@@ -69,7 +80,7 @@ def real_windows(days: int, start: str = "2013-01-01", end: str | None = None, s
     """Real price windows of ``days`` trading days from the test years, each normalised to start at 1."""
     prices = load_sp500()[start:end].to_numpy()
     stride = stride or days
-    rows = [prices[i:i + days + 1] / prices[i] for i in range(0, len(prices) - days, stride)]
+    rows = [prices[i : i + days + 1] / prices[i] for i in range(0, len(prices) - days, stride)]
     return torch.tensor(np.stack(rows), dtype=torch.float32)
 
 
@@ -81,13 +92,13 @@ def bs_call_price(s, k, tau, vol):
     """Black-Scholes call price (zero rates); ``tau`` in years."""
     s, tau = torch.as_tensor(s, dtype=torch.float32), torch.as_tensor(tau, dtype=torch.float32)
     sd = vol * torch.sqrt(tau.clamp_min(1e-12))
-    d1 = (torch.log(s / k) + 0.5 * sd ** 2) / sd
+    d1 = (torch.log(s / k) + 0.5 * sd**2) / sd
     return s * _norm_cdf(d1) - k * _norm_cdf(d1 - sd)
 
 
 def bs_delta(s, k, tau, vol):
     sd = vol * torch.sqrt(torch.as_tensor(tau, dtype=torch.float32).clamp_min(1e-12))
-    return _norm_cdf((torch.log(s / k) + 0.5 * sd ** 2) / sd)
+    return _norm_cdf((torch.log(s / k) + 0.5 * sd**2) / sd)
 
 
 def hedge_pnl(paths, holdings, premium, strike, cost):
@@ -107,8 +118,9 @@ class HedgeNet(nn.Module):
     Output: the hedged value per path (premium + gains - costs); the premium is learned too.
     """
 
-    def __init__(self, days: int, vol: float, hidden: int = 32, depth: int = 2, strike: float = 1.0,
-                 cost: float = 0.002):
+    def __init__(
+        self, days: int, vol: float, hidden: int = 32, depth: int = 2, strike: float = 1.0, cost: float = 0.002
+    ):
         super().__init__()
         layers, width = [], 4
         for _ in range(depth):
@@ -128,7 +140,7 @@ class HedgeNet(nn.Module):
         out = []
         for t in range(self.days):
             tau = (self.days - t) / TRADING_DAYS
-            s = paths[:, t:t + 1]
+            s = paths[:, t : t + 1]
             delta = bs_delta(s, self.strike, tau, self.vol).to(s.dtype)
             feats = torch.cat([torch.log(s / self.strike) * 10, torch.full_like(h, tau * 10), delta, h], 1)
             h = delta + self.net(feats)
@@ -143,16 +155,16 @@ class HedgeNet(nn.Module):
 class HedgingTask:
     """The finance project as a ``Task`` for ``simlib.train``: batch = Monte-Carlo GBM paths, y = payoff."""
 
-    global_batch: int = 512          # paths per optimizer step over all ranks
-    days: int = 30                   # hedging horizon (trading days); one rebalance per day
-    block: int = 32                  # paths per seeded block: a rank simulates whole blocks
+    global_batch: int = 512  # paths per optimizer step over all ranks
+    days: int = 30  # hedging horizon (trading days); one rebalance per day
+    block: int = 32  # paths per seeded block: a rank simulates whole blocks
     hidden: int = 32
     depth: int = 2
-    cost: float = 0.002              # proportional transaction cost (20 basis points per unit traded)
-    train_end: str = "2012-12-31"    # calibration uses prices up to here; the test years start after
+    cost: float = 0.002  # proportional transaction cost (20 basis points per unit traded)
+    train_end: str = "2012-12-31"  # calibration uses prices up to here; the test years start after
     paths_seeding: str = "per_block"  # or "same_seed": every rank draws from (seed, step) - the bug
-    paths_on: str = "cpu"            # where training paths are drawn: "cpu", or "cuda" (this rank's GPU when there
-                                     # is one: the GPU size; a CUDA generator per block, so other numbers)
+    paths_on: str = "cpu"  # where training paths are drawn: "cpu", or "cuda" (this rank's GPU when there
+    # is one: the GPU size; a CUDA generator per block, so other numbers)
     seed: int = 0
     name: str = field(default="finance", init=False)
 
@@ -177,7 +189,7 @@ class HedgingTask:
 
     @property
     def test_start(self) -> str:
-        return str((np.datetime64(self.train_end) + np.timedelta64(1, "D")))
+        return str(np.datetime64(self.train_end) + np.timedelta64(1, "D"))
 
     def simulate(self, n: int, keys, device=None) -> torch.Tensor:
         """``n`` GBM paths (n, days+1) from S_0 = 1 with the calibrated vol and zero drift, from ``keys``' stream,
@@ -186,7 +198,7 @@ class HedgingTask:
         dev = torch.device(device) if device is not None else data_device(self.paths_on)
         gen = generator(*keys) if dev.type == "cpu" else torch.Generator(device=dev).manual_seed(mix(*keys))
         z = torch.randn(n, self.days, generator=gen, device=dev)
-        steps = -0.5 * self.vol ** 2 * dt + self.vol * math.sqrt(dt) * z
+        steps = -0.5 * self.vol**2 * dt + self.vol * math.sqrt(dt) * z
         return torch.cat([torch.ones(n, 1, device=dev), torch.exp(torch.cumsum(steps, 1))], 1)
 
     def batch(self, step: int, part: int = 0, parts: int = 1):
@@ -197,14 +209,17 @@ class HedgingTask:
             raise ValueError(f"need 0 <= part < parts, got part={part!r}, parts={parts!r}")
         blocks = self.global_batch // self.block
         if blocks % parts:
-            raise ValueError(f"{blocks} blocks of {self.block} paths do not split into {parts} parts; use a "
-                             f"world size (x accumulation) dividing {blocks}, or a smaller block")
+            raise ValueError(
+                f"{blocks} blocks of {self.block} paths do not split into {parts} parts; use a "
+                f"world size (x accumulation) dividing {blocks}, or a smaller block"
+            )
         per = blocks // parts
         if self.paths_seeding == "same_seed":  # the bug: the rank's draw does not depend on the rank
             paths = self.simulate(per * self.block, (self.seed, 5, step))
         else:
-            paths = torch.cat([self.simulate(self.block, (self.seed, 5, step, b))
-                               for b in range(part * per, (part + 1) * per)])
+            paths = torch.cat(
+                [self.simulate(self.block, (self.seed, 5, step, b)) for b in range(part * per, (part + 1) * per)]
+            )
         return paths, self.payoff(paths)
 
     def payoff(self, paths):
@@ -229,10 +244,16 @@ class HedgingTask:
 
         model = self.build_model()
         linears = tuple((m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear))
-        return ModelSpec(f"HedgeNet {self.hidden}x{self.depth}, {self.days} days",
-                         sum(p.numel() for p in model.parameters()), len(linears), self.hidden, linears=linears,
-                         rows=(self.days,) * len(linears), activation_width=self.hidden * self.depth * self.days,
-                         param_numels=tuple(p.numel() for p in model.parameters()))
+        return ModelSpec(
+            f"HedgeNet {self.hidden}x{self.depth}, {self.days} days",
+            sum(p.numel() for p in model.parameters()),
+            len(linears),
+            self.hidden,
+            linears=linears,
+            rows=(self.days,) * len(linears),
+            activation_width=self.hidden * self.depth * self.days,
+            param_numels=tuple(p.numel() for p in model.parameters()),
+        )
 
     def test_paths(self, n: int = 4096) -> torch.Tensor:
         """Held-out simulated paths: a stream (seed, 7) that training never draws from."""
@@ -242,8 +263,7 @@ class HedgingTask:
         """The baseline: hedged value with Black-Scholes deltas at the training years' volatility."""
         tau = (self.days - torch.arange(self.days, dtype=torch.float32)) / TRADING_DAYS
         holdings = bs_delta(paths[:, :-1], 1.0, tau, self.vol)
-        return hedge_pnl(paths, holdings, bs_call_price(1.0, 1.0, self.days / TRADING_DAYS, self.vol),
-                         1.0, self.cost)
+        return hedge_pnl(paths, holdings, bs_call_price(1.0, 1.0, self.days / TRADING_DAYS, self.vol), 1.0, self.cost)
 
     @torch.no_grad()
     def evaluate_baseline(self) -> dict:
@@ -273,6 +293,8 @@ class HedgingTask:
 def _hist_vol(train_end: str) -> float:
     prices = load_sp500()[:train_end]
     if len(prices) < 60:
-        raise ValueError(f"train_end {train_end!r} leaves {len(prices)} days to calibrate on; the series starts "
-                         f"{load_sp500().index[0].date()}")
+        raise ValueError(
+            f"train_end {train_end!r} leaves {len(prices)} days to calibrate on; the series starts "
+            f"{load_sp500().index[0].date()}"
+        )
     return float(np.log(prices).diff().dropna().std() * math.sqrt(TRADING_DAYS))

@@ -28,6 +28,7 @@ The MoE variant (``GPTConfig(moe_experts=4, moe_top_k=2)``): every block's MLP i
 experts (``simlib.parallel.experts.MoEFeedForward``), whose experts ``simlib.parallelize`` shares out over the
 expert-parallel group.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,16 +43,16 @@ from ...models import TransformerBlock
 @dataclass(frozen=True)
 class GPTConfig:
     vocab_size: int = 1024
-    seq_len: int = 64        # context length T
-    hidden: int = 128        # H
+    seq_len: int = 64  # context length T
+    hidden: int = 128  # H
     num_layers: int = 4
-    num_heads: int = 4       # nh; head size H / nh
-    ffn: int | None = None   # MLP width (default 4 H); each expert's width in the MoE variant
-    seed: int = 0            # initial weights: the same on every rank
-    moe_experts: int = 0     # 0: dense MLPs; E > 0: every MLP a mixture of E experts (the MoE variant)
-    moe_top_k: int = 1       # experts per token
+    num_heads: int = 4  # nh; head size H / nh
+    ffn: int | None = None  # MLP width (default 4 H); each expert's width in the MoE variant
+    seed: int = 0  # initial weights: the same on every rank
+    moe_experts: int = 0  # 0: dense MLPs; E > 0: every MLP a mixture of E experts (the MoE variant)
+    moe_top_k: int = 1  # experts per token
     moe_capacity_factor: float = 1.25  # tokens an expert takes: ceil(factor · tokens · k / E); the rest dropped
-    moe_aux_coeff: float = 0.01        # weight of the Switch load-balancing loss (Fedus et al. 2021)
+    moe_aux_coeff: float = 0.01  # weight of the Switch load-balancing loss (Fedus et al. 2021)
 
     def num_parameters(self, active: bool = False) -> int:
         """Parameters of the model (``active``: those one token uses: k experts of E, and the router)."""
@@ -69,20 +70,21 @@ class GPTConfig:
         return 6 * weights + 6 * self.num_layers * self.seq_len * self.hidden
 
 
-def compile_blocks(model: "GPT", backend="inductor") -> None:
+def compile_blocks(model: GPT, backend="inductor") -> None:
     """``torch.compile`` each block in place (``nn.Module.compile``: the parameters and state_dict keys stay as
     they are, so TP, PP, recomputation and checkpoints see the same model; torchtitan compiles per block too).
     Compilation happens at the first forward; if it fails there, :func:`uncompile_blocks` runs the model eagerly
     and says why. The backward graph is lowered at that same forward (not lazily at the first backward), so a
     compiler failure shows up where it can be caught."""
     import torch._functorch.config as functorch_config
+
     if hasattr(functorch_config, "force_non_lazy_backward_lowering"):
         functorch_config.force_non_lazy_backward_lowering = True
     for block in model.blocks:
         block.compile(backend=backend)
 
 
-def uncompile_blocks(model: "GPT", exc: BaseException) -> bool:
+def uncompile_blocks(model: GPT, exc: BaseException) -> bool:
     """After ``exc`` in a compiled forward: back to eager blocks (same numbers, slower), one line on stderr naming
     the rank and the cause; False when no block was compiled (the error is the model's own)."""
     import sys
@@ -93,12 +95,17 @@ def uncompile_blocks(model: "GPT", exc: BaseException) -> bool:
     for block in compiled:
         block._compiled_call_impl = None
     import torch.distributed as dist
+
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    inner = getattr(exc, "inner_exception", None) or exc.__cause__ or exc   # the compiler's own error
+    inner = getattr(exc, "inner_exception", None) or exc.__cause__ or exc  # the compiler's own error
     cause = (str(inner).strip().splitlines() or [""])[0][:300]
-    print(f"[rank{rank}] torch.compile failed ({type(inner).__name__}: {cause}); the GPT runs eagerly instead (same "
-          "results, slower). Usual causes: no C++ compiler, or no Triton for this GPU (compute capability < 7.0); "
-          "--task.compile false silences this", file=sys.stderr, flush=True)
+    print(
+        f"[rank{rank}] torch.compile failed ({type(inner).__name__}: {cause}); the GPT runs eagerly instead (same "
+        "results, slower). Usual causes: no C++ compiler, or no Triton for this GPU (compute capability < 7.0); "
+        "--task.compile false silences this",
+        file=sys.stderr,
+        flush=True,
+    )
     return True
 
 
@@ -107,12 +114,14 @@ class Block(TransformerBlock):
 
     def __init__(self, cfg: GPTConfig):
         make_mlp = None
-        if cfg.moe_experts:                                                # router, E x (fc1, GELU, fc2)
+        if cfg.moe_experts:  # router, E x (fc1, GELU, fc2)
             from ...parallel.experts import MoEFeedForward
 
             def make_mlp():
-                return MoEFeedForward(cfg.hidden, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity_factor,
-                                      cfg.ffn, cfg.moe_aux_coeff)
+                return MoEFeedForward(
+                    cfg.hidden, cfg.moe_experts, cfg.moe_top_k, cfg.moe_capacity_factor, cfg.ffn, cfg.moe_aux_coeff
+                )
+
         super().__init__(cfg.hidden, cfg.num_heads, cfg.ffn, make_mlp)
 
 
@@ -131,6 +140,7 @@ class Embedding(nn.Module):
             positions = self.split.positions(idx.shape[1], idx.device)
         elif self.sp_group is not None:
             from ...parallel.tensor import sequence_slice
+
             block = sequence_slice(idx.shape[1], self.sp_group)
             idx, positions = idx[:, block], torch.arange(block.start, block.stop, device=idx.device)
         else:
@@ -145,12 +155,13 @@ class Head(nn.Module):
         super().__init__()
         self.ln_f = nn.LayerNorm(cfg.hidden)
         self.wte = [wte]  # a plain list: the tied matrix is registered once, in the embedding
-        self.sp = None    # sequence parallelism: (group, log) to all-gather the logits of the blocks
+        self.sp = None  # sequence parallelism: (group, log) to all-gather the logits of the blocks
 
     def forward(self, x):
         logits = self.ln_f(x) @ self.wte[0].weight.T  # (B, T, H) @ (H, V)
         if self.sp is not None:
             from ...parallel.tensor import GatherSequenceReplicated
+
             logits = GatherSequenceReplicated.apply(logits, *self.sp)  # (B, T / t, V) -> (B, T, V)
         return logits
 
@@ -178,26 +189,26 @@ class GPT(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
 
-    def forward(self, idx):                 # (B, T) token ids
-        x = self.embed(idx)                 # (B, T, H)
+    def forward(self, idx):  # (B, T) token ids
+        x = self.embed(idx)  # (B, T, H)
         try:
             h = x
             for block in self.blocks:
-                h = block(h)                # (B, T, H)
-        except Exception as exc:            # noqa: BLE001 - only a compiled model retries, eagerly
+                h = block(h)  # (B, T, H)
+        except Exception as exc:  # noqa: BLE001 - only a compiled model retries, eagerly
             if not uncompile_blocks(self, exc):
                 raise
             h = x
             for block in self.blocks:
                 h = block(h)
-        return self.head(h)                 # (B, T, V) logits
+        return self.head(h)  # (B, T, V) logits
 
     @torch.no_grad()
     def generate(self, idx, new_tokens: int, temperature: float = 0.8, top_k: int | None = 40, seed: int = 0):
         """Sample ``new_tokens`` tokens after ``idx`` (B, T0); the context is cut to the last ``seq_len``."""
         g = torch.Generator(device=idx.device).manual_seed(seed)
         for _ in range(new_tokens):
-            logits = self(idx[:, -self.cfg.seq_len:])[:, -1, :] / temperature  # (B, V)
+            logits = self(idx[:, -self.cfg.seq_len :])[:, -1, :] / temperature  # (B, V)
             if top_k:
                 kth = torch.topk(logits, top_k).values[:, -1:]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -290,9 +301,9 @@ def dense_state_dict(model: GPT, tp_group=None, ep_group=None) -> dict:
             continue
         p = f"blocks.{i}."
         for suffix in ("weight", "bias"):
-            local = state[p + "attn.qkv." + suffix]                       # (3 * lh * hd[, H])
-            parts = gather(local.unsqueeze(0), 0)                         # (tp, 3 * lh * hd[, H])
-            parts = parts.view(tp, 3, -1, *local.shape[1:])               # (tp, 3, lh * hd[, H])
+            local = state[p + "attn.qkv." + suffix]  # (3 * lh * hd[, H])
+            parts = gather(local.unsqueeze(0), 0)  # (tp, 3 * lh * hd[, H])
+            parts = parts.view(tp, 3, -1, *local.shape[1:])  # (tp, 3, lh * hd[, H])
             state[p + "attn.qkv." + suffix] = parts.transpose(0, 1).reshape(-1, *local.shape[1:])
             state[p + "mlp.fc1." + suffix] = gather(state[p + "mlp.fc1." + suffix], 0)
         state[p + "attn.out.weight"] = gather(state[p + "attn.out.weight"], 1)
@@ -310,7 +321,7 @@ def _gather_experts(model: GPT, state: dict, ep_group) -> dict:
         prefix = f"blocks.{i}.mlp.moe.experts."
         names = [k for k in state if k.startswith(prefix)]
         for name in names:
-            j, rest = name[len(prefix):].split(".", 1)
+            j, rest = name[len(prefix) :].split(".", 1)
             parts = [torch.empty_like(state[name]) for _ in range(ep)]
             dist.all_gather(parts, state[name].contiguous(), group=ep_group)
             del state[name]

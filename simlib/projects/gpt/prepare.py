@@ -20,13 +20,13 @@ deleted. Offline (a cluster's compute nodes often are): run ``simlib prepare gpt
 file system) or on any machine with internet and copy the folder, then give ``--task.corpus FOLDER``
 (``SIMLIB_DATA`` moves the default place); or give ``--corpus`` a local text file.
 """
+
 from __future__ import annotations
 
 import hashlib
 import http.client
 import json
 import os
-import socket
 import sys
 import urllib.error
 import urllib.request
@@ -38,8 +38,8 @@ import numpy as np
 from .text import default_folder, encode_long, read_meta, tokenizer, train_tokenizer, unigram_cross_entropy
 
 SPECIAL = "<|endoftext|>"
-TOKENIZER_SAMPLE_BYTES = 100 * 2 ** 20   # BPE trained on this much training text
-ENCODE_CHUNK_BYTES = 8 * 2 ** 20         # text encoded (in parallel) per read
+TOKENIZER_SAMPLE_BYTES = 100 * 2**20  # BPE trained on this much training text
+ENCODE_CHUNK_BYTES = 8 * 2**20  # text encoded (in parallel) per read
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,8 @@ class Source:
     """One file to download: its URL, and what it must be (``None``: not stated; checked when given)."""
 
     url: str
-    size: int | None = None      # bytes; else the server's Content-Length is what "complete" means
-    sha256: str | None = None    # the published checksum; else the one measured at the first download is kept
+    size: int | None = None  # bytes; else the server's Content-Length is what "complete" means
+    sha256: str | None = None  # the published checksum; else the one measured at the first download is kept
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,12 @@ CORPORA = {
     # read from this offline machine: the first download records it in meta.json and every later run checks
     # against that; pass --sha256 (Hugging Face shows each file's "SHA256" on its page) to check the first too.
     "tinystories": Corpus(
-        "tinystories", Source(_HF + "TinyStoriesV2-GPT4-train.txt"), Source(_HF + "TinyStoriesV2-GPT4-valid.txt"),
+        "tinystories",
+        Source(_HF + "TinyStoriesV2-GPT4-train.txt"),
+        Source(_HF + "TinyStoriesV2-GPT4-valid.txt"),
         licence="CDLA-Sharing-1.0 (the dataset card of roneneldan/TinyStories)",
-        about="TinyStories V2 (GPT-4 stories), Eldan & Li 2023"),
+        about="TinyStories V2 (GPT-4 stories), Eldan & Li 2023",
+    ),
 }
 
 
@@ -81,7 +84,7 @@ def default_corpus() -> str:
 
 
 # ---- download ----
-def sha256_of(path, chunk: int = 2 ** 22) -> str:
+def sha256_of(path, chunk: int = 2**22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
@@ -90,9 +93,11 @@ def sha256_of(path, chunk: int = 2 ** 22) -> str:
 
 
 def _offline_help(url: str) -> str:
-    return (f"could not reach {url}. Offline? Run `simlib prepare gpt` where there is internet (a cluster's login "
-            "node, your laptop) and copy the folder, then --task.corpus FOLDER; or prepare a local text file with "
-            "`simlib prepare gpt --corpus FILE.txt`")
+    return (
+        f"could not reach {url}. Offline? Run `simlib prepare gpt` where there is internet (a cluster's login "
+        "node, your laptop) and copy the folder, then --task.corpus FOLDER; or prepare a local text file with "
+        "`simlib prepare gpt --corpus FILE.txt`"
+    )
 
 
 def download(source: Source, dest, timeout: float = 60.0, log=print) -> str:
@@ -116,37 +121,40 @@ def download(source: Source, dest, timeout: float = 60.0, log=print) -> str:
             response = None  # the .part is already whole: the server has nothing after it
         else:
             raise OSError(f"{source.url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, socket.timeout, ConnectionError) as exc:
+    except (TimeoutError, urllib.error.URLError, ConnectionError) as exc:
         raise OSError(_offline_help(source.url) + f" ({exc})") from None
     total = source.size
     if response is not None:
         with response:
             if have and response.status == 206:
                 mode = "ab"
-                rng = response.headers.get("Content-Range", "")          # bytes a-b/total
+                rng = response.headers.get("Content-Range", "")  # bytes a-b/total
                 if rng.rpartition("/")[2].isdigit():
                     total = total or int(rng.rpartition("/")[2])
                 log(f"resuming {dest.name} at {have:,} bytes")
             else:
-                mode, have = "wb", 0                                      # no Range support: from the start
+                mode, have = "wb", 0  # no Range support: from the start
                 length = response.headers.get("Content-Length")
                 total = total or (int(length) if length and length.isdigit() else None)
             got = have
             try:
                 with open(part, mode) as f:
-                    while block := response.read(2 ** 20):
+                    while block := response.read(2**20):
                         f.write(block)
                         got += len(block)
                     f.flush()
                     os.fsync(f.fileno())
-            except (http.client.HTTPException, socket.timeout, ConnectionError, OSError) as exc:
-                raise OSError(f"download of {dest.name} interrupted at {got:,} of "
-                              f"{f'{total:,}' if total else 'unknown'} bytes ({type(exc).__name__}): run the same "
-                              "command again to resume") from None
+            except (TimeoutError, http.client.HTTPException, ConnectionError, OSError) as exc:
+                raise OSError(
+                    f"download of {dest.name} interrupted at {got:,} of "
+                    f"{f'{total:,}' if total else 'unknown'} bytes ({type(exc).__name__}): run the same "
+                    "command again to resume"
+                ) from None
     size = part.stat().st_size
     if total is not None and size != total:
-        raise OSError(f"download of {dest.name} stopped at {size:,} of {total:,} bytes: run the same command again "
-                      "to resume")
+        raise OSError(
+            f"download of {dest.name} stopped at {size:,} of {total:,} bytes: run the same command again to resume"
+        )
     digest = sha256_of(part)
     _check_sha(source, part, digest)
     os.replace(part, dest)
@@ -157,9 +165,11 @@ def download(source: Source, dest, timeout: float = 60.0, log=print) -> str:
 def _check_sha(source: Source, path: Path, digest: str) -> None:
     if source.sha256 and digest != source.sha256.lower():
         path.unlink()
-        raise ValueError(f"{path.name}: sha256 {digest} is not the expected {source.sha256}: the file is damaged "
-                         "or changed upstream, so it was deleted; run again to download it afresh (or give the "
-                         "new file's --sha256 if the publisher changed it)")
+        raise ValueError(
+            f"{path.name}: sha256 {digest} is not the expected {source.sha256}: the file is damaged "
+            "or changed upstream, so it was deleted; run again to download it afresh (or give the "
+            "new file's --sha256 if the publisher changed it)"
+        )
 
 
 # ---- tokenise ----
@@ -193,8 +203,15 @@ def _encode_file(path, out, tok, log=print) -> int:
     return count
 
 
-def prepare(corpus: str = "tinystories", out=None, vocab_size: int = 8192, sha256: str | None = None,
-            valid_fraction: float = 0.01, timeout: float = 60.0, log=print) -> Path:
+def prepare(
+    corpus: str = "tinystories",
+    out=None,
+    vocab_size: int = 8192,
+    sha256: str | None = None,
+    valid_fraction: float = 0.01,
+    timeout: float = 60.0,
+    log=print,
+) -> Path:
     """Download (or take the local file ``corpus``), check, train the BPE and tokenise; returns the folder."""
     if not 256 < vocab_size <= 65536:
         raise ValueError(f"vocab_size must be in 257..65536 (byte-level BPE, uint16 ids), got {vocab_size}")
@@ -213,10 +230,16 @@ def prepare(corpus: str = "tinystories", out=None, vocab_size: int = 8192, sha25
             digests["valid"] = download(valid_src, valid_path, timeout, log)
         for key, src in (("train", train_src), ("valid", spec.valid)):
             if src is not None and not (src.sha256 or recorded.get(key)):
-                log(f"no sha256 stated for {Path(src.url).name}: recorded {digests[key]} in meta.json, which every "
-                    "later run checks; compare it with the SHA256 on the dataset's file page")
-        source = {"name": spec.name, "about": spec.about, "licence": spec.licence,
-                  "urls": [spec.train.url] + ([spec.valid.url] if spec.valid else [])}
+                log(
+                    f"no sha256 stated for {Path(src.url).name}: recorded {digests[key]} in meta.json, which every "
+                    "later run checks; compare it with the SHA256 on the dataset's file page"
+                )
+        source = {
+            "name": spec.name,
+            "about": spec.about,
+            "licence": spec.licence,
+            "urls": [spec.train.url] + ([spec.valid.url] if spec.valid else []),
+        }
     elif local.is_file():
         folder = Path(out).expanduser() if out else default_folder(local.stem)
         train_path, valid_path = local, None
@@ -230,9 +253,10 @@ def prepare(corpus: str = "tinystories", out=None, vocab_size: int = 8192, sha25
     (folder / "meta.json").unlink(missing_ok=True)  # unfinished until written again
     if valid_path is None:  # one file: the last valid_fraction of it (at a line end) is held out
         valid_path, train_path = _split_file(train_path, folder / "raw", valid_fraction)
-    log(f"training a {vocab_size}-token byte-level BPE on the first {TOKENIZER_SAMPLE_BYTES // 2 ** 20} MB")
-    tok = train_tokenizer(folder / "tokenizer.json", vocab_size, _read_text(train_path, TOKENIZER_SAMPLE_BYTES),
-                          special_tokens=[SPECIAL])
+    log(f"training a {vocab_size}-token byte-level BPE on the first {TOKENIZER_SAMPLE_BYTES // 2**20} MB")
+    tok = train_tokenizer(
+        folder / "tokenizer.json", vocab_size, _read_text(train_path, TOKENIZER_SAMPLE_BYTES), special_tokens=[SPECIAL]
+    )
     tokenizer.cache_clear()  # a process that read an earlier tokenizer.json from this folder reads the new one
     counts = {}
     for split, path in (("train", train_path), ("val", valid_path)):
@@ -243,13 +267,21 @@ def prepare(corpus: str = "tinystories", out=None, vocab_size: int = 8192, sha25
     val = np.memmap(folder / "val.bin", dtype=np.uint16, mode="r")
     if counts["val"] < 2:
         raise ValueError(f"the held-out split of {corpus!r} has {counts['val']} tokens: give a larger file")
-    meta = {"source": source, "sha256": digests, "vocab_size": tok.get_vocab_size(), "special": SPECIAL,
-            "train_tokens": counts["train"], "val_tokens": counts["val"],
-            "unigram_cross_entropy": unigram_cross_entropy(train, val, tok.get_vocab_size()),
-            "python": sys.version.split()[0]}
+    meta = {
+        "source": source,
+        "sha256": digests,
+        "vocab_size": tok.get_vocab_size(),
+        "special": SPECIAL,
+        "train_tokens": counts["train"],
+        "val_tokens": counts["val"],
+        "unigram_cross_entropy": unigram_cross_entropy(train, val, tok.get_vocab_size()),
+        "python": sys.version.split()[0],
+    }
     (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    log(f"prepared {folder}: {counts['train']:,} training and {counts['val']:,} held-out tokens, "
-        f"unigram baseline {meta['unigram_cross_entropy']:.3f} nats/token")
+    log(
+        f"prepared {folder}: {counts['train']:,} training and {counts['val']:,} held-out tokens, "
+        f"unigram baseline {meta['unigram_cross_entropy']:.3f} nats/token"
+    )
     return folder
 
 
@@ -267,23 +299,29 @@ def _split_file(path: Path, folder: Path, fraction: float) -> tuple[Path, Path]:
     with open(path, "rb") as src, open(train, "wb") as t, open(valid, "wb") as v:
         remaining = cut
         while remaining > 0:
-            block = src.read(min(2 ** 22, remaining))
+            block = src.read(min(2**22, remaining))
             if not block:
                 break
             t.write(block)
             remaining -= len(block)
-        while block := src.read(2 ** 22):
+        while block := src.read(2**22):
             v.write(block)
     return valid, train
 
 
 def add_parser(sub) -> None:
     """``simlib prepare`` on the CLI's sub-parsers."""
-    p = sub.add_parser("prepare", help="download and tokenise the GPU-size GPT's corpus (the one step that "
-                                       "downloads); or tokenise a local text file")
+    p = sub.add_parser(
+        "prepare",
+        help="download and tokenise the GPU-size GPT's corpus (the one step that "
+        "downloads); or tokenise a local text file",
+    )
     p.add_argument("project", choices=["gpt"], help="the project whose data to prepare")
-    p.add_argument("--corpus", default="tinystories",
-                   help=f"a corpus name ({', '.join(CORPORA)}) or a local UTF-8 text file (default tinystories)")
+    p.add_argument(
+        "--corpus",
+        default="tinystories",
+        help=f"a corpus name ({', '.join(CORPORA)}) or a local UTF-8 text file (default tinystories)",
+    )
     p.add_argument("--out", default=None, help="folder (default $SIMLIB_DATA or ~/.cache/simlib, then gpt/<name>)")
     p.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary (<= 65536; default 8192)")
     p.add_argument("--sha256", default=None, help="the training file's expected sha256 (checked before use)")

@@ -7,6 +7,7 @@ share: the sizes, the plans by name, one call that runs a plan on fresh or warm 
     records = {p: run(p, 2, cluster=c) for p in ("dp", "tp")}
     plot_runs({"1 process": r1, **records}, "results/gpt/loss.png")
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,11 +28,24 @@ def settings(quick: bool = False) -> dict:
     (5.79 nats: the best a model ignoring context can do), so its target (5.6) means something was learned about
     context (measured at 1 process: 5.54 at step 125, 5.32 at step 200)."""
     from .task import GPTTask
+
     if quick:
-        return dict(task=GPTTask.quick(), steps=200, eval_every=25, log_every=10, target={"eval_loss": 5.6},
-                    optim=OptimConfig(lr=2e-2, warmup_steps=10, weight_decay=0.1, grad_clip=1.0))
-    return dict(task=GPTTask(), steps=600, eval_every=50, log_every=10, target={"eval_loss": 4.5},
-                optim=OptimConfig(lr=3e-3, warmup_steps=30, weight_decay=0.1, grad_clip=1.0))
+        return dict(
+            task=GPTTask.quick(),
+            steps=200,
+            eval_every=25,
+            log_every=10,
+            target={"eval_loss": 5.6},
+            optim=OptimConfig(lr=2e-2, warmup_steps=10, weight_decay=0.1, grad_clip=1.0),
+        )
+    return dict(
+        task=GPTTask(),
+        steps=600,
+        eval_every=50,
+        log_every=10,
+        target={"eval_loss": 4.5},
+        optim=OptimConfig(lr=3e-3, warmup_steps=30, weight_decay=0.1, grad_clip=1.0),
+    )
 
 
 def plan_for(name: str, world_size: int, micro_batches: int = 4) -> Plan:
@@ -39,8 +53,7 @@ def plan_for(name: str, world_size: int, micro_batches: int = 4) -> Plan:
     return named_plan(name, world_size, micro_batches)
 
 
-def train_gpt(plan: Plan, out_dir=None, quick: bool = False, samples: int = 2, sample_tokens: int = 60,
-              **overrides):
+def train_gpt(plan: Plan, out_dir=None, quick: bool = False, samples: int = 2, sample_tokens: int = 60, **overrides):
     """One rank's part of a project run (call on every rank): the standard run of this size, with ``overrides``."""
     config = {**settings(quick), **overrides}
     task = config.pop("task")
@@ -52,31 +65,51 @@ def train_rank(task, plan: Plan, out_dir=None, samples: int = 2, sample_tokens: 
     evaluates, then generate ``samples`` texts."""
     import torch
 
-    from . import model as gpt
     from ...train import train
+    from . import model as gpt
+
     record = train(task, plan, out_dir=out_dir, **train_kwargs)
     pm = record.model
     model = pm.eval_model()  # collective under TP / PP: every rank takes part
-    state = gpt.dense_state_dict(model, pm.groups.tp_group if plan.tp > 1 else None,
-                                 pm.groups.ep_group if plan.ep > 1 else None)
+    state = gpt.dense_state_dict(
+        model, pm.groups.tp_group if plan.tp > 1 else None, pm.groups.ep_group if plan.ep > 1 else None
+    )
     if out_dir is not None and _is_rank0():  # the weights a grader evaluates itself
         torch.save({"task": _task_fields(task), "state": state}, Path(out_dir) / "final_model.pt")
-    texts = [task.sample(model, prompt, sample_tokens, seed=i)
-             for i, prompt in enumerate(PROMPTS[:samples])]
+    texts = [task.sample(model, prompt, sample_tokens, seed=i) for i, prompt in enumerate(PROMPTS[:samples])]
     record.summary["samples_text"] = texts
     # what MFU against a dtype's peak needs (simlib.projects.gpu's sizes): the compute dtype and FLOPs per token
-    record.summary.update(dtype=plan.mixed_precision or "fp32", flops_per_token=task.config.flops_per_token(),
-                          compiled=bool(task.compile), corpus=task.corpus or "shipped")
+    record.summary.update(
+        dtype=plan.mixed_precision or "fp32",
+        flops_per_token=task.config.flops_per_token(),
+        compiled=bool(task.compile),
+        corpus=task.corpus or "shipped",
+    )
     if out_dir is not None and _is_rank0():  # train() wrote the summary before the samples existed
         import json
+
         (Path(out_dir) / "summary.json").write_text(json.dumps(record.summary, indent=2, default=str) + "\n")
     return record
 
 
 def _task_fields(task) -> dict:
-    return {k: getattr(task, k) for k in ("seq_len", "hidden", "num_layers", "num_heads", "global_batch",
-                                          "eval_windows", "seed", "moe_experts", "moe_top_k", "moe_capacity_factor",
-                                          "moe_aux_coeff", "corpus")}
+    return {
+        k: getattr(task, k)
+        for k in (
+            "seq_len",
+            "hidden",
+            "num_layers",
+            "num_heads",
+            "global_batch",
+            "eval_windows",
+            "seed",
+            "moe_experts",
+            "moe_top_k",
+            "moe_capacity_factor",
+            "moe_aux_coeff",
+            "corpus",
+        )
+    }
 
 
 def load_final_model(out_dir):
@@ -84,6 +117,7 @@ def load_final_model(out_dir):
     import torch
 
     from .task import GPTTask
+
     saved = torch.load(Path(out_dir) / "final_model.pt", weights_only=True)
     task = GPTTask(**saved["task"])
     model = task.build_model()
@@ -93,12 +127,21 @@ def load_final_model(out_dir):
 
 def _is_rank0() -> bool:
     import torch.distributed as dist
+
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def run(plan, world_size: int = 2, quick: bool | None = None, out_dir="results/gpt/{name}", cluster=None,
-        threads: int | None = None, timeout: float | None = None, collective_timeout: float | None = None,
-        **overrides):
+def run(
+    plan,
+    world_size: int = 2,
+    quick: bool | None = None,
+    out_dir="results/gpt/{name}",
+    cluster=None,
+    threads: int | None = None,
+    timeout: float | None = None,
+    collective_timeout: float | None = None,
+    **overrides,
+):
     """Run a plan (a :class:`Plan` or a name from :data:`PLAN_NAMES`) on fresh processes, or on ``cluster``.
     ``timeout``: limit of the whole run; ``collective_timeout``: how long a collective waits for a peer (fresh
     processes; default simlib.launch's), so a stopped or lost rank ends the run in that time.
@@ -107,6 +150,7 @@ def run(plan, world_size: int = 2, quick: bool | None = None, out_dir="results/g
     """
     from ... import env
     from ...launch import launch
+
     quick = env.quick() if quick is None else quick
     name = plan if isinstance(plan, str) else plan.label.replace(" ", "_")
     plan = plan_for(plan, world_size) if isinstance(plan, str) else plan
@@ -128,18 +172,20 @@ def finish(records: dict, out, target=None) -> list:
 def plot_runs(records: dict, path=None, target: float | None = None):
     """Eval loss against tokens (the curves overlay: same mathematics) and against training time (speed)."""
     import matplotlib.pyplot as plt
+
     fig, (ax_tokens, ax_time) = plt.subplots(1, 2, figsize=(11, 4))
     for label, rec in records.items():
         ev = rec.eval_frame
         rows = rec.frame
-        line, = ax_tokens.plot(ev["tokens"], ev["eval_loss"], "o-", ms=3, label=f"{label} (eval)")
+        (line,) = ax_tokens.plot(ev["tokens"], ev["eval_loss"], "o-", ms=3, label=f"{label} (eval)")
         if {"tokens", "loss"} <= set(rows.columns):  # none when a run resumed at its last step (elastic restart)
             ax_tokens.plot(rows["tokens"], rows["loss"], color=line.get_color(), alpha=0.3, lw=1)
         ax_time.plot(ev["train_time"], ev["eval_loss"], "o-", ms=3, color=line.get_color(), label=label)
-    top = max((float(rec.eval_frame["eval_loss"].max()) for rec in records.values() if len(rec.eval_frame)),
-              default=None)
+    top = max(
+        (float(rec.eval_frame["eval_loss"].max()) for rec in records.values() if len(rec.eval_frame)), default=None
+    )
     if top is not None and ax_tokens.get_ylim()[1] > top + 1:  # a warm-up spike of the training loss would
-        ax_tokens.set_ylim(top=top + 0.5)                      # flatten the curves that matter: clip it
+        ax_tokens.set_ylim(top=top + 0.5)  # flatten the curves that matter: clip it
     for ax in (ax_tokens, ax_time):
         if target is not None:
             ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g}")
@@ -161,14 +207,24 @@ def plot_runs(records: dict, path=None, target: float | None = None):
 def table(records: dict):
     """tokens/s, time and tokens to the target, communication and peak memory, one row per run."""
     import pandas as pd
+
     rows = []
     for label, rec in records.items():
         s = rec.summary
-        rows.append({"run": label, "world_size": s["world_size"], "threads": s["threads"],
-                     "tokens_per_s": s["tokens_per_s"], "step_time_s": s["step_time"],
-                     "time_to_target_s": s.get("time_to_target"), "tokens_to_target": s.get("tokens_to_target"),
-                     "final_eval_loss": (s.get("final_eval") or {}).get("eval_loss"),
-                     "comm_s_per_step": s.get("comm_time"), "exposed_comm_s_per_step": s.get("exposed_comm_time"),
-                     "wait_s_per_step": s.get("wait_time"),
-                     "peak_memory_MB": s["peak_memory_bytes"] / 2 ** 20 if s.get("peak_memory_bytes") else None})
+        rows.append(
+            {
+                "run": label,
+                "world_size": s["world_size"],
+                "threads": s["threads"],
+                "tokens_per_s": s["tokens_per_s"],
+                "step_time_s": s["step_time"],
+                "time_to_target_s": s.get("time_to_target"),
+                "tokens_to_target": s.get("tokens_to_target"),
+                "final_eval_loss": (s.get("final_eval") or {}).get("eval_loss"),
+                "comm_s_per_step": s.get("comm_time"),
+                "exposed_comm_s_per_step": s.get("exposed_comm_time"),
+                "wait_s_per_step": s.get("wait_time"),
+                "peak_memory_MB": s["peak_memory_bytes"] / 2**20 if s.get("peak_memory_bytes") else None,
+            }
+        )
     return pd.DataFrame(rows)

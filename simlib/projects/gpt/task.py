@@ -1,12 +1,13 @@
 """The GPT project as a :class:`simlib.train.Task`: model, text batches, loss, held-out loss, how to split.
 
-    task = GPTTask()                 # full size: learns visibly in ~5 min on a 2-core laptop
-    task = GPTTask.quick()           # a few seconds: tests and SIMLIB_QUICK=1 notebooks
-    task = GPTTask(seq_len=1024, hidden=768, num_layers=12, num_heads=12,
-                   corpus="~/.cache/simlib/gpt/tinystories")   # the GPU size (simlib.projects.gpu) on a
-                                                               # corpus made by `simlib prepare gpt`
-    record = simlib.train.train(task, Plan(dp=2), tokens=task.full_tokens, eval_every=50)
+task = GPTTask()                 # full size: learns visibly in ~5 min on a 2-core laptop
+task = GPTTask.quick()           # a few seconds: tests and SIMLIB_QUICK=1 notebooks
+task = GPTTask(seq_len=1024, hidden=768, num_layers=12, num_heads=12,
+               corpus="~/.cache/simlib/gpt/tinystories")   # the GPU size (simlib.projects.gpu) on a
+                                                           # corpus made by `simlib prepare gpt`
+record = simlib.train.train(task, Plan(dp=2), tokens=task.full_tokens, eval_every=50)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,7 +16,8 @@ import torch
 from torch import nn
 
 from ... import guards
-from . import model as gpt, text
+from . import model as gpt
+from . import text
 
 
 @dataclass
@@ -27,15 +29,15 @@ class GPTTask:
     hidden: int = 128
     num_layers: int = 4
     num_heads: int = 4
-    global_batch: int = 32           # windows of seq_len tokens per optimizer step, over all ranks
-    eval_windows: int = 64           # held-out windows the eval loss averages over
+    global_batch: int = 32  # windows of seq_len tokens per optimizer step, over all ranks
+    eval_windows: int = 64  # held-out windows the eval loss averages over
     seed: int = 0
-    moe_experts: int = 0             # the MoE variant: E experts in every block's MLP (0: dense)
-    moe_top_k: int = 1               # experts per token
+    moe_experts: int = 0  # the MoE variant: E experts in every block's MLP (0: dense)
+    moe_top_k: int = 1  # experts per token
     moe_capacity_factor: float = 1.25  # room per expert: ceil(factor · tokens · k / E) tokens of a step
-    moe_aux_coeff: float = 0.01      # weight of the load-balancing loss
-    corpus: str = ""                 # "" the shipped Shakespeare; else a folder made by `simlib prepare gpt`
-    compile: bool = False            # torch.compile each block (falls back to eager, saying why, if it fails)
+    moe_aux_coeff: float = 0.01  # weight of the load-balancing loss
+    corpus: str = ""  # "" the shipped Shakespeare; else a folder made by `simlib prepare gpt`
+    compile: bool = False  # torch.compile each block (falls back to eager, saying why, if it fails)
     data: text.TextData = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -46,16 +48,25 @@ class GPTTask:
         guards.check_held_out(self)  # seq_len leaves at least one held-out window
 
     @classmethod
-    def quick(cls, **overrides) -> "GPTTask":
+    def quick(cls, **overrides) -> GPTTask:
         """A model small enough for tests: 2 layers, hidden 64, context 32."""
         sizes = dict(seq_len=32, hidden=64, num_layers=2, num_heads=4, global_batch=16, eval_windows=16)
         return cls(**{**sizes, **overrides})
 
     @property
     def config(self) -> gpt.GPTConfig:
-        return gpt.GPTConfig(self.data.vocab_size, self.seq_len, self.hidden, self.num_layers, self.num_heads,
-                             seed=self.seed, moe_experts=self.moe_experts, moe_top_k=self.moe_top_k,
-                             moe_capacity_factor=self.moe_capacity_factor, moe_aux_coeff=self.moe_aux_coeff)
+        return gpt.GPTConfig(
+            self.data.vocab_size,
+            self.seq_len,
+            self.hidden,
+            self.num_layers,
+            self.num_heads,
+            seed=self.seed,
+            moe_experts=self.moe_experts,
+            moe_top_k=self.moe_top_k,
+            moe_capacity_factor=self.moe_capacity_factor,
+            moe_aux_coeff=self.moe_aux_coeff,
+        )
 
     @property
     def tokens_per_sample(self) -> int:
@@ -107,18 +118,22 @@ class GPTTask:
     def check_plan(self, plan) -> None:
         if self.num_heads % plan.tp:
             ok = [t for t in range(1, self.num_heads + 1) if self.num_heads % t == 0]
-            raise ValueError(f"tp={plan.tp} does not divide the model's {self.num_heads} attention heads: "
-                             f"use tp in {ok}")
+            raise ValueError(
+                f"tp={plan.tp} does not divide the model's {self.num_heads} attention heads: use tp in {ok}"
+            )
         if plan.pp > self.num_layers:
-            raise ValueError(f"pp={plan.pp} stages but the model has {self.num_layers} blocks: "
-                             f"use pp <= {self.num_layers}")
+            raise ValueError(
+                f"pp={plan.pp} stages but the model has {self.num_layers} blocks: use pp <= {self.num_layers}"
+            )
         ep = getattr(plan, "ep", 1)  # seq_len against cp, and ep without experts: Plan.validate (parallel.dims)
         if ep > 1 and self.moe_experts % ep:
             ok = [e for e in range(1, self.moe_experts + 1) if self.moe_experts % e == 0]
             raise ValueError(f"ep={ep} does not divide the {self.moe_experts} experts: use ep in {ok}")
         if self.moe_experts and (plan.tp > 1 or plan.pp > 1):
-            raise ValueError(f"the MoE variant (moe_experts={self.moe_experts}) runs with dp, cp and ep, not with "
-                             f"tp={plan.tp} / pp={plan.pp}: use e.g. Plan(dp={plan.world_size}, ep=2)")
+            raise ValueError(
+                f"the MoE variant (moe_experts={self.moe_experts}) runs with dp, cp and ep, not with "
+                f"tp={plan.tp} / pp={plan.pp}: use e.g. Plan(dp={plan.world_size}, ep=2)"
+            )
         if self.moe_experts and not 1 <= self.moe_top_k <= self.moe_experts:
             raise ValueError(f"moe_top_k={self.moe_top_k} must be between 1 and moe_experts={self.moe_experts}")
 

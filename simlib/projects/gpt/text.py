@@ -20,6 +20,7 @@ generator seeded with (seed, step) alone, so the global batches are identical fo
 and a resumed run at step k reads exactly what an uninterrupted one would. A rank asks for its ``part``
 and reads only those rows.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,9 +59,13 @@ def train_tokenizer(path=TOKENIZER, vocab_size: int = VOCAB_SIZE, texts=None, sp
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=list(special_tokens))
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=list(special_tokens),
+    )
     tok.train_from_iterator(texts if texts is not None else [split_text(corpus())[0]], trainer=trainer)
     tok.save(str(path))
     return tok
@@ -69,6 +74,7 @@ def train_tokenizer(path=TOKENIZER, vocab_size: int = VOCAB_SIZE, texts=None, sp
 @lru_cache(maxsize=4)
 def tokenizer(path=TOKENIZER):
     from tokenizers import Tokenizer
+
     if not Path(path).exists():
         raise FileNotFoundError(f"{path} is missing: run `python -m simlib.projects.gpt.text` to train it here")
     return Tokenizer.from_file(str(path))
@@ -90,7 +96,7 @@ def encode_long(text: str, tok=None) -> np.ndarray:
         raise ValueError(f"a vocabulary of {tok.get_vocab_size()} tokens does not fit uint16: use <= 65,536")
     pieces = re.split(r"(?<=\n\n)", text)
     chunks, size = [], 0
-    for piece in pieces:                          # ~64 KB chunks: enough work per call, still parallel
+    for piece in pieces:  # ~64 KB chunks: enough work per call, still parallel
         if not chunks or size > 65536:
             chunks.append([])
             size = 0
@@ -164,9 +170,11 @@ def resolve_folder(corpus: str) -> Path:
     if not path.exists() and "/" not in corpus and os.sep not in corpus:
         path = default_folder(corpus)
     if not (path / "meta.json").exists():
-        raise ValueError(f"corpus {corpus!r}: no prepared corpus there ({path / 'meta.json'} missing): run "
-                         f"`simlib prepare gpt --out {path}` first (it downloads: on a cluster, on the login node; "
-                         "or --corpus FILE.txt for a local text), or leave --task.corpus empty for the shipped text")
+        raise ValueError(
+            f"corpus {corpus!r}: no prepared corpus there ({path / 'meta.json'} missing): run "
+            f"`simlib prepare gpt --out {path}` first (it downloads: on a cluster, on the login node; "
+            "or --corpus FILE.txt for a local text), or leave --task.corpus empty for the shipped text"
+        )
     return path.resolve()
 
 
@@ -182,8 +190,10 @@ def open_prepared(folder):
     for split in ("train", "val"):
         path = folder / f"{split}.bin"
         if not path.exists() or path.stat().st_size != 2 * meta[f"{split}_tokens"]:
-            raise ValueError(f"{path} is missing or does not hold the {meta[f'{split}_tokens']:,} tokens meta.json "
-                             f"records: prepare the folder again (simlib prepare gpt --out {folder})")
+            raise ValueError(
+                f"{path} is missing or does not hold the {meta[f'{split}_tokens']:,} tokens meta.json "
+                f"records: prepare the folder again (simlib prepare gpt --out {folder})"
+            )
         streams.append(np.memmap(path, dtype=np.uint16, mode="r"))
     return streams[0], streams[1], tokenizer(str(folder / "tokenizer.json"))
 
@@ -200,8 +210,10 @@ class TextData:
         self._streams = None
         n = min(eval_windows, (len(self.held_out) - 1) // seq_len)
         if n < 1:
-            raise ValueError(f"the held-out split has {len(self.held_out):,} tokens: too few for one window of "
-                             f"{seq_len}; use a shorter seq_len or a larger corpus")
+            raise ValueError(
+                f"the held-out split has {len(self.held_out):,} tokens: too few for one window of "
+                f"{seq_len}; use a shorter seq_len or a larger corpus"
+            )
         self.eval_windows = n
 
     def __getstate__(self):
@@ -238,7 +250,7 @@ class TextData:
 
     def _windows(self, stream, starts) -> torch.Tensor:
         t = self.seq_len + 1
-        return torch.from_numpy(np.stack([np.asarray(stream[s:s + t], dtype=np.int64) for s in starts]))
+        return torch.from_numpy(np.stack([np.asarray(stream[s : s + t], dtype=np.int64) for s in starts]))
 
     def offsets(self, step: int, batch_size: int) -> torch.Tensor:
         """Start positions of global batch ``step``: a pure function of (seed, step)."""
@@ -250,7 +262,7 @@ class TextData:
         if batch_size % parts:
             raise ValueError(f"a batch of {batch_size} does not split into {parts} equal parts")
         n = batch_size // parts
-        starts = self.offsets(step, batch_size)[part * n:(part + 1) * n]
+        starts = self.offsets(step, batch_size)[part * n : (part + 1) * n]
         windows = self._windows(self.train, starts.tolist())  # (n, T + 1)
         return windows[:, :-1], windows[:, 1:]
 
@@ -259,7 +271,7 @@ class TextData:
         t = self.seq_len
         windows = self._windows(self.held_out, [i * t for i in range(self.eval_windows)])
         for i in range(0, len(windows), batch_size):
-            w = windows[i:i + batch_size]
+            w = windows[i : i + batch_size]
             yield w[:, :-1], w[:, 1:]
 
     def epochs(self, tokens: int) -> float:
@@ -274,5 +286,7 @@ if __name__ == "__main__":
     tok = train_tokenizer()
     tokenizer.cache_clear()
     train, held_out = token_splits()
-    print(f"trained {TOKENIZER.name}: {tok.get_vocab_size()} tokens; {len(train):,} training and {len(held_out):,} "
-          f"held-out tokens ({len(corpus()) / (len(train) + len(held_out)):.2f} characters per token)")
+    print(
+        f"trained {TOKENIZER.name}: {tok.get_vocab_size()} tokens; {len(train):,} training and {len(held_out):,} "
+        f"held-out tokens ({len(corpus()) / (len(train) + len(held_out)):.2f} characters per token)"
+    )

@@ -1,4 +1,5 @@
 """The vision project's standard run (``simlib train vision``, ``notebooks/11_project_vision.ipynb``, the grader)."""
+
 from __future__ import annotations
 
 from .task import DigitsTask as TASK
@@ -7,6 +8,7 @@ from .task import DigitsTask as TASK
 def settings(quick: bool = False) -> dict:
     """Task, step budget, optimizer and target of the vision project's standard run."""
     from ...plan import OptimConfig
+
     if quick:
         task, steps, every, target = TASK(global_batch=64, image_size=12, width=8), 100, 20, 0.92
     else:

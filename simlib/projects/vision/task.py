@@ -13,6 +13,7 @@ rank warps only its own slice, so a 1-, 2- or 4-rank run sees the very same glob
 Model: a ResNet (He et al. 2016) cut down to three stages of basic blocks (conv-BN-ReLU-conv-BN + shortcut),
 global average pooling and a linear head.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,9 @@ def load_digits_split(holdout: float = 0.25, split_seed: int = 0):
 
     digits = load_digits()
     x = digits.images.astype(np.float32) / 16.0
-    x_tr, x_te, y_tr, y_te = train_test_split(x, digits.target, test_size=holdout, random_state=split_seed,
-                                              stratify=digits.target)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, digits.target, test_size=holdout, random_state=split_seed, stratify=digits.target
+    )
     t = torch.from_numpy
     return t(x_tr), t(y_tr).long(), t(x_te), t(y_te).long()
 
@@ -104,16 +106,16 @@ class ResNet(nn.Module):
 class DigitsTask:
     """The vision project as a ``Task`` for ``simlib.train`` (see TRAIN_API: build_model, batch, loss, evaluate)."""
 
-    global_batch: int = 128          # samples per optimizer step over all ranks
-    image_size: int = 16             # 8x8 digits upscaled to this (work per sample grows with its square)
-    width: int = 16                  # channels of the first stage (then 2x, 4x)
+    global_batch: int = 128  # samples per optimizer step over all ranks
+    image_size: int = 16  # 8x8 digits upscaled to this (work per sample grows with its square)
+    width: int = 16  # channels of the first stage (then 2x, 4x)
     blocks_per_stage: int = 1
-    augment: bool = True             # random rotation (±12°), scale (0.9-1.1) and shift (±1 source pixel)
-    loader: str = "global"           # "global": slices of one seeded global batch (world-size invariant);
-                                     # "per_rank": each rank draws its own batch, seed (seed, step, rank);
-                                     # "same_seed": the bug - each rank draws from (seed, step) alone
-    augment_on: str = "cpu"          # where images are upscaled and warped: "cpu", or "cuda" (this rank's GPU
-                                     # when there is one: the GPU size; the same draws, rounded differently)
+    augment: bool = True  # random rotation (±12°), scale (0.9-1.1) and shift (±1 source pixel)
+    loader: str = "global"  # "global": slices of one seeded global batch (world-size invariant);
+    # "per_rank": each rank draws its own batch, seed (seed, step, rank);
+    # "same_seed": the bug - each rank draws from (seed, step) alone
+    augment_on: str = "cpu"  # where images are upscaled and warped: "cpu", or "cuda" (this rank's GPU
+    # when there is one: the GPU size; the same draws, rounded differently)
     seed: int = 0
     holdout: float = 0.25
     name: str = field(default="vision", init=False)
@@ -177,14 +179,16 @@ class DigitsTask:
         if not (isinstance(parts, int) and parts >= 1 and isinstance(part, int) and 0 <= part < parts):
             raise ValueError(f"need 0 <= part < parts, got part={part!r}, parts={parts!r}")
         if self.global_batch % parts:
-            raise ValueError(f"global_batch {self.global_batch} does not split into {parts} equal parts; "
-                             f"use a world size (x accumulation) that divides it")
+            raise ValueError(
+                f"global_batch {self.global_batch} does not split into {parts} equal parts; "
+                f"use a world size (x accumulation) that divides it"
+            )
         b = self.global_batch // parts
         x_tr, y_tr = self.data[0], self.data[1]
         if self.loader == "global":
             gen = generator(self.seed, 2, step)
-            idx = self._indices(step, self.global_batch, None)[part * b:(part + 1) * b]
-            theta = self._augment_params(self.global_batch, gen)[part * b:(part + 1) * b]
+            idx = self._indices(step, self.global_batch, None)[part * b : (part + 1) * b]
+            theta = self._augment_params(self.global_batch, gen)[part * b : (part + 1) * b]
         else:
             keys = (self.seed, 3, step, part) if self.loader == "per_rank" else (self.seed, 3, step)
             gen = generator(*keys)
@@ -224,10 +228,12 @@ class DigitsTask:
         was_training = net.training
         net.eval()
         device = next(net.parameters()).device
-        logits = torch.cat([net(x[i:i + batch_size].to(device)).float().cpu() for i in range(0, len(x), batch_size)])
+        logits = torch.cat([net(x[i : i + batch_size].to(device)).float().cpu() for i in range(0, len(x), batch_size)])
         net.train(was_training)
-        return {"accuracy": float((logits.argmax(1) == y).float().mean()),
-                "eval_loss": float(F.cross_entropy(logits, y))}
+        return {
+            "accuracy": float((logits.argmax(1) == y).float().mean()),
+            "eval_loss": float(F.cross_entropy(logits, y)),
+        }
 
     @property
     def flops_per_sample(self) -> float:
@@ -241,12 +247,17 @@ class DigitsTask:
 
         model = self.build_model()
         gemms = conv_gemms(model, self.image_size)
-        outputs = sum(m * n for m, _, n in gemms[:-1])          # conv output elements per sample
-        return ModelSpec(f"ResNet-{self.width} on {self.image_size}x{self.image_size}",
-                         sum(p.numel() for p in model.parameters()), len(gemms), max(n for _, _, n in gemms),
-                         linears=tuple((k, n) for _, k, n in gemms), rows=tuple(m for m, _, _ in gemms),
-                         activation_width=3 * outputs,            # BN, ReLU (and add): ~3 passes per output
-                         param_numels=tuple(p.numel() for p in model.parameters()))
+        outputs = sum(m * n for m, _, n in gemms[:-1])  # conv output elements per sample
+        return ModelSpec(
+            f"ResNet-{self.width} on {self.image_size}x{self.image_size}",
+            sum(p.numel() for p in model.parameters()),
+            len(gemms),
+            max(n for _, _, n in gemms),
+            linears=tuple((k, n) for _, k, n in gemms),
+            rows=tuple(m for m, _, _ in gemms),
+            activation_width=3 * outputs,  # BN, ReLU (and add): ~3 passes per output
+            param_numels=tuple(p.numel() for p in model.parameters()),
+        )
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -261,10 +272,21 @@ def conv_gemms(model: nn.Module, image_size: int) -> list[tuple[int, int, int]]:
     hooks = []
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
-            hooks.append(m.register_forward_hook(lambda mod, i, o: shapes.append(
-                (o.shape[2] * o.shape[3], mod.in_channels * mod.kernel_size[0] * mod.kernel_size[1], mod.out_channels))))
+            hooks.append(
+                m.register_forward_hook(
+                    lambda mod, i, o: shapes.append(
+                        (
+                            o.shape[2] * o.shape[3],
+                            mod.in_channels * mod.kernel_size[0] * mod.kernel_size[1],
+                            mod.out_channels,
+                        )
+                    )
+                )
+            )
         elif isinstance(m, nn.Linear):
-            hooks.append(m.register_forward_hook(lambda mod, i, o: shapes.append((1, mod.in_features, mod.out_features))))
+            hooks.append(
+                m.register_forward_hook(lambda mod, i, o: shapes.append((1, mod.in_features, mod.out_features)))
+            )
     was = model.training
     model.eval()
     with torch.no_grad():
