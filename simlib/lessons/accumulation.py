@@ -15,7 +15,7 @@ import torch.distributed as dist
 from ..parallel.accumulate import accumulation_step, peak_memory, split_micro_batches  # noqa: F401 - taught here
 from .data_parallel import _setup, count_all_reduces
 
-__all__ = ["run_accumulation", "accumulation_step", "split_micro_batches", "peak_memory"]
+__all__ = ["run_accumulation", "missing_scale_effect", "accumulation_step", "split_micro_batches", "peak_memory"]
 
 
 def run_accumulation(
@@ -74,3 +74,46 @@ def run_accumulation(
         df = tl.gather()
         out["timeline"], out["summary"] = df, summarize(df)
     return out
+
+
+def _one_process(optimizer: str, lr: float, k: int, scale_loss: bool, steps: int, width: int, depth: int, seed: int):
+    model, x, y = _setup(width, depth, 16 * k, seed)
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=lr)
+        if optimizer == "sgd"
+        else torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
+    )
+    start = [p.detach().clone() for p in model.parameters()]
+    for _ in range(steps):
+        accumulation_step(model, opt, split_micro_batches(x, y, k), scale_loss=scale_loss)
+    return torch.cat([(p.detach() - s).flatten() for p, s in zip(model.parameters(), start)])
+
+
+def missing_scale_effect(
+    optimizer: str = "sgd", k: int = 4, lr: float = 0.01, steps: int = 3, width: int = 32, depth: int = 2, seed: int = 0
+) -> dict:
+    """What the missing 1/k does to one optimizer, in one process: three runs of ``steps`` accumulation steps.
+
+    ``correct`` divides each micro-batch's loss by k; ``missing`` does not (a gradient k times too large);
+    ``lr_times_k`` divides by k but multiplies the learning rate by k. Returns the relative distance of
+    ``missing``'s total update from each of the other two. SGD's update is lr·g, so ``missing`` equals
+    ``lr_times_k`` (to rounding). AdamW's is lr·m/(√v + ε): m grows by k and √v by k, so the scale cancels and
+    ``missing`` nearly equals ``correct`` (only ε notices) — and ``lr_times_k`` is k times too large, decay included.
+    """
+    if optimizer not in ("sgd", "adamw"):
+        raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {optimizer!r}")
+    args = dict(k=k, steps=steps, width=width, depth=depth, seed=seed)
+    correct = _one_process(optimizer, lr, scale_loss=True, **args)
+    missing = _one_process(optimizer, lr, scale_loss=False, **args)
+    lr_times_k = _one_process(optimizer, lr * k, scale_loss=True, **args)
+
+    def distance(a, b):
+        return float((a - b).norm() / b.norm())
+
+    return dict(
+        optimizer=optimizer,
+        k=k,
+        missing_vs_correct=distance(missing, correct),
+        missing_vs_lr_times_k=distance(missing, lr_times_k),
+        update_norm_ratio=float(missing.norm() / correct.norm()),
+    )

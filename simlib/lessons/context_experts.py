@@ -17,6 +17,35 @@ def _qkv(batch, heads, seq, head_dim, seed=0, dtype=None):
     return [torch.randn(batch, heads, seq, head_dim, generator=g, dtype=dtype or torch.float32) for _ in range(3)]
 
 
+# ── the causal imbalance of the plain split: two formulas, one per kind of kernel ─────────────────────────────
+def causal_imbalance(cp: int, skips: str = "blocks") -> float:
+    """Slowest rank's attention work over the mean under the plain (contiguous) causal split, as ``cp`` grows large.
+
+    ``skips="blocks"``: a kernel that skips the blocks wholly above the diagonal but computes each diagonal block
+    whole (masked entries included) — **the course's ring attention** (``simlib.parallel.context``): rank r computes
+    r + 1 blocks of (S/cp)², the last cp, the mean (cp + 1)/2, so ``2·cp/(cp + 1)`` (1.33x at cp = 2), exactly.
+    ``skips="entries"``: a kernel that computes only the unmasked entries (FlashAttention's causal kernel skips the
+    masked tiles inside the diagonal block too; in the limit of small tiles): the last rank (cp − ½)·c², the mean
+    cp·c²/2, so ``(2·cp − 1)/cp`` (1.5x at cp = 2) as the chunk c grows; :func:`unmasked_work` counts it exactly.
+    """
+    if cp < 1:
+        raise ValueError(f"cp must be at least 1, got {cp}")
+    if skips == "blocks":
+        return 2 * cp / (cp + 1)
+    if skips == "entries":
+        return (2 * cp - 1) / cp
+    raise ValueError(f"skips must be 'blocks' or 'entries', got {skips!r}")
+
+
+def unmasked_work(seq_len: int, cp: int) -> list[int]:
+    """Unmasked score entries (a query and a key at or before it) of each rank's queries, plain split: what a kernel
+    that skips every masked entry computes. Rank r holds queries [r·c, (r + 1)·c), c = S/cp; query i sees i + 1 keys."""
+    if seq_len % cp:
+        raise ValueError(f"seq_len {seq_len} is not divisible by cp {cp}")
+    c = seq_len // cp
+    return [sum(i + 1 for i in range(r * c, (r + 1) * c)) for r in range(cp)]
+
+
 # ── context parallelism ────────────────────────────────────────────────────────────────────────────────────
 def attention_equal_run(kind="ring", layout="contiguous", causal=True, batch=2, heads=4, seq=64, head_dim=16):
     """Attention forward and backward on this rank's positions; max differences to one process (rank 0 computes)."""

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..parallel.data import MODES, wrap  # noqa: F401 - MODES: the variants a lesson loops over
 
-__all__ = ["MODES", "train_steps", "reference_run", "run_data_parallel", "count_all_reduces"]
+__all__ = ["MODES", "train_steps", "reference_run", "run_data_parallel", "count_all_reduces", "exposed_comm"]
 
 
 def _span(timeline, kind, name=None):
@@ -128,3 +128,30 @@ def count_all_reduces(ddp_model, timeline=None, group=None) -> dict:
 
     ddp_model.register_comm_hook(None, hook)
     return counter
+
+
+def exposed_comm(timeline, summary: dict, mode: str) -> float:
+    """Communication a step waits for (seconds, median over measured steps, mean over ranks), measured.
+
+    ``naive`` and ``flat`` all-reduce after backward: all of their communication is exposed. ``bucket`` waits in
+    ``finish_gradient_synchronization``: its ``wait`` span. DDP waits inside its backward (its reducer blocks at
+    the end of autograd until every bucket is done), so no span of its own shows the wait: it is the time from
+    the *last* bucket's launch — when autograd has produced the last gradient and compute is over — to the end
+    of the backward span. Measured from the timeline, like the others, never assumed."""
+    if mode in ("naive", "flat"):
+        return summary["comm_time"]
+    if mode == "bucket":
+        return summary["wait_time"]
+    if mode != "ddp":
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    import numpy as np
+
+    body = timeline[~timeline["warmup"].astype(bool) & (timeline["step"] >= 0)]
+    tails = {}
+    for (rank, step), part in body.groupby(["rank", "step"]):
+        comm, backward = part[part["kind"] == "comm"], part[part["kind"] == "backward"]
+        if len(comm) and len(backward):
+            tails.setdefault(rank, []).append(max(0.0, float(backward["end"].max() - comm["start"].max())))
+    if not tails:
+        raise ValueError("no DDP comm spans on the timeline: run with timeline=True (count_all_reduces adds them)")
+    return float(np.mean([np.median(v) for v in tails.values()]))

@@ -107,7 +107,8 @@ def torch_steps(
 def bubble(table) -> dict:
     """Measured idle share per step: 1 - (forward + backward time of a rank) / step time, mean over ranks.
 
-    Returns the median over measured steps and its spread (interquartile range).
+    Returns the median over measured steps and its spread (interquartile range), and the step time's median and
+    interquartile range.
     """
     body = table[~table["warmup"].astype(bool)]
     steps = body[body["kind"] == "step"].groupby("step")
@@ -115,7 +116,13 @@ def bubble(table) -> dict:
     busy = body[body["kind"].isin(["forward", "backward"])].groupby(["step", "rank"])["duration"].sum()
     frac = (1 - busy.div(step_time, level="step")).groupby("step").mean().to_numpy()
     q1, q3 = np.percentile(frac, [25, 75])
-    return dict(bubble=float(np.median(frac)), bubble_iqr=float(q3 - q1), step_time=float(step_time.median()))
+    t1, t3 = np.percentile(step_time.to_numpy(), [25, 75])
+    return dict(
+        bubble=float(np.median(frac)),
+        bubble_iqr=float(q3 - q1),
+        step_time=float(step_time.median()),
+        step_time_iqr=float(t3 - t1),
+    )
 
 
 def compute_times(table) -> dict:
