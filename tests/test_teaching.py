@@ -118,7 +118,7 @@ def test_ddp_exposed_communication_is_measured_from_the_timeline():
     assert exposed_comm(df, {"wait_time": 0.7}, "bucket") == 0.7
     with pytest.raises(ValueError, match="no DDP comm spans"):
         exposed_comm(df[df.kind != "comm"], {}, "ddp")
-    assert "0.0 if mode == \"ddp\"" not in "\n".join(_cells(LESSONS["02"], "code"))
+    assert '0.0 if mode == "ddp"' not in "\n".join(_cells(LESSONS["02"], "code"))
 
 
 # ── what a timing can support ─────────────────────────────────────────────────────────────────────────────────
@@ -143,7 +143,7 @@ def test_a_speedup_is_the_right_way_up():
     with pytest.raises(ValueError):
         evidence.speedup(1.0, 0.0)
     code = "\n".join(_cells(LESSONS["05"], "code"))
-    assert "vs_1_thread\"] = timing.ms / timing.ms[0]" not in code and "speedup_vs_1_thread" in code
+    assert 'vs_1_thread"] = timing.ms / timing.ms[0]' not in code and "speedup_vs_1_thread" in code
 
 
 def test_reference_runs_name_their_machine():

@@ -148,7 +148,7 @@ def exposed_comm(timeline, summary: dict, mode: str) -> float:
 
     body = timeline[~timeline["warmup"].astype(bool) & (timeline["step"] >= 0)]
     tails = {}
-    for (rank, step), part in body.groupby(["rank", "step"]):
+    for (rank, _step), part in body.groupby(["rank", "step"]):
         comm, backward = part[part["kind"] == "comm"], part[part["kind"] == "backward"]
         if len(comm) and len(backward):
             tails.setdefault(rank, []).append(max(0.0, float(backward["end"].max() - comm["start"].max())))

@@ -41,7 +41,7 @@ TERMS = {
     "recompute=selective": ("07", "**Selective recomputation** drops only the 5·a·s/h term"),
     "FSDP": ("07", "FSDP"),
     "cp": ("09", "Ring attention equals attention over the whole sequence"),
-    "cp_kind": ("09", "all-to-all (\"Ulysses\") attention"),
+    "cp_kind": ("09", 'all-to-all ("Ulysses") attention'),
     "attention=flash": ("09", "FlashAttention"),
     "ep": ("09", "Expert parallelism splits the *experts*"),
     "moe_experts": ("09", "Expert parallelism splits the *experts*"),
