@@ -126,6 +126,8 @@ def test_a_busy_machine_draws_no_conclusion():
     # the case issue #48 saw: a 1.83x "speedup" at load 24 on 2 cores
     verdict, sentence = evidence.compare("TP", 0.040, 0.002, "1 process", 0.0732, 0.002, load_average=24, cores=2)
     assert verdict == "no conclusion (busy machine)" and "busy" in sentence and "speedup 1.83x" in sentence
+    # the lesson's own kernel and 2 workers on 2 cores load the machine by about 3: that is not "busy"
+    assert not evidence.busy(3.0, cores=2) and evidence.busy(4.5, cores=2)
 
 
 def test_a_difference_within_the_spread_is_no_conclusion():

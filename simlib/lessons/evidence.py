@@ -3,7 +3,8 @@
 On a shared machine a timing moves by tens of percent from run to run. A lesson that reads its timings must not let
 that noise flip its conclusion, so every comparison a lesson draws from a time goes through :func:`compare`:
 
-- on a **busy** machine (a load average above the cores this process may use) it draws no conclusion at all;
+- on a **busy** machine (a load average above twice the cores this process may use: more than the lesson's own
+  processes explain) it draws no conclusion at all;
 - on a quiet one it says "faster" or "slower" only when the difference is larger than the run's own spread (the
   larger interquartile range of the two) and than :data:`FLOOR` of the time; otherwise "within the noise";
 - a ratio of times is always printed as a **speedup** (reference time / time: above 1 is faster), never as a bare
@@ -37,12 +38,17 @@ def load() -> float | None:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 
+BUSY_PER_CORE = 2.0  # the lesson's own kernel and workers keep about one job per core runnable: more is others'
+
+
 def busy(load_average: float | None = None, cores: int | None = None) -> bool:
-    """True when more jobs wanted the CPU than this process has cores: timings then say little about the code."""
+    """True when the load average is above :data:`BUSY_PER_CORE` jobs per core. A lesson's own processes (the
+    kernel and a worker per core) account for about one per core, so a load above twice the cores means other
+    programs held the CPU for a large share of the run: its timings then say little about the code."""
     from ..env import cpu_count
 
     load_average = load() if load_average is None else load_average
-    return load_average is not None and load_average > (cores or cpu_count())
+    return load_average is not None and load_average > BUSY_PER_CORE * (cores or cpu_count())
 
 
 def load_line(load_average: float | None = None, cores: int | None = None) -> str:
