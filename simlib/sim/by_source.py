@@ -144,12 +144,12 @@ def loso_rows() -> tuple:
         fits = {name: t["fit"](others) for name, t in FITTED_TERMS.items()}
         value = fits["MOE_HOST_PER_LOCAL_EXPERT"]
         value = FITTED_TERMS["MOE_HOST_PER_LOCAL_EXPERT"]["unfitted"] if value is None else value
-        fitted_from = {
-            name: sorted({src for _, src, _ in _moe_ratios() if src in others}) for name in FITTED_TERMS
-        }
-        redo = {r["id"]: r for r in _rows(moe_host=value, only_moe=True)} if any(
-            r["family"] == "moe" for r in shipped if r["source"] == left_out
-        ) else {}
+        fitted_from = {name: sorted({src for _, src, _ in _moe_ratios() if src in others}) for name in FITTED_TERMS}
+        redo = (
+            {r["id"]: r for r in _rows(moe_host=value, only_moe=True)}
+            if any(r["family"] == "moe" for r in shipped if r["source"] == left_out)
+            else {}
+        )
         for r in shipped:
             if r["source"] != left_out:
                 continue
@@ -195,25 +195,28 @@ def _band(pool: list[dict]) -> tuple[float, float] | None:
 
 
 def _pool(rows, family: str, scale: str, exclude_source: str | None = None) -> tuple[list[dict], str]:
+    """The LOSO residuals an interval is drawn from: the same family and scale bucket, else the family's; none when
+    no source (other than ``exclude_source``) has a run of the family — an interval is then not stated."""
     rows = [r for r in rows if r["source"] != exclude_source and "loso_error" in r]
-    cell = [r for r in rows if r["family"] == family and r["scale"] == scale]
+    fam = [r for r in rows if r["family"] == family]
+    cell = [r for r in fam if r["scale"] == scale]
     if len(cell) >= MIN_POOL:
         return cell, f"{family}, {scale}"
-    fam = [r for r in rows if r["family"] == family]
     if len(fam) >= MIN_POOL:
         return fam, family
-    return rows, "every run"
+    return [], f"none: fewer than {MIN_POOL} {family} runs in other sources"
 
 
 def _add_intervals(rows: list[dict]) -> None:
-    """Each row's 80 % interval from the other sources' LOSO residuals of similar runs, and whether it holds."""
+    """Each row's 80 % interval from the other sources' LOSO residuals of similar runs, and whether it holds (a row
+    with no interval stated counts as not covered)."""
     for r in rows:
         pool, basis = _pool(rows, r["family"], r["scale"], exclude_source=r["source"])
-        lo, hi = _band(pool)
         r["interval_basis"] = basis
-        r["interval_log"] = (lo, hi)
+        band = _band(pool)
+        r["interval_log"] = band
         resid = math.log1p(r["loso_error"])
-        r["covered"] = lo <= resid <= hi
+        r["covered"] = bool(band) and band[0] <= resid <= band[1]
 
 
 def summary(rows=None) -> dict:
@@ -234,21 +237,27 @@ def summary(rows=None) -> dict:
         loso_source_weighted=_source_weighted(rows),
         within_source_test_half=stats(test, "error"),
         by_source={
-            s: dict(stats([r for r in rows if r["source"] == s]), within=stats([r for r in rows if r["source"] == s],
-                                                                               "error"))
+            s: dict(
+                stats([r for r in rows if r["source"] == s]),
+                within=stats([r for r in rows if r["source"] == s], "error"),
+            )
             for s in sorted({r["source"] for r in rows})
         },
         by_kind={k: stats([r for r in rows if k in r["kind_list"]]) for k in kinds},
         coverage=sum(r["covered"] for r in rows) / len(rows),
+        coverage_where_stated=_coverage([r for r in rows if r["interval_log"]]),
+        no_interval=len([r for r in rows if not r["interval_log"]]),
         coverage_by_source={
             s: sum(r["covered"] for r in rows if r["source"] == s) / len([r for r in rows if r["source"] == s])
             for s in sorted({r["source"] for r in rows})
         },
-        terms={
-            name: dict(doc=t["doc"], shipped_from=list(t["shipped_from"])) for name, t in FITTED_TERMS.items()
-        },
+        terms={name: dict(doc=t["doc"], shipped_from=list(t["shipped_from"])) for name, t in FITTED_TERMS.items()},
     )
     return out
+
+
+def _coverage(rows) -> float | None:
+    return sum(r["covered"] for r in rows) / len(rows) if rows else None
 
 
 def _source_weighted(rows) -> dict:
@@ -271,9 +280,11 @@ def family_of(model) -> str:
 def interval(model, gpus: int, step_time: float) -> dict:
     """The 80 % interval of a predicted step time: the LOSO residuals of similar runs (every source, each weighted
     equally). ``low``/``high`` are step times (a step predicted too fast by the residual r runs exp(r) slower)."""
-    rows = loso_rows()
-    pool, basis = _pool(rows, family_of(model), scale_of(gpus))
-    lo, hi = _band(pool)
+    pool, basis = _pool(loso_rows(), family_of(model), scale_of(gpus))
+    band = _band(pool)
+    if band is None:
+        return dict(low=None, high=None, basis=basis, runs=0)
+    lo, hi = band
     return dict(low=step_time * math.exp(lo), high=step_time * math.exp(hi), basis=basis, runs=len(pool))
 
 
