@@ -12,6 +12,7 @@ mean signed error beyond ±8 %, the 80 % interval covering 75–85 % of left-out
 Pure arithmetic: tens of seconds on 2 busy cores.
 """
 
+import json
 import os
 import time
 
@@ -75,6 +76,9 @@ def main() -> dict:
         f"could be stated; {s['no_interval']} runs with no other source of their family)"
     )
     print("targets met:", met)
+    bands = by_source.bands(rows)
+    by_source.BANDS.write_text(json.dumps(bands, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {by_source.BANDS} (the planner's intervals and the plausibility guard)")
     return report.write(result)
 
 

@@ -27,9 +27,11 @@ prediction above it is flagged (:func:`plausibility`).
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from functools import lru_cache
+from pathlib import Path
 
 SOURCES = {
     "llm-foundry": "MosaicML llm-foundry, scripts/train/benchmarking/README.md (MPT, FSDP, A100/H100)",
@@ -195,16 +197,17 @@ def _band(pool: list[dict]) -> tuple[float, float] | None:
 
 
 def _pool(rows, family: str, scale: str, exclude_source: str | None = None) -> tuple[list[dict], str]:
-    """The LOSO residuals an interval is drawn from: the same family and scale bucket, else the family's; none when
-    no source (other than ``exclude_source``) has a run of the family — an interval is then not stated."""
+    """The LOSO residuals an interval is drawn from: the same family and scale bucket, else the family's, each
+    needing :data:`MIN_POOL` runs from at least two sources (one source's residuals say nothing of another's);
+    none when the family has no such pool (other than ``exclude_source``) — an interval is then not stated."""
     rows = [r for r in rows if r["source"] != exclude_source and "loso_error" in r]
     fam = [r for r in rows if r["family"] == family]
     cell = [r for r in fam if r["scale"] == scale]
-    if len(cell) >= MIN_POOL:
-        return cell, f"{family}, {scale}"
-    if len(fam) >= MIN_POOL:
-        return fam, family
-    return [], f"none: fewer than {MIN_POOL} {family} runs in other sources"
+    for pool, basis in ((cell, f"{family}, {scale}"), (fam, family)):
+        if len(pool) >= MIN_POOL and len({r["source"] for r in pool}) >= 2:
+            return pool, basis
+    sources = sorted({r["source"] for r in fam})
+    return [], f"none: {family} runs from {len(sources)} source{'s' * (len(sources) != 1)} ({', '.join(sources)})"
 
 
 def _add_intervals(rows: list[dict]) -> None:
@@ -277,27 +280,44 @@ def family_of(model) -> str:
     return "moe" if getattr(model, "experts", 0) else "dense"
 
 
-def interval(model, gpus: int, step_time: float) -> dict:
-    """The 80 % interval of a predicted step time: the LOSO residuals of similar runs (every source, each weighted
-    equally). ``low``/``high`` are step times (a step predicted too fast by the residual r runs exp(r) slower)."""
-    pool, basis = _pool(loso_rows(), family_of(model), scale_of(gpus))
-    band = _band(pool)
-    if band is None:
-        return dict(low=None, high=None, basis=basis, runs=0)
-    lo, hi = band
-    return dict(low=step_time * math.exp(lo), high=step_time * math.exp(hi), basis=basis, runs=len(pool))
+BANDS = Path(__file__).parent / "data" / "loso_bands.json"  # written by benchmarks/sim_by_source.py (bands())
+
+
+def bands(rows=None) -> dict:
+    """What a new prediction needs, from the LOSO rows: each (family, scale) cell's 80 % band of log(predicted /
+    measured) with its basis and count, and the best MFU measured per (part, dtype). Committed as
+    :data:`BANDS` so that the planner does not re-run the validation; ``tests/test_by_source.py`` checks that the
+    file is what this returns."""
+    rows = list(rows or loso_rows())
+    cells = {}
+    for family in ("dense", "moe"):
+        for _, scale in SCALES:
+            pool, basis = _pool(rows, family, scale)
+            band = _band(pool)
+            cells[f"{family}|{scale}"] = dict(band=list(band) if band else None, basis=basis, runs=len(pool))
+    best = {}
+    for r in rows:
+        key = f"{kinds_of(r)[1]}|{'fp8' if 'fp8' in kinds_of(r) else 'bf16'}"
+        if r.get("mfu_measured") and r["mfu_measured"] > best.get(key, [0.0, ""])[0]:
+            best[key] = [round(float(r["mfu_measured"]), 6), r["id"]]
+    cells = {k: dict(v, band=[round(x, 6) for x in v["band"]] if v["band"] else None) for k, v in cells.items()}
+    return dict(cells=cells, best_mfu=best, coverage=COVERAGE)
 
 
 @lru_cache(maxsize=1)
-def _best_mfu() -> dict:
-    best: dict = {}
-    for r in loso_rows():
-        part = kinds_of(r)[1]
-        dtype = "fp8" if "fp8" in kinds_of(r) else "bf16"
-        key = (part, dtype)
-        if r.get("mfu_measured") and r["mfu_measured"] > best.get(key, (0, ""))[0]:
-            best[key] = (float(r["mfu_measured"]), r["id"])
-    return best
+def _committed() -> dict:
+    return json.loads(BANDS.read_text())
+
+
+def interval(model, gpus: int, step_time: float) -> dict:
+    """The 80 % interval of a predicted step time: the LOSO residuals of similar runs (every source, each weighted
+    equally; :data:`BANDS`). ``low``/``high`` are step times (a step predicted too fast by the residual r runs
+    exp(r) slower)."""
+    cell = _committed()["cells"][f"{family_of(model)}|{scale_of(gpus)}"]
+    if cell["band"] is None:
+        return dict(low=None, high=None, basis=cell["basis"], runs=0)
+    lo, hi = cell["band"]
+    return dict(low=step_time * math.exp(lo), high=step_time * math.exp(hi), basis=cell["basis"], runs=cell["runs"])
 
 
 def part_of(hardware) -> str:
@@ -311,7 +331,8 @@ def part_of(hardware) -> str:
 
 def best_published_mfu(hardware, dtype: str) -> tuple[float, str] | None:
     """(the best MFU any run of the set measured on this part at this dtype, its row id), or None."""
-    return _best_mfu().get((part_of(hardware), "fp8" if str(dtype).startswith("fp8") else "bf16"))
+    best = _committed()["best_mfu"].get(f"{part_of(hardware)}|{'fp8' if str(dtype).startswith('fp8') else 'bf16'}")
+    return tuple(best) if best else None
 
 
 def plausibility(hardware, dtype: str, mfu: float | None) -> str:
