@@ -320,13 +320,16 @@ def interval(model, gpus: int, step_time: float) -> dict:
     return dict(low=step_time * math.exp(lo), high=step_time * math.exp(hi), basis=cell["basis"], runs=cell["runs"])
 
 
-def part_of(hardware) -> str:
+def part_of(hardware) -> str | None:
+    """The part family a preset belongs to ("a100", "hopper", "blackwell"), None for anything else (a CPU box)."""
+    if not hardware.peak_flops:
+        return None
     name = hardware.name.lower()
     if "a100" in name:
         return "a100"
-    if "h100" in name or "h200" in name or "h800" in name:
+    if any(k in name for k in ("h100", "h200", "h800")):
         return "hopper"
-    return "blackwell"
+    return "blackwell" if any(k in name for k in ("b200", "b300", "gb200", "gb300")) else None
 
 
 def best_published_mfu(hardware, dtype: str) -> tuple[float, str] | None:

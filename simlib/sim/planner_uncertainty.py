@@ -18,7 +18,10 @@ from __future__ import annotations
 def interval(result, entry) -> dict:
     """{"low", "high", "basis", "runs"}: the 80 % interval of ``entry``'s step time (seconds)."""
     from .by_source import interval as _interval
+    from .by_source import part_of
 
+    if part_of(result.hardware) is None:
+        return dict(low=None, high=None, basis=f"no published run on {result.hardware.name}", runs=0)
     return _interval(result.model, result.world_size, entry["step_time"])
 
 
