@@ -99,7 +99,7 @@ def test_tensor_parallel_collectives_and_recomputation_by_hand():
 # ── links: the published curve ──
 def test_busbw_curve_reproduces_published_points_and_its_ends():
     a100 = sim.dgx_a100().intra
-    for size, busbw in sim.hardware.AZURE_A100_80GB_ALLREDUCE:
+    for size, busbw in sim.hardware_presets.AZURE_A100_80GB_ALLREDUCE:
         t = cost.ring_all_reduce(size, 8, a100)
         assert 2 * 7 / 8 * size / t == pytest.approx(busbw * 1e9)  # exact at every published point
     t_1mb = cost.ring_all_reduce(1 << 20, 8, a100)

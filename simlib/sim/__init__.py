@@ -29,7 +29,8 @@ from .cost import (
     scaling,
     tree_all_reduce,
 )
-from .hardware import Hardware, Link, cpu_box, dgx_a100, dgx_h100, dgx_h200, fit_alpha_beta, preset
+from .hardware import Hardware, Link, fit_alpha_beta
+from .hardware_presets import cpu_box, dgx_a100, dgx_h100, dgx_h200, preset
 from .layer import Op, layer_ops, operator_table
 from .memory import DoesNotFit, check_fits, memory_per_device, min_devices_to_fit
 from .model import GPT_SIZES, LLAMA_SIZES, ModelSpec, from_module, gpt, gpt_size, llama, llama_size, transformer

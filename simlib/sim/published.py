@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from .collectives import ring_all_reduce
 from .cost import predict
-from .hardware import AZURE_A100_80GB_ALLREDUCE, Link, dgx_a100
+from .hardware import Link
+from .hardware_presets import AZURE_A100_80GB_ALLREDUCE, dgx_a100
 from .model import gpt
 from .strategy import Strategy
 

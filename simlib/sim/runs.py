@@ -25,7 +25,7 @@ import csv
 from pathlib import Path
 
 from .cost import predict
-from .hardware import dgx_a100, dgx_h100
+from .hardware_presets import dgx_a100, dgx_h100
 from .model import transformer
 from .published import KORTHIKANTI_2022, NARAYANAN_2021_TABLE_1
 from .strategy import Strategy

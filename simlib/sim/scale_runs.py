@@ -24,7 +24,7 @@ import csv
 from pathlib import Path
 
 from .cost import predict
-from .hardware import dgx_h100, preset
+from .hardware_presets import dgx_h100, preset
 from .model import llama_size
 from .runs import measured_mfu
 from .strategy import Strategy

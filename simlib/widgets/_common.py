@@ -95,10 +95,10 @@ def _mb(nbytes):
 
 
 def _preset_dropdown():
-    """Every hardware preset of ``simlib.sim.hardware.PRESETS`` (a new preset shows up here by itself)."""
+    """Every hardware preset of ``simlib.sim.hardware_presets.PRESETS`` (a new preset shows up here by itself)."""
     import ipywidgets as W
 
-    from ..sim.hardware import PRESETS
+    from ..sim.hardware_presets import PRESETS
 
     return W.Dropdown(options=[(make().name, key) for key, make in PRESETS.items()], description="hardware")
 
