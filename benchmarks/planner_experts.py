@@ -26,7 +26,7 @@ import report  # benchmarks/report.py: machine info and the JSON file
 from simlib import sim
 from simlib.sim import runs, scale_runs
 from simlib.sim.hardware_presets import dgx_a100, dgx_h100
-from simlib.sim.model import llama_size
+from simlib.sim.model_zoo import llama_size
 from simlib.sim.planner_report import why_slower
 
 SPACE = dict(max_micro_batch=16, max_virtual_stages=4)  # micro-batches above 16 not searched (time); v up to 4,

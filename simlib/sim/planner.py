@@ -56,7 +56,7 @@ NAMED = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
 def resolve_model(model, seq_len: int | None = None):
     """A :class:`~simlib.sim.ModelSpec` from a spec, ``"8B"``/``"70B"``/``"405B"`` (Llama 3 shapes) or a
     ``LLAMA_SIZES``/``GPT_SIZES`` label; ``seq_len`` overrides the shape's context length."""
-    from .model import GPT_SIZES, LLAMA_SIZES, gpt_size, llama_size
+    from .model_zoo import GPT_SIZES, LLAMA_SIZES, gpt_size, llama_size
 
     if not isinstance(model, str):
         return model if seq_len is None else dataclasses.replace(model, seq_len=seq_len)

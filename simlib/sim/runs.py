@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .cost import predict
 from .hardware_presets import dgx_a100, dgx_h100
-from .model import transformer
+from .model_zoo import transformer
 from .published import KORTHIKANTI_2022, NARAYANAN_2021_TABLE_1
 from .strategy import Strategy
 

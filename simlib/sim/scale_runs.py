@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .cost import predict
 from .hardware_presets import dgx_h100, preset
-from .model import llama_size
+from .model_zoo import llama_size
 from .runs import measured_mfu
 from .strategy import Strategy
 
