@@ -5,7 +5,7 @@ the published Megatron-LM runs (Narayanan et al. 2021, Table 1)."""
 import pytest
 
 from simlib import sim
-from simlib.sim import cost, layer, memory, topology
+from simlib.sim import cost, layer, layer_strategy, memory, topology
 from simlib.sim.hardware import Hardware, Link
 from simlib.sim.published import NARAYANAN_2021_TABLE_1, published_table
 
@@ -84,10 +84,10 @@ def test_tensor_parallel_collectives_and_recomputation_by_hand():
     assert comm(ops["forward"]) == ["all_reduce"] * 2 and comm(ops["backward"]) == ["all_reduce"] * 2
     assert all(op.bytes == 2 * 32 * 64 for op in ops["forward"] if op.kind == "comm")  # b·s·h, 2 bytes
     # full recomputation re-runs the forward, its two all-reduces included; selective only attention's core
-    assert comm(layer.recompute_ops(ops["forward"], "full")) == ["all_reduce"] * 2
-    selective = layer.recompute_ops(ops["forward"], "selective")
+    assert comm(layer_strategy.recompute_ops(ops["forward"], "full")) == ["all_reduce"] * 2
+    selective = layer_strategy.recompute_ops(ops["forward"], "selective")
     assert not comm(selective) and {op.kind for op in selective} == {"gemm", "memory"}
-    assert layer.recompute_ops(ops["forward"], "none") == []
+    assert layer_strategy.recompute_ops(ops["forward"], "none") == []
     # sequence parallelism: all-gather / reduce-scatter pairs, in forward and again in backward
     sp = layer.layer_ops(TINY, micro_batch=2, tp=2, sequence_parallel=True)
     assert comm(sp["forward"]) == ["all_gather", "reduce_scatter"] * 2

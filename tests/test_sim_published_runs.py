@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from simlib import sim
-from simlib.sim import layer, memory, runs
+from simlib.sim import layer, layer_strategy, memory, runs
 from simlib.sim.cost import fsdp_comm, gpt_stage
 
 
@@ -95,7 +95,7 @@ def test_flash_attention_flops_and_memory():
 
 def test_torchtitan_op_recompute_redoes_every_second_gemm():
     m = sim.llama_size("llama3-8b")
-    again = layer.recompute_ops(layer.layer_ops(m, 1, attention="flash")["forward"], "op", m)
+    again = layer_strategy.recompute_ops(layer.layer_ops(m, 1, attention="flash")["forward"], "op", m)
     gemms = [o.name for o in again if o.kind == "gemm"]
     assert gemms == ["recompute K", "recompute attention out", "recompute MLP up"]  # mm 2, 4, 6 of Q K V O W1 W3 W2
     assert all(o.kind in ("gemm", "memory") for o in again)

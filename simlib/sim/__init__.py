@@ -31,7 +31,8 @@ from .cost import (
 )
 from .hardware import Hardware, Link, fit_alpha_beta
 from .hardware_presets import cpu_box, dgx_a100, dgx_h100, dgx_h200, preset
-from .layer import Op, layer_ops, operator_table
+from .layer import Op, layer_ops
+from .layer_strategy import operator_table
 from .memory import DoesNotFit, check_fits, memory_per_device, min_devices_to_fit
 from .model import ModelSpec, from_module
 from .model_zoo import GPT_SIZES, LLAMA_SIZES, gpt, gpt_size, llama, llama_size, transformer

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from .collectives import (all_gather, all_reduce, hierarchical_all_reduce, p2p, reduce_scatter,  # noqa: F401
                           ring_all_reduce, tree_all_reduce)
 from .compute import accumulate_grad_time, gemm_time, gemms_time  # noqa: F401
-from .layer import (embedding_ops, exposed_comm, head_ops, module_recompute_ops, mtp_ops, op_time,  # noqa: F401
-                    op_time_key, ops_time, recompute_ops, strategy_layer_ops)
+from .layer import (embedding_ops, exposed_comm, head_ops, mtp_ops, op_time,  # noqa: F401
+                    op_time_key, ops_time)
+from .layer_strategy import module_recompute_ops, recompute_ops, strategy_layer_ops
 from .cluster_ops import is_attention, moe_host_overhead
 from .offload import offload_time
 from .overlap import TP_OVERLAP_GEMM_SLOWDOWN, tp_overlap_exposed

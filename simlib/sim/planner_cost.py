@@ -259,7 +259,7 @@ class FastPricer:
     def _layer_floor(self, s) -> dict:
         """Per layer kind (dense, MoE): (compute seconds, the collectives compute does not hide)."""
         from .cluster_ops import moe_host_overhead
-        from .layer import strategy_layer_ops
+        from .layer_strategy import strategy_layer_ops
 
         out = {}
         for expert in (False, True) if self.model.experts else (False,):
