@@ -5,7 +5,7 @@ the published Megatron-LM runs (Narayanan et al. 2021, Table 1)."""
 import pytest
 
 from simlib import sim
-from simlib.sim import cost, layer, layer_strategy, memory, topology
+from simlib.sim import cost, grad_sync, layer, layer_strategy, memory, topology
 from simlib.sim.hardware import Hardware, Link
 from simlib.sim.published import NARAYANAN_2021_TABLE_1, published_table
 
@@ -151,9 +151,9 @@ def test_group_collectives_by_hand():
 def test_zero3_costs_one_and_a_half_times_ddp():
     model, hw = sim.gpt(96, 12288, 96, vocab=51200), sim.dgx_a100()
     s = sim.Strategy(dp=64, micro_batch=1, bucket_bytes=1e12)  # one bucket: no packing subtleties
-    ddp = cost.dp_comm_time(model, hw, s)[0]
-    zero3 = cost.dp_comm_time(model, hw, s.replace(zero_stage=3))[0]
-    pack = 6 * cost.grad_bytes(model, s) / hw.mem_rate()
+    ddp = grad_sync.dp_comm_time(model, hw, s)[0]
+    zero3 = grad_sync.dp_comm_time(model, hw, s.replace(zero_stage=3))[0]
+    pack = 6 * grad_sync.grad_bytes(model, s) / hw.mem_rate()
     assert (zero3 - pack) / (ddp - pack) == pytest.approx(1.5, rel=1e-6)  # Rajbhandari et al. 2020 §7
 
 
@@ -283,10 +283,10 @@ def test_selective_recomputation_and_the_embedding_sync_by_hand():
     model = sim.gpt(4, 64, 4, seq_len=16, vocab=1024)
     across = sim.Strategy(tp=8, pp=2)  # stages on two nodes: InfiniBand
     size = 1024 / 8 * 64 * 2
-    assert cost.embedding_sync_time(model, hw, across) == pytest.approx(2 * 1 / 2 * size / 10e9)
+    assert grad_sync.embedding_sync_time(model, hw, across) == pytest.approx(2 * 1 / 2 * size / 10e9)
     size_tp2 = 1024 / 2 * 64 * 2  # one node: NVLink
-    assert cost.embedding_sync_time(model, hw, sim.Strategy(tp=2, pp=2)) == pytest.approx(size_tp2 / 100e9)
-    assert cost.embedding_sync_time(model, hw, sim.Strategy(tp=2)) == 0.0
+    assert grad_sync.embedding_sync_time(model, hw, sim.Strategy(tp=2, pp=2)) == pytest.approx(size_tp2 / 100e9)
+    assert grad_sync.embedding_sync_time(model, hw, sim.Strategy(tp=2)) == 0.0
 
 
 def test_an_independent_set_of_published_runs_is_predicted_too():

@@ -9,7 +9,8 @@ import pytest
 
 from simlib import sim
 from simlib.sim import layer, layer_strategy, memory, runs
-from simlib.sim.cost import fsdp_comm, gpt_stage
+from simlib.sim.cost import gpt_stage
+from simlib.sim.grad_sync import fsdp_comm
 
 
 @pytest.fixture(scope="module")
