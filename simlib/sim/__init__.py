@@ -36,7 +36,8 @@ from .layer_strategy import operator_table
 from .memory import DoesNotFit, check_fits, memory_per_device, min_devices_to_fit
 from .model import ModelSpec, from_module
 from .model_zoo import GPT_SIZES, LLAMA_SIZES, gpt, gpt_size, llama, llama_size, transformer
-from .planner import PlanResult, plan
+from .plan_result import PlanResult
+from .planner import plan
 from .presets import dgx_b200, dgx_b300, gb200_nvl72
 from .replay import replay_data_parallel, replay_pipeline, replay_pipeline_model
 from .strategy import Strategy

@@ -30,159 +30,14 @@ the degrees (``"tp": 8``, ``"max_pp": 4``: ``simlib plan --tp 8 --max-pp 4``), c
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
 
-from .planner_cost import FastPricer, divisors, label
-
-SEARCHED = (
-    "degrees (dp x tp x pp x cp, and ep for an MoE)",
-    "context-parallel kind (all-gather, ring, Ulysses)",
-    "ZeRO stage 0-3 and FSDP",
-    "recomputation",
-    "micro-batch size",
-    "pipeline schedule and virtual stages",
-    "data-parallel overlap",
-    "sequence parallelism",
-    "tensor-parallel comm overlap",
-)
-NAMED = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
-
-
-def resolve_model(model, seq_len: int | None = None):
-    """A :class:`~simlib.sim.ModelSpec` from a spec, ``"8B"``/``"70B"``/``"405B"`` (Llama 3 shapes) or a
-    ``LLAMA_SIZES``/``GPT_SIZES`` label; ``seq_len`` overrides the shape's context length."""
-    from .model_zoo import GPT_SIZES, LLAMA_SIZES, gpt_size, llama_size
-
-    if not isinstance(model, str):
-        return model if seq_len is None else dataclasses.replace(model, seq_len=seq_len)
-    label = NAMED.get(model.upper(), model)
-    if label in LLAMA_SIZES:
-        return llama_size(label, seq_len)
-    if label in GPT_SIZES:
-        return gpt_size(label, seq_len or 2048)
-    raise ValueError(
-        f"unknown model {model!r}: use one of {sorted(NAMED)}, {sorted(LLAMA_SIZES)}, "
-        f"{sorted(GPT_SIZES)}, or a ModelSpec (sim.llama(...), sim.transformer(...))"
-    )
-
-
-def resolve_hardware(cluster):
-    from .hardware import Hardware
-    from .hardware_presets import preset
-
-    return cluster if isinstance(cluster, Hardware) else preset(cluster)
-
-
-@dataclass
-class PlanResult:
-    """What :func:`plan` found: the ranked plans, the rejected ones and why, and how long the search took."""
-
-    model: object
-    hardware: object
-    world_size: int
-    global_batch: int
-    memory_limit: float
-    ranked: list  # dicts, fastest first: "strategy", "step_time", "tokens_per_s", "mfu", ...
-    too_big: list  # dicts: "strategy", "memory", "excess" (bytes over the limit)
-    refused: dict  # validation message -> count
-    notes: list
-    task: object = None
-    seconds: float = 0.0
-    considered: int = 0
-    exact: bool = False  # every plan priced by sim.predict (the fast path disagreed or was off)
-    trainer_only: bool = False
-    top: int | None = None  # only the top plans were wanted: ``ranked`` holds those (exactly as a full
-    pruned: int = 0  # search ranks them); ``pruned`` combinations were skipped by the bound
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def best(self) -> dict:
-        if not self.ranked:
-            raise ValueError(self.nothing_fits())
-        return self.ranked[0]
-
-    def trainer(self, entry: dict):
-        """The ``simlib.train.Plan`` that runs ``entry`` (None if ``simlib train`` cannot: then
-        ``entry["why_not_trainer"]`` says why). Asked when needed: it costs more than pricing."""
-        if "plan" not in entry:
-            cache = self.extra.setdefault("trainer_cache", {})
-            entry["plan"], entry["why_not_trainer"] = trainer_plan(
-                entry["strategy"], self.global_batch, self.world_size, self.task, cache
-            )
-        return entry["plan"]
-
-    @property
-    def best_runnable(self) -> dict | None:
-        """The fastest plan ``simlib train`` runs as it is (``None`` if none does)."""
-        return next((r for r in self.ranked if self.trainer(r) is not None), None)
-
-    @property
-    def plans_per_second(self) -> float:
-        return self.considered / self.seconds if self.seconds else float("inf")
-
-    def nothing_fits(self) -> str:
-        if not self.too_big:
-            top = ", ".join(f"{m!r} ({n})" for m, n in sorted(self.refused.items(), key=lambda kv: -kv[1])[:2])
-            return f"no valid plan for {self.model.name} on {self.world_size} devices: refused by {top}"
-        least = min(self.too_big, key=lambda r: r["excess"])
-        return (
-            f"no plan of {self.model.name} fits {self.memory_limit / 1e9:.1f} GB per device on "
-            f"{self.world_size} devices: the smallest needs {least['memory']['total'] / 1e9:.1f} GB "
-            f"({label(least['strategy'])}); use more devices, a larger memory limit or a smaller model"
-        )
-
-    def table(self, top: int | None = None):
-        """The ranked plans as a pandas DataFrame (one row each, fastest first)."""
-        import pandas as pd
-
-        rows = []
-        for i, r in enumerate(self.ranked[:top]):
-            s = r["strategy"]
-            rows.append(
-                dict(
-                    rank=i + 1,
-                    plan=label(s),
-                    dp=s.dp,
-                    tp=s.tp,
-                    pp=s.pp,
-                    cp=s.cp,
-                    cp_kind=s.cp_kind if s.cp > 1 else "",
-                    ep=s.ep,
-                    micro_batch=s.micro_batch,
-                    micro_batches=s.num_micro_batches,
-                    zero=s.zero_stage,
-                    fsdp=s.fsdp,
-                    recompute=s.recompute,
-                    schedule=s.schedule if s.pp > 1 else "",
-                    virtual_stages=s.virtual_stages,
-                    step_time=r["step_time"],
-                    tokens_per_s=r["tokens_per_s"],
-                    mfu=r["mfu"],
-                    memory_gb=r["memory"]["total"] / 1e9,
-                    trainer=self.trainer(r) is not None,
-                )
-            )
-        return pd.DataFrame(rows)
-
-    def report(self, top: int = 3, alternatives: int = 3) -> str:
-        from .planner_report import report
-
-        return report(self, top, alternatives)
-
-    def toml(self, entry: dict | None = None, **kw) -> str:
-        from .planner_report import toml
-
-        return toml(self, entry, **kw)
-
-    def sbatch(self, config_path: str = "plan.toml", **kw) -> str:
-        from .planner_report import sbatch
-
-        return sbatch(self, config_path, **kw)
+from .plan_result import PlanResult, resolve_hardware, resolve_model
+from .planner_cost import FastPricer, divisors, label  # noqa: F401 - label: lesson 13 and the benchmarks call planner.label
+from .planner_trainer import _first_line, _trainer_bucket_bytes, trainer_plan
 
 
 def degree_options(world: int, model, hardware) -> tuple[list[tuple], list[str]]:
@@ -320,11 +175,6 @@ def check_narrowing(space: dict, devices: int, model, hardware) -> None:
             f"no split of {devices} devices meets {asked}: the degrees dp x tp x pp x cp multiply to "
             f"{devices} (ep divides tp x dp x cp)"
         )
-
-
-def _first_line(exc) -> str:
-    text = str(exc).split(":")[0] if ":" in str(exc)[:80] else str(exc)
-    return " ".join(text.split())[:120]
 
 
 def gemm_shapes(model, devices: int, global_batch: int, task=None, space: dict | None = None) -> list:
@@ -535,63 +385,3 @@ def _agrees(result, pricer, check: int) -> bool:
         if not math.isclose(r["step_time"], want, rel_tol=1e-9):
             return False
     return True
-
-
-def _trainer_bucket_bytes() -> float:
-    from ..train import Plan
-
-    return next(f.default for f in dataclasses.fields(Plan) if f.name == "bucket_cap_mb") * 2**20
-
-
-def trainer_plan(s, global_batch: int, world: int, task=None, cache: dict | None = None):
-    """(the ``simlib.train.Plan`` that runs strategy ``s``, None) or (None, why ``simlib train`` cannot).
-
-    The Plan is built from ``s``, checked by ``Plan.validate(world, task)`` (the trainer's one check) and mapped
-    back by ``Strategy.from_plan`` (the one Plan -> Strategy mapping): it runs ``s`` only if that gives ``s``
-    back, field for field. A field that differs is one the trainer has no knob for (FSDP, selective
-    recomputation, interleaving, ...) and is named. ``cache``: answers of one search (same task, batch, world)."""
-    from ..train import Plan
-
-    if cache is not None and s in cache:
-        return cache[s]
-    m = s.num_micro_batches
-    fields_ = dict(
-        dp=s.dp,
-        tp=s.tp,
-        pp=s.pp,
-        sequence_parallel=s.sequence_parallel,
-        accumulation=m if s.pp == 1 else 1,
-        pp_microbatches=m if s.pp > 1 else None,
-        schedule=s.schedule if s.schedule in ("1f1b", "gpipe") else "1f1b",
-        mixed_precision=None if s.dtype == "fp32" else s.dtype,
-        activation_checkpointing=s.recompute == "full",
-        zero_stage=s.zero_stage,
-        dp_variant="bucket" if s.overlap or s.dp == 1 else "flat",
-        bucket_cap_mb=s.bucket_bytes / 2**20,
-    )
-    fields_.update({k: getattr(s, k) for k in ("cp", "ep") if getattr(s, k, 1) > 1})
-    try:
-        p = Plan(**fields_)
-        if task is not None:
-            import copy
-
-            task = copy.copy(task)
-            task.global_batch = global_batch  # the search's batch (a task's own is checked by the trainer too)
-        p.validate(world, task)
-        back = type(s).from_plan(p, global_batch, **{k: getattr(s, k) for k in _NOT_IN_PLAN})
-    except (ValueError, TypeError) as exc:
-        out = (None, "simlib train refuses it: " + _first_line(exc))
-    else:
-        diff = [f.name for f in dataclasses.fields(s) if getattr(s, f.name) != getattr(back, f.name)]
-        out = (
-            (p, "")
-            if not diff
-            else (None, "simlib train has no knob for " + ", ".join(f"{k}={getattr(s, k)!r}" for k in diff))
-        )
-    if cache is not None:
-        cache[s] = out
-    return out
-
-
-# Strategy fields a Plan does not say (from_plan's overrides): how the machine runs, not how the work is split
-_NOT_IN_PLAN = ("optimizer", "threads", "attention", "kernels", "tp_across_nodes", "reduce_dtype", "head")

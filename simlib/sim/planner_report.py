@@ -1,6 +1,6 @@
 """What the planner says: where the time of the best plans goes, why the others lose, and the files that run one.
 
-``report`` reads a :class:`~simlib.sim.planner.PlanResult`; ``toml`` writes the best plan ``simlib train`` runs
+``report`` reads a :class:`~simlib.sim.plan_result.PlanResult`; ``toml`` writes the best plan ``simlib train`` runs
 in the format ``simlib train --config`` reads (``simlib/config.py``: ``[run]``, ``[plan]``, ``[task]`` tables;
 ``tests/test_planner.py`` parses it back through ``simlib train``'s own resolver and compares the Plan);
 ``sbatch`` writes the SLURM script that runs that file with ``torchrun -m simlib train``.
