@@ -4,11 +4,13 @@ its cluster-scale set (``simlib.sim.scale_runs``: Megatron-Bridge's 25.11/26.02 
 ep, long context with cp, Blackwell, FP8) — the planner searches the same model, cluster, global batch and
 sequence length (the run's precision, FP8 recipe, attention kernel, FSDP reduce dtype and rank order held fixed),
 and the run's own plan is priced by the same simulator. Reported per run: the chosen plan's predicted step over the
-planner's best (target: within 10 %), per source and per kind, and for each run where the planner claims more than
-10 %, its plan and the terms that differ — either simulator errors to look at or predictions worth stating.
+planner's best, its rank (exact within the top ``TOP``), each plan ranked above it with its 80 % interval and the term
+it wins by, and whether the chosen plan is tied with the best (their intervals overlap: ``simlib.sim.
+planner_uncertainty``; issue 52's target: tied for >= 80 % of runs); per source and per kind, and for each run where
+the planner claims more than 10 %, its plan and the terms that differ.
 
-Each search is ``plan(..., top=1)``: layouts visited by a lower bound on their step time and stopped past the best
-(the same first plan as the full search, tests/test_planner.py). What the planner does not search but a run uses
+Each search is ``plan(..., top=TOP)``: layouts visited by a lower bound on their step time and stopped past the
+TOP-th (the same top plans as the full search, tests/test_planner.py). What the planner does not search but a run uses
 (Megatron's EP all-to-all overlap, recomputed modules, activation offloading, DeepSeek-V3's uneven pipeline
 layout) is priced for the run's plan only; the JSON names it on the row (``run_only``).
 Run: ``python benchmarks/planner_experts.py``; writes benchmarks/results/planner_experts.json.
@@ -23,14 +25,15 @@ import report  # benchmarks/report.py: machine info and the JSON file
 
 from simlib import sim
 from simlib.sim import runs, scale_runs
-from simlib.sim.hardware import dgx_a100, dgx_h100
-from simlib.sim.model import llama_size
+from simlib.sim.hardware_presets import dgx_a100, dgx_h100
+from simlib.sim.model_zoo import llama_size
 from simlib.sim.planner_report import why_slower
 
 SPACE = dict(max_micro_batch=16, max_virtual_stages=4)  # micro-batches above 16 not searched (time); v up to 4,
 # or the run's own v where it is larger
 BUDGET_S = float(os.environ.get("PLANNER_EXPERTS_BUDGET_S", "1e9"))  # stop early (the JSON says complete=False)
-TOP = 1  # the best plan only: the comparison needs no more
+TOP = int(os.environ.get("PLANNER_EXPERTS_TOP", "20"))  # the plans ranked exactly: the chosen plan's rank is exact
+# when it is among them (else "> TOP"), and each plan above it is reported with the term it wins by
 WORKERS = int(os.environ.get("PLANNER_EXPERTS_WORKERS", "4"))  # searches in parallel (at nice 19 on a shared box)
 
 
@@ -143,11 +146,47 @@ def compare(indexed: list) -> list:
                 best_memory_gb=best["memory"]["total"] / 1e9,
                 chosen_over_best=chosen.step_time / best["step_time"] - 1,
                 why=why_slower(result, entry, best),
+                **rank_and_ties(result, entry),
             )
         else:
             row.update(best=None, best_step_s=None, chosen_over_best=None, why=result.nothing_fits())
         rows.append(row)
     return rows
+
+
+def rank_and_ties(result, chosen: dict) -> dict:
+    """The chosen plan's rank among the ranked plans (exact when it is within the top ``TOP``), each plan ranked
+    above it with its 80 % interval and the term it wins by (``why_slower``: what makes the chosen plan slower),
+    and whether the chosen plan's interval overlaps the best's (a tie: the planner cannot tell them apart)."""
+    from simlib.sim.planner_uncertainty import interval
+
+    above = [e for e in result.ranked if e["step_time"] < chosen["step_time"] * (1 - 1e-9)]
+    exact = len(above) < len(result.ranked) or result.top is None or len(result.ranked) < result.top
+    mine, top = interval(result, chosen), interval(result, result.best)
+    tied = None if mine["low"] is None else mine["low"] <= top["high"]
+
+    def band(e):
+        b = interval(result, e)
+        return None if b["low"] is None else [b["low"], b["high"]]
+
+    return dict(
+        chosen_rank=len(above) + 1 if exact else None,
+        chosen_rank_at_least=len(above) + 1,
+        chosen_interval=band(chosen),
+        best_interval=band(result.best),
+        interval_basis=mine["basis"],
+        tied_with_best=tied,
+        above=[
+            dict(
+                plan=sim.planner.label(e["strategy"]),
+                step_s=e["step_time"],
+                interval=band(e),
+                tied_with_chosen=None if mine["low"] is None else interval(result, e)["high"] >= mine["low"],
+                wins_by=why_slower(result, chosen, e),
+            )
+            for e in above[:TOP]
+        ],
+    )
 
 
 def search_space(s):
@@ -207,6 +246,8 @@ def stats(rows) -> dict:
         runs=len(rows),
         compared=len(over),
         within_10pct=sum(o <= 0.10 for o in over),
+        tied_with_best=sum(bool(r.get("tied_with_best")) for r in rows),
+        no_interval=sum(r.get("tied_with_best") is None for r in rows),
         median_over_best=statistics.median(over) if over else None,
         quartiles=statistics.quantiles(over, n=4) if len(over) > 1 else None,
         worst=max(over) if over else None,
@@ -244,6 +285,8 @@ def write(rows, searched, t0, load, done):
         ],
     )
     print(
+        f"{summary['tied_with_best']}/{summary['compared']} chosen plans tied with the planner's best (80 % "
+        f"intervals overlap; {summary['no_interval']} with no interval); "
         f"{summary['within_10pct']}/{summary['compared']} chosen plans within 10 % of the planner's best"
         + (f"; median {summary['median_over_best']:+.1%}" if summary["compared"] else "")
     )

@@ -21,7 +21,7 @@ import report  # benchmarks/report.py
 
 from simlib import sim
 from simlib.sim import runs
-from simlib.sim.hardware import dgx_h100
+from simlib.sim.hardware_presets import dgx_h100
 
 GIB = 2**30
 H100_URL = (

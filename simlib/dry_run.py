@@ -141,7 +141,7 @@ def dry_run(spec) -> int:
             f"  output   {spec.folders[name]}/ (run.jsonl, summary.json, config.toml)"
             + (f"; checkpoints in {plan.checkpoint_dir}" if plan.checkpoint_dir else "")
         )
-    names = "|".join(sorted(sim.hardware.PRESETS))
+    names = "|".join(sorted(sim.hardware_presets.PRESETS))
     print(
         f"\nthe prediction uses the {spec.hardware!r} preset (--hardware {names}); "
         "sim.calibrate() measures this machine for closer numbers"

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from simlib import sim
-from simlib.sim import planner
+from simlib.sim import plan_result, planner, planner_trainer
 
 # the shared search's space: every dimension searched, fewer values of the costliest (these tests check what the
 # planner does with a search, not its scale: benchmarks/planner_speed.py times full searches)
@@ -39,7 +39,7 @@ def test_interleaved_stages_of_uneven_layers_are_priced_as_predict():
     chunks), which Strategy accepts; the fast pricing priced its stage as if v = 1 and raised (126 % 4 != 0)."""
     from simlib.sim.planner_cost import FastPricer
 
-    m, hw = planner.resolve_model("405B"), sim.preset("h100")
+    m, hw = plan_result.resolve_model("405B"), sim.preset("h100")
     s = sim.Strategy(
         dp=512,
         tp=8,
@@ -79,11 +79,11 @@ def test_trainer_plan_maps_back():
     the head is how a model is built, not a knob of the plan: a search for a named model keeps Megatron's); one
     with FSDP names the missing knob."""
     s = sim.Strategy(dp=2, tp=2, pp=2, micro_batch=1, num_micro_batches=4, zero_stage=1, recompute="full", head="whole")
-    plan, why = planner.trainer_plan(s, 8, 8)
+    plan, why = planner_trainer.trainer_plan(s, 8, 8)
     assert why == "" and (plan.dp, plan.tp, plan.pp, plan.pp_microbatches, plan.zero_stage) == (2, 2, 2, 4, 1)
     assert sim.Strategy.from_plan(plan, 8) == s
-    assert planner.trainer_plan(s.replace(head="parallel"), 8, 8)[0] == plan
-    plan, why = planner.trainer_plan(s.replace(tp=1, pp=1, dp=8, zero_stage=3, fsdp=True), 32, 8)
+    assert planner_trainer.trainer_plan(s.replace(head="parallel"), 8, 8)[0] == plan
+    plan, why = planner_trainer.trainer_plan(s.replace(tp=1, pp=1, dp=8, zero_stage=3, fsdp=True), 32, 8)
     assert plan is None and "fsdp=True" in why
 
 

@@ -148,7 +148,7 @@ def test_published_sizes():
 
 
 def _shape(name):
-    from simlib.sim.model import LLAMA_SIZES
+    from simlib.sim.model_zoo import LLAMA_SIZES
 
     return dict(LLAMA_SIZES[name])
 

@@ -6,7 +6,8 @@ import pytest
 
 from simlib import sim
 from simlib.sim import cluster_ops, presets
-from simlib.sim.layer import op_time, op_time_key, strategy_layer_ops
+from simlib.sim.layer import op_time, op_time_key
+from simlib.sim.layer_strategy import strategy_layer_ops
 from simlib.sim.ops import Op, _gemm, fp8_cast_bytes
 
 

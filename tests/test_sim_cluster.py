@@ -5,7 +5,7 @@ the published Megatron-LM runs (Narayanan et al. 2021, Table 1)."""
 import pytest
 
 from simlib import sim
-from simlib.sim import cost, layer, memory, topology
+from simlib.sim import cost, grad_sync, layer, layer_strategy, memory, topology
 from simlib.sim.hardware import Hardware, Link
 from simlib.sim.published import NARAYANAN_2021_TABLE_1, published_table
 
@@ -84,10 +84,10 @@ def test_tensor_parallel_collectives_and_recomputation_by_hand():
     assert comm(ops["forward"]) == ["all_reduce"] * 2 and comm(ops["backward"]) == ["all_reduce"] * 2
     assert all(op.bytes == 2 * 32 * 64 for op in ops["forward"] if op.kind == "comm")  # b·s·h, 2 bytes
     # full recomputation re-runs the forward, its two all-reduces included; selective only attention's core
-    assert comm(layer.recompute_ops(ops["forward"], "full")) == ["all_reduce"] * 2
-    selective = layer.recompute_ops(ops["forward"], "selective")
+    assert comm(layer_strategy.recompute_ops(ops["forward"], "full")) == ["all_reduce"] * 2
+    selective = layer_strategy.recompute_ops(ops["forward"], "selective")
     assert not comm(selective) and {op.kind for op in selective} == {"gemm", "memory"}
-    assert layer.recompute_ops(ops["forward"], "none") == []
+    assert layer_strategy.recompute_ops(ops["forward"], "none") == []
     # sequence parallelism: all-gather / reduce-scatter pairs, in forward and again in backward
     sp = layer.layer_ops(TINY, micro_batch=2, tp=2, sequence_parallel=True)
     assert comm(sp["forward"]) == ["all_gather", "reduce_scatter"] * 2
@@ -99,7 +99,7 @@ def test_tensor_parallel_collectives_and_recomputation_by_hand():
 # ── links: the published curve ──
 def test_busbw_curve_reproduces_published_points_and_its_ends():
     a100 = sim.dgx_a100().intra
-    for size, busbw in sim.hardware.AZURE_A100_80GB_ALLREDUCE:
+    for size, busbw in sim.hardware_presets.AZURE_A100_80GB_ALLREDUCE:
         t = cost.ring_all_reduce(size, 8, a100)
         assert 2 * 7 / 8 * size / t == pytest.approx(busbw * 1e9)  # exact at every published point
     t_1mb = cost.ring_all_reduce(1 << 20, 8, a100)
@@ -151,9 +151,9 @@ def test_group_collectives_by_hand():
 def test_zero3_costs_one_and_a_half_times_ddp():
     model, hw = sim.gpt(96, 12288, 96, vocab=51200), sim.dgx_a100()
     s = sim.Strategy(dp=64, micro_batch=1, bucket_bytes=1e12)  # one bucket: no packing subtleties
-    ddp = cost.dp_comm_time(model, hw, s)[0]
-    zero3 = cost.dp_comm_time(model, hw, s.replace(zero_stage=3))[0]
-    pack = 6 * cost.grad_bytes(model, s) / hw.mem_rate()
+    ddp = grad_sync.dp_comm_time(model, hw, s)[0]
+    zero3 = grad_sync.dp_comm_time(model, hw, s.replace(zero_stage=3))[0]
+    pack = 6 * grad_sync.grad_bytes(model, s) / hw.mem_rate()
     assert (zero3 - pack) / (ddp - pack) == pytest.approx(1.5, rel=1e-6)  # Rajbhandari et al. 2020 §7
 
 
@@ -283,10 +283,10 @@ def test_selective_recomputation_and_the_embedding_sync_by_hand():
     model = sim.gpt(4, 64, 4, seq_len=16, vocab=1024)
     across = sim.Strategy(tp=8, pp=2)  # stages on two nodes: InfiniBand
     size = 1024 / 8 * 64 * 2
-    assert cost.embedding_sync_time(model, hw, across) == pytest.approx(2 * 1 / 2 * size / 10e9)
+    assert grad_sync.embedding_sync_time(model, hw, across) == pytest.approx(2 * 1 / 2 * size / 10e9)
     size_tp2 = 1024 / 2 * 64 * 2  # one node: NVLink
-    assert cost.embedding_sync_time(model, hw, sim.Strategy(tp=2, pp=2)) == pytest.approx(size_tp2 / 100e9)
-    assert cost.embedding_sync_time(model, hw, sim.Strategy(tp=2)) == 0.0
+    assert grad_sync.embedding_sync_time(model, hw, sim.Strategy(tp=2, pp=2)) == pytest.approx(size_tp2 / 100e9)
+    assert grad_sync.embedding_sync_time(model, hw, sim.Strategy(tp=2)) == 0.0
 
 
 def test_an_independent_set_of_published_runs_is_predicted_too():

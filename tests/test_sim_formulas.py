@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from simlib import sim
-from simlib.sim import cost, memory
+from simlib.sim import cost, grad_sync, memory
 from simlib.sim.hardware import Hardware, Link, interpolate
 
 LINK = Link(alpha=1e-5, bandwidth=1e10)  # 10 µs per step, 10 GB/s
@@ -161,10 +161,10 @@ def test_buckets_follow_the_executors_rule():
 
     spec = sim.from_module(MLP(64, 2))
     s = sim.Strategy(dp=2, dtype="fp32", bucket_bytes=2**20)
-    assert cost.gradient_buckets(spec, s) == [4.0 * spec.params]  # 17 KB: one bucket
-    small = cost.gradient_buckets(spec, s.replace(bucket_bytes=64 * 64 * 4))
+    assert grad_sync.gradient_buckets(spec, s) == [4.0 * spec.params]  # 17 KB: one bucket
+    small = grad_sync.gradient_buckets(spec, s.replace(bucket_bytes=64 * 64 * 4))
     assert sum(small) == 4.0 * spec.params and len(small) > 1
-    assert cost.bucket_sizes(10, 4) == [4.0, 4.0, 2.0]
+    assert grad_sync.bucket_sizes(10, 4) == [4.0, 4.0, 2.0]
 
 
 def test_overlap_hides_communication_and_more_dp_costs_more():
@@ -298,11 +298,11 @@ def test_comm_in_situ_scales_the_all_reduce_not_the_packing():
     spec = sim.from_module(torch.nn.Linear(1000, 1000, bias=False))  # 1e6 params, 2 MB of bf16 gradients
     s = sim.Strategy(dp=4, micro_batch=8, dtype="bf16")
     hw = flat_gpu(mem=80e9)
-    plain = cost.bucket_comm_times(spec, hw, s, processes=4)
+    plain = grad_sync.bucket_comm_times(spec, hw, s, processes=4)
     ring = cost.ring_all_reduce(2e6, 4, LINK)
     pack = 6 * 2e6 / 1e12
     assert plain == pytest.approx([ring + pack])
-    hot = cost.bucket_comm_times(spec, hw.with_(overheads={"comm_in_situ": {4: 2.0}}), s, processes=4)
+    hot = grad_sync.bucket_comm_times(spec, hw.with_(overheads={"comm_in_situ": {4: 2.0}}), s, processes=4)
     assert hot == pytest.approx([2 * ring + pack])
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from simlib import sim
-from simlib.sim.hardware import AZURE_H200_ALLREDUCE, GB
+from simlib.sim.hardware import GB
+from simlib.sim.hardware_presets import AZURE_H200_ALLREDUCE
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "gpu_check.json"
 
@@ -31,7 +32,7 @@ def test_h200_numbers_are_the_committed_measurement():
         if g["m"] == g["k"] == g["n"] or (g["m"], g["k"]) == (2048, 12288):
             gflops = 2 * g["m"] * g["k"] * g["n"] / 1e9
             assert hw.gemm_rate(gflops, dtype) / 1e12 == pytest.approx(g["tflops"], rel=0.01), g
-    assert sim.hardware.H200_HBM_MEASURED == pytest.approx(rates["hbm_bytes_per_s"], rel=0.01)
+    assert sim.hardware_presets.H200_HBM_MEASURED == pytest.approx(rates["hbm_bytes_per_s"], rel=0.01)
 
 
 def test_h200_link_follows_azures_published_curve_and_a_hand_prediction():

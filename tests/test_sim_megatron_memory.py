@@ -7,7 +7,7 @@ import pytest
 
 from simlib import sim
 from simlib.sim import memory, scale_runs
-from simlib.sim.model import llama_size
+from simlib.sim.model_zoo import llama_size
 
 S, H, F, KVD = 8192, 8192, 28672, 8 * 128  # Llama 3 70B's shape
 

@@ -12,7 +12,8 @@ from torch.utils._pytree import tree_flatten
 
 from simlib import sim
 from simlib.sim import cluster_ops, scale_runs
-from simlib.sim.layer import layer_ops, module_recompute_ops
+from simlib.sim.layer import layer_ops
+from simlib.sim.layer_strategy import module_recompute_ops
 
 
 class _Traffic(TorchDispatchMode):

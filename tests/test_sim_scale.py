@@ -54,8 +54,8 @@ def test_cp_and_ep_are_validated():
 def test_cp_splits_every_gemm_and_the_attention_by_cp():
     m, hw = llama8b(32768), sim.dgx_h100()
     base = sim.Strategy(attention="flash", micro_batch=1)
-    one = sim.layer.strategy_layer_ops(m, base)
-    four = sim.layer.strategy_layer_ops(m, base.replace(cp=4))
+    one = sim.layer_strategy.strategy_layer_ops(m, base)
+    four = sim.layer_strategy.strategy_layer_ops(m, base.replace(cp=4))
     flops = lambda ops: sum(op.flops for op in ops["forward"] + ops["backward"])  # noqa: E731
     assert flops(four) == pytest.approx(flops(one) / 4)
     assert [op.collective for op in four["forward"] if op.kind == "comm"] == ["all_gather"]
@@ -287,7 +287,8 @@ def test_recipe_settings_the_tables_do_not_show():
 def test_recompute_modules_rerun_their_operators_in_backward():
     """Megatron's --recompute-modules: backward re-runs exactly those operators' forward (moe_act: the experts'
     activation; mla_up_proj: MLA's up projections and rotary part)."""
-    from simlib.sim.layer import module_recompute_ops, op_time, strategy_layer_ops
+    from simlib.sim.layer import op_time
+    from simlib.sim.layer_strategy import module_recompute_ops, strategy_layer_ops
 
     hw = sim.dgx_h100()
     m = sim.llama_size("deepseek-v3")

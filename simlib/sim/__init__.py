@@ -29,11 +29,15 @@ from .cost import (
     scaling,
     tree_all_reduce,
 )
-from .hardware import Hardware, Link, cpu_box, dgx_a100, dgx_h100, dgx_h200, fit_alpha_beta, preset
-from .layer import Op, layer_ops, operator_table
+from .hardware import Hardware, Link, fit_alpha_beta
+from .hardware_presets import cpu_box, dgx_a100, dgx_h100, dgx_h200, preset
+from .layer import Op, layer_ops
+from .layer_strategy import operator_table
 from .memory import DoesNotFit, check_fits, memory_per_device, min_devices_to_fit
-from .model import GPT_SIZES, LLAMA_SIZES, ModelSpec, from_module, gpt, gpt_size, llama, llama_size, transformer
-from .planner import PlanResult, plan
+from .model import ModelSpec, from_module
+from .model_zoo import GPT_SIZES, LLAMA_SIZES, gpt, gpt_size, llama, llama_size, transformer
+from .plan_result import PlanResult
+from .planner import plan
 from .presets import dgx_b200, dgx_b300, gb200_nvl72
 from .replay import replay_data_parallel, replay_pipeline, replay_pipeline_model
 from .strategy import Strategy

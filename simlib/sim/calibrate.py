@@ -432,7 +432,8 @@ def _ram_bytes() -> float:
 def model_gemm_shapes(model, strategies) -> list:
     """Every (m, k, n) GEMM one micro-batch of ``model`` runs under ``strategies`` (a layer's forward, recomputation
     and backward, the logits head): the shapes to hand :func:`calibrate` so that each is priced at its own rate."""
-    from .layer import head_ops, strategy_layer_ops
+    from .layer import head_ops
+    from .layer_strategy import strategy_layer_ops
 
     shapes = set()
     for s in strategies:

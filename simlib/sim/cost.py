@@ -22,35 +22,44 @@ their factors are 1 and their extra terms 0):
     straggler                a synchronous step runs at the slowest of the ranks side by side
     all-reduce in situ       after compute an all-reduce is slower than in a back-to-back sweep
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .collectives import (all_gather, all_reduce, hierarchical_all_reduce, p2p, reduce_scatter,  # noqa: F401
-                          ring_all_reduce, tree_all_reduce)
-from .compute import accumulate_grad_time, gemm_time, gemms_time  # noqa: F401
-from .layer import (embedding_ops, exposed_comm, head_ops, module_recompute_ops, mtp_ops, op_time,  # noqa: F401
-                    op_time_key, ops_time, recompute_ops, strategy_layer_ops)
 from .cluster_ops import is_attention, moe_host_overhead
+from .collectives import (  # noqa: F401
+    all_gather,
+    all_reduce,
+    hierarchical_all_reduce,
+    p2p,
+    reduce_scatter,
+    ring_all_reduce,
+    tree_all_reduce,
+)
+from .compute import accumulate_grad_time, gemm_time, gemms_time  # noqa: F401
+from .cpu_share import combine_prediction
+from .grad_sync import dp_comm_time, embedding_sync_time, fsdp_comm, optimizer_time
+from .host_ops import GPT_OPS_ENDS, GPT_OPS_PER_LAYER, host_op_time
+from .layer import embedding_ops, exposed_comm, head_ops, mtp_ops, op_time, op_time_key, ops_time  # noqa: F401
+from .layer_strategy import module_recompute_ops, recompute_ops, strategy_layer_ops
+from .memory import activation_bytes_per_layer, check_fits, memory_per_device
 from .offload import offload_time
 from .overlap import TP_OVERLAP_GEMM_SLOWDOWN, tp_overlap_exposed
-from .memory import activation_bytes_per_layer, check_fits, memory_per_device
-from .cpu_share import combine_prediction
 from .ring_comm import ring_exposed
-from .host_ops import GPT_OPS_ENDS, GPT_OPS_PER_LAYER, host_op_time
-from .topology import Placement, group_collective, group_ranks, p2p_time, placement
-
+from .topology import p2p_time
 
 # ───────────────────────── compute ─────────────────────────
+
 
 def backward_gemms(model, forward):
     """Each forward GEMM x·W has two backward GEMMs (grad input, grad weight) of the same size; an MLP's first
     layer skips grad input (its input needs no gradient)."""
     out = []
     for i, (m, k, n, c) in enumerate(forward):
-        out.append((k, m, n, c))                   # grad weight: (k×m)·(m×n)
+        out.append((k, m, n, c))  # grad weight: (k×m)·(m×n)
         if not (model.kind == "mlp" and i == 0):
-            out.append((m, n, k, c))               # grad input: (m×n)·(n×k)
+            out.append((m, n, k, c))  # grad input: (m×n)·(n×k)
     return out
 
 
@@ -63,7 +72,7 @@ class Prediction:
     exposed_comm: float
     bubble: float
     optimizer: float
-    throughput: float | None     # samples per second (None: the plan does not fit in memory)
+    throughput: float | None  # samples per second (None: the plan does not fit in memory)
     tokens_per_s: float | None
     mfu: float | None
     memory: dict
@@ -72,8 +81,9 @@ class Prediction:
 
     def as_row(self) -> dict:
         """A flat dict for a table (a plan that does not fit gets NaN throughput: no number, not zero)."""
-        row = {k: (float("nan") if v is None else v) for k, v in self.__dict__.items()
-               if k not in ("memory", "breakdown")}
+        row = {
+            k: (float("nan") if v is None else v) for k, v in self.__dict__.items() if k not in ("memory", "breakdown")
+        }
         row.update({f"mem_{k}": v for k, v in self.memory.items()})
         row.update(self.breakdown)
         return row
@@ -93,7 +103,7 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
     s = strategy
     w = 2 if s.mixed_precision else 4
     compute = ("gemm", "memory", "attention")
-    seen: dict = {}   # one operator's time, once per call (the same ops recur in forward, recompute and comm)
+    seen: dict = {}  # one operator's time, once per call (the same ops recur in forward, recompute and comm)
     places: dict = {}
 
     def once(op):
@@ -112,17 +122,17 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
     def t(items, kinds=compute):
         return sum(sum(once(op) for op in items if op.kind == k) for k in kinds)
 
-    def comm(all_items):   # what of a list's collectives compute does not hide (ring hops, TP overlap), by group
+    def comm(all_items):  # what of a list's collectives compute does not hide (ring hops, TP overlap), by group
         exposed, slow = {}, 0.0
         groups = {op.group for op in all_items if op.kind == "comm"}
         for group in ("tp", "cp", "ep"):
-            if group not in groups:   # no collective of this group: nothing exposed, no overlap to price
+            if group not in groups:  # no collective of this group: nothing exposed, no overlap to price
                 exposed[group] = 0.0
                 continue
             items = [op for op in all_items if op.kind != "comm" or op.group == group]
             times = [once(op) if op.kind == "comm" or is_attention(op) else 0.0 for op in items]
             exposed[group] = exposed_comm(items, times)
-            if group == "cp" and s.cp_kind == "ring":   # simlib's ring on a calibrated CPU: its passes as measured
+            if group == "cp" and s.cp_kind == "ring":  # simlib's ring on a calibrated CPU: its passes as measured
                 exposed[group] = ring_exposed(items, times, hardware, processes) or exposed[group]
             if s.tp_overlap and group == "tp":
                 exposed[group], slow = tp_overlap_exposed(items, times, exposed[group], hardware, s, processes)
@@ -130,10 +140,11 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
 
     def price(expert_layer):
         ops = strategy_layer_ops(model, s, expert_layer, hardware)
-        part = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model) + \
-            module_recompute_ops(ops["forward"], s.recompute_modules)
+        part = recompute_ops(
+            ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model
+        ) + module_recompute_ops(ops["forward"], s.recompute_modules)
         (fc, fslow), (bc, bslow), (ac, aslow) = comm(ops["forward"]), comm(ops["backward"]), comm(part)
-        if s.ep_overlap and expert_layer:   # EP all-to-all overlap (Megatron-Core's overlap_moe_expert_parallel_comm):
+        if s.ep_overlap and expert_layer:  # EP all-to-all overlap (Megatron-Core's overlap_moe_expert_parallel_comm):
             # a forward's dispatch/combine run beside another micro-batch's backward and vice versa, so only what
             # exceeds the layer's forward + backward compute stays exposed (pipeline warm-up/cool-down not apart);
             # the compute beside them slows as the TP overlap's GEMMs do (DeepEP's kernels take SMs: overlap.py)
@@ -143,30 +154,37 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
             fc, bc = {**fc, "ep": fc["ep"] * left}, {**bc, "ep": bc["ep"] * left}
             slowdown = hidden * TP_OVERLAP_GEMM_SLOWDOWN
             fslow, bslow = fslow + slowdown / 3, bslow + 2 * slowdown / 3
-        host = moe_host_overhead(model, s, hardware) if expert_layer else 0.0   # GPUs: per-expert launches
-        fops, bops = (op_host * n for n in GPT_OPS_PER_LAYER)   # a CPU's dispatch per eager op (0 on GPUs)
+        host = moe_host_overhead(model, s, hardware) if expert_layer else 0.0  # GPUs: per-expert launches
+        fops, bops = (op_host * n for n in GPT_OPS_PER_LAYER)  # a CPU's dispatch per eager op (0 on GPUs)
         fslow, bslow = fslow + host / 3 + fops, bslow + 2 * host / 3 + bops
         again = t(part) + aslow + (fops if s.recompute == "full" else 0.0)
-        full = (None, None)   # the whole layer again: read only under every_other and recompute_layers
+        full = (None, None)  # the whole layer again: read only under every_other and recompute_layers
         if s.recompute == "every_other" or s.recompute_layers:
             whole = recompute_ops(ops["forward"], "full")
             wholec, wholeslow = comm(whole)
             full = (t(whole) + wholeslow + fops, wholec)
-        return dict(fwd=t(ops["forward"]) + fslow, bwd=t(ops["backward"]) + bslow, again=again,
-                    again_full=full[0], fcomm=fc, bcomm=bc, again_comm=ac, again_full_comm=full[1])
+        return dict(
+            fwd=t(ops["forward"]) + fslow,
+            bwd=t(ops["backward"]) + bslow,
+            again=again,
+            again_full=full[0],
+            fcomm=fc,
+            bcomm=bc,
+            again_comm=ac,
+            again_full_comm=full[1],
+        )
 
-    op_host = host_op_time(hardware, processes)   # a CPU box: the host's cost per eager op (0 on GPUs)
+    op_host = host_op_time(hardware, processes)  # a CPU box: the host's cost per eager op (0 on GPUs)
     kinds = {False: price(False)}
     if model.experts:
         kinds[True] = price(True)
-    stages = s.stage_layers(model.layers) if s.virtual_stages == 1 or s.stage_layout else \
-        [model.layers / s.pp] * s.pp
+    stages = s.stage_layers(model.layers) if s.virtual_stages == 1 or s.stage_layout else [model.layers / s.pp] * s.pp
     dense_end = model.dense_layers if model.experts else model.layers
     # the logits GEMM stays in 16 bits under FP8 training (Transformer Engine converts the layers' Linears)
     ends_strategy = s.replace(dtype="bf16") if s.dtype in ("fp8", "fp4") else s
-    vt = s.vocab_tp   # the vocabulary's split: tp (Megatron) or none (simlib's GPT keeps the head whole)
+    vt = s.vocab_tp  # the vocabulary's split: tp (Megatron) or none (simlib's GPT keeps the head whole)
     embed, head = embedding_ops(model, s.micro_batch, vt, w, s.cp), head_ops(model, s.micro_batch, vt, w, s.cp)
-    mtp = mtp_ops(model, s.micro_batch, vt, w, s.cp)   # multi-token prediction: on the last stage (Megatron-Core)
+    mtp = mtp_ops(model, s.micro_batch, vt, w, s.cp)  # multi-token prediction: on the last stage (Megatron-Core)
 
     def t_end(items):
         return sum(ops_time(items, hardware, ends_strategy, processes, s.threads, k) for k in compute)
@@ -176,15 +194,15 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
         start = sum(stages[:i])
         dense = max(0, min(dense_end, start + n) - start)
         counts = {False: dense, True: n - dense} if model.experts else {False: n}
-        if i == len(stages) - 1 and model.mtp_layers:   # each MTP module's block (an MoE block with experts)
+        if i == len(stages) - 1 and model.mtp_layers:  # each MTP module's block (an MoE block with experts)
             counts[bool(model.experts)] += model.mtp_layers
         out = dict(forward=0.0, backward=0.0, forward_comm=0.0, backward_comm=0.0, cp_comm=0.0, ep_comm=0.0)
         left = s.recompute_layers
         for moe, c in counts.items():
             k = kinds[moe]
-            if s.recompute == "every_other":     # torchtitan's layer-level AC: every second layer in full
+            if s.recompute == "every_other":  # torchtitan's layer-level AC: every second layer in full
                 r, again, again_comm = c / 2, k["again_full"], k["again_full_comm"]
-            elif s.recompute_layers:             # Megatron's --recompute-num-layers: the stage's first ones
+            elif s.recompute_layers:  # Megatron's --recompute-num-layers: the stage's first ones
                 r, again, again_comm = min(left, c), k["again_full"], k["again_full_comm"]
                 left -= r
             else:
@@ -202,7 +220,7 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
         for e in ends:
             out["forward"] += t_end(e["forward"])
             out["backward"] += t_end(e["backward"])
-        if i == len(stages) - 1:   # the ends' eager ops, counted on the last stage (the head and loss: most)
+        if i == len(stages) - 1:  # the ends' eager ops, counted on the last stage (the head and loss: most)
             out["forward"] += op_host * GPT_OPS_ENDS[0]
             out["backward"] += op_host * GPT_OPS_ENDS[1]
         out["forward"], out["backward"] = (out[k] * hardware.straggler(processes) for k in ("forward", "backward"))
@@ -228,8 +246,8 @@ def stage_times(model, hardware, strategy, processes=1):
     t_fwd = layer * gemms_time(fwd, hardware, s.dtype, processes, s.threads) / s.pp  # even split over stages
     t_bwd = layer * gemms_time(backward_gemms(model, fwd), hardware, s.dtype, processes, s.threads) / s.pp
     elementwise = elementwise_bytes(model, s) / hardware.mem_rate(processes) / s.pp
-    t_fwd += 2 / 5 * elementwise     # forward: write each activation, read it once (ReLU: read + write)
-    t_bwd += 3 / 5 * elementwise     # backward: read grad, read the saved activation, write
+    t_fwd += 2 / 5 * elementwise  # forward: write each activation, read it once (ReLU: read + write)
+    t_bwd += 3 / 5 * elementwise  # backward: read grad, read the saved activation, write
     t_bwd += accumulate_grad_time(model.params / (s.tp * s.pp), hardware, s, processes)
     if s.recompute == "full":
         t_bwd += t_fwd
@@ -251,170 +269,6 @@ def elementwise_bytes(model, strategy) -> float:
         return model.elementwise_bytes(s.micro_batch)
     per_layer = activation_bytes_per_layer(model, s.micro_batch, s.tp, "none", s.sequence_parallel)
     return 5.0 * per_layer * model.layers
-
-
-def grad_bytes(model, strategy) -> float:
-    """Bytes of the dense gradients one rank all-reduces over dp × cp (experts' are synced apart)."""
-    bytes_per = 2 if strategy.mixed_precision else 4
-    experts = model.expert_params if getattr(model, "experts", 0) else 0
-    return (model.params - experts) / (strategy.tp * strategy.pp) * bytes_per
-
-
-def bucket_sizes(total_bytes, bucket_bytes):
-    """Split ``total_bytes`` of gradients into buckets of at most ``bucket_bytes`` (the last one smaller)."""
-    full = int(total_bytes // bucket_bytes)
-    sizes = [float(bucket_bytes)] * full
-    rest = total_bytes - full * bucket_bytes
-    if rest > 0:
-        sizes.append(float(rest))
-    return sizes
-
-
-def gradient_buckets(model, strategy) -> list[float]:
-    """Bytes of each gradient bucket, in the order they fill. A counted model uses the real executor's rule
-    (``simlib.parallel.data.make_buckets``: whole parameters in reverse order up to the cap); a formula model
-    splits the gradient bytes evenly into full buckets."""
-    if not model.param_numels or strategy.tp * strategy.pp > 1:
-        return bucket_sizes(grad_bytes(model, strategy), strategy.bucket_bytes)
-    import torch
-
-    from ..parallel.data import make_buckets
-
-    bytes_per = 2 if strategy.mixed_precision else 4
-    dtype = torch.bfloat16 if bytes_per == 2 else torch.float32
-    params = [torch.nn.Parameter(torch.empty(n, device="meta", dtype=dtype)) for n in model.param_numels]
-    buckets = make_buckets(params, strategy.bucket_bytes / 2 ** 20)
-    return [float(sum(p.numel() for p in b) * bytes_per) for b in buckets]
-
-
-def dp_comm_time(model, hardware, strategy, processes=1) -> tuple[float, float]:
-    """(total, last bucket) seconds of the data-parallel gradient sync, bucket by bucket.
-
-    ZeRO 1/2 replace the all-reduce by reduce-scatter + all-gather (the same traffic); ZeRO-3 reduce-scatters
-    the gradients and all-gathers the weights before forward and again before backward: 1.5× the traffic of
-    the all-reduce (Rajbhandari et al. 2020 §7). Every collective runs on the data-parallel group's placement
-    on the rank grid (``topology``). Each bucket is packed flat, divided and unpacked (6 bytes moved per byte).
-    """
-    s = strategy
-    if s.dp * s.cp == 1:
-        return 0.0, 0.0
-    times = bucket_comm_times(model, hardware, s, processes)
-    total = sum(times)
-    return total, times[-1]
-
-
-def bucket_comm_times(model, hardware, strategy, processes=1) -> list[float]:
-    """Seconds of each gradient bucket's sync: pack flat + all-reduce + divide + unpack.
-
-    Packing moves 6 bytes per byte at memory bandwidth (cat, divide, copy back: each reads and writes). The
-    all-reduce is the calibrated back-to-back time times ``hardware.comm_in_situ(processes)``: on a CPU box
-    an all-reduce that follows compute is slower than the back-to-back ones a sweep times (Gloo's threads
-    wake up, caches are cold, and the cores are the same ones compute just used), measured by calibrate().
-    """
-    s = strategy
-    if s.dp * s.cp == 1:
-        return []
-    pack = 6.0 / hardware.mem_rate(processes)
-    factor = hardware.comm_in_situ(processes)
-    place = placement(s, hardware, "dp" if s.cp == 1 else "dp_cp")   # dense gradients: over dp × cp
-
-    seen: dict = {}   # buckets are mostly of one size: each (size, group) priced once
-
-    def sync(b, place):
-        out = seen.get((b, place))
-        if out is not None:
-            return out
-        if s.zero_stage == 3:  # reduce-scatter the gradients; all-gather the weights for forward and backward
-            out = (group_collective("reduce_scatter", b, place, hardware)
-                   + 2 * group_collective("all_gather", b, place, hardware))
-        else:
-            out = group_collective("all_reduce", b, place, hardware)
-        seen[(b, place)] = out
-        return out
-
-    out = [sync(b, place) * factor + pack * b for b in gradient_buckets(model, s)]
-    if getattr(model, "experts", 0) and s.expert_dp > 1:   # each expert's over the ranks that hold it
-        expert_place = placement(s, hardware, "expert_dp")
-        nbytes = model.expert_params / (s.ep * s.pp) * (2 if s.mixed_precision else 4)
-        out += [sync(b, expert_place) * factor + pack * b for b in bucket_sizes(nbytes, s.bucket_bytes)]
-    return out
-
-
-def shard_placement(strategy, hardware) -> Placement:
-    """Where one FSDP shard group lies: the first ``shard_degree`` of the dp × cp ranks of the grid."""
-    s, g = strategy, hardware.devices_per_node
-    counts: dict[int, int] = {}
-    for r in group_ranks(s, "dp_cp")[:s.shard_degree]:
-        counts[r // g] = counts.get(r // g, 0) + 1
-    return Placement("dp", s.shard_degree, max(counts.values()), len(counts))
-
-
-def fsdp_comm(model, hardware, strategy, layer_forward: float, layer_backward: float) -> dict:
-    """Seconds of FSDP's communication for one micro-batch, and how much of it compute does not hide.
-
-    As PyTorch FSDP runs it (Zhao et al. 2023, "PyTorch FSDP", §3–4; torchtitan wraps one unit per block):
-    each layer's parameters are all-gathered (in the 16-bit parameter dtype) before its forward, and with
-    FULL_SHARD (zero_stage 3) again before its backward; its gradients are reduce-scattered (in
-    ``reduce_dtype``) after its backward — every micro-batch. Prefetching overlaps layer i+1's all-gather with
-    layer i's compute, so per layer only max(0, comm − compute) is exposed, plus the first all-gather and the
-    last reduce-scatter, which nothing hides. Hybrid sharding (``shard_size``) runs these inside the shard group
-    and all-reduces the gradient shards across the replicas, once per step (charged to the last micro-batch's
-    backward, where FSDP issues it). The embedding and output layer form one more unit.
-    """
-    s = strategy
-    layers = model.layers / s.pp
-    embed = model.vocab * model.hidden * (1 if model.tied_embeddings else 2)
-    per_layer = (model.params - embed) / model.layers / s.tp
-    param_bytes = 2 if s.mixed_precision else 4
-    reduce_bytes = {"fp32": 4, "tf32": 4}.get(s.reduce_dtype, 2 if s.mixed_precision else 4)
-    place = shard_placement(s, hardware)
-    gather = group_collective("all_gather", per_layer * param_bytes, place, hardware)
-    scatter = group_collective("reduce_scatter", per_layer * reduce_bytes, place, hardware)
-    gather_bwd = gather if s.zero_stage == 3 else 0.0
-    replicas = s.dp // s.shard_degree
-    across = 0.0
-    if replicas > 1:
-        g = hardware.devices_per_node
-        stride = s.tp * s.pp * s.shard_degree
-        nodes = len({i * stride // g for i in range(replicas)})
-        per_node = replicas // nodes
-        across = group_collective("all_reduce", per_layer * reduce_bytes / s.shard_degree,
-                                  Placement("dp", replicas, per_node, nodes), hardware)
-    ends = group_collective("all_gather", embed / s.tp * param_bytes, place, hardware)
-    fwd_exposed = gather + layers * max(0.0, gather - layer_forward) + ends
-    bwd_exposed = layers * max(0.0, gather_bwd + scatter - layer_backward) + scatter
-    total = layers * (gather + gather_bwd + scatter) + ends * (2 if s.zero_stage == 3 else 1)
-    m = s.num_micro_batches
-    step_across = layers * across
-    across_exposed = max(0.0, layers * (gather_bwd + scatter + across) - layers * layer_backward) - \
-        layers * max(0.0, gather_bwd + scatter - layer_backward) + (across if replicas > 1 else 0.0)
-    return dict(per_micro_batch=total, exposed_per_micro_batch=fwd_exposed + bwd_exposed,
-                step_total=m * total + step_across, step_exposed=m * (fwd_exposed + bwd_exposed) + across_exposed,
-                gather_per_layer=gather, scatter_per_layer=scatter)
-
-
-def optimizer_time(model, hardware, strategy, processes=1) -> float:
-    """The optimizer reads and writes every local parameter's state: bandwidth-bound."""
-    s = strategy
-    experts = model.expert_params if getattr(model, "experts", 0) else 0
-    params_here = ((model.params - experts) / (s.tp * s.pp) / (s.shard_degree if s.zero_stage >= 1 else 1)
-                   + experts / (s.ep * s.pp) / (max(1, s.dp * s.cp // s.ep) if s.zero_stage >= 1 else 1))
-    moved = {"sgd": 12.0, "sgd_momentum": 20.0, "adam": 36.0}[s.optimizer]  # fp32 reads + writes per param
-    zero_grad = 4.0  # zero_grad(set_to_none=False) writes the gradients
-    total = params_here * (moved + zero_grad)
-    return total / hardware.achievable_bandwidth(total, processes)
-
-
-def embedding_sync_time(model, hardware, strategy) -> float:
-    """Pipelines tie the input embedding (first stage) to the logits (last stage): their V/tp × h gradients are
-    all-reduced between the two once per step (Megatron-LM). 0 without a pipeline or a vocabulary."""
-    s = strategy
-    if s.pp == 1 or model.kind != "gpt" or not model.vocab:
-        return 0.0
-    size = model.vocab / s.tp * model.hidden * (2 if s.mixed_precision else 4)
-    same = (s.pp - 1) * s.tp < hardware.devices_per_node  # ranks 0 and (pp−1)·tp of the grid share node 0
-    ends = Placement("embedding", 2, 2, 1) if same else Placement("embedding", 2, 1, 2)
-    return group_collective("all_reduce", size, ends, hardware)
 
 
 def predict(model, hardware, strategy, processes: int | None = None, require_fit: bool = False) -> Prediction:
@@ -442,8 +296,8 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
         tp_per_mb = 4 * ring_all_reduce(act_bytes, s.tp, hardware.intra) * model.layers / s.pp if s.tp > 1 else 0
     compute = m * (t_fwd + t_bwd)
     tp_comm = m * tp_per_mb
-    stage_idle = m * st["stage_excess"] if model.kind == "gpt" else 0.0   # lighter stages beside the slowest
-    cluster = {}   # of tp_comm: what the context- and expert-parallel collectives take (exposed)
+    stage_idle = m * st["stage_excess"] if model.kind == "gpt" else 0.0  # lighter stages beside the slowest
+    cluster = {}  # of tp_comm: what the context- and expert-parallel collectives take (exposed)
     if model.kind == "gpt" and (s.cp > 1 or s.ep > 1):
         cluster = dict(cp_comm=m * st["cp_comm"], ep_comm=m * st["ep_comm"])
         tp_comm -= cluster["cp_comm"] + cluster["ep_comm"]
@@ -457,7 +311,7 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
         dp_total, dp_last = dp_comm_time(model, hardware, s, processes)
         dp_exposed = max(dp_last, dp_total - t_bwd) if s.overlap else dp_total
     embed = embedding_sync_time(model, hardware, s)
-    offload = m * offload_time(model, hardware, s, st) if model.kind == "gpt" else 0.0   # host copies not hidden
+    offload = m * offload_time(model, hardware, s, st) if model.kind == "gpt" else 0.0  # host copies not hidden
     exposed = tp_comm + sum(cluster.values()) + pp_comm + dp_exposed + embed + offload
     opt = optimizer_time(model, hardware, s, processes)
     step = compute + bubble + exposed + opt
@@ -471,11 +325,32 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
     throughput, tokens = samples / step, samples * model.seq_len / step
     if not fits:
         throughput = tokens = mfu = None
-    out = Prediction(step, compute, exposed, bubble, opt, throughput, tokens, mfu, mem, fits,
-                     dict(forward=t_fwd * m, backward=t_bwd * m, tp_comm=tp_comm, pp_comm=pp_comm,
-                          pp_messages=pp_messages, dp_comm=dp_total, dp_exposed=dp_exposed, embedding_sync=embed,
-                          offload=offload, stage_idle=stage_idle, **cluster))
-    own = hardware.own_cores(processes)   # ranks sharing a CPU's cores: processor sharing (sim/cpu_share.py)
+    out = Prediction(
+        step,
+        compute,
+        exposed,
+        bubble,
+        opt,
+        throughput,
+        tokens,
+        mfu,
+        mem,
+        fits,
+        dict(
+            forward=t_fwd * m,
+            backward=t_bwd * m,
+            tp_comm=tp_comm,
+            pp_comm=pp_comm,
+            pp_messages=pp_messages,
+            dp_comm=dp_total,
+            dp_exposed=dp_exposed,
+            embedding_sync=embed,
+            offload=offload,
+            stage_idle=stage_idle,
+            **cluster,
+        ),
+    )
+    own = hardware.own_cores(processes)  # ranks sharing a CPU's cores: processor sharing (sim/cpu_share.py)
     return combine_prediction(out, predict(model, hardware, s, own)) if own else out
 
 
@@ -486,8 +361,7 @@ def scaling(model, hardware, strategies, processes=None):
     rows = []
     for s in strategies:
         p = predict(model, hardware, s, processes)
-        rows.append(dict(world_size=s.world_size, dp=s.dp, tp=s.tp, pp=s.pp, global_batch=s.global_batch,
-                         **p.as_row()))
+        rows.append(dict(world_size=s.world_size, dp=s.dp, tp=s.tp, pp=s.pp, global_batch=s.global_batch, **p.as_row()))
     table = pd.DataFrame(rows)
     base = table.iloc[0]
     per_device = table["throughput"] / table["world_size"]

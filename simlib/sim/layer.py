@@ -19,9 +19,8 @@ are per element: 2 for an fp16/bf16 tensor, 1 for a dropout mask.
     ops = layer_ops(gpt, micro_batch=2, tp=8)                 # {"forward": [...], "backward": [...]}
     operator_table(gpt, sim.dgx_a100(), strategy)             # one row per operator, with its time
 """
-from __future__ import annotations
 
-from dataclasses import replace
+from __future__ import annotations
 
 from .attention import mean_pairs, mla_gemms
 from .cluster_ops import cp_ops, exposed_comm, moe_ops  # noqa: F401 - exposed_comm: used by cost
@@ -32,10 +31,22 @@ from .ring_comm import in_situ_all_reduce
 from .topology import group_collective, placement
 
 
-def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = False, width: int = 2,
-              attention: str = "unfused", fp8: bool = False, kernels: str = "fused", cp: int = 1,
-              cp_kind: str = "allgather", ep: int = 1, expert_layer: bool = False, imbalance: float = 1.0,
-              fp8_transpose: bool = True) -> dict:
+def layer_ops(
+    model,
+    micro_batch: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    width: int = 2,
+    attention: str = "unfused",
+    fp8: bool = False,
+    kernels: str = "fused",
+    cp: int = 1,
+    cp_kind: str = "allgather",
+    ep: int = 1,
+    expert_layer: bool = False,
+    imbalance: float = 1.0,
+    fp8_transpose: bool = True,
+) -> dict:
     """Forward and backward operators of one GPT layer for one micro-batch on one tensor-parallel rank.
 
     ``width``: bytes per activation element (2 for fp16/bf16). With sequence parallelism the layer norms and
@@ -74,14 +85,14 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
     if attention not in ("unfused", "flash", "flash1"):
         raise ValueError(f"attention must be 'unfused', 'flash' or 'flash1', got {attention!r}")
     b, s, h, a = micro_batch, model.seq_len, model.hidden, model.heads
-    sq = s // cp                                   # queries (and tokens) of each sequence on this rank
+    sq = s // cp  # queries (and tokens) of each sequence on this rank
     t, d, heads = b * sq, model.head_dim, a // tp  # tokens, head dimension, heads on this rank
     w = width
-    th, th_tp = t * h, t * h / tp                  # a full activation, and its tensor-parallel share
-    local = th / tp if sequence_parallel else th   # layer norm / dropout / residual: sequence-sharded or whole
-    ss = b * heads * sq * s                        # attention score elements on this rank
-    mask = 1 if model.dropout else 0               # a dropout keeps a 1-byte mask per element
-    f_tp = t * model.ffn / tp                      # MLP inner activation elements on this rank
+    th, th_tp = t * h, t * h / tp  # a full activation, and its tensor-parallel share
+    local = th / tp if sequence_parallel else th  # layer norm / dropout / residual: sequence-sharded or whole
+    ss = b * heads * sq * s  # attention score elements on this rank
+    mask = 1 if model.dropout else 0  # a dropout keeps a 1-byte mask per element
+    f_tp = t * model.ffn / tp  # MLP inner activation elements on this rank
     qkv_tp = t * model.qkv_width / tp
 
     def collective(name, kind):
@@ -94,15 +105,16 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
     # the weight gradient (Korthikanti et al. 2022 §4.2.2) before f's reduce-scatter.
     if sequence_parallel:
         f_fwd = collective("f all-gather", "all_gather")
-        f_bwd = collective("input all-gather again (for wgrad)", "all_gather") + \
-            collective("f backward reduce-scatter", "reduce_scatter")
+        f_bwd = collective("input all-gather again (for wgrad)", "all_gather") + collective(
+            "f backward reduce-scatter", "reduce_scatter"
+        )
         g_fwd = collective("g reduce-scatter", "reduce_scatter")
         g_bwd = collective("g backward all-gather", "all_gather")
     else:
         f_fwd, f_bwd = [], collective("f backward all-reduce", "all_reduce")
         g_fwd, g_bwd = collective("g all-reduce", "all_reduce"), []
 
-    if model.mla:   # latent down projections (whole on every tp rank), their RMSNorms, up projections
+    if model.mla:  # latent down projections (whole on every tp rank), their RMSNorms, up projections
         qkv_gemms = [_gemm(name, m, k, n) for name, m, k, n in mla_gemms(model, t, tp)]
         latent = t * (model.q_lora + model.kv_lora)
         latent_norms = [Op("MLA latent RMSNorms", "memory", 2 * w * latent)]
@@ -115,7 +127,7 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
     norm = "RMSNorm" if model.norm == "rmsnorm" else "layer norm"
     add = "bias+dropout+add (fused)" if model.dropout else "residual add"
     add_bwd = "bias+dropout+add backward" if model.dropout else "residual grad add"
-    if model.gated_mlp:   # SwiGLU: read gate and up, write silu(gate)·up; backward reads both and the grad
+    if model.gated_mlp:  # SwiGLU: read gate and up, write silu(gate)·up; backward reads both and the grad
         act = Op("SwiGLU silu·up", "memory", 3 * w * f_tp)
         act_bwd = Op("SwiGLU backward", "memory", 5 * w * f_tp)
     else:
@@ -133,31 +145,43 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
     rope_w = (a * model.qk_rope / tp + model.qk_rope) if model.mla else (a * d + model.kv * d) / tp
     rope_fwd, rope_bwd_b, tag = 2 * w * t * rope_w, 2 * w * t * rope_w, ""
     if model.rope_mscale != 1.0 and not model.mla:
-        tables = 2 * 2 * sq * d   # two calls, cos and sin
+        tables = 2 * 2 * sq * d  # two calls, cos and sin
         rope_fwd, rope_bwd_b = 12 * w * t * rope_w + (20 + 2 * w) * tables, 14 * w * t * rope_w + w * tables
         tag = " (unfused: YaRN scale)"
     rope = [Op("rotary embedding on Q, K" + tag, "memory", rope_fwd)] if model.position == "rope" else []
     rope_bwd = [Op("rotary embedding backward" + tag, "memory", rope_bwd_b)] if rope else []
-    if attention != "unfused":   # sliding windows (attention.mean_pairs) make the kernel's work smaller
+    if attention != "unfused":  # sliding windows (attention.mean_pairs) make the kernel's work smaller
         pairs, da = mean_pairs(model, s, cp), model.attention_dim
         core_fwd = [*rope, Op(f"{attention} attention", "attention", 0.0, (sq, da, s), b * heads, pairs=pairs)]
-        core_bwd = [Op(f"{attention} attention backward", "attention", 0.0, (sq, da, s), b * heads, pairs=pairs),
-                    *rope_bwd]
+        core_bwd = [
+            Op(f"{attention} attention backward", "attention", 0.0, (sq, da, s), b * heads, pairs=pairs),
+            *rope_bwd,
+        ]
     else:
         scores = _gemm("scores Q·Kᵀ", sq, d, s, b * heads)
         context = _gemm("context P·V", sq, s, d, b * heads)
-        core_fwd = [*rope, scores, Op("scale+mask+softmax (fused)", "memory", 2 * w * ss),
-                    *([Op("attention dropout", "memory", (2 * w + 1) * ss)] if model.dropout else []), context,
-                    Op("context permute", "memory", 2 * w * th_tp)]
-        core_bwd = [Op("context permute backward", "memory", 2 * w * th_tp), *_backward_gemms(context),
-                    *([Op("attention dropout backward", "memory", (2 * w + 1) * ss)] if model.dropout else []),
-                    Op("softmax backward", "memory", 3 * w * ss), *_backward_gemms(scores), *rope_bwd]
+        core_fwd = [
+            *rope,
+            scores,
+            Op("scale+mask+softmax (fused)", "memory", 2 * w * ss),
+            *([Op("attention dropout", "memory", (2 * w + 1) * ss)] if model.dropout else []),
+            context,
+            Op("context permute", "memory", 2 * w * th_tp),
+        ]
+        core_bwd = [
+            Op("context permute backward", "memory", 2 * w * th_tp),
+            *_backward_gemms(context),
+            *([Op("attention dropout backward", "memory", (2 * w + 1) * ss)] if model.dropout else []),
+            Op("softmax backward", "memory", 3 * w * ss),
+            *_backward_gemms(scores),
+            *rope_bwd,
+        ]
 
     # FP8 casts (ops.fp8_cast_bytes): read w bytes, write 1 and its transpose (1 more); "current" scaling reads the
     # tensor once more for its amax, "blockwise" re-reads for the transposed copy's scales, "mx" writes two scaled copies
     per_element = fp8_cast_bytes(fp8, w, fp8_transpose)
 
-    def cast(name, gemm):   # FP8: cast the GEMM's activation input to FP8 (read 2, write 1 byte) and transpose it
+    def cast(name, gemm):  # FP8: cast the GEMM's activation input to FP8 (read 2, write 1 byte) and transpose it
         m, k, _ = gemm.shape
         return [Op(f"{name} FP8 cast + transpose", "memory", per_element * m * k)] if fp8 else []
 
@@ -166,7 +190,7 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         return [Op(f"{name} grad FP8 cast + transpose", "memory", per_element * m * n)] if fp8 else []
 
     eager_fwd, eager_bwd = [], []
-    if kernels == "eager":   # the extra traffic of running the element-wise parts op by op (see docstring)
+    if kernels == "eager":  # the extra traffic of running the element-wise parts op by op (see docstring)
         qk = t * (a * d + model.kv * d) / tp
         pairs = [(f"{norm}s op by op (fp32)", 2 * (36 - 2 * w) * local, 2 * (60 - 8 * w) * local)]
         if rope:
@@ -180,33 +204,52 @@ def layer_ops(model, micro_batch: int, tp: int = 1, sequence_parallel: bool = Fa
         eager_fwd = [Op(name, "memory", fwd) for name, fwd, _ in pairs]
         eager_bwd = [Op(f"{name} backward", "memory", bwd) for name, _, bwd in pairs]
     qkv_fwd = [op for g in qkv_gemms for op in (*cast(g.name, g), g)]
-    qkv_fwd[len(qkv_fwd) // 2:len(qkv_fwd) // 2] = latent_norms        # MLA: after the down projections
+    qkv_fwd[len(qkv_fwd) // 2 : len(qkv_fwd) // 2] = latent_norms  # MLA: after the down projections
     qkv_bwd = [op for g in reversed(qkv_gemms) for op in (*cast_bwd(g.name, g), *_backward_gemms(g))]
-    qkv_bwd[len(qkv_bwd) // 2:len(qkv_bwd) // 2] = latent_norms_bwd
+    qkv_bwd[len(qkv_bwd) // 2 : len(qkv_bwd) // 2] = latent_norms_bwd
     context_par = cp_ops(model, b, tp, cp, cp_kind, w)
     core_fwd = [*context_par["forward"], *core_fwd]
     core_bwd = [*core_bwd, *context_par["backward"]]
-    if expert_layer:   # the mixture of experts replaces the MLP (its own collectives, tp's for shared experts)
+    if expert_layer:  # the mixture of experts replaces the MLP (its own collectives, tp's for shared experts)
         experts = moe_ops(model, t, tp, ep, w, imbalance, sequence_parallel, fp8, fp8_transpose)
         mlp_fwd, mlp_bwd = experts["forward"], experts["backward"]
     else:
         mlp_fwd = [*f_fwd, *cast("MLP up", up), up, act, *cast("MLP down", down), down, *g_fwd]
-        mlp_bwd = [*g_bwd, *cast_bwd("MLP down", down), *_backward_gemms(down), act_bwd, *cast_bwd("MLP up", up),
-                   *_backward_gemms(up), *f_bwd]
+        mlp_bwd = [
+            *g_bwd,
+            *cast_bwd("MLP down", down),
+            *_backward_gemms(down),
+            act_bwd,
+            *cast_bwd("MLP up", up),
+            *_backward_gemms(up),
+            *f_bwd,
+        ]
     forward = [
         *eager_fwd,
-        Op(f"{norm} 1", "memory", 2 * w * local), *f_fwd, *qkv_fwd, *core_fwd,
-        *cast("attention out", proj), proj, *g_fwd,
+        Op(f"{norm} 1", "memory", 2 * w * local),
+        *f_fwd,
+        *qkv_fwd,
+        *core_fwd,
+        *cast("attention out", proj),
+        proj,
+        *g_fwd,
         Op(add, "memory", (3 * w + mask) * local),
-        Op(f"{norm} 2", "memory", 2 * w * local), *mlp_fwd,
+        Op(f"{norm} 2", "memory", 2 * w * local),
+        *mlp_fwd,
         Op(add, "memory", (3 * w + mask) * local),
     ]
     backward = [  # reverse order; a backward kernel reads the saved input and the incoming grad, writes a grad
-        Op(add_bwd, "memory", (3 * w + mask) * local), *mlp_bwd,
+        Op(add_bwd, "memory", (3 * w + mask) * local),
+        *mlp_bwd,
         Op(f"{norm} 2 backward (+ residual grad)", "memory", 8 * w * local),
-        Op(add_bwd, "memory", (3 * w + mask) * local), *g_bwd, *cast_bwd("attention out", proj),
-        *_backward_gemms(proj), *core_bwd,
-        Op("Q,K,V grads gathered (+ bias grad)", "memory", 3 * w * qkv_tp), *qkv_bwd, *f_bwd,
+        Op(add_bwd, "memory", (3 * w + mask) * local),
+        *g_bwd,
+        *cast_bwd("attention out", proj),
+        *_backward_gemms(proj),
+        *core_bwd,
+        Op("Q,K,V grads gathered (+ bias grad)", "memory", 3 * w * qkv_tp),
+        *qkv_bwd,
+        *f_bwd,
         Op(f"{norm} 1 backward (+ residual grad)", "memory", 8 * w * local),
         *eager_bwd,
     ]
@@ -224,8 +267,10 @@ def head_ops(model, micro_batch: int, tp: int = 1, width: int = 2, cp: int = 1) 
     t, h = micro_batch * model.seq_len // cp, model.hidden
     logits = _gemm("logits", t, h, model.vocab // tp)
     n = t * model.vocab / tp
-    return dict(forward=[logits, Op("cross-entropy (fp32)", "memory", 38.0 * n)],
-                backward=[Op("cross-entropy backward", "memory", 22.0 * n), *_backward_gemms(logits)])
+    return dict(
+        forward=[logits, Op("cross-entropy (fp32)", "memory", 38.0 * n)],
+        backward=[Op("cross-entropy backward", "memory", 22.0 * n), *_backward_gemms(logits)],
+    )
 
 
 def mtp_ops(model, micro_batch: int, tp: int = 1, width: int = 2, cp: int = 1) -> dict:
@@ -237,8 +282,12 @@ def mtp_ops(model, micro_batch: int, tp: int = 1, width: int = 2, cp: int = 1) -
     t, h, w, n = micro_batch * model.seq_len // cp, model.hidden, width, model.mtp_layers
     proj = _gemm("MTP projection", t, 2 * h, h // tp, n)
     head = head_ops(model, micro_batch, tp, width, cp)
-    fwd = [Op("MTP embedding lookup", "memory", n * 2 * w * t * h), Op("MTP RMSNorms", "memory", n * 4 * w * t * h),
-           proj, *(head["forward"] * n)]
+    fwd = [
+        Op("MTP embedding lookup", "memory", n * 2 * w * t * h),
+        Op("MTP RMSNorms", "memory", n * 4 * w * t * h),
+        proj,
+        *(head["forward"] * n),
+    ]
     bwd = [*(head["backward"] * n), *_backward_gemms(proj), Op("MTP RMSNorms backward", "memory", n * 8 * w * t * h)]
     return dict(forward=fwd, backward=bwd)
 
@@ -248,12 +297,13 @@ def embedding_ops(model, micro_batch: int, tp: int = 1, width: int = 2, cp: int 
     accumulated each micro-batch)."""
     t, h = micro_batch * model.seq_len // cp, model.hidden
     table = width * (model.vocab // tp) * h if model.vocab else 0.0
-    return dict(forward=[Op("embedding lookup + dropout", "memory", (4 * width + 1) * t * h)],
-                backward=[Op("embedding grad", "memory", (2 * width + 1) * t * h + 2 * table)])
+    return dict(
+        forward=[Op("embedding lookup + dropout", "memory", (4 * width + 1) * t * h)],
+        backward=[Op("embedding grad", "memory", (2 * width + 1) * t * h + 2 * table)],
+    )
 
 
-LOW_PRECISION_EXEMPT = ("scores", "context P", "recompute scores", "recompute context", "router",
-                        "recompute router")
+LOW_PRECISION_EXEMPT = ("scores", "context P", "recompute scores", "recompute context", "router", "recompute router")
 
 
 def gemm_parts(op: Op, hardware, strategy=None, processes: int = 1, threads=None):
@@ -262,15 +312,15 @@ def gemm_parts(op: Op, hardware, strategy=None, processes: int = 1, threads=None
     m, k, n = op.shape
     dtype = strategy.dtype if strategy is not None else "bf16"
     if dtype in ("fp8", "fp4") and op.name.startswith(LOW_PRECISION_EXEMPT):
-        dtype = "bf16"   # FP8/FP4 recipes convert the Linears only: attention's GEMMs and the router stay 16-bit
-    if hardware.peak_flops:   # a GPU: the whole batched call sets the efficiency
+        dtype = "bf16"  # FP8/FP4 recipes convert the Linears only: attention's GEMMs and the router stay 16-bit
+    if hardware.peak_flops:  # a GPU: the whole batched call sets the efficiency
         math = op.flops / hardware.gemm_rate(op.flops / 1e9, dtype)
         kind = "mx" if dtype == "fp8" and strategy.fp8_recipe == "mx" else dtype
-        if kind == "mx":   # block-scaled MXFP8 (Blackwell) below per-tensor FP8
+        if kind == "mx":  # block-scaled MXFP8 (Blackwell) below per-tensor FP8
             math /= MXFP8_GEMM_RATIO
-        if op.name.endswith(("dgrad", "wgrad")):   # Blackwell: backward layouts slower (presets.BLACKWELL_BACKWARD_GEMM)
+        if op.name.endswith(("dgrad", "wgrad")):  # Blackwell: backward layouts slower (presets.BLACKWELL_BACKWARD_GEMM)
             math *= (hardware.backward_gemm_factor or {}).get(kind, 1.0)
-    else:                     # a calibrated CPU box: its measured table per GEMM
+    else:  # a calibrated CPU box: its measured table per GEMM
         math = op.count * gemm_time(m, k, n, hardware, dtype, processes, threads)
     return math, op.bytes / hardware.achievable_bandwidth(op.bytes / op.count, processes)
 
@@ -283,14 +333,15 @@ def op_time(op: Op, hardware, strategy=None, processes: int = 1, threads=None) -
         return math + memory if hardware.processing == "no_overlap" else max(math, memory)
     if op.kind == "memory":
         return op.bytes / hardware.achievable_bandwidth(op.bytes, processes, fp8_cast=" FP8 cast" in op.name)
-    if op.kind == "attention":   # the tensor cores' share, unless the softmax's exponentials take longer
-        math = op.flops / attention_rate(hardware, "backward" if "backward" in op.name else "forward",
-                                         op.name.split()[0])
+    if op.kind == "attention":  # the tensor cores' share, unless the softmax's exponentials take longer
+        math = op.flops / attention_rate(
+            hardware, "backward" if "backward" in op.name else "forward", op.name.split()[0]
+        )
         return max(math, op.exps / hardware.exp_rate) if getattr(hardware, "exp_rate", 0.0) else math
     if strategy is None:
         raise ValueError("a collective needs the strategy (its group's placement)")
     place = placement(strategy, hardware, op.group)
-    if op.collective == "all_reduce" and place.nodes == 1:   # a CPU box whose ranks share cores: as measured there
+    if op.collective == "all_reduce" and place.nodes == 1:  # a CPU box whose ranks share cores: as measured there
         measured = in_situ_all_reduce(op.bytes / op.count, place.size, hardware, processes)
         if measured is not None:
             return op.count * measured
@@ -308,8 +359,13 @@ def op_time_key(op: Op, hardware, strategy, processes: int = 1, threads=None, pl
             place = places[op.group] = placement(strategy, hardware, op.group)
         return (op, processes, threads, place)
     if op.kind == "gemm":
-        return (op, processes, threads, strategy.dtype if strategy is not None else "bf16",
-                strategy.fp8_recipe if strategy is not None and strategy.dtype == "fp8" else "")
+        return (
+            op,
+            processes,
+            threads,
+            strategy.dtype if strategy is not None else "bf16",
+            strategy.fp8_recipe if strategy is not None and strategy.dtype == "fp8" else "",
+        )
     return (op, processes, threads)
 
 
@@ -325,96 +381,3 @@ def attention_rate(hardware, direction: str, kernel: str = "flash") -> float:
 
 def ops_time(ops, hardware, strategy=None, processes=1, threads=None, kind=None) -> float:
     return sum(op_time(op, hardware, strategy, processes, threads) for op in ops if kind in (None, op.kind))
-
-
-def linear_gemms(model, forward):
-    """The layer's Linear GEMMs in the order a framework issues them (one ``mm`` each): Llama-style models
-    project Q, K, V separately and the gate and up separately (torchtitan), others fuse QKV (Megatron, MPT)."""
-    gemms = [op for op in forward if op.kind == "gemm" and not op.name.startswith(("scores", "context"))]
-    if not model.gated_mlp:
-        return gemms
-    out = []
-    for op in gemms:
-        m, k, n = op.shape
-        if op.name == "QKV":
-            q = n * model.q_width // model.qkv_width
-            kv = (n - q) // 2
-            out += [_gemm("Q", m, k, q), _gemm("K", m, k, kv), _gemm("V", m, k, kv)]
-        elif op.name.startswith("MLP up") and model.gated_mlp:
-            out += [_gemm("MLP gate", m, k, n // 2), _gemm("MLP up", m, k, n // 2)]
-        else:
-            out.append(op)
-    return out
-
-
-def recompute_ops(forward, recompute: str, model=None):
-    """What backward re-runs: full — the whole forward of the layer (its collectives too); selective — the
-    attention core only (scores, softmax, dropout, context: Korthikanti et al. 2022 §5; with FlashAttention
-    the fused kernel recomputes its own scores, so nothing more); op — torchtitan's per-op policy, which saves
-    the outputs of the GEMMs and of the attention kernel *except every second GEMM*, and recomputes the rest
-    (the memory-bound kernels and those GEMMs: torchtitan ``activation_checkpoint.py``); none — nothing.
-    ("every_other", full recomputation of every second layer, is applied per layer by the caller.)"""
-    def again(op):
-        return replace(op, name=f"recompute {op.name}")
-
-    if recompute == "full":
-        return [again(op) for op in forward]
-    if recompute == "selective":
-        core = ("scores", "scale+mask", "attention dropout", "context P")
-        return [again(op) for op in forward if op.name.startswith(core)]
-    if recompute == "op":
-        mms = linear_gemms(model, forward) if model is not None else [op for op in forward if op.kind == "gemm"]
-        return [again(op) for op in forward if op.kind == "memory"] + [again(op) for op in mms[1::2]]
-    return []
-
-
-# What each of Megatron-Core's --recompute-modules re-runs in backward (TransformerConfig.recompute_modules): the two
-# norms before attention and MLP, the experts' activation, MLA's up projections with the rotary part, a dense MLP
-RECOMPUTE_MODULE_OPS = {
-    "layernorm": ("RMSNorm 1", "RMSNorm 2", "layer norm 1", "layer norm 2"),
-    "moe_act": ("experts SwiGLU", "experts GeLU", "experts activation clamp"),
-    "mla_up_proj": ("MLA q up", "MLA kv up", "rotary embedding on Q, K"),
-    "mlp": ("MLP up", "MLP down", "SwiGLU silu·up", "bias+GeLU (fused)"),
-}
-
-
-def module_recompute_ops(forward, modules) -> list:
-    """The forward operators of ``modules`` (:data:`RECOMPUTE_MODULE_OPS`; their FP8 casts included) that
-    backward re-runs, named "recompute ..."."""
-    names = tuple(n for m in modules for n in RECOMPUTE_MODULE_OPS[m])
-    return [replace(op, name=f"recompute {op.name}") for op in forward if names and op.name.startswith(names)]
-
-
-def strategy_layer_ops(model, strategy, expert_layer: bool = False, hardware=None) -> dict:
-    """:func:`layer_ops` for one micro-batch of ``strategy`` (an MoE layer if ``expert_layer``) on ``hardware``
-    (whether its FP8 casts write a transposed copy: ``Hardware.fp8_transpose``; None: they do)."""
-    s = strategy
-    return layer_ops(model, s.micro_batch, s.tp, s.sequence_parallel, 2 if s.mixed_precision else 4, s.attention,
-                     s.fp8_recipe if s.dtype in ("fp8", "fp4") else False, s.kernels, s.cp, s.cp_kind, s.ep,
-                     expert_layer, s.expert_imbalance, getattr(hardware, "fp8_transpose", True))
-
-
-def operator_table(model, hardware, strategy, processes: int = 1):
-    """One row per operator of one layer (forward, recomputation, backward) for one micro-batch: kind,
-    GFLOPs, MB moved, milliseconds, achieved TFLOP/s and which limit binds (math, memory, link)."""
-    import pandas as pd
-
-    s = strategy
-    ops = strategy_layer_ops(model, s, expert_layer=bool(getattr(model, "experts", 0)), hardware=hardware)
-    rows = []
-    again = recompute_ops(ops["forward"], "full" if s.recompute == "every_other" else s.recompute, model) + \
-        module_recompute_ops(ops["forward"], s.recompute_modules)
-    for phase, items in (("forward", ops["forward"]), ("recompute", again),
-                         ("backward", ops["backward"])):
-        for op in items:
-            t = op_time(op, hardware, s, processes, s.threads)
-            bound = ""
-            if op.kind == "attention":
-                bound = "math"
-            if op.kind == "gemm":  # whichever of the GEMM's math and its own memory traffic takes longer
-                math, memory = gemm_parts(op, hardware, s, processes, s.threads)
-                bound = "math" if math >= memory else "memory"
-            rows.append(dict(phase=phase, op=op.name, kind=op.kind, gflops=op.flops / 1e9, mb=op.bytes / 1e6,
-                             ms=t * 1e3, tflops=op.flops / t / 1e12 if t and op.flops else 0.0,
-                             bound=bound or {"memory": "memory", "comm": "link"}[op.kind]))
-    return pd.DataFrame(rows)

@@ -27,126 +27,17 @@ compute and the collectives nothing hides, :meth:`FastPricer.floor`; then the st
 plans, order and times as the full search (``tests/test_planner.py`` holds it to that). ``space`` also narrows
 the degrees (``"tp": 8``, ``"max_pp": 4``: ``simlib plan --tp 8 --max-pp 4``), checked by the trainer's ``Plan``.
 """
+
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
 
-from .planner_cost import FastPricer, divisors, label
-
-SEARCHED = ("degrees (dp x tp x pp x cp, and ep for an MoE)",
-            "context-parallel kind (all-gather, ring, Ulysses)", "ZeRO stage 0-3 and FSDP", "recomputation",
-            "micro-batch size",
-            "pipeline schedule and virtual stages", "data-parallel overlap", "sequence parallelism",
-            "tensor-parallel comm overlap")
-NAMED = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
-
-
-def resolve_model(model, seq_len: int | None = None):
-    """A :class:`~simlib.sim.ModelSpec` from a spec, ``"8B"``/``"70B"``/``"405B"`` (Llama 3 shapes) or a
-    ``LLAMA_SIZES``/``GPT_SIZES`` label; ``seq_len`` overrides the shape's context length."""
-    from .model import GPT_SIZES, LLAMA_SIZES, gpt_size, llama_size
-    if not isinstance(model, str):
-        return model if seq_len is None else dataclasses.replace(model, seq_len=seq_len)
-    label = NAMED.get(model.upper(), model)
-    if label in LLAMA_SIZES:
-        return llama_size(label, seq_len)
-    if label in GPT_SIZES:
-        return gpt_size(label, seq_len or 2048)
-    raise ValueError(f"unknown model {model!r}: use one of {sorted(NAMED)}, {sorted(LLAMA_SIZES)}, "
-                     f"{sorted(GPT_SIZES)}, or a ModelSpec (sim.llama(...), sim.transformer(...))")
-
-
-def resolve_hardware(cluster):
-    from .hardware import Hardware, preset
-    return cluster if isinstance(cluster, Hardware) else preset(cluster)
-
-
-@dataclass
-class PlanResult:
-    """What :func:`plan` found: the ranked plans, the rejected ones and why, and how long the search took."""
-
-    model: object
-    hardware: object
-    world_size: int
-    global_batch: int
-    memory_limit: float
-    ranked: list                  # dicts, fastest first: "strategy", "step_time", "tokens_per_s", "mfu", ...
-    too_big: list                 # dicts: "strategy", "memory", "excess" (bytes over the limit)
-    refused: dict                 # validation message -> count
-    notes: list
-    task: object = None
-    seconds: float = 0.0
-    considered: int = 0
-    exact: bool = False           # every plan priced by sim.predict (the fast path disagreed or was off)
-    trainer_only: bool = False
-    top: int | None = None        # only the top plans were wanted: ``ranked`` holds those (exactly as a full
-    pruned: int = 0               # search ranks them); ``pruned`` combinations were skipped by the bound
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def best(self) -> dict:
-        if not self.ranked:
-            raise ValueError(self.nothing_fits())
-        return self.ranked[0]
-
-    def trainer(self, entry: dict):
-        """The ``simlib.train.Plan`` that runs ``entry`` (None if ``simlib train`` cannot: then
-        ``entry["why_not_trainer"]`` says why). Asked when needed: it costs more than pricing."""
-        if "plan" not in entry:
-            cache = self.extra.setdefault("trainer_cache", {})
-            entry["plan"], entry["why_not_trainer"] = trainer_plan(entry["strategy"], self.global_batch,
-                                                                   self.world_size, self.task, cache)
-        return entry["plan"]
-
-    @property
-    def best_runnable(self) -> dict | None:
-        """The fastest plan ``simlib train`` runs as it is (``None`` if none does)."""
-        return next((r for r in self.ranked if self.trainer(r) is not None), None)
-
-    @property
-    def plans_per_second(self) -> float:
-        return self.considered / self.seconds if self.seconds else float("inf")
-
-    def nothing_fits(self) -> str:
-        if not self.too_big:
-            top = ", ".join(f"{m!r} ({n})" for m, n in sorted(self.refused.items(), key=lambda kv: -kv[1])[:2])
-            return f"no valid plan for {self.model.name} on {self.world_size} devices: refused by {top}"
-        least = min(self.too_big, key=lambda r: r["excess"])
-        return (f"no plan of {self.model.name} fits {self.memory_limit / 1e9:.1f} GB per device on "
-                f"{self.world_size} devices: the smallest needs {least['memory']['total'] / 1e9:.1f} GB "
-                f"({label(least['strategy'])}); use more devices, a larger memory limit or a smaller model")
-
-    def table(self, top: int | None = None):
-        """The ranked plans as a pandas DataFrame (one row each, fastest first)."""
-        import pandas as pd
-        rows = []
-        for i, r in enumerate(self.ranked[:top]):
-            s = r["strategy"]
-            rows.append(dict(rank=i + 1, plan=label(s), dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp,
-                             cp_kind=s.cp_kind if s.cp > 1 else "", ep=s.ep, micro_batch=s.micro_batch,
-                             micro_batches=s.num_micro_batches, zero=s.zero_stage, fsdp=s.fsdp,
-                             recompute=s.recompute, schedule=s.schedule if s.pp > 1 else "",
-                             virtual_stages=s.virtual_stages, step_time=r["step_time"],
-                             tokens_per_s=r["tokens_per_s"], mfu=r["mfu"], memory_gb=r["memory"]["total"] / 1e9,
-                             trainer=self.trainer(r) is not None))
-        return pd.DataFrame(rows)
-
-    def report(self, top: int = 3, alternatives: int = 3) -> str:
-        from .planner_report import report
-        return report(self, top, alternatives)
-
-    def toml(self, entry: dict | None = None, **kw) -> str:
-        from .planner_report import toml
-        return toml(self, entry, **kw)
-
-    def sbatch(self, config_path: str = "plan.toml", **kw) -> str:
-        from .planner_report import sbatch
-        return sbatch(self, config_path, **kw)
+from .plan_result import PlanResult, resolve_hardware, resolve_model
+from .planner_cost import FastPricer, divisors, label  # noqa: F401 - label: lesson 13 and the benchmarks call planner.label
+from .planner_trainer import _first_line, _trainer_bucket_bytes, trainer_plan
 
 
 def degree_options(world: int, model, hardware) -> tuple[list[tuple], list[str]]:
@@ -163,7 +54,7 @@ def degree_options(world: int, model, hardware) -> tuple[list[tuple], list[str]]
             rest = world // (tp * pp)
             for cp in divisors(rest):
                 dp = rest // cp
-                for ep in (divisors(tp * dp * cp) if moe else [1]):
+                for ep in divisors(tp * dp * cp) if moe else [1]:
                     out.append((dp, tp, pp, cp, ep))
     return out, []
 
@@ -198,20 +89,43 @@ def candidates(model, hardware, world: int, global_batch: int, space: dict | Non
             m = per_rank // mb
             if counts is not None and m not in counts:
                 continue
-            scheds = [("1f1b", 1)] if pp == 1 else [
-                (sc, v) for sc in schedules
-                for v in ([1] if sc != "interleaved" else [v for v in divisors(model.layers // pp or 1)
-                                                          if 1 < v <= max_v] if model.layers % pp == 0 else [2])]
+            scheds = (
+                [("1f1b", 1)]
+                if pp == 1
+                else [
+                    (sc, v)
+                    for sc in schedules
+                    for v in (
+                        [1]
+                        if sc != "interleaved"
+                        else [v for v in divisors(model.layers // pp or 1) if 1 < v <= max_v]
+                        if model.layers % pp == 0
+                        else [2]
+                    )
+                ]
+            )
             for (sched, v), kind in itertools.product(scheds, kinds):
-                layout = dict(dp=dp, tp=tp, pp=pp, micro_batch=mb, num_micro_batches=m, schedule=sched,
-                              virtual_stages=v, **extra, **kind, **fixed)
-                knobs = [dict(zero_stage=z, fsdp=fsdp, recompute=rc, overlap=ov, sequence_parallel=sp,
-                              tp_overlap=tpo)
-                         for z, rc in itertools.product(zero, recompute)
-                         for fsdp in fsdp_opts if not (fsdp and (z < 2 or dp == 1))
-                         for ov in (overlap_opts if dp > 1 and not fsdp else (True,))
-                         for sp in (sp_opts if tp > 1 else (False,))
-                         for tpo in (tpo_opts if sp else (False,))]
+                layout = dict(
+                    dp=dp,
+                    tp=tp,
+                    pp=pp,
+                    micro_batch=mb,
+                    num_micro_batches=m,
+                    schedule=sched,
+                    virtual_stages=v,
+                    **extra,
+                    **kind,
+                    **fixed,
+                )
+                knobs = [
+                    dict(zero_stage=z, fsdp=fsdp, recompute=rc, overlap=ov, sequence_parallel=sp, tp_overlap=tpo)
+                    for z, rc in itertools.product(zero, recompute)
+                    for fsdp in fsdp_opts
+                    if not (fsdp and (z < 2 or dp == 1))
+                    for ov in (overlap_opts if dp > 1 and not fsdp else (True,))
+                    for sp in (sp_opts if tp > 1 else (False,))
+                    for tpo in (tpo_opts if sp else (False,))
+                ]
                 yield layout, knobs
 
 
@@ -225,8 +139,10 @@ def narrowing(space: dict):
     caps = {d: space.get("max_" + d) for d in DEGREES}
 
     def keep(degrees) -> bool:
-        return all((only[d] is None or v in only[d]) and (caps[d] is None or v <= caps[d])
-                   for d, v in zip(DEGREES, degrees))
+        return all(
+            (only[d] is None or v in only[d]) and (caps[d] is None or v <= caps[d]) for d, v in zip(DEGREES, degrees)
+        )
+
     return keep
 
 
@@ -235,12 +151,13 @@ def check_narrowing(space: dict, devices: int, model, hardware) -> None:
     the wrong type or range (``Plan``'s construction), or fixed degrees that do not fit the world
     (``Plan.validate``). The planner then searches only what is left."""
     from ..plan import Plan
+
     fixed = {}
     for d in DEGREES:
         values = space.get(d)
         values = (values,) if isinstance(values, int) else values
         for v in values or ():
-            Plan(**{d: v})   # an int >= 1 (raises with the Plan's message)
+            Plan(**{d: v})  # an int >= 1 (raises with the Plan's message)
         if values and len(values) == 1:
             fixed[d] = values[0]
         cap = space.get("max_" + d)
@@ -249,17 +166,15 @@ def check_narrowing(space: dict, devices: int, model, hardware) -> None:
     for z in space.get("zero_stage", ()):
         Plan(zero_stage=z)
     if not any(filter(narrowing(space), degree_options(devices, model, hardware)[0])):
-        if fixed:   # the Plan's rule says why (the degrees multiply to the world, ep divides dp x cp, ...)
-            Plan(**{"dp": max(1, devices // math.prod(v for d, v in fixed.items() if d != "ep")), **fixed}
-                 ).validate(devices)
+        if fixed:  # the Plan's rule says why (the degrees multiply to the world, ep divides dp x cp, ...)
+            Plan(**{"dp": max(1, devices // math.prod(v for d, v in fixed.items() if d != "ep")), **fixed}).validate(
+                devices
+            )
         asked = ", ".join(f"{k}={v}" for k, v in space.items() if k in DEGREES or k[4:] in DEGREES)
-        raise ValueError(f"no split of {devices} devices meets {asked}: the degrees dp x tp x pp x cp multiply to "
-                         f"{devices} (ep divides tp x dp x cp)")
-
-
-def _first_line(exc) -> str:
-    text = str(exc).split(":")[0] if ":" in str(exc)[:80] else str(exc)
-    return " ".join(text.split())[:120]
+        raise ValueError(
+            f"no split of {devices} devices meets {asked}: the degrees dp x tp x pp x cp multiply to "
+            f"{devices} (ep divides tp x dp x cp)"
+        )
 
 
 def gemm_shapes(model, devices: int, global_batch: int, task=None, space: dict | None = None) -> list:
@@ -267,17 +182,32 @@ def gemm_shapes(model, devices: int, global_batch: int, task=None, space: dict |
     :func:`simlib.sim.calibrate` (``gemm_shapes=``) before planning on the calibrated machine: the plans are found
     with the uncalibrated CPU preset (which plans are valid does not depend on the rates)."""
     from .calibrate import model_gemm_shapes
-    from .hardware import cpu_box
+    from .hardware_presets import cpu_box
 
-    draft = plan(model, cpu_box(), devices=devices, global_batch=global_batch, task=task, trainer_only=True,
-                 space=space)
+    draft = plan(
+        model, cpu_box(), devices=devices, global_batch=global_batch, task=task, trainer_only=True, space=space
+    )
     return model_gemm_shapes(model, [e["strategy"] for e in draft.ranked])
 
 
-def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = None, global_batch: int = 1024,
-         seq_len: int | None = None, memory_limit: float | None = None, dtype: str | None = None,
-         attention: str | None = None, task=None, trainer_only: bool = False, space: dict | None = None,
-         processes: int | None = None, check: int = 5, exact: bool = False, top: int | None = None) -> PlanResult:
+def plan(
+    model,
+    cluster="h100",
+    nodes: int | None = None,
+    devices: int | None = None,
+    global_batch: int = 1024,
+    seq_len: int | None = None,
+    memory_limit: float | None = None,
+    dtype: str | None = None,
+    attention: str | None = None,
+    task=None,
+    trainer_only: bool = False,
+    space: dict | None = None,
+    processes: int | None = None,
+    check: int = 5,
+    exact: bool = False,
+    top: int | None = None,
+) -> PlanResult:
     """Enumerate, validate, price and rank every plan of ``model`` on ``cluster``.
 
     model: a ModelSpec or a name (``"8B"``, ``"70B"``, ``"405B"``, ``"llama3-70b"``, ``"7B"``); cluster: a
@@ -298,6 +228,7 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
     ``pruned`` counts the combinations never looked at.
     """
     from .strategy import Strategy
+
     start = time.perf_counter()
     model, hw = resolve_model(model, seq_len), resolve_hardware(cluster)
     if devices is None:
@@ -314,13 +245,18 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
     space = dict(space or {})
     fixed = {"dtype": dtype, "attention": attention, **space.get("fixed", {})}
     fixed.setdefault("bucket_bytes", _trainer_bucket_bytes())  # the trainer's default bucket, as it runs
-    if task is not None:   # the course's trainer runs it: Adam(W), and its GPT's head (Strategy.from_plan's)
+    if task is not None:  # the course's trainer runs it: Adam(W), and its GPT's head (Strategy.from_plan's)
         fixed.setdefault("optimizer", "adam")
         fixed.setdefault("head", "whole")
     space["fixed"] = fixed
     if task is not None and trainer_only:  # what the trainer has: no FSDP, selective recompute, interleaving
-        space = {"fsdp": (False,), "recompute": ("none", "full"), "schedule": ("1f1b", "gpipe"),
-                 "tp_overlap": (False,), **space}
+        space = {
+            "fsdp": (False,),
+            "recompute": ("none", "full"),
+            "schedule": ("1f1b", "gpipe"),
+            "tp_overlap": (False,),
+            **space,
+        }
     check_narrowing(space, devices, model, hw)
     if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
         raise ValueError(f"top must be an int >= 1 (or None: rank every plan), got {top!r}")
@@ -342,15 +278,17 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
                 refused[key] = refused.get(key, 0) + len(knobs)
                 continue
             bound = 0.0
-            if top is not None:   # the least step time any of its knobs can reach (FastPricer.floor)
-                bound = min(pricer.floor(base, tp_overlap=tpo, sequence_parallel=sp)
-                            for sp, tpo in {(k["sequence_parallel"], k["tp_overlap"]) for k in knobs})
+            if top is not None:  # the least step time any of its knobs can reach (FastPricer.floor)
+                bound = min(
+                    pricer.floor(base, tp_overlap=tpo, sequence_parallel=sp)
+                    for sp, tpo in {(k["sequence_parallel"], k["tp_overlap"]) for k in knobs}
+                )
             yield bound, index, layout, knobs, base
 
     layouts = valid_layouts()
-    if top is not None:   # most promising first; the index keeps the search's own order among equals
+    if top is not None:  # most promising first; the index keeps the search's own order among equals
         layouts = sorted(layouts, key=lambda x: x[:2])
-    best_k: list = []   # the top-k step times so far, negated (a max-heap)
+    best_k: list = []  # the top-k step times so far, negated (a max-heap)
     pruned = 0
     for i, (bound, index, layout, knobs, base) in enumerate(layouts):
         # a plan slower than the k-th best by more than the ranking's rounding (4 digits) cannot enter the top
@@ -360,7 +298,7 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
                 pruned += sum(len(x[3]) for x in layouts[i:])
                 break
             variants = {(k["sequence_parallel"], k["tp_overlap"]) for k in knobs}
-            if pricer.bound(base, variants) > -best_k[0] * (1 + 1e-3):   # this layout only
+            if pricer.bound(base, variants) > -best_k[0] * (1 + 1e-3):  # this layout only
                 pruned += len(knobs)
                 continue
         for j, k in enumerate(knobs):
@@ -389,18 +327,33 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
             ranked.append(entry)
             if top is not None:
                 (heapq.heappush if len(best_k) < top else heapq.heappushpop)(best_k, -entry["step_time"])
-    ranked.sort(key=lambda e: (_order(e), e.pop("_at")))   # ties: in the order an exhaustive search meets them
+    ranked.sort(key=lambda e: (_order(e), e.pop("_at")))  # ties: in the order an exhaustive search meets them
     priced = len(ranked)
     if top is not None:
         del ranked[top:]
-    result = PlanResult(model, hw, devices, global_batch, limit, ranked, too_big, refused, notes, task=task,
-                        considered=tally["considered"], trainer_only=trainer_only, top=top, pruned=pruned,
-                        extra={"duplicates": duplicates, "pricer": pricer, "priced": priced,
-                               "trainer_cache": trainer_cache})
+    result = PlanResult(
+        model,
+        hw,
+        devices,
+        global_batch,
+        limit,
+        ranked,
+        too_big,
+        refused,
+        notes,
+        task=task,
+        considered=tally["considered"],
+        trainer_only=trainer_only,
+        top=top,
+        pruned=pruned,
+        extra={"duplicates": duplicates, "pricer": pricer, "priced": priced, "trainer_cache": trainer_cache},
+    )
     result.exact = pricer.exact or not _agrees(result, pricer, check)
     if result.exact and not pricer.exact:
-        notes.append("the fast pricing disagreed with sim.predict on a top plan: every plan re-priced by "
-                     "sim.predict (slower; the simulator changed since simlib.sim.planner_cost was written)")
+        notes.append(
+            "the fast pricing disagreed with sim.predict on a top plan: every plan re-priced by "
+            "sim.predict (slower; the simulator changed since simlib.sim.planner_cost was written)"
+        )
         exact_pricer = result.extra["pricer"] = FastPricer(model, hw, processes, exact=True)
         for r in ranked:
             r.update(exact_pricer.price(r["strategy"], global_batch))
@@ -412,8 +365,15 @@ def plan(model, cluster="h100", nodes: int | None = None, devices: int | None = 
 def _order(entry):
     """Fastest first; plans within 1e-4 of each other in step time: the fewer knobs turned, then less memory."""
     s = entry["strategy"]
-    knobs = (s.zero_stage > 0) + s.fsdp + (s.recompute != "none") + s.sequence_parallel + s.tp_overlap + \
-        (s.virtual_stages > 1) + (not s.overlap)
+    knobs = (
+        (s.zero_stage > 0)
+        + s.fsdp
+        + (s.recompute != "none")
+        + s.sequence_parallel
+        + s.tp_overlap
+        + (s.virtual_stages > 1)
+        + (not s.overlap)
+    )
     return (float(f"{entry['step_time']:.4e}"), knobs, entry["memory"]["total"])
 
 
@@ -425,49 +385,3 @@ def _agrees(result, pricer, check: int) -> bool:
         if not math.isclose(r["step_time"], want, rel_tol=1e-9):
             return False
     return True
-
-
-def _trainer_bucket_bytes() -> float:
-    from ..train import Plan
-    return next(f.default for f in dataclasses.fields(Plan) if f.name == "bucket_cap_mb") * 2 ** 20
-
-
-def trainer_plan(s, global_batch: int, world: int, task=None, cache: dict | None = None):
-    """(the ``simlib.train.Plan`` that runs strategy ``s``, None) or (None, why ``simlib train`` cannot).
-
-    The Plan is built from ``s``, checked by ``Plan.validate(world, task)`` (the trainer's one check) and mapped
-    back by ``Strategy.from_plan`` (the one Plan -> Strategy mapping): it runs ``s`` only if that gives ``s``
-    back, field for field. A field that differs is one the trainer has no knob for (FSDP, selective
-    recomputation, interleaving, ...) and is named. ``cache``: answers of one search (same task, batch, world)."""
-    from ..train import Plan
-    if cache is not None and s in cache:
-        return cache[s]
-    m = s.num_micro_batches
-    fields_ = dict(dp=s.dp, tp=s.tp, pp=s.pp, sequence_parallel=s.sequence_parallel,
-                   accumulation=m if s.pp == 1 else 1, pp_microbatches=m if s.pp > 1 else None,
-                   schedule=s.schedule if s.schedule in ("1f1b", "gpipe") else "1f1b",
-                   mixed_precision=None if s.dtype == "fp32" else s.dtype,
-                   activation_checkpointing=s.recompute == "full", zero_stage=s.zero_stage,
-                   dp_variant="bucket" if s.overlap or s.dp == 1 else "flat", bucket_cap_mb=s.bucket_bytes / 2 ** 20)
-    fields_.update({k: getattr(s, k) for k in ("cp", "ep") if getattr(s, k, 1) > 1})
-    try:
-        p = Plan(**fields_)
-        if task is not None:
-            import copy
-            task = copy.copy(task)
-            task.global_batch = global_batch  # the search's batch (a task's own is checked by the trainer too)
-        p.validate(world, task)
-        back = type(s).from_plan(p, global_batch, **{k: getattr(s, k) for k in _NOT_IN_PLAN})
-    except (ValueError, TypeError) as exc:
-        out = (None, "simlib train refuses it: " + _first_line(exc))
-    else:
-        diff = [f.name for f in dataclasses.fields(s) if getattr(s, f.name) != getattr(back, f.name)]
-        out = (p, "") if not diff else (None, "simlib train has no knob for " + ", ".join(
-            f"{k}={getattr(s, k)!r}" for k in diff))
-    if cache is not None:
-        cache[s] = out
-    return out
-
-
-# Strategy fields a Plan does not say (from_plan's overrides): how the machine runs, not how the work is split
-_NOT_IN_PLAN = ("optimizer", "threads", "attention", "kernels", "tp_across_nodes", "reduce_dtype", "head")

@@ -131,7 +131,7 @@ class FastPricer:
 
     # ---- the cached parts: keyed on the values of the fields each one reads ----
     def _small_uncached(self, s, layer_forward, layer_backward, act_bytes):
-        from .cost import fsdp_comm
+        from .grad_sync import fsdp_comm
         from .topology import p2p_time
 
         f = fsdp_comm(self.model, self.hw, s, layer_forward, layer_backward) if s.fsdp else None
@@ -158,7 +158,7 @@ class FastPricer:
         return stage
 
     def parts(self, s):
-        from .cost import dp_comm_time, embedding_sync_time, optimizer_time
+        from .grad_sync import dp_comm_time, embedding_sync_time, optimizer_time
 
         p = self.procs(s)
         stage = self.stage(s)
@@ -259,7 +259,7 @@ class FastPricer:
     def _layer_floor(self, s) -> dict:
         """Per layer kind (dense, MoE): (compute seconds, the collectives compute does not hide)."""
         from .cluster_ops import moe_host_overhead
-        from .layer import strategy_layer_ops
+        from .layer_strategy import strategy_layer_ops
 
         out = {}
         for expert in (False, True) if self.model.experts else (False,):

@@ -1,6 +1,6 @@
 """What the planner says: where the time of the best plans goes, why the others lose, and the files that run one.
 
-``report`` reads a :class:`~simlib.sim.planner.PlanResult`; ``toml`` writes the best plan ``simlib train`` runs
+``report`` reads a :class:`~simlib.sim.plan_result.PlanResult`; ``toml`` writes the best plan ``simlib train`` runs
 in the format ``simlib train --config`` reads (``simlib/config.py``: ``[run]``, ``[plan]``, ``[task]`` tables;
 ``tests/test_planner.py`` parses it back through ``simlib train``'s own resolver and compares the Plan);
 ``sbatch`` writes the SLURM script that runs that file with ``torchrun -m simlib train``.
@@ -116,13 +116,22 @@ def report(result, top: int = 3, alternatives: int = 3) -> str:
     if not result.ranked:
         return "\n".join(lines + [result.nothing_fits()])
     lines.append("\nbest plans (fastest first):")
+    from .planner_uncertainty import interval, plausibility
+    from .planner_uncertainty import lines as uncertainty
+
     for i, r in enumerate(result.ranked[:top]):
         trainer = "simlib train runs it" if result.trainer(r) is not None else r["why_not_trainer"]
         lines.append(
             f"{i + 1}. {label(r['strategy'])}: step {r['step_time']:.4g} s, {r['tokens_per_s']:,.0f} "
             f"tokens/s, MFU {r['mfu']:.1%}, {_gb(r['memory']['total'])} per device ({trainer})"
         )
+        band = interval(result, r)
+        if band["high"] is not None:
+            lines.append(f"   80 % interval {band['low']:.4g}–{band['high']:.4g} s per step")
+        if plausibility(result, r):
+            lines.append(f"   {plausibility(result, r)}")
         lines.append(f"   time: {where_time_goes(result, r)}")
+    lines += uncertainty(result)
     best = result.best
     alts = other_layouts(result, alternatives)
     if alts:

@@ -18,7 +18,7 @@ nccl-tests issue 290), ConnectX-8 800 Gb/s on B300 (2 × that, an assumption).
 GEMMs: Calculon's curve anchored at measured matmuls — B200 bf16 1.51 PFLOP/s at 3072³ (67 % of peak) and NVFP4
 5.50 PFLOP/s at 6144³ (61 %) (pytorch/ao PR 2427, torchao's bench_matmul.py on a B200, 2025). FP8 is not in that
 log: FP8 is anchored at bf16's efficiency × 0.905, the FP8/bf16 ratio measured on H100
-(:data:`~simlib.sim.hardware.H100_FP8_GEMM_EFFICIENCY`). Fused attention: the tensor cores' share at FlashAttention-4's 71 % of the bf16 peak forward (1,605 TFLOP/s on a
+(:data:`~simlib.sim.hardware_presets.H100_FP8_GEMM_EFFICIENCY`). Fused attention: the tensor cores' share at FlashAttention-4's 71 % of the bf16 peak forward (1,605 TFLOP/s on a
 B200; Zadouri et al. 2026, arXiv 2603.05451), 55 % backward (an assumption), and a second limit, the softmax's
 exponentials (:data:`BLACKWELL_EXP_RATE`): Blackwell doubled the tensor cores over Hopper but not the special-function
 units (16 exponentials per clock per SM), so cuDNN's forward waits on them; Blackwell Ultra (B300/GB300) doubles their
@@ -27,7 +27,8 @@ throughput (NVIDIA, "Making Softmax More Efficient with NVIDIA Blackwell Ultra",
 
 from __future__ import annotations
 
-from .hardware import (
+from .hardware import GiB, Hardware, Link
+from .hardware_presets import (
     AZURE_H200_ALLREDUCE,
     CALCULON_GEMM_EFFICIENCY,
     CALCULON_MEM_EFFICIENCY,
@@ -35,9 +36,6 @@ from .hardware import (
     H100_FP8_GEMM_EFFICIENCY,
     H100_GEMM_EFFICIENCY,
     PRESETS,
-    GiB,
-    Hardware,
-    Link,
     anchored,
 )
 
@@ -182,7 +180,7 @@ def dgx_b300(nvl72: bool = False) -> Hardware:
     )
 
 
-# the names ``sim.preset`` knows (hardware.PRESETS is the one registry)
+# the names ``sim.preset`` knows (hardware_presets.PRESETS is the one registry)
 PRESETS.update({"b200": dgx_b200, "gb200": gb200_nvl72, "b300": dgx_b300, "gb300": lambda: dgx_b300(nvl72=True)})
 
 

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 from .collectives import ring_all_reduce
 from .cost import predict
-from .hardware import AZURE_A100_80GB_ALLREDUCE, Link, dgx_a100
-from .model import gpt
+from .hardware import Link
+from .hardware_presets import AZURE_A100_80GB_ALLREDUCE, dgx_a100
+from .model_zoo import gpt
 from .strategy import Strategy
 
 SOURCE = (

@@ -9,7 +9,8 @@ Execution rule for pipelines (as the executor's): sends never block, a receive w
 from __future__ import annotations
 
 from ..timeline import to_frame
-from .cost import bucket_comm_times, gradient_buckets, optimizer_time, stage_times
+from .cost import stage_times
+from .grad_sync import bucket_comm_times, gradient_buckets, optimizer_time
 from .topology import p2p_time
 
 

@@ -25,8 +25,8 @@ import csv
 from pathlib import Path
 
 from .cost import predict
-from .hardware import dgx_a100, dgx_h100
-from .model import transformer
+from .hardware_presets import dgx_a100, dgx_h100
+from .model_zoo import transformer
 from .published import KORTHIKANTI_2022, NARAYANAN_2021_TABLE_1
 from .strategy import Strategy
 
@@ -181,6 +181,7 @@ def predict_row(row: dict, hardware=None) -> dict:
         memory_gb=None,
         params_b=None,
         mfu=None,
+        mfu_measured=None,
         exposed_comm_share=None,
     )
     if reason:
@@ -198,9 +199,18 @@ def predict_row(row: dict, hardware=None) -> dict:
         memory_gb=p.memory["total"] / 1e9,
         params_b=model.params / 1e9,
         mfu=p.mfu,
+        mfu_measured=measured_mfu(model, hw, s, p, tokens_per_gpu / row["measured"] - 1),
         exposed_comm_share=p.exposed_comm / p.step_time,
     )
     return out
+
+
+def measured_mfu(model, hardware, strategy, prediction, error: float) -> float:
+    """The MFU the run measured (the simulator's definition: model FLOPs, backward = 2 × forward, over the peak of
+    the run's dtype): the MFU the prediction has were it to run, over (1 + error)."""
+    s = strategy
+    mfu = model.flops_per_sample() * s.global_batch / (prediction.step_time * s.world_size * hardware.peak(s.dtype))
+    return mfu / (1 + error)
 
 
 def megatron_rows(hardware=None) -> list[dict]:
@@ -237,6 +247,7 @@ def megatron_rows(hardware=None) -> list[dict]:
                 memory_gb=p.memory["total"] / 1e9,
                 params_b=model.params / 1e9,
                 mfu=p.mfu,
+                mfu_measured=measured_mfu(model, hw, s, p, predicted / run.tflops - 1),
                 exposed_comm_share=p.exposed_comm / p.step_time,
             )
         )
@@ -269,6 +280,7 @@ def megatron_rows(hardware=None) -> list[dict]:
                 memory_gb=p.memory["total"] / 1e9,
                 params_b=model.params / 1e9,
                 mfu=p.mfu,
+                mfu_measured=measured_mfu(model, hw, s, p, run.seconds / p.step_time - 1),
                 exposed_comm_share=p.exposed_comm / p.step_time,
             )
         )

@@ -24,8 +24,9 @@ import csv
 from pathlib import Path
 
 from .cost import predict
-from .hardware import dgx_h100, preset
-from .model import llama_size
+from .hardware_presets import dgx_h100, preset
+from .model_zoo import llama_size
+from .runs import measured_mfu
 from .strategy import Strategy
 
 DATA = Path(__file__).parent / "data" / "scale_runs.csv"
@@ -226,7 +227,8 @@ def predict_row(row: dict, hardware=None) -> dict:
     if reason:
         return out
     model = llama_size(row["model"], seq_len=row["seq_len"])
-    p = predict(model, hardware or hardware_of(row), strategy_of(row, model))
+    hw, s = hardware or hardware_of(row), strategy_of(row, model)
+    p = predict(model, hw, s)
     tokens = (
         p.throughput * model.seq_len / row["gpus"]
         if p.fits
@@ -238,6 +240,7 @@ def predict_row(row: dict, hardware=None) -> dict:
         error=predicted / row["measured"] - 1,
         fits=p.fits,
         memory_gb=p.memory["total"] / 1e9,
+        mfu_measured=measured_mfu(model, hw, s, p, predicted / row["measured"] - 1),
         exposed_comm_share=p.exposed_comm / p.step_time,
         bubble_share=p.bubble / p.step_time,
     )
@@ -283,13 +286,20 @@ def fit_moe_host_per_expert(path: Path = DATA) -> float:
     on a rank. Test rows are never read."""
     import statistics
 
+    return statistics.median(r for split, _, r in moe_host_ratios(path, with_split=True) if split == "fit")
+
+
+def moe_host_ratios(path: Path = DATA, with_split: bool = False) -> list[tuple]:
+    """(id or split, source, ratio) per stated MoE row, both halves: (measured − predicted step without the MoE
+    host term) / (MoE layer passes × local experts), what :func:`fit_moe_host_per_expert` takes the median of
+    (``simlib.sim.by_source`` refits it on other sources)."""
     from . import cluster_ops
 
     saved, cluster_ops.MOE_HOST_PER_LOCAL_EXPERT = cluster_ops.MOE_HOST_PER_LOCAL_EXPERT, 0.0
     try:
         ratios = []
         for row in load_rows(path):
-            if row["split"] != "fit" or why_inexpressible(row):
+            if why_inexpressible(row):
                 continue
             model = llama_size(row["model"], seq_len=row["seq_len"])
             if not model.experts:
@@ -304,7 +314,8 @@ def fit_moe_host_per_expert(path: Path = DATA) -> float:
             )
             moe_here = max(stages) - (model.dense_layers if s.pp == 1 else 0)
             passes = s.num_micro_batches * moe_here + (s.pp - 1) * moe_here / s.virtual_stages
-            ratios.append((measured - p.step_time) / passes / max(model.experts // s.ep, 1))
+            ratio = (measured - p.step_time) / passes / max(model.experts // s.ep, 1)
+            ratios.append((row["split"] if with_split else row["id"], row["source"], ratio))
     finally:
         cluster_ops.MOE_HOST_PER_LOCAL_EXPERT = saved
-    return statistics.median(ratios)
+    return ratios

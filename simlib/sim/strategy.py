@@ -76,7 +76,7 @@ class Strategy:
     pipeline_outer: bool = False  # Megatron-LM's rank order (tp-cp-ep-dp-pp): pipeline stages outermost, so a
     # data-/expert-parallel group is tp·cp ranks apart (not tp·cp·pp)
     recompute_modules: tuple = ()  # with recompute none/selective: Megatron's --recompute-modules, re-run in
-    # backward (layernorm, moe_act, mla_up_proj, mlp; layer.module_recompute_ops)
+    # backward (layernorm, moe_act, mla_up_proj, mlp; layer_strategy.module_recompute_ops)
     ep_overlap: bool = False  # Megatron's --overlap-moe-expert-parallel-comm: the dispatch/combine all-to-
     # alls of one micro-batch run beside another's compute (1F1B steady state)
     stage_layout: tuple = ()  # pp > 1: layers on each pipeline rank, first to last, all its model chunks

@@ -181,7 +181,8 @@ def _pipeline_workload(config, steps, warmup, seed, group):
 def predict_pipeline(config: RunConfig, hardware, steps: int = 1):
     """Replay the measured schedule value with each stage's predicted forward/backward time."""
     from ..parallel import schedules
-    from .cost import accumulate_grad_time, gemms_time, optimizer_time, p2p
+    from .cost import accumulate_grad_time, gemms_time, p2p
+    from .grad_sync import optimizer_time
     from .model import from_module
     from .replay import replay_pipeline
     from .strategy import Strategy

@@ -24,7 +24,7 @@ def bucket_figure(
     """
     from .. import plots, sim
     from ..models import MLP
-    from ..sim.cost import gradient_buckets
+    from ..sim.grad_sync import gradient_buckets
 
     if global_batch % world_size:
         raise ValueError(f"a global batch of {global_batch} does not split over {world_size} ranks")

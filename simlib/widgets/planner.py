@@ -59,7 +59,11 @@ def planner_figure(
 
     ax.set_yticks(range(len(shown)), [label(e["strategy"]) for e in shown], fontsize=7)
     ax.set_xlabel("predicted seconds per step")
-    ax.set_title(f"top {len(shown)} of {len(result.ranked):,} plans that fit", fontsize=10)
+    ax.set_title(
+        f"top {len(shown)} of {result.extra.get('priced', len(result.ranked)):,} plans priced that fit"
+        + (f" ({result.pruned:,} skipped by the bound)" if result.pruned else ""),
+        fontsize=10,
+    )
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4)
     ax = axes[1]
     big = result.too_big[:: max(1, len(result.too_big) // 3000)]
@@ -101,17 +105,53 @@ def planner_figure(
         ax.legend(fontsize=7)
         ax.set_title("the proof here", fontsize=10)
     fig.tight_layout()
+    from ..sim.planner_uncertainty import interval, plausibility, ties
+
+    band = interval(result, best)
+    sure = (
+        f"80 % interval {band['low']:.3g}–{band['high']:.3g} s: {len(ties(result))} of the plans shown tie with it"
+        if band["high"] is not None
+        else f"no interval ({band['basis']})"
+    )
+    flag = plausibility(result, best)
     caption = (
-        f"best: <b>{label(best['strategy'])}</b>, {best['step_time']:.3g} s per step, "
+        f"best: <b>{label(best['strategy'])}</b>, {best['step_time']:.3g} s per step ({sure}), "
         f"{best['tokens_per_s']:,.0f} tokens/s, MFU {best['mfu']:.0%}, {best['memory']['total'] / 1e9:.1f} "
         f"GB per device; {result.considered:,} combinations searched in {result.seconds:.1f} s"
+        + (f"<br><b>{flag}</b>" if flag else "")
     )
     return fig, caption
 
 
+_SEARCHES: dict = {}  # (model, cluster, nodes, batch, sequence, memory, space) -> PlanResult: a setting seen before
+# redraws from its search
+
+
+def cached_search(model, cluster, nodes, global_batch, seq_len, memory_gb, space=None, top: int = 10):
+    """The bounded search (``sim.plan(..., top=top)``: layouts visited by a lower bound on their step, stopped past
+    the ``top``-th; the same top plans as the full search) for these settings, kept for the session."""
+    from ..sim import plan
+
+    key = (model, cluster, nodes, global_batch, seq_len, memory_gb, repr(space), top)
+    if key not in _SEARCHES:
+        _SEARCHES[key] = plan(
+            model,
+            cluster,
+            nodes=nodes,
+            global_batch=global_batch,
+            seq_len=seq_len,
+            memory_limit=None if memory_gb is None else memory_gb * 1e9,
+            space=space,
+            top=top,
+        )
+    return _SEARCHES[key]
+
+
 def planner_explorer(measured=None, space=None):
     """Controls: model, preset, nodes, global batch, sequence length, memory limit -> the ranking, redrawn.
-    ``space``: narrows every search (``sim.plan``'s argument); ``measured``: this machine's rows, a third panel."""
+    ``space``: narrows every search (``sim.plan``'s argument); ``measured``: this machine's rows, a third panel.
+    Each setting is searched once (:func:`cached_search`, bounded to the top 10); the panel of every plan then
+    shows the top plans and those over the memory limit, not every plan that fits."""
     import ipywidgets as W
 
     from ._common import _preset_dropdown, _wire
@@ -128,6 +168,6 @@ def planner_explorer(measured=None, space=None):
     )
 
     def draw(**values):
-        return planner_figure(measured=measured, space=space, **values)
+        return planner_figure(measured=measured, result=cached_search(space=space, **values))
 
     return _wire(controls, draw)
