@@ -1,0 +1,32 @@
+"""Honest: captures the generators once in __post_init__ and saves that stale copy: the saved state is the one from the start of the run, not from the checkpoint's step."""
+
+from simlib import checkpoint
+from simlib.train import TrainState
+
+
+class FullState(TrainState):
+    def __post_init__(self):
+        self.rng = checkpoint.rng_state()
+
+    def state_dict(self):
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "data": {"next_step": self.data_step},
+            "rng": self.rng,
+        }
+
+    def load_state_dict(self, sd):
+        self.model.load_state_dict(sd["model"])
+        self.optimizer.load_state_dict(sd["optimizer"])
+        self.scheduler.load_state_dict(sd["scheduler"])
+        self.step = int(sd["step"])
+        self.data_step = int(sd["data"]["next_step"])
+        checkpoint.set_rng_state(sd["rng"])
+
+
+ANSWER = FullState
+KIND = "honest"
+PROVE = {"world_size": 2, "steps": 6, "save_at": 4}
