@@ -313,14 +313,17 @@ def differences(a, b, path="", tol=1e-5) -> list[str]:
 def prove(selected: dict, timeout: float) -> dict:
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's start/stop lines, in every worker
     import _scenarios
+    import _scenarios_late
     import cloudpickle
 
     import simlib
 
-    cloudpickle.register_pickle_by_value(_scenarios)
+    for module in (_scenarios, _scenarios_late):
+        cloudpickle.register_pickle_by_value(module)  # the workers get the scenarios by value
     results = {}
     for exercise, files in selected.items():
         solution = load("solution", exercise)["answer"]
+        scenarios = _scenarios.scenario_module(exercise)
         by_size = {}
         for f in files:
             item = load(f, exercise)
@@ -334,7 +337,7 @@ def prove(selected: dict, timeout: float) -> dict:
                 clusters[size] = simlib.Cluster(size, timeout=30.0, relay_output=False)
             try:
                 out = clusters[size].call(
-                    _run_scenario, (_scenarios, exercise, answer, spec), timeout=spec.get("timeout", timeout)
+                    _run_scenario, (scenarios, exercise, answer, spec), timeout=spec.get("timeout", timeout)
                 )
             except Exception as exc:  # noqa: BLE001 - a hang or a dead worker is a difference
                 out = [dict(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")]
@@ -347,8 +350,8 @@ def prove(selected: dict, timeout: float) -> dict:
             for f, item in items:
                 spec = item["prove"]
                 if exercise in _scenarios.LOCAL:
-                    mine = [_run_scenario(_scenarios, exercise, item["answer"], spec)]
-                    ref = [_run_scenario(_scenarios, exercise, solution, spec)]
+                    mine = [_run_scenario(scenarios, exercise, item["answer"], spec)]
+                    ref = [_run_scenario(scenarios, exercise, solution, spec)]
                 else:
                     ref = call(size, solution, spec)
                     if any("error" in r for r in ref):  # the solution must run: once more on fresh workers
@@ -382,6 +385,12 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=float, default=300.0, help="seconds an answer may take before it is a hang")
     ap.add_argument("--prove", action="store_true", help="prove each mistake wrong beside the solution")
     ap.add_argument("--output", help="JSON path (default benchmarks/results/grader_mistakes[_prove].json)")
+    ap.add_argument(
+        "--table",
+        metavar="JSON",
+        help="print (and rewrite) the table of an earlier run's JSON, leaving out "
+        "answers whose files were removed since (e.g. a mistake the proof showed equal to the solution)",
+    )
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -389,6 +398,15 @@ def main(argv=None) -> int:
         return 0
     import report
 
+    if args.table:
+        data = json.loads(Path(args.table).read_text())
+        for exercise, meta in data["answers"].items():
+            for name in [n for n in meta if n != "solution" and not (MISTAKES / exercise / f"{n}.py").exists()]:
+                del meta[name]
+        data["per_exercise"] = summarise(data["answers"])
+        print_table(data["per_exercise"])
+        Path(args.table).write_text(json.dumps(data, indent=2) + "\n")
+        return 0
     known = exercises()
     names = args.only.split(",") if args.only else sorted(known)
     unknown = [n for n in names if n not in known]

@@ -1,4 +1,4 @@
-"""Honest: forgets the scheduler: after a restart the learning rate schedule starts again from its warm-up, so the steps after the restart use other learning rates."""
+"""Honest: forgets the scheduler: after a restart the schedule starts again from its warm-up; the first step after the restart still uses the learning rate the optimizer saved, the next ones the restarted schedule's (8 steps, restart at 4: losses differ from step 7)."""
 
 from simlib import checkpoint
 from simlib.train import TrainState
@@ -24,4 +24,4 @@ class FullState(TrainState):
 
 ANSWER = FullState
 KIND = "honest"
-PROVE = {"world_size": 2, "steps": 6, "save_at": 4}
+PROVE = {"world_size": 2, "steps": 8, "save_at": 4}

@@ -1,4 +1,4 @@
-"""Honest: captures the generators once in __post_init__ and saves that stale copy: the saved state is the one from the start of the run, not from the checkpoint's step."""
+"""Honest: captures the generators once, in a __post_init__, and saves that copy: TrainState is a dataclass without __post_init__, so its generated __init__ never calls the new one and state_dict fails (AttributeError: no attribute rng); had it run, the copy would be the start of the run's, not the checkpoint's."""
 
 from simlib import checkpoint
 from simlib.train import TrainState

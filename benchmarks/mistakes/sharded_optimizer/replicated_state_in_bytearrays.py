@@ -39,4 +39,4 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
 ANSWER = ShardedOptimizer
 KIND = "deliberate"
-PROVE = {"world_size": 2, "shapes": [[4, 3], [5], [2, 2], [3]]}
+PROVE = {"world_size": 2, "shapes": [[64, 64], [256], [32, 32]], "weigh_heap": True}
