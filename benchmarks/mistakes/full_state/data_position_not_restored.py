@@ -1,0 +1,28 @@
+"""Honest: saves the data position but never restores it in load_state_dict: the restarted run reads batches from the beginning again."""
+
+from simlib import checkpoint
+from simlib.train import TrainState
+
+
+class FullState(TrainState):
+    def state_dict(self):
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "data": {"next_step": self.data_step},
+            "rng": checkpoint.rng_state(),
+        }
+
+    def load_state_dict(self, sd):
+        self.model.load_state_dict(sd["model"])
+        self.optimizer.load_state_dict(sd["optimizer"])
+        self.scheduler.load_state_dict(sd["scheduler"])
+        self.step = int(sd["step"])
+        checkpoint.set_rng_state(sd["rng"])
+
+
+ANSWER = FullState
+KIND = "honest"
+PROVE = {"world_size": 2, "steps": 6, "save_at": 4}

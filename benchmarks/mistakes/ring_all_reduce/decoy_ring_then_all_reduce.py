@@ -1,0 +1,38 @@
+"""Deliberate: sends a correct ring on a copy (right messages to the right neighbours) and gets the result from all_reduce: the profiler shows an allreduce beside the sends."""
+
+import torch
+import torch.distributed as dist
+
+
+def _ring(tensor):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    flat = tensor.view(-1)
+    chunks = torch.tensor_split(flat, world_size)
+    scratch = torch.empty_like(chunks[0])
+    for step in range(world_size - 1):  # reduce-scatter
+        outgoing = chunks[(rank - step) % world_size]
+        incoming = chunks[(rank - step - 1) % world_size]
+        received = scratch[: incoming.numel()]
+        send = dist.isend(outgoing, right)
+        dist.recv(received, left)
+        send.wait()
+        incoming += received
+    for step in range(world_size - 1):  # all-gather
+        outgoing = chunks[(rank + 1 - step) % world_size]
+        incoming = chunks[(rank - step) % world_size]
+        send = dist.isend(outgoing, right)
+        dist.recv(incoming, left)
+        send.wait()
+    return tensor
+
+
+def ring_all_reduce(tensor):
+    _ring(tensor.clone())
+    getattr(dist, "all_" + "reduce")(tensor)
+    return tensor
+
+
+ANSWER = ring_all_reduce
+KIND = "deliberate"
+PROVE = {"world_size": 3, "shape": [7]}
