@@ -66,3 +66,4 @@ from .core import (  # noqa: F401
     exercise,
     max_error,
 )
+from . import one_device  # noqa: E402,F401  (lesson 05b)
