@@ -157,6 +157,7 @@ RUNGS = (
     ("compiled bf16", dict(dtype="bf16", compile=True)),
     ("compiled bf16 + fused AdamW", dict(dtype="bf16", compile=True, fused=True)),
 )
+QUICK_RUNGS = RUNGS[:2] + (("eager bf16 + fused AdamW", dict(dtype="bf16", fused=True)),)  # no compile: minutes here
 GPU_RUNGS = (("+ CUDA graphs (reduce-overhead)", dict(dtype="bf16", compile=True, fused=True, mode="reduce-overhead")),)
 
 
@@ -233,6 +234,59 @@ def profile_step(step: Step, steps: int = 3, warmup: int = 2) -> dict:
         "busy_s": busy,
         "top": top[:12],
         "clock": "device kernels" if cuda else "CPU operators' self time",
+    }
+
+
+# ---- operator fusion ----
+def gelu_chain(x, w, b):
+    """A transformer's element-wise tail as eager PyTorch runs it: bias, GELU, gate, residual -- four kernels,
+    each reading and writing the whole tensor."""
+    return F.gelu(x * w + b) * torch.sigmoid(x) + x
+
+
+def count_kernels(fn, *args, device="cpu") -> dict:
+    """The operators (CPU) or kernels (GPU) one call of ``fn`` launches, from torch.profiler: how many, and
+    their names."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        fn(*args)
+        _sync(device)
+    names = []
+    for ev in prof.events():
+        parent = ev.cpu_parent.name if ev.cpu_parent is not None else ""
+        if cuda:
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                names.append(ev.name)
+        elif "CompiledFxGraph" in ev.name:  # inductor's compiled graph: its fused C++ loops run inside this call
+            names.append("inductor fused graph")
+        elif ev.name.startswith("aten::") and not parent.startswith("aten::"):  # an operator, not its sub-calls
+            names.append(ev.name)
+    return {"count": len(names), "names": names}
+
+
+def fusion_demo(rows: int = 512, cols: int = 512, device="cpu", repeats: int = 5) -> dict:
+    """:func:`gelu_chain` eager against ``torch.compile``'s fused version (inductor: one C++/OpenMP loop on a CPU,
+    one Triton kernel on a GPU): equal outputs, kernels launched by each, median time of each. The compile time
+    (the first call) is reported apart."""
+    device = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, cols, generator=g).to(device)
+    w, b = torch.randn(cols, generator=g).to(device), torch.randn(cols, generator=g).to(device)
+    compiled = torch.compile(gelu_chain)
+    t0 = time.perf_counter()
+    out = compiled(x, w, b)
+    _sync(device)
+    compile_s = time.perf_counter() - t0
+    return {
+        "max_abs_diff": float((out - gelu_chain(x, w, b)).abs().max()),
+        "compile_s": compile_s,
+        "eager": {**count_kernels(gelu_chain, x, w, b, device=device),
+                  "seconds": median_time(lambda: gelu_chain(x, w, b), repeats, 1, device)["median"]},
+        "compiled": {**count_kernels(compiled, x, w, b, device=device),
+                     "seconds": median_time(lambda: compiled(x, w, b), repeats, 1, device)["median"]},
+        "bytes_per_pass": x.numel() * x.element_size(),
     }
 
 
