@@ -56,7 +56,7 @@ def device_rates(device: str = "cuda", shapes=GEMM_SHAPES, hbm_elements: int = 5
         for m, k, n in shapes:
             a = torch.randn(m, k, device=device, dtype=dtype)
             b = torch.randn(k, n, device=device, dtype=dtype)
-            t = timed(lambda: a @ b)  # noqa: B023 - timed here, before the next shape
+            t = timed(lambda: a @ b)  # noqa: B023, F821 - timed here; a, b are deleted only after
             gemms.append(
                 {
                     "dtype": str(dtype).removeprefix("torch."),
@@ -70,7 +70,7 @@ def device_rates(device: str = "cuda", shapes=GEMM_SHAPES, hbm_elements: int = 5
             del a, b
     x = torch.randn(hbm_elements, device=device)  # 2 GiB on a GPU: far beyond any L2
     y = torch.randn(hbm_elements, device=device)
-    t = timed(lambda: x.add_(y), repeats=10)
+    t = timed(lambda: x.add_(y), repeats=10)  # noqa: F821 - deleted after the timing
     hbm = 3 * x.numel() * 4 / t  # read x, read y, write x
     del x, y
     if cuda:

@@ -220,3 +220,21 @@ def test_task_corpus_folder_gets_its_own_target(tmp_path):
     given = ["train", "gpt", "--size", "gpu", "--world-size", "1", "--task.corpus", str(folder)]
     spec = _resolve(given + ["--budget.target", "eval_loss=9.5"])
     assert spec.budget["target"] == {"eval_loss": 9.5}
+
+
+def test_every_switch_of_the_gpu_size_is_wired_and_compiles_on_cpu_at_a_tiny_size(capsys):
+    """Issue 50: the GPU size's run, dry (bf16, per-block compile, accumulation by memory, predicted on the H100's
+    preset), and the torch reference's compiled path (torch.compile of the whole GPT, fused AdamW, bf16 autocast,
+    SDPA) at a tiny size on this CPU: it runs and counts MFU with the course's code."""
+    from simlib.dry_run import dry_run
+    from simlib.lessons.one_device import plain_loop
+    from simlib.projects.gpt.model import GPTConfig
+
+    spec = _resolve(["train", "gpt", "--size", "gpu", "--world-size", "1", "--dry-run", "--hardware", "h100"])
+    plan = spec.plans["dp"]
+    assert spec.task.compile and plan.mixed_precision == "bf16" and spec.task.hidden % 128 == 0
+    assert dry_run(spec) == 0 and "predicted step on DGX H100" in capsys.readouterr().out
+    config = GPTConfig(vocab_size=128, seq_len=32, hidden=64, num_layers=2, num_heads=4)
+    ref = plain_loop(config, micro_batch=2, device="cpu", seconds=0.0, warmup=2, compile=True)
+    assert ref["compiled"] and ref["fused_adamw"] and ref["dtype"] == "bf16" and ref["steps"] >= 3
+    assert 0 < ref["mfu"] < 1

@@ -67,8 +67,11 @@ PRESET_OF = {
     "H100 PCIe": ("h100-pcie", ""),
     "H100 NVL": ("h100-nvl", ""),
     "H100": ("h100", ""),
-    "H200 NVL": ("h100-nvl", "no H200 NVL preset: the H100 NVL's (the same 835 TFLOP/s bf16; 94 GB at 3.9 TB/s "
-                 "where the H200 NVL has 141 GB at 4.8 TB/s)"),
+    "H200 NVL": (
+        "h100-nvl",
+        "no H200 NVL preset: the H100 NVL's (the same 835 TFLOP/s bf16; 94 GB at 3.9 TB/s "
+        "where the H200 NVL has 141 GB at 4.8 TB/s)",
+    ),
     "H200": ("h200", ""),
     "GB200": ("gb200", ""),
     "GB300": ("gb300", ""),

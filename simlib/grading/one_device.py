@@ -26,12 +26,35 @@ def _instances(seed: int) -> list[dict]:
     for causal in (False, True):
         t = rng.randint(17, 70)
         block = rng.choice([b for b in (4, 5, 7, 8, 12, 16) if t % b])  # a block that does not divide T
-        cases.append(dict(b=rng.randint(1, 2), h=rng.randint(1, 3), t=t, d=rng.choice((8, 16)), block=block,
-                          causal=causal, dtype="float32", large=False))
-    cases.append(dict(b=1, h=2, t=rng.randint(20, 40), d=16, block=rng.choice((3, 6, 9)), causal=rng.random() < 0.5,
-                      dtype="bfloat16", large=False))
-    cases.append(dict(b=1, h=2, t=rng.randint(30, 60), d=8, block=rng.choice((5, 7, 11)), causal=True,
-                      dtype="float32", large=True))
+        cases.append(
+            dict(
+                b=rng.randint(1, 2),
+                h=rng.randint(1, 3),
+                t=t,
+                d=rng.choice((8, 16)),
+                block=block,
+                causal=causal,
+                dtype="float32",
+                large=False,
+            )
+        )
+    cases.append(
+        dict(
+            b=1,
+            h=2,
+            t=rng.randint(20, 40),
+            d=16,
+            block=rng.choice((3, 6, 9)),
+            causal=rng.random() < 0.5,
+            dtype="bfloat16",
+            large=False,
+        )
+    )
+    cases.append(
+        dict(
+            b=1, h=2, t=rng.randint(30, 60), d=8, block=rng.choice((5, 7, 11)), causal=True, dtype="float32", large=True
+        )
+    )
     cases.append(dict(b=1, h=1, t=rng.randint(8, 12), d=8, block=64, causal=True, dtype="float32", large=False))
     return cases
 
@@ -131,41 +154,63 @@ def _online_softmax(answer, grader):
         causal = [i for i in plain if cases[i]["causal"]]
         for shift, what in ((-1, "the diagonal is masked too"), (1, "each position also sees the next key")):
             rows = slice(1, None) if shift == -1 else slice(None)  # row 0 sees nothing when the diagonal is masked
-            if causal and all(matches(i, lambda q, k, v, c, s=shift: _reference(q, k, v, True, s), rows) for i in causal):
-                hint = (f"causal off by one: {what}. Position i attends to keys 0..i inclusive: mask key j only "
-                        "where j > i (torch.ones(t, t).triu(1))")
+            if causal and all(
+                matches(i, lambda q, k, v, c, s=shift: _reference(q, k, v, True, s), rows) for i in causal
+            ):
+                hint = (
+                    f"causal off by one: {what}. Position i attends to keys 0..i inclusive: mask key j only "
+                    "where j > i (torch.ones(t, t).triu(1))"
+                )
                 break
         one_block = [i for i in plain if cases[i]["block"] >= cases[i]["t"]]
         if not hint and one_block and compare(one_block)[0]:
-            hint = ("right with one block, wrong with several: the merge. When a block raises the running max m, "
-                    "multiply the accumulator AND the running denominator by exp(m_old − m_new) before adding the "
-                    "new block's exp(s − m_new) terms")
-        hint = hint or ("the output differs from softmax(q·kᵀ/√d)·v: check the scale 1/√d, the mask of a partial last "
-                        "block (T not a multiple of the block), and the final division by the running denominator")
+            hint = (
+                "right with one block, wrong with several: the merge. When a block raises the running max m, "
+                "multiply the accumulator AND the running denominator by exp(m_old − m_new) before adding the "
+                "new block's exp(s − m_new) terms"
+            )
+        hint = hint or (
+            "the output differs from softmax(q·kᵀ/√d)·v: check the scale 1/√d, the mask of a partial last "
+            "block (T not a multiple of the block), and the final division by the running denominator"
+        )
     yield Result("equals softmax attention (float32; blocks that do not divide T; causal and not)", ok, hint, detail)
 
     big = [i for i, c in enumerate(cases) if c["large"]]
     ok_big, detail_big = compare(big)
     yield Result(
-        "stays finite and exact when scores pass exp's range (|q·k| ~ 100)", ok_big,
-        "" if ok_big else "subtract the running max before exp: exp(s − m) never overflows; exp(s) does past 88.7 in "
-        "float32, and inf/inf is NaN", detail_big,
+        "stays finite and exact when scores pass exp's range (|q·k| ~ 100)",
+        ok_big,
+        ""
+        if ok_big
+        else "subtract the running max before exp: exp(s − m) never overflows; exp(s) does past 88.7 in "
+        "float32, and inf/inf is NaN",
+        detail_big,
     )
     half = [i for i, c in enumerate(cases) if c["dtype"] == "bfloat16"]
     ok_half, detail_half = compare(half)
     yield Result(
-        "works in bfloat16 (within bf16's rounding)", ok_half,
-        "" if ok_half else "keep the output in the inputs' dtype, and the running max, denominator and accumulator in "
-        "float32 (q.float()): bf16's 8-bit mantissa loses the sum", detail_half,
+        "works in bfloat16 (within bf16's rounding)",
+        ok_half,
+        ""
+        if ok_half
+        else "keep the output in the inputs' dtype, and the running max, denominator and accumulator in "
+        "float32 (q.float()): bf16's 8-bit mantissa loses the sum",
+        detail_half,
     )
     over = []
-    for i, (case, out) in enumerate(zip(cases, outs)):
+    for case, out in zip(cases, outs):
         full = case["b"] * case["h"] * case["t"] * case["t"]
         if case["block"] < case["t"] and out["biggest"]["numel"] >= full:
-            over.append(f"T={case['t']}, block={case['block']}: {out['biggest']['op']} made a tensor of shape "
-                        f"{out['biggest']['shape']} (the full score matrix has {full} elements)")
+            over.append(
+                f"T={case['t']}, block={case['block']}: {out['biggest']['op']} made a tensor of shape "
+                f"{out['biggest']['shape']} (the full score matrix has {full} elements)"
+            )
     yield Result(
-        "never materialises the full (T x T) score matrix", not over,
-        "" if not over else "compute the scores one K/V block at a time (q @ k[..., s:s+block, :]ᵀ): T x block "
-        "at a time, never T x T; that is the memory FlashAttention saves", "; ".join(over[:2]),
+        "never materialises the full (T x T) score matrix",
+        not over,
+        ""
+        if not over
+        else "compute the scores one K/V block at a time (q @ k[..., s:s+block, :]ᵀ): T x block "
+        "at a time, never T x T; that is the memory FlashAttention saves",
+        "; ".join(over[:2]),
     )

@@ -282,10 +282,14 @@ def fusion_demo(rows: int = 512, cols: int = 512, device="cpu", repeats: int = 5
     return {
         "max_abs_diff": float((out - gelu_chain(x, w, b)).abs().max()),
         "compile_s": compile_s,
-        "eager": {**count_kernels(gelu_chain, x, w, b, device=device),
-                  "seconds": median_time(lambda: gelu_chain(x, w, b), repeats, 1, device)["median"]},
-        "compiled": {**count_kernels(compiled, x, w, b, device=device),
-                     "seconds": median_time(lambda: compiled(x, w, b), repeats, 1, device)["median"]},
+        "eager": {
+            **count_kernels(gelu_chain, x, w, b, device=device),
+            "seconds": median_time(lambda: gelu_chain(x, w, b), repeats, 1, device)["median"],
+        },
+        "compiled": {
+            **count_kernels(compiled, x, w, b, device=device),
+            "seconds": median_time(lambda: compiled(x, w, b), repeats, 1, device)["median"],
+        },
         "bytes_per_pass": x.numel() * x.element_size(),
     }
 
@@ -436,7 +440,9 @@ def plain_loop(config, micro_batch: int, device="cuda", seconds: float = 20.0, w
         "steps": len(times),
         "warmup_and_compile_s": compile_s,
         "step_s": med,
-        "step_iqr_s": statistics.quantiles(times, n=4)[2] - statistics.quantiles(times, n=4)[0] if len(times) > 3 else 0,
+        "step_iqr_s": statistics.quantiles(times, n=4)[2] - statistics.quantiles(times, n=4)[0]
+        if len(times) > 3
+        else 0,
         "tokens_per_s": step.tokens / med,
         "mfu": flops / med / peak["peak"],
         "peak_source": peak["source"],
