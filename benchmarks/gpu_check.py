@@ -191,6 +191,12 @@ def main(argv=None) -> int:
     }
     t0 = time.monotonic()
     sections = result["sections"]
+    target = output_path(args.out, gpus)
+
+    def save():  # after every section: a check stopped from outside keeps what it measured
+        result["seconds"] = round(time.monotonic() - t0, 1)
+        write(json.loads(json.dumps(result, default=str)), target)
+
     if not gpus:
         print("gpu_check: no CUDA GPU here; every section skipped (run this on a machine with a GPU)")
         for section in SECTIONS:
@@ -198,16 +204,19 @@ def main(argv=None) -> int:
     else:
         skip = set(args.skip)
         sections["calibration"] = gpu_calibration.calibration() if "calibration" not in skip else {"status": "skipped"}
+        save()
         sections["projects"] = (
             gpu_projects.projects_section(tmp, hardware=hardware) if "projects" not in skip else {"status": "skipped"}
         )
+        save()
         sections["reference"] = reference_section(tmp) if "reference" not in skip else {"status": "skipped"}
         result["mfu"] = mfu_side_by_side(sections)
+        save()
         sections["torchrun"] = torchrun_section(gpus, tmp) if "torchrun" not in skip else {"status": "skipped"}
+        save()
         sections.update(gpu_side_by_side.side_by_side(tmp, skip, every=args.all_notebooks))
     result["seconds"] = round(time.monotonic() - t0, 1)
     result["machine"] = machine(load_before, gpus=gpus)
-    target = output_path(args.out, gpus)
     if str(target) != str(args.out):
         print(f"gpu_check: {args.out} records a real GPU run: not replaced; this run goes to {target}")
     out = write(json.loads(json.dumps(result, default=str)), target)

@@ -13,7 +13,10 @@ from pathlib import Path
 
 from gpu_jobs import ROOT, finish, install_hint, missing, start
 
-BUDGET = 150  # seconds for the phase (a notebook's own budget: 10 s less, so it writes its record first)
+# seconds for the phase (a notebook's own budget: 10 s less, so it writes its record first). Notebook 12 needed
+# 211 s among 17 jobs on the H200's 16 cores (2026-12-04); here it shares them with 7 jobs: about 100 s of work
+# by that measure, so 160 s is 60 % over it
+BUDGET = 170
 # the lessons whose cells use a GPU when there is one: 05b (one device's step), the three projects (world 1 ->
 # NCCL on cuda:0), 00 (doctor: what the machine has)
 GPU_NOTEBOOKS = (

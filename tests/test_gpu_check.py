@@ -229,3 +229,39 @@ def test_without_a_gpu_nothing_runs_and_a_committed_gpu_run_is_never_replaced(tm
     fresh = tmp_path / "fresh.json"
     assert gpu_check.main(["--out", str(fresh)]) == 0 and not json.loads(fresh.read_text())["cuda"]
     assert gpu_check.main(["--dry"]) == 0 and "project finance" in capsys.readouterr().out
+
+
+def test_with_a_gpu_every_section_is_wired_and_saved_as_it_ends(tmp_path, monkeypatch):
+    """The GPU branch of main() on this CPU, its sections replaced by stand-ins that record the JSON as it stood
+    when each ran: the part's preset reaches the projects, the MFU pair is read, the file grows section by section."""
+    import torch
+
+    seen = {}
+    out = tmp_path / "gpu_check.json"
+
+    def stand_in(name, value):
+        def section(*args, **kwargs):
+            seen[name] = json.loads(out.read_text())["sections"] if out.exists() else {}
+            seen[name + " args"] = (args, kwargs)
+            return value
+
+        return section
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(gpu_calibration, "calibration", stand_in("calibration", {"status": "passed"}))
+    gpt = {"status": "passed", "mfu": 0.42, "tokens_per_s": 1.5e5, "mfu_peak": "datasheet"}
+    projects = {"status": "passed", "projects": {"gpt": gpt}}
+    monkeypatch.setattr(gpu_projects, "projects_section", stand_in("projects", projects))
+    reference = {"status": "passed", "result": {"mfu": 0.5, "tokens_per_s": 1.8e5}}
+    monkeypatch.setattr(gpu_check, "reference_section", stand_in("reference", reference))
+    monkeypatch.setattr(gpu_check, "torchrun_section", stand_in("torchrun", {"status": "passed"}))
+    monkeypatch.setattr(gpu_side_by_side, "side_by_side", stand_in("side", {"notebooks": {"status": "passed"}}))
+    assert gpu_check.main(["--out", str(out)]) == 0
+    assert seen["projects"] == {"calibration": {"status": "passed"}} and "projects" in seen["reference"]
+    assert seen["projects args"][1]["hardware"] == "h100"
+    result = json.loads(out.read_text())
+    assert result["cuda"] and result["preset"] == "h100" and result["device_name"] == "NVIDIA H100 80GB HBM3"
+    assert result["mfu"]["course_over_reference"] == pytest.approx(0.84)
+    assert {s["status"] for s in result["sections"].values()} == {"passed"}
