@@ -265,3 +265,25 @@ def test_with_a_gpu_every_section_is_wired_and_saved_as_it_ends(tmp_path, monkey
     assert result["cuda"] and result["preset"] == "h100" and result["device_name"] == "NVIDIA H100 80GB HBM3"
     assert result["mfu"]["course_over_reference"] == pytest.approx(0.84)
     assert {s["status"] for s in result["sections"].values()} == {"passed"}
+
+
+def test_the_lessons_profile_sorts_gpu_kernel_names_too():
+    """Lesson 05b's profile on a GPU reads kernel names (cuBLAS, FlashAttention, inductor's Triton, AdamW's
+    multi-tensor kernels); the same categories as the CPU's operators."""
+    from simlib.lessons.one_device import categorize
+
+    kernels = {
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "GEMM",
+        "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN": "GEMM",
+        "cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8": "GEMM",
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>": "attention",
+        "fmha_cutlassF_bf16_aligned_64x64_rf_sm80": "attention",
+        "triton_per_fused_add_native_layer_norm_0": "element-wise",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>": "element-wise",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
+        "aten::mm": "GEMM",
+        "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
+        "Optimizer.step#AdamW.step": "optimizer",
+        "aten::gelu": "element-wise",
+    }
+    assert {name: categorize(name) for name in kernels} == kernels

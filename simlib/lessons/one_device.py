@@ -27,8 +27,9 @@ import torch.nn.functional as F
 
 CATEGORIES = ("GEMM", "attention", "element-wise", "optimizer", "other")
 _GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::linear", "aten::matmul")
-_ATTENTION = ("scaled_dot_product", "flash", "efficient_attention", "cudnn_attention", "_softmax")
-_OPTIMIZER = ("optimizer", "adam", "_foreach", "_fused")
+_ATTENTION = ("scaled_dot_product", "flash", "fmha", "efficient_attention", "cudnn_attention", "_softmax")
+_OPTIMIZER = ("optimizer", "adam", "_foreach", "multi_tensor")  # aten::_fused_adamw_ has "adam"
+_GEMM_KERNELS = ("gemm", "xmma", "cutlass", "nvjet", "cublas")  # cuBLAS/CUTLASS kernel names on a GPU
 
 
 def gpu_available() -> bool:
@@ -195,7 +196,7 @@ def categorize(name: str) -> str:
         return "optimizer"
     if any(k in low for k in _ATTENTION):
         return "attention"
-    if name in _GEMM or "gemm" in low or low.startswith(("aten::mm", "aten::addmm", "aten::bmm")):
+    if name in _GEMM or any(k in low for k in _GEMM_KERNELS) or low.startswith(("aten::mm", "aten::addmm")):
         return "GEMM"
     if name.startswith("aten::") or "triton" in low or "kernel" in low or "cpp_fused" in low:
         return "element-wise"
@@ -222,6 +223,8 @@ def profile_step(step: Step, steps: int = 3, warmup: int = 2) -> dict:
     by_cat = dict.fromkeys(CATEGORIES, 0.0)
     top = []
     for ev in prof.key_averages():
+        if cuda and ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue  # on a GPU the kernels themselves (an operator's row would count its kernels twice)
         self_us = ev.self_device_time_total if cuda else ev.self_cpu_time_total
         if self_us <= 0 or ev.key.startswith("ProfilerStep"):
             continue
