@@ -203,6 +203,17 @@ def categorize(name: str) -> str:
     return "other"
 
 
+def _category(ev) -> str:
+    """An event's category; on a CPU, an operator called inside ``Optimizer.step`` (AdamW's sqrt, mul, add) is
+    the optimizer's, whatever its name."""
+    parent = getattr(ev, "cpu_parent", None)
+    while parent is not None:
+        if parent.name.startswith("Optimizer.step"):
+            return "optimizer"
+        parent = parent.cpu_parent
+    return categorize(ev.name)
+
+
 def profile_step(step: Step, steps: int = 3, warmup: int = 2) -> dict:
     """torch.profiler over ``steps`` training steps (after ``warmup``): self time by category per step and the
     gaps (the step's wall time not covered by any operator's self time: launch and Python overhead, waits).
@@ -221,17 +232,21 @@ def profile_step(step: Step, steps: int = 3, warmup: int = 2) -> dict:
         _sync(step.device)
         wall = (time.perf_counter() - t0) / steps
     by_cat = dict.fromkeys(CATEGORIES, 0.0)
-    top = []
-    for ev in prof.key_averages():
+    by_op = {}
+    for ev in prof.events():
         if cuda and ev.device_type != torch.autograd.DeviceType.CUDA:
-            continue  # on a GPU the kernels themselves (an operator's row would count its kernels twice)
+            continue  # on a GPU the kernels themselves (an operator's own row would count its kernels twice)
         self_us = ev.self_device_time_total if cuda else ev.self_cpu_time_total
-        if self_us <= 0 or ev.key.startswith("ProfilerStep"):
+        if self_us <= 0 or ev.name.startswith("ProfilerStep"):
             continue
-        seconds = self_us / 1e6 / steps
-        cat = categorize(ev.key)
-        by_cat[cat] += seconds
-        top.append({"op": ev.key, "category": cat, "seconds": seconds, "calls": ev.count // steps})
+        cat = _category(ev)
+        by_cat[cat] += self_us / 1e6 / steps
+        row = by_op.setdefault((ev.name, cat), {"op": ev.name, "category": cat, "seconds": 0.0, "calls": 0})
+        row["seconds"] += self_us / 1e6 / steps
+        row["calls"] += 1
+    top = sorted(by_op.values(), key=lambda r: -r["seconds"])
+    for row in top:
+        row["calls"] //= steps
     busy = sum(by_cat.values())
     top.sort(key=lambda r: -r["seconds"])
     return {
