@@ -275,8 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--size",
         default=None,
         choices=["quick", "full", "gpu"],
-        help="quick, full (the CPU size) or gpu (simlib.projects.gpu: GPT-2 small's shape, bf16/fp16); "
-        "default: gpu when every rank has a GPU of its own, else full ([task] size in --config)",
+        help="quick, full (the CPU size) or gpu (simlib.projects.gpu: GPT-2's layout at hidden 1536, compiled, "
+        "bf16/fp16); default: gpu when every rank has a GPU of its own, else full ([task] size in --config)",
     )
     p.add_argument("--out", default=None, help="output folder (default results/gpt; results/<project>/dp<N>)")
     p.add_argument(

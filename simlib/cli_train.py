@@ -144,6 +144,11 @@ def resolve(args) -> RunSpec:
         size_reason = "; ".join(r for r in (size_reason, defaults["note"]) if r)
     merged = cfg.merge({"optim": cfg.as_dict(defaults["optim"]), "budget": defaults["budget"]}, given)
     task = _task_overrides(project, given.get("task", {}), defaults["task"])
+    if size == "gpu" and "corpus" in given.get("task", {}) and "target" not in given.get("budget", {}):
+        from .projects.gpu import target_for  # the corpus given is not the one the default target was set on
+
+        target = target_for(project, task)
+        merged["budget"]["target"] = target if target is not None else merged["budget"].get("target")
     optim = OptimConfig(**merged["optim"])
     budget = cfg.as_dict(cfg.Budget(**merged["budget"]))
     names = args.plan or run.get("plan") or ["dp"]

@@ -12,13 +12,14 @@ H200 = [{"name": "NVIDIA H200", "memory_gib": 139.8, "capability": (9, 0)}]
 T4 = [{"name": "Tesla T4", "memory_gib": 15.0, "capability": (7, 5)}]
 
 
-def test_gpt_preset_is_gpt2_small_in_bf16_or_fp16_by_the_gpu():
+def test_gpt_preset_is_gpt2_layout_at_hidden_1536_in_bf16_or_fp16_by_the_gpu():
     big, small = gpu.settings("gpt", 1, H200), gpu.settings("gpt", 1, T4)
     task = big["task"]
-    assert (task.num_layers, task.hidden, task.num_heads, task.seq_len) == (12, 768, 12, 1024)
+    assert (task.num_layers, task.hidden, task.num_heads, task.seq_len) == (12, 1536, 12, 1024)
+    assert task.hidden % 128 == 0 and task.hidden // task.num_heads == 128 and task.compile  # issue 50's shape rules
     assert big["plan"]["mixed_precision"] == "bf16" and small["plan"]["mixed_precision"] == "fp16"
-    # micro-batches by memory: 32 windows a pass on an H200, 8 on a T4; the global batch stays 64 windows
-    assert big["plan"]["accumulation"] == 2 and small["plan"]["accumulation"] == 8
+    # micro-batches by memory: 16 windows a pass on an H200, 4 on a T4; the global batch stays 64 windows
+    assert big["plan"]["accumulation"] == 4 and small["plan"]["accumulation"] == 16
     assert task.global_batch == 64 and big["seconds"] == gpu.GPU_SECONDS and big["optim"].schedule == "constant"
     assert big["target"]["eval_loss"] < task.data.unigram_cross_entropy()  # a goal below the baseline
     # the count MFU divides by: the model built on the meta device has exactly num_parameters() weights
@@ -26,8 +27,8 @@ def test_gpt_preset_is_gpt2_small_in_bf16_or_fp16_by_the_gpu():
 
     with torch.device("meta"):
         model = GPT(task.config)
-    assert sum(p.numel() for p in model.parameters()) == task.config.num_parameters() > 80e6
-    assert task.flops_per_sample == task.config.flops_per_token() * 1024 > 6 * 80e6 * 1024
+    assert sum(p.numel() for p in model.parameters()) == task.config.num_parameters() > 300e6
+    assert task.flops_per_sample == task.config.flops_per_token() * 1024 > 6 * 300e6 * 1024
 
 
 @pytest.mark.parametrize("project", ["gpt", "vision", "finance"])
@@ -115,7 +116,7 @@ def test_cli_size_gpu_and_the_toml_preset_round_trip(tmp_path):
     path = tmp_path / "config.toml"
     cfg.dump(spec.config["dp"], path)
     again = _resolve(["train", "--config", str(path)])
-    assert again.size == "gpu" and again.plans["dp"] == plan and again.task.hidden == 768
+    assert again.size == "gpu" and again.plans["dp"] == plan and again.task.hidden == 1536
     bad = tmp_path / "bad.toml"
     bad.write_text('[run]\nproject = "gpt"\n[task]\nsize = "huge"\n')
     with pytest.raises(ValueError, match="size = 'huge'"):
@@ -195,6 +196,45 @@ def test_gpu_facts_read_from_nvidia_smi_without_touching_cuda(tmp_path, monkeypa
     facts = gpu.gpu_facts()
     assert [f["capability"] for f in facts] == [(9, 0), (7, 5)] and round(facts[1]["memory_gib"]) == 15
     assert "-i 0,3" in (tmp_path / "args").read_text()  # SLURM's mask is passed on
-    assert gpu.precision_for(facts) == "fp16" and gpu.micro_batch_for(facts) == 8  # the smallest GPU decides
+    assert gpu.precision_for(facts) == "fp16" and gpu.micro_batch_for(facts) == 4  # the smallest GPU decides
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert gpu.gpu_facts() == []
+
+
+def test_task_corpus_folder_gets_its_own_target(tmp_path):
+    """Issue 50 (3): `--task.corpus FOLDER` (what `simlib prepare` prints) sets the goal from that folder's unigram
+    baseline, not from the shipped corpus's; a target given with --budget.target still wins."""
+    from simlib.projects.gpt import prepare, text
+
+    src = tmp_path / "stories.txt"
+    import random
+
+    words = "once upon a time little fox found ball she played all day and was happy tom boat sun warm".split()
+    rng = random.Random(0)  # varied text: the 1 % held out must hold a window of 1,024 tokens
+    src.write_text("\n".join(" ".join(rng.choices(words, k=12)) for _ in range(30000)) + "\n")
+    folder = prepare.prepare(str(src), tmp_path / "stories", vocab_size=280, log=lambda *_: None)
+    own = round(0.4 * text.read_meta(folder)["unigram_cross_entropy"], 2)
+    shipped = _resolve(["train", "gpt", "--size", "gpu", "--world-size", "1"]).budget["target"]["eval_loss"]
+    spec = _resolve(["train", "gpt", "--size", "gpu", "--world-size", "1", "--task.corpus", str(folder)])
+    assert spec.task.corpus == str(folder) and spec.budget["target"] == {"eval_loss": own} and own != shipped
+    given = ["train", "gpt", "--size", "gpu", "--world-size", "1", "--task.corpus", str(folder)]
+    spec = _resolve(given + ["--budget.target", "eval_loss=9.5"])
+    assert spec.budget["target"] == {"eval_loss": 9.5}
+
+
+def test_every_switch_of_the_gpu_size_is_wired_and_compiles_on_cpu_at_a_tiny_size(capsys):
+    """Issue 50: the GPU size's run, dry (bf16, per-block compile, accumulation by memory, predicted on the H100's
+    preset), and the torch reference's compiled path (torch.compile of the whole GPT, fused AdamW, bf16 autocast,
+    SDPA) at a tiny size on this CPU: it runs and counts MFU with the course's code."""
+    from simlib.dry_run import dry_run
+    from simlib.lessons.one_device import plain_loop
+    from simlib.projects.gpt.model import GPTConfig
+
+    spec = _resolve(["train", "gpt", "--size", "gpu", "--world-size", "1", "--dry-run", "--hardware", "h100"])
+    plan = spec.plans["dp"]
+    assert spec.task.compile and plan.mixed_precision == "bf16" and spec.task.hidden % 128 == 0
+    assert dry_run(spec) == 0 and "predicted step on DGX H100" in capsys.readouterr().out
+    config = GPTConfig(vocab_size=128, seq_len=32, hidden=64, num_layers=2, num_heads=4)
+    ref = plain_loop(config, micro_batch=2, device="cpu", seconds=0.0, warmup=2, compile="blocks")
+    assert ref["compiled"] and ref["fused_adamw"] and ref["dtype"] == "bf16" and ref["steps"] >= 3
+    assert 0 < ref["mfu"] < 1

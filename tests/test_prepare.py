@@ -154,3 +154,30 @@ def test_a_local_file_is_prepared_offline_and_a_missing_folder_says_how(tmp_path
     assert meta["val_tokens"] > 0 and meta["train_tokens"] > 50 * meta["val_tokens"]  # the last 1 % held out
     with pytest.raises(ValueError, match="simlib prepare gpt"):
         text.resolve_folder(str(tmp_path / "nowhere"))
+
+
+def test_an_interrupted_tokenisation_keeps_the_recorded_checksum(server, tmp_path, monkeypatch):
+    """Issue 50 (5): the first run records the download's sha256, then is stopped while tokenising (meta.json,
+    which used to hold the only record, is not written yet); a changed upstream file is still refused next time."""
+    monkeypatch.setitem(
+        prepare.CORPORA,
+        "tiny",
+        prepare.Corpus(
+            "tiny", prepare.Source(server.url + "train.txt"), prepare.Source(server.url + "valid.txt"), "test", "test"
+        ),
+    )
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(prepare, "_encode_file", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            prepare.prepare("tiny", tmp_path / "tiny", vocab_size=300, log=lambda *_: None)
+    folder = tmp_path / "tiny"
+    assert not (folder / "meta.json").exists()
+    assert prepare.recorded_checksums(folder)["train"] == hashlib.sha256(server.files["train.txt"]).hexdigest()
+    server.files["train.txt"] = b"changed" + server.files["train.txt"]
+    (folder / "raw" / "train.txt").unlink()
+    with pytest.raises(ValueError, match="sha256"):
+        prepare.prepare("tiny", folder, vocab_size=300, log=lambda *_: None)

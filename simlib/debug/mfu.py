@@ -35,14 +35,23 @@ import time
 from contextlib import contextmanager
 
 DATASHEET = {
-    # Dense (no sparsity) peak FLOP/s per GPU from NVIDIA's datasheets; "fp32" is the non-tensor-core rate, "tf32"
-    # the tensor cores' (what torch uses for fp32 matmuls when allowed). A key's words must all appear in the name
-    # torch reports (case-insensitive); the first key that matches wins, so the more specific come first.
+    # Dense (no sparsity) peak FLOP/s per GPU from NVIDIA's datasheets (they print the 2:4-sparse figures: dense is
+    # half); "fp32" is the non-tensor-core rate, "tf32" the tensor cores' (what torch uses for fp32 matmuls when
+    # allowed). A key's words must all appear in the name torch reports (case-insensitive); the first key that
+    # matches wins, so the more specific come first ("H200 NVL" before "H200", "GB200" before "B200").
+    # Sources: NVIDIA H100 datasheet (SXM 1,979 / PCIe 1,513 / NVL 1,671 sparse bf16 TFLOP/s), NVIDIA H200
+    # datasheet (SXM 1,979 / NVL 1,671), HGX B200 and HGX B300 datasheets (36 PFLOP/s sparse fp16/bf16 per 8 GPUs:
+    # 2.25 dense each), GB200 NVL72 datasheet (5 PFLOP/s sparse per GPU).
     "H100 PCIe": {"fp32": 51.2e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12},
     "H100 NVL": {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12},
     "H100 SXM": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
     "H100": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},  # torch: "NVIDIA H100 80GB HBM3"
-    "H200": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},  # H100's compute, 4.8 TB/s HBM3e
+    "H200 NVL": {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12},  # 600 W PCIe card
+    "H200": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},  # SXM: H100's compute, 4.8 TB/s
+    "GB200": {"fp32": 80e12, "tf32": 1.25e15, "bf16": 2.5e15, "fp16": 2.5e15},
+    "GB300": {"fp32": 80e12, "tf32": 1.25e15, "bf16": 2.5e15, "fp16": 2.5e15},
+    "B200": {"fp32": 75e12, "tf32": 1.1e15, "bf16": 2.25e15, "fp16": 2.25e15},
+    "B300": {"fp32": 75e12, "tf32": 1.1e15, "bf16": 2.25e15, "fp16": 2.25e15},
     "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
     "A10G": {},  # AWS's variant of the A10: no NVIDIA datasheet figures; measured instead
     "A10": {"fp32": 31.2e12, "tf32": 62.5e12, "bf16": 125e12, "fp16": 125e12},
@@ -51,6 +60,24 @@ DATASHEET = {
     "T4": {"fp32": 8.1e12, "fp16": 65e12},  # Turing: fp16 tensor cores, no bf16
     "V100 PCIe": {"fp32": 14e12, "fp16": 112e12},
     "V100": {"fp32": 15.7e12, "fp16": 125e12},  # SXM2; Volta: fp16 tensor cores, no bf16, no tf32
+}
+# The simulator's preset for each part (``simlib.sim.preset``), by the same first-match rule; a part without
+# a preset of its own gets the nearest one, and ``preset_for`` says so.
+PRESET_OF = {
+    "H100 PCIe": ("h100-pcie", ""),
+    "H100 NVL": ("h100-nvl", ""),
+    "H100": ("h100", ""),
+    "H200 NVL": (
+        "h100-nvl",
+        "no H200 NVL preset: the H100 NVL's (the same 835 TFLOP/s bf16; 94 GB at 3.9 TB/s "
+        "where the H200 NVL has 141 GB at 4.8 TB/s)",
+    ),
+    "H200": ("h200", ""),
+    "GB200": ("gb200", ""),
+    "GB300": ("gb300", ""),
+    "B200": ("b200", ""),
+    "B300": ("b300", ""),
+    "A100": ("a100", ""),
 }
 LARGE_GEMM = 4096  # the measured large-GEMM rate beside the datasheet's peak: (4096 x 4096) @ (4096 x 4096)
 
@@ -143,17 +170,32 @@ def measured_peak(device=None, dtypes=("float32",), size: int = 512, repeats: in
     return best
 
 
-def datasheet_peak(gpu_name: str, dtype: str = "bf16") -> float | None:
-    """The datasheet's dense peak of ``dtype`` for the first :data:`DATASHEET` key whose words all appear in
-    ``gpu_name`` (case-insensitive, not inside a longer number: "A10" is not in "A100", "L4" not in "L40S"), or
-    None for a GPU or a dtype the table does not know."""
+def _first_match(gpu_name: str, table: dict):
+    """The first key of ``table`` whose words all appear in ``gpu_name`` (case-insensitive, not inside a longer
+    name: "A10" is not in "A100", "L4" not in "L40S", "B200" not in "GB200"), or None."""
     import re
 
     name = gpu_name.upper()
-    for key, peaks in DATASHEET.items():
-        if all(re.search(rf"(?<![0-9]){re.escape(part.upper())}(?![0-9])", name) for part in key.split()):
-            return peaks.get(dtype)
+    for key in table:
+        if all(re.search(rf"(?<![0-9A-Z]){re.escape(part.upper())}(?![0-9])", name) for part in key.split()):
+            return key
     return None
+
+
+def datasheet_peak(gpu_name: str, dtype: str = "bf16") -> float | None:
+    """The datasheet's dense peak of ``dtype`` for the first :data:`DATASHEET` key that matches ``gpu_name`` (see
+    :func:`_first_match`), or None for a GPU or a dtype the table does not know."""
+    key = _first_match(gpu_name, DATASHEET)
+    return DATASHEET[key].get(dtype) if key else None
+
+
+def preset_for(gpu_name: str) -> tuple[str, str]:
+    """(name of the simulator's preset for this part, a note when it is only the nearest one); ("h200", note)
+    for a part the table does not know (the preset measured on a real GPU)."""
+    key = _first_match(gpu_name, PRESET_OF)
+    if key is None:
+        return "h200", f"no preset for {gpu_name!r}: the H200's (calibrated on a real H200) for want of one"
+    return PRESET_OF[key]
 
 
 def run_dtype(mixed_precision: str | None) -> str:

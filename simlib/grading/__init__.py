@@ -42,6 +42,7 @@ from . import (  # noqa: E402,F401
     fault_tolerance,
     memory,  # noqa: E402,F401  (lesson 07)
     model_parallel,
+    one_device,  # noqa: E402,F401  (lesson 05b)
     planner,  # noqa: E402,F401  (lesson 13)
     prefetch,  # noqa: E402,F401  (lesson 09b)
     projects,

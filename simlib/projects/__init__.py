@@ -7,7 +7,7 @@
                          series that ships inside the ``arch`` package; tested on the later, real years
     seeding              per-sample seeds, and the check that catches the same seed on every rank
     gpu                  each project's GPU size (``simlib train <name> --size gpu``; chosen by itself when every
-                         rank has a GPU): GPT-2 small's shape, a ResNet on 64x64 digits, 131k paths a step
+                         rank has a GPU): GPT-2's layout at hidden 1536, a ResNet on 64x64 digits, 131k paths a step
 
 Each project's standard run is its folder's ``run.py``; :mod:`simlib.projects.registry` registers them (one line
 each), and ``simlib train``, :mod:`simlib.projects.runner`, the benchmarks and the grader find them there.

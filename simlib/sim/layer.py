@@ -25,6 +25,7 @@ from __future__ import annotations
 from .attention import mean_pairs, mla_gemms
 from .cluster_ops import cp_ops, exposed_comm, moe_ops  # noqa: F401 - exposed_comm: used by cost
 from .compute import gemm_time
+from .gemm_shape import gemm_shape_rate
 from .ops import Op, _backward_gemms, _gemm, fp8_cast_bytes  # noqa: F401 - Op is this module's vocabulary
 from .presets import MXFP8_GEMM_RATIO
 from .ring_comm import in_situ_all_reduce
@@ -314,7 +315,7 @@ def gemm_parts(op: Op, hardware, strategy=None, processes: int = 1, threads=None
     if dtype in ("fp8", "fp4") and op.name.startswith(LOW_PRECISION_EXEMPT):
         dtype = "bf16"  # FP8/FP4 recipes convert the Linears only: attention's GEMMs and the router stay 16-bit
     if hardware.peak_flops:  # a GPU: the whole batched call sets the efficiency
-        math = op.flops / hardware.gemm_rate(op.flops / 1e9, dtype)
+        math = op.flops / gemm_shape_rate(hardware, (m, k, n), dtype, op.count)  # by shape where fitted
         kind = "mx" if dtype == "fp8" and strategy.fp8_recipe == "mx" else dtype
         if kind == "mx":  # block-scaled MXFP8 (Blackwell) below per-tensor FP8
             math /= MXFP8_GEMM_RATIO

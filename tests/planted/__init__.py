@@ -26,4 +26,5 @@ PLANTED_IN = {
     "zero3_prefetch": ("prefetch", "PLANTED"),
     "gpt_plan": ("projects", "GPT"),
     "plan_memory": ("planner", "PLANTED"),
+    "online_softmax": ("one_device", "PLANTED"),
 }

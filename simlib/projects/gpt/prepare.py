@@ -172,6 +172,28 @@ def _check_sha(source: Source, path: Path, digest: str) -> None:
         )
 
 
+CHECKSUMS = "raw/sha256.json"  # the downloaded files' checksums, written as soon as they are known
+
+
+def recorded_checksums(folder) -> dict:
+    """The checksums an earlier run recorded for ``folder``'s downloads: ``raw/sha256.json`` (written right after
+    the download, so a tokenisation stopped half-way keeps it), else a finished folder's ``meta.json``."""
+    folder = Path(folder)
+    recorded = read_meta(folder).get("sha256", {}) if (folder / "meta.json").exists() else {}
+    path = folder / CHECKSUMS
+    if path.exists():
+        recorded = {**recorded, **json.loads(path.read_text())}
+    return recorded
+
+
+def _record_checksums(folder: Path, digests: dict) -> None:
+    path = folder / CHECKSUMS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(digests, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
 # ---- tokenise ----
 def _read_text(path, limit: int | None = None):
     """A text file in pieces of about ENCODE_CHUNK_BYTES, each ending at a line end (``limit``: stop there)."""
@@ -219,7 +241,7 @@ def prepare(
     if corpus in CORPORA:
         spec = CORPORA[corpus]
         folder = Path(out).expanduser() if out else default_folder(corpus)
-        recorded = read_meta(folder).get("sha256", {}) if (folder / "meta.json").exists() else {}
+        recorded = recorded_checksums(folder)
         train_src = Source(spec.train.url, spec.train.size, sha256 or spec.train.sha256 or recorded.get("train"))
         digests = {"train": download(train_src, folder / "raw" / Path(spec.train.url).name, timeout, log)}
         train_path = folder / "raw" / Path(spec.train.url).name
@@ -228,6 +250,7 @@ def prepare(
             valid_path = folder / "raw" / Path(spec.valid.url).name
             valid_src = Source(spec.valid.url, spec.valid.size, spec.valid.sha256 or recorded.get("valid"))
             digests["valid"] = download(valid_src, valid_path, timeout, log)
+        _record_checksums(folder, digests)  # before tokenising: an interrupted run keeps them (meta.json does not)
         for key, src in (("train", train_src), ("valid", spec.valid)):
             if src is not None and not (src.sha256 or recorded.get(key)):
                 log(

@@ -177,12 +177,24 @@ def plot_runs(records: dict, path=None, target: float | None = None):
     for label, rec in records.items():
         ev = rec.eval_frame
         rows = rec.frame
-        (line,) = ax_tokens.plot(ev["tokens"], ev["eval_loss"], "o-", ms=3, label=f"{label} (eval)")
+        evaluated = {"tokens", "train_time", "eval_loss"} <= set(ev.columns)  # none with --budget.eval-every 0
+        color = None
+        if evaluated:
+            (line,) = ax_tokens.plot(ev["tokens"], ev["eval_loss"], "o-", ms=3, label=f"{label} (eval)")
+            color = line.get_color()
+            ax_time.plot(ev["train_time"], ev["eval_loss"], "o-", ms=3, color=color, label=label)
         if {"tokens", "loss"} <= set(rows.columns):  # none when a run resumed at its last step (elastic restart)
-            ax_tokens.plot(rows["tokens"], rows["loss"], color=line.get_color(), alpha=0.3, lw=1)
-        ax_time.plot(ev["train_time"], ev["eval_loss"], "o-", ms=3, color=line.get_color(), label=label)
+            ax_tokens.plot(
+                rows["tokens"],
+                rows["loss"],
+                color=color,
+                alpha=0.3 if evaluated else 1.0,
+                lw=1,
+                label=None if evaluated else f"{label} (training; no evaluation)",
+            )
     top = max(
-        (float(rec.eval_frame["eval_loss"].max()) for rec in records.values() if len(rec.eval_frame)), default=None
+        (float(rec.eval_frame["eval_loss"].max()) for rec in records.values() if "eval_loss" in rec.eval_frame),
+        default=None,
     )
     if top is not None and ax_tokens.get_ylim()[1] > top + 1:  # a warm-up spike of the training loss would
         ax_tokens.set_ylim(top=top + 0.5)  # flatten the curves that matter: clip it
@@ -195,8 +207,9 @@ def plot_runs(records: dict, path=None, target: float | None = None):
     ax_tokens.set_title("loss vs tokens (faint: training loss)")
     ax_time.set_xlabel("training time (s)")
     ax_time.set_title("eval loss vs training time")
-    ax_tokens.legend(fontsize=8)
-    ax_time.legend(fontsize=8)
+    for ax in (ax_tokens, ax_time):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ record = simlib.train.train(task, Plan(dp=2), tokens=task.full_tokens, eval_ever
 
 from __future__ import annotations
 
+from contextlib import nullcontext as _nothing
 from dataclasses import dataclass, field
 
 import torch
@@ -143,6 +144,9 @@ class GPTTask:
         idx = text.encode(prompt, self.data.tokenizer).unsqueeze(0).to(device)
         was = model.training
         model.eval()
-        out = gpt.GPT.generate(model, idx, new_tokens, seed=seed, **kw)
+        # compiled blocks run eagerly here: every new length would be another compile (a minute at the GPU size)
+        stance = getattr(torch.compiler, "set_stance", None)
+        with stance("force_eager") if stance and self.compile else _nothing():
+            out = gpt.GPT.generate(model, idx, new_tokens, seed=seed, **kw)
         model.train(was)
         return text.decode(out[0], self.data.tokenizer)

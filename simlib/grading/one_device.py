@@ -1,0 +1,216 @@
+"""Checks for lesson 05b: an online-softmax (FlashAttention-style) attention forward, blockwise over K/V.
+
+``answer(q, k, v, causal, block) -> out`` for q, k, v of shape (batch, heads, T, head_dim). Every call of the
+check draws its instances afresh (a seed from the operating system, recorded in the detail): sizes where the block
+does not divide T, causal and not, float32 and bfloat16, and scores far past ``exp``'s float32 range, where the
+running max is the whole point. Values are compared with ``F.scaled_dot_product_attention`` in float64; memory by
+a census of every tensor the answer's torch operations produce (a ``TorchDispatchMode``): the largest must stay
+below the full (T x T) score matrix. When an answer is wrong, the grader recomputes the classic mistakes itself and
+names the one it matches.
+"""
+
+from __future__ import annotations
+
+from .core import Result, exercise, max_error
+
+_LARGE = 40.0  # q scaled so that scores reach ~100: exp() of them overflows float32 (past 88.7) without the max
+_TOL = {"float32": 2e-5, "bfloat16": 3e-2}  # against float64: fp32 rounding of a sum of T terms; bf16's 8 bits
+
+
+def _instances(seed: int) -> list[dict]:
+    """The cases one check draws (``seed``: fresh each call): (B, H, T, d, block, causal, dtype, large)."""
+    import random
+
+    rng = random.Random(seed)
+    cases = []
+    for causal in (False, True):
+        t = rng.randint(17, 70)
+        block = rng.choice([b for b in (4, 5, 7, 8, 12, 16) if t % b])  # a block that does not divide T
+        cases.append(
+            dict(
+                b=rng.randint(1, 2),
+                h=rng.randint(1, 3),
+                t=t,
+                d=rng.choice((8, 16)),
+                block=block,
+                causal=causal,
+                dtype="float32",
+                large=False,
+            )
+        )
+    cases.append(
+        dict(
+            b=1,
+            h=2,
+            t=rng.randint(20, 40),
+            d=16,
+            block=rng.choice((3, 6, 9)),
+            causal=rng.random() < 0.5,
+            dtype="bfloat16",
+            large=False,
+        )
+    )
+    cases.append(
+        dict(
+            b=1, h=2, t=rng.randint(30, 60), d=8, block=rng.choice((5, 7, 11)), causal=True, dtype="float32", large=True
+        )
+    )
+    cases.append(dict(b=1, h=1, t=rng.randint(8, 12), d=8, block=64, causal=True, dtype="float32", large=False))
+    return cases
+
+
+def _inputs(case: dict, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    shape = (case["b"], case["h"], case["t"], case["d"])
+    q, k, v = (torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(3))
+    if case["large"]:
+        q = q * _LARGE
+    dtype = getattr(torch, case["dtype"])
+    return [x.to(dtype) for x in (q, k, v)]
+
+
+def _reference(q, k, v, causal: bool, diagonal: int = 0):
+    """Softmax attention in float64 (``diagonal``: -1 masks the diagonal too, +1 lets i see i+1: the off-by-ones)."""
+    import torch
+
+    q, k, v = (x.double() for x in (q, k, v))
+    if diagonal == 0:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    t = q.shape[-2]
+    mask = torch.ones(t, t, dtype=torch.bool).triu(1 + diagonal)
+    scores = scores.masked_fill(mask, float("-inf"))
+    weights = torch.nan_to_num(scores.softmax(-1))  # a row with nothing visible: 0, not NaN
+    return weights @ v
+
+
+def _census_harness(answer, case, seed):
+    """The answer on one instance, watched: its output, and the largest tensor any of its torch ops produced."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    biggest = {"numel": 0, "op": ""}
+
+    class Census(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for o in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(o, torch.Tensor) and o.numel() > biggest["numel"]:
+                    biggest.update(numel=o.numel(), op=str(func), shape=list(o.shape))
+            return out
+
+    q, k, v = _inputs(case, seed)
+    with Census():
+        out = answer(q.clone(), k.clone(), v.clone(), case["causal"], case["block"])
+    if not isinstance(out, torch.Tensor):
+        return {"type": type(out).__name__}
+    return {"type": "Tensor", "out": out.detach().double().clone(), "dtype": str(out.dtype), "biggest": biggest}
+
+
+@exercise("online_softmax")
+def _online_softmax(answer, grader):
+    import os
+
+    import torch
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    cases = _instances(seed)
+    drawn = f"instances drawn with seed {seed}"
+    outs = [grader.ask(_census_harness, answer, case, seed + i, what="your attention") for i, case in enumerate(cases)]
+    for out in outs:
+        if out.get("type") != "Tensor":
+            yield Result("returns a tensor", False, hint=f"return the attention output, not a {out.get('type')}")
+            return
+    yield Result("returns a tensor", True)
+
+    def compare(indices):
+        worst, where = 0.0, ""
+        for i in indices:
+            case, out = cases[i], outs[i]["out"]
+            q, k, v = _inputs(case, seed + i)
+            ref = _reference(q, k, v, case["causal"])
+            err = max_error(out, ref) if out.shape == ref.shape else float("inf")
+            if not err <= _TOL[case["dtype"]] or not torch.isfinite(out).all():
+                return False, f"{case}: max error {err:.3g} (tolerance {_TOL[case['dtype']]:g}); {drawn}"
+            worst = max(worst, err)
+            where = f"worst error {worst:.2g}; {drawn}"
+        return True, where
+
+    def matches(i, fn, rows=slice(None)):
+        case, out = cases[i], outs[i]["out"]
+        q, k, v = _inputs(case, seed + i)
+        ref = fn(q, k, v, case)
+        if out.shape != ref.shape:
+            return False
+        out, ref = out[..., rows, :], ref[..., rows, :]
+        return bool(torch.isfinite(out).all()) and max_error(out, ref) <= 1e-3
+
+    plain = [i for i, c in enumerate(cases) if c["dtype"] == "float32" and not c["large"]]
+    ok, detail = compare(plain)
+    hint = ""
+    if not ok:
+        causal = [i for i in plain if cases[i]["causal"]]
+        for shift, what in ((-1, "the diagonal is masked too"), (1, "each position also sees the next key")):
+            rows = slice(1, None) if shift == -1 else slice(None)  # row 0 sees nothing when the diagonal is masked
+            if causal and all(
+                matches(i, lambda q, k, v, c, s=shift: _reference(q, k, v, True, s), rows) for i in causal
+            ):
+                hint = (
+                    f"causal off by one: {what}. Position i attends to keys 0..i inclusive: mask key j only "
+                    "where j > i (torch.ones(t, t).triu(1))"
+                )
+                break
+        one_block = [i for i in plain if cases[i]["block"] >= cases[i]["t"]]
+        if not hint and one_block and compare(one_block)[0]:
+            hint = (
+                "right with one block, wrong with several: the merge. When a block raises the running max m, "
+                "multiply the accumulator AND the running denominator by exp(m_old − m_new) before adding the "
+                "new block's exp(s − m_new) terms"
+            )
+        hint = hint or (
+            "the output differs from softmax(q·kᵀ/√d)·v: check the scale 1/√d, the mask of a partial last "
+            "block (T not a multiple of the block), and the final division by the running denominator"
+        )
+    yield Result("equals softmax attention (float32; blocks that do not divide T; causal and not)", ok, hint, detail)
+
+    big = [i for i, c in enumerate(cases) if c["large"]]
+    ok_big, detail_big = compare(big)
+    yield Result(
+        "stays finite and exact when scores pass exp's range (|q·k| ~ 100)",
+        ok_big,
+        ""
+        if ok_big
+        else "subtract the running max before exp: exp(s − m) never overflows; exp(s) does past 88.7 in "
+        "float32, and inf/inf is NaN",
+        detail_big,
+    )
+    half = [i for i, c in enumerate(cases) if c["dtype"] == "bfloat16"]
+    ok_half, detail_half = compare(half)
+    yield Result(
+        "works in bfloat16 (within bf16's rounding)",
+        ok_half,
+        ""
+        if ok_half
+        else "keep the output in the inputs' dtype, and the running max, denominator and accumulator in "
+        "float32 (q.float()): bf16's 8-bit mantissa loses the sum",
+        detail_half,
+    )
+    over = []
+    for case, out in zip(cases, outs):
+        full = case["b"] * case["h"] * case["t"] * case["t"]
+        if case["block"] < case["t"] and out["biggest"]["numel"] >= full:
+            over.append(
+                f"T={case['t']}, block={case['block']}: {out['biggest']['op']} made a tensor of shape "
+                f"{out['biggest']['shape']} (the full score matrix has {full} elements)"
+            )
+    yield Result(
+        "never materialises the full (T x T) score matrix",
+        not over,
+        ""
+        if not over
+        else "compute the scores one K/V block at a time (q @ k[..., s:s+block, :]ᵀ): T x block "
+        "at a time, never T x T; that is the memory FlashAttention saves",
+        "; ".join(over[:2]),
+    )
