@@ -41,7 +41,9 @@ sys.path.insert(0, str(ROOT))
 TOTAL_BUDGET = 480  # seconds: the whole check, on one GPU
 # sequential sections (alone on the GPU), then the side-by-side ones; a project's budget is its own run
 BUDGETS = {"calibration": 30, "project": 55, "torchrun": 75, "side_by_side": 200}
-PROJECTS = ("gpt", "vision", "finance")
+from simlib.projects.registry import PROJECTS as REGISTERED  # noqa: E402 - after sys.path names this clone
+
+PROJECTS = tuple(REGISTERED)  # every registered project, at its GPU size (or its full size, said so)
 TRAIN_SECONDS = 20  # each project trains this long at its GPU size (--budget.seconds): enough for a steady step
 EXTRAS = {"notebooks": ("nbclient", "nbformat", "ipykernel", "ipywidgets", "matplotlib"),
           "gpu_tests": ("pytest",), "device_guard": ("pytest",), "projects": ("arch", "sklearn", "tokenizers")}

@@ -16,6 +16,8 @@ from .launch import (
     launch,
 )
 
+from . import debug  # noqa: F401, E402 - the tools plug into the core's hooks (simlib.hooks): hang finder, MFU
+
 __version__ = "0.1.0"
 __all__ = [
     "launch",

@@ -405,10 +405,12 @@ class Cluster(ElasticWorkers):
         by_rank = sorted(failures.values(), key=lambda f: (f.type_name != "WorkerDied",
                                                            "SIGTERM" in f.message, f.rank))
         lines = [f.summary() for f in by_rank]
-        from .debug import hangs
-        finder = hangs.failure_report(os.path.join(self._log_dir, "collectives") if self.hang_finder else None,
-                                      self.world_size, results, failures, pending, error_type is WorkerTimeout,
-                                      getattr(self, "_fn", None), {r: self._pids.get(r) for r in pending})
+        from . import hooks
+        hangs = hooks.tool("hang_finder")  # simlib.debug.hangs, plugged in by simlib.debug
+        finder = hangs and hangs.failure_report(
+            os.path.join(self._log_dir, "collectives") if self.hang_finder else None, self.world_size, results,
+            failures, pending, error_type is WorkerTimeout, getattr(self, "_fn", None),
+            {r: self._pids.get(r) for r in pending})
         if finder:
             lines.append(finder)
         detail = "\n".join(f"--- rank {f.rank} traceback ---\n{f.traceback.rstrip()}" for f in by_rank if f.traceback)
