@@ -77,7 +77,10 @@ def build_summary(task, plan, ctx, state, timeline, rows, evals, target, peak_me
         from . import hooks
 
         try:
-            gpu = {**hooks.tool("peaks").device_peak(ctx.device, plan.mixed_precision), "where": [socket.gethostname(), str(ctx.device)]}
+            gpu = {
+                **hooks.tool("peaks").device_peak(ctx.device, plan.mixed_precision),
+                "where": [socket.gethostname(), str(ctx.device)],
+            }
         except Exception as exc:  # noqa: BLE001 - MFU is a report: a failed yardstick must not lose the run
             import warnings
 

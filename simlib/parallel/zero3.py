@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .recompute import blocks_of
-from .zero import ELEMENTWISE_OPTIMIZERS, all_gather_shards, _count, _global_rank, _group_info, reduce_scatter_shards
+from .zero import ELEMENTWISE_OPTIMIZERS, _count, _global_rank, _group_info, all_gather_shards, reduce_scatter_shards
 
 __all__ = ["Zero3", "check_elementwise", "shard_key"]
 

@@ -20,7 +20,7 @@ import time
 import torch
 from torch import nn
 
-from .zero import all_gather_shards, _count
+from .zero import _count, all_gather_shards
 from .zero3 import Zero3
 
 
