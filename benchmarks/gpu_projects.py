@@ -14,12 +14,15 @@ from pathlib import Path
 
 from gpu_jobs import finish, install_hint, missing, start
 
-PROJECTS = ("gpt", "vision", "finance")
+from simlib.projects.registry import PROJECTS as REGISTERED  # noqa: E402 - gpu_check put this clone on sys.path
+
+PROJECTS = tuple(REGISTERED)  # every registered project, at its GPU size (or its full size, said so)
 TRAIN_SECONDS = 20  # each project trains this long at its GPU size (--budget.seconds): enough for a steady step
 # Seconds of work besides the training (measured on the H200, 2026-12-04, and the GPT's compile on this CPU,
 # scaled): start-up (import torch, CUDA context, data) and, for the GPT, torch.compile of one block (forward and
 # backward) and the samples. A project's budget is (TRAIN_SECONDS + this) x 1.3 or more: a 30 % margin.
 WORK_BESIDES_TRAINING = {"gpt": 60, "vision": 15, "finance": 12}
+WORK_BESIDES_TRAINING.update({name: 15 for name in PROJECTS if name not in WORK_BESIDES_TRAINING})  # a new project
 MARGIN = 1.3
 BUDGETS = {name: round((TRAIN_SECONDS + extra) * MARGIN + 0.5) for name, extra in WORK_BESIDES_TRAINING.items()}
 EXTRAS = ("arch", "sklearn", "tokenizers")

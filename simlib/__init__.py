@@ -4,6 +4,7 @@ The few names most lessons need are here; the rest lives in one module per conce
 (``simlib.collectives``, ``simlib.parallel.data``, ``simlib.sim``, ...).
 """
 
+from . import debug  # noqa: F401 - the tools plug into the core's hooks (simlib.hooks): hang finder, MFU
 from .env import Context, context, cpu_count, init, quick, shutdown
 from .launch import (
     Cluster,

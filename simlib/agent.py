@@ -2,7 +2,7 @@
 ``torchrun``), connected back to the caller, stopped and cleaned up.
 
 ``ElasticWorkers`` is the life-cycle half of ``Cluster`` (start, wait for every rank to join, explain a failed
-start, kill, finish); ``Cluster`` (``simlib/launch.py``) adds the calls, output relay, failures and restarts.
+start, kill, finish); ``Cluster`` (``simlib/warm_cluster.py``, its calls ``simlib/cluster_calls.py``) adds the calls, output relay, failures and restarts.
 """
 
 from __future__ import annotations

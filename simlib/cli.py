@@ -158,9 +158,9 @@ def _train(args) -> int:
 
 
 def _plan(args) -> int:
-    from .sim import planner_cli
+    from . import cli_plan
 
-    return planner_cli.run(args)
+    return cli_plan.run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -315,9 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="every valid plan of a model on a cluster, ranked by the simulator; writes the "
         "best as simlib train's TOML and an sbatch script",
     )
-    from .sim import planner_cli
+    from . import cli_plan
 
-    planner_cli.add_arguments(p)
+    cli_plan.add_arguments(p)
     p.set_defaults(func=_plan)
     return parser
 

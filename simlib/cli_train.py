@@ -145,9 +145,7 @@ def resolve(args) -> RunSpec:
     merged = cfg.merge({"optim": cfg.as_dict(defaults["optim"]), "budget": defaults["budget"]}, given)
     task = _task_overrides(project, given.get("task", {}), defaults["task"])
     if size == "gpu" and "corpus" in given.get("task", {}) and "target" not in given.get("budget", {}):
-        from .projects.gpu import target_for  # the corpus given is not the one the default target was set on
-
-        target = target_for(project, task)
+        target = project_of(project).gpu_target(task)  # the corpus given is not the one the default target was set on
         merged["budget"]["target"] = target if target is not None else merged["budget"].get("target")
     optim = OptimConfig(**merged["optim"])
     budget = cfg.as_dict(cfg.Budget(**merged["budget"]))
@@ -160,7 +158,7 @@ def resolve(args) -> RunSpec:
         needs_folder = bool(args.resume or plan_fields.get("checkpoint_every"))
         plan = _build_plan(project, name, world, plan_fields, len(names) > 1, out if needs_folder else None)
         folder = out / name if len(names) > 1 else out
-        if project_of(project).folder_per_plan and len(names) == 1 and not (args.out or run.get("out")):
+        if project_of(project).per_plan_folders and len(names) == 1 and not (args.out or run.get("out")):
             folder = out / (f"dp{world}" if name == "dp" and not plan_fields else plan.label.replace(" ", "_"))
         if needs_folder:
             plan = _build_plan(project, name, world, plan_fields, len(names) > 1, folder / "checkpoints")
@@ -393,7 +391,7 @@ def scaling_here(args, sizes: dict) -> int:
         )
         if ctx.rank == 0:
             timeline = out["timeline"]
-            row = experiments._row(
+            row = experiments.scaling_row(
                 summarize(timeline), timeline, world, args.threads, sizes["global_batch"], local_batch
             )
             table = pd.DataFrame([row])

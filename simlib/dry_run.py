@@ -88,6 +88,8 @@ def dry_run(spec) -> int:
         model, unpriced = None, str(exc)
     print(f"simlib train {spec.project} --dry-run: nothing is started")
     print(f"world    {where}")
+    if spec.size == "gpu" or spec.size_reason:  # as the run's own first lines say it
+        print(f"size     {spec.size}" + (f": {spec.size_reason}" if spec.size_reason else " (asked for)"))
     print(
         f"task     {type(spec.task).__name__}: "
         + (f"{model.name}, {model.params:,} parameters (simulator's count)" if model else unpriced)

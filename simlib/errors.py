@@ -95,7 +95,7 @@ class WorkerTimeout(WorkerError, TimeoutError):
 _DYNAMIC = re.compile(r'File "<dynamic-code>", line (\d+), in (\S+)')
 
 
-def _code_objects(fn, seen=None):
+def code_objects(fn, seen=None):
     """Code objects of ``fn``, of functions nested in it and of the module-level functions it calls."""
     seen = set() if seen is None else seen
     code = getattr(fn, "__code__", None)
@@ -112,14 +112,14 @@ def _code_objects(fn, seen=None):
         for name in c.co_names:
             other = getattr(fn, "__globals__", {}).get(name)
             if callable(other) and hasattr(other, "__code__"):
-                yield from _code_objects(other, seen)
+                yield from code_objects(other, seen)
     for cell in getattr(fn, "__closure__", None) or ():  # functions it captures (a helper defined beside it)
         try:
             other = cell.cell_contents
         except ValueError:
             continue
         if callable(other) and hasattr(other, "__code__"):
-            yield from _code_objects(other, seen)
+            yield from code_objects(other, seen)
 
 
 def restore_filenames(text: str, fn) -> str:
@@ -128,7 +128,7 @@ def restore_filenames(text: str, fn) -> str:
     if "<dynamic-code>" not in text:
         return text
     files = {}
-    for code in _code_objects(fn):
+    for code in code_objects(fn):
         files.setdefault(code.co_name, []).append(code)
 
     def fix(match):
@@ -151,7 +151,7 @@ _PLUMBING = {
 _FRAME = re.compile(r'^  File "([^"]+)", line (\d+)(.*)$')
 
 
-def _cell_name(filename: str) -> str | None:
+def cell_name(filename: str) -> str | None:
     """``Cell In[n]`` for a notebook cell's file (as IPython numbers it), else None."""
     if "IPython" not in sys.modules:
         return None
@@ -175,7 +175,7 @@ def learner_traceback(text: str) -> str:
             skip = os.path.abspath(m.group(1)) in _PLUMBING
             if not skip:
                 filename, lineno = m.group(1), int(m.group(2))
-                cell = _cell_name(filename)
+                cell = cell_name(filename)
                 if cell:
                     line = f"  {cell}, line {lineno}{m.group(3)}"
                 out.append(line)

@@ -96,6 +96,7 @@ class ParallelModel:
     zero_optimizer: object = None  # ZeRO-1/2: the ShardedOptimizer (its owner of each parameter)
     split: object = None  # cp > 1: the simlib.parallel.context.ContextSplit of every step
     moe: list = field(default_factory=list)  # the model's MoE layers when dp x cp > 1 (MoEFeedForward)
+    step_fn: object = None  # the plan's forward + backward, chosen once by :meth:`choose_step` (parallelize)
 
     # ── data ──
     def shard(self, x, y):
@@ -105,18 +106,24 @@ class ParallelModel:
         return x[r * n : (r + 1) * n].to(self.device), y[r * n : (r + 1) * n].to(self.device)
 
     # ── one step ──
+    def choose_step(self) -> ParallelModel:
+        """Decide once, as the model is built, which step this plan runs: the pipeline schedule (pp > 1), the
+        context/expert step (cp > 1 or MoE layers over several ranks) or the accumulation step."""
+        if self.plan.pp > 1:
+            self.step_fn = self._pipeline_step
+        elif self.split is not None or self.moe:
+            self.step_fn = self._context_expert_step
+        else:
+            self.step_fn = self._accumulation_step
+        return self
+
     def forward_backward(self, x, y):
         """Forward and backward of this rank's share (x, y); gradients end up averaged over the DP group.
 
         Returns this rank's mean loss (a float), or None on pipeline ranks without the last stage.
         """
-        if self.plan.pp > 1:
-            loss = self._pipeline_step(x, y)
-        elif self.split is not None or self.moe:
-            loss = self._context_expert_step(x, y)
-        else:
-            loss = self._accumulation_step(x, y)
-        if getattr(self.plan, "sequence_parallel", False):
+        loss = self.step_fn(x, y)
+        if self.plan.sequence_parallel:
             with _span(self.timeline, "comm", "sequence-parallel grads"):
                 self._sum_sequence_parallel()
         return loss
@@ -269,7 +276,7 @@ class ParallelModel:
         t = torch.tensor([loss if holder else 0.0], dtype=torch.float64, device=self.device)  # NCCL: on the GPU
         if dist.get_world_size() > 1:
             dist.all_reduce(t)
-        return float(t) / (self.plan.dp * getattr(self.plan, "cp", 1))  # cp: each rank's mean over its equal slice
+        return float(t) / (self.plan.dp * self.plan.cp)  # cp: each rank's mean over its equal slice
 
 
 def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None) -> ParallelModel:
@@ -279,9 +286,9 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
     if plan.tp > 1:
         from .parallel.tensor import CommLog
 
-        sp = {"sequence_parallel": True} if getattr(plan, "sequence_parallel", False) else {}
+        sp = {"sequence_parallel": True} if plan.sequence_parallel else {}
         model = task.tensor_parallel(model, groups.tp_group, log=CommLog(timeline=timeline), **sp).to(device)
-    if getattr(plan, "sync_batchnorm", False) and plan.dp > 1:
+    if plan.sync_batchnorm and plan.dp > 1:
         from .parallel.batchnorm import convert_sync_batchnorm
 
         model = convert_sync_batchnorm(model, groups.dp_group)
@@ -298,7 +305,7 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
         checkpoint_blocks(blocks)
     pm = ParallelModel(model, groups, plan, task, device, full_model, timeline=timeline)
     _apply_context_experts(pm, model, groups, plan, task)
-    if getattr(plan, "scales_loss", False):
+    if plan.scales_loss:
         pm.scaler = precision.LossScaler()  # agreed over every rank: TP/PP/ZeRO ranks hold different gradients
     if plan.pp > 1:
         first = task.pipeline_stages(model, 0, plan.pp)[0]
@@ -311,7 +318,7 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
         pm.tied = list(getattr(task, "tied_parameters", lambda m: [])(model))
         if plan.dp > 1:
             dp_lib.broadcast_parameters(pm.module, group=groups.dp_group)
-        return pm
+        return pm.choose_step()
     if plan.zero_stage:
         blocks = task.blocks(model) if plan.zero_stage == 3 and hasattr(task, "blocks") else None
         pm.wrapped = apply_zero(
@@ -323,15 +330,15 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
         )
         if plan.zero_stage == 3:
             pm.module = pm.wrapped  # its parameters are the shards; its forward gathers each block
-    elif plan.dp * getattr(plan, "cp", 1) > 1 and getattr(plan, "ep", 1) == 1:  # ep: _average_expert_parallel
+    elif plan.dp * plan.cp > 1 and plan.ep == 1:  # ep: _average_expert_parallel
         pm.wrapped = dp_lib.wrap(model, plan.dp_variant, plan.bucket_cap_mb, timeline, group=groups.dp_cp_group)
-    return pm
+    return pm.choose_step()
 
 
 def _apply_context_experts(pm: ParallelModel, model: nn.Module, groups, plan, task) -> None:
     """cp: ring attention over the CP group (the task's ``context_parallel``); MoE layers: routing over the
     ``dp x cp`` ranks, and under ep each layer keeps its share of the experts."""
-    cp, ep = getattr(plan, "cp", 1), getattr(plan, "ep", 1)
+    cp, ep = plan.cp, plan.ep
     if cp > 1:
         from .parallel.context import ContextSplit
 
@@ -432,7 +439,7 @@ def clip_grad_norm(pm: ParallelModel, max_norm: float) -> float:
         module = pm.wrapped if pm.wrapped is not None else pm.module
         return float(clip_grad_norm_(list(module.parameters()), max_norm, group=g.dp_group))
     sharded = tensor_parallel_sharded(pm.module) if plan.tp > 1 else set()
-    experts = pm.expert_parameter_ids() if getattr(plan, "ep", 1) > 1 else set()
+    experts = pm.expert_parameter_ids() if plan.ep > 1 else set()
     shared_out = torch.zeros((), dtype=torch.float64, device=pm.device)  # ep: each rank's own experts
     tied = {id(p) for p in pm.tied} if not g.pp_is_first_stage else set()
     params = [p for p in unique_parameters(pm.module) if p.grad is not None]

@@ -74,10 +74,13 @@ def build_summary(task, plan, ctx, state, timeline, rows, evals, target, peak_me
     # every rank's peak memory, matmul rate and, on a GPU, that GPU's peak (MFU compares with their sum)
     gpu = None
     if ctx.device.type == "cuda":
-        from .debug.mfu import device_peak
+        from . import hooks
 
         try:
-            gpu = {**device_peak(ctx.device, plan.mixed_precision), "where": [socket.gethostname(), str(ctx.device)]}
+            gpu = {
+                **hooks.tool("peaks").device_peak(ctx.device, plan.mixed_precision),
+                "where": [socket.gethostname(), str(ctx.device)],
+            }
         except Exception as exc:  # noqa: BLE001 - MFU is a report: a failed yardstick must not lose the run
             import warnings
 

@@ -133,9 +133,9 @@ def _budget_steps(task, steps, tokens, samples, seconds) -> int | None:
 def _matmul_rate(device, size: int = 512, repeats: int = 5, dtypes=("float32",)) -> float:
     """FLOP/s of a size^3 matmul on this process (its threads), the best of ``repeats`` in each of ``dtypes``:
     MFU's yardstick (:func:`simlib.debug.mfu.measured_peak`; the best, so that load cannot push MFU over 1)."""
-    from .debug.mfu import measured_peak
+    from . import hooks
 
-    return measured_peak(device, dtypes, size, repeats)
+    return hooks.tool("peaks").measured_peak(device, dtypes, size, repeats)
 
 
 def train(
@@ -173,136 +173,192 @@ def train(
     allowed to differ from the checkpoint resumed from; any other difference is refused, naming the field.
     ``step_hook``: called with a :class:`StepInfo` as each step starts (see there).
     """
-    from . import env
-    from .timeline import Timeline
-
     guards.check_run_args(steps, tokens, samples, seconds, eval_every, log_every, warmup, nonfinite, target)
-    ctx = env.init()
-    plan.validate(ctx.world_size, task)
-    total_steps = _budget_steps(task, steps, tokens, samples, seconds)
-    if measure_memory and ctx.device.type == "cpu":
-        from .parallel.accumulate import count_every_thread
+    total = _budget_steps(task, steps, tokens, samples, seconds)
+    run = Trainer(task, plan, optim, total, out_dir, warmup, measure_memory, verbose, state_type, allow_changes)
+    while not run.done(seconds):
+        x, y = run.next_batch()
+        loss, norm, step_time = run.train_step(x, y, step_hook, nonfinite)
+        if log_every and (run.step_done % log_every == 0 or run.last_step):
+            run.log(loss, norm, step_time)
+        if eval_every and (run.state.step % eval_every == 0 or run.last_step):
+            run.evaluate()
+            if stop_at_target and run.agree(bool(time_to_target(run.evals, target).get("target_reached"))):
+                break
+        if plan.checkpoint_dir and plan.checkpoint_every and run.state.step % plan.checkpoint_every == 0:
+            run.checkpoint()
+    if eval_every and (not run.evals or run.evals[-1]["step"] != run.state.step):
+        run.evaluate()
+    return run.finish(target)
 
-        count_every_thread()  # before the model exists: every block the measured step frees is one it counts
-    groups = plan.mesh.build()
-    tl = Timeline(rank=ctx.rank, warmup=warmup, device=ctx.device)
-    pm = parallelize(task.build_model().to(ctx.device), groups, plan, task, ctx.device, tl)
-    optimizer, scheduler = build_optimizer(pm, plan, optim, total_steps)
-    state = (state_type or TrainState)(pm.module, optimizer, scheduler, shard=_shard_name(plan, groups))
-    state.scaler = pm.scaler
-    if plan.checkpoint_dir:
+
+class Trainer:
+    """One rank's run, in the steps a reader expects: built once (``__init__``: process group, mesh, model under
+    the plan, optimizer, state, a checkpoint resumed), then :meth:`next_batch`, :meth:`train_step` (forward,
+    backward, optimizer), :meth:`log`, :meth:`evaluate`, :meth:`checkpoint`, and :meth:`finish` (the summary).
+    :func:`train` is the loop over them."""
+
+    def __init__(
+        self, task, plan, optim, total_steps, out_dir, warmup, measure_memory, verbose, state_type, allow_changes
+    ):
+        from . import env
+        from .timeline import Timeline
+
+        ctx = self.ctx = env.init()
+        plan.validate(ctx.world_size, task)
+        self.task, self.plan, self.optim, self.total_steps = task, plan, optim, total_steps
+        if measure_memory and ctx.device.type == "cpu":
+            from .parallel.accumulate import count_every_thread
+
+            count_every_thread()  # before the model exists: every block the measured step frees is one it counts
+        self.measure_memory = measure_memory and ctx.device.type == "cpu"
+        self.verbose = verbose and ctx.rank == 0
+        self.groups = plan.mesh.build()
+        self.tl = Timeline(rank=ctx.rank, warmup=warmup, device=ctx.device)
+        self.pm = parallelize(task.build_model().to(ctx.device), self.groups, plan, task, ctx.device, self.tl)
+        self.optimizer, self.scheduler = build_optimizer(self.pm, plan, optim, total_steps)
+        state = (state_type or TrainState)(
+            self.pm.module, self.optimizer, self.scheduler, shard=_shard_name(plan, self.groups)
+        )
+        self.state, state.scaler = state, self.pm.scaler
+        if plan.checkpoint_dir:
+            self._resume(allow_changes)
+        self.tokens_per_sample = getattr(task, "tokens_per_sample", 0) or 0
+        dtypes = ("float32",) + {"bf16": ("bfloat16",), "fp16": ("float16",)}.get(plan.mixed_precision, ())
+        self.matmul_rate = _matmul_rate(ctx.device, dtypes=dtypes)
+        self.writer = RecordWriter(out_dir if ctx.rank == 0 else None, append=state.step > 0)
+        self.rows, self.evals, self.peak_memory = [], [], None
+        self.first_step, self.t_start = state.step, time.perf_counter()
+        self.shardable = _accepts_part(task)
+        self.skipped = 0  # steps whose update was skipped for NaN/inf (nonfinite="skip")
+        self.local_params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.step_done, self.lr = state.step, 0.0  # the step the last train_step ran, and its learning rate
+
+    def _resume(self, allow_changes) -> None:
         from . import checkpoint  # torch.distributed.checkpoint, atomic
 
-        folder_lock = checkpoint.claim(plan.checkpoint_dir)  # noqa: F841 - the folder is this run's until it returns
-        state.meta = guards.run_meta(task, plan, optim, optim.decay_steps or total_steps)
+        plan, state = self.plan, self.state
+        self.folder_lock = checkpoint.claim(plan.checkpoint_dir)  # the folder is this run's until it is dropped
+        state.meta = guards.run_meta(self.task, plan, self.optim, self.optim.decay_steps or self.total_steps)
         state.free_changes = guards.free_changes(plan)
         if plan.checkpoint_every:
             checkpoint.preflight(plan.checkpoint_dir, state)  # writable, room for a checkpoint: before any step
         if checkpoint.load_latest(plan.checkpoint_dir, state, allow_changes=allow_changes) and allow_changes:
-            guards.apply_optim(optimizer, scheduler, optim)
-    tokens_per_sample = getattr(task, "tokens_per_sample", 0) or 0
-    matmul_rate = _matmul_rate(
-        ctx.device, dtypes=("float32",) + ({"bf16": ("bfloat16",), "fp16": ("float16",)}.get(plan.mixed_precision, ()))
-    )
-    writer = RecordWriter(out_dir if ctx.rank == 0 else None, append=state.step > 0)
-    rows, evals, peak_memory = [], [], None
-    first_step, t_start = state.step, time.perf_counter()
-    shardable = _accepts_part(task)
-    skipped = 0  # steps whose update was skipped for NaN/inf (nonfinite="skip")
-    local_params = [p for g in optimizer.param_groups for p in g["params"]]
+            guards.apply_optim(self.optimizer, self.scheduler, self.optim)
 
-    def one_step(x, y, after_backward=()):
+    @property
+    def last_step(self) -> bool:
+        return self.total_steps is not None and self.state.step >= self.total_steps
+
+    def agree(self, mine: bool) -> bool:
+        return _agree_stop(mine, self.ctx.device)
+
+    def done(self, seconds) -> bool:
+        """The budget is spent: the steps, or (rank 0's clock) the seconds."""
+        if self.total_steps is not None and self.state.step >= self.total_steps:
+            return True
+        return seconds is not None and self.agree(self.state.train_time >= seconds)
+
+    def next_batch(self):
+        """This rank's share of the next global batch (``task.batch(data position)``), on its device."""
+        task, plan, index, rank = self.task, self.plan, self.state.data_step, self.ctx.rank
+        if self.shardable:
+            x, y = task.batch(index, part=self.groups.dp_rank, parts=plan.dp)
+            guards.check_batch(x, y, task.global_batch // plan.dp, index, task.name, rank, "batch part")
+            return x.to(self.ctx.device), y.to(self.ctx.device)
+        x, y = task.batch(index)
+        guards.check_batch(x, y, task.global_batch, index, task.name, rank)
+        return self.pm.shard(x, y)
+
+    def train_step(self, x, y, step_hook=None, nonfinite="stop"):
+        """One step on (x, y): forward, backward, optimizer and schedule, inside the step hook's context ->
+        (this rank's loss, the gradient norm or None, seconds)."""
+        step, state = self.state.step, self.state
+        self.lr = self.scheduler.get_last_lr()[0]
+        t0 = time.perf_counter()
+        info = StepInfo(step, x, y, self.pm, self.optimizer) if step_hook is not None else None
+        hooked = (step_hook(info) if info is not None else None) or nullcontext()
+        after = info.after_backward if info is not None else ()
+        with self.tl.step(step), hooked:
+            if self.measure_memory and step == self.first_step + 1:
+                from .parallel.accumulate import peak_memory as measure
+
+                box = {}
+                self.peak_memory = measure(lambda: box.update(out=self._update(x, y, after)))
+                loss, norm, bad = box["out"]
+            else:
+                loss, norm, bad = self._update(x, y, after)
+        if bad:
+            if nonfinite == "stop":
+                raise guards.nonfinite_error(step, bad, self.lr, self.plan.checkpoint_dir, self.optim.grad_clip)
+            self.skipped += 1
+        step_time = time.perf_counter() - t0
+        state.train_time += step_time
+        state.step += 1
+        state.data_step += 1
+        state.samples += self.task.global_batch
+        state.tokens += self.task.global_batch * self.tokens_per_sample
+        self.step_done = step
+        return loss, norm, step_time
+
+    def _update(self, x, y, after_backward=()):
+        """Forward and backward (the plan's, chosen once), then the optimizer: unscale, clip, check, step."""
+        pm, optimizer = self.pm, self.optimizer
         optimizer.zero_grad(set_to_none=True)
         loss = pm.forward_backward(x, y)
         for hook in after_backward:
             hook()
-        with tl.span("optimizer"):
+        with self.tl.span("optimizer"):
             # loss scaling (fp16): gradients back to their true size; a step with inf/NaN on any rank is skipped
             # by the scaler (that is its job; every rank agrees on it), so the divergence check runs on the others
             finite = pm.scaler.unscale_(unique_parameters(pm.module)) if pm.scaler is not None else True
-            norm = clip_grad_norm(pm, optim.grad_clip) if optim.grad_clip and finite else None
-            bad = guards.nonfinite(loss, local_params, norm, ctx.device, tl) if finite else []  # same on every rank
+            norm = clip_grad_norm(pm, self.optim.grad_clip) if self.optim.grad_clip and finite else None
+            bad = guards.nonfinite(loss, self.local_params, norm, self.ctx.device, self.tl) if finite else []
             if finite and not bad:
                 optimizer.step()
             if pm.scaler is not None:
                 pm.scaler.update()
             if not bad:
-                scheduler.step()
+                self.scheduler.step()
         return loss, norm, bad
 
-    while True:
-        step = state.step
-        if total_steps is not None and step >= total_steps:
-            break
-        if seconds is not None and _agree_stop(state.train_time >= seconds, ctx.device):
-            break
-        index = state.data_step  # the data position (equal to step unless a checkpoint was restored in part)
-        if shardable:
-            x, y = task.batch(index, part=groups.dp_rank, parts=plan.dp)
-            guards.check_batch(x, y, task.global_batch // plan.dp, index, task.name, ctx.rank, "batch part")
-            x, y = x.to(ctx.device), y.to(ctx.device)
-        else:
-            x, y = task.batch(index)
-            guards.check_batch(x, y, task.global_batch, index, task.name, ctx.rank)
-            x, y = pm.shard(x, y)
-        lr = scheduler.get_last_lr()[0]
-        t0 = time.perf_counter()
-        info = StepInfo(step, x, y, pm, optimizer) if step_hook is not None else None
-        hooked = (step_hook(info) if info is not None else None) or nullcontext()
-        after = info.after_backward if info is not None else ()
-        with tl.step(step), hooked:
-            if measure_memory and step == first_step + 1 and ctx.device.type == "cpu":
-                from .parallel.accumulate import peak_memory as measure
+    def log(self, loss, norm, step_time) -> None:
+        """The step's row of the run record (the global loss: a collective); rank 0 prints one line."""
+        step, state, pm = self.step_done, self.state, self.pm
+        row = step_row(step, pm.global_loss(loss), state, self.lr, step_time, self.tl, norm, self.tokens_per_sample)
+        if self.peak_memory is not None and step == self.first_step + 1:
+            row["peak_memory"] = self.peak_memory
+        if pm.scaler is not None:
+            row["loss_scale"], row["skipped_steps"] = pm.scaler.scale, pm.scaler.skipped
+        self.rows.append(row)
+        self.writer.write(row)
+        if self.verbose:
+            print(
+                f"step {step:5d}  loss {row['loss']:.4f}  lr {self.lr:.2e}  {step_time * 1e3:6.0f} ms/step"
+                f"  {state.tokens or state.samples:,} {'tokens' if self.tokens_per_sample else 'samples'}",
+                flush=True,
+            )
 
-                box = {}
-                peak_memory = measure(lambda: box.update(out=one_step(x, y, after)))
-                loss, norm, bad = box["out"]
-            else:
-                loss, norm, bad = one_step(x, y, after)
-        if bad:
-            if nonfinite == "stop":
-                raise guards.nonfinite_error(step, bad, lr, plan.checkpoint_dir, optim.grad_clip)
-            skipped += 1
-        step_time = time.perf_counter() - t0
-        state.train_time += step_time
-        state.step += 1
-        state.data_step += 1
-        state.samples += task.global_batch
-        state.tokens += task.global_batch * tokens_per_sample
-        last = total_steps is not None and state.step >= total_steps
-        if log_every and (step % log_every == 0 or last):
-            row = step_row(step, pm.global_loss(loss), state, lr, step_time, tl, norm, tokens_per_sample)
-            if peak_memory is not None and step == first_step + 1:
-                row["peak_memory"] = peak_memory
-            if pm.scaler is not None:
-                row["loss_scale"], row["skipped_steps"] = pm.scaler.scale, pm.scaler.skipped
-            rows.append(row)
-            writer.write(row)
-            if verbose and ctx.rank == 0:
-                print(
-                    f"step {step:5d}  loss {row['loss']:.4f}  lr {lr:.2e}  {step_time * 1e3:6.0f} ms/step"
-                    f"  {state.tokens or state.samples:,} {'tokens' if tokens_per_sample else 'samples'}",
-                    flush=True,
-                )
-        if eval_every and (state.step % eval_every == 0 or last):
-            _evaluate(task, pm, state, evals, writer, verbose and ctx.rank == 0)
-            if stop_at_target and _agree_stop(bool(time_to_target(evals, target).get("target_reached")), ctx.device):
-                break
-        if plan.checkpoint_dir and plan.checkpoint_every and state.step % plan.checkpoint_every == 0:
-            from . import checkpoint
+    def evaluate(self) -> None:
+        _evaluate(self.task, self.pm, self.state, self.evals, self.writer, self.verbose)
 
-            checkpoint.save(plan.checkpoint_dir, state)
-    if eval_every and (not evals or evals[-1]["step"] != state.step):
-        _evaluate(task, pm, state, evals, writer, verbose and ctx.rank == 0)
-    if ctx.device.type == "cuda":
-        peak_memory = torch.cuda.max_memory_allocated(ctx.device)
-    timeline = tl.gather()
-    summary = build_summary(
-        task, plan, ctx, state, timeline, rows, evals, target, peak_memory, matmul_rate, time.perf_counter() - t_start
-    )
-    summary["skipped_steps"] = skipped
-    writer.finish(summary)
-    return RunRecord(rows=rows, evals=evals, summary=summary, timeline=timeline, model=pm)
+    def checkpoint(self) -> None:
+        from . import checkpoint
+
+        checkpoint.save(self.plan.checkpoint_dir, self.state)
+
+    def finish(self, target) -> RunRecord:
+        """The summary (every rank's timeline gathered), written by rank 0; the run record."""
+        ctx, state = self.ctx, self.state
+        peak = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else self.peak_memory
+        timeline = self.tl.gather()
+        elapsed = time.perf_counter() - self.t_start
+        summary = build_summary(
+            self.task, self.plan, ctx, state, timeline, self.rows, self.evals, target, peak, self.matmul_rate, elapsed
+        )
+        summary["skipped_steps"] = self.skipped
+        self.writer.finish(summary)
+        return RunRecord(rows=self.rows, evals=self.evals, summary=summary, timeline=timeline, model=self.pm)
 
 
 def _shard_name(plan, groups) -> str:
@@ -361,6 +417,7 @@ __all__ = [
     "StepInfo",
     "RunRecord",
     "train",
+    "Trainer",
     "parallelize",
     "build_optimizer",
 ]

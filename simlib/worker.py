@@ -17,7 +17,7 @@ from multiprocessing.connection import Client
 
 import cloudpickle
 
-from . import env, plain
+from . import env, hooks, plain
 
 MARKER = "\x00simlib-flush\x00"  # written after a call's output: all before it has been relayed
 
@@ -181,9 +181,8 @@ def worker_main(address, authkey: bytes, spec: dict) -> None:
         flush_output()
         chan.send(("fatal", rank, failure_fields(exc)))
         sys.exit(1)  # a failure for the agent too (exit code 0 would read as "finished", with no reason given)
-    if spec.get("collective_log"):  # the hang finder (simlib.debug.hangs): each collective noted before it runs
-        from .debug import hangs
-
+    hangs = hooks.tool("hang_finder") if spec.get("collective_log") else None
+    if hangs is not None:  # the hang finder (simlib.debug.hangs): each collective noted before it runs
         hangs.install(spec["collective_log"], rank)
     chan.send(("ready", rank))
     while True:
@@ -194,7 +193,7 @@ def worker_main(address, authkey: bytes, spec: dict) -> None:
         if msg[0] == "stop":
             break
         _, call_id, payload, plain_only = msg
-        if spec.get("collective_log"):
+        if hangs is not None:
             hangs.new_call()
         try:
             fn, args, kwargs = cloudpickle.loads(payload)

@@ -127,6 +127,12 @@ def cluster4():
     cluster.close()
 
 
+@pytest.fixture(scope="session")
+def clusters(cluster2, cluster3, cluster4):
+    """The grader's worlds: every exercise is checked on 2, 3 and 4 ranks ({world size: warm cluster})."""
+    return {2: cluster2, 3: cluster3, 4: cluster4}
+
+
 @pytest.fixture
 def one_process():
     """A test that trains in this process: its process group and the environment variables that made it go after."""

@@ -6,14 +6,14 @@ import dataclasses
 import pytest
 import torch
 
-from simlib.projects import gpu
+from simlib.projects import gpu, registry
 
 H200 = [{"name": "NVIDIA H200", "memory_gib": 139.8, "capability": (9, 0)}]
 T4 = [{"name": "Tesla T4", "memory_gib": 15.0, "capability": (7, 5)}]
 
 
 def test_gpt_preset_is_gpt2_layout_at_hidden_1536_in_bf16_or_fp16_by_the_gpu():
-    big, small = gpu.settings("gpt", 1, H200), gpu.settings("gpt", 1, T4)
+    big, small = registry.get("gpt").size("gpu", 1, H200), registry.get("gpt").size("gpu", 1, T4)
     task = big["task"]
     assert (task.num_layers, task.hidden, task.num_heads, task.seq_len) == (12, 1536, 12, 1024)
     assert task.hidden % 128 == 0 and task.hidden // task.num_heads == 128 and task.compile  # issue 50's shape rules
@@ -31,18 +31,19 @@ def test_gpt_preset_is_gpt2_layout_at_hidden_1536_in_bf16_or_fp16_by_the_gpu():
     assert task.flops_per_sample == task.config.flops_per_token() * 1024 > 6 * 300e6 * 1024
 
 
-@pytest.mark.parametrize("project", ["gpt", "vision", "finance"])
+@pytest.mark.parametrize("project", list(registry.PROJECTS))
 def test_each_gpu_preset_takes_a_step_on_cpu_at_a_reduced_size(project, tmp_path):
     from simlib.projects.runner import run_project
 
-    preset = gpu.settings(project, 1, [])  # no GPU: bf16, which CPU autocast runs
+    preset = registry.get(project).size("gpu", 1, [])  # no GPU: bf16, which CPU autocast runs
     small = {
         "gpt": dict(seq_len=32, hidden=32, num_layers=2, num_heads=2, global_batch=4, eval_windows=2),
         "vision": dict(global_batch=8, image_size=16, width=4),
         "finance": dict(global_batch=256, block=128, hidden=8),
-    }[project]
+    }.get(project, {})  # a project without its reduced size here takes a step at its own
     task = dataclasses.replace(preset["task"], **small)
-    fields = {**preset["plan"], "accumulation": min(preset["plan"].get("accumulation", 1), 2)}
+    plan = preset.get("plan", {})
+    fields = {**plan, "accumulation": min(plan.get("accumulation", 1), 2)}
     from simlib.train import Plan
 
     record, _ = run_project(
@@ -60,14 +61,12 @@ def test_each_gpu_preset_takes_a_step_on_cpu_at_a_reduced_size(project, tmp_path
         out_dir=tmp_path,
         threads=1,
     )
-    assert record.summary["steps"] == 2 and record.summary["plan"]["mixed_precision"] == preset["plan"].get(
-        "mixed_precision"
-    )
+    assert record.summary["steps"] == 2 and record.summary["plan"]["mixed_precision"] == plan.get("mixed_precision")
     assert record.summary["final_eval"] and record.summary["mfu_flops"]  # what MFU needs: dtype and FLOPs
 
 
 def test_vision_and_finance_presets_are_gpu_sized():
-    v, f = gpu.settings("vision", 1, T4), gpu.settings("finance", 1, H200)
+    v, f = registry.get("vision").size("gpu", 1, T4), registry.get("finance").size("gpu", 1, H200)
     assert (
         v["task"].flops_per_sample
         > 100 * dataclasses.replace(v["task"], image_size=16, width=16, blocks_per_stage=1).flops_per_sample

@@ -63,11 +63,6 @@ HINTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def clusters(cluster2, cluster3, cluster4):
-    return {2: cluster2, 3: cluster3, 4: cluster4}
-
-
 def _entries(path):
     import nbformat
 

@@ -11,11 +11,6 @@ from simlib import grading
 cloudpickle.register_pickle_by_value(families)
 
 
-@pytest.fixture(scope="module")
-def clusters(cluster2, cluster3, cluster4):
-    return {2: cluster2, 3: cluster3, 4: cluster4}
-
-
 @pytest.mark.parametrize("exercise", sorted(families.FAMILY3))
 def test_family3_the_algorithm_is_checked_not_only_the_output(exercise, clusters):
     """Right numbers by all_gather (one through an alias bound before the grader ran): the dispatcher-level

@@ -32,11 +32,6 @@ HINT = {
 CASES = [(exercise, answer) for exercise, answers in family3.FAMILY3_CONTRACTS.items() for answer in answers]
 
 
-@pytest.fixture(scope="module")
-def clusters(cluster2, cluster3, cluster4):
-    return {2: cluster2, 3: cluster3, 4: cluster4}
-
-
 @pytest.mark.parametrize("exercise,answer", CASES, ids=[a.__name__ for _, a in CASES])
 def test_the_contract_catches_right_numbers_by_another_algorithm(exercise, answer, clusters):
     report = grading.check(exercise, answer, clusters=clusters, quiet=True, first_failure=True)

@@ -45,11 +45,6 @@ HINTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def clusters(cluster2, cluster3, cluster4):
-    return {2: cluster2, 3: cluster3, 4: cluster4}
-
-
 def test_planted_bugs_are_listed():
     assert all(len(bugs) >= 3 for bugs in PLANTED.values())
     assert set(HINTS) == {name for bugs in PLANTED.values() for name in bugs}

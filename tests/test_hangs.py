@@ -46,8 +46,7 @@ def busy_in_a_loop():
 
 def stuck():
     n = 0
-    while n >= 0:
-        n += 1  # noqa: E701  PLANTED-STUCK (one line: the signal lands on it whatever bytecode runs)
+    while n >= 0: n += 1  # noqa: E701  PLANTED-STUCK (one line: the signal lands on it whatever bytecode runs)  # fmt: skip
 
 
 def wrong_op_on_rank2():

@@ -134,7 +134,12 @@ def test_errors_speak_the_notebooks_language(kernel):
     assert status == "error"
     assert "rank 1: ValueError: bad batch on purpose" in text
     assert "Cell In[" in text and "raise ValueError('bad batch on purpose')" in text
-    assert "ipykernel_" not in text and "simlib/launch.py" not in text and "worker.py" not in text
+    assert (
+        "ipykernel_" not in text
+        and "simlib/launch.py" not in text
+        and "cluster_calls.py" not in text
+        and "worker.py" not in text
+    )
     assert len(text.splitlines()) <= 12, text
     status, text = kernel.run("shared.run(lambda: shared.world_size)")
     assert status == "error" and "cannot send" in text and "`shared`" in text

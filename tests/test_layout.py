@@ -12,6 +12,7 @@ CONTRIBUTING says where each layer may import from.
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -54,6 +55,7 @@ def _dynamic_targets(node: ast.Call, name: str, package: str, literals: set[str]
     return set(literals)  # computed: whatever simlib module the file names may be the one
 
 
+@functools.lru_cache(maxsize=4)  # read once per folder: several tests ask (read-only: nobody changes the result)
 def import_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
     """module -> the modules of the same package it imports (anywhere in its source, in any form)."""
     mods = _modules(package)
@@ -197,3 +199,99 @@ def test_building_blocks_do_not_import_the_layers_above():
         if m.startswith("simlib.parallel.")
     }
     assert not any(bad.values()), {m: d for m, d in bad.items() if d}
+
+
+def group_of(module: str) -> str | None:
+    """The unit a layer is made of: a subpackage (``simlib.debug``, ``simlib.sim``...) or a top-level module
+    (``simlib.train``); None for the package root, which re-exports the top of every layer."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else None
+
+
+def group_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph collapsed onto :func:`group_of`: an edge between two groups when any module of one imports
+    any module of the other."""
+    groups: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        a = group_of(module)
+        if a is None:
+            continue
+        groups.setdefault(a, set()).update(b for d in deps if (b := group_of(d)) not in (None, a))
+    return groups
+
+
+def test_no_circle_among_packages():
+    """Layers point one way (issue 49): ``simlib.debug`` may use the trainer and the launcher, not the other way
+    round (the core calls tools through ``simlib.hooks``); ``simlib.sim`` and the projects likewise."""
+    graph = import_graph()
+    found = cycles(group_graph(graph))
+    edges = [
+        f"{m} -> {d}"
+        for c in found
+        for m, deps in sorted(graph.items())
+        for d in sorted(deps)
+        if group_of(m) in c and group_of(d) in c and group_of(m) != group_of(d)
+    ]
+    assert not found, f"packages that import each other in a circle: {found}; through {edges[:20]}"
+
+
+def test_the_package_circle_finder_finds_one():
+    graph = {"s.a.x": {"s.b"}, "s.b": {"s.a.y"}, "s.a.y": set(), "s.c": {"s.a.x"}}
+    assert cycles(group_graph(graph)) == [["s.a", "s.b"]]
+
+
+def private_imports(package: pathlib.Path = PACKAGE) -> list[str]:
+    """Every use of another package's private name (``_x``) in the source: ``from other import _x`` and
+    ``other_module._x`` on a module bound by an import. Within one package a module may use its siblings' ``_x``."""
+    mods = _modules(package)
+
+    def package_of(module: str) -> str:
+        return module if mods.get(module, (None, True))[1] else module.rpartition(".")[0]
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    found = []
+    for name, (path, _) in mods.items():
+        here = package_of(name)
+        tree = ast.parse(path.read_text(), str(path))
+        bound = {}  # local name -> the simlib module it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                target = _resolve("." * node.level + (node.module or ""), here) if node.level else node.module or ""
+                for alias in node.names:
+                    if f"{target}.{alias.name}" in mods:
+                        bound[alias.asname or alias.name] = f"{target}.{alias.name}"
+                    elif target in mods and private(alias.name) and package_of(target) != here:
+                        found.append(f"{name}: from {target} import {alias.name}")
+            elif isinstance(node, ast.Import):
+                bound.update({a.asname: a.name for a in node.names if a.asname and a.name in mods})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+                target = bound[node.value.id]
+                if private(node.attr) and package_of(target) != here:
+                    found.append(f"{name}: {node.value.id}.{node.attr} ({target})")
+    return sorted(set(found))
+
+
+def test_no_package_uses_another_packages_private_names():
+    """A name with a leading underscore is its package's own: another package that needs it asks for a public name."""
+    found = private_imports()
+    assert not found, "private names used across packages (make them public where they are defined): " + "; ".join(
+        found
+    )
+
+
+def test_the_private_name_finder_finds_them(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "a.py": "def _x():\n    pass\n",
+        "b.py": "from .a import _x\n",  # a sibling's: allowed
+        "sub/__init__.py": "",
+        "sub/c.py": "from ..a import _x\nfrom .. import a\na._x()\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    assert private_imports(pkg) == ["pkg.sub.c: a._x (pkg.a)", "pkg.sub.c: from pkg.a import _x"]

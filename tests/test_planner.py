@@ -297,7 +297,7 @@ def test_each_narrowing_flag_narrows(flag, unnarrowed):
     """simlib plan's --tp/--max-pp/--cp/--dp/--ep/--zero/--no-recompute: the search keeps exactly the plans of
     the full search that meet the flag (same plans, same times), and some plans did not."""
     from simlib import cli
-    from simlib.sim import planner_cli
+    from simlib import cli_plan as planner_cli
 
     model, ok = FLAGS[flag]
     args = cli.build_parser().parse_args(["plan", model, *flag.split()])

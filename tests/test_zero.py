@@ -91,8 +91,8 @@ def _fsdp2_gradient_ratio():
     from torch.distributed.fsdp import fully_shard
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    model, x, y = ze._problem(8, 2, 8, 0)
-    ref, _, _ = ze._problem(8, 2, 8, 0)
+    model, x, y = ze.mlp_problem(8, 2, 8, 0)
+    ref, _, _ = ze.mlp_problem(8, 2, 8, 0)
     mesh = init_device_mesh("cpu", (n,))
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
@@ -120,8 +120,8 @@ def _edge_cases():
     rank = dist.get_rank()
     out = {}
     # frozen parameters stay whole and untouched; the rest trains as in one process
-    ref, x, y = ze._problem(8, 2, 8, 0)
-    model, _, _ = ze._problem(8, 2, 8, 0)
+    ref, x, y = ze.mlp_problem(8, 2, 8, 0)
+    model, _, _ = ze.mlp_problem(8, 2, 8, 0)
     for m in (ref, model):
         m.embed.requires_grad_(False)
     z = zero3.Zero3(model)
@@ -136,14 +136,14 @@ def _edge_cases():
     full = z.full_state_dict()
     out["frozen"] = max(float((full[k] - v).abs().max()) for k, v in ref.state_dict().items())
     # mixed dtypes: one bf16 block; flat shards per dtype
-    model, _, _ = ze._problem(8, 2, 8, 0)
+    model, _, _ = ze.mlp_problem(8, 2, 8, 0)
     model.blocks[1].to(torch.bfloat16)
     z = zero3.Zero3(model)
     out["dtypes"] = sorted(str(s.dtype) for s in z.parameters())
     # errors that name the rank and the remedy
     for name, fn in {
         "lbfgs": lambda: zero3.check_elementwise(torch.optim.LBFGS, rank),
-        "no_optimizer": lambda: zero.ZeroDataParallel(ze._problem(8, 1, 8, 0)[0], stage=2)(x).sum().backward(),
+        "no_optimizer": lambda: zero.ZeroDataParallel(ze.mlp_problem(8, 1, 8, 0)[0], stage=2)(x).sum().backward(),
         "batch": lambda: ze.run_memory("zero1", global_batch=7, measure_peak=False),
         "tied": lambda: zero3.Zero3(_tied_across_blocks()),
     }.items():
@@ -189,8 +189,8 @@ def _cs336_style():
             dict(params=[p for p in ps if p.dim() < 2], weight_decay=0.0),
         ]
 
-    model, x, y = ze._problem(8, 2, 8, 0)
-    ref, _, _ = ze._problem(8, 2, 8, 0)
+    model, x, y = ze.mlp_problem(8, 2, 8, 0)
+    ref, _, _ = ze.mlp_problem(8, 2, 8, 0)
     ddp = DDP(model)
     opt = ShardedOptimizer(groups(model), torch.optim.SGD, lr=0.1, momentum=0.9)
     ref_opt = torch.optim.SGD(groups(ref), lr=0.1, momentum=0.9)
@@ -328,12 +328,12 @@ def _zero3_policy():
     from simlib.parallel import zero3
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    _, x, y = ze._problem(16, 2, 8, 0)
+    _, x, y = ze.mlp_problem(16, 2, 8, 0)
     b = 8 // n
     xs, ys = x[rank * b : (rank + 1) * b], y[rank * b : (rank + 1) * b]
     out = {}
     for label, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
-        model, _, _ = ze._problem(16, 2, 8, 0)
+        model, _, _ = ze.mlp_problem(16, 2, 8, 0)
         counter = CommLog()
         z = zero3.Zero3(model, comm_counter=counter, param_dtype=dtype)
         before = z.full_state_dict()
@@ -352,7 +352,7 @@ def _zero3_policy():
         out[label]["after_dtypes"] = {str(v.dtype) for v in after.values()}
         out[label]["grads"] = {k: before[k] - after[k] for k in before}
     # torch's FSDP2 with the same policy on the same blocks
-    model, _, _ = ze._problem(16, 2, 8, 0)
+    model, _, _ = ze.mlp_problem(16, 2, 8, 0)
     mesh = init_device_mesh("cpu", (n,))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.blocks:
@@ -361,7 +361,7 @@ def _zero3_policy():
     torch.nn.functional.mse_loss(model(xs).float(), ys).backward()
     out["fsdp2"] = {k: p.grad.full_tensor() for k, p in model.named_parameters()}
     out["fsdp2_grad_dtypes"] = {str(p.grad.dtype) for p in model.parameters()}
-    ref, _, _ = ze._problem(16, 2, 8, 0)
+    ref, _, _ = ze.mlp_problem(16, 2, 8, 0)
     torch.nn.functional.mse_loss(ref(x), y).backward()
     out["one_process"] = {k: p.grad for k, p in ref.named_parameters()}
     return out

@@ -8,3 +8,9 @@
 - :mod:`simlib.debug.memory`  the peak memory of a whole training step, by kind (the loop's ``StepMemory`` hook)
 - :mod:`simlib.debug.mfu`     model FLOPs of the GPT, checked against torch's FLOP counter; MFU with a stated peak
 """
+
+from .. import hooks
+
+# the core calls these through simlib.hooks (it never imports simlib.debug: the tools use the core, not the reverse)
+hooks.plug("hang_finder", f"{__name__}.hangs")
+hooks.plug("peaks", f"{__name__}.mfu")

@@ -240,10 +240,10 @@ def report(directory: str, world_size: int, status=None, resolve=None, only_if_d
 def resolver(fn):
     """``resolve(filename, line, function)`` for :func:`diagnose`: code that cloudpickle sent by value runs as
     ``<dynamic-code>`` in the workers; find its real file (a notebook cell, a script) among ``fn``'s code."""
-    from ..errors import _cell_name, _code_objects
+    from ..errors import cell_name, code_objects
 
     codes = {}
-    for code in _code_objects(fn) if fn is not None else ():
+    for code in code_objects(fn) if fn is not None else ():
         codes.setdefault(code.co_name, []).append(code)
 
     def resolve(filename, line, func):
@@ -253,7 +253,7 @@ def resolver(fn):
                 if lines and min(lines) <= line <= max(lines):
                     filename = code.co_filename
                     break
-        return _cell_name(filename) or filename
+        return cell_name(filename) or filename
 
     return resolve
 

@@ -18,6 +18,12 @@ split (a minute of grading here under load): not done. The vision project's digi
 trace is fainter still: an honest run's loss on 450 held-out digits (warped afresh) is 0.03-0.05 nats above its loss
 on 450 training digits; 200 more steps on the held-out digits turn that into -0.03, while 450 digits' sampling noise
 alone needs about 0.13 nats (4 standard errors). Finance draws its held-out paths at check time already.
+
+The vision and finance milestones no longer need such a trace: they re-run the whole recorded run on the grader's
+workers and require the answer's final weights and buffers to be that run's (:func:`.milestones.check_run_length`),
+so weights trained on the held-out digits too, trained longer, or with BatchNorm statistics recomputed on them are
+not (issue 47, item 4). ``gpt_plan`` still relies on the trace above: its weights are unsplit from a TP or PP run
+and its runs are the longest to repeat.
 """
 
 from __future__ import annotations

@@ -22,10 +22,10 @@ def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr
     import torch
     import torch.distributed as dist
 
-    from ..lessons.memory import _problem
+    from ..lessons.memory import mlp_problem
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    model, x, y = _problem(width, depth, global_batch, 0)  # seeded: the same weights on every rank
+    model, x, y = mlp_problem(width, depth, global_batch, 0)  # seeded: the same weights on every rank
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     full_model = copy.deepcopy(model)  # the grader's own: AdamW over every parameter, weighed the same way
     hyper = dict(hyper or {})
@@ -73,9 +73,9 @@ def _sharded_reference(steps, width, depth, global_batch, lr, **hyper) -> dict:
     """One process, the whole batch, AdamW with ``hyper``: what the sharded optimizer must reproduce."""
     import torch
 
-    from ..lessons.memory import _problem
+    from ..lessons.memory import mlp_problem
 
-    model, x, y = _problem(width, depth, global_batch, 0)
+    model, x, y = mlp_problem(width, depth, global_batch, 0)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, **hyper)
     for _ in range(steps):
         torch.nn.functional.mse_loss(model(x), y).backward()

@@ -30,7 +30,7 @@ VARIANTS = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
 _STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp2": 3}
 
 
-def _problem(width, depth, global_batch, seed, in_features=None):
+def mlp_problem(width, depth, global_batch, seed, in_features=None):
     torch.manual_seed(seed)
     model = BlockMLP(width, depth, in_features=in_features)
     x, y = make_regression(global_batch, in_features or width, 1, seed=seed)
@@ -39,7 +39,7 @@ def _problem(width, depth, global_batch, seed, in_features=None):
 
 def reference(steps=3, width=32, depth=2, global_batch=16, lr=1e-2, seed=0) -> dict:
     """One process, the whole batch, AdamW: what every variant must reproduce."""
-    model, x, y = _problem(width, depth, global_batch, seed)
+    model, x, y = mlp_problem(width, depth, global_batch, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
     for _ in range(steps):
@@ -130,7 +130,7 @@ def run_memory(
         _return_freed_memory()  # before anything is allocated, so freed blocks leave the resident set
 
     def run():
-        model, x, y = _problem(width, depth, global_batch, seed)
+        model, x, y = mlp_problem(width, depth, global_batch, seed)
         model.to(device)
         if precision == "masters":
             model.to(torch.bfloat16)
@@ -311,8 +311,8 @@ def measure_collectives(size_bytes=4 << 20, repeats=10, group=None) -> dict:
     full, part = torch.ones(numel), torch.empty(numel // n)
     ops = {
         "all_reduce": lambda: dist.all_reduce(full, group=group),
-        "reduce_scatter": lambda: zero._reduce_scatter(part, full, group=group),
-        "all_gather": lambda: zero._all_gather(full, part, group=group),
+        "reduce_scatter": lambda: zero.reduce_scatter_shards(part, full, group=group),
+        "all_gather": lambda: zero.all_gather_shards(full, part, group=group),
     }
     times = {}
     for name, op in ops.items():

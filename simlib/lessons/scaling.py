@@ -145,7 +145,7 @@ def measure(
     return summarize(timeline), timeline
 
 
-def _row(summary, timeline, world_size, threads, global_batch, local_batch, baseline=None):
+def scaling_row(summary, timeline, world_size, threads, global_batch, local_batch, baseline=None):
     times = step_times(timeline).to_numpy()
     return dict(
         world_size=world_size,
@@ -234,7 +234,7 @@ def scaling(
             dp_variant=dp_variant,
             **where.launch_kwargs,
         )
-        rows.append(_row(summary, timeline, world_size, threads, gb, local_batch, baseline))
+        rows.append(scaling_row(summary, timeline, world_size, threads, gb, local_batch, baseline))
         if baseline is None:
             timelines[world_size] = timeline
     for row in rows:

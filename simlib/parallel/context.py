@@ -192,7 +192,7 @@ def merge(out, lse, block_out, block_lse):
     lse.copy_(new)
 
 
-def _ring_pass(tensors, group, log, name, tag=0):
+def ring_pass(tensors, group, log, name, tag=0):
     """Start sending ``tensors`` to the next rank and receiving the previous rank's: (buffers, requests).
 
     ``tag`` keeps two passes in flight at once apart (K/V and dK/dV have the same shapes)."""
@@ -206,7 +206,7 @@ def _ring_pass(tensors, group, log, name, tag=0):
     return buffers, dist.batch_isend_irecv(ops)
 
 
-def _wait(requests, log, start):
+def wait_ring(requests, log, start):
     for req in requests:
         req.wait()
     if log is not None:
@@ -234,7 +234,7 @@ class RingAttention(torch.autograd.Function):
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
         kv, src, work, compute = (k, v), rank, 0, 0.0
         for step in range(n):
-            incoming = _ring_pass(kv, group, log, "ring: K/V") if step < n - 1 else None
+            incoming = ring_pass(kv, group, log, "ring: K/V") if step < n - 1 else None
             t0 = time.perf_counter()
             theirs = _slices(src, n, seq_len, layout)
             for qi, ki, kind in _pairs(rank, src, n, seq_len, layout, causal):
@@ -249,7 +249,7 @@ class RingAttention(torch.autograd.Function):
             if incoming is not None:
                 t0 = time.perf_counter()
                 buffers, requests = incoming
-                _wait(requests, log, t0)
+                wait_ring(requests, log, t0)
                 kv, src = tuple(buffers), (src - 1) % n
                 del incoming, buffers, requests  # the requests hold the sent block: let it go now
         if stats is not None:
@@ -270,7 +270,7 @@ class RingAttention(torch.autograd.Function):
         mine = _slices(rank, n, seq_len, layout)
         kv, dkv, src = (k, v), (torch.zeros_like(k), torch.zeros_like(v)), rank
         for step in range(n):
-            incoming = _ring_pass(kv, group, log, "ring: K/V (backward)") if step < n - 1 else None
+            incoming = ring_pass(kv, group, log, "ring: K/V (backward)") if step < n - 1 else None
             theirs = _slices(src, n, seq_len, layout)
             for qi, ki, kind in _pairs(rank, src, n, seq_len, layout, causal):
                 (qa, qb), (ka, kb) = mine[qi], theirs[ki]
@@ -286,13 +286,13 @@ class RingAttention(torch.autograd.Function):
                 dkv[0][..., ka:kb, :] += torch.matmul(ds.transpose(-1, -2), qc).mul_(scale)
             if n > 1:  # this block's dK/dV travel on with it; after the last step they reach their owner
                 t0 = time.perf_counter()
-                buffers, requests = _ring_pass(dkv, group, log, "ring: dK/dV (backward)", tag=1)
-                _wait(requests, log, t0)
+                buffers, requests = ring_pass(dkv, group, log, "ring: dK/dV (backward)", tag=1)
+                wait_ring(requests, log, t0)
                 dkv = tuple(buffers)
             if incoming is not None:
                 t0 = time.perf_counter()
                 buffers, requests = incoming
-                _wait(requests, log, t0)
+                wait_ring(requests, log, t0)
                 kv, src = tuple(buffers), (src - 1) % n
                 del incoming, buffers, requests
         return dq, dkv[0], dkv[1], None, None, None, None, None

@@ -52,8 +52,8 @@ ELEMENTWISE_OPTIMIZERS = (
 
 
 # torch 2.13 renamed the tensor-in/tensor-out collectives; older torch (>= 2.4) has the first names only
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_shards = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_shards = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _group_info(group):

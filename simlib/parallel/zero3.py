@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .recompute import blocks_of
-from .zero import ELEMENTWISE_OPTIMIZERS, _all_gather, _count, _global_rank, _group_info, _reduce_scatter
+from .zero import ELEMENTWISE_OPTIMIZERS, _count, _global_rank, _group_info, all_gather_shards, reduce_scatter_shards
 
 __all__ = ["Zero3", "check_elementwise", "shard_key"]
 
@@ -90,7 +90,7 @@ class _Unit:
             return
         self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
         _count(self.comm_counter, "all_gather", self.full)
-        _all_gather(self.full, self.source(), group=self.group)
+        all_gather_shards(self.full, self.source(), group=self.group)
 
     def source(self) -> torch.Tensor:
         """What this rank sends to the all-gather: its shard, cast to the compute dtype first (the policy)."""
@@ -124,7 +124,7 @@ class _GatherParams(torch.autograd.Function):
             grad_full = grad_full.to(unit.reduce_dtype)  # the policy: reduce in fp32, not in the compute dtype
         grad_shard = grad_full.new_empty(unit.chunk)
         _count(unit.comm_counter, "reduce_scatter", grad_full)
-        _reduce_scatter(grad_shard, grad_full.contiguous(), group=unit.group)
+        reduce_scatter_shards(grad_shard, grad_full.contiguous(), group=unit.group)
         grad_shard.div_(unit.world_size)
         return grad_shard.to(unit.shard.dtype), None
 
@@ -205,7 +205,7 @@ class Zero3(nn.Module):
         for unit in self.units:  # the shards' own dtype (fp32 masters), not the policy's compute dtype
             full = unit.shard.new_empty(unit.chunk * unit.world_size)
             _count(unit.comm_counter, "all_gather", full)
-            _all_gather(full, unit.shard.detach(), group=unit.group)
+            all_gather_shards(full, unit.shard.detach(), group=unit.group)
             pieces = full.split(unit.numels + [unit.padding])
             for _, _, index, name in unit.slots:
                 out[f"{unit.name}.{name}".lstrip(".")] = pieces[index].view(unit.shapes[index]).clone()

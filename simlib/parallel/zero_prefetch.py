@@ -20,7 +20,7 @@ import time
 import torch
 from torch import nn
 
-from .zero import _all_gather, _count
+from .zero import _count, all_gather_shards
 from .zero3 import Zero3
 
 
@@ -32,7 +32,7 @@ def issue_gather(unit) -> bool:
     unit.full.untyped_storage().resize_(unit.full.numel() * unit.full.element_size())
     _count(unit.comm_counter, "all_gather", unit.full)
     unit.source_buffer = unit.source()  # (cast to the compute dtype under a policy): alive until the wait
-    unit.work = _all_gather(unit.full, unit.source_buffer, group=unit.group, async_op=True)
+    unit.work = all_gather_shards(unit.full, unit.source_buffer, group=unit.group, async_op=True)
     return True
 
 

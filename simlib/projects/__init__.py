@@ -6,11 +6,14 @@
     finance.HedgingTask  project 3: deep hedging of an option on Monte-Carlo paths calibrated to the S&P 500
                          series that ships inside the ``arch`` package; tested on the later, real years
     seeding              per-sample seeds, and the check that catches the same seed on every rank
-    gpu                  each project's GPU size (``simlib train <name> --size gpu``; chosen by itself when every
-                         rank has a GPU): GPT-2's layout at hidden 1536, a ResNet on 64x64 digits, 131k paths a step
+    gpu                  what the GPU sizes share (``simlib train <name> --size gpu``; chosen by itself when every
+                         rank has a GPU): the GPUs' facts, precision, micro-batches; each size is its project's
+    template/            the folder a new project starts from (an MLP on scikit-learn's diabetes data; not
+                         registered: ``tests/test_project_template.py`` registers a copy)
 
-Each project's standard run is its folder's ``run.py``; :mod:`simlib.projects.registry` registers them (one line
-each), and ``simlib train``, :mod:`simlib.projects.runner`, the benchmarks and the grader find them there.
+Each project's folder declares it in its ``run.py`` (its task, sizes quick/full/gpu, milestone);
+:mod:`simlib.projects.registry` registers them (one line each), and ``simlib train``, ``simlib plan``,
+:mod:`simlib.projects.runner`, the GPU check, the benchmarks and the grader find them there.
 """
 
 

@@ -21,6 +21,10 @@ finance    131,072 Monte-Carlo paths per step (256x the CPU size), a      eval l
            launch-bound: low precision buys nothing there)
 =========  ============================================================  =====================================
 
+Each project declares its GPU size in its own ``run.py`` (``gpu_settings(world_size, facts)``, beside
+``settings``); a project without one runs its full size there, saying so (``registry.Project.size``). This module
+holds what they share: the GPUs' facts, the precision and micro-batch they allow, the automatic choice.
+
 ``simlib train`` picks this size by itself when every rank has a GPU of its own and no size was asked for
 (:func:`auto_size`), and says so. Each preset is a dict like the CPU sizes' (``task``, ``optim``, the budget)
 plus ``plan``: the :class:`simlib.train.Plan` fields it needs (precision, gradient accumulation), and ``note``:
@@ -37,7 +41,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-SIZES = ("quick", "full", "gpu")
+SIZES = ("quick", "full", "gpu")  # a project's sizes: the CPU's quick and full, and the GPU's
 GPU_SECONDS = 1200.0  # the GPT's training time at the GPU size: a Colab session survives it
 
 
@@ -119,102 +123,6 @@ def auto_size(world_size: int, local_world_size: int, backend: str = "auto", gpu
     )
 
 
-def _accumulation(global_batch: int, world_size: int, micro: int) -> int:
+def accumulation_for(global_batch: int, world_size: int, micro: int) -> int:
+    """Micro-batches of ``micro`` samples per rank that make up ``global_batch`` on ``world_size`` ranks."""
     return max(1, global_batch // (world_size * micro))
-
-
-def gpt(world_size: int = 1, facts: list[dict] | None = None, corpus: str | None = None) -> dict:
-    """GPT-2 small's shape on the prepared corpus (``simlib prepare gpt``; none prepared: the shipped one)."""
-    from ..train import OptimConfig
-    from .gpt import prepare
-    from .gpt.task import GPTTask
-
-    facts = gpu_facts() if facts is None else facts
-    micro = micro_batch_for(facts)
-    global_batch = max(64, micro * world_size)  # 65,536 tokens a step on 1 to 2 GPUs
-    corpus = prepare.default_corpus() if corpus is None else corpus
-    task = GPTTask(**GPT_SHAPE, global_batch=global_batch, eval_windows=64, corpus=corpus, compile=True)
-    optim = OptimConfig(lr=6e-4, warmup_steps=100, weight_decay=0.1, grad_clip=1.0, schedule="constant")
-    # the target is a goal set from the baseline (60 % below the unigram loss), not a measured figure
-    note = (
-        ""
-        if corpus
-        else (
-            "no prepared corpus, so it trains on the shipped 5 MB of Shakespeare, which GPT-2 "
-            "small learns by heart within minutes (a check of speed, not of learning): run "
-            "`simlib prepare gpt` once for TinyStories"
-        )
-    )
-    return dict(
-        task=task,
-        seconds=GPU_SECONDS,
-        eval_every=200,
-        log_every=50,
-        optim=optim,
-        note=note,
-        target=gpt_target(task),
-        plan=dict(mixed_precision=precision_for(facts), accumulation=_accumulation(global_batch, world_size, micro)),
-    )
-
-
-def gpt_target(task) -> dict:
-    """The GPT's goal on ``task``'s corpus: 60 % below its unigram cross-entropy (a goal set from the baseline,
-    not a measured figure), so a corpus given with ``--task.corpus`` gets its own (``cli_train.resolve``)."""
-    return {"eval_loss": round(0.4 * task.data.unigram_cross_entropy(), 2)}
-
-
-def target_for(project: str, task) -> dict | None:
-    """The GPU size's target of ``project`` recomputed for ``task`` (after ``--task.*`` overrides), or None when
-    the project's target does not depend on the task."""
-    return gpt_target(task) if project == "gpt" else None
-
-
-def vision(world_size: int = 1, facts: list[dict] | None = None) -> dict:
-    """A wider, deeper ResNet on 64x64 digits: ~3.6 GFLOP forward per image, 512 images a step."""
-    from ..train import OptimConfig
-    from .vision import DigitsTask
-
-    facts = gpu_facts() if facts is None else facts
-    task = DigitsTask(global_batch=512, image_size=64, width=64, blocks_per_stage=2, augment_on="cuda")
-    steps = 1000
-    optim = OptimConfig(name="sgd", lr=0.2, momentum=0.9, weight_decay=5e-4, warmup_steps=steps // 20)
-    return dict(
-        task=task,
-        steps=steps,
-        optim=optim,
-        eval_every=100,
-        log_every=25,
-        target={"accuracy": 0.98},
-        plan=dict(mixed_precision=precision_for(facts)),
-    )
-
-
-def finance(world_size: int = 1, facts: list[dict] | None = None) -> dict:
-    """Many more Monte-Carlo paths (131,072 a step) through a wider, deeper hedging network; fp32."""
-    from ..train import OptimConfig
-    from .finance import HedgingTask
-
-    steps = 400
-    task = HedgingTask(global_batch=131072, block=4096, hidden=64, depth=3, paths_on="cuda")
-    bs = task.evaluate_baseline()
-    return dict(
-        task=task,
-        steps=steps,
-        optim=OptimConfig(name="adamw", lr=3e-3, warmup_steps=steps // 20),
-        eval_every=50,
-        log_every=25,
-        target={"eval_loss": bs["bs_rmse_sim"] ** 2},
-        plan={},
-    )
-
-
-PRESETS = {"gpt": gpt, "vision": vision, "finance": finance}
-
-
-def settings(project: str, world_size: int = 1, facts: list[dict] | None = None) -> dict:
-    """The GPU size of ``project`` on ``world_size`` GPUs (``facts``: :func:`gpu_facts`, given in tests)."""
-    if project not in PRESETS:
-        raise ValueError(f"unknown project {project!r}: use one of {', '.join(PRESETS)}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    return PRESETS[project](world_size, facts)

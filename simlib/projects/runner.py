@@ -113,15 +113,9 @@ def finance_run(quick: bool = False) -> dict:
 
 
 def project_settings(name: str, size: str = "full", world_size: int = 1) -> dict:
-    """The standard run of project ``name`` at ``size``: "quick", "full" (the CPU sizes above) or "gpu"
-    (:mod:`simlib.projects.gpu`; its dict adds ``plan``: the Plan fields that size needs, e.g. bf16)."""
-    from .gpu import SIZES, settings
-
-    if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}: use one of {', '.join(SIZES)}")
-    if size == "gpu":
-        return settings(name, world_size)
-    return get(name)(size == "quick")
+    """The standard run of project ``name`` at ``size``: "quick", "full" (the CPU sizes) or "gpu" (its dict adds
+    ``plan``: the Plan fields that size needs, e.g. bf16); see :meth:`registry.Project.size`."""
+    return get(name).size(size, world_size)
 
 
 def run_project(

@@ -219,7 +219,7 @@ def in_situ_comm(group, repeats: int | None = None, kinds=("a2a", "hop", "hop_ov
 
     - ``a2a``: an all-to-all through :func:`simlib.parallel.all_to_all.all_to_all` after the compute (Ulysses
       and the MoE layer: every rank waits for its peers);
-    - ``hop``: a ring pass of a pair of tensors (:func:`simlib.parallel.context._ring_pass`) started and waited
+    - ``hop``: a ring pass of a pair of tensors (:func:`simlib.parallel.context.ring_pass`) started and waited
       for after the compute (ring attention's dK/dV);
     - ``hop_overlapped``: the same pass started *before* the compute and waited for after it (ring attention's
       K/V). On a box whose cores the ranks share, the transfer's copies take the compute's core: overlapping
@@ -236,7 +236,7 @@ def in_situ_comm(group, repeats: int | None = None, kinds=("a2a", "hop", "hop_ov
     import torch.distributed as dist
 
     from ..parallel.all_to_all import all_to_all
-    from ..parallel.context import _ring_pass, _wait
+    from ..parallel.context import ring_pass, wait_ring
 
     repeats = kernel_repeats(repeats)
     n = dist.get_world_size(group)
@@ -262,15 +262,15 @@ def in_situ_comm(group, repeats: int | None = None, kinds=("a2a", "hop", "hop_ov
         pair = (torch.zeros(size // 8), torch.zeros(size // 8))
 
         def pass_and_wait(*_):
-            _wait(_ring_pass(pair, group, None, "hop")[1], None, 0.0)
+            wait_ring(ring_pass(pair, group, None, "hop")[1], None, 0.0)
 
         flat = torch.zeros(size // 4)
         calls = {
             "a2a": (none, lambda _: all_to_all(x, [1] * n, [1] * n, group=group)),
             "hop": (none, pass_and_wait),
             "hop_overlapped": (
-                lambda: _ring_pass(pair, group, None, "hop")[1],
-                lambda requests: _wait(requests, None, 0.0),
+                lambda: ring_pass(pair, group, None, "hop")[1],
+                lambda requests: wait_ring(requests, None, 0.0),
             ),
             "all_reduce": (none, lambda _: dist.all_reduce(flat, group=group)),
         }

@@ -1,6 +1,6 @@
 """Planted wrong versions of lesson 09b's exercise: prefetching in ZeRO-3 (simlib.parallel.zero_prefetch)."""
 
-from simlib.parallel.zero import _all_gather, _count
+from simlib.parallel.zero import _count, all_gather_shards
 from simlib.parallel.zero_prefetch import Zero3Prefetch, issue_gather
 
 
@@ -56,7 +56,7 @@ class WrongShard(_Right):
                     continue
                 unit.full.untyped_storage().resize_(unit.full.numel() * unit.full.element_size())
                 _count(unit.comm_counter, "all_gather", unit.full)
-                unit.work = _all_gather(unit.full, mine.shard.detach(), group=unit.group, async_op=True)
+                unit.work = all_gather_shards(unit.full, mine.shard.detach(), group=unit.group, async_op=True)
 
 
 class GathersEverythingUpFront(Zero3Prefetch):

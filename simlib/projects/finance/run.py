@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from .task import HedgingTask as TASK
 
+FOLDER_PER_PLAN = True  # results/finance/<plan label>/ by default
+MILESTONE = dict(metric="eval_loss", budget_s=60.0)  # graded by grading.vision_finance (paths drawn at check time)
+
 
 def settings(quick: bool = False) -> dict:
     """Task, budget, optimizer and target (the Black-Scholes delta's held-out loss) of the finance run."""
@@ -21,4 +24,23 @@ def settings(quick: bool = False) -> dict:
         optim=OptimConfig(name="adamw", lr=3e-3, warmup_steps=steps // 20),
         eval_every=every,
         target={"eval_loss": bs["bs_rmse_sim"] ** 2},
+    )
+
+
+def gpu_settings(world_size: int = 1, facts: list[dict] | None = None) -> dict:
+    """The GPU size: 131,072 Monte-Carlo paths per step (256x the CPU size), drawn on the GPU, through a wider,
+    deeper hedging network; fp32 (a 64-wide MLP is launch-bound: low precision buys nothing there)."""
+    from ...plan import OptimConfig
+
+    steps = 400
+    task = TASK(global_batch=131072, block=4096, hidden=64, depth=3, paths_on="cuda")
+    bs = task.evaluate_baseline()
+    return dict(
+        task=task,
+        steps=steps,
+        optim=OptimConfig(name="adamw", lr=3e-3, warmup_steps=steps // 20),
+        eval_every=50,
+        log_every=25,
+        target={"eval_loss": bs["bs_rmse_sim"] ** 2},
+        plan={},
     )

@@ -48,6 +48,49 @@ def settings(quick: bool = False) -> dict:
     )
 
 
+def gpu_target(task) -> dict:
+    """The GPU size's goal on ``task``'s corpus: 60 % below its unigram cross-entropy (a goal set from the baseline,
+    not a measured figure), so a corpus given with ``--task.corpus`` gets its own."""
+    return {"eval_loss": round(0.4 * task.data.unigram_cross_entropy(), 2)}
+
+
+def gpu_settings(world_size: int = 1, facts: list[dict] | None = None, corpus: str | None = None) -> dict:
+    """The GPU size (``simlib train gpt --size gpu``): GPT-2's layout at hidden 1536 (``gpu.GPT_SHAPE``), compiled, on the prepared corpus (``simlib prepare
+    gpt``; none prepared: the shipped one), bf16 or fp16 by the GPU, micro-batches by its memory."""
+    from .. import gpu
+    from . import prepare
+    from .task import GPTTask
+
+    facts = gpu.gpu_facts() if facts is None else facts
+    micro = gpu.micro_batch_for(facts)
+    global_batch = max(64, micro * world_size)  # 65,536 tokens a step on 1 to 2 GPUs
+    corpus = prepare.default_corpus() if corpus is None else corpus
+    task = GPTTask(**gpu.GPT_SHAPE, global_batch=global_batch, eval_windows=64, corpus=corpus, compile=True)
+    optim = OptimConfig(lr=6e-4, warmup_steps=100, weight_decay=0.1, grad_clip=1.0, schedule="constant")
+    note = (
+        ""
+        if corpus
+        else (
+            "no prepared corpus, so it trains on the shipped 5 MB of Shakespeare, which GPT-2 "
+            "small learns by heart within minutes (a check of speed, not of learning): run "
+            "`simlib prepare gpt` once for TinyStories"
+        )
+    )
+    return dict(
+        task=task,
+        seconds=gpu.GPU_SECONDS,
+        eval_every=200,
+        log_every=50,
+        optim=optim,
+        note=note,
+        target=gpu_target(task),
+        plan=dict(
+            mixed_precision=gpu.precision_for(facts),
+            accumulation=gpu.accumulation_for(global_batch, world_size, micro),
+        ),
+    )
+
+
 def plan_for(name: str, world_size: int, micro_batches: int = 4) -> Plan:
     """The plan called ``name`` (one of :data:`PLAN_NAMES`) on ``world_size`` processes (``simlib.plan``'s)."""
     return named_plan(name, world_size, micro_batches)

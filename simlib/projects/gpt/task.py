@@ -126,7 +126,7 @@ class GPTTask:
             raise ValueError(
                 f"pp={plan.pp} stages but the model has {self.num_layers} blocks: use pp <= {self.num_layers}"
             )
-        ep = getattr(plan, "ep", 1)  # seq_len against cp, and ep without experts: Plan.validate (parallel.dims)
+        ep = plan.ep  # seq_len against cp, and ep without experts: Plan.validate (parallel.dims)
         if ep > 1 and self.moe_experts % ep:
             ok = [e for e in range(1, self.moe_experts + 1) if self.moe_experts % e == 0]
             raise ValueError(f"ep={ep} does not divide the {self.moe_experts} experts: use ep in {ok}")

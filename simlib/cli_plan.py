@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PROJECTS = ("gpt", "vision", "finance")
+from .projects import registry  # every registered project is a model simlib plan knows
 
 
 def add_arguments(p) -> None:
     p.add_argument(
         "model",
-        help="8B, 70B, 405B (Llama 3 shapes), a label of sim.LLAMA_SIZES / GPT_SIZES, or a "
-        "project (gpt, vision, finance: its task, validated as simlib train would)",
+        help="8B, 70B, 405B (Llama 3 shapes), a label of sim.LLAMA_SIZES / GPT_SIZES, or a registered "
+        f"project ({', '.join(registry.PROJECTS)}: its task, validated as simlib train would)",
     )
     p.add_argument(
         "--cluster",
@@ -65,10 +65,11 @@ def add_arguments(p) -> None:
 
 
 def _project(name: str, quick: bool):
-    from ..cli_train import _project_defaults
-    from ..dry_run import sim_model
+    """A registered project's task at its quick or full size, and its model as the simulator sees it (the task's
+    ``sim_spec()``)."""
+    from .dry_run import sim_model
 
-    task = _project_defaults(name, "quick" if quick else "full")["task"]
+    task = registry.get(name).size("quick" if quick else "full")["task"]
     return task, sim_model(task)
 
 
@@ -88,18 +89,18 @@ def narrowed(args) -> dict:
 
 
 def run(args) -> int:
-    from .. import env
-    from .planner import gemm_shapes, plan
+    from . import env
+    from .sim.planner import gemm_shapes, plan
 
     task, model = None, args.model
     if args.fastest is not None and args.fastest < 1:
         raise ValueError(f"--fastest must be an int >= 1 (leave it out to rank every plan), got {args.fastest}")
-    if args.model in PROJECTS:
+    if args.model in registry.PROJECTS:
         task, model = _project(args.model, bool(args.quick or env.quick()))
     cluster = args.cluster
     gb = args.global_batch or (task.global_batch if task is not None else 1024)
     if cluster == "here":  # this box, measured: a project's GEMMs at its plans' own shapes, collectives in situ
-        from .calibrate import calibrate
+        from .sim.calibrate import calibrate
 
         world = args.devices or 4
         shapes = gemm_shapes(model, world, gb, task=task, space=narrowed(args)) if task is not None else ()
