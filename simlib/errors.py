@@ -228,16 +228,28 @@ def unpicklable(fn, args, kwargs, error: Exception) -> str:
     )
 
 
+def died_first(err: WorkerError) -> list[int]:
+    """The ranks whose process died on its own (killed, crashed): the cause of their peers' errors (a peer's lost
+    connection, a rank the agent stopped with SIGTERM after), so a one-line summary leads with them."""
+    failures = getattr(err, "failures", None) or {}
+    return sorted(
+        r for r, f in failures.items() if f.type_name == "WorkerDied" and not f.message.startswith("killed by SIGTERM")
+    )
+
+
 def _cause(err: WorkerError) -> str:
     """One line: which rank(s) failed and why (a rank that died first; its peers' lost-connection errors after)."""
     fails = [err.failures[r] for r in sorted(err.failures)]
     # a rank the agent stopped with SIGTERM because another died is a consequence, not a cause: the cause first
-    stopped = [f for f in fails if f.type_name == "WorkerDied" and f.message.startswith("killed by SIGTERM")]
-    died = [f.rank for f in fails if f.type_name == "WorkerDied" and f not in stopped]
+    died = died_first(err)
+    stopped = [f for f in fails if f.type_name == "WorkerDied" and f.rank not in died]
+    first = " first" if len(fails) > 1 else ""  # as the error's own first line says: "rank 0 died first; then 1"
     parts = [
-        f"rank {f.rank} died, {f.message}" if f.message.startswith("killed by") else f"rank {f.rank} died ({f.message})"
+        f"rank {f.rank} died{first}, {f.message}"
+        if f.message.startswith("killed by")
+        else f"rank {f.rank} died{first} ({f.message})"
         for f in fails
-        if f.type_name == "WorkerDied" and f not in stopped
+        if f.rank in died
     ]
     parts += [f"rank {f.rank} then stopped (SIGTERM)" if died else f"rank {f.rank} died, {f.message}" for f in stopped]
     for f in fails:

@@ -197,7 +197,8 @@ def train(
         state.meta = guards.run_meta(task, plan, optim, optim.decay_steps or total_steps)
         state.free_changes = guards.free_changes(plan)
         if plan.checkpoint_every:
-            checkpoint.preflight(plan.checkpoint_dir, state)  # writable, room for a checkpoint: before any step
+            saves = total_steps // plan.checkpoint_every if total_steps is not None else None
+            checkpoint.preflight(plan.checkpoint_dir, state, saves=saves)  # writable, room for its saves: at start
         if checkpoint.load_latest(plan.checkpoint_dir, state, allow_changes=allow_changes) and allow_changes:
             guards.apply_optim(optimizer, scheduler, optim)
     tokens_per_sample = getattr(task, "tokens_per_sample", 0) or 0
@@ -221,7 +222,10 @@ def train(
             # by the scaler (that is its job; every rank agrees on it), so the divergence check runs on the others
             finite = pm.scaler.unscale_(unique_parameters(pm.module)) if pm.scaler is not None else True
             norm = clip_grad_norm(pm, optim.grad_clip) if optim.grad_clip and finite else None
-            bad = guards.nonfinite(loss, local_params, norm, ctx.device, tl) if finite else []  # same on every rank
+            # the same answer on every rank; a batch part of the wrong size (``wrong``) raises on all of them
+            bad = guards.nonfinite(loss, local_params, norm, ctx.device, tl, (x, y), wrong) if finite else []
+            if not finite:
+                guards.agree_batch(wrong, ctx.device)
             if finite and not bad:
                 optimizer.step()
             if pm.scaler is not None:
@@ -239,11 +243,15 @@ def train(
         index = state.data_step  # the data position (equal to step unless a checkpoint was restored in part)
         if shardable:
             x, y = task.batch(index, part=groups.dp_rank, parts=plan.dp)
-            guards.check_batch(x, y, task.global_batch // plan.dp, index, task.name, ctx.rank, "batch part")
+            wrong = guards.check_batch(  # a part only this rank sees: agreed on after the backward
+                x, y, task.global_batch // plan.dp, index, task.name, ctx.rank, "batch part", defer=plan.dp > 1
+            )
+            x, y = guards.fit_rows(x, y, task.global_batch // plan.dp) if wrong else (x, y)  # peers' shapes
             x, y = x.to(ctx.device), y.to(ctx.device)
         else:
             x, y = task.batch(index)
             guards.check_batch(x, y, task.global_batch, index, task.name, ctx.rank)
+            wrong = None
             x, y = pm.shard(x, y)
         lr = scheduler.get_last_lr()[0]
         t0 = time.perf_counter()

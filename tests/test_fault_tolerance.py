@@ -199,7 +199,7 @@ def test_an_exhausted_restart_names_the_rank_that_died_before_the_one_the_agent_
         },
     )
     text = str(_exhausted([first, second], 1))
-    assert "attempt 2: rank 1 died, killed by SIGKILL" in text and "rank 0 then stopped (SIGTERM)" in text
+    assert "attempt 2: rank 1 died first, killed by SIGKILL" in text and "rank 0 then stopped (SIGTERM)" in text
 
 
 def _rank_one_dies_on_the_first_attempt():
