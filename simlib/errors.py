@@ -89,7 +89,21 @@ class Interrupted(KeyboardInterrupt):
 
 
 class WorkerTimeout(WorkerError, TimeoutError):
-    """A call did not finish in time (a hang, a deadlock or a mismatched collective)."""
+    """A call did not finish in time (a hang, a deadlock or a mismatched collective) - or the machine was too busy
+    for the limit: the message says the load measured when it tripped (:mod:`simlib.pace`), first when busy."""
+
+    def __init__(self, message: str, failures: dict[int, RemoteFailure] | None = None, results=None):
+        if "your machine is busy now (" not in message and " cores now: not busy)" not in message:
+            from .pace import pace
+
+            now = pace(max_age=30)
+            first, nl, rest = message.partition("\n")
+            if now.busy:
+                first = f"your machine is busy now ({now.note()}), so a limit can trip on a right answer: {first}"
+            else:
+                first = f"{first} (load {now.load:.1f} on {now.cores} cores now: not busy)"
+            message = first + nl + rest
+        super().__init__(message, failures, results)
 
 
 _DYNAMIC = re.compile(r'File "<dynamic-code>", line (\d+), in (\S+)')
