@@ -419,7 +419,7 @@ def preflight(directory, state=None, keep: int = 2, saves: int | None = None) ->
                     f"{free // expected + 1} would fail mid-run"
                 )
                 problem = (
-                    f"checkpoint_dir {root} has {_mb(free)} free, {why}: the run needs about {_mb(needed)} more. "
+                    f"checkpoint_dir {root} has {_mb(free)} free, {why}: the run needs about {_mb(needed)} free. "
                     "Free space there, or give a checkpoint_dir on a larger disk"
                 )
         except OSError as exc:

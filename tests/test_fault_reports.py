@@ -15,6 +15,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 import torch
+from worlds import limit  # a time limit for an idle machine, scaled to this one now
 
 import simlib
 from simlib import checkpoint, guards
@@ -235,7 +236,7 @@ def _die_in_save(base):
 
 def test_a_rank_killed_during_a_save_is_named_first(tmp_path):
     with pytest.raises(simlib.WorkerError) as info:
-        simlib.launch(_die_in_save, 2, str(tmp_path), max_restarts=0, timeout=10)
+        simlib.launch(_die_in_save, 2, str(tmp_path), max_restarts=0, timeout=limit(10))
     lines = str(info.value).splitlines()
     assert "rank 1 died first" in lines[0], lines[0]
     assert lines[1].startswith("rank 1: WorkerDied"), lines[:3]
@@ -334,7 +335,7 @@ def test_a_submission_that_stopped_the_grader_is_a_failed_row_on_rerun(tmp_path)
     journal.append(log, str(killer), journal.digest(killer), started=True)  # the grader died while it ran
     said = []
     t0 = time.monotonic()
-    rows = batch.grade([folder], timeout=60, journal=log, progress=said.append)
+    rows = batch.grade([folder], timeout=limit(60), journal=log, progress=said.append)
     assert [(r.status, r.passed) for r in rows] == [("error", False)], rows
     assert "stopped while it ran" in said[0] and time.monotonic() - t0 < 30  # not run again
     done, started = journal.read(log, batch.Row)
