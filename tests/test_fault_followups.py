@@ -3,8 +3,8 @@
 (a) ``simlib train``'s one line for a killed rank 0 leads with "rank 0 died first", not with rank 1's "Connection
     closed by peer" (its consequence);
 (b) a batch *part* of the wrong size on one rank ends, on every rank, with the clear error the whole-batch case
-    gets, within seconds (before: that rank alone raised and its peers waited in the gradient all-reduce until
-    they were stopped, with a "hang" report);
+    gets, within seconds (before: that rank alone raised; its peers waited in the gradient all-reduce until the
+    launcher stopped them with a "hang" report, or, where the caller went on, until Gloo's receive timed out);
 (c) the preflight refuses, before any step, a disk with room for one checkpoint but not for the ones rotation
     keeps (before: a warning, then the third save failed mid-run);
 (d) a NaN that begins in one rank's data is blamed on that rank's batch, not answered with "a smaller grad_clip".

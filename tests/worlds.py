@@ -9,8 +9,6 @@ doing other things a right answer takes longer, and a fixed limit would call it 
 import os
 from contextlib import contextmanager
 
-from simlib import pace
-
 
 @contextmanager
 def one_process_world():
@@ -29,6 +27,8 @@ def one_process_world():
 
 def limit(seconds: float) -> float:
     """``seconds`` (enough on this machine idle) scaled to how busy it is now (:func:`simlib.pace.scaled`)."""
+    from simlib import pace  # here, not at import: the conftest imports this module before torch is wanted
+
     return pace.scaled(seconds)
 
 
@@ -36,9 +36,13 @@ def patiently(run, seconds: float, what: str = "the test's call", timeouts: tupl
     """``run(limit)`` with ``seconds`` scaled to the machine; when it trips: re-measured, said (a
     :class:`simlib.pace.BusyMachineWarning` with the load) and run once more with a longer limit; a second trip
     fails the test with the load in its message (:func:`simlib.pace.patiently`)."""
+    from simlib import pace
+
     return pace.patiently(run, seconds, what, timeouts)
 
 
 def load_note() -> str:
     """``load 9.3 on 2 cores: work runs 4.1x slower than on idle cores``, measured now."""
+    from simlib import pace
+
     return pace.pace(refresh=True).note()
