@@ -22,7 +22,7 @@ import time
 import uuid
 from multiprocessing.connection import Listener
 
-from . import env, zygote
+from . import env, pace, zygote
 from .errors import Interrupted, RemoteFailure, WorkerError, WorkerTimeout
 from .plain import NotPlain, frame_loads
 from .worker import BOOTSTRAP, Channel
@@ -274,7 +274,7 @@ class ElasticWorkers:
     def _await_workers(self) -> None:
         """Wait until ``world_size`` (new) workers have connected and joined the process group."""
         q, ready = self._queue, set()
-        deadline = time.monotonic() + self.start_timeout
+        deadline, waited, extended = time.monotonic() + self.start_timeout, self.start_timeout, False
         while len(ready) < self.world_size:
             if self._stash:
                 msg = self._stash.pop(0)
@@ -283,8 +283,19 @@ class ElasticWorkers:
                     msg = q.get(timeout=0.05)
                 except queue.Empty:
                     if time.monotonic() > deadline:
+                        now = pace.pace(refresh=True)  # the limit tripped: how busy is the machine?
+                        if now.busy and not extended:  # once, a longer wait, said; a busy laptop is no failure
+                            more = pace.scaled(self.start_timeout, now)
+                            print(
+                                f"simlib: the {self.world_size} workers have not started within {waited:.0f} s; your "
+                                f"machine is busy ({now.note()}): waiting {more:.0f} s more",
+                                file=sys.stderr,
+                                flush=True,
+                            )
+                            deadline, waited, extended = deadline + more, waited + more, True
+                            continue
                         raise WorkerTimeout(
-                            f"the {self.world_size} workers did not start within {self.start_timeout:.0f} s"
+                            f"the {self.world_size} workers did not start within {waited:.0f} s"
                         ) from None
                     continue
             kind = msg[0]

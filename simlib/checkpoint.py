@@ -26,8 +26,8 @@ Nothing lost on a fault:
   deleted files) is skipped with a warning (:class:`CheckpointFallbackWarning`) and the previous one is loaded.
   Rotation never deletes one of the ``keep`` newest checkpoints that still verify.
 - **Disk trouble in one line.** :func:`preflight` (the trainer calls it at start) checks that the folder can be
-  written and has room for a checkpoint; a full or read-only disk during a save raises :class:`CheckpointError`
-  naming the folder, what is free and what to do, and the partial folder is removed.
+  written and has room for the run's saves (``keep`` kept plus the one being written); a full or read-only disk
+  during a save raises :class:`CheckpointError` naming the folder, what is free and what to do; no partial is left.
 - **What was trained is recorded.** ``meta.json`` holds what the caller passes as ``meta`` (the trainer: the
   task, the plan and the optimizer); loading with a different one raises :class:`CheckpointMismatch` naming each
   field, unless the field is in ``allow_changes``.

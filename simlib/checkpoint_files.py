@@ -17,7 +17,6 @@ import pickle
 import re
 import shutil
 import uuid
-import warnings
 from pathlib import Path
 
 import torch
@@ -367,12 +366,25 @@ def _gather(obj) -> list:
     return out
 
 
-def preflight(directory, state=None, keep: int = 2) -> int:
+def disk_needed(expected: int, kept: list[int], keep: int = 2, saves: int | None = None) -> int:
+    """Free bytes a run's saves need at their peak, beyond what is on disk now: each save writes ``expected`` bytes
+    beside what rotation kept (``kept``: the sizes of the checkpoints in the folder, newest first), then rotation
+    leaves the ``keep`` newest. ``saves``: how many the run makes (None: as many as it takes to reach the steady
+    state of ``keep`` kept plus the one being written)."""
+    on_disk, peak = list(kept), 0
+    for _ in range(min(keep + 1, saves) if saves is not None else keep + 1):
+        peak = max(peak, sum(on_disk) + expected)
+        on_disk = ([expected] + on_disk)[:keep]
+    return max(0, peak - sum(kept))
+
+
+def preflight(directory, state=None, keep: int = 2, saves: int | None = None) -> int:
     """Before training: can ``directory`` be created and written, and does it have room? Every rank calls it.
 
     Returns the expected size of one checkpoint in bytes (0 without ``state``); raises :class:`CheckpointError`
-    (the same line on every rank) when the folder is not writable or a checkpoint does not fit; warns when fewer
-    than ``keep + 1`` fit (``keep`` kept plus the one being written)."""
+    (the same line on every rank) when the folder is not writable or the run's saves do not fit: ``keep`` kept by
+    rotation plus the one being written (fewer when the run makes fewer ``saves``), beside the checkpoints already
+    in the folder. A run that would fill the disk at its third save fails now, before any step, not then."""
     root = Path(directory)
     sd = _state_dict(state) if state is not None else {}
     rngs = _gather(sd.get(PER_RANK_KEY))
@@ -384,7 +396,7 @@ def preflight(directory, state=None, keep: int = 2) -> int:
     sizes = _gather(mine)
     sharded = bool(getattr(state, "shard", ""))
     expected = sum(sizes) if sharded else sizes[0]  # DP: every rank holds the same state, DCP writes it once
-    problem, warn = None, None
+    problem = None
     if _rank() == 0:
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -395,15 +407,20 @@ def preflight(directory, state=None, keep: int = 2) -> int:
                 os.fsync(f.fileno())
             probe.unlink()
             free = shutil.disk_usage(root).free
-            if expected and free < expected:
-                problem = (
-                    f"checkpoint_dir {root} has {_mb(free)} free, one checkpoint needs about {_mb(expected)}: "
-                    "free space there, or give a checkpoint_dir on a larger disk"
+            kept = [_folder_bytes(p) for _, p in reversed(list_checkpoints(root))]
+            needed = disk_needed(expected, kept, keep, saves) if expected else 0
+            if needed > free:
+                n = min(keep + 1, saves) if saves is not None else keep + 1
+                why = (
+                    f"one checkpoint needs about {_mb(expected)}"
+                    if n == 1 or free < expected
+                    else f"room for {free // expected} checkpoint(s) of about {_mb(expected)}, while {n} are on "
+                    f"disk during a save (keep={keep} kept by rotation plus the one being written), so save "
+                    f"{free // expected + 1} would fail mid-run"
                 )
-            elif expected and free < (keep + 1) * expected:
-                warn = (
-                    f"checkpoint_dir {root} has {_mb(free)} free: room for {free // expected} checkpoint(s) of "
-                    f"about {_mb(expected)}, while {keep + 1} are on disk during a save (keep={keep})"
+                problem = (
+                    f"checkpoint_dir {root} has {_mb(free)} free, {why}: the run needs about {_mb(needed)} free. "
+                    "Free space there, or give a checkpoint_dir on a larger disk"
                 )
         except OSError as exc:
             code = exc.errno
@@ -418,11 +435,9 @@ def preflight(directory, state=None, keep: int = 2) -> int:
                 f"checkpoint_dir {root} {what}: nothing would be saved; give a checkpoint_dir on a writable "
                 "disk with room"
             )
-    problem, warn = from_rank0(problem, warn)
+    problem = from_rank0(problem)
     if problem:
         raise CheckpointError(problem)
-    if warn and _rank() == 0:
-        warnings.warn(warn, stacklevel=2)
     return expected
 
 

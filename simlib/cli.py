@@ -324,11 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(exc: BaseException) -> str:
     """A library error as one line: its first line, and for a worker failure the failing rank and its cause."""
-    from .errors import WorkerError, _cause
+    from .errors import WorkerError, _cause, died_first
 
     if isinstance(exc, WorkerError) and getattr(exc, "failures", None):
         raised = [f for _, f in sorted(exc.failures.items()) if f.type_name not in ("WorkerDied", "Timeout")]
-        if raised:  # the error a rank raised says what to do: keep it whole, on one line
+        if raised and not died_first(exc):  # the error a rank raised says what to do: keep it whole, on one line
             return f"rank {raised[0].rank}: {raised[0].type_name}: {' '.join(str(raised[0].message).split())}"
         return _cause(exc)
     text = str(exc).strip()

@@ -89,7 +89,21 @@ class Interrupted(KeyboardInterrupt):
 
 
 class WorkerTimeout(WorkerError, TimeoutError):
-    """A call did not finish in time (a hang, a deadlock or a mismatched collective)."""
+    """A call did not finish in time (a hang, a deadlock or a mismatched collective) - or the machine was too busy
+    for the limit: the message says the load measured when it tripped (:mod:`simlib.pace`), first when busy."""
+
+    def __init__(self, message: str, failures: dict[int, RemoteFailure] | None = None, results=None):
+        if "your machine is busy now (" not in message and " cores now: not busy)" not in message:
+            from .pace import pace
+
+            now = pace(max_age=30)
+            first, nl, rest = message.partition("\n")
+            if now.busy:
+                first = f"your machine is busy now ({now.note()}), so a limit can trip on a right answer: {first}"
+            else:
+                first = f"{first} (load {now.load:.1f} on {now.cores} cores now: not busy)"
+            message = first + nl + rest
+        super().__init__(message, failures, results)
 
 
 _DYNAMIC = re.compile(r'File "<dynamic-code>", line (\d+), in (\S+)')
@@ -228,16 +242,28 @@ def unpicklable(fn, args, kwargs, error: Exception) -> str:
     )
 
 
+def died_first(err: WorkerError) -> list[int]:
+    """The ranks whose process died on its own (killed, crashed): the cause of their peers' errors (a peer's lost
+    connection, a rank the agent stopped with SIGTERM after), so a one-line summary leads with them."""
+    failures = getattr(err, "failures", None) or {}
+    return sorted(
+        r for r, f in failures.items() if f.type_name == "WorkerDied" and not f.message.startswith("killed by SIGTERM")
+    )
+
+
 def _cause(err: WorkerError) -> str:
     """One line: which rank(s) failed and why (a rank that died first; its peers' lost-connection errors after)."""
     fails = [err.failures[r] for r in sorted(err.failures)]
     # a rank the agent stopped with SIGTERM because another died is a consequence, not a cause: the cause first
-    stopped = [f for f in fails if f.type_name == "WorkerDied" and f.message.startswith("killed by SIGTERM")]
-    died = [f.rank for f in fails if f.type_name == "WorkerDied" and f not in stopped]
+    died = died_first(err)
+    stopped = [f for f in fails if f.type_name == "WorkerDied" and f.rank not in died]
+    first = " first" if len(fails) > 1 else ""  # as the error's own first line says: "rank 0 died first; then 1"
     parts = [
-        f"rank {f.rank} died, {f.message}" if f.message.startswith("killed by") else f"rank {f.rank} died ({f.message})"
+        f"rank {f.rank} died{first}, {f.message}"
+        if f.message.startswith("killed by")
+        else f"rank {f.rank} died{first} ({f.message})"
         for f in fails
-        if f.type_name == "WorkerDied" and f not in stopped
+        if f.rank in died
     ]
     parts += [f"rank {f.rank} then stopped (SIGTERM)" if died else f"rank {f.rank} died, {f.message}" for f in stopped]
     for f in fails:

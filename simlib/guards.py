@@ -204,16 +204,55 @@ def check_run_args(
         raise ValueError(f"target must be a dict of metric -> number, e.g. {{'eval_loss': 4.0}}, got {target!r}")
 
 
-def check_batch(x, y, expected: int, step: int, task_name: str, rank: int, what: str = "global batch") -> None:
-    """Refuse a batch whose rows differ from the declared count: data parallelism would drop or duplicate rows."""
+def check_batch(
+    x, y, expected: int, step: int, task_name: str, rank: int, what: str = "global batch", defer: bool = False
+) -> str | None:
+    """Refuse a batch whose rows differ from the declared count: data parallelism would drop or duplicate rows.
+
+    ``defer=True`` (a rank's own part of the batch, which its peers do not see): return the message instead of
+    raising, for :func:`nonfinite` to agree on with the peers after this step's backward (a part of another size
+    runs the same collectives), so that every rank raises it together before the optimizer step; raised alone,
+    the peers would wait in their next collective for a rank that has left."""
     for label, t in (("inputs", x), ("targets", y)):
         rows = t.shape[0] if hasattr(t, "shape") and len(t.shape) else None
         if rows != expected:
-            raise ValueError(
+            problem = (
                 f"rank {rank}, step {step}: task {task_name!r} returned a {what} of {rows} {label} "
                 f"rows where {expected} were declared (global_batch): every batch must have exactly "
                 "that size; fix task.batch() or the task's global_batch"
             )
+            if defer:
+                return problem
+            raise ValueError(problem)
+    return None
+
+
+def fit_rows(x, y, expected: int):
+    """``x`` and ``y`` cut or repeated to ``expected`` rows: a wrong-sized part (:func:`check_batch` with
+    ``defer``) still runs the step's collectives with the shapes its peers use (micro-batches, pipeline sends), so
+    that every rank reaches the agreement and raises; the step's result is never applied. A batch without rows to
+    repeat is refused here, on this rank."""
+    rows = x.shape[0] if hasattr(x, "shape") and len(x.shape) else 0
+    if not rows or not (hasattr(y, "shape") and len(y.shape) and y.shape[0]):
+        raise ValueError(f"a batch part without rows (inputs {getattr(x, 'shape', None)}): fix task.batch()")
+    return tuple(t[torch.arange(expected) % t.shape[0]] for t in (x, y))
+
+
+def agree_batch(wrong: str | None, device=None, flag: float = 0.0) -> float:
+    """Every rank's answer to "was some rank's batch part of the wrong size?" (see :func:`check_batch`): raises
+    the first such rank's ``ValueError`` on every rank; else returns the all-reduced maximum of ``flag`` (one
+    all-reduce for both questions)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        if wrong:
+            raise ValueError(wrong)
+        return flag
+    both = torch.tensor([flag, 1.0 if wrong else 0.0], device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    if both[1].item():
+        said = [None] * dist.get_world_size()
+        dist.all_gather_object(said, wrong)
+        raise ValueError(next(s for s in said if s))  # the first such rank's, on every rank
+    return both[0].item()
 
 
 def _local_bad(loss, params) -> tuple[bool, bool]:
@@ -226,11 +265,26 @@ def _local_bad(loss, params) -> tuple[bool, bool]:
     return loss_bad, grad_bad
 
 
-def nonfinite(loss, params, norm=None, device=None, timeline=None) -> list[tuple[int, bool, bool]]:
-    """Which ranks saw a non-finite loss or gradient this step: ``[(rank, loss_bad, grad_bad), ...]`` (empty when
-    all is finite), the same answer on every rank. ``norm``: the global gradient norm when one was computed
-    (clipping) - then only the loss needs checking locally. One all-reduce of one number per step (a "comm" span
-    of ``timeline`` when given: it blocks, so it is exposed communication)."""
+def _data_bad(batch) -> bool:
+    """Does this rank's batch itself hold NaN or inf (in any floating tensor of it)?"""
+    tensors = batch if isinstance(batch, (tuple, list)) else (batch,)
+    return any(torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors)
+
+
+class Nonfinite(list):
+    """What :func:`nonfinite` found: ``[(rank, loss_bad, grad_bad, data_bad), ...]`` for the ranks that saw a
+    non-finite value (empty when all is finite), and ``finite_loss``: the ranks whose own loss was finite."""
+
+    finite_loss: tuple = ()
+
+
+def nonfinite(loss, params, norm=None, device=None, timeline=None, batch=None, wrong=None) -> Nonfinite:
+    """Which ranks saw a non-finite loss or gradient this step: ``[(rank, loss_bad, grad_bad, data_bad), ...]``
+    (empty when all is finite), the same answer on every rank. ``norm``: the global gradient norm when one was
+    computed (clipping) - then only the loss needs checking locally. ``batch``: this rank's ``(x, y)``, looked at
+    only on a bad step (did the data itself hold the NaN?). ``wrong``: this rank's deferred :func:`check_batch`
+    message, agreed on in the same all-reduce (every rank raises it). One all-reduce of two numbers per step (a
+    "comm" span of ``timeline`` when given: it blocks, so it is exposed communication)."""
     loss_bad, grad_bad = (
         loss is not None and not math.isfinite(float(loss)),
         norm is not None and not math.isfinite(norm),
@@ -239,23 +293,57 @@ def nonfinite(loss, params, norm=None, device=None, timeline=None) -> list[tuple
         loss_bad, grad_bad = _local_bad(loss, params)
     multi = dist.is_initialized() and dist.get_world_size() > 1
     if not multi:
-        return [(0, loss_bad, grad_bad)] if (loss_bad or grad_bad) else []
-    flag = torch.tensor([1.0 if (loss_bad or grad_bad) else 0.0], device=device)
+        agree_batch(wrong)
+        found = Nonfinite(
+            [(0, loss_bad, grad_bad, batch is not None and _data_bad(batch))] if loss_bad or grad_bad else []
+        )
+        found.finite_loss = (0,) if loss is not None and not loss_bad else ()
+        return found
     with timeline.span("comm", name="non-finite check") if timeline is not None else nullcontext():
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        any_bad = flag.item()
+        any_bad = agree_batch(wrong, device, 1.0 if (loss_bad or grad_bad) else 0.0)
     if not any_bad:
-        return []
-    everyone = [None] * dist.get_world_size()  # only on a bad step: who saw what
-    dist.all_gather_object(everyone, (dist.get_rank(), loss_bad, grad_bad))
-    return [e for e in everyone if e[1] or e[2]]
+        return Nonfinite()
+    everyone = [None] * dist.get_world_size()  # only on a bad step: who saw what, and whether the data held it
+    mine = (dist.get_rank(), loss_bad, grad_bad, batch is not None and _data_bad(batch), loss is not None)
+    dist.all_gather_object(everyone, mine)
+    found = Nonfinite(e[:4] for e in everyone if e[1] or e[2] or e[3])
+    found.finite_loss = tuple(e[0] for e in everyone if e[4] and not e[1])
+    return found
+
+
+def _ranks(ranks) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
 
 
 def nonfinite_message(step: int, bad, lr: float, last_checkpoint=None, grad_clip=None) -> str:
     """One line for a non-finite step: the rank(s) whose own loss went NaN/inf first (a local value, before any
-    collective), then where the gradient all-reduce spread it; remedies that are not already in force."""
-    origin = sorted(r for r, loss_bad, _ in bad if loss_bad)
-    spread = sorted(r for r, _, grad_bad in bad if grad_bad)
+    collective), then where the gradient all-reduce spread it; remedies that are not already in force. When the
+    NaN began in one rank's data (its batch holds NaN/inf, or its loss alone is NaN while another rank's is
+    finite), the data is named as the fault, with the rank and the batch: a lower lr or clipping cannot fix it."""
+    origin = sorted(r for r, loss_bad, *_ in bad if loss_bad)
+    spread = sorted(r for r, _, grad_bad, *_ in bad if grad_bad)
+    in_data = sorted(e[0] for e in bad if len(e) > 3 and e[3])
+    finite = sorted(getattr(bad, "finite_loss", ()) or ())
+    kept = f"; the newest checkpoint is {last_checkpoint}" if last_checkpoint else ""
+    stopped = f"stopped before the optimizer step, so the weights are those before step {step}{kept}"
+    skip = "or pass nonfinite='skip' to skip such steps and count them"
+    if in_data or (origin and finite):  # one rank's data: not the training's fault
+        ranks = in_data or origin
+        whose = " and ".join(f"the batch {_ranks([r])} trained on at step {step}" for r in ranks)
+        if in_data:
+            where = f"{whose} holds NaN or inf: the data is at fault, not the training"
+        else:
+            where = (
+                f"the loss became NaN or inf on {_ranks(origin)} while {_ranks(finite)} computed a finite loss at "
+                f"the same step: {whose} is what differs, so the data is the likely fault, not the training"
+            )
+        if [r for r in spread if r not in ranks]:
+            where += f"; the gradient all-reduce then spread it to ranks {spread}"
+        return (
+            f"step {step}: {where}; {stopped}. Look at task.batch({step}) on {_ranks(ranks)} (NaN or inf in "
+            f"the inputs or targets, values out of range?) and fix or drop those rows, {skip} (a lower lr or "
+            "grad_clip cannot take a NaN out of the data)"
+        )
     if origin:
         where = f"the loss became NaN or inf on rank(s) {origin} first (computed there, before any collective)"
         if [r for r in spread if r not in origin]:
@@ -265,21 +353,13 @@ def nonfinite_message(step: int, bad, lr: float, last_checkpoint=None, grad_clip
             f"the gradients became NaN or inf on rank(s) {spread} while every loss was finite (after the "
             "all-reduce, which hands one rank's NaN to all: the rank it began on is not known)"
         )
-    kept = f"; the newest checkpoint is {last_checkpoint}" if last_checkpoint else ""
-    todo = []
-    if origin and any(r not in origin for r, _, _ in bad):  # some ranks' losses were fine: their data differ
-        todo.append(f"look at the batch of rank(s) {origin} at step {step} (NaN or inf in the data?)")
-    todo.append(f"lower the lr (now {lr:.3g})")
+    todo = [f"lower the lr (now {lr:.3g})"]
     if grad_clip is None:
         todo.append("set OptimConfig(grad_clip=1.0)")
     else:
         todo.append(f"a smaller grad_clip (now {grad_clip:g})")
-    todo.append("pass nonfinite='skip' to skip such steps and count them")
-    todo = ", ".join(todo[:-1]) + f", or {todo[-1]}"
-    return (
-        f"step {step}: {where} (training diverged); stopped before the optimizer step, so the weights are "
-        f"those before step {step}{kept}. {todo[0].upper()}{todo[1:]}"
-    )
+    todo = ", ".join(todo) + f", {skip}"
+    return f"step {step}: {where} (training diverged); {stopped}. {todo[0].upper()}{todo[1:]}"
 
 
 def nonfinite_error(step: int, bad, lr: float, checkpoint_dir=None, grad_clip=None) -> NonFiniteError:

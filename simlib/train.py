@@ -232,6 +232,7 @@ class Trainer:
         self.shardable = _accepts_part(task)
         self.skipped = 0  # steps whose update was skipped for NaN/inf (nonfinite="skip")
         self.local_params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.wrong = None  # this step's batch part, when its size is wrong (raised on every rank after the backward)
         self.step_done, self.lr = state.step, 0.0  # the step the last train_step ran, and its learning rate
 
     def _resume(self, allow_changes) -> None:
@@ -242,7 +243,9 @@ class Trainer:
         state.meta = guards.run_meta(self.task, plan, self.optim, self.optim.decay_steps or self.total_steps)
         state.free_changes = guards.free_changes(plan)
         if plan.checkpoint_every:
-            checkpoint.preflight(plan.checkpoint_dir, state)  # writable, room for a checkpoint: before any step
+            total_steps = self.total_steps
+            saves = total_steps // plan.checkpoint_every if total_steps is not None else None
+            checkpoint.preflight(plan.checkpoint_dir, state, saves=saves)  # writable, room for its saves: at start
         if checkpoint.load_latest(plan.checkpoint_dir, state, allow_changes=allow_changes) and allow_changes:
             guards.apply_optim(self.optimizer, self.scheduler, self.optim)
 
@@ -264,10 +267,15 @@ class Trainer:
         task, plan, index, rank = self.task, self.plan, self.state.data_step, self.ctx.rank
         if self.shardable:
             x, y = task.batch(index, part=self.groups.dp_rank, parts=plan.dp)
-            guards.check_batch(x, y, task.global_batch // plan.dp, index, task.name, rank, "batch part")
+            part = task.global_batch // plan.dp
+            self.wrong = guards.check_batch(  # a part only this rank sees: agreed on after the backward
+                x, y, part, index, task.name, rank, "batch part", defer=plan.dp > 1
+            )
+            x, y = guards.fit_rows(x, y, part) if self.wrong else (x, y)  # the peers' shapes, so collectives match
             return x.to(self.ctx.device), y.to(self.ctx.device)
         x, y = task.batch(index)
         guards.check_batch(x, y, task.global_batch, index, task.name, rank)
+        self.wrong = None
         return self.pm.shard(x, y)
 
     def train_step(self, x, y, step_hook=None, nonfinite="stop"):
@@ -313,7 +321,11 @@ class Trainer:
             # by the scaler (that is its job; every rank agrees on it), so the divergence check runs on the others
             finite = pm.scaler.unscale_(unique_parameters(pm.module)) if pm.scaler is not None else True
             norm = clip_grad_norm(pm, self.optim.grad_clip) if self.optim.grad_clip and finite else None
-            bad = guards.nonfinite(loss, self.local_params, norm, self.ctx.device, self.tl) if finite else []
+            # the same answer on every rank; a batch part of the wrong size (``self.wrong``) raises on all of them
+            device, wrong = self.ctx.device, self.wrong
+            bad = guards.nonfinite(loss, self.local_params, norm, device, self.tl, (x, y), wrong) if finite else []
+            if not finite:
+                guards.agree_batch(wrong, device)
             if finite and not bad:
                 optimizer.step()
             if pm.scaler is not None:

@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from worlds import one_process_world
+from worlds import limit, one_process_world  # limit: 20 s on an idle machine, scaled (simlib.pace)
 
 
 def _alive(pid: int) -> bool:
@@ -95,7 +95,7 @@ def _no_world_left_by_a_module(request):
 def cluster2():
     import simlib
 
-    cluster = simlib.Cluster(2, timeout=20)
+    cluster = simlib.Cluster(2, timeout=limit(20))
     yield cluster
     cluster.close()
 
@@ -109,7 +109,7 @@ def cluster3():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", simlib.OversubscribedWarning)
-        cluster = simlib.Cluster(3, timeout=20)
+        cluster = simlib.Cluster(3, timeout=limit(20))
     yield cluster
     cluster.close()
 
@@ -122,7 +122,7 @@ def cluster4():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", simlib.OversubscribedWarning)
-        cluster = simlib.Cluster(4, timeout=20)
+        cluster = simlib.Cluster(4, timeout=limit(20))
     yield cluster
     cluster.close()
 

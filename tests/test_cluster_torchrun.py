@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from worlds import limit
 
 from simlib import checkpoint, cli, env
 
@@ -188,6 +189,7 @@ def _kill_after_a_checkpoint(node, out: Path, others, timeout=240) -> int:
     """Kill ``node`` (agent and workers) once a checkpoint is written, at a known point of the run: the node is
     frozen (SIGSTOP) while the checkpoints are read, so the others cannot finish meanwhile (the next DP
     all-reduce waits for it), then killed; between looks it runs. Returns the newest step checkpointed."""
+    timeout = limit(timeout)  # for an idle machine: scaled to how busy it is now
     deadline = time.monotonic() + timeout
     while not (out / "run.jsonl").is_file():  # workers still starting: no need to freeze yet
         assert all(p.poll() is None for p in (node, *others)), "a node ended before training began"

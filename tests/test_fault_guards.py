@@ -16,6 +16,7 @@ from dataclasses import replace
 import cloudpickle
 import pytest
 import torch
+from worlds import limit  # a time limit for an idle machine, scaled to this one now
 
 import simlib
 from simlib import checkpoint, guards
@@ -93,7 +94,7 @@ def _check_resumed(out, plans):
 
 
 def test_every_2_rank_plan_saves_is_killed_restarts_and_resumes_bit_equal(tmp_path):
-    out = simlib.launch(_save_kill_resume, 2, str(tmp_path), PLANS2, max_restarts=1, timeout=30)
+    out = simlib.launch(_save_kill_resume, 2, str(tmp_path), PLANS2, max_restarts=1, timeout=limit(30))
     assert all(o[2] == 1 for o in out[0].values()), "the restarted attempt should have resumed every plan"
     _check_resumed(out[0], PLANS2)
     assert out[0] == out[1]  # every rank logs the global loss
@@ -317,7 +318,7 @@ def test_full_and_read_only_disks_in_one_line(tmp_path, one_process):
             _losses(Plan(checkpoint_dir=str(ro / "ckpt"), checkpoint_every=2), 4, task=_reg())
     finally:
         for p in (full, ro):
-            subprocess.run(["umount", str(p)], capture_output=True)
+            subprocess.run(["umount", "--lazy", str(p)], capture_output=True)
 
 
 class _Rows17:

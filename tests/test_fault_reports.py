@@ -15,6 +15,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 import torch
+from worlds import limit  # a time limit for an idle machine, scaled to this one now
 
 import simlib
 from simlib import checkpoint, guards
@@ -235,7 +236,7 @@ def _die_in_save(base):
 
 def test_a_rank_killed_during_a_save_is_named_first(tmp_path):
     with pytest.raises(simlib.WorkerError) as info:
-        simlib.launch(_die_in_save, 2, str(tmp_path), max_restarts=0, timeout=10)
+        simlib.launch(_die_in_save, 2, str(tmp_path), max_restarts=0, timeout=limit(10))
     lines = str(info.value).splitlines()
     assert "rank 1 died first" in lines[0], lines[0]
     assert lines[1].startswith("rank 1: WorkerDied"), lines[:3]
@@ -285,9 +286,9 @@ def _nan_and_layouts(base):
 def test_nan_names_its_rank_and_layout_changes_are_not_offered_allow_changes(tmp_path, cluster2):
     out = cluster2.call(_nan_and_layouts, (str(tmp_path),), timeout=300)[0]
     nan = out["nan"]
-    assert "step 2: the loss became NaN or inf on rank(s) [1] first" in nan, nan
-    assert "spread it to rank(s) [0, 1]" in nan and "Look at the batch of rank(s) [1]" in nan, nan
-    assert "set OptimConfig(grad_clip" not in nan and "a smaller grad_clip (now 1)" in nan, nan  # it is set
+    assert "step 2: the batch rank 1 trained on at step 2 holds NaN or inf: the data is at fault" in nan, nan
+    assert "spread it to ranks [0, 1]" in nan and "Look at task.batch(2) on rank 1" in nan, nan
+    assert "grad_clip (now" not in nan and "lower the lr" not in nan, nan  # no cure for a NaN in the data
     for allow in ((), ("plan.zero_stage",)):
         text = out[f"zero{allow}"]
         assert "plan.zero_stage: saved 0, now 1" in text and "Plan(zero_stage=0" in text, text
@@ -334,7 +335,7 @@ def test_a_submission_that_stopped_the_grader_is_a_failed_row_on_rerun(tmp_path)
     journal.append(log, str(killer), journal.digest(killer), started=True)  # the grader died while it ran
     said = []
     t0 = time.monotonic()
-    rows = batch.grade([folder], timeout=60, journal=log, progress=said.append)
+    rows = batch.grade([folder], timeout=limit(60), journal=log, progress=said.append)
     assert [(r.status, r.passed) for r in rows] == [("error", False)], rows
     assert "stopped while it ran" in said[0] and time.monotonic() - t0 < 30  # not run again
     done, started = journal.read(log, batch.Row)

@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from worlds import limit, load_note
 
 import simlib
 from simlib import env
@@ -123,7 +124,7 @@ def test_mismatched_collective_times_out_clearly():
         t0 = time.perf_counter()
         with pytest.raises(simlib.WorkerTimeout) as info:
             cluster.run(mismatch)
-        assert time.perf_counter() - t0 < 15
+        assert time.perf_counter() - t0 < limit(15), load_note()  # 15 s on an idle machine, scaled
         assert "rank 0" in str(info.value) and "timeout=3" in str(info.value)
         assert info.value.results == {1: 1}
         assert cluster.run(lambda: "alive") == ["alive", "alive"]
