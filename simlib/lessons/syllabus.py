@@ -57,6 +57,7 @@ EXERCISES = {
     "04_one_f_one_b": ("04", ("pp", "schedule", "micro-batches in flight")),
     "04_pipeline_stage": ("04", ("pp", "num_micro_batches")),
     "05_tp_linear": ("05", ("tp",)),
+    "05b_online_softmax": ("05b", ()),
     "07_checkpoint_placement": ("07", ("recompute=full",)),
     "07_sharded_optimizer": ("07", ("zero_stage",)),
     "07_zero3_layer": ("07", ("zero_stage",)),
