@@ -183,12 +183,25 @@ def stage(dest: Path = STAGE) -> dict:
     return {"notebooks": merged, "exercises": sorted(p.stem for p in EXERCISES.glob("*.ipynb"))}
 
 
+def _map_titles() -> dict[str, str]:
+    """``notebooks/x.ipynb`` -> the README course map's link text for it (``[00 Getting started](...)``)."""
+    text = (ROOT / "README.md").read_text()
+    return {target: label for label, target in re.findall(r"\[([^\]]+)\]\(((?:notebooks|exercises)/[^)#]+)\)", text)}
+
+
 def nav(staged: dict) -> list:
-    """The site's navigation, from the files (a new notebook or page appears by itself)."""
+    """The site's navigation, from the files (a new notebook or page appears by itself), titled as the README's
+    course map names them (else from the file name)."""
+    titles = _map_titles()
+
+    def entry(folder: str, stem: str) -> dict:
+        path = f"{folder}/{stem}.ipynb"
+        return {titles.get(path, _title(Path(stem))): path}
+
     notebooks = sorted(staged["notebooks"])
-    lessons = [{_title(Path(s)): f"notebooks/{s}.ipynb"} for s in notebooks if "_project_" not in s]
-    projects = [{_title(Path(s)): f"notebooks/{s}.ipynb"} for s in notebooks if "_project_" in s]
-    exercises = [{_title(Path(s)): f"exercises/{s}.ipynb"} for s in staged["exercises"]]
+    lessons = [entry("notebooks", s) for s in notebooks if "_project_" not in s]
+    projects = [entry("notebooks", s) for s in notebooks if "_project_" in s]
+    exercises = [entry("exercises", s) for s in staged["exercises"]]
     guides = []
     for page in sorted(DOCS.glob("*.md")):
         first = next((ln for ln in page.read_text().splitlines() if ln.startswith("# ")), page.stem)
