@@ -156,6 +156,22 @@ def _reference_page(record: dict, merged: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _copy_linked_files(dest: Path, sources: list[tuple[Path, str]]) -> list[str]:
+    """A relative link from a page to a repository file that is no page (``benchmarks/results/x.json``) works on the
+    site too: the file is copied to the same place (MkDocs serves it as it is). Returns what was copied."""
+    copied = []
+    for where, text in sources:
+        for target in re.findall(r"\]\(([^)\s#]+)", text):
+            if "://" in target or target.startswith(("mailto:", "/")) or target.endswith((".md", ".ipynb")):
+                continue
+            path = (where.parent / target).resolve()
+            if path.is_file() and ROOT in path.parents and not (dest / path.relative_to(ROOT)).exists():
+                (dest / path.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, dest / path.relative_to(ROOT))
+                copied.append(str(path.relative_to(ROOT)))
+    return copied
+
+
 def stage(dest: Path = STAGE) -> dict:
     """Lay out the site's sources in ``dest``; return what was staged (for the build's report and the tests)."""
     import nbformat
@@ -180,6 +196,13 @@ def stage(dest: Path = STAGE) -> dict:
                 cell.source = _notebook_links(_math_to_mathml(cell.source))
         nbformat.write(nb, dest / "exercises" / path.name)
     (dest / "docs" / "reference-run.md").write_text(_reference_page(record, merged))
+    sources = [(ROOT / "README.md", (ROOT / "README.md").read_text())]
+    sources += [(ROOT / "CONTRIBUTING.md", (ROOT / "CONTRIBUTING.md").read_text())]
+    sources += [(p, p.read_text()) for p in sorted(DOCS.glob("*.md"))]
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")) + sorted(EXERCISES.glob("*.ipynb")):
+        cells = nbformat.read(path, as_version=4).cells
+        sources.append((path, "\n".join(c.source for c in cells if c.cell_type == "markdown")))
+    _copy_linked_files(dest, sources)
     return {"notebooks": merged, "exercises": sorted(p.stem for p in EXERCISES.glob("*.ipynb"))}
 
 
