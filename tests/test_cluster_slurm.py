@@ -2,7 +2,7 @@
 repository's sbatch file each give ONE world of 2 and one output folder, with the losses of the simlib.launch run.
 
 Skipped, with the reason, where SLURM cannot start (not installed, no permission to run its daemons). The
-commands are the README's ("Same code, bigger machine"), with a shorter budget.
+commands are `docs/machines.md`'s ("Same code, bigger machine"), with a shorter budget.
 """
 
 import json

@@ -3,7 +3,7 @@
 is killed (its agent and workers, as a machine dies) and replaced: the survivors' agent restarts its workers,
 the new node joins, and the run resumes from its checkpoint to the same losses.
 
-The commands are the README's ("Same code, bigger machine"), with a shorter budget.
+The commands are `docs/machines.md`'s ("Same code, bigger machine"), with a shorter budget.
 """
 
 import json
