@@ -346,6 +346,17 @@ def find_submissions(paths) -> list[Path]:
     return found
 
 
+def _child_start(cgroup, parent: int):
+    """What a grading child does between fork and exec: join the submission's cgroup, die with the grader."""
+    from .isolation import die_with_parent
+
+    def start():
+        if cgroup:
+            join_cgroup(cgroup)
+        die_with_parent(parent)
+    return start
+
+
 def _grade_in_child(path: Path, timeout: float, check_timeout: float, solutions, kernel_name: str,
                     sandbox: str | None = None, hide=()) -> list[Row]:
     """Grade one submission in a fresh child process (own session, own working directory holding only a copy
@@ -377,7 +388,7 @@ def _grade_in_child(path: Path, timeout: float, check_timeout: float, solutions,
         t0 = time.monotonic()
         child = subprocess.Popen(command, cwd=work, env=env, start_new_session=True, stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 preexec_fn=(lambda: join_cgroup(cgroup)) if cgroup else None)
+                                 preexec_fn=_child_start(cgroup, os.getpid()))
         try:
             log, _ = child.communicate(input=key.hex().encode() + b"\n", timeout=limit)
         except subprocess.TimeoutExpired:
@@ -478,11 +489,11 @@ def _child_main(argv=None) -> int:
     parser.add_argument("--solutions", default=None)
     parser.add_argument("--parent", type=int, default=None, help="the grader's pid: end with it")
     args = parser.parse_args(argv)
+    if args.parent:  # first: from here on the watch, not the kernel's SIGKILL, ends this child with its grader
+        end_with_parent(args.parent)
     _not_dumpable()
     key = bytes.fromhex(sys.stdin.readline().strip())
     sys.stdin.close()
-    if args.parent:
-        end_with_parent(args.parent)
     rows = grade_notebook(args.one, args.timeout, None, args.check_timeout, args.solutions, args.kernel)
     for r in rows:
         r.submission = args.name

@@ -6,17 +6,37 @@ from .core import Result, _close, exercise, max_error
 
 # ---- shared by lessons 01-03: a tiny regression problem and its single-process reference ----
 
-_PROBLEM = dict(width=16, depth=2, in_features=8, global_batch=24, seed=0)  # 24: splits over 2, 3 and 4 ranks
 _WORLD_SIZES = (2, 3, 4)  # 3 catches code right only for powers of two or a hard-coded world size
 
 
-def _tiny_problem():
+def dp_problem(frozen: bool = False, unused: bool = False):
+    """A Hypothesis strategy of lessons 01-03's regression problem: odd widths, 1-3 hidden layers, a global batch
+    that splits over 2, 3 and 4 ranks, a secret seed; ``frozen``: one parameter has requires_grad=False,
+    ``unused``: one parameter takes no part in the forward (both leave p.grad None)."""
+    from hypothesis import strategies as st
+    return st.fixed_dictionaries(dict(
+        width=st.integers(3, 19), depth=st.integers(1, 3), in_features=st.integers(2, 11),
+        global_batch=st.sampled_from((12, 24, 36)), seed=st.integers(0, 2**62),
+        frozen=st.integers(0, 3) if frozen else st.none(), unused=st.just(unused)))
+
+
+def _draw_problem(**kw) -> dict:
+    from .instances import draw
+    return dict(draw(dp_problem(**kw), 1)[0])
+
+
+def _tiny_problem(problem: dict):
     import torch
 
     from ..models import MLP, make_regression
-    torch.manual_seed(_PROBLEM["seed"])
-    model = MLP(_PROBLEM["width"], _PROBLEM["depth"], in_features=_PROBLEM["in_features"])
-    x, y = make_regression(_PROBLEM["global_batch"], _PROBLEM["in_features"], seed=_PROBLEM["seed"] + 1)
+    torch.manual_seed(problem["seed"] % 2**31)
+    model = MLP(problem["width"], problem["depth"], in_features=problem["in_features"])
+    params = list(model.parameters())
+    if problem.get("frozen") is not None:
+        params[problem["frozen"] % len(params)].requires_grad_(False)  # a frozen layer: its p.grad stays None
+    if problem.get("unused"):
+        model.register_parameter("unused", torch.nn.Parameter(torch.zeros(3)))  # never in the forward: grad None
+    x, y = make_regression(problem["global_batch"], problem["in_features"], seed=problem["seed"] % 2**31 + 1)
     return model, x, y
 
 
@@ -27,17 +47,17 @@ def _my_shard(x, y):
     return shard(x, dist.get_rank(), dist.get_world_size()), shard(y, dist.get_rank(), dist.get_world_size())
 
 
-def _reference(steps: int, lr: float):
+def _reference(steps: int, lr: float, problem: dict):
     """Gradients of the first step and weights after ``steps`` SGD steps, one process, global batch."""
     import torch
-    model, x, y = _tiny_problem()
+    model, x, y = _tiny_problem(problem)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     grads = None
     for step in range(steps):
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         if step == 0:
-            grads = [p.grad.clone() for p in model.parameters()]
+            grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
         opt.step()
     names = [n for n, _ in model.named_parameters()]
     return dict(names=names, grads=grads, state=[p.detach().clone() for p in model.parameters()])
@@ -45,16 +65,31 @@ def _reference(steps: int, lr: float):
 
 def _all_close(got, want, **tol) -> bool:
     return got is not None and len(got) == len(want) and all(
-        g is not None and _close(g, w, **tol) for g, w in zip(got, want))
+        (g is None and w is None) or (g is not None and w is not None and _close(g, w, **tol))
+        for g, w in zip(got, want))
 
 
 def _uniform_ratio(got, want):
     """c when every tensor of ``got`` is c times the one in ``want`` (one c for all), else None."""
     import torch
-    flat_got = torch.cat([g.reshape(-1).double() for g in got])
-    flat_want = torch.cat([w.reshape(-1).double() for w in want])
+    pairs = [(g, w) for g, w in zip(got, want) if g is not None and w is not None]
+    if not pairs:
+        return None
+    flat_got = torch.cat([g.reshape(-1).double() for g, _ in pairs])
+    flat_want = torch.cat([w.reshape(-1).double() for _, w in pairs])
     c = float(flat_got @ flat_want / (flat_want @ flat_want)) if float(flat_want @ flat_want) else 0.0
     return c if c and abs(c - 1) > 1e-3 and _close(flat_got, c * flat_want) else None
+
+
+def _problem_words(problem: dict) -> str:
+    """The drawn instance, as a hint shows it."""
+    words = (f" (the problem: an MLP of width {problem['width']}, {problem['depth']} hidden layer(s), "
+             f"{problem['in_features']} inputs, global batch {problem['global_batch']}")
+    if problem.get("frozen") is not None:
+        words += ", one frozen parameter (requires_grad=False)"
+    if problem.get("unused"):
+        words += ", one parameter the forward never uses"
+    return words + ")"
 
 
 def only_some_sizes(passed: list, size_words: str) -> str:
@@ -74,14 +109,18 @@ def _diagnose_grads(outs, ref, key="grads") -> tuple[bool, str, str]:
     if not bad_ranks:
         return True, "", ""
     got = outs[bad_ranks[0]][key]
-    if got is None or any(g is None for g in got):
+    if got is None or any(g is None and w is not None for g, w in zip(got, want)):
         return False, "some gradients are None", "do not set p.grad to None; average it in place"
-    err = max(max_error(g, w) for g, w in zip(got, want))
+    if any(g is not None and w is None for g, w in zip(got, want)):
+        return False, "a frozen or unused parameter got a gradient", (
+            "a parameter with requires_grad=False, or one the forward never used, has p.grad None: leave it "
+            "None (skip it: `if p.grad is not None`)")
+    err = max(max_error(g, w) for g, w in zip(got, want) if g is not None and w is not None)
     detail = f"max error {err:.2g} on rank(s) {bad_ranks}"
-    if _all_close(got, [w * world_size for w in want]):
+    if _all_close(got, [None if w is None else w * world_size for w in want]):
         return False, detail, (f"your gradients are {world_size}x the right ones: all_reduce sums over the ranks, "
                                "so divide by world_size to get the mean")
-    if _all_close(got, [w / world_size for w in want]):
+    if _all_close(got, [None if w is None else w / world_size for w in want]):
         return False, detail, (f"your gradients are 1/{world_size} of the right ones: you divided by world_size "
                                "twice (all_reduce with SUM then one division gives the mean; ReduceOp.AVG needs "
                                "no division at all)")
@@ -97,11 +136,11 @@ def _diagnose_grads(outs, ref, key="grads") -> tuple[bool, str, str]:
         return False, detail, (f"your gradients are {ratio:.3g}x the right ones on {world_size} ranks: divide the sum "
                                f"by exactly dist.get_world_size() (here {world_size}); a fixed number, or a power of "
                                "two, is right only for some world sizes")
-    wrong = [ref["names"][i] for i, (g, w) in enumerate(zip(got, want)) if not _close(g, w)]
+    wrong = [ref["names"][i] for i, (g, w) in enumerate(zip(got, want)) if w is not None and not _close(g, w)]
     if len(wrong) < len(want):
         return False, detail, f"only some parameters are wrong: {', '.join(wrong)}. Average every parameter's gradient"
     return False, detail, ("compare with the recipe: dist.all_reduce(p.grad) (op SUM, in place) on every rank, "
-                           "then p.grad /= world_size")
+                           "then p.grad /= world_size; skip a parameter whose p.grad is None (frozen or unused)")
 
 
 def _spy_all_reduce(calls: list, flags: dict):
@@ -123,34 +162,89 @@ def _spy_all_reduce(calls: list, flags: dict):
 
 # ---- lesson 01: ring all-reduce from send/recv ----
 
-# world sizes 2, 3 and 4 (not only powers of two), lengths that do and do not divide, fewer elements than ranks;
-# every second case in float64
-# and one large tensor (an answer that rings only small ones and calls all_reduce above a size fails)
-_RING_CASES = {2: [(8,), (7,)], 3: [(9,), (10,), (2,), (5003,)], 4: [(16,), (10,), (3,), (3, 4)]}
+# Secret instances (simlib.grading.instances): per world size a few shapes drawn at check time: a length that does
+# not divide, one shorter than the world, a 2-D tensor, float32 and float64 (a receive buffer of the default dtype
+# is wrong for float64), and one large tensor (an answer that rings only small ones and calls all_reduce above a
+# size fails). Values come from a seed drawn from the OS; the workers get only the plain case.
+_RING_WORLDS = (2, 3, 4)  # 3 catches code right only for powers of two or a hard-coded world size
+_RING_DTYPES = ("float32", "float64")
 
 
-def _ring_harness(answer, shapes):
+def ring_case(world_size: int, kind: str):
+    """A Hypothesis strategy of one ring all-reduce case of ``kind`` on ``world_size`` ranks."""
+    from hypothesis import strategies as st
+    dtype = st.sampled_from(_RING_DTYPES)
+    seed = st.integers(0, 2**62)
+    if kind == "uneven":  # numel % world_size != 0 (a `//` drops the tail)
+        numel = st.integers(world_size + 1, 12 * world_size).filter(lambda n: n % world_size)
+        shape = numel.map(lambda n: (n,))
+    elif kind == "short":  # fewer elements than ranks: some chunks are empty
+        shape = st.integers(1, world_size - 1).map(lambda n: (n,)) if world_size > 2 else st.just((1,))
+    elif kind == "matrix":  # any shape: work on a flat view
+        shape = st.tuples(st.integers(2, 5), st.integers(2, 7))
+    else:  # "large": thousands of elements, not a multiple of the world size
+        shape = st.integers(3000, 6000).filter(lambda n: n % world_size).map(lambda n: (n,))
+    return st.fixed_dictionaries(dict(shape=shape, dtype=dtype, seed=seed))
+
+
+def _ring_cases() -> dict:
+    """{world size: cases}, drawn now (one Hypothesis draw for all of them)."""
+    from hypothesis import strategies as st
+
+    from .instances import draw
+    kinds = {w: ("uneven", "short", "matrix", "uneven") + (("large",) if w == 3 else ()) for w in _RING_WORLDS}
+    strategy = st.tuples(*(st.tuples(*(ring_case(w, k) for k in kinds[w])) for w in _RING_WORLDS))
+    drawn = draw(strategy, 1)[0]
+    cases = {w: [dict(c) for c in drawn[i]] for i, w in enumerate(_RING_WORLDS)}
+    for w in cases:  # both dtypes on every size
+        cases[w][1]["dtype"] = "float64" if cases[w][0]["dtype"] == "float32" else "float32"
+    return cases
+
+
+def _ring_harness(answer, cases):
     import torch
     import torch.distributed as dist
 
     from .contracts import recorder
     rank = dist.get_rank()
     out = []
-    for i, shape in enumerate(shapes):
-        g = torch.Generator().manual_seed(100 * i + rank)
-        # float32 and float64 in turn: a receive buffer of the default dtype is wrong for a float64 tensor
-        x = torch.randn(*shape, generator=g, dtype=torch.float64 if i % 2 else torch.float32)
+    for case in cases:
+        shape = tuple(case["shape"])
+        g = torch.Generator().manual_seed(case["seed"] + rank)
+        x = torch.randn(*shape, generator=g, dtype=getattr(torch, case["dtype"]))
         expected = x.clone()
         dist.all_reduce(expected)
         given = x.clone()
         with recorder(keep=True) as rec:  # the grader's, at the dispatcher (simlib.grading.contracts)
             returned = answer(given)
         result = returned if isinstance(returned, torch.Tensor) else given
-        out.append(dict(shape=tuple(shape), result=result.detach().clone(), expected=expected,
+        out.append(dict(shape=shape, result=result.detach().clone(), expected=expected,
                         in_place=torch.equal(given, result) if given.shape == result.shape else False,
                         used=sorted(set(rec.collectives)), sent=rec.sent, calls=list(rec.calls), input=x,
                         payloads=[(int(p), t) for p, t in rec.payloads if p is not None]))
     return out
+
+
+def _ring_wrong(answer, grader, world_size, case) -> bool:
+    per_rank = [o[0] for o in grader.run(world_size, _ring_harness, answer, [case])]
+    return not all(_close(c["result"], c["expected"]) for c in per_rank)
+
+
+def _ring_smallest(answer, grader, world_size, case) -> str:
+    """The smallest failing case Hypothesis finds (shrinking), for the hint."""
+    from hypothesis import strategies as st
+
+    from .core import _Stop
+    from .instances import smallest
+
+    def fails(c):
+        try:
+            return _ring_wrong(answer, grader, world_size, c)
+        except _Stop:
+            return True
+    strategy = st.one_of(*(ring_case(world_size, k) for k in ("short", "uneven", "matrix")))
+    small = smallest(strategy, fails, budget=6, first=case)
+    return f" Smallest failing case found: {world_size} ranks, shape {tuple(small['shape'])}, {small['dtype']}."
 
 
 def _ring_volume(shape, world_size) -> tuple[int, int]:
@@ -208,8 +302,12 @@ def _ring_hint(cases_by_rank, world_size) -> str:
 @exercise("ring_all_reduce")
 def _check_ring(answer, grader):
     passed = []
-    for world_size, shapes in _RING_CASES.items():
-        outs = grader.run(world_size, _ring_harness, answer, shapes)
+    drawn = _ring_cases()  # drawn now, in this process, from the OS's randomness
+    for world_size in _RING_WORLDS:
+        cases = drawn[world_size]
+        shapes = [tuple(c["shape"]) for c in cases]
+        outs = grader.run(world_size, _ring_harness, answer, cases)
+        shrunk = False
         for i, shape in enumerate(shapes):
             per_rank = [outs[r][i] for r in range(world_size)]
             kind = "any shape" if len(shape) > 1 else (
@@ -222,9 +320,13 @@ def _check_ring(answer, grader):
                 hint = "work on tensor.view(-1) (a view: writes land in the tensor) and return the tensor itself"
             if not ok:
                 hint += only_some_sizes(passed, f"{world_size} ranks")
+                if not shrunk and not grader.first_failure:  # once per world size: each run costs a call
+                    shrunk = True
+                    hint += _ring_smallest(answer, grader, world_size, cases[i])
             elif f"{world_size} ranks" not in passed:
                 passed.append(f"{world_size} ranks")
-            yield Result(f"{world_size} ranks, shape {shape} ({kind}): equals dist.all_reduce", ok, hint, detail)
+            yield Result(f"{world_size} ranks, shape {shape} ({kind}, {cases[i]['dtype']}): equals dist.all_reduce",
+                         ok, hint, detail)
         used = sorted({u for per in outs for c in per for u in c["used"]})
         yield Result(f"{world_size} ranks: built from send/recv only", not used,
                      "the exercise is to build all-reduce from point-to-point messages: use dist.isend/irecv "
@@ -271,10 +373,10 @@ def _check_ring(answer, grader):
 _DP_STEPS, _DP_LR = 2, 0.1
 
 
-def _average_gradients_harness(answer, steps, lr):
+def _average_gradients_harness(answer, steps, lr, problem):
     import torch
     import torch.distributed as dist
-    model, x, y = _tiny_problem()
+    model, x, y = _tiny_problem(problem)
     xs, ys = _my_shard(x, y)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     grads = local = None
@@ -283,7 +385,7 @@ def _average_gradients_harness(answer, steps, lr):
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(xs), ys).backward()
         if step == 0:
-            local = [p.grad.clone() for p in model.parameters()]
+            local = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
         from .contracts import recorder, traffic
         with recorder() as rec:  # the grader's: every collective and message, whatever name the answer used
             answer(model)
@@ -291,8 +393,9 @@ def _average_gradients_harness(answer, steps, lr):
         if step == 0:
             grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
         opt.step()
+    with_grad = [p for p in model.parameters() if p.grad is not None]
     return dict(local=local, grads=grads, state=[p.detach().clone() for p in model.parameters()], moved=moved,
-                numel=sum(p.numel() for p in model.parameters()), tensors=len(list(model.parameters())))
+                numel=sum(p.numel() for p in with_grad), tensors=len(with_grad))
 
 
 def _check_training(outs, ref, world_size, steps, extra_hint=""):
@@ -313,12 +416,19 @@ def _check_training(outs, ref, world_size, steps, extra_hint=""):
 
 @exercise("average_gradients")
 def _check_average_gradients(answer, grader):
-    ref = _reference(_DP_STEPS, _DP_LR)
+    # drawn now from the OS's randomness; a frozen parameter (requires_grad=False) and one the forward never uses
+    # on every size: their p.grad is None (the missing `if p.grad is not None` guard)
+    from hypothesis import strategies as st
+
+    from .instances import draw
+    problems = dict(zip(_WORLD_SIZES, draw(st.tuples(*(dp_problem(True, True) for _ in _WORLD_SIZES)), 1)[0]))
     passed = []
     for world_size in _WORLD_SIZES:
-        outs = grader.run(world_size, _average_gradients_harness, answer, _DP_STEPS, _DP_LR)
+        problem = problems[world_size]
+        ref = _reference(_DP_STEPS, _DP_LR, problem)
+        outs = grader.run(world_size, _average_gradients_harness, answer, _DP_STEPS, _DP_LR, problem)
         ok, detail, hint = _diagnose_grads(outs, ref)
-        hint += "" if ok else only_some_sizes(passed, f"{world_size} ranks")
+        hint += "" if ok else only_some_sizes(passed, f"{world_size} ranks") + _problem_words(problem)
         passed += [f"{world_size} ranks"] if ok else []
         yield Result(f"{world_size} ranks: gradients equal the global-batch gradient", ok, hint, detail)
         yield _check_training(outs, ref, world_size, _DP_STEPS)
@@ -336,46 +446,94 @@ def _check_average_gradients(answer, grader):
 
 # ---- lesson 02: bucketed data parallelism with gradient hooks ----
 
-_BUCKET_CAP_MB = 600 / 2 ** 20  # 600 bytes: the tiny MLP's 6 parameters fall into several buckets
 
 
-def _bucket_harness(answer_cls, steps, lr, bucket_cap_mb):
+def _bucket_cap(problem: dict) -> float:
+    """A bucket cap (MB) drawn now for the drawn problem: between its largest parameter and twice that, lowered
+    until the parameters fall into at least three buckets (so a bucket has later layers to overlap with)."""
+    from ..parallel.data import make_buckets
+    from .instances import entropy
+    model, _, _ = _tiny_problem(problem)
+    largest = max(p.numel() * p.element_size() for p in model.parameters())
+    cap = largest * (1 + entropy().random())
+    while len(make_buckets(model.parameters(), cap / 2**20)) < 3 and cap > largest:
+        cap = max(largest, cap * 0.8)
+    return cap / 2**20
+
+
+def _bucket_harness(answer_cls, steps, lr, bucket_cap_mb, problem, late):
+    """The answer's bucketed DDP on the drawn problem, with the timeline the overlap check reads.
+
+    Every all-reduce is recorded at torch's dispatcher (any name or alias), with the time it was issued, and the
+    grader's own hooks note when each gradient is ready. In the first step every rank but 0 is ``late`` seconds
+    late into its backward (a slow peer, made by the grader): rank 0's first bucket cannot finish before then, so
+    if rank 0's backward goes on meanwhile (the next gradients ready within a fraction of ``late``), the
+    communication overlapped the backward of later layers; if it waited on the all-reduce right away, the next
+    gradient comes ``late`` seconds after. An extra async all-reduce of something else changes nothing here."""
+    import time
+
     import torch
+    import torch.distributed as dist
 
     from ..parallel.data import make_buckets
-    model, x, y = _tiny_problem()
+    from .contracts import recorder
+    model, x, y = _tiny_problem(problem)
     xs, ys = _my_shard(x, y)
-    calls, flags = [], dict(step=-1, during_backward=False)
+    rank = dist.get_rank()
     expected_buckets = len(make_buckets(model.parameters(), bucket_cap_mb))
-    restore = _spy_all_reduce(calls, flags)
-    try:
-        dp = answer_cls(model, bucket_cap_mb=bucket_cap_mb)
-        opt = torch.optim.SGD(model.parameters(), lr=lr)
-        grads = None
+    state = dict(step=-1, backward=False, slept=False)
+    ready, issued = [], []  # (step, time) of each gradient ready, and (step, time, elements, during backward)
+
+    def on_ready(param):  # registered before the answer's hooks: runs first
+        if state["step"] == 0 and rank != 0 and not state["slept"]:
+            state["slept"] = True
+            time.sleep(late)  # this peer is late: rank 0's first all-reduce waits for it
+        ready.append((state["step"], time.perf_counter()))
+
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(on_ready)
+
+    def watch(name, args):
+        if name.startswith("c10d.allreduce"):
+            from .contracts import _elements
+            issued.append((state["step"], time.perf_counter(), _elements(args), state["backward"]))
+
+    dp = answer_cls(model, bucket_cap_mb=bucket_cap_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    grads = None
+    with recorder(watch=watch):  # the grader's, at the dispatcher: an alias or distributed_c10d is counted
         for step in range(steps):
-            flags.update(step=step)
+            state.update(step=step)
             opt.zero_grad(set_to_none=False)
             loss = torch.nn.functional.mse_loss(dp(xs), ys)
-            flags.update(during_backward=True)
+            state.update(backward=True)
             loss.backward()
-            flags.update(during_backward=False)
+            state.update(backward=False)
             dp.finish_gradient_synchronization()
             if step == 0:
                 grads = [p.grad.clone() for p in model.parameters()]
             opt.step()
-    finally:
-        restore()
-    calls = [c for c in calls if c["step"] >= 0]  # not the broadcasts' or set-up's
+    calls = [dict(step=st, during_backward=bw, elements=e) for st, _, e, bw in issued if st >= 0]
+    first = [t for st, t, _, bw in issued if st == 0 and bw]
+    later = [t for st, t in ready if st == 0 and first and t > first[0]]
+    gap = (later[0] - first[0]) if later else None  # from the first all-reduce to the next gradient, step 0
     return dict(grads=grads, state=[p.detach().clone() for p in model.parameters()], calls=calls,
-                expected_buckets=expected_buckets, num_params=len(list(model.parameters())))
+                expected_buckets=expected_buckets, num_params=len(list(model.parameters())), gap=gap)
 
 
 @exercise("bucket_data_parallel")
 def _check_bucket(answer, grader):
-    ref = _reference(_DP_STEPS, _DP_LR)
+    problem = _draw_problem()  # drawn now, from the OS's randomness
+    problem["depth"] = max(problem["depth"], 2)  # at least 6 parameters: several buckets under the tiny cap
+    ref = _reference(_DP_STEPS, _DP_LR, problem)
+    cap_mb = _bucket_cap(problem)
+    from .busy import Load
+    outs_late = 0.25 * Load.now().factor  # the slow peer's delay: well above a layer's backward, even when busy
     passed = []
     for world_size in _WORLD_SIZES:
-        outs = grader.run(world_size, _bucket_harness, answer, _DP_STEPS, _DP_LR, _BUCKET_CAP_MB)
+        outs = grader.run(world_size, _bucket_harness, answer, _DP_STEPS, _DP_LR, cap_mb, problem,
+                          outs_late)
         ok, detail, hint = _diagnose_grads(outs, ref)
         hint += "" if ok else only_some_sizes(passed, f"{world_size} ranks")
         passed += [f"{world_size} ranks"] if ok else []
@@ -396,25 +554,43 @@ def _check_bucket(answer, grader):
     yield Result("one all_reduce per bucket per step", all(n == want for n in per_step), hint,
                  f"all_reduce calls per step: {per_step}, buckets: {want}")
     calls = out["calls"]
-    overlapped = bool(calls) and all(c["during_backward"] and c["async_op"] for c in calls)
+    gap, late = out["gap"], outs_late
+    overlapped = bool(calls) and all(c["during_backward"] for c in calls) and gap is not None and gap < late / 2
     if not calls:
         hint = "no all_reduce was called at all"
     elif not all(c["during_backward"] for c in calls):
         hint = ("the all-reduces started after backward had finished: start each bucket's all_reduce from the "
                 "gradient hook, as soon as the bucket is full, so it overlaps the rest of backward")
     else:
-        hint = ("pass async_op=True and keep the handle: a blocking all_reduce in the hook stalls backward until "
-                "the message is through, so nothing overlaps; wait on the handles in finish_gradient_synchronization")
-    yield Result("all-reduces start during backward, asynchronously (overlap)", overlapped, hint)
+        hint = ("the backward stopped until the first bucket's all-reduce was through: pass async_op=True, keep "
+                "the handle and wait on it only in finish_gradient_synchronization (a blocking all_reduce in the "
+                "hook, or handle.wait() right after it, stalls backward, so nothing overlaps)")
+    detail = (f"another rank was made {late:.2f} s late; on rank 0 the next gradient came "
+              f"{gap:.2f} s after the first bucket's all-reduce started" if gap is not None else "")
+    yield Result("the first bucket's all-reduce overlaps the backward of later layers (timeline)", overlapped, hint,
+                 detail)
 
 
 # ---- lesson 03: gradient accumulation with no_sync ----
 
 _ACC_STEPS, _ACC_LR = 2, 0.1
-_ACC_CASES = ((2, 3), (3, 4), (4, 2))  # (world size, k): each rank's 24 / world samples split into k micro-batches
 
 
-def _accumulation_harness(answer, k, steps, lr):
+def _acc_cases(problem: dict) -> list:
+    """(world size, k) for 2, 3 and 4 ranks: k drawn now among the divisors of each rank's rows (2 or more, so
+    micro-batches exist), preferring a k unequal to the micro-batch's own size (a loss divided by len(x) where it
+    should be divided by k passes when they happen to be equal)."""
+    from .instances import entropy
+    rng, cases = entropy(), []
+    for world_size in _WORLD_SIZES:
+        rows = problem["global_batch"] // world_size
+        ks = [k for k in range(2, rows + 1) if rows % k == 0]
+        unequal = [k for k in ks if rows // k != k] or ks
+        cases.append((world_size, rng.choice(unequal)))
+    return cases
+
+
+def _accumulation_harness(answer, k, steps, lr, problem):
     import copy
 
     import torch
@@ -422,7 +598,7 @@ def _accumulation_harness(answer, k, steps, lr):
 
     from ..lessons.data_parallel import count_all_reduces
     from ..parallel.accumulate import split_micro_batches
-    model, x, y = _tiny_problem()
+    model, x, y = _tiny_problem(problem)
     probe = DDP(copy.deepcopy(model))  # how many all-reduces one synced backward makes (DDP's buckets)
     probe_count = count_all_reduces(probe)
     probe(x[:2]).sum().backward()
@@ -443,11 +619,12 @@ def _accumulation_harness(answer, k, steps, lr):
 
 @exercise("accumulate_no_sync")
 def _check_accumulation(answer, grader):
-    ref = _reference(_ACC_STEPS, _ACC_LR)
+    problem = _draw_problem(frozen=True)  # drawn now; a frozen parameter (DDP leaves it out of its buckets)
+    ref = _reference(_ACC_STEPS, _ACC_LR, problem)
     comm, passed = [], []
-    for world_size, k in _ACC_CASES:
-        unscaled = _reference(_ACC_STEPS, _ACC_LR * k)  # loss not divided by k: k times the step
-        outs = grader.run(world_size, _accumulation_harness, answer, k, _ACC_STEPS, _ACC_LR)
+    for world_size, k in _acc_cases(problem):
+        unscaled = _reference(_ACC_STEPS, _ACC_LR * k, problem)  # loss not divided by k: k times the step
+        outs = grader.run(world_size, _accumulation_harness, answer, k, _ACC_STEPS, _ACC_LR, problem)
         result = _check_training(outs, ref, world_size, _ACC_STEPS)
         result.name = result.name.replace(f"{world_size} ranks:", f"{world_size} ranks, k = {k} micro-batches:")
         drifted = not all(_all_close(o["state"], outs[0]["state"], rtol=0, atol=0) for o in outs)

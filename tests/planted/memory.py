@@ -290,3 +290,33 @@ def strict_budget(activation_bytes, input_bytes, recompute_flops, budget):
 
 
 CHECKPOINT_PLACEMENT += [best_ratio_first, strict_budget]
+
+
+# ---- issue 47: an exhaustive search capped at 8 blocks; the "no grader calls" watch switched off ----
+def capped_at_eight_blocks(activation_bytes, input_bytes, recompute_flops, budget):
+    """The right exhaustive search over the first 8 blocks only (a cap "to keep it fast"); the others are always
+    checkpointed. Right on every problem of at most 8 blocks, which were all the old checks drew."""
+    from itertools import combinations
+
+    n = len(activation_bytes)
+    head, tail = list(range(min(n, 8))), list(range(min(n, 8), n))
+    fits = [
+        list(s) + tail
+        for k in range(len(head) + 1)
+        for s in combinations(head, k)
+        if sum(input_bytes[i] if i in s or i in tail else activation_bytes[i] for i in range(n)) <= budget
+    ]
+    return min(fits, key=lambda s: (sum(recompute_flops[i] for i in s), s)) if fits else list(range(n))
+
+
+def switches_off_the_watch(activation_bytes, input_bytes, recompute_flops, budget):
+    """Turns off the grader's profile hook (sys.setprofile(None)) and returns the grader's own reference answer."""
+    import sys
+
+    sys.setprofile(None)
+    from simlib.grading import checkpointing
+
+    return list(checkpointing._best_set(activation_bytes, input_bytes, recompute_flops, budget))
+
+
+CHECKPOINT_PLACEMENT += [capped_at_eight_blocks, switches_off_the_watch]
