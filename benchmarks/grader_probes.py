@@ -374,12 +374,20 @@ def _wide_plan_cases(seed: int, n: int) -> list:
         layers = pp * rng.randint(1, 16)
         if heads % tp:
             continue
-        model = gpt(layers, heads * rng.randint(8, 200), heads, seq_len=rng.randint(16, 8192),
-                    vocab=rng.randint(100, 260_000))
-        s = Strategy(dp=rng.randint(1, 96), tp=tp, pp=pp, micro_batch=rng.randint(1, 8),
-                     num_micro_batches=rng.randint(1, 24), zero_stage=rng.choice([0, 1, 2, 3]),
-                     recompute=rng.choice(["none", "selective", "full"]), schedule=rng.choice(["1f1b", "gpipe"]),
-                     sequence_parallel=tp > 1 and rng.random() < 0.8)
+        model = gpt(
+            layers, heads * rng.randint(8, 200), heads, seq_len=rng.randint(16, 8192), vocab=rng.randint(100, 260_000)
+        )
+        s = Strategy(
+            dp=rng.randint(1, 96),
+            tp=tp,
+            pp=pp,
+            micro_batch=rng.randint(1, 8),
+            num_micro_batches=rng.randint(1, 24),
+            zero_stage=rng.choice([0, 1, 2, 3]),
+            recompute=rng.choice(["none", "selective", "full"]),
+            schedule=rng.choice(["1f1b", "gpipe"]),
+            sequence_parallel=tp > 1 and rng.random() < 0.8,
+        )
         cases.append((model, s))
     return cases
 

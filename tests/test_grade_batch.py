@@ -385,7 +385,12 @@ def test_a_grader_killed_at_random_points_leaves_no_process(tmp_path):
         out = tmp_path / f"grades{trial}" / "grades.csv"
         grader = subprocess.Popen(
             [sys.executable, "-m", "simlib", "grade", str(folder), "--out", str(out), "--timeout", "300"],
-            cwd=tmp_path, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            cwd=tmp_path,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(rng.uniform(0, 6))
         os.killpg(grader.pid, signal.SIGKILL)
         grader.wait()

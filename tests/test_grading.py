@@ -62,6 +62,7 @@ HINTS = {
     "sums_losses_one_backward": "one backward of the summed",
     # issue 47: honest mistakes the fixed instances never exercised, and measures the answer could reach
     "no_none_guard": "",
+    "sends_around_the_recorder": "below every python name",
     "tabulates": "",
     "WaitsAtOnce": "stalls backward",
     "DecoyAsync": "stalls backward",

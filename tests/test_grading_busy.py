@@ -7,11 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from simlib import grading
 from simlib.exercises import load_answers
 from simlib.grading import busy, core
+from simlib.grading import grader as grader_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +23,7 @@ def test_an_unanswered_exercise_starts_nothing(monkeypatch):
     def no_cluster(*args, **kwargs):
         raise AssertionError("a cluster was started for an unanswered exercise")
 
-    monkeypatch.setattr(core, "cluster", no_cluster)
+    monkeypatch.setattr(grader_module, "cluster", no_cluster)
     for name in ("gpt_plan", "ring_all_reduce", "sharded_optimizer"):
         report = grading.check(name, None, quiet=True)
         assert report.status == "not implemented", (name, report.results)
@@ -67,8 +66,9 @@ def test_a_solution_passes_beside_a_cpu_burner(cluster2, cluster3, cluster4):
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4 * busy.cores())]
     try:
         answer = load_answers(ROOT / "solutions" / "02_average_gradients.ipynb")["average_gradients"]
-        report = grading.check("average_gradients", answer, clusters={2: cluster2, 3: cluster3, 4: cluster4},
-                               quiet=True)
+        report = grading.check(
+            "average_gradients", answer, clusters={2: cluster2, 3: cluster3, 4: cluster4}, quiet=True
+        )
         assert report.passed, "\n".join(r.line() for r in report.results)
     finally:
         for b in burners:

@@ -25,12 +25,18 @@ def run_boxed(data: bytes, problems: list, limit: float, timeout: float) -> list
     import subprocess
 
     here = os.path.dirname(os.path.abspath(__file__))
-    payload = json.dumps(dict(answer=base64.b64encode(data).decode(), problems=problems, limit=limit,
-                              forbidden=here + os.sep))
+    payload = json.dumps(
+        dict(answer=base64.b64encode(data).decode(), problems=problems, limit=limit, forbidden=here + os.sep)
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     try:
-        done = subprocess.run([sys.executable, "-I", os.path.join(here, "answer_box.py")], input=payload.encode(),
-                              capture_output=True, timeout=timeout, env=env)
+        done = subprocess.run(
+            [sys.executable, "-I", os.path.join(here, "answer_box.py")],
+            input=payload.encode(),
+            capture_output=True,
+            timeout=timeout,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         return [["timeout", f"your function did not finish within {timeout:.0f} s"]]
     lines = done.stdout.decode(errors="replace").strip().splitlines()

@@ -60,8 +60,10 @@ class Load:
         return max(1.0, self.load / self.cores, self.contention)
 
     def sentence(self, limit: float) -> str:
-        return (f"your machine was busy (load {self.load:.1f} on {self.cores} cores, this process got "
-                f"1/{self.contention:.1f} of a core): the run was given a second chance with a limit of {limit:.0f} s")
+        return (
+            f"your machine was busy (load {self.load:.1f} on {self.cores} cores, this process got "
+            f"1/{self.contention:.1f} of a core): the run was given a second chance with a limit of {limit:.0f} s"
+        )
 
 
 def limit_for(base: float, load: Load, retry: bool = False) -> float:

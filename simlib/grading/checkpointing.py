@@ -216,7 +216,6 @@ def _checkpoint_fresh_problems(answer, grader, count: int = 40):
     import secrets
 
     from . import core
-
     from .answer_box import run_boxed
     from .busy import Load
 
@@ -234,8 +233,9 @@ def _checkpoint_fresh_problems(answer, grader, count: int = 40):
     # run in a fresh process of its own, where an audit hook (no Python code can remove it) refuses the grader's
     # modules and files: the watch is not in reach of the answer (answer_box.py)
     factor = Load.now().factor
-    answers = run_boxed(answer.data, [list(p) for p in problems], core.ANSWER_CALL_LIMIT * factor,
-                        timeout=grader.timeout * factor * 2)
+    answers = run_boxed(
+        answer.data, [list(p) for p in problems], core.ANSWER_CALL_LIMIT * factor, timeout=grader.timeout * factor * 2
+    )
     answers += [["error", "no verdict"]] * (len(problems) - len(answers)) if answers and answers[-1][0] == "ok" else []
     for (acts, inputs, flops, budget), (kind, chosen) in zip(problems, answers):
         if kind == "ok":

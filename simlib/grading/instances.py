@@ -32,9 +32,15 @@ def secret_seed() -> int:
 
 def _settings(examples: int, shrink: bool):
     from hypothesis import HealthCheck, Phase, settings
-    return settings(max_examples=examples, database=None, deadline=None, derandomize=False,
-                    phases=[Phase.generate, Phase.shrink] if shrink else [Phase.generate],
-                    suppress_health_check=list(HealthCheck))
+
+    return settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        derandomize=False,
+        phases=[Phase.generate, Phase.shrink] if shrink else [Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 def draw(strategy, count: int, key=repr) -> list:
@@ -44,6 +50,7 @@ def draw(strategy, count: int, key=repr) -> list:
     so it is left out while others exist); ``count`` of the rest are chosen at random, again from OS entropy."""
     from hypothesis import find
     from hypothesis.errors import NoSuchExample, Unsatisfiable
+
     seen, found = set(), []
 
     def keep(instance) -> bool:
@@ -69,6 +76,7 @@ def smallest(strategy, fails, budget: int = 8, first=None):
     ``fails`` must return a bool and raise nothing (a run that errs counts as failing)."""
     from hypothesis import find
     from hypothesis.errors import NoSuchExample, Unsatisfiable
+
     verdicts, calls = {}, [0]
 
     def still_fails(instance) -> bool:

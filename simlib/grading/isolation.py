@@ -140,6 +140,7 @@ def die_with_parent(parent: int) -> None:
     also ends the child's own children, once it runs. A no-op where prctl is not to be had."""
     try:
         import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -151,6 +152,7 @@ def die_with_parent(parent: int) -> None:
 def _stop_dying_with_parent() -> None:
     try:
         import ctypes
+
         ctypes.CDLL(None, use_errno=True).prctl(1, 0, 0, 0, 0)
     except (OSError, AttributeError):
         pass

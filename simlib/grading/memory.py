@@ -14,8 +14,9 @@ _SO_HYPER = dict(betas=(0.8, 0.95), eps=1e-6, weight_decay=0.05)
 WORLD_SIZES = (2, 3, 4)  # 3: code right only for even splits or powers of two fails
 
 
-def _sharded_optimizer_harness(answer_cls, steps, width, depth, global_batch, lr, seed, hyper=None, weigh=True,
-                               head_only=False):
+def _sharded_optimizer_harness(
+    answer_cls, steps, width, depth, global_batch, lr, seed, hyper=None, weigh=True, head_only=False
+):
     """Every rank: the answer's parameters after ``steps`` steps and (``weigh``) its bytes; rank 0 weighs AdamW's.
     ``head_only``: the optimizer is given the output layer's two tensors only (the rest frozen), so on 3 or more
     ranks some rank owns nothing (an empty shard)."""
@@ -97,9 +98,16 @@ def so_problem():
     """A Hypothesis strategy of the sharded-optimizer problem: odd widths, 1 or 2 blocks, a secret seed."""
     from hypothesis import strategies as st
 
-    return st.fixed_dictionaries(dict(steps=st.just(3), width=st.integers(5, 15), depth=st.integers(1, 2),
-                                      global_batch=st.sampled_from((12, 24)), lr=st.just(1e-2),
-                                      seed=st.integers(0, 2**31 - 1)))
+    return st.fixed_dictionaries(
+        dict(
+            steps=st.just(3),
+            width=st.integers(5, 15),
+            depth=st.integers(1, 2),
+            global_batch=st.sampled_from((12, 24)),
+            lr=st.just(1e-2),
+            seed=st.integers(0, 2**31 - 1),
+        )
+    )
 
 
 @exercise("sharded_optimizer")
@@ -198,10 +206,11 @@ def _check_sharded_optimizer(answer, grader):
         outs = grader.run(4, _sharded_optimizer_harness, answer, *so.values(), _SO_HYPER, False, True)
     except _Stop as stop:
         if "empty parameter list" in (stop.result.detail + stop.result.hint):
-            stop.result.hint = ("with fewer tensors than ranks (here 2 tensors on 4 ranks) some rank owns no "
-                                "parameter, and torch's optimizers refuse an empty list: build the inner "
-                                "optimizer only when this rank owns something (and skip its step otherwise)\n"
-                                + stop.result.hint)
+            stop.result.hint = (
+                "with fewer tensors than ranks (here 2 tensors on 4 ranks) some rank owns no "
+                "parameter, and torch's optimizers refuse an empty list: build the inner "
+                "optimizer only when this rank owns something (and skip its step otherwise)\n" + stop.result.hint
+            )
         raise
     want = _sharded_reference(**so, head_only=True, **_SO_HYPER)["params"]
     off = max(max_error(outs[0]["params"][k], v) for k, v in want.items())

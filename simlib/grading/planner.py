@@ -33,7 +33,6 @@ HINTS = {
 def draw_cases(seed: int | None = None, n: int = 40) -> list:
     """(model, strategy) pairs: GPT shapes and plans drawn from ``seed`` (None: fresh randomness)."""
     from ..sim import Strategy, gpt
-
     from .instances import entropy
 
     rng = random.Random(seed) if seed is not None else entropy()

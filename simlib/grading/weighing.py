@@ -83,8 +83,11 @@ def _step_memory(fn) -> tuple[int, int]:
         fn()
     numpy_after = _numpy_arrays()
     numpy_kept = sum(n for ptr, n in numpy_after.items() if ptr not in numpy_before)
-    outside_kept = sum(n for k, n in _outside_torch().items()  # a tensor over a NumPy array is counted once
-                       if k not in outside_before and not (k[0] == "storage" and k[1] in numpy_after))
+    outside_kept = sum(
+        n
+        for k, n in _outside_torch().items()  # a tensor over a NumPy array is counted once
+        if k not in outside_before and not (k[0] == "storage" and k[1] in numpy_after)
+    )
     peak, kept = profiled_peak(prof)
     return peak + numpy_kept + outside_kept, kept + numpy_kept + outside_kept
 

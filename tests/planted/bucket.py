@@ -142,5 +142,14 @@ class CountedBelowTheName(_Skeleton):
         super().on_grad_ready(param)
 
 
-PLANTED = [PerParameterBlocking, AllReduceAfterBackward, NoDivide, NoReset, DividesTwice, PowerOfTwoWorldSize,
-           WaitsAtOnce, DecoyAsync, CountedBelowTheName]
+PLANTED = [
+    PerParameterBlocking,
+    AllReduceAfterBackward,
+    NoDivide,
+    NoReset,
+    DividesTwice,
+    PowerOfTwoWorldSize,
+    WaitsAtOnce,
+    DecoyAsync,
+    CountedBelowTheName,
+]

@@ -329,8 +329,10 @@ class state_outside_torch(_Base):
     def __init__(self, params, optimizer_cls, **kwargs):
         super().__init__(params, optimizer_cls, **kwargs)
         self.moments = [
-            (torch.frombuffer(bytearray(4 * p.numel()), dtype=torch.float32),
-             torch.frombuffer(bytearray(4 * p.numel()), dtype=torch.float32))
+            (
+                torch.frombuffer(bytearray(4 * p.numel()), dtype=torch.float32),
+                torch.frombuffer(bytearray(4 * p.numel()), dtype=torch.float32),
+            )
             for p in self.params
         ]
 
