@@ -234,6 +234,27 @@ class WorkerPool:
         self._started.clear()
 
 
+def note_rows(name: str, exercise: str, nb) -> list:
+    """A ``note`` row (for the teacher, not a check: it passes) for each function of the submission whose structure
+    is close to the library's own code for the exercise (:mod:`simlib.grading.similarity`)."""
+    from .similarity import library_matches
+
+    code = "\n\n".join(c.source for c in nb.cells if c.get("cell_type") == "code")
+    return [
+        Row(
+            name,
+            exercise,
+            "note",
+            f"`{mine}` is close to the library's {ref} (structure {ratio:.0%} alike)",
+            True,
+            "pass",
+            hint="a note for the teacher, not a failure: the library is open and its code may be typed in",
+            detail=f"similarity {ratio}",
+        )
+        for mine, ref, ratio in library_matches(exercise, code)
+    ]
+
+
 def _check_rows(name, exercise, answer, pool, check_timeout) -> list[Row]:
     from .. import grading
 
@@ -378,6 +399,7 @@ def grade_notebook(
                 continue
             # bytes, never unpickled here: the checks' workers open them (a load error is a failed check there)
             rows += _check_rows(name, exercise, Sent(sent), pool, check_timeout)
+            rows += note_rows(name, exercise, nb)
     finally:
         if own_pool:
             pool.close()

@@ -148,5 +148,6 @@ FAMILY3_CONTRACTS = {
     "average_gradients": [all_gather_then_mean],
     "pipeline_stage": [backward_right_after_forward],
     "ring_attention": [ring_keeps_every_block_then_sdpa, ring_keeps_every_block_in_numpy],
-    "full_state": [LibraryCodeCopied],
 }
+# LibraryCodeCopied runs the library's own code: no longer refused (issue 47: the library is open); `simlib grade`
+# notes a close copy for the teacher instead (tests/test_grading_family3.py)
