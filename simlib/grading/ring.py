@@ -219,7 +219,8 @@ def _check_ring(answer, grader):
     for world_size in _RING_WORLDS:
         cases = drawn[world_size]
         shapes = [tuple(c["shape"]) for c in cases]
-        outs = grader.run(world_size, _ring_harness, answer, cases, wire=True)
+        # on 3 and 4 ranks, what crossed is also read from the kernel (on 2 every rank is the other's neighbour)
+        outs = grader.run(world_size, _ring_harness, answer, cases, wire=world_size > 2)
         on_wire = grader.wire_last  # what crossed between the ranks, read from the kernel by this process
         shrunk = False
         for i, shape in enumerate(shapes):

@@ -3,7 +3,7 @@
 The dispatcher recorder (:mod:`simlib.grading.contracts`) sees every collective and message whatever Python name
 the answer used, but it lives in the answer's process, where code can step around a dispatch mode. This meter does
 not: the grader (another process) reads, before and after a run, every established TCP socket of the workers
-(``ss -tinp``: Linux's ``tcp_info``, ``bytes_sent`` and ``data_segs_out`` per socket), finds which worker owns each
+(``ss -tie``: Linux's ``tcp_info``, ``bytes_sent`` and ``data_segs_out`` per socket), finds which worker owns each
 end, and returns the bytes and segments each rank sent to each other rank during the run. Gloo's messages between
 two ranks travel on such sockets (on one machine as on several), so no answer can send data to a rank without it
 showing here, nor lower what shows. (Where ``ss`` is not to be had, :func:`available` is False and checks skip
@@ -16,8 +16,27 @@ import re
 import shutil
 import subprocess
 
-_SOCKET = re.compile(r"^\S+\s+\S+\s+(\S+)\s+(\S+)\s+users:\(\((.*)\)\)")
-_PID = re.compile(r"pid=(\d+)")
+_SOCKET = re.compile(r"^\S+\s+\S+\s+(\S+)\s+(\S+)\s.*\bino:(\d+)")
+
+
+def _inodes(pids) -> dict:
+    """{socket inode: pid} of the sockets ``pids`` hold (their /proc/PID/fd links): cheaper than ``ss -p``, which
+    reads every process's descriptors."""
+    import os
+
+    out = {}
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    out[int(link[8:-1])] = int(pid)
+        except OSError:
+            continue
+    return out
 
 
 def available() -> bool:
@@ -26,20 +45,17 @@ def available() -> bool:
 
 def snapshot(pids) -> dict:
     """{(local address, peer address): (pid, bytes sent, data segments sent)} for the sockets of ``pids``."""
-    pids = {int(p) for p in pids}
+    owners = _inodes(pids)
     try:
         text = subprocess.run(
-            ["ss", "-tinpH", "state", "established"], capture_output=True, text=True, timeout=30
+            ["ss", "-tieH", "state", "established"], capture_output=True, text=True, timeout=30
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
     out, lines = {}, text.splitlines()
     for head, info in zip(lines[::2], lines[1::2]):
         m = _SOCKET.match(head)
-        if not m:
-            continue
-        owners = [int(p) for p in _PID.findall(m.group(3))]
-        pid = next((p for p in owners if p in pids), None)
+        pid = owners.get(int(m.group(3))) if m else None
         if pid is None:
             continue
         sent = re.search(r"bytes_sent:(\d+)", info)
