@@ -159,7 +159,10 @@ class Grader:
 
     def ask(self, harness, *args, what: str | None = None):
         """``harness(*args)`` on a one-process worker -> its plain result: what a check needs to know of the answer
-        (its type, what it returns) is computed there, never in this process."""
+        (its type, what it returns) is computed there, never in this process. For an unanswered exercise (no
+        answer at all) it is None, and no worker starts: the check says "not done yet" in its own words."""
+        if self.unanswered:
+            return None
         return self.run(1, harness, *args, what=what or "your code")[0]
 
 

@@ -43,7 +43,7 @@ def ring_on_zeros_sum_through_files(tensor):
 
 def all_gather_then_mean(model):
     n = dist.get_world_size()
-    for p in model.parameters():
+    for p in [p for p in model.parameters() if p.grad is not None]:  # a frozen or unused one has none
         parts = [torch.empty_like(p.grad) for _ in range(n)]
         dist.all_gather(parts, p.grad)
         p.grad.copy_(torch.stack(parts).mean(0))
