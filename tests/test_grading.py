@@ -56,7 +56,7 @@ HINTS = {
     "power_of_two_world_size": "exactly dist.get_world_size()",
     "DividesTwice": "divided by world_size twice",
     "PowerOfTwoWorldSize": "exactly dist.get_world_size()",
-    "hard_coded_k": "number written into your code",
+    "hard_coded_k": "do not hard-code",
     # issue 33: right gradients, wrong algorithm (k times the activation memory)
     "one_big_batch": "torch.cat of the micro-batches",
     "sums_losses_one_backward": "one backward of the summed",
@@ -65,7 +65,7 @@ HINTS = {
     "sends_around_the_recorder": "below every python name",
     "tabulates": "",
     "WaitsAtOnce": "stalls backward",
-    "DecoyAsync": "stalls backward",
+    "DecoyAsync": "all-reduce",  # the decoy is one all-reduce too many per bucket, or the stall shows
     "CountedBelowTheName": "one all-reduce per bucket",
 }
 

@@ -170,7 +170,8 @@ def _check_accumulation(answer, grader):
             result.hint += (
                 ". Is the last micro-batch's backward outside no_sync()? Only that backward "
                 "all-reduces the accumulated gradients. And is there one optimizer.step() after the "
-                "loop? A step inside it uses gradients no rank has shared yet"
+                "loop? A step inside it uses gradients no rank has shared yet. The last micro-batch is "
+                f"i == len(micro_batches) - 1 (here k = {k}; other checks draw other k: do not hard-code it)"
             )
         else:
             result.hint += (
