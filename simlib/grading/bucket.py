@@ -111,9 +111,9 @@ def _check_bucket(answer, grader):
     cap_mb = _bucket_cap(problem)
     from .busy import Load
 
-    # the slow peer (on the 2-rank run only): 0.1 s, far above a layer's backward here; a run that looks stalled is
+    # the slow peer (on the 2-rank run only): 0.04 s, far above a layer's backward here; a run that looks stalled is
     # run again with the delay scaled by the machine's load before it is judged (a busy machine is not a stall)
-    late = 0.1
+    late = 0.04
     passed, timeline = [], None
     for world_size in _WORLD_SIZES:
         outs = grader.run(
