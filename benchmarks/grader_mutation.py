@@ -17,7 +17,14 @@ plus a restart of that cluster). Then, for a mutant the grader *passed*:
   grader passed. Survivors are listed with their mutation.
 
 A mutant the grader fails is **caught** (by status: fail, error, timeout). Catch rate = caught / (caught +
-survived). Results go to ``benchmarks/results/grader_mutation.json``, merged per exercise (a run with
+survived).
+
+What this measures, and what it does not (issue 47): AST mutants are small, mechanical edits of the solution (an
+operator, a constant, an index); a learner's mistakes are not, so a high catch rate here says the checks notice
+small edits of the right answer, not that they catch what learners get wrong (``grader_mistakes.py`` measures
+that). Each probe draws its instances from a space WIDER than the check's own generator (other sizes, head dims,
+vocabularies, world sizes and seeds; see ``grader_probes.py``), so a mutant called equivalent is right beyond what
+the check looks at, not merely on the check's own blind spots. Results go to ``benchmarks/results/grader_mutation.json``, merged per exercise (a run with
 ``--exercise`` updates only that exercise's entry).
 """
 

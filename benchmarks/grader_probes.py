@@ -361,12 +361,43 @@ def _probe_full_state(answer_cls, seed):
     return dict(out=ft._losses(answer_cls, where[0], ft._STEPS, task=task))
 
 
+def _wide_plan_cases(seed: int, n: int) -> list:
+    """GPT shapes and plans from a WIDER space than the grader's ``draw_cases`` (issue 47: a probe that draws from
+    the check's own generator inherits its blind spots): any head count and head dim (so 5*a*s/h is rarely whole),
+    any sequence length and vocabulary, any layer count that the pipeline divides, every schedule and ZeRO stage."""
+    from simlib.sim import Strategy, gpt
+
+    rng = random.Random(seed)
+    cases = []
+    while len(cases) < n:
+        heads, tp, pp = rng.randint(1, 48), rng.choice([1, 2, 3, 4, 8]), rng.choice([1, 2, 3, 4])
+        layers = pp * rng.randint(1, 16)
+        if heads % tp:
+            continue
+        model = gpt(
+            layers, heads * rng.randint(8, 200), heads, seq_len=rng.randint(16, 8192), vocab=rng.randint(100, 260_000)
+        )
+        s = Strategy(
+            dp=rng.randint(1, 96),
+            tp=tp,
+            pp=pp,
+            micro_batch=rng.randint(1, 8),
+            num_micro_batches=rng.randint(1, 24),
+            zero_stage=rng.choice([0, 1, 2, 3]),
+            recompute=rng.choice(["none", "selective", "full"]),
+            schedule=rng.choice(["1f1b", "gpipe"]),
+            sequence_parallel=tp > 1 and rng.random() < 0.8,
+        )
+        cases.append((model, s))
+    return cases
+
+
 def _probe_plan_memory(answer, seed):
-    """40 GPT shapes and plans drawn here (other seeds than the grader's); every part's bytes, as floats."""
-    from simlib.grading.planner import PARTS, draw_cases
+    """40 GPT shapes and plans from a wider space than the grader's (``_wide_plan_cases``); every part's bytes."""
+    from simlib.grading.planner import PARTS
 
     out = []
-    for model, s in draw_cases(10_000 + seed, 40):
+    for model, s in _wide_plan_cases(10_000 + seed, 40):
         got = answer(model, s)
         out.append(
             [float(got[k]) for k in PARTS] if isinstance(got, dict) and all(k in got for k in PARTS) else repr(got)

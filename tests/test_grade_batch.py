@@ -347,3 +347,62 @@ def test_the_sandbox_has_no_network_and_a_read_only_course(tmp_path):
     assert run.passed, run.detail
     assert not (ROOT / "sandbox-probe").exists()
     assert [r.status for r in rows if r.kind == "check"] == ["not implemented"]
+
+
+def _marked(mark: str) -> list[int]:
+    """Pids of the processes whose environment carries ``mark`` (every descendant of the grader started below)."""
+    found, needle = [], mark.encode()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_grader_killed_at_random_points_leaves_no_process(tmp_path):
+    """Issue 51: the class grader killed (SIGKILL, its whole process group) at 20 random moments - before its
+    child starts, while the child imports, while the learner's kernel runs - leaves no process of its own behind:
+    the child dies with it (PR_SET_PDEATHSIG) until its watch runs, and the watch ends the kernel and workers."""
+    import random
+    import secrets as _secrets
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "class"
+    folder.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(600)")])
+    nbformat.write(nb, str(folder / f"a_{EXERCISE}"))
+    rng = random.Random(_secrets.randbits(64))
+    survivors = {}
+    for trial in range(20):
+        mark = f"SIMLIB_TEST_KILLED_GRADER={_secrets.token_hex(8)}"
+        env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
+        out = tmp_path / f"grades{trial}" / "grades.csv"
+        grader = subprocess.Popen(
+            [sys.executable, "-m", "simlib", "grade", str(folder), "--out", str(out), "--timeout", "300"],
+            cwd=tmp_path,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(rng.uniform(0, 4))
+        os.killpg(grader.pid, signal.SIGKILL)
+        grader.wait()
+        gone_by = time.monotonic() + 20
+        while _marked(mark) and time.monotonic() < gone_by:
+            time.sleep(0.25)
+        left = _marked(mark)
+        if left:
+            survivors[trial] = left
+            for pid in left:  # leave the machine clean for the next trial, then fail below
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    assert not survivors, f"processes outlived a killed grader (trial: pids): {survivors}"

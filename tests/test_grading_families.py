@@ -56,8 +56,8 @@ def test_family2_problems_are_drawn_at_check_time_and_the_reference_is_refused(b
     assert not report.passed and all(r.passed for r in report.results[:-1]), report
     failed = report.failed()[0]
     assert failed.name.startswith("40 fresh random problems"), failed.line()
-    if bug == "calls_the_reference":
-        assert "grader's own checkpointing.py:_best_set" in failed.detail, failed.line()
+    if bug == "calls_the_reference":  # refused in the answer's box, whatever it does to a profile hook
+        assert "simlib.grading" in failed.detail or "open " in failed.detail, failed.line()
 
 
 def test_family6_every_call_of_an_answer_run_in_the_graders_process_has_a_time_limit(monkeypatch):
@@ -66,7 +66,8 @@ def test_family6_every_call_of_an_answer_run_in_the_graders_process_has_a_time_l
     monkeypatch.setattr(core, "ANSWER_CALL_LIMIT", 1.0)
     report = grading.check("checkpoint_placement", families.FAMILY6["checkpoint_placement"], quiet=True)
     failed = report.failed()
-    assert len(failed) == 1 and failed[0].status == "timeout" and "longer than 1 s" in failed[0].detail, report
+    # the limit is scaled by the machine's load (simlib.grading.busy): 1 s on a quiet machine, more on a busy one
+    assert len(failed) == 1 and failed[0].status == "timeout" and "ran longer than" in failed[0].detail, report
 
 
 def test_family6_the_full_state_check_draws_from_every_generator(cluster2):
@@ -88,9 +89,9 @@ def test_family3_a_star_of_sends_is_not_a_ring(clusters):
     the algorithm the exercise teaches."""
     report = grading.check("ring_all_reduce", families.all_reduce_through_rank0, clusters=clusters, quiet=True)
     assert not report.passed, report
-    assert all("neighbours" in r.name or "partial sums" in r.name for r in report.failed()), [
-        r.line() for r in report.failed()
-    ]
+    assert all(
+        "neighbours" in r.name or "partial sums" in r.name or "on the wire" in r.name for r in report.failed()
+    ), [r.line() for r in report.failed()]
     assert any("neighbours" in r.name for r in report.failed())
 
 

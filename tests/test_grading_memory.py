@@ -37,6 +37,11 @@ HINTS = {
     "zero_grad_of_inner_only": "not only the inner optimizer's",
     "best_ratio_first": "nor the best ratio first",
     "strict_budget": "not <",
+    # issue 47: problems of up to 12 blocks; the watch in a box of its own, out of the answer's reach
+    "capped_at_eight_blocks": "right on the lesson's model but not on another",
+    "switches_off_the_watch": "calling the grader's reference is not an answer",
+    "state_outside_torch": "owns",
+    "no_empty_shard_guard": "owns no parameter",
 }
 
 

@@ -16,6 +16,14 @@ line as it finishes (``✔`` / ``✘`` and a hint) and ``check`` returns a :clas
 - Each exercise runs on 2, 3 and 4 ranks (and several sizes), so code right only for one world size, a power
   of two or a hard-coded constant fails; rules such as "send/recv only" are checked where a renamed call
   cannot slip past (torch's dispatcher) and by the volume the ring must send.
+- Instances are secret and generated (:mod:`simlib.grading.instances`): each check draws its sizes, values and
+  hyper-parameters at check time, in this process, from Hypothesis strategies of what learners get wrong, with
+  the OS's randomness (no seed in any module decides one); a failing ring case is shrunk to the smallest that fails.
+- A busy machine is not a hang (:mod:`simlib.grading.busy`): each run's limit scales with the load measured at that
+  moment, and a run that trips it is retried once, with "your machine was busy (load X on N cores)".
+- What crosses between ranks is also read from outside the answer's process, from the kernel's TCP counters
+  (:mod:`simlib.grading.wire`); a function checked on fresh problems runs in a process of its own behind an audit
+  hook it cannot remove (:mod:`simlib.grading.answer_box`).
 - The algorithm is checked, not only its output (:mod:`simlib.grading.contracts`): the ring all-reduce and ring
   attention talk to their neighbours only, the MoE moves tokens by all-to-all, the TP layers make one all-reduce
   each way. Problems that an answer could rebuild are joined by ones drawn at check time from ``secrets``, and an

@@ -133,6 +133,31 @@ def _kill_submission(child, token: str, cgroup=None) -> None:
         time.sleep(0.2)
 
 
+def die_with_parent(parent: int) -> None:
+    """In a child, between fork and exec (``preexec_fn``): the kernel kills it the moment ``parent`` dies
+    (Linux ``PR_SET_PDEATHSIG``), so a grader killed while its child is still starting leaves no child behind
+    (issue 51: the clean-up raced the child's start). The child hands over to :func:`end_with_parent`, which
+    also ends the child's own children, once it runs. A no-op where prctl is not to be had."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _stop_dying_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def end_with_parent(parent: int, interval: float = 1.0) -> None:
     """In a grading child: when the grader ``parent`` dies (killed, or its terminal closed), kill this
     submission's processes (this process group and every process tagged with its token) and exit, instead of
@@ -142,8 +167,11 @@ def end_with_parent(parent: int, interval: float = 1.0) -> None:
     token = os.environ.get(_TOKEN, "")
 
     def watch():
+        first = True
         while True:
-            time.sleep(interval)
+            if not first:
+                time.sleep(interval)
+            first = False
             try:
                 os.kill(parent, 0)
                 continue
@@ -161,6 +189,7 @@ def end_with_parent(parent: int, interval: float = 1.0) -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="simlib-grade-parent-watch", daemon=True).start()
+    _stop_dying_with_parent()  # from here on the watch ends the child's children too (a SIGKILL would not)
 
 
 def sandbox_available() -> bool:

@@ -288,23 +288,36 @@ def _check_pipeline_stage(answer, grader):
 
 # ---- lesson 05: column- and row-parallel Linear as autograd functions ----
 
-_TP = dict(hidden=12, batch=2, seq=3, seed=0)  # ffn = 48: divides over 2, 3 and 4 ranks
+
+def tp_problem():
+    """A Hypothesis strategy of the TP MLP's problem: an odd hidden size that is a multiple of 3 (so the 4x hidden
+    units split over 2, 3 and 4 ranks), any batch and sequence length, a secret seed."""
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries(
+        dict(
+            hidden=st.sampled_from((3, 9, 15, 21)),
+            batch=st.integers(1, 3),
+            seq=st.integers(1, 5),
+            seed=st.integers(0, 2**31 - 1),
+        )
+    )
 
 
-def _tp_problem():
+def _tp_problem(tp: dict):
     import torch
 
     from ..models import FeedForward
 
-    torch.manual_seed(_TP["seed"])
-    dense = FeedForward(_TP["hidden"])
-    x = torch.randn(_TP["batch"], _TP["seq"], _TP["hidden"])
-    weights = torch.linspace(-1, 1, _TP["batch"] * _TP["seq"] * _TP["hidden"]).view_as(x)
+    torch.manual_seed(tp["seed"])
+    dense = FeedForward(tp["hidden"])
+    x = torch.randn(tp["batch"], tp["seq"], tp["hidden"])
+    weights = torch.linspace(-1, 1, tp["batch"] * tp["seq"] * tp["hidden"]).view_as(x)
     return dense, x, weights
 
 
-def _tp_reference():
-    dense, x, weights = _tp_problem()
+def _tp_reference(tp: dict):
+    dense, x, weights = _tp_problem(tp)
     x.requires_grad_()
     y = dense(x)
     (y * weights).sum().backward()
@@ -319,13 +332,13 @@ def _tp_reference():
     )
 
 
-def _tp_harness(answer):
+def _tp_harness(answer, tp):
     import torch
     import torch.distributed as dist
 
     column, row = answer
     rank, t = dist.get_rank(), dist.get_world_size()
-    dense, x, weights = _tp_problem()
+    dense, x, weights = _tp_problem(tp)
     n = dense.fc1.out_features // t
     rows = slice(rank * n, (rank + 1) * n)
     w1 = dense.fc1.weight[rows].detach().clone().requires_grad_()
@@ -357,9 +370,12 @@ def _tp_harness(answer):
 
 @exercise("tp_linear")
 def _check_tp_linear(answer, grader):
-    ref = _tp_reference()
-    for world_size in (2, 3, 4):  # 3: not a power of two; 48 hidden units split 24 / 16 / 12
-        outs = grader.run(world_size, _tp_harness, answer, what=f"your layers on {world_size} ranks")
+    from .instances import draw
+
+    tp = draw(tp_problem(), 1)[0]  # drawn now, from the OS's randomness
+    ref = _tp_reference(tp)
+    for world_size in (2, 3, 4):  # 3: not a power of two
+        outs = grader.run(world_size, _tp_harness, answer, tp, what=f"your layers on {world_size} ranks")
         ok_y = all(_close(o["y"], ref["y"]) for o in outs)
         hint = ""
         if not ok_y:

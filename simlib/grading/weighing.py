@@ -5,28 +5,52 @@ tensors, the garbage collector's objects for NumPy arrays), and the bytes a call
 from __future__ import annotations
 
 
-def _numpy_arrays() -> dict:
-    """{data address: bytes} of every NumPy array that owns its data and that a Python object holds (a list, a
-    dict, an attribute): found through the garbage collector's objects, so arrays kept anywhere count. (Not
-    tracemalloc: under torch's profiler it crashed workers.) The referents are taken in one call and filtered by
-    type in C (``compress`` over ``map``): a worker holds ~170k objects, and a Python loop over each one's
-    referents took 0.3 s, twice per weighed step."""
+def _census() -> tuple[dict, dict]:
+    """(NumPy arrays, memory outside torch's allocator) alive now, from one pass over the garbage collector's
+    objects and their referents (taken in one call and filtered by type in C, ``compress`` over ``map``: a worker
+    holds ~170k objects, and a Python loop over each one's referents took 0.3 s, twice per weighed step).
+
+    NumPy: {data address: bytes} of every array that owns its data and that a Python object holds (a list, a dict,
+    an attribute), so arrays kept anywhere count (not tracemalloc: under torch's profiler it crashed workers).
+    Outside torch: {key: bytes} of every tensor alive whose CPU storage torch's allocator did not make
+    (``torch.frombuffer`` over a bytearray, ``from_file``, shared memory: storages that cannot resize), and every
+    ``bytearray`` or ``array.array`` a Python object holds (issue 47: AdamW's state kept in
+    ``torch.frombuffer(bytearray(...))`` was invisible to the profiler)."""
+    import array
     import functools
     import gc
     import itertools
     import operator
 
     import numpy as np
+    import torch
 
-    nd = np.ndarray
-    referents = gc.get_referents(*gc.get_objects())
-    out = {}
-    for r in itertools.compress(referents, map(functools.partial(operator.is_, nd), map(type, referents))):
-        while isinstance(r.base, nd):
+    objects = gc.get_objects()
+    referents = gc.get_referents(*objects)
+    types_of = list(map(type, referents))
+    arrays, outside = {}, {}
+    for r in itertools.compress(referents, map(functools.partial(operator.is_, np.ndarray), types_of)):
+        while isinstance(r.base, np.ndarray):
             r = r.base
         if r.flags.owndata:
-            out[r.ctypes.data] = r.nbytes
-    return out
+            arrays[r.ctypes.data] = r.nbytes
+    tensor_types = {torch.Tensor, torch.nn.Parameter}
+    for t in itertools.compress(objects, map(tensor_types.__contains__, map(type, objects))):
+        try:
+            storage = t.untyped_storage()
+            if storage.device.type == "cpu" and not storage.resizable():  # torch's own CPU storages resize
+                outside[("storage", storage.data_ptr())] = storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # an invalidated or a meta tensor holds no data
+            continue
+    for kind in (bytearray, array.array):
+        for r in itertools.compress(referents, map(functools.partial(operator.is_, kind), types_of)):
+            outside[(kind.__name__, id(r), len(r))] = len(r) * getattr(r, "itemsize", 1)
+    return arrays, outside
+
+
+def _numpy_arrays() -> dict:
+    """{data address: bytes} of every NumPy array that owns its data and that a Python object holds."""
+    return _census()[0]
 
 
 def _numpy_kept(before: dict) -> int:
@@ -47,12 +71,18 @@ def _step_memory(fn) -> tuple[int, int]:
 
     quiet_profiler()  # Kineto's start/stop lines off stderr; a learner's own errors still show
     count_every_thread()
-    numpy_before = _numpy_arrays()
+    numpy_before, outside_before = _census()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    numpy_kept = _numpy_kept(numpy_before)
+    numpy_after, outside_after = _census()
+    numpy_kept = sum(n for ptr, n in numpy_after.items() if ptr not in numpy_before)
+    outside_kept = sum(
+        n
+        for k, n in outside_after.items()  # a tensor over a NumPy array is counted once
+        if k not in outside_before and not (k[0] == "storage" and k[1] in numpy_after)
+    )
     peak, kept = profiled_peak(prof)
-    return peak + numpy_kept, kept + numpy_kept
+    return peak + numpy_kept + outside_kept, kept + numpy_kept + outside_kept
 
 
 def _storages(objs) -> list:

@@ -109,4 +109,47 @@ class PowerOfTwoWorldSize(_Skeleton):
         self.reset()
 
 
-PLANTED = [PerParameterBlocking, AllReduceAfterBackward, NoDivide, NoReset, DividesTwice, PowerOfTwoWorldSize]
+class WaitsAtOnce(_Skeleton):
+    """Buckets, async_op=True and all, but waits on each handle right in the hook: the numbers are right, the
+    overlap (the point of the exercise) is gone. Passed the call-shape check of issue 47."""
+
+    def on_grad_ready(self, param):
+        super().on_grad_ready(param)
+        i, _ = self.slot[param]
+        if self.pending[i] == 0:
+            self.handles[i].wait()
+
+
+class DecoyAsync(_Skeleton):
+    """Starts an async all-reduce of a dummy tensor in the hook (the call shape of overlap), then all-reduces the
+    real bucket blocking, right away (issue 47: a decoy async all-reduce satisfied the overlap check)."""
+
+    def on_grad_ready(self, param):
+        i, offset = self.slot[param]
+        self.buffers[i][offset : offset + param.numel()].copy_(param.grad.view(-1))
+        self.pending[i] -= 1
+        if self.pending[i] == 0:
+            self.handles[i] = dist.all_reduce(torch.zeros(1), async_op=True)  # the decoy
+            dist.distributed_c10d.all_reduce(self.buffers[i])  # the real one, blocking, by its module path
+
+
+class CountedBelowTheName(_Skeleton):
+    """One all-reduce per bucket through torch.distributed.distributed_c10d, plus an extra all-reduce per parameter
+    through the same path: a spy on dist.all_reduce (the name) saw only the buckets (issue 47)."""
+
+    def on_grad_ready(self, param):
+        dist.distributed_c10d.all_reduce(torch.zeros(1))  # an extra collective, not through the name dist.all_reduce
+        super().on_grad_ready(param)
+
+
+PLANTED = [
+    PerParameterBlocking,
+    AllReduceAfterBackward,
+    NoDivide,
+    NoReset,
+    DividesTwice,
+    PowerOfTwoWorldSize,
+    WaitsAtOnce,
+    DecoyAsync,
+    CountedBelowTheName,
+]

@@ -43,7 +43,7 @@ def ring_on_zeros_sum_through_files(tensor):
 
 def all_gather_then_mean(model):
     n = dist.get_world_size()
-    for p in model.parameters():
+    for p in [p for p in model.parameters() if p.grad is not None]:  # a frozen or unused one has none
         parts = [torch.empty_like(p.grad) for _ in range(n)]
         dist.all_gather(parts, p.grad)
         p.grad.copy_(torch.stack(parts).mean(0))
@@ -148,5 +148,6 @@ FAMILY3_CONTRACTS = {
     "average_gradients": [all_gather_then_mean],
     "pipeline_stage": [backward_right_after_forward],
     "ring_attention": [ring_keeps_every_block_then_sdpa, ring_keeps_every_block_in_numpy],
-    "full_state": [LibraryCodeCopied],
 }
+# LibraryCodeCopied runs the library's own code: no longer refused (issue 47: the library is open); `simlib grade`
+# notes a close copy for the teacher instead (tests/test_grading_family3.py)

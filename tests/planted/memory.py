@@ -290,3 +290,74 @@ def strict_budget(activation_bytes, input_bytes, recompute_flops, budget):
 
 
 CHECKPOINT_PLACEMENT += [best_ratio_first, strict_budget]
+
+
+# ---- issue 47: an exhaustive search capped at 8 blocks; the "no grader calls" watch switched off ----
+def capped_at_eight_blocks(activation_bytes, input_bytes, recompute_flops, budget):
+    """The right exhaustive search over the first 8 blocks only (a cap "to keep it fast"); the others are always
+    checkpointed. Right on every problem of at most 8 blocks, which were all the old checks drew."""
+    from itertools import combinations
+
+    n = len(activation_bytes)
+    head, tail = list(range(min(n, 8))), list(range(min(n, 8), n))
+    fits = [
+        list(s) + tail
+        for k in range(len(head) + 1)
+        for s in combinations(head, k)
+        if sum(input_bytes[i] if i in s or i in tail else activation_bytes[i] for i in range(n)) <= budget
+    ]
+    return min(fits, key=lambda s: (sum(recompute_flops[i] for i in s), s)) if fits else list(range(n))
+
+
+def switches_off_the_watch(activation_bytes, input_bytes, recompute_flops, budget):
+    """Turns off the grader's profile hook (sys.setprofile(None)) and returns the grader's own reference answer."""
+    import sys
+
+    sys.setprofile(None)
+    from simlib.grading import checkpointing
+
+    return list(checkpointing._best_set(activation_bytes, input_bytes, recompute_flops, budget))
+
+
+CHECKPOINT_PLACEMENT += [capped_at_eight_blocks, switches_off_the_watch]
+
+
+class state_outside_torch(_Base):
+    """Right numbers, sharded stepping, but a full copy of Adam's two moments for EVERY parameter kept in
+    torch.frombuffer(bytearray(...)) tensors: memory torch's profiler and NumPy never see (issue 47)."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, optimizer_cls, **kwargs)
+        self.moments = [
+            (
+                torch.frombuffer(bytearray(4 * p.numel()), dtype=torch.float32),
+                torch.frombuffer(bytearray(4 * p.numel()), dtype=torch.float32),
+            )
+            for p in self.params
+        ]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for p, (m, v) in zip(self.params, self.moments):  # a moment of every parameter, kept on every rank
+            m.mul_(0.9).add_(p.grad.reshape(-1), alpha=0.1)
+            v.mul_(0.999).addcmul_(p.grad.reshape(-1), p.grad.reshape(-1), value=0.001)
+        self.inner.step()
+        for p, r in zip(self.params, self.owner):
+            dist.broadcast(p.data, src=r)
+
+
+SHARDED_OPTIMIZER += [state_outside_torch]
+
+
+class no_empty_shard_guard(_Base):
+    """The solution without its guard: the inner optimizer built over this rank's parameters even when it owns
+    none (torch refuses an empty list). Right whenever every rank owns something (issue 47)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.inner.step()
+        for p, r in zip(self.params, self.owner):
+            dist.broadcast(p.data, src=r)
+
+
+SHARDED_OPTIMIZER += [no_empty_shard_guard]

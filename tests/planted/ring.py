@@ -153,3 +153,22 @@ PLANTED = [
 ]
 # destroys_process_group and kills_its_worker break the workers: tests/test_grading.py checks them on their own
 # (the hint names rank 1, and the next check of a solution passes)
+
+
+def sends_around_the_recorder(tensor):
+    """A right ring, and the whole tensor sent to every other rank with the grader's dispatch recorder switched off
+    in this process (issue 47: what a rank sends was counted only inside the answer's process). The kernel's TCP
+    counters, read by the grader from outside, still see it."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    with _disable_current_modes():
+        copies = [torch.empty_like(tensor) for _ in range(n)]
+        ops = [dist.isend(tensor.clone(), q) for q in range(n) if q != rank]
+        ops += [dist.irecv(copies[q], q) for q in range(n) if q != rank]
+        for op in ops:
+            op.wait()
+    return _ring(tensor)
+
+
+PLANTED.append(sends_around_the_recorder)

@@ -1,0 +1,240 @@
+"""Shared by the checks of lessons 01-03: the drawn regression problem (a Hypothesis strategy; secret seed),
+its single-process reference, and the diagnosis of gradients and weights against it."""
+
+from __future__ import annotations
+
+from .core import Result, _close, max_error
+
+# ---- shared by lessons 01-03: a tiny regression problem and its single-process reference ----
+
+_WORLD_SIZES = (2, 3, 4)  # 3 catches code right only for powers of two or a hard-coded world size
+
+
+def dp_problem(frozen: bool = False, unused: bool = False):
+    """A Hypothesis strategy of lessons 01-03's regression problem: odd widths, 1-3 hidden layers, a global batch
+    that splits over 2, 3 and 4 ranks, a secret seed; ``frozen``: one parameter has requires_grad=False,
+    ``unused``: one parameter takes no part in the forward (both leave p.grad None)."""
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries(
+        dict(
+            width=st.integers(3, 19),
+            depth=st.integers(1, 3),
+            in_features=st.integers(2, 11),
+            global_batch=st.sampled_from((12, 24, 36)),
+            seed=st.integers(0, 2**62),
+            frozen=st.integers(0, 3) if frozen else st.none(),
+            unused=st.just(unused),
+        )
+    )
+
+
+def _draw_problem(**kw) -> dict:
+    from .instances import draw
+
+    return dict(draw(dp_problem(**kw), 1)[0])
+
+
+def _tiny_problem(problem: dict):
+    import torch
+
+    from ..models import MLP, make_regression
+
+    torch.manual_seed(problem["seed"] % 2**31)
+    model = MLP(problem["width"], problem["depth"], in_features=problem["in_features"])
+    params = list(model.parameters())
+    if problem.get("frozen") is not None:
+        params[problem["frozen"] % len(params)].requires_grad_(False)  # a frozen layer: its p.grad stays None
+    if problem.get("unused"):
+        model.register_parameter("unused", torch.nn.Parameter(torch.zeros(3)))  # never in the forward: grad None
+    x, y = make_regression(problem["global_batch"], problem["in_features"], seed=problem["seed"] % 2**31 + 1)
+    return model, x, y
+
+
+def _my_shard(x, y):
+    import torch.distributed as dist
+
+    from ..models import shard
+
+    return shard(x, dist.get_rank(), dist.get_world_size()), shard(y, dist.get_rank(), dist.get_world_size())
+
+
+def _reference(steps: int, lr: float, problem: dict):
+    """Gradients of the first step and weights after ``steps`` SGD steps, one process, global batch."""
+    import torch
+
+    model, x, y = _tiny_problem(problem)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    grads = None
+    for step in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        if step == 0:
+            grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+        opt.step()
+    names = [n for n, _ in model.named_parameters()]
+    return dict(names=names, grads=grads, state=[p.detach().clone() for p in model.parameters()])
+
+
+def _all_close(got, want, **tol) -> bool:
+    return (
+        got is not None
+        and len(got) == len(want)
+        and all(
+            (g is None and w is None) or (g is not None and w is not None and _close(g, w, **tol))
+            for g, w in zip(got, want)
+        )
+    )
+
+
+def _uniform_ratio(got, want):
+    """c when every tensor of ``got`` is c times the one in ``want`` (one c for all), else None."""
+    import torch
+
+    pairs = [(g, w) for g, w in zip(got, want) if g is not None and w is not None]
+    if not pairs:
+        return None
+    flat_got = torch.cat([g.reshape(-1).double() for g, _ in pairs])
+    flat_want = torch.cat([w.reshape(-1).double() for _, w in pairs])
+    c = float(flat_got @ flat_want / (flat_want @ flat_want)) if float(flat_want @ flat_want) else 0.0
+    return c if c and abs(c - 1) > 1e-3 and _close(flat_got, c * flat_want) else None
+
+
+def _problem_words(problem: dict) -> str:
+    """The drawn instance, as a hint shows it."""
+    words = (
+        f" (the problem: an MLP of width {problem['width']}, {problem['depth']} hidden layer(s), "
+        f"{problem['in_features']} inputs, global batch {problem['global_batch']}"
+    )
+    if problem.get("frozen") is not None:
+        words += ", one frozen parameter (requires_grad=False)"
+    if problem.get("unused"):
+        words += ", one parameter the forward never uses"
+    return words + ")"
+
+
+def only_some_sizes(passed: list, size_words: str) -> str:
+    """A note for a check that passed on other sizes: the code holds only for some (hard-coded? powers of two?)."""
+    if not passed:
+        return ""
+    return (
+        f" It passed with {', '.join(passed)} but not with {size_words}: look for a number written into your "
+        "code (a world size, k, an index) or arithmetic that holds only for powers of two, e.g. `x & (n - 1)` "
+        "for `x % n`"
+    )
+
+
+def _diagnose_grads(outs, ref, key="grads") -> tuple[bool, str, str]:
+    """(passed, detail, hint) for per-rank gradient lists against the global-batch gradient."""
+    world_size = len(outs)
+    want = ref["grads"]
+    bad_ranks = [r for r, out in enumerate(outs) if not _all_close(out[key], want)]
+    if not bad_ranks:
+        return True, "", ""
+    got = outs[bad_ranks[0]][key]
+    if got is None or any(g is None and w is not None for g, w in zip(got, want)):
+        return False, "some gradients are None", "do not set p.grad to None; average it in place"
+    if any(g is not None and w is None for g, w in zip(got, want)):
+        return (
+            False,
+            "a frozen or unused parameter got a gradient",
+            (
+                "a parameter with requires_grad=False, or one the forward never used, has p.grad None: leave it "
+                "None (skip it: `if p.grad is not None`)"
+            ),
+        )
+    err = max(max_error(g, w) for g, w in zip(got, want) if g is not None and w is not None)
+    detail = f"max error {err:.2g} on rank(s) {bad_ranks}"
+    if _all_close(got, [None if w is None else w * world_size for w in want]):
+        return (
+            False,
+            detail,
+            (
+                f"your gradients are {world_size}x the right ones: all_reduce sums over the ranks, "
+                "so divide by world_size to get the mean"
+            ),
+        )
+    if _all_close(got, [None if w is None else w / world_size for w in want]):
+        return (
+            False,
+            detail,
+            (
+                f"your gradients are 1/{world_size} of the right ones: you divided by world_size "
+                "twice (all_reduce with SUM then one division gives the mean; ReduceOp.AVG needs "
+                "no division at all)"
+            ),
+        )
+    if bad_ranks == list(range(1, world_size)):
+        return (
+            False,
+            detail,
+            (
+                "right on rank 0 only: the other ranks do not end with the mean. Use "
+                "dist.all_reduce (every rank receives the sum), not dist.reduce(dst=0), and "
+                "divide on every rank, not only under `if rank == 0`"
+            ),
+        )
+    if "local" in outs[0] and _all_close(got, outs[bad_ranks[0]]["local"], rtol=0, atol=0):
+        return (
+            False,
+            detail,
+            (
+                "the gradients did not change: all_reduce works in place on the tensor you pass, "
+                "so pass p.grad itself (not a copy) and divide it in place"
+            ),
+        )
+    ratio = _uniform_ratio(got, want)
+    if ratio is not None:
+        return (
+            False,
+            detail,
+            (
+                f"your gradients are {ratio:.3g}x the right ones on {world_size} ranks: divide the sum "
+                f"by exactly dist.get_world_size() (here {world_size}); a fixed number, or a power of "
+                "two, is right only for some world sizes"
+            ),
+        )
+    wrong = [ref["names"][i] for i, (g, w) in enumerate(zip(got, want)) if w is not None and not _close(g, w)]
+    if len(wrong) < sum(w is not None for w in want):  # a frozen or unused parameter has no gradient to be wrong
+        return False, detail, f"only some parameters are wrong: {', '.join(wrong)}. Average every parameter's gradient"
+    return (
+        False,
+        detail,
+        (
+            "compare with the recipe: dist.all_reduce(p.grad) (op SUM, in place) on every rank, "
+            "then p.grad /= world_size; skip a parameter whose p.grad is None (frozen or unused)"
+        ),
+    )
+
+
+_DP_STEPS, _DP_LR = 2, 0.1
+
+
+def _check_training(outs, ref, world_size, steps, extra_hint=""):
+    ok = all(_all_close(out["state"], ref["state"]) for out in outs)
+    same = all(_all_close(out["state"], outs[0]["state"], rtol=0, atol=0) for out in outs)
+    detail = (
+        ""
+        if ok
+        else "max error %.2g" % max(max_error(a, b) for out in outs for a, b in zip(out["state"], ref["state"]))
+    )
+    rank0_only = (
+        not ok
+        and _all_close(outs[0]["state"], ref["state"])
+        and not any(_all_close(out["state"], ref["state"]) for out in outs[1:])
+    )
+    hint = (
+        "right on rank 0 only: the other ranks' weights differ from the single-process run, so their gradients "
+        "were not averaged (a reduce to rank 0 instead of an all-reduce? a step under `if rank == 0`?)"
+        if rank0_only
+        else "the ranks' weights differ from each other: the replicas drifted apart, so some "
+        "gradients were not averaged across ranks"
+        if not same
+        else "the replicas agree with each other but not with the single-process run on the global batch"
+    ) + extra_hint
+    return Result(
+        f"{world_size} ranks: weights after {steps} steps equal the single-process run on the global batch",
+        ok,
+        hint,
+        detail,
+    )
