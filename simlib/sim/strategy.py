@@ -245,8 +245,8 @@ class Strategy:
             dp=plan.dp,
             tp=plan.tp,
             pp=plan.pp,
-            cp=getattr(plan, "cp", 1),
-            ep=getattr(plan, "ep", 1),
+            cp=plan.cp,
+            ep=plan.ep,
             micro_batch=global_batch // (plan.dp * per_step),
             num_micro_batches=per_step,
             zero_stage=plan.zero_stage,
@@ -255,7 +255,7 @@ class Strategy:
             overlap=plan.dp_variant in ("bucket", "ddp"),
             recompute="full" if plan.activation_checkpointing else "none",
             dtype=plan.mixed_precision or "fp32",
-            sequence_parallel=getattr(plan, "sequence_parallel", False),
+            sequence_parallel=plan.sequence_parallel,
             head="whole",
         )
         if plan.pp > 1:
