@@ -33,7 +33,7 @@ def test_a_run_past_its_limit_gets_a_second_chance_and_the_machine_is_named(clus
     """A run that trips its (quiet-machine) limit is retried once with a longer one, and the learner reads that the
     machine was busy, not that the code hangs."""
     quiet = busy.Load(load=0.0, cores=2, contention=1.0)
-    monkeypatch.setattr(busy.Load, "now", classmethod(lambda cls, ranks=1: quiet))
+    monkeypatch.setattr(busy.Load, "now", classmethod(lambda cls, ranks=1, refresh=False: quiet))
     grader = core.Grader({2: cluster2}, timeout=2.0)
     assert grader.run(2, time.sleep, 2.5) == [None, None]  # past 2 s, within the retry's 4 s
     assert grader.busy_notes and "your machine was busy (load 0.0 on 2 cores" in grader.busy_notes[0]

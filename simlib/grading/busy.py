@@ -2,39 +2,30 @@
 
 A check's limit is the grader's base limit (quiet machine) times how busy the machine is *now*, measured two
 ways at the moment of the run: the 1-minute load average per core (``os.getloadavg``), and a calibration run here,
-a short fixed loop timed by the wall clock and by this thread's CPU clock (``wall / cpu``: 1 when this process has
-a core to itself, 3 when it gets a third of one). No reference time is written into the code: the calibration
-compares the machine with itself. A run that trips its limit is retried once, with the machine re-measured and
+:mod:`simlib.pace`'s spinning thread timed by the wall clock and by its CPU clock (``wall / cpu``: 1 when this
+process has a core to itself, 3 when it gets a third of one; the library's one calibration). No reference time is
+written into the code: the calibration compares the machine with itself. A run that trips its limit is retried once, with the machine re-measured and
 at least twice the limit, and the learner is told "your machine was busy (load X on N cores)" before anything is
 called a hang.
 """
 
 from __future__ import annotations
 
-import os
-import time
+import math
 from dataclasses import dataclass
+
+from .. import pace
 
 
 def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # macOS, Windows
-        return os.cpu_count() or 1
+    """The cores this process may use (:mod:`simlib.pace`'s count)."""
+    return pace.pace().cores
 
 
-def contention(work: int = 20000) -> float:
-    """Wall time over CPU time of a short fixed loop in this thread (>= 1): how much of a core it got just now."""
-    best = float("inf")
-    for _ in range(3):  # the least contended of three tries: one preemption is not a busy machine
-        wall0, cpu0 = time.perf_counter(), time.thread_time()
-        total = 0
-        for i in range(work):
-            total += i * i % 7
-        wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
-        if cpu > 0:
-            best = min(best, wall / cpu)
-    return max(1.0, best if best != float("inf") else 1.0)
+def contention() -> float:
+    """Wall time over CPU time of a spinning thread just now (>= 1): how much of a core it got. One calibration
+    for the whole library: :func:`simlib.pace.pace`, measured afresh."""
+    return pace.pace(refresh=True).slowdown
 
 
 @dataclass
@@ -47,12 +38,11 @@ class Load:
     ranks: int = 1  # the worker processes the run will use
 
     @classmethod
-    def now(cls, ranks: int = 1) -> Load:
-        try:
-            load = os.getloadavg()[0]
-        except (AttributeError, OSError):
-            load = 0.0
-        return cls(load, cores(), contention(), ranks)
+    def now(cls, ranks: int = 1, refresh: bool = False) -> Load:
+        """The machine now: :mod:`simlib.pace`'s calibration (at most 10 s old; measured afresh when ``refresh``,
+        as a run that tripped its limit does before its second chance)."""
+        p = pace.pace(refresh=refresh, max_age=10.0)
+        return cls(0.0 if math.isnan(p.load) else p.load, p.cores, p.slowdown, ranks)
 
     @property
     def factor(self) -> float:

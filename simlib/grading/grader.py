@@ -75,7 +75,7 @@ class Grader:
                 if broke is not None and broke.type_name in _BROKE:
                     raise
                 # a second chance before the word "hang": the machine re-measured, a longer limit (issue 51)
-                load = Load.now(world_size)
+                load = Load.now(world_size, refresh=True)
                 limit = limit_for(self.timeout, load, retry=True)
                 self.busy_notes.append(load.sentence(limit))
                 t0 = time.monotonic()
