@@ -251,7 +251,9 @@ def agree_batch(wrong: str | None, device=None, flag: float = 0.0) -> float:
     if both[1].item():
         said = [None] * dist.get_world_size()
         dist.all_gather_object(said, wrong)
-        raise ValueError(next(s for s in said if s))  # the first such rank's, on every rank
+        first = next((s for s in said if s), None)
+        if first is not None:  # (None only where the flag was not a real value: a device that computes nothing)
+            raise ValueError(first)  # the first such rank's, on every rank
     return both[0].item()
 
 
