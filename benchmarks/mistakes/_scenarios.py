@@ -258,6 +258,47 @@ def pipeline_stage(answer, spec):
     )
 
 
+# ── lesson 05b ──────────────────────────────────────────────────────────────────────────────────────────────────
+def online_softmax(answer, spec):
+    """The output of one instance per rank (each rank draws its own), its dtype and shape, and what the call made:
+    whether any torch tensor (seen by a dispatch mode, below every Python name) or the Python heap (tracemalloc:
+    NumPy's buffers) reached the size of the full (T x T) score matrix, and whether torch's fused attention ran."""
+    import tracemalloc
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    b, h, t, d = spec.get("batch", 1), spec.get("heads", 2), spec.get("T", 10), spec.get("head_dim", 4)
+    dtype = _dtype(spec.get("dtype"))
+    q, k, v = (_seeded(s + 10 * rank, b, h, t, d, scale=spec.get("scale", 1.0), dtype=dtype) for s in (1, 2, 3))
+    seen = dict(largest=0, fused=False)
+
+    class Meter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            seen["fused"] |= "scaled_dot_product" in str(func)
+            for x in tree_flatten(out)[0]:
+                if isinstance(x, torch.Tensor):
+                    seen["largest"] = max(seen["largest"], x.numel())
+            return out
+
+    tracemalloc.start()
+    with Meter():
+        out = answer(q, k, v, spec.get("causal", False), spec.get("block", 4))
+    _, heap_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    full = b * h * t * t
+    return dict(
+        out=_values(out),
+        dtype=str(out.dtype) if isinstance(out, torch.Tensor) else None,
+        shape=list(out.shape) if isinstance(out, torch.Tensor) else None,
+        torch_tensor_as_large_as_the_score_matrix=seen["largest"] >= full,
+        heap_as_large_as_the_score_matrix=heap_peak >= full * 4,
+        fused_attention_called=seen["fused"],
+    )
+
+
 def tp_linear(answer, spec):
     rank, n = dist.get_rank(), dist.get_world_size()
     column, row = answer
