@@ -54,13 +54,6 @@ class Pace:
         return said + (f": work runs {self.slowdown:.1f}x slower than on idle cores" if self.busy else "")
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def _load() -> float:
     try:
         return os.getloadavg()[0]
@@ -77,7 +70,9 @@ def measure(window: float = WINDOW) -> Pace:
             x += 1
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     slowdown = max(1.0, wall / max(cpu, 1e-3)) if cpu > 0 else 50.0
-    return Pace(round(min(slowdown, 50.0), 2), _load(), _cores(), time.monotonic())
+    from .env import cpu_count  # the cores this process may use (its affinity mask)
+
+    return Pace(round(min(slowdown, 50.0), 2), _load(), cpu_count(), time.monotonic())
 
 
 _last: Pace | None = None
