@@ -212,8 +212,8 @@ def test_sequence_parallel_lowers_a_whole_steps_peak_by_the_formula(cluster2):
     (without SP at the start of the backward, with SP in the forward), and the targets' int64 copy the loss's
     reshape makes (b·s·8 B) is alive at SP's peak only. Measured at this size: 661,636 B against the formula's
     665,600 (-3,964 = -4,096 for the targets + 128 for the int64 positions SP looks up for half the sequence
-    + 4), on both ranks, the same bytes every run (60 of 60 under load, since the logits gather runs in place:
-    see step_peak; benchmarks/sp_memory.py: larger sizes, and a batch-2 size where the peak is at the end of the
+    + 4), on both ranks, the same bytes in every quiet run (since the logits gather runs in place: see step_peak;
+    under load, see below; benchmarks/sp_memory.py: larger sizes, and a batch-2 size where the peak is at the end of the
     backward and SP saves nothing). An SP that kept the whole sequence would save nothing."""
     from simlib.debug.memory import step_peak
     from simlib.parallel.step_memory import sequence_parallel_saving
@@ -222,7 +222,15 @@ def test_sequence_parallel_lowers_a_whole_steps_peak_by_the_formula(cluster2):
 
     task = GPTTask.quick()
     saving = sequence_parallel_saving(task, 2)
-    runs = {sp: cluster2.call(step_peak, (task, Plan(tp=2, sequence_parallel=sp)), timeout=120) for sp in (False, True)}
+    # Each plan's lowest of three runs per rank: on a loaded machine a collective's buffer (a (b, s, h) activation,
+    # or the 2 MiB logits) is sometimes released by gloo's thread after the main thread has passed its peak, which
+    # adds it to that run's peak (seen in CI at load 9 and beside 6 CPU burners: 1 run in ~20, +128 KiB or +2 MiB,
+    # never less). The lowest is the program's own allocation; the extra is the thread's timing.
+    runs = {
+        sp: [cluster2.call(step_peak, (task, Plan(tp=2, sequence_parallel=sp)), timeout=120) for _ in range(3)]
+        for sp in (False, True)
+    }
+    runs = {sp: [min((r[rank] for r in rs), key=lambda x: x["peak"]) for rank in range(2)] for sp, rs in runs.items()}
     for rank in range(2):
         tp, sp = runs[False][rank], runs[True][rank]
         for run in (tp, sp):  # the peak is activation-bound here: at the loss, before any parameter gradient
