@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from . import guards
+from . import pieces as pieces_lib
 from .checkpoint import rng_state, set_rng_state  # noqa: F401 - every generator a step may use
 from .parallelize import ParallelModel, build_optimizer, clip_grad_norm, parallelize, unique_parameters  # noqa: F401
 from .plan import DP_VARIANTS, PRECISIONS, SCHEDULES, OptimConfig, Plan  # noqa: F401 - what a run is
@@ -159,6 +160,7 @@ def train(
     nonfinite: str = "stop",
     allow_changes=(),
     step_hook=None,
+    pieces: dict | None = None,
 ) -> RunRecord:
     """Train ``task`` under ``plan`` for one budget (``steps``, ``tokens``, ``samples`` or ``seconds``).
 
@@ -171,9 +173,21 @@ def train(
     :class:`simlib.guards.NonFiniteError` naming the step) or ``"skip"`` (skip its update; counted in
     ``summary["skipped_steps"]``). ``allow_changes``: fields (``"optim.lr"``, ``"task.seed"``, ``"optim"``, ``"*"``)
     allowed to differ from the checkpoint resumed from; any other difference is refused, naming the field.
-    ``step_hook``: called with a :class:`StepInfo` as each step starts (see there).
+    ``step_hook``: called with a :class:`StepInfo` as each step starts (see there). ``pieces``: the learner's code
+    at a project's slots, ``{slot name: class or function}`` (:mod:`simlib.pieces`); the summary lists them.
     """
     guards.check_run_args(steps, tokens, samples, seconds, eval_every, log_every, warmup, nonfinite, target)
+    with pieces_lib.using(pieces):
+        return _train(
+            task, plan, steps, tokens, samples, seconds, optim, eval_every, log_every, out_dir, target,
+            stop_at_target, warmup, measure_memory, verbose, state_type, nonfinite, allow_changes, step_hook,
+        )  # fmt: skip
+
+
+def _train(
+    task, plan, steps, tokens, samples, seconds, optim, eval_every, log_every, out_dir, target,
+    stop_at_target, warmup, measure_memory, verbose, state_type, nonfinite, allow_changes, step_hook,
+) -> RunRecord:  # fmt: skip
     total = _budget_steps(task, steps, tokens, samples, seconds)
     run = Trainer(task, plan, optim, total, out_dir, warmup, measure_memory, verbose, state_type, allow_changes)
     while not run.done(seconds):
@@ -369,6 +383,7 @@ class Trainer:
             self.task, self.plan, ctx, state, timeline, self.rows, self.evals, target, peak, self.matmul_rate, elapsed
         )
         summary["skipped_steps"] = self.skipped
+        summary["pieces"] = pieces_lib.active()  # the slots this run filled with the learner's code
         self.writer.finish(summary)
         return RunRecord(rows=self.rows, evals=self.evals, summary=summary, timeline=timeline, model=self.pm)
 

@@ -10,6 +10,8 @@ A project is a folder ``simlib/projects/<name>/`` whose ``run.py`` declares ever
     gpu_settings(world_size, facts)   optional: the size "gpu" (the dict of ``settings`` plus ``plan``: Plan
                                       fields such as the precision, and ``note``); without it the GPU size is
                                       the full size, and the run says so in one line
+    PIECES                            optional: {name: simlib.pieces.Slot}, where a learner's code can take the
+                                      place of the course's own in this project's training (``pieces=``)
     MILESTONE                         optional: the graded milestone's spec (a dict, see
                                       :func:`simlib.grading.milestones.milestone`: the metric, the budget)
     FOLDER_PER_PLAN                   optional: True writes results/<name>/<plan label>/ by default (else
@@ -89,6 +91,12 @@ class Project:
         """The graded milestone's spec (the module's ``MILESTONE``), or None."""
         spec = getattr(self.run, "MILESTONE", None)
         return dict(spec) if spec is not None else None
+
+    @property
+    def pieces(self) -> dict:
+        """The slots where a learner's code can run in this project's training (the module's ``PIECES``:
+        ``{name: simlib.pieces.Slot}``), or {} for none."""
+        return dict(getattr(self.run, "PIECES", {}) or {})
 
     @property
     def per_plan_folders(self) -> bool:

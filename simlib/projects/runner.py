@@ -133,7 +133,8 @@ def run_project(
     """The standard run of project ``name`` on ``world_size`` ranks (the plan: DP, with the project's
     ``plan_defaults``, e.g. SyncBatchNorm for vision), each rank running the project's ``train_rank``.
     ``size``: "quick", "full" or "gpu" (default: "quick" if ``quick`` else "full").
-    ``overrides``: ``plan``, ``task``, ``optim`` or budget keywords in place of the standard run's."""
+    ``overrides``: ``plan``, ``task``, ``optim`` or budget keywords in place of the standard run's; ``pieces``:
+    the learner's code at the project's slots (:mod:`simlib.pieces`, the project's ``PIECES``)."""
     from ..plan import Plan
 
     project = get(name)
@@ -141,6 +142,10 @@ def run_project(
     fields = defaults.pop("plan", None) or {}
     defaults.pop("note", None)
     spec = {**defaults, **overrides}
+    if "pieces" in spec:  # the learner's code at the project's slots: names checked here, before any process starts
+        from ..pieces import check_pieces
+
+        spec["pieces"] = check_pieces(spec["pieces"], project.pieces)
     task = spec.pop("task")
     plan = spec.pop("plan", None) or Plan(
         dp=world_size, **{**project.plan_defaults({"dp": world_size, **fields}), **fields}
