@@ -242,7 +242,7 @@ def _bn_hint(check, failed, runs) -> str:
     import torch
 
     world, case = failed
-    where = f" Smallest failing instance drawn: {_describe_bn(world, case)}."
+    where = f". Smallest failing instance drawn: {_describe_bn(world, case)}."
     refs, per_rank = next((r[3], r[2]) for r in runs if r[0] == world)
     i = next(j for j, c in enumerate(next(r[1] for r in runs if r[0] == world)) if c is case)
     ranks = [per_rank[r][i] for r in range(world)]
@@ -255,7 +255,7 @@ def _bn_hint(check, failed, runs) -> str:
             return (
                 "far from zero the variance Σx²/n − mean² subtracts two nearly equal numbers: in float32 most of its "
                 "digits are lost (mean 3000: Σx²/n ≈ 9·10⁶, float32 keeps about 7 digits). Sum x and x² in float64 "
-                "(x.double()), or all-reduce the mean first and then Σ(x − mean)²." + where
+                "(x.double()), or all-reduce the mean first and then Σ(x − mean)²" + where
             )
         if y.shape == wrong["local"].shape and _close_to(y, wrong["local"], False):
             return (
@@ -327,20 +327,26 @@ def _check_sync_batchnorm(answer, grader):
         "comm": "communication: a few all-reduced numbers per channel, not the samples",
     }
     large_ok = all(ok for _, case, ok in table["forward"] if case["kind"] == "large")
+    forward_wrong = {id(c) for _, c, ok in table["forward"] if not ok}
     for key, rows in table.items():
         failing = [(w, c) for w, c, ok in rows if not ok]
         if failing:
             failing.sort(key=lambda wc: (wc[1]["kind"] == "large", sum(wc[1]["sizes"]), wc[1]["channels"], wc[0]))
-            yield Result(
-                names[key],
-                False,
-                hint=_bn_hint(key, failing[0], runs),
-                detail=f"{len(failing)} of {len(rows)} instances",
+            own = [wc for wc in failing if id(wc[1]) not in forward_wrong]  # wrong here although the forward is right
+            hint = (
+                _bn_hint(key, own[0], runs)
+                if key == "forward" or own
+                else "this follows from the forward's statistics (above): make the forward right first"
             )
+            yield Result(names[key], False, hint=hint, detail=f"{len(failing)} of {len(rows)} instances")
         else:
             yield Result(names[key], True, detail=f"{len(rows)} instances")
     yield Result(
         "values far from zero (mean 1000-4000, std about 1): the variance keeps its digits",
         large_ok,
-        hint="" if large_ok else _bn_hint("forward", next((w, c) for w, c, ok in table["forward"] if not ok), runs),
+        hint=""
+        if large_ok
+        else _bn_hint(
+            "forward", next((w, c) for w, c, ok in table["forward"] if not ok and c["kind"] == "large"), runs
+        ),
     )
