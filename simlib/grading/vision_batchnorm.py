@@ -334,7 +334,7 @@ def _check_sync_batchnorm(answer, grader):
             failing.sort(key=lambda wc: (wc[1]["kind"] == "large", sum(wc[1]["sizes"]), wc[1]["channels"], wc[0]))
             own = [wc for wc in failing if id(wc[1]) not in forward_wrong]  # wrong here although the forward is right
             hint = (
-                _bn_hint(key, own[0], runs)
+                _bn_hint(key, (failing if key == "forward" else own)[0], runs)
                 if key == "forward" or own
                 else "this follows from the forward's statistics (above): make the forward right first"
             )
