@@ -16,7 +16,8 @@ SLOTS = {"sync": Slot("sync", what="averages the gradients", given="simlib.piece
 def test_a_piece_is_there_inside_the_block_only():
     assert pieces.get("sync") is None
     with pieces.using({"sync": _mine}):
-        assert pieces.get("sync") is _mine and pieces.active() == ["sync"]
+        assert pieces.used() == []  # given, not yet asked for
+        assert pieces.get("sync") is _mine and pieces.active() == ["sync"] and pieces.used() == ["sync"]
         with pieces.using(None):  # a nested run with none
             assert pieces.get("sync") is None
         assert pieces.get("sync") is _mine
