@@ -35,22 +35,22 @@ def test_a_wrong_piece_is_refused_naming_the_slots():
     assert SLOTS["sync"].load_given() is pieces.active
 
 
-def test_a_run_lists_the_pieces_it_used_on_every_rank():
+def test_a_run_lists_the_pieces_it_used_on_every_rank(cluster2):
     from simlib.projects import registry
     from simlib.projects.runner import run_project
 
     registry.register("template", "simlib.projects.template.run")  # no slots declared
     try:
-        _runs_with_pieces(run_project)
+        _runs_with_pieces(run_project, cluster2)
     finally:
         registry.PROJECTS.pop("template")
 
 
-def _runs_with_pieces(run_project):
-    record = run_project("template", 1, quick=True, verbose=False, steps=2, pieces={})
+def _runs_with_pieces(run_project, cluster2):
+    record = run_project("template", 2, quick=True, verbose=False, steps=2, pieces={}, cluster=cluster2)
     assert record[0].summary["pieces"] == []
     with pytest.raises(ValueError, match="not a slot of this project"):
-        run_project("template", 1, quick=True, verbose=False, steps=2, pieces={"sync": _mine})
+        run_project("template", 2, quick=True, verbose=False, steps=2, pieces={"sync": _mine}, cluster=cluster2)
 
 
 # ---- a project's milestone earned with the learner's pieces (simlib.grading.pieces_milestone) ----
@@ -142,7 +142,7 @@ def test_the_pieces_milestone_trains_and_rechecks_with_the_learners_pieces(piece
     report = grade((task, record, state, {"loss": _mse}))
     assert report.passed, report
     # the course's own piece in the run: no milestone, whatever the answer's pieces say
-    record_given, state_given = run_project(PIECED, 2, quick=True, verbose=False, cluster=cluster2)
+    record_given, state_given = run_project(PIECED, 2, quick=True, verbose=False, cluster=cluster2, steps=2)
     report = grade((task, record_given, state_given, {"loss": _mse}))
     assert not report.passed and "had your code at every slot" in report.failed()[0].name, report
     # a wrong piece fails its own check before any re-run; an empty slot is refused
