@@ -27,4 +27,6 @@ PLANTED_IN = {
     "gpt_plan": ("projects", "GPT"),
     "plan_memory": ("planner", "PLANTED"),
     "online_softmax": ("one_device", "PLANTED"),
+    "sync_batchnorm": ("vision_pieces", "SYNC_BATCHNORM"),
+    "data_shard": ("vision_pieces", "DATA_SHARD"),
 }
