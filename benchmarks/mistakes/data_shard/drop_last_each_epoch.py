@@ -1,7 +1,6 @@
 """Honest: starts every epoch afresh and drops the epoch's last incomplete batch (drop_last): samples at the end of each epoch's order are never read."""
 
 
-
 def data_shard(step, rank, world_size, global_batch, num_samples, order):
     if global_batch % world_size:
         raise ValueError(f"global_batch {global_batch} does not split into {world_size} equal parts")
