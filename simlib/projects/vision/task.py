@@ -165,6 +165,7 @@ class DigitsTask:
         )
         if piece is not None:
             ok = isinstance(out, torch.Tensor) and out.shape == (b,) and not out.is_floating_point()
+            ok = ok and out.dtype != torch.bool and not out.is_complex()
             if ok and b:
                 ok = 0 <= int(out.min()) and int(out.max()) < self.num_train
             if not ok:
