@@ -148,6 +148,10 @@ def test_the_pieces_milestone_trains_and_rechecks_with_the_learners_pieces(piece
     # a wrong piece fails its own check before any re-run; an empty slot is refused
     report = grade((task, record, state, {"loss": _sum_se}))
     assert not report.passed and report.failed()[0].name.startswith("[loss]"), report
+    import torch
+
+    report = grade((task, record, state, {"loss": torch.nn.functional.mse_loss}))  # the course's own, passed
+    assert not report.passed and "the course's own piece" in report.failed()[0].detail, report
     report = grade((task, record, state, {}))
     assert not report.passed and "fill every slot" in report.failed()[0].name, report
     assert grade(None).status == grading.TODO

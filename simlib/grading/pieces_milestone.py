@@ -37,8 +37,21 @@ def run_with_answer_pieces(answer, fn, args):
     return fn(*args, pieces=pieces_of_answer(answer))
 
 
+def _is_given(piece, given) -> bool:
+    """The course's own piece passed as the learner's: the object itself, or a subclass that defines nothing."""
+    if piece is given or getattr(piece, "__wrapped__", None) is given:
+        return True
+    if isinstance(piece, type) and isinstance(given, type) and issubclass(piece, given):
+        own = [k for k, v in vars(piece).items() if callable(v) or isinstance(v, (staticmethod, classmethod))]
+        return not own
+    return False
+
+
 def _shape(answer, slots):
-    """In a worker: what the checks need to know of the answer's shape, as plain data."""
+    """In a worker: what the checks need to know of the answer's shape, as plain data (``slots``: {name: the
+    slot's given, "module:attribute"})."""
+    from ..pieces import Slot
+
     if not isinstance(answer, tuple) or len(answer) != 4:
         return {"error": f"a {type(answer).__name__}" + (f" of {len(answer)}" if isinstance(answer, tuple) else "")}
     pieces = answer[3]
@@ -46,8 +59,12 @@ def _shape(answer, slots):
         return {"error": f"pieces is a {type(pieces).__name__}, not a dict"}
     summary = getattr(answer[1], "summary", None)
     used = summary.get("pieces") if isinstance(summary, dict) else None
+    course = sorted(
+        str(k) for k, v in pieces.items() if k in slots and _is_given(v, Slot(k, "", slots[k], "").load_given())
+    )
     return {
-        "given": sorted(str(k) for k, v in pieces.items() if v is not None),
+        "course": course,
+        "given": sorted(str(k) for k, v in pieces.items() if v is not None and k not in course),
         "callable": sorted(str(k) for k, v in pieces.items() if callable(v)),
         "used": sorted(str(x) for x in used) if isinstance(used, list) else None,
     }
@@ -79,7 +96,7 @@ def pieces_milestone(name: str, base: str | None = None) -> str:
 
     @exercise(exercise_name)
     def _with_pieces(answer, grader):
-        shape = grader.ask(_shape, answer, list(slots), what="your answer")
+        shape = grader.ask(_shape, answer, {k: s.given for k, s in slots.items()}, what="your answer")
         if shape is None:
             yield Result(
                 "the milestone is answered",
@@ -105,7 +122,8 @@ def pieces_milestone(name: str, base: str | None = None) -> str:
             not missing and not uncallable,
             "the milestone is earned with your own code at every slot; the course's own piece (the fallback) "
             "earns none: " + "; ".join(f"{s}: {slots[s].what}" for s in missing or uncallable),
-            f"missing {missing}" if missing else (f"not callable {uncallable}" if uncallable else ""),
+            (f"the course's own piece at {shape['course']}; " if shape["course"] else "")
+            + (f"missing {missing}" if missing else (f"not callable {uncallable}" if uncallable else "")),
         )
         if missing or uncallable:
             return
