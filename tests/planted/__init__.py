@@ -27,4 +27,6 @@ PLANTED_IN = {
     "gpt_plan": ("projects", "GPT"),
     "plan_memory": ("planner", "PLANTED"),
     "online_softmax": ("one_device", "PLANTED"),
+    "gpt_grad_sync": ("gpt_pieces", "GRAD_SYNC"),
+    "gpt_tp_attention": ("gpt_pieces", "TP_ATTENTION"),
 }

@@ -12,10 +12,36 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...pieces import Slot
 from ...plan import PLAN_NAMES, OptimConfig, Plan, named_plan  # noqa: F401 - PLAN_NAMES: the plans by name
 from .task import GPTTask as TASK  # noqa: F401 - the registry's (simlib.projects.registry)
 
 PROMPTS = ("The ", "KING. ", "What ")  # the samples' beginnings (the shipped corpus is Shakespeare's plays)
+
+
+# the learner's pieces (solutions/10_gpt_pieces.ipynb): both run in a Plan(dp=2, tp=2) run (PIECES_PLAN)
+PIECES = {
+    "grad_sync": Slot(
+        "grad_sync",
+        what="the data-parallel gradient synchronisation: buckets all-reduced from gradient hooks during backward",
+        given="simlib.parallel.data:DataParallelBucket",
+        check="gpt_grad_sync",
+        interface="class(module, bucket_cap_mb, group=None) with forward(...) and finish_gradient_synchronization()",
+    ),
+    "tp_attention": Slot(
+        "tp_attention",
+        what="the attention block split by heads over the tensor-parallel ranks (column-parallel qkv, row-parallel out)",
+        given="simlib.parallel.tensor:tensor_parallel_attention",
+        check="gpt_tp_attention",
+        interface="class(attn, group) -> nn.Module with .qkv, .out (this rank's heads) and forward(x) = attn(x)",
+    ),
+}
+
+
+def pieces_plan() -> Plan:
+    """The plan a run with the learner's pieces trains under: data- and tensor-parallel (4 processes), so both
+    slots are on the training's path (dp=2 alone would never call tp_attention, tp=2 alone never grad_sync)."""
+    return Plan(dp=2, tp=2)
 
 
 def settings(quick: bool = False) -> dict:
