@@ -376,3 +376,12 @@ def _check_gpt_tp_attention(answer, grader):
             "ranks')",
             f"what rank 0 said: {refused[0]}" if refused[0] else "no error was raised",
         )
+
+
+# ───────────────────────── the milestone with the learner's pieces ─────────────────────────
+
+from .milestones import milestone  # noqa: E402 - after the pieces' exercises: the milestone grades each first
+from .pieces_milestone import pieces_milestone  # noqa: E402
+
+milestone("gpt")  # "gpt_milestone": the project's MILESTONE (simlib/projects/gpt/run.py)
+pieces_milestone("gpt")  # "gpt_pieces_milestone": the same, trained with the learner's grad_sync and tp_attention
