@@ -116,6 +116,13 @@ class SendsEveryBucketTwice(_Sync):
         self.reset()
 
 
+class LessonTwoSignature(_Sync):
+    """Lesson 02's signature, (module, bucket_cap_mb): no group= (refused by the slot under a dp x tp mesh)."""
+
+    def __init__(self, module, bucket_cap_mb=25.0):
+        super().__init__(module, bucket_cap_mb)
+
+
 GRAD_SYNC = {
     "WaitsOnNoneHandle": WaitsOnNoneHandle,
     "IgnoresTheGroup": IgnoresTheGroup,
