@@ -210,19 +210,24 @@ def _tp_reference(case: dict) -> dict:
     return dict(y=y.detach(), dx=x.grad.clone(), grads=g)
 
 
-def _tp_harness(answer_cls, cases, refusal):
+def _tp_harness(answer_cls, cases, refusal, groups=None):
     """The answer on each case (every rank builds the same dense block and splits it with the answer); the
-    all-reduces counted at the dispatcher; ``refusal``: a case whose heads do not divide, expected to raise."""
+    all-reduces counted at the dispatcher; ``refusal``: a case whose heads do not divide, expected to raise (None:
+    none). ``groups``: rank lists, the tensor-parallel groups of a dp x tp mesh (the answer gets its group)."""
     import torch.distributed as dist
 
     from .contracts import recorder
 
+    group = None
+    if groups:
+        made = [dist.new_group(ranks) for ranks in groups]  # every rank makes every group, in the same order
+        group = made[next(i for i, ranks in enumerate(groups) if dist.get_rank() in ranks)]
     out = []
     for case in cases:
         attn, x, dy = _dense_case(case)
         x.requires_grad_(True)
         with recorder() as rec:
-            mod = answer_cls(attn, None)
+            mod = answer_cls(attn, group)
             y = mod(x)
             forward = list(rec.calls)
             (y * dy).sum().backward()
@@ -239,10 +244,11 @@ def _tp_harness(answer_cls, cases, refusal):
         )
     refused = None
     try:
-        answer_cls(_dense_case(refusal)[0], None)
+        if refusal is not None:
+            answer_cls(_dense_case(refusal)[0], group)
     except Exception as e:  # noqa: BLE001 - any clear error is a refusal; its words are judged below
         refused = f"{type(e).__name__}: {e}"
-    return dict(cases=out, refused=refused, rank=dist.get_rank())
+    return dict(cases=out, refused=refused, rank=dist.get_rank(group))
 
 
 def _case_words(case: dict) -> str:
@@ -321,6 +327,17 @@ def _bias(case):
     return attn.out.bias.detach()
 
 
+def _first_wrong(cases, outs):
+    """(what, hint, rank) of the smallest case some rank got wrong, or None."""
+    for case, i in sorted(((c, i) for i, c in enumerate(cases)), key=lambda ci: ci[0]["heads"]):
+        ref = _tp_reference(case)
+        for out in outs:
+            what, hint = _diagnose_tp(case, ref, out["cases"][i], out["rank"])
+            if what:
+                return what, hint + _case_words(case), out["rank"]
+    return None
+
+
 @exercise("gpt_tp_attention")
 def _check_gpt_tp_attention(answer, grader):
     from hypothesis import strategies as st
@@ -338,16 +355,7 @@ def _check_gpt_tp_attention(answer, grader):
     cases, refusals = dict(zip(world_sizes, drawn[:3])), dict(zip(world_sizes, drawn[3:]))
     for tp in world_sizes:
         outs = grader.run(tp, _tp_harness, answer, cases[tp], refusals[tp])
-        wrong = None
-        for case, i in sorted(((c, i) for i, c in enumerate(cases[tp])), key=lambda ci: ci[0]["heads"]):
-            ref = _tp_reference(case)
-            for out in outs:
-                what, hint = _diagnose_tp(case, ref, out["cases"][i], out["rank"])
-                if what:
-                    wrong = (what, hint + _case_words(case), out["rank"])
-                    break
-            if wrong:
-                break
+        wrong = _first_wrong(cases[tp], outs)
         yield Result(
             f"tp={tp}: output, dL/dx and every weight gradient equal the unsplit attention block",
             wrong is None,
@@ -376,6 +384,21 @@ def _check_gpt_tp_attention(answer, grader):
             "ranks')",
             f"what rank 0 said: {refused[0]}" if refused[0] else "no error was raised",
         )
+    # inside the GPT's Plan(dp=2, tp=2): the tensor-parallel groups are 2 of the 4 ranks (0+1, 2+3)
+    mesh = [dict(c, tp=2) for c in cases[2]]
+    outs = grader.run(4, _tp_harness, answer, mesh, None, [[0, 1], [2, 3]])
+    wrong = _first_wrong(mesh, outs)
+    yield Result(
+        "4 ranks as dp=2 x tp=2: each tensor-parallel pair (ranks 0+1, ranks 2+3) splits the heads over its group",
+        wrong is None,
+        (
+            wrong[1] + ". Under a mesh your group is 2 of the 4 ranks: take your heads by dist.get_rank(group) and "
+            "pass group to every collective"
+        )
+        if wrong
+        else "",
+        f"{wrong[0]} wrong on group rank {wrong[2]}" if wrong else "",
+    )
 
 
 # ───────────────────────── the milestone with the learner's pieces ─────────────────────────
