@@ -65,6 +65,7 @@ EXERCISES = {
     "09_moe_dispatch": ("09", ("ep",)),
     "09_ring_attention": ("09", ("cp",)),
     "09b_zero3_prefetch": ("09b", ("zero_stage",)),
+    "10_gpt_pieces": ("10", ("dp", "overlap", "tp")),  # project 10's pieces (bucketed DP, attention split by heads)
     "13_plan_memory": (
         "13",
         (
