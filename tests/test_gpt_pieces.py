@@ -85,7 +85,7 @@ _PLANTED = [
     [
         ("gpt_grad_sync", planted.WaitsOnNoneHandle, "without an exception"),
         ("gpt_grad_sync", planted.IgnoresTheGroup, "get_world_size(self.group)"),
-        ("gpt_grad_sync", planted.SendsEveryBucketTwice, "one all-reduce per bucket"),
+        ("gpt_grad_sync", planted.SendsEveryBucketTwice, "one all_reduce per bucket per step"),
         ("gpt_tp_attention", planted.NoGradientAllReduce, "megatron's f"),
         ("gpt_tp_attention", planted.BiasOnEveryRank, "add it once"),
         ("gpt_tp_attention", planted.FloorsTheHeads, "names the number of heads"),
