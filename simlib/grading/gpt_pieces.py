@@ -92,9 +92,8 @@ def _wide(problem: dict) -> dict:
 
 @exercise("gpt_grad_sync")
 def _check_gpt_grad_sync(answer, grader):
-    # lesson 02's checks first (one source of truth): values at 2/3/4 ranks, one all-reduce per bucket, overlap
-    yield from _check_bucket(answer, grader)
-    # what the GPT's training adds: a frozen parameter and one the forward never uses (p.grad None on every rank)
+    # what the GPT's training adds to lesson 02's checks (first: a failure here needs no more runs): a frozen
+    # parameter and one the forward never uses (p.grad None on every rank)
     (odd,) = _draw(1, frozen=True, unused=True)
     odd["depth"] = max(odd["depth"], 2)
     cap_mb = _bucket_cap({k: v for k, v in odd.items() if k not in ("frozen", "unused")})
@@ -127,6 +126,8 @@ def _check_gpt_grad_sync(answer, grader):
         "dist.get_world_size(self.group), not by the whole world's size",
         f"wrong on rank(s) {bad}" if bad else "",
     )
+    # lesson 02's checks (one source of truth): values at 2/3/4 ranks, one all-reduce per bucket, the overlap
+    yield from _check_bucket(answer, grader)
     # bytes below the Python name: what each rank sent on the wire (the kernel's TCP counters, read here)
     wide = _wide(_draw(1)[0])
     cap_mb = _bucket_cap(wide)
