@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import pieces
 from .parallel import accumulate, precision, schedules
 from .parallel import data as dp_lib
 from .parallel import pipeline as pp_lib
@@ -70,6 +71,8 @@ def tensor_parallel_sharded(module: nn.Module) -> set[int]:
             ids.update(id(p) for p in m.parameters())
         elif isinstance(m, RowParallelLinear):
             ids.add(id(m.weight))  # its bias is replicated: added once, after the all-reduce
+    # a learner's split layers (a project's piece, e.g. the GPT's tp_attention) are marked where the slot builds them
+    ids.update(id(p) for p in module.parameters() if getattr(p, "tensor_parallel_split", False))
     return ids
 
 
@@ -331,7 +334,13 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
         if plan.zero_stage == 3:
             pm.module = pm.wrapped  # its parameters are the shards; its forward gathers each block
     elif plan.dp * plan.cp > 1 and plan.ep == 1:  # ep: _average_expert_parallel
-        pm.wrapped = dp_lib.wrap(model, plan.dp_variant, plan.bucket_cap_mb, timeline, group=groups.dp_cp_group)
+        learner = pieces.get("grad_sync")  # a project's slot: the learner's gradient synchronisation, if given
+        if learner is not None:
+            from .parallel.learner_pieces import learner_grad_sync
+
+            pm.wrapped = learner_grad_sync(learner, model, plan, timeline, groups.dp_cp_group)
+        else:
+            pm.wrapped = dp_lib.wrap(model, plan.dp_variant, plan.bucket_cap_mb, timeline, group=groups.dp_cp_group)
     return pm.choose_step()
 
 

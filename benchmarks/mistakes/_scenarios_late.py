@@ -333,3 +333,114 @@ def data_shard(answer, spec):
     except Exception:  # noqa: BLE001 - any error is a refusal
         refused = True
     return dict(parts=parts, again=[int(v) for v in again], refused=refused)
+# ── project 10: the GPT's pieces (solutions/10_gpt_pieces.ipynb) ───────────────────────────────────────────────────
+def _subgroup(spec):
+    """``spec["groups"]`` (lists of ranks, e.g. a dp x tp mesh's data-parallel groups): this rank's group and index;
+    (None, 0) without."""
+    if not spec.get("groups"):
+        return None, 0
+    rank = dist.get_rank()
+    made = [dist.new_group(ranks) for ranks in spec["groups"]]  # every rank makes every group, in order
+    index = next(i for i, ranks in enumerate(spec["groups"]) if rank in ranks)
+    return made[index], index
+
+
+def gpt_grad_sync(answer, spec):
+    """Gradients after the first step (None kept), weights after the steps, the collectives below Python, and the
+    elements in flight (started, not yet waited for) while backward made gradients: the overlap."""
+    from _scenarios import _batch, _mlp
+
+    rank = dist.get_rank()
+    group, index = _subgroup(spec)
+    model = _mlp(spec, seed=index)  # one model per data-parallel group, the same on its ranks
+    events, real = [], dist.all_reduce
+
+    class _Handle:
+        def __init__(self, work, n):
+            self.work, self.n = work, n
+
+        def wait(self, *a, **k):
+            events.append(("wait", self.n))
+            return self.work.wait(*a, **k)
+
+        def is_completed(self):
+            return self.work.is_completed()
+
+    def all_reduce(tensor, *args, async_op=False, **kwargs):
+        n = len([e for e in events if e[0] == "start"])
+        events.append(("start", n, bool(async_op), tensor.numel()))
+        work = real(tensor, *args, async_op=async_op, **kwargs)
+        return _Handle(work, n) if async_op else work
+
+    dist.all_reduce = all_reduce
+    grads, error = None, None
+    try:
+        kwargs = {} if group is None else {"group": group}
+        sync = answer(model, bucket_cap_mb=spec.get("bucket_cap_mb", 100 / 2**20), **kwargs)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda p: events.append(("grad",)))
+        with _Collectives() as c:
+            for step in range(spec.get("steps", 2)):
+                x, y = _batch(spec, rank * 10 + step)
+                torch.nn.functional.mse_loss(sync(x), y).backward()
+                sync.finish_gradient_synchronization()
+                if step == 0:
+                    grads = [_values(p.grad) for p in model.parameters()]
+                with torch.no_grad():
+                    for p in model.parameters():
+                        if p.grad is not None:
+                            p -= 0.1 * p.grad
+                            p.grad = None
+    except Exception as e:  # noqa: BLE001 - an answer that breaks is an observable too
+        error, c = f"{type(e).__name__}: {e}"[:200], None
+    finally:
+        dist.all_reduce = real
+    in_flight, overlapped = {}, 0
+    for e in events:
+        if e[0] == "start" and e[2]:
+            in_flight[e[1]] = e[3]
+        elif e[0] == "wait":
+            in_flight.pop(e[1], None)
+        elif e[0] == "grad":
+            overlapped += sum(in_flight.values())
+    return dict(
+        error=error,
+        grads=grads,
+        weights=[_values(p) for p in model.parameters()],
+        elements_in_flight_during_backward=overlapped,
+        all_reduced_elements=sum(e[3] for e in events if e[0] == "start"),
+        collectives=c.seen if c is not None else None,
+    )
+
+
+def gpt_tp_attention(answer, spec):
+    """The split block's output, dL/dx and its parameters' gradients (the unsplit block's, seeded, on every rank),
+    the collectives below Python; or, where the answer refuses, whether its message names the heads and tp."""
+    from simlib.models import SelfAttention
+
+    group, _ = _subgroup(spec)
+    tp = dist.get_world_size(group)
+    heads, head_dim = spec["heads"], spec.get("head_dim", 3)
+    torch.manual_seed(7)
+    attn = SelfAttention(heads * head_dim, heads, causal=True)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.copy_(torch.randn(p.shape) * 0.5)
+    b, s = spec.get("batch", 2), spec.get("seq", 5)
+    x = _seeded(1, b, s, heads * head_dim).requires_grad_()
+    try:
+        mod = answer(attn, group)
+    except Exception as e:  # noqa: BLE001 - a refusal is the observable here
+        message = str(e)
+        return dict(refused=type(e).__name__, names_cause=str(heads) in message and str(tp) in message)
+    with _Collectives() as c:
+        y = mod(x)
+        (y * _seeded(2, b, s, heads * head_dim)).sum().backward()
+    return dict(
+        refused=None,
+        y=_values(y),
+        dx=_values(x.grad),
+        grads={k: _values(p.grad) for k, p in sorted(mod.named_parameters())},
+        collectives=c.seen,
+    )

@@ -48,6 +48,7 @@ from . import (  # noqa: E402,F401
     context_experts,  # noqa: E402,F401  (lesson 09)
     data_parallel,
     fault_tolerance,
+    gpt_pieces,  # noqa: E402,F401  (project 10's pieces)
     memory,  # noqa: E402,F401  (lesson 07)
     milestones,  # noqa: E402,F401  (a project's declared MILESTONE -> its graded check: milestones.milestone)
     model_parallel,

@@ -200,9 +200,11 @@ def _replay_weights(task, plan, optim, steps, threads, pieces=None):
         )
     finally:
         torch.set_num_threads(before)
+    unsplit = getattr(task, "unsplit_state", None)  # ranks holding parts (TP): the whole model's (a collective)
+    state = unsplit(record.model) if unsplit is not None and record.model.plan.tp > 1 else None
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
-    return {k: v.detach().cpu().clone() for k, v in record.model.module.state_dict().items()}
+    return state or {k: v.detach().cpu().clone() for k, v in record.model.module.state_dict().items()}
 
 
 def check_run_length(name, record, state, grader, world_size=2, timeout: float = 600.0):

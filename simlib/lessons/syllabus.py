@@ -66,6 +66,7 @@ EXERCISES = {
     "09_ring_attention": ("09", ("cp",)),
     "09b_zero3_prefetch": ("09b", ("zero_stage",)),
     "11_vision_pieces": ("11", ("dp",)),  # project 2's pieces: SyncBatchNorm (lesson 11 (a)) and the data shard
+    "10_gpt_pieces": ("10", ("dp", "overlap", "tp")),  # project 10's pieces (bucketed DP, attention split by heads)
     "13_plan_memory": (
         "13",
         (

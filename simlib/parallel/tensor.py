@@ -317,6 +317,12 @@ class TensorParallelAttention(nn.Module):
         return self.out(attend(self.qkv(x), self.local_heads, self.causal))
 
 
+def tensor_parallel_attention(attn, group=None, log=None) -> TensorParallelAttention:
+    """The course's own piece at the GPT's ``tp_attention`` slot (``simlib.projects.gpt``): ``attn`` (a
+    :class:`simlib.models.SelfAttention`) split by heads over ``group``."""
+    return TensorParallelAttention.from_dense(attn, group, log)
+
+
 def comm_volume(batch: int, seq: int, hidden: int, tp_size: int, bytes_per_element: int = 4) -> dict:
     """All-reduce traffic of one column+row block (MLP or attention) per step, forward and backward.
 

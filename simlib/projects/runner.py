@@ -24,8 +24,8 @@ def _train_worker(task, plan, kwargs, threads, train_fn=None):
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0
-    state = None
-    if rank == 0:
+    state = record.__dict__.pop("unsplit_state", None)  # a project whose ranks hold parts (TP): the whole model's
+    if rank == 0 and state is None:
         state = {k: v.detach().cpu().clone() for k, v in record.model.module.state_dict().items()}
     return record, state
 

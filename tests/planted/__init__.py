@@ -29,4 +29,6 @@ PLANTED_IN = {
     "online_softmax": ("one_device", "PLANTED"),
     "sync_batchnorm": ("vision_pieces", "SYNC_BATCHNORM"),
     "data_shard": ("vision_pieces", "DATA_SHARD"),
+    "gpt_grad_sync": ("gpt_pieces", "GRAD_SYNC"),
+    "gpt_tp_attention": ("gpt_pieces", "TP_ATTENTION"),
 }

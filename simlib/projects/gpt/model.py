@@ -223,10 +223,16 @@ def tensor_parallel(model: GPT, group, log=None, sequence_parallel: bool = False
 
     ``sequence_parallel``: outside the split layers each rank holds its block of the sequence (the gradients of
     the replicated weights are then partial: ``simlib.parallelize`` sums them over ``group``)."""
-    from ...parallel.tensor import ColumnParallelLinear, RowParallelLinear, TensorParallelAttention, TensorParallelMLP
+    from ... import pieces
+    from ...parallel.learner_pieces import learner_tp_attention
+    from ...parallel.tensor import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP, tensor_parallel_attention
 
+    learner = pieces.get("tp_attention")  # the project's slot: the learner's attention split by heads, if given
     for block in model.blocks:
-        block.attn = TensorParallelAttention.from_dense(block.attn, group, log)
+        if learner is not None:
+            block.attn = learner_tp_attention(learner, block.attn, group, log, sequence_parallel)
+        else:
+            block.attn = tensor_parallel_attention(block.attn, group, log)
         block.mlp = TensorParallelMLP.from_dense(block.mlp, group, log)
     if sequence_parallel:
         model.embed.sp_group, model.head.sp = group, (group, log)
@@ -282,7 +288,7 @@ def dense_state_dict(model: GPT, tp_group=None, ep_group=None) -> dict:
     """
     import torch.distributed as dist
 
-    from ...parallel.tensor import TensorParallelAttention
+    from ...parallel.tensor import TensorParallelMLP
 
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if ep_group is not None and dist.get_world_size(ep_group) > 1:
@@ -297,7 +303,7 @@ def dense_state_dict(model: GPT, tp_group=None, ep_group=None) -> dict:
         return torch.cat(parts, dim)
 
     for i, block in enumerate(model.blocks):
-        if not isinstance(block.attn, TensorParallelAttention):
+        if not isinstance(block.mlp, TensorParallelMLP):  # a split block (its attention the course's or a learner's)
             continue
         p = f"blocks.{i}."
         for suffix in ("weight", "bias"):

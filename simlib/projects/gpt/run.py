@@ -12,10 +12,41 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...pieces import Slot
 from ...plan import PLAN_NAMES, OptimConfig, Plan, named_plan  # noqa: F401 - PLAN_NAMES: the plans by name
 from .task import GPTTask as TASK  # noqa: F401 - the registry's (simlib.projects.registry)
 
 PROMPTS = ("The ", "KING. ", "What ")  # the samples' beginnings (the shipped corpus is Shakespeare's plays)
+
+
+# the learner's pieces (solutions/10_gpt_pieces.ipynb): both run in a Plan(dp=2, tp=2) run (PIECES_PLAN)
+PIECES = {
+    "grad_sync": Slot(
+        "grad_sync",
+        what="the data-parallel gradient synchronisation: buckets all-reduced from gradient hooks during backward",
+        given="simlib.parallel.data:DataParallelBucket",
+        check="gpt_grad_sync",
+        interface="class(module, bucket_cap_mb, group=None) with forward(...) and finish_gradient_synchronization()",
+    ),
+    "tp_attention": Slot(
+        "tp_attention",
+        what="the attention block split by heads over the tensor-parallel ranks (column-parallel qkv, row-parallel out)",
+        given="simlib.parallel.tensor:tensor_parallel_attention",
+        check="gpt_tp_attention",
+        interface="class(attn, group) -> nn.Module with .qkv, .out (this rank's heads) and forward(x) = attn(x)",
+    ),
+}
+
+
+# the milestone with the learner's pieces (grading "gpt_pieces_milestone"; base "gpt_milestone"): the standard run's
+# target (settings(quick)) under the plan that reaches both slots; budget: seconds of training
+MILESTONE = dict(metric="eval_loss", lower_is_better=True, budget_s=900.0, world_size=4, plan={"dp": 2, "tp": 2})
+
+
+def pieces_plan() -> Plan:
+    """The plan a run with the learner's pieces trains under: data- and tensor-parallel (4 processes), so both
+    slots are on the training's path (dp=2 alone would never call tp_attention, tp=2 alone never grad_sync)."""
+    return Plan(dp=2, tp=2)
 
 
 def settings(quick: bool = False) -> dict:
@@ -109,16 +140,15 @@ def train_rank(task, plan: Plan, out_dir=None, samples: int = 2, sample_tokens: 
     import torch
 
     from ...train import train
-    from . import model as gpt
 
     record = train(task, plan, out_dir=out_dir, **train_kwargs)
     pm = record.model
-    model = pm.eval_model()  # collective under TP / PP: every rank takes part
-    state = gpt.dense_state_dict(
-        model, pm.groups.tp_group if plan.tp > 1 else None, pm.groups.ep_group if plan.ep > 1 else None
-    )
+    state = task.unsplit_state(pm)  # collective under TP / PP / EP: every rank takes part
+    model = pm.eval_model()
     if out_dir is not None and _is_rank0():  # the weights a grader evaluates itself
         torch.save({"task": _task_fields(task), "state": state}, Path(out_dir) / "final_model.pt")
+    if plan.tp > 1 and _is_rank0():  # what simlib.projects.runner returns as the run's state: the unsplit model's
+        record.unsplit_state = state
     texts = [task.sample(model, prompt, sample_tokens, seed=i) for i, prompt in enumerate(PROMPTS[:samples])]
     record.summary["samples_text"] = texts
     # what MFU against a dtype's peak needs (simlib.projects.gpu's sizes): the compute dtype and FLOPs per token

@@ -104,6 +104,16 @@ class GPTTask:
     def tensor_parallel(self, model, tp_group, log=None, sequence_parallel: bool = False):
         return gpt.tensor_parallel(model, tp_group, log, sequence_parallel)
 
+    def unsplit_state(self, pm) -> dict:
+        """The whole model's weights from a run's :class:`simlib.parallelize.ParallelModel` (a collective under TP
+        and PP: every rank calls it), as CPU tensors: what a grader loads into a freshly built GPT."""
+        plan, groups = pm.plan, pm.groups
+        model = pm.eval_model()
+        state = gpt.dense_state_dict(
+            model, groups.tp_group if plan.tp > 1 else None, groups.ep_group if plan.ep > 1 else None
+        )
+        return {k: v.detach().cpu().clone() for k, v in state.items()}
+
     def pipeline_stages(self, model, pp_rank: int, pp_size: int):
         return gpt.pipeline_stages(model, pp_rank, pp_size)
 

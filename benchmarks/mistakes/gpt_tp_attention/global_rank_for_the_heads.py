@@ -1,0 +1,40 @@
+"""Honest: picks its heads by dist.get_rank() (the global rank) instead of its rank in the tensor-parallel group: under a dp x tp mesh, rank 2 takes heads that do not exist (an empty slice)."""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from simlib.models import attend
+from simlib.parallel.tensor import CopyToTensorParallel, ReduceFromTensorParallel
+
+
+class TPAttention(nn.Module):
+    def __init__(self, attn, group=None):
+        super().__init__()
+        rank, tp = dist.get_rank(), dist.get_world_size(group)
+        self.group, self.causal = group, attn.causal
+        if attn.num_heads % tp:
+            raise ValueError(f"{attn.num_heads} attention heads do not divide over {tp} tensor-parallel ranks")
+        self.heads = attn.num_heads // tp
+        head_dim = attn.hidden // attn.num_heads
+        mine = slice(rank * self.heads, (rank + 1) * self.heads)
+        rows = torch.arange(3 * attn.hidden).view(3, attn.num_heads, head_dim)[:, mine].reshape(-1)
+        cols = torch.arange(mine.start * head_dim, mine.stop * head_dim)
+        self.qkv = nn.Linear(attn.hidden, len(rows))
+        self.out = nn.Linear(len(cols), attn.hidden)
+        with torch.no_grad():
+            self.qkv.weight.copy_(attn.qkv.weight[rows])
+            self.qkv.bias.copy_(attn.qkv.bias[rows])
+            self.out.weight.copy_(attn.out.weight[:, cols])
+            self.out.bias.copy_(attn.out.bias)
+
+    def forward(self, x):
+        x = CopyToTensorParallel.apply(x, self.group)
+        z = attend(self.qkv(x), self.heads, self.causal)
+        y = ReduceFromTensorParallel.apply(nn.functional.linear(z, self.out.weight), self.group)
+        return y + self.out.bias
+
+
+ANSWER = TPAttention
+KIND = "honest"
+PROVE = {"world_size": 4, "heads": 4, "groups": [[0, 1], [2, 3]]}
