@@ -331,7 +331,8 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
         if plan.zero_stage == 3:
             pm.module = pm.wrapped  # its parameters are the shards; its forward gathers each block
     elif plan.dp * plan.cp > 1 and plan.ep == 1:  # ep: _average_expert_parallel
-        pm.wrapped = dp_lib.wrap(model, plan.dp_variant, plan.bucket_cap_mb, timeline, group=groups.dp_cp_group)
+        wrap = getattr(task, "data_parallel", None) or dp_lib.wrap  # a task's own wrapper (a project's slot)
+        pm.wrapped = wrap(model, plan.dp_variant, plan.bucket_cap_mb, timeline, group=groups.dp_cp_group)
     return pm.choose_step()
 
 
