@@ -9,8 +9,8 @@ A project declares the places where a learner's code can take the place of the c
 A run given ``pieces={"grad_sync": MyBucketSync}`` (``simlib.train.train(..., pieces=)``, a project's ``run``,
 ``simlib.projects.runner.run_project``) uses the learner's object at that slot on every rank; the library asks at
 the slot with :func:`get` and uses its own piece when it gets None. The run's summary lists the learner's pieces
-it used (``summary["pieces"]``), which is what a project's milestone checks: the model reached its target *with the
-learner's code in the loop*. A stuck learner switches the course's own piece on by leaving the slot out (or by
+the library actually asked for (``summary["pieces"]``; a piece for a slot the plan never reaches is not there),
+which is what a project's milestone checks: the model reached its target *with the learner's code in the loop*. A stuck learner switches the course's own piece on by leaving the slot out (or by
 passing ``given(slot)``); the run then says so and the milestone is not earned by it.
 """
 
@@ -20,7 +20,7 @@ import contextlib
 import importlib
 from dataclasses import dataclass
 
-__all__ = ["Slot", "using", "get", "active", "given", "check_pieces"]
+__all__ = ["Slot", "using", "get", "active", "used", "given", "check_pieces"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class Slot:
 
 
 _ACTIVE: dict[str, object] = {}
+_USED: set = set()  # the slots whose learner's piece the library asked for (and so ran) in the run now going on
 
 
 def check_pieces(pieces, slots: dict | None = None) -> dict:
@@ -67,23 +68,33 @@ def check_pieces(pieces, slots: dict | None = None) -> dict:
 @contextlib.contextmanager
 def using(pieces):
     """Within the block, :func:`get` returns the learner's pieces (a dict, or None for none); as it was after."""
-    global _ACTIVE
-    before = _ACTIVE
-    _ACTIVE = {**check_pieces(pieces)}
+    global _ACTIVE, _USED
+    before = _ACTIVE, _USED
+    _ACTIVE, _USED = {**check_pieces(pieces)}, set()
     try:
         yield _ACTIVE
     finally:
-        _ACTIVE = before
+        _ACTIVE, _USED = before
 
 
 def get(name: str):
-    """The learner's piece for slot ``name`` in the run now going on, or None (then the library uses its own)."""
-    return _ACTIVE.get(name)
+    """The learner's piece for slot ``name`` in the run now going on, or None (then the library uses its own).
+    A slot asked for is counted as used (:func:`used`)."""
+    piece = _ACTIVE.get(name)
+    if piece is not None:
+        _USED.add(name)
+    return piece
 
 
 def active() -> list[str]:
     """The slots the run now going on fills with the learner's code, sorted."""
     return sorted(_ACTIVE)
+
+
+def used() -> list[str]:
+    """The slots whose learner's piece this run's code asked for so far (a piece given for a slot the plan never
+    reaches, e.g. a tensor-parallel piece in a data-parallel run, is not among them), sorted."""
+    return sorted(_USED)
 
 
 def given(slot: Slot):

@@ -383,7 +383,7 @@ class Trainer:
             self.task, self.plan, ctx, state, timeline, self.rows, self.evals, target, peak, self.matmul_rate, elapsed
         )
         summary["skipped_steps"] = self.skipped
-        summary["pieces"] = pieces_lib.active()  # the slots this run filled with the learner's code
+        summary["pieces"] = pieces_lib.used()  # the slots where this run ran the learner's code (on rank 0)
         self.writer.finish(summary)
         return RunRecord(rows=self.rows, evals=self.evals, summary=summary, timeline=timeline, model=self.pm)
 

@@ -77,3 +77,4 @@ from .core import (  # noqa: F401
     max_error,
 )
 from .milestones import milestone  # noqa: F401 - grading.milestone("<project>") registers "<project>_milestone"
+from .pieces_milestone import pieces_milestone  # noqa: F401,E402 - "<project>_pieces_milestone": with the learner's pieces

@@ -28,6 +28,7 @@ class Grader:
         self.unanswered = unanswered  # no answer at all: a run is "not implemented yet", and no cluster starts
         self.busy_notes: list = []  # "your machine was busy ..." for every run that needed its second chance
         self.wire_last = None  # what the last metered run sent between ranks (simlib.grading.wire)
+        self.pieces_from = None  # a pieces milestone's answer (bytes): its re-runs train with its pieces
 
     def cluster(self, world_size: int):
         c = self.clusters.get(world_size) or cluster(world_size)

@@ -7,6 +7,7 @@ A project declares its milestone in its ``run.py`` (``MILESTONE``, read through 
         lower_is_better=True,  # eval_loss: at most the target; accuracy: at least
         budget_s=60.0,         # seconds of training (the record's train_time; evaluation not counted)
         world_size=2,          # the processes the milestone's run uses (default 2)
+        plan={"tp": 2},        # optional: the milestone run's Plan fields (default: data parallel on world_size)
     )
 
 and :func:`milestone` turns it into the graded exercise ``"<name>_milestone"``, whose answer is what the project's
@@ -48,13 +49,23 @@ def spec_of(name: str) -> dict:
     spec = get(name).milestone
     if spec is None:
         raise ValueError(f"project {name!r} declares no MILESTONE in {get(name).module}: add one to grade it")
-    unknown = sorted(set(spec) - {"metric", "lower_is_better", "budget_s", "world_size"})
+    unknown = sorted(set(spec) - {"metric", "lower_is_better", "budget_s", "world_size", "plan"})
     if unknown or "metric" not in spec:
         raise ValueError(
             f"project {name!r}'s MILESTONE: {'unknown keys ' + str(unknown) if unknown else 'no metric'}: it "
-            "holds metric, lower_is_better, budget_s, world_size"
+            "holds metric, lower_is_better, budget_s, world_size, plan"
         )
-    return {"lower_is_better": True, "budget_s": 60.0, "world_size": 2, **spec}
+    spec = {"lower_is_better": True, "budget_s": 60.0, "world_size": 2, **spec}
+    if spec.get("plan"):
+        from ..plan import Plan
+
+        ranks = Plan(**spec["plan"]).world_size
+        if ranks != spec["world_size"]:
+            raise ValueError(
+                f"project {name!r}'s MILESTONE: its plan {spec['plan']} uses {ranks} ranks, its world_size says "
+                f"{spec['world_size']}: make them agree"
+            )
+    return spec
 
 
 def standard(name: str) -> dict:
@@ -77,11 +88,11 @@ def not_done(answer):
 
 
 def _unpack(answer):
-    if not (isinstance(answer, tuple) and len(answer) == 3):
+    if not (isinstance(answer, tuple) and len(answer) in (3, 4)):  # 4: (..., pieces) for a pieces milestone
         raise TypeError(
             f"the answer is the tuple (task, record, state) from run_project / train_on, got {type(answer).__name__}"
         )
-    task, record, state = answer
+    task, record, state = answer[:3]
     summary, rows, evals = (
         getattr(record, "summary", None),
         getattr(record, "rows", None),
@@ -146,10 +157,14 @@ def same_eval(record, key, recomputed, tol, what):
 
 
 def standard_plan(name: str, world_size: int = 2):
-    """The milestone's plan: data parallel on ``world_size`` ranks with the project's own plan defaults."""
+    """The milestone's plan: the spec's ``plan`` if it declares one, else data parallel on ``world_size`` ranks,
+    with the project's own plan defaults."""
     from ..plan import Plan
     from ..projects.registry import get
 
+    fields = (get(name).milestone or {}).get("plan")
+    if fields:  # the spec's own plan, e.g. {"tp": 2} where a piece runs only under tensor parallelism
+        return Plan(**{**get(name).plan_defaults(dict(fields)), **fields})
     return Plan(dp=world_size, **get(name).plan_defaults({"dp": world_size}))
 
 
@@ -169,9 +184,9 @@ def _rerun_standard(name, record, grader, world_size):
     yield check_time(name, time_ratio(record.rows, replayed), {}, what)
 
 
-def _replay_weights(task, plan, optim, steps, threads):
-    """One rank of the whole run re-run (the course's trainer, nothing of the learner's): rank 0's final weights
-    and buffers as plain CPU tensors."""
+def _replay_weights(task, plan, optim, steps, threads, pieces=None):
+    """One rank of the whole run re-run (the course's trainer; of the learner's, only ``pieces`` when a pieces
+    milestone grades them): rank 0's final weights and buffers as plain CPU tensors."""
     import torch
     import torch.distributed as dist
 
@@ -180,7 +195,9 @@ def _replay_weights(task, plan, optim, steps, threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        record = train(task, plan, steps=steps, optim=optim, log_every=steps, verbose=False, measure_memory=False)
+        record = train(
+            task, plan, steps=steps, optim=optim, log_every=steps, verbose=False, measure_memory=False, pieces=pieces
+        )
     finally:
         torch.set_num_threads(before)
     if dist.is_initialized() and dist.get_rank() != 0:
@@ -197,7 +214,7 @@ def check_run_length(name, record, state, grader, world_size=2, timeout: float =
     import dataclasses
 
     from .evidence import tensor_state
-    from .rerun import _cluster_for, record_threads
+    from .rerun import _cluster_for, call_with_pieces, record_threads
 
     cfg = standard(name)
     budget = int(cfg["steps"])
@@ -216,7 +233,7 @@ def check_run_length(name, record, state, grader, world_size=2, timeout: float =
     device = str(record.summary.get("device", "cpu"))
     cluster = _cluster_for(grader, device, plan.world_size)
     args = (cfg["task"], plan, optim, steps, record_threads(record.summary))
-    mine = cluster.call(_replay_weights, args, timeout=timeout, plain=True)[0]
+    mine = call_with_pieces(grader, cluster, _replay_weights, args, timeout)[0]
     theirs = tensor_state(state) or {}
     rtol = GPU_WEIGHT_RTOL if device.startswith("cuda") else WEIGHT_RTOL
     off = []

@@ -56,8 +56,9 @@ def replay_steps(rows, budget: int) -> int:
     return max(1, min(budget, max(MIN_STEPS, (logged[0] + 1) if logged else MIN_STEPS)))
 
 
-def _replay(task, plan, optim, steps, threads):
-    """One rank of the re-run (the course's own trainer, nothing of the learner's): its losses, times, spans."""
+def _replay(task, plan, optim, steps, threads, pieces=None):
+    """One rank of the re-run (the course's own trainer; of the learner's, only ``pieces`` when a pieces milestone
+    grades them): its losses, times, spans."""
     import torch
 
     from ..train import train
@@ -75,6 +76,7 @@ def _replay(task, plan, optim, steps, threads):
             verbose=False,
             measure_memory=False,
             warmup=WARMUP,
+            pieces=pieces,
         )
     finally:
         torch.set_num_threads(before)
@@ -125,9 +127,21 @@ def replay(
     grader = grader if grader is not None else Grader()
     optim = dataclasses.replace(optim, decay_steps=optim.decay_steps or budget)  # the full run's schedule
     cluster = _cluster_for(grader, device, plan.world_size)
-    return cluster.call(_replay, (task, plan, optim, replay_steps(rows, budget), threads), timeout=timeout, plain=True)[
-        0
-    ]  # the workers may have run a learner's code: plain data back
+    args = (task, plan, optim, replay_steps(rows, budget), threads)
+    return call_with_pieces(grader, cluster, _replay, args, timeout)[0]  # plain data back
+
+
+def call_with_pieces(grader, cluster, fn, args, timeout):
+    """``fn(*args)`` on every rank of ``cluster`` (plain data back); when the grader grades a pieces milestone
+    (``grader.pieces_from``: the answer, still bytes), ``fn(*args, pieces=<the answer's pieces>)``, the answer
+    opened only in the workers, under the guard every learner's code runs under."""
+    answer = getattr(grader, "pieces_from", None)
+    if answer is None:
+        return cluster.call(fn, args, timeout=timeout, plain=True)
+    from .pieces_milestone import run_with_answer_pieces
+    from .sent import _guarded
+
+    return cluster.call(_guarded, (run_with_answer_pieces, (answer, fn, args), {}), timeout=timeout, plain=True)
 
 
 def record_threads(summary) -> int:
