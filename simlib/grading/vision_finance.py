@@ -161,3 +161,6 @@ def _finance_checks(record, state, got):
 
 
 from . import finance_pieces  # noqa: E402,F401 - registers the finance project's pieces' checks
+from .pieces_milestone import pieces_milestone  # noqa: E402
+
+pieces_milestone("finance")  # "finance_pieces_milestone": finance_milestone, trained with the learner's pieces

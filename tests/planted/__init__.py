@@ -27,4 +27,7 @@ PLANTED_IN = {
     "gpt_plan": ("projects", "GPT"),
     "plan_memory": ("planner", "PLANTED"),
     "online_softmax": ("one_device", "PLANTED"),
+    "finance_paths": ("finance_pieces", "PATHS"),
+    "finance_grad_average": ("finance_pieces", "GRAD_AVERAGE"),
+    "finance_pieces_milestone": ("finance_pieces", "MILESTONE"),
 }
