@@ -55,18 +55,39 @@ def _spec(instance: dict):
 
 
 def _paths_harness(answer, instances):
-    """On every rank: the answer's paths for each instance's step, the next step, and the first step again."""
+    """On every rank: the answer's paths for each instance's step, the next step, the first step again, and the
+    next rank's paths asked from this rank (a pure function of its arguments gives what that rank returns); the
+    normal numbers drawn for this rank's own share, counted below every Python name (a dispatch mode)."""
     import torch
     import torch.distributed as dist
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Normals(TorchDispatchMode):
+        drawn = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = str(func)
+            if ("normal" in name or "randn" in name or "rand" in name) and isinstance(out, torch.Tensor):
+                Normals.drawn += out.numel()
+            return out
 
     rank, world = dist.get_rank(), dist.get_world_size()
     out = []
     for instance in instances:
         task, step = _spec(instance), instance["step"]
         got = {}
-        for key, s in (("first", step), ("next", step + 1), ("again", step)):
-            p = answer(task, s, rank, world)
+        Normals.drawn = 0
+        for key, s, r in (("first", step, rank), ("next", step + 1, rank), ("again", step, rank)):
+            if key == "first":
+                with Normals():
+                    p = answer(task, s, r, world)
+                got["drawn"] = Normals.drawn
+            else:
+                p = answer(task, s, r, world)
             got[key] = p.detach().to("cpu", torch.float64).clone() if isinstance(p, torch.Tensor) else None
+        p = answer(task, step, (rank + 1) % world, world)
+        got["neighbour"] = p.detach().to("cpu", torch.float64).clone() if isinstance(p, torch.Tensor) else None
         out.append(got)
     return out
 
@@ -195,6 +216,24 @@ def _check_paths(answer, grader):
                 continue
             if not all(p["again"] is not None and _same_rows(p["again"], p["first"]) for p in per):
                 bad.setdefault("again", (instance, "a rank returned other paths when asked again for the same step"))
+            elif not all(
+                p["neighbour"] is not None and _same_rows(p["neighbour"], per[(r + 1) % world]["first"])
+                for r, p in enumerate(per)
+            ):
+                bad.setdefault(
+                    "again", (instance, "rank r asked for rank r + 1's paths got other paths than rank r + 1 returned")
+                )
+            extra = [p["drawn"] - p["first"].shape[0] * instance["days"] for p in per]
+            if max(extra) > instance["block"] * instance["days"]:
+                r = extra.index(max(extra))
+                bad.setdefault(
+                    "share",
+                    (
+                        instance,
+                        f"rank {r} drew {per[r]['drawn']:,} normal numbers for its {per[r]['first'].shape[0]} paths "
+                        f"of {instance['days']} days ({per[r]['first'].shape[0] * instance['days']:,} needed)",
+                    ),
+                )
             rep = _repeats([("the first", first), ("the next", [p["next"] for p in per])])
             if rep:
                 bad.setdefault("distinct", (instance, rep))
@@ -224,10 +263,17 @@ def _paths_results(world, bad, passed):
         ),
         (
             "again",
-            "the same (step, rank) gives the same paths (deterministic)",
-            "seed a generator for each draw (torch.Generator().manual_seed(...), or "
+            "the same (step, rank, world) gives the same paths, whoever asks (deterministic)",
+            "the paths must be a function of (task, step, rank, world) alone: use the rank and world passed in (not "
+            "torch.distributed's), and seed a generator for each draw (torch.Generator().manual_seed(...), or "
             "simlib.projects.seeding.generator(*keys)) and pass it to torch.randn(..., generator=g): the global "
             "torch.manual_seed state or an unseeded draw changes from call to call",
+        ),
+        (
+            "share",
+            "each rank simulates only its own share (normal numbers drawn, counted below Python)",
+            "simulate only this rank's blocks: drawing the whole global batch on every rank and keeping a slice gives "
+            "the right paths for world-size times the work, which is what data-parallel generation saves",
         ),
         (
             "distinct",
