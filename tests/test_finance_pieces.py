@@ -54,10 +54,6 @@ def _run(cluster, pieces=None):
     return record, state
 
 
-def _weights(state):
-    return {k: v for k, v in state["model"].items()} if "model" in state else state
-
-
 def test_rank_blocks_are_contiguous_balanced_and_cover_every_block():
     for blocks in range(0, 12):
         for world in range(1, 6):
@@ -67,21 +63,20 @@ def test_rank_blocks_are_contiguous_balanced_and_cover_every_block():
 
 
 def test_the_pieces_run_inside_the_training_and_the_courses_equal_no_pieces(cluster2):
+    """The course's pieces (what USE_GIVEN switches on) give the very run without pieces, and the summary lists the
+    slots; a learner's paths piece (my_paths, sent by value) with a wrong grad_average trains another model: the
+    learner's code is what ran on every rank."""
     base, base_state = _run(cluster2)
     given, given_state = _run(cluster2, {"paths": rank_paths, "grad_average": average_by_count})
-    mine, mine_state = _run(cluster2, {"paths": my_paths, "grad_average": planted._given()["grad_average"]})
-    assert base.summary["pieces"] == [] and given.summary["pieces"] == mine.summary["pieces"] == [
-        "grad_average",
-        "paths",
-    ]
+    assert base.summary["pieces"] == [] and given.summary["pieces"] == ["grad_average", "paths"]
     losses = [r["loss"] for r in base.rows]
-    assert losses and losses == [r["loss"] for r in given.rows] == [r["loss"] for r in mine.rows]
-    for a, b in ((base_state, given_state), (base_state, mine_state)):
-        flat_a, flat_b = _flatten(a), _flatten(b)
-        assert flat_a.keys() == flat_b.keys() and all(torch.equal(flat_a[k], flat_b[k]) for k in flat_a)
-    wrong, wrong_state = _run(cluster2, {"paths": rank_paths, "grad_average": summed_not_averaged})
+    assert losses and losses == [r["loss"] for r in given.rows]
+    flat_a, flat_b = _flatten(base_state), _flatten(given_state)
+    assert flat_a and flat_a.keys() == flat_b.keys() and all(torch.equal(flat_a[k], flat_b[k]) for k in flat_a)
+    wrong, _ = _run(cluster2, {"paths": my_paths, "grad_average": summed_not_averaged})
     assert wrong.summary["pieces"] == ["grad_average", "paths"]
-    assert [r["loss"] for r in wrong.rows] != losses  # the learner's piece is what trained the model
+    assert [r["loss"] for r in wrong.rows][0] == losses[0]  # my_paths draws the course's paths: the same first loss
+    assert [r["loss"] for r in wrong.rows] != losses  # then the learner's wrong average trains another model
 
 
 def test_a_paths_piece_of_the_wrong_shape_stops_the_run_naming_the_rank(cluster2):
@@ -119,8 +114,8 @@ CASES = [("finance_paths", f, (PATHS_CAUGHT[f.__name__], "")) for f in planted.P
 
 
 @pytest.mark.parametrize("exercise,answer,caught", CASES, ids=[c[1].__name__ for c in CASES])
-def test_each_planted_wrong_piece_is_caught_by_the_check_that_names_it(exercise, answer, caught):
-    report = grading.check(exercise, answer, quiet=True, first_failure=True)
+def test_each_planted_wrong_piece_is_caught_by_the_check_that_names_it(exercise, answer, caught, clusters):
+    report = grading.check(exercise, answer, clusters=clusters, quiet=True, first_failure=True)
     lines = "\n".join(r.line() for r in report.results)
     failed = report.failed()
     assert not report.passed and failed and caught[0] in failed[0].name, lines
@@ -128,14 +123,14 @@ def test_each_planted_wrong_piece_is_caught_by_the_check_that_names_it(exercise,
 
 
 @pytest.mark.parametrize("exercise,answer", [("finance_paths", rank_paths), ("finance_grad_average", average_by_count)])
-def test_the_courses_pieces_pass_their_checks(exercise, answer):
-    report = grading.check(exercise, answer, quiet=True)
+def test_the_courses_pieces_pass_their_checks(exercise, answer, clusters):
+    report = grading.check(exercise, answer, clusters=clusters, quiet=True)
     assert report.passed, "\n".join(r.line() for r in report.results)
 
 
 @pytest.mark.parametrize("build", planted.MILESTONE, ids=[b.__name__ for b in planted.MILESTONE])
-def test_the_pieces_milestone_refuses_answers_without_the_learners_pieces(build):
-    report = grading.check("finance_pieces_milestone", build(), quiet=True, first_failure=True)
+def test_the_pieces_milestone_refuses_answers_without_the_learners_pieces(build, clusters):
+    report = grading.check("finance_pieces_milestone", build(), clusters=clusters, quiet=True, first_failure=True)
     assert not report.passed, "\n".join(r.line() for r in report.results)
 
 
