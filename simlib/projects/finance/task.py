@@ -16,6 +16,10 @@ error against the payoff. The baseline beside it: the Black-Scholes delta with t
 Data-parallel Monte Carlo: every path block is simulated from its own generator seeded by
 ``(seed, step, block)`` (see :mod:`simlib.projects.seeding`), so each rank generates only its own paths and
 the global batch is the same whatever the world size. ``paths_seeding="same_seed"`` plants the bug.
+
+A learner's own code can run at two places of this training (the project's ``PIECES``, :mod:`.pieces`): ``paths``
+(called by :meth:`HedgingTask.batch` for this rank's paths) and ``grad_average`` (called after each backward by the
+wrapper :meth:`HedgingTask.data_parallel` installs); without them the course's own code runs, the same run.
 """
 
 from __future__ import annotations
