@@ -342,3 +342,75 @@ def finance_grad_average(answer, spec):
         loss=float(got) if isinstance(got, (int, float)) else str(got),
         collectives=c.seen,
     )
+
+
+# ── project 2's pieces (solutions/11_vision_pieces.ipynb) ──────────────────────────────────────────────────────────
+def sync_batchnorm(answer, spec):
+    """The answer inside the course's SyncBatchNorm layer (where training runs it) on this rank's part of a batch
+    whose ranks hold ``sizes`` samples, their means ``spread`` apart around ``center``: two training steps (outputs,
+    input and parameter gradients), the running statistics, the eval output, and the collectives that ran."""
+    from simlib import pieces
+    from simlib.parallel.batchnorm import SyncBatchNorm
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sizes, c, (h, w) = spec["sizes"], spec.get("channels", 3), spec.get("hw", (2, 2))
+    g = torch.Generator().manual_seed(spec.get("seed", 0))
+    owner = torch.repeat_interleave(torch.arange(world), torch.tensor(sizes))
+    means = spec.get("center", 0.0) + spec.get("spread", 1.0) * torch.randn(world, c, generator=g, dtype=torch.float64)
+    layer = SyncBatchNorm(c, eps=spec.get("eps", 1e-5), momentum=spec.get("momentum", 0.1))
+    with torch.no_grad():
+        layer.weight.copy_(1 + 0.5 * torch.randn(c, generator=g))
+        layer.bias.copy_(torch.randn(c, generator=g))
+    lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
+    steps = []
+    with pieces.using({"sync_batchnorm": answer}), _Collectives() as col:
+        for _ in range(2):
+            x = spec.get("scale", 1.0) * torch.randn(len(owner), c, h, w, generator=g, dtype=torch.float64)
+            x = (x + means[owner].view(-1, c, 1, 1)).float()
+            gy = torch.randn(len(owner), c, h, w, generator=g)
+            xs = x[lo:hi].clone().requires_grad_()
+            y = layer(xs)
+            (y * gy[lo:hi]).sum().backward()
+            steps.append(
+                dict(
+                    y=_values(y),
+                    grad_x=_values(xs.grad),
+                    grad_w=_values(layer.weight.grad),
+                    grad_b=_values(layer.bias.grad),
+                )
+            )
+            layer.weight.grad = layer.bias.grad = None
+    layer.eval()
+    with torch.no_grad():
+        y_eval = layer((torch.randn(2, c, h, w, generator=g) + spec.get("center", 0.0)).float())
+    return dict(
+        steps=steps,
+        running_mean=_values(layer.running_mean),
+        running_var=_values(layer.running_var),
+        eval=_values(y_eval),
+        collectives=col.seen,
+    )
+
+
+def data_shard(answer, spec):
+    """Each step's part on this rank (the training's order: a permutation per epoch from a fixed seed), the same
+    again under another global random state, and whether a batch that does not split was refused."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n, b = spec["num_samples"], spec["global_batch"]
+
+    def order(epoch):
+        return torch.randperm(n, generator=torch.Generator().manual_seed(1234 + epoch))
+
+    torch.manual_seed(100 + rank)
+    parts = []
+    for step in range(spec.get("steps", 6)):
+        got = answer(step, rank, world, b, n, order)
+        parts.append(dict(type=type(got).__name__, values=[int(v) for v in got] if got is not None else None))
+    torch.manual_seed(999 + rank)
+    again = answer(1, rank, world, b, n, order)
+    try:
+        answer(0, rank, world, world + 1, n, order)  # a batch that does not split into world_size parts
+        refused = False
+    except Exception:  # noqa: BLE001 - any error is a refusal
+        refused = True
+    return dict(parts=parts, again=[int(v) for v in again], refused=refused)

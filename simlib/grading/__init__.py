@@ -55,7 +55,9 @@ from . import (  # noqa: E402,F401
     planner,  # noqa: E402,F401  (lesson 13)
     prefetch,  # noqa: E402,F401  (lesson 09b)
     projects,
+    vision_batchnorm,  # noqa: E402,F401  (project 2's learner pieces: sync_batchnorm)
     vision_finance,
+    vision_shard,  # noqa: E402,F401  (project 2's learner pieces: data_shard)
 )
 from .core import (  # noqa: F401
     EXERCISES,

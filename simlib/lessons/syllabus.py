@@ -65,6 +65,7 @@ EXERCISES = {
     "09_moe_dispatch": ("09", ("ep",)),
     "09_ring_attention": ("09", ("cp",)),
     "09b_zero3_prefetch": ("09b", ("zero_stage",)),
+    "11_vision_pieces": ("11", ("dp",)),  # project 2's pieces: SyncBatchNorm (lesson 11 (a)) and the data shard
     "13_plan_memory": (
         "13",
         (

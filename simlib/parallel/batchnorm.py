@@ -9,6 +9,11 @@ whole group instead:
     forward:   all_reduce [Σx, Σx², n] per channel  -> global mean and variance
     backward:  all_reduce [Σ∂y', Σ∂y'·x̂] per channel -> the gradient through the shared statistics
 
+The forward's sums are taken in float64: the variance Σx²/n − mean² subtracts two numbers close to each other
+when the values sit far from zero compared with their spread (mean 1000, std 1: Σx²/n ≈ 10⁶, and float32 keeps
+only about 7 digits of it), so in float32 it loses most of its digits; float64 keeps them (one all-reduce of
+2C + 1 float64 per layer, still tiny). Ranks may hold different numbers of samples: the counts are summed too.
+
 Two small all-reduces per BatchNorm layer per step, on the critical path (they cannot overlap). With
 that, a 2- or 4-rank run equals the one-process run on the global batch. ``torch.nn.SyncBatchNorm`` does
 the same but only on GPUs; :func:`convert_sync_batchnorm` uses torch's on CUDA and this one elsewhere.
@@ -20,28 +25,33 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
+__all__ = ["SyncBatchNorm", "SyncBatchNormFunction", "convert_sync_batchnorm"]
 
 
-class _SyncBatchNormFn(torch.autograd.Function):
+class SyncBatchNormFunction(torch.autograd.Function):
+    """BatchNorm's training step over the group: ``apply(x, weight, bias, eps, group) -> (y, mean, var, count)``
+    (``var`` biased, ``count`` the values per channel over every rank). The slot ``sync_batchnorm`` of the vision
+    project (:mod:`simlib.pieces`): a learner's Function with the same ``apply`` takes its place."""
+
     @staticmethod
     def forward(ctx, x, weight, bias, eps, group):
         c = x.shape[1]
         dims = [d for d in range(x.dim()) if d != 1]
-        xf = x.float()
+        xd = x.double()
         stats = torch.cat(
-            [xf.sum(dims), (xf * xf).sum(dims), torch.tensor([x.numel() / c], dtype=torch.float32, device=x.device)]
+            [xd.sum(dims), (xd * xd).sum(dims), torch.tensor([x.numel() / c], dtype=torch.float64, device=x.device)]
         )
         dist.all_reduce(stats, group=group)  # Σx, Σx², n over every rank's shard
         n = stats[-1]
-        mean = stats[:c] / n
-        var = (stats[c : 2 * c] / n - mean * mean).clamp_min(0)  # biased, as BatchNorm normalises with
+        mean64 = stats[:c] / n
+        var64 = (stats[c : 2 * c] / n - mean64 * mean64).clamp_min(0)  # biased, as BatchNorm normalises with
+        mean, var = mean64.float(), var64.float()
         shape = [1, c] + [1] * (x.dim() - 2)
-        invstd = torch.rsqrt(var + eps)
-        xhat = (xf - mean.view(shape)) * invstd.view(shape)
+        invstd = torch.rsqrt(var64 + eps).float()
+        xhat = (x.float() - mean.view(shape)) * invstd.view(shape)
         ctx.save_for_backward(xhat, weight, invstd)
         ctx.group, ctx.n, ctx.dims, ctx.shape = group, n, dims, shape
-        return (xhat * weight.view(shape) + bias.view(shape)).to(x.dtype), mean, var, n
+        return (xhat * weight.view(shape) + bias.view(shape)).to(x.dtype), mean, var, n.float()
 
     @staticmethod
     def backward(ctx, grad_out, _gm, _gv, _gn):
@@ -72,7 +82,25 @@ class SyncBatchNorm(nn.BatchNorm2d):
         world = dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
         if not self.training or world == 1:
             return super().forward(x)
-        y, mean, var, n = _SyncBatchNormFn.apply(x, self.weight, self.bias, self.eps, self.group)
+        from .. import pieces
+
+        fn = pieces.get("sync_batchnorm") or SyncBatchNormFunction  # a learner's piece, when the run has one
+        out = fn.apply(x, self.weight, self.bias, self.eps, self.group)
+        if not (isinstance(out, (tuple, list)) and len(out) == 4 and isinstance(out[0], torch.Tensor)):
+            raise ValueError(
+                f"{getattr(fn, '__name__', fn)}.apply(x, weight, bias, eps, group) must return (y, mean, var, count): "
+                f"y normalised like x, the global mean and biased variance per channel and the global count; "
+                f"got {type(out).__name__}"
+            )
+        y, mean, var, n = out
+        mean, var = (torch.as_tensor(t).detach().to(self.running_mean) for t in (mean, var))
+        n = torch.as_tensor(n).detach().to(self.running_mean)
+        if mean.shape != (x.shape[1],) or var.shape != (x.shape[1],) or n.numel() != 1:
+            raise ValueError(
+                f"{getattr(fn, '__name__', fn)}: mean and var must hold one value per channel ({x.shape[1]}) and "
+                f"count one number; got mean {tuple(mean.shape)}, var {tuple(var.shape)}, count {tuple(n.shape)}"
+            )
+        n = n.reshape(())
         with torch.no_grad():  # running averages as BatchNorm keeps them (unbiased variance)
             self.num_batches_tracked += 1
             m = self.momentum
@@ -84,11 +112,13 @@ class SyncBatchNorm(nn.BatchNorm2d):
 def convert_sync_batchnorm(module: nn.Module, group=None) -> nn.Module:
     """Replace every ``BatchNorm*d`` of ``module`` by a synchronised one over ``group`` (weights and stats kept).
 
-    On CUDA this is ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``; on CPU (where torch's refuses to run)
-    it is :class:`SyncBatchNorm` above.
+    On CUDA this is ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``; on CPU (where torch's refuses to run),
+    and wherever a run has a learner's ``sync_batchnorm`` piece, it is :class:`SyncBatchNorm` above.
     """
+    from .. import pieces
+
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
-    if device.type == "cuda":
+    if device.type == "cuda" and pieces.get("sync_batchnorm") is None:  # a learner's piece runs in ours
         return nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group=group)
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, SyncBatchNorm):
         if not (module.affine and module.track_running_stats):

@@ -30,4 +30,6 @@ PLANTED_IN = {
     "finance_paths": ("finance_pieces", "PATHS"),
     "finance_grad_average": ("finance_pieces", "GRAD_AVERAGE"),
     "finance_pieces_milestone": ("finance_pieces", "MILESTONE"),
+    "sync_batchnorm": ("vision_pieces", "SYNC_BATCHNORM"),
+    "data_shard": ("vision_pieces", "DATA_SHARD"),
 }

@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
+from ...pieces import Slot
 from .task import DigitsTask as TASK
+
+# The learner's pieces (solutions/11_vision_pieces.ipynb): what they write, where it runs, the course's own fallback
+PIECES = {
+    "sync_batchnorm": Slot(
+        "sync_batchnorm",
+        what="BatchNorm's statistics over every rank's samples: forward and backward (all-reduced sums)",
+        given="simlib.parallel.batchnorm:SyncBatchNormFunction",
+        check="sync_batchnorm",
+        interface="torch.autograd.Function; .apply(x, weight, bias, eps, group) -> (y, mean, var, count)",
+    ),
+    "data_shard": Slot(
+        "data_shard",
+        what="which training samples each rank reads at a step (the epoch's shuffled order, this rank's part)",
+        given="simlib.projects.vision.sampler:data_shard",
+        check="data_shard",
+        interface="function(step, rank, world_size, global_batch, num_samples, order) -> int64 tensor",
+    ),
+}
 
 FOLDER_PER_PLAN = True  # results/vision/<plan label>/ by default
 MILESTONE = dict(metric="accuracy", lower_is_better=False, budget_s=60.0)  # graded by grading.vision_finance

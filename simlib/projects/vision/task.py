@@ -148,17 +148,33 @@ class DigitsTask:
         return len(self.data[0])
 
     def _indices(self, step: int, n: int, gen_keys) -> torch.Tensor:
-        """Sample indices for ``n`` samples: epoch-wise permutations (seed, epoch) for the global loader."""
-        if self.loader == "global":
-            pos = step * self.global_batch + torch.arange(n)
-            epochs = pos // self.num_train
-            out = torch.empty(n, dtype=torch.long)
-            for e in epochs.unique().tolist():
-                perm = torch.randperm(self.num_train, generator=generator(self.seed, 1, e))
-                mask = epochs == e
-                out[mask] = perm[pos[mask] % self.num_train]
-            return out
+        """Sample indices for ``n`` samples of the per-rank loaders (drawn with replacement from ``gen_keys``)."""
         return torch.randint(self.num_train, (n,), generator=generator(*gen_keys))
+
+    def shard(self, step: int, part: int = 0, parts: int = 1) -> torch.Tensor:
+        """The global loader's sample indices for part ``part`` of ``parts`` of ``step``'s global batch: the
+        learner's ``data_shard`` piece when a run has one (:mod:`simlib.pieces`), else the course's own
+        (:func:`simlib.projects.vision.sampler.data_shard`); checked here, so a wrong piece fails clearly."""
+        from ... import pieces
+        from .sampler import data_shard, epoch_order
+
+        piece = pieces.get("data_shard")
+        b = self.global_batch // parts
+        out = (piece or data_shard)(
+            step, part, parts, self.global_batch, self.num_train, epoch_order(self.seed, self.num_train)
+        )
+        if piece is not None:
+            ok = isinstance(out, torch.Tensor) and out.shape == (b,) and not out.is_floating_point()
+            ok = ok and out.dtype != torch.bool and not out.is_complex()
+            if ok and b:
+                ok = 0 <= int(out.min()) and int(out.max()) < self.num_train
+            if not ok:
+                what = f"shape {tuple(out.shape)}, {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
+                raise ValueError(
+                    f"your data_shard piece returned {what} at step {step}, rank {part} of {parts}; it must return "
+                    f"{b} integer sample indices in [0, {self.num_train}) (global_batch {self.global_batch} / {parts})"
+                )
+        return out.long()
 
     def _augment_params(self, n: int, gen: torch.Generator) -> torch.Tensor:
         """(n, 2, 3) affine matrices: rotation, isotropic scale, shift, per sample."""
@@ -187,7 +203,7 @@ class DigitsTask:
         x_tr, y_tr = self.data[0], self.data[1]
         if self.loader == "global":
             gen = generator(self.seed, 2, step)
-            idx = self._indices(step, self.global_batch, None)[part * b : (part + 1) * b]
+            idx = self.shard(step, part, parts)
             theta = self._augment_params(self.global_batch, gen)[part * b : (part + 1) * b]
         else:
             keys = (self.seed, 3, step, part) if self.loader == "per_rank" else (self.seed, 3, step)
