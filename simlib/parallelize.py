@@ -340,7 +340,8 @@ def parallelize(model: nn.Module, groups, plan, task, device=None, timeline=None
 
             pm.wrapped = learner_grad_sync(learner, model, plan, timeline, groups.dp_cp_group)
         else:
-            pm.wrapped = dp_lib.wrap(model, plan.dp_variant, plan.bucket_cap_mb, timeline, group=groups.dp_cp_group)
+            wrap = getattr(task, "data_parallel", None) or dp_lib.wrap  # a task's own wrapper (a project's slot)
+            pm.wrapped = wrap(model, plan.dp_variant, plan.bucket_cap_mb, timeline, group=groups.dp_cp_group)
     return pm.choose_step()
 
 

@@ -263,6 +263,87 @@ def plan_memory(answer, spec):
     return {k: float(out[k]) for k in ("weights", "gradients", "optimizer", "activations", "total")}
 
 
+# ── project 3 (finance) pieces ──────────────────────────────────────────────────────────────────────────────────
+def _paths_task(spec):
+    from types import SimpleNamespace
+
+    keys = ("block", "days", "vol", "seed")
+    return SimpleNamespace(global_batch=spec["blocks"] * spec["block"], **{k: spec[k] for k in keys})
+
+
+def finance_paths(answer, spec):
+    """What is true of this rank's paths, as properties (any right answer shows the same): rows and width, the same
+    paths when asked again, paths repeated across ranks or the two steps (all ranks' rows gathered), the union
+    equal to one process's batch, and (on the whole union) zero drift and the volatility within 5 standard errors."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Normals(TorchDispatchMode):  # the normal numbers this rank draws (below every Python name)
+        drawn = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if "normal" in str(func) or "randn" in str(func):
+                _Normals.drawn += out.numel() if isinstance(out, torch.Tensor) else 0
+            return out
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    task, step = _paths_task(spec), spec["step"]
+    with _Normals():
+        first = answer(task, step, rank, world)
+    nxt, again = (answer(task, s, rank, world) for s in (step + 1, step))
+    mine = [[round(float(v), 9) for v in row] for row in torch.cat([first, nxt]).double()]
+    everyone = [None] * world
+    dist.all_gather_object(everyone, (first.double().tolist(), mine))
+    union = [tuple(round(v, 9) for v in row) for rows, _ in everyone for row in rows]
+    rows = [tuple(r) for _, m in everyone for r in m]
+    alone = [tuple(round(float(v), 9) for v in row) for row in answer(task, step, 0, 1).double()]
+    out = dict(
+        rows=int(first.shape[0]),
+        normals_drawn=_Normals.drawn,  # simulating only this rank's share: its rows x days
+        width=int(first.shape[1]) if first.dim() == 2 else None,
+        same_again=bool(torch.equal(first, again)),
+        repeated_rows=len(rows) - len(set(rows)),
+        union_is_one_process=sorted(union) == sorted(alone),
+    )
+    if spec.get("stats") and union:
+        p = torch.tensor(union, dtype=torch.float64)
+        r = torch.log(p[:, 1:] / p[:, :-1])
+        sd, want = float(r.std()), task.vol * math.sqrt(1 / 252)
+        out["starts_at_one"] = bool(torch.all(p[:, 0] == 1))
+        out["vol_right"] = abs(sd / want - 1) < 5 / math.sqrt(2 * r.numel()) + 0.01
+        out["drift_right"] = abs(float(r.mean()) + 0.5 * task.vol**2 / 252) < 5 * want / math.sqrt(r.numel())
+    return out
+
+
+def finance_grad_average(answer, spec):
+    """Every rank: a small hedging network (a frozen premium, a parameter no forward uses) backward on this rank's
+    ``counts[rank]`` paths (none: no backward, loss nan), then the answer; the gradients, the returned loss and the
+    collectives it called. The solution gives the one-process gradient of all paths on every rank."""
+    from simlib.projects.finance.task import HedgeNet
+
+    rank = dist.get_rank()
+    torch.manual_seed(spec.get("seed", 0))
+    model = HedgeNet(spec["days"], 0.3, hidden=spec["hidden"], depth=1)
+    for p in model.net[-1].parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    model.premium.requires_grad_(False)
+    model.register_parameter("unused", torch.nn.Parameter(torch.zeros(3)))
+    n = spec["counts"][rank]
+    x = torch.cat([torch.ones(n, 1), torch.exp(torch.cumsum(0.02 * _seeded(50 + rank, n, spec["days"]), 1))], 1)
+    loss = float("nan")
+    if n:
+        out = torch.mean((model(x) - (x[:, -1] - 1).clamp_min(0)) ** 2)
+        out.backward()
+        loss = float(out.detach())
+    with _Collectives() as c:
+        got = answer(list(model.parameters()), loss, n, None)
+    return dict(
+        grads=[_values(p.grad) for p in model.parameters()],
+        loss=float(got) if isinstance(got, (int, float)) else str(got),
+        collectives=c.seen,
+    )
+
+
 # ── project 2's pieces (solutions/11_vision_pieces.ipynb) ──────────────────────────────────────────────────────────
 def sync_batchnorm(answer, spec):
     """The answer inside the course's SyncBatchNorm layer (where training runs it) on this rank's part of a batch

@@ -158,3 +158,9 @@ def _finance_checks(record, state, got):
         "HedgeNet is the Black-Scholes hedge. Train it on the standard task (the run's eval_loss "
         "should fall below the target), with enough paths per step and warm-up",
     )
+
+
+from . import finance_pieces  # noqa: E402,F401 - registers the finance project's pieces' checks
+from .pieces_milestone import pieces_milestone  # noqa: E402
+
+pieces_milestone("finance")  # "finance_pieces_milestone": finance_milestone, trained with the learner's pieces

@@ -3,7 +3,26 @@ grader): beat the Black-Scholes delta's held-out loss."""
 
 from __future__ import annotations
 
+from ...pieces import Slot
 from .task import HedgingTask as TASK
+
+PIECES = {  # the learner's code at these slots trains the model (solutions/12_finance_pieces.ipynb)
+    "paths": Slot(
+        "paths",
+        what="this rank's Monte-Carlo paths for a step: its share of the blocks, each from its own (seed, step, "
+        "block) stream",
+        given="simlib.projects.finance.pieces:rank_paths",
+        check="finance_paths",
+        interface="function(task, step, rank, world) -> tensor (paths of this rank, task.days + 1)",
+    ),
+    "grad_average": Slot(
+        "grad_average",
+        what="the gradients (and the logged loss) averaged over the ranks, weighted by each rank's number of paths",
+        given="simlib.projects.finance.pieces:average_by_count",
+        check="finance_grad_average",
+        interface="function(params, loss, count, group=None) -> the global mean loss; averages p.grad in place",
+    ),
+}
 
 FOLDER_PER_PLAN = True  # results/finance/<plan label>/ by default
 MILESTONE = dict(metric="eval_loss", budget_s=60.0)  # graded by grading.vision_finance (paths drawn at check time)

@@ -16,6 +16,10 @@ error against the payoff. The baseline beside it: the Black-Scholes delta with t
 Data-parallel Monte Carlo: every path block is simulated from its own generator seeded by
 ``(seed, step, block)`` (see :mod:`simlib.projects.seeding`), so each rank generates only its own paths and
 the global batch is the same whatever the world size. ``paths_seeding="same_seed"`` plants the bug.
+
+A learner's own code can run at two places of this training (the project's ``PIECES``, :mod:`.pieces`): ``paths``
+(called by :meth:`HedgingTask.batch` for this rank's paths) and ``grad_average`` (called after each backward by the
+wrapper :meth:`HedgingTask.data_parallel` installs); without them the course's own code runs, the same run.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ import torch
 from torch import nn
 
 from ... import guards
+from ... import pieces as pieces_lib
 from .. import check_data_device, data_device, positive_int
 from ..seeding import generator, mix
+from .pieces import gbm_paths
 
 __all__ = [
     "HedgingTask",
@@ -194,12 +200,9 @@ class HedgingTask:
     def simulate(self, n: int, keys, device=None) -> torch.Tensor:
         """``n`` GBM paths (n, days+1) from S_0 = 1 with the calibrated vol and zero drift, from ``keys``' stream,
         on ``device`` (default: where ``paths_on`` says; a CUDA generator seeded from the same keys there)."""
-        dt = 1 / TRADING_DAYS
         dev = torch.device(device) if device is not None else data_device(self.paths_on)
         gen = generator(*keys) if dev.type == "cpu" else torch.Generator(device=dev).manual_seed(mix(*keys))
-        z = torch.randn(n, self.days, generator=gen, device=dev)
-        steps = -0.5 * self.vol**2 * dt + self.vol * math.sqrt(dt) * z
-        return torch.cat([torch.ones(n, 1, device=dev), torch.exp(torch.cumsum(steps, 1))], 1)
+        return gbm_paths(torch.randn(n, self.days, generator=gen, device=dev), self.vol)
 
     def batch(self, step: int, part: int = 0, parts: int = 1):
         """(paths, payoff) of part ``part`` of ``parts``: only this part's blocks are simulated."""
@@ -214,13 +217,29 @@ class HedgingTask:
                 f"world size (x accumulation) dividing {blocks}, or a smaller block"
             )
         per = blocks // parts
-        if self.paths_seeding == "same_seed":  # the bug: the rank's draw does not depend on the rank
+        learner = pieces_lib.get("paths")  # the learner's piece in the run now going on (simlib.pieces), or None
+        if learner is not None:
+            paths = _learner_paths(learner, self, step, part, parts)
+        elif self.paths_seeding == "same_seed":  # the bug: the rank's draw does not depend on the rank
             paths = self.simulate(per * self.block, (self.seed, 5, step))
         else:
             paths = torch.cat(
                 [self.simulate(self.block, (self.seed, 5, step, b)) for b in range(part * per, (part + 1) * per)]
             )
         return paths, self.payoff(paths)
+
+    def data_parallel(self, model, mode, bucket_cap_mb=25.0, timeline=None, group=None):
+        """The data-parallel wrapper of this task's runs (``simlib.parallelize`` asks the task): with a learner's
+        ``grad_average`` piece in the run, :class:`~.pieces.CountWeightedDataParallel` calling it after each
+        backward; otherwise the plan's own wrapper (``mode``: ``Plan.dp_variant``)."""
+        learner = pieces_lib.get("grad_average")
+        if learner is None:
+            from ...parallel import data as dp_lib
+
+            return dp_lib.wrap(model, mode, bucket_cap_mb, timeline, group=group)
+        from .pieces import CountWeightedDataParallel
+
+        return CountWeightedDataParallel(model, learner, task=self, group=group, timeline=timeline)
 
     def payoff(self, paths):
         return (paths[:, -1] - 1.0).clamp_min(0)
@@ -287,6 +306,17 @@ class HedgingTask:
             out[f"bs_rmse_{label}"] = float(torch.sqrt(self.loss(self.bs_hedge(paths), pay)))
         out["eval_loss"] = out["rmse_sim"] ** 2
         return out
+
+
+def _learner_paths(piece, task, step: int, part: int, parts: int) -> torch.Tensor:
+    """The learner's ``paths`` piece called for this rank, its answer checked: a tensor of (rows, days + 1)."""
+    paths = piece(task, step, part, parts)
+    if not isinstance(paths, torch.Tensor) or paths.dim() != 2 or paths.shape[1] != task.days + 1:
+        raise ValueError(
+            f"rank {part}, step {step}: your paths piece returned {getattr(paths, 'shape', type(paths).__name__)}; "
+            f"it must return this rank's paths as a tensor of shape (paths of this rank, days + 1 = {task.days + 1})"
+        )
+    return paths.float()
 
 
 @lru_cache(maxsize=8)

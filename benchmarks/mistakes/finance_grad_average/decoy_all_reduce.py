@@ -1,0 +1,34 @@
+"""Deliberate: a decoy all-reduce of a copy of the gradients ("to warm the link up") before the right one: the right numbers, twice the bytes on the wire."""
+
+import torch
+import torch.distributed as dist
+
+
+def pack(params, loss, count):
+    params = [p for p in params if p.requires_grad]
+    weighted = [(p.grad if p.grad is not None and count else torch.zeros_like(p)).reshape(-1) * count for p in params]
+    head = torch.tensor([loss * count if count else 0.0, float(count)])
+    flags = torch.tensor([float(p.grad is not None) for p in params])
+    return params, torch.cat(weighted + [head, flags])
+
+
+def unpack(params, flat):
+    k = len(params)
+    total, offset = flat[-k - 1], 0
+    for i, p in enumerate(params):
+        if flat[len(flat) - k + i] > 0:
+            p.grad = (flat[offset : offset + p.numel()] / total).view_as(p).clone()
+        offset += p.numel()
+    return float(flat[-k - 2] / total)
+
+
+def my_grad_average(params, loss, count, group=None):
+    params, flat = pack(params, loss, count)
+    dist.all_reduce(flat.clone(), group=group)  # the decoy
+    dist.all_reduce(flat, group=group)
+    return unpack(params, flat)
+
+
+ANSWER = my_grad_average
+KIND = "deliberate"
+PROVE = {"world_size": 4, "counts": [5, 0, 2, 7], "days": 4, "hidden": 6, "seed": 3}

@@ -1,0 +1,27 @@
+"""Honest: every rank takes blocks // world blocks: with 7 blocks on 3 ranks the seventh is never simulated."""
+
+import math
+
+import torch
+
+from simlib.projects.seeding import generator
+
+
+def gbm(n, days, vol, g):
+    dt = 1 / 252
+    z = torch.randn(n, days, generator=g)
+    log_s = torch.cumsum(-0.5 * vol**2 * dt + vol * math.sqrt(dt) * z, dim=1)
+    return torch.cat([torch.ones(n, 1), torch.exp(log_s)], dim=1)
+
+
+def my_paths(task, step, rank, world):
+    per = (task.global_batch // task.block) // world
+    out = [torch.empty(0, task.days + 1)]
+    for b in range(rank * per, (rank + 1) * per):
+        out.append(gbm(task.block, task.days, task.vol, generator(task.seed, 5, step, b)))
+    return torch.cat(out)
+
+
+ANSWER = my_paths
+KIND = "honest"
+PROVE = {"world_size": 3, "blocks": 7, "block": 3, "days": 5, "vol": 0.4, "seed": 11, "step": 4}
