@@ -316,11 +316,12 @@ def prove(selected: dict, timeout: float) -> dict:
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's start/stop lines, in every worker
     import _scenarios
     import _scenarios_late
+    import _scenarios_pieces
     import cloudpickle
 
     import simlib
 
-    for module in (_scenarios, _scenarios_late):
+    for module in (_scenarios, _scenarios_late, _scenarios_pieces):
         cloudpickle.register_pickle_by_value(module)  # the workers get the scenarios by value
     results = {}
     for exercise, files in selected.items():

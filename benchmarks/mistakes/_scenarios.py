@@ -15,10 +15,15 @@ LOCAL = {"one_f_one_b", "checkpoint_placement", "plan_memory"}  # run in one pro
 
 
 def scenario_module(exercise: str):
-    """The module that holds ``exercise``'s scenario (lessons 07-13 live in ``_scenarios_late``)."""
+    """The module that holds ``exercise``'s scenario (lessons 07-13 live in ``_scenarios_late``, the projects'
+    pieces in ``_scenarios_pieces``)."""
     import _scenarios_late
+    import _scenarios_pieces
 
-    return _scenarios_late if hasattr(_scenarios_late, exercise) else __import__(__name__)
+    for module in (_scenarios_late, _scenarios_pieces):
+        if hasattr(module, exercise):
+            return module
+    return __import__(__name__)
 
 
 def _dtype(name):
