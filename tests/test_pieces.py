@@ -141,6 +141,9 @@ def test_the_pieces_milestone_trains_and_rechecks_with_the_learners_pieces(piece
     task = pieced.settings(True)["task"]
     report = grade((task, record, state, {"loss": _mse}))
     assert report.passed, report
+    assert not any("in this session" in r.name for r in report.results)  # graded: nothing passed before
+    report = grade((task, record, state, {"loss": _mse}))  # the same piece again: its verdict is remembered
+    assert report.passed and any("[loss] passed" in r.name and "in this session" in r.name for r in report.results)
     # the course's own piece in the run: no milestone, whatever the answer's pieces say
     record_given, state_given = run_project(PIECED, 2, quick=True, verbose=False, cluster=cluster2, steps=2)
     report = grade((task, record_given, state_given, {"loss": _mse}))
@@ -155,3 +158,26 @@ def test_the_pieces_milestone_trains_and_rechecks_with_the_learners_pieces(piece
     report = grade((task, record, state, {}))
     assert not report.passed and "fill every slot" in report.failed()[0].name, report
     assert grade(None).status == grading.TODO
+
+
+def _helper(x):
+    return x * 2
+
+
+def _uses_helper(x):
+    return _helper(x) + 1
+
+
+def test_a_piece_fingerprint_covers_what_it_reads():
+    from simlib.grading.fingerprint import fingerprint
+
+    before = fingerprint(_uses_helper)
+    assert before == fingerprint(_uses_helper) and before != fingerprint(_mse)
+    global _helper
+    saved = _helper
+    try:
+        _helper = lambda x: x * 3  # noqa: E731 - a helper in another cell, changed after the check
+        assert fingerprint(_uses_helper) != before
+    finally:
+        _helper = saved
+    assert fingerprint(_uses_helper) == before and fingerprint(3) is None

@@ -7,7 +7,9 @@ project's run with the learner's pieces returns, plus those pieces: ``(task, rec
 
 1. the answer's shape, and pieces for **every** slot (a slot left to the course's own piece earns no milestone);
 2. each piece on its own, by that slot's exercise (``Slot.check``): secret instances drawn now, the piece run in the
-   grader's workers, like any exercise. A piece that fails there fails the milestone (the run below is not re-run);
+   grader's workers, like any exercise. A piece that fails there fails the milestone (the run below is not re-run).
+   A piece that passed that exercise earlier in this process with the very same code (:mod:`.fingerprint`: its
+   functions and what they read) is not graded again (the notebook's check cell, then the milestone);
 3. the record says its run had the learner's code at every slot (``summary["pieces"]``, which the trainer writes
    from the pieces it actually used on every rank);
 4. the project's own milestone (``"<name>_milestone"``): the record, the metric recomputed from the weights, the
@@ -20,6 +22,7 @@ project's run with the learner's pieces returns, plus those pieces: ``(task, rec
 from __future__ import annotations
 
 from .core import EXERCISES, TODO, Result, exercise
+from .fingerprint import PIECE_CHECKS, fingerprint, passed_before, remember
 from .sent import Sent
 
 __all__ = ["pieces_milestone", "pieces_of_answer", "run_with_answer_pieces"]
@@ -77,6 +80,11 @@ def _piece_bytes(answer, slot: str) -> bytes:
     return cloudpickle.dumps(answer[3][slot])
 
 
+def _piece_fingerprint(answer, slot: str):
+    """In a worker: the fingerprint of one piece of the answer (:mod:`.fingerprint`)."""
+    return fingerprint(answer[3][slot])
+
+
 def _prefixed(result: Result, slot: str) -> Result:
     import dataclasses
 
@@ -92,6 +100,7 @@ def pieces_milestone(name: str, base: str | None = None) -> str:
     if not slots:
         raise ValueError(f"project {name!r} declares no PIECES in {get(name).module}: nothing for a learner to write")
     base = base or f"{name}_milestone"
+    PIECE_CHECKS.update(slot.check for slot in slots.values())
     exercise_name = f"{name}_pieces_milestone"
 
     @exercise(exercise_name)
@@ -128,11 +137,21 @@ def pieces_milestone(name: str, base: str | None = None) -> str:
         if missing or uncallable:
             return
         for slot_name, slot in slots.items():  # each piece on its own: secret instances, like any exercise
+            print_ = grader.ask(_piece_fingerprint, answer, slot_name, what=f"your {slot_name}")
+            if passed_before(slot.check, print_):
+                yield Result(
+                    f"[{slot_name}] passed grading.check({slot.check!r}) in this session, with this very code",
+                    True,
+                    detail="not graded again: the same functions and what they read (simlib grade re-grades all)",
+                )
+                continue
             piece = Sent(grader.ask(_piece_bytes, answer, slot_name, what=f"your {slot_name}"))
             passed = True
             for result in EXERCISES[slot.check](piece, grader):
                 passed = passed and result.passed
                 yield _prefixed(result, slot_name)
+            if passed:
+                remember(slot.check, print_)
             if not passed:
                 yield Result(
                     "the milestone's run is checked once every piece passes its own checks",
