@@ -44,6 +44,7 @@ NOT_FROM_CLI = (
     "verbose",
     "state_type",
     "step_hook",
+    "pieces",  # the learner's code at a project's slots: Python objects, from a notebook or a script
 )  # train() arguments set otherwise
 
 
