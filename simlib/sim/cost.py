@@ -39,7 +39,7 @@ from .collectives import (  # noqa: F401
 )
 from .compute import accumulate_grad_time, gemm_time, gemms_time  # noqa: F401
 from .cpu_share import combine_prediction
-from .grad_sync import dp_comm_time, embedding_sync_time, fsdp_comm, optimizer_time
+from .grad_sync import dp_sync, embedding_sync_time, fsdp_comm, optimizer_time
 from .host_ops import GPT_OPS_ENDS, GPT_OPS_PER_LAYER, host_op_time
 from .layer import embedding_ops, exposed_comm, head_ops, mtp_ops, op_time, op_time_key, ops_time  # noqa: F401
 from .layer_strategy import module_recompute_ops, recompute_ops, strategy_layer_ops
@@ -308,8 +308,8 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
         f = fsdp_comm(model, hardware, s, st["layer_forward"], st["layer_backward"])
         dp_total, dp_exposed = f["step_total"], f["step_exposed"]
     else:
-        dp_total, dp_last = dp_comm_time(model, hardware, s, processes)
-        dp_exposed = max(dp_last, dp_total - t_bwd) if s.overlap else dp_total
+        sync = dp_sync(model, hardware, s, processes)  # bucket by bucket under backward (and forward)
+        dp_total, dp_exposed = sync.total, sync.exposed(t_fwd, t_bwd, s.overlap)
     embed = embedding_sync_time(model, hardware, s)
     offload = m * offload_time(model, hardware, s, st) if model.kind == "gpt" else 0.0  # host copies not hidden
     exposed = tp_comm + sum(cluster.values()) + pp_comm + dp_exposed + embed + offload

@@ -185,6 +185,10 @@ def strategy_of(row: dict, model) -> Strategy:
         zero_stage=3 if fsdp else 1,
         fsdp=fsdp,
         overlap=True,
+        # the distributed optimizer's reduce-scatter under backward, all-gather under the next forward: Megatron-
+        # Bridge's performance recipes set ddp.overlap_grad_reduce and ddp.overlap_param_gather (its docs,
+        # training/communication-overlap: "exposes only one DP communication chunk"); Llama 3's paper does not say
+        param_gather_overlap=not fsdp and row["source"] == "megatron-bridge",
         attention="flash",
         schedule="interleaved" if vp > 1 else "1f1b",
         virtual_stages=vp,
