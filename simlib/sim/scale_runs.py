@@ -158,7 +158,11 @@ def why_inexpressible(row: dict) -> str:
 
 
 def hardware_of(row: dict):
-    return dgx_h100() if row["gpu"] == "h100" else preset(row["gpu"])
+    hw = dgx_h100() if row["gpu"] == "h100" else preset(row["gpu"])
+    if row["source"] == "llama3-paper":  # Meta's RoCE cluster: pods of 3,072 GPUs (384 nodes) with full bisection,
+        # 1:7 between pods (Dubey et al. 2024 §3.3.1); only uniform (all-to-all) traffic feels the taper
+        hw = hw.with_fabric(nodes_per_pod=384, oversubscription=7.0)
+    return hw
 
 
 def strategy_of(row: dict, model) -> Strategy:
