@@ -200,8 +200,9 @@ def search_space(s):
         pipeline_outer=s.pipeline_outer,
     )
     space = {**SPACE, "max_virtual_stages": max(SPACE["max_virtual_stages"], s.virtual_stages), "fixed": fixed}
-    if s.param_gather_overlap:  # the run's framework overlaps the distributed optimizer's all-gather: so may the plans
-        space["param_gather_overlap"] = (True,)
+    if s.param_gather_overlap:  # the run's framework overlaps the distributed optimizer's all-gather: so may the plans,
+        space["param_gather_overlap"] = (True,)  # with its gradient buckets
+        fixed["bucket_bytes"] = s.bucket_bytes
     return fixed, space
 
 

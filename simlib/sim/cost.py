@@ -181,7 +181,7 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
     stages = s.stage_layers(model.layers) if s.virtual_stages == 1 or s.stage_layout else [model.layers / s.pp] * s.pp
     dense_end = model.dense_layers if model.experts else model.layers
     # the logits GEMM stays in 16 bits under FP8 training (Transformer Engine converts the layers' Linears)
-    ends_strategy = s.replace(dtype="bf16") if s.dtype in ("fp8", "fp4") else s
+    ends_strategy = s.replace(dtype="bf16", fp8_param_gather=False) if s.dtype in ("fp8", "fp4") else s
     vt = s.vocab_tp  # the vocabulary's split: tp (Megatron) or none (simlib's GPT keeps the head whole)
     embed, head = embedding_ops(model, s.micro_batch, vt, w, s.cp), head_ops(model, s.micro_batch, vt, w, s.cp)
     mtp = mtp_ops(model, s.micro_batch, vt, w, s.cp)  # multi-token prediction: on the last stage (Megatron-Core)

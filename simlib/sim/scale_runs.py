@@ -165,6 +165,14 @@ def hardware_of(row: dict):
     return hw
 
 
+def megatron_bucket_bytes(dp: int, grad_bytes: int = 2) -> float:
+    """Megatron-Core's gradient bucket when none is set: max(40M, 1M × dp) parameters ("if using very large
+    dp_sizes, make buckets larger to ensure that chunks used in NCCL ring-reduce implementations are large enough
+    to remain bandwidth-bound rather than latency-bound": megatron/core/distributed/distributed_data_parallel.py),
+    of bf16 gradients (Megatron-Bridge's performance recipes reduce in bf16: grad_reduce_in_fp32=False)."""
+    return max(40e6, 1e6 * dp) * grad_bytes
+
+
 def strategy_of(row: dict, model) -> Strategy:
     """The row's layout as a Strategy (the recipe defaults of the module docstring where the table is silent)."""
     tp, pp, cp, vp = row["tp"], row["pp"], row["cp"], max(row["vp"], 1)
@@ -193,6 +201,7 @@ def strategy_of(row: dict, model) -> Strategy:
         # Bridge's performance recipes set ddp.overlap_grad_reduce and ddp.overlap_param_gather (its docs,
         # training/communication-overlap: "exposes only one DP communication chunk"); Llama 3's paper does not say
         param_gather_overlap=not fsdp and row["source"] == "megatron-bridge",
+        bucket_bytes=megatron_bucket_bytes(dp) if row["source"] == "megatron-bridge" else 25e6,
         attention="flash",
         schedule="interleaved" if vp > 1 else "1f1b",
         virtual_stages=vp,
