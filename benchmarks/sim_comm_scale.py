@@ -6,7 +6,8 @@ with one micro-batch per replica (the case issue 52 found 60 % too slow at ~10,0
 Four ways the same step's sync can run (``simlib.sim.grad_sync.dp_sync``, ``simlib.sim.topology.between_nodes``):
   DDP all-reduce, buckets under backward;
   distributed optimizer: reduce-scatter under backward, all-gather under the next forward (Megatron's
-  --overlap-param-gather): only the last and the first bucket exposed;
+  --overlap-param-gather, with Megatron's bucket of max(40M, 1M × dp) parameters): only the last and the first
+  bucket exposed — the whole sync once a bucket holds the whole model (dp ≥ 8,192 for an 8B);
   the same with the all-gather in FP8 (an FP8 step, --fp8-param-gather);
   the same on a fabric with in-network reduction (SHARP) — it speeds the all-reduce only.
 And one bucket's inter-node all-reduce as a ring against NCCL's double binary tree (the faster is what is priced).
@@ -21,6 +22,7 @@ import time
 from simlib import sim
 from simlib.sim import collectives
 from simlib.sim.plan_result import resolve_model
+from simlib.sim.scale_runs import megatron_bucket_bytes
 
 GPUS = (64, 256, 1024, 4096, 16384)
 
@@ -32,16 +34,11 @@ def rows():
     out = []
     for n in GPUS:
         base = sim.Strategy(dp=n, micro_batch=1, num_micro_batches=1, zero_stage=1, overlap=True, attention="flash")
+        dist = base.replace(param_gather_overlap=True, bucket_bytes=megatron_bucket_bytes(n))  # Megatron's bucket
         variants = {
-            "DDP all-reduce under backward": (base, hw),
-            "distributed optimizer (RS under backward, AG under forward)": (
-                base.replace(param_gather_overlap=True),
-                hw,
-            ),
-            "  + FP8 all-gather (FP8 step)": (
-                base.replace(param_gather_overlap=True, dtype="fp8", fp8_param_gather=True),
-                hw,
-            ),
+            "DDP all-reduce under backward (25 MB buckets)": (base, hw),
+            "distributed optimizer (RS under backward, AG under forward)": (dist, hw),
+            "  + FP8 all-gather (FP8 step)": (dist.replace(dtype="fp8", fp8_param_gather=True), hw),
             "DDP all-reduce with in-network reduction": (base, sharp),
         }
         row = dict(gpus=n)
@@ -70,8 +67,8 @@ def figure(table, path):
 
     names = [k for k in table[0] if isinstance(table[0][k], dict)]
     fig, ax = plt.subplots(figsize=(8, 3.6))
-    for name in names:
-        ax.plot(GPUS, [r[name]["exposed_share"] for r in table], marker="o", label=name.strip())
+    for name, (ls, mk) in zip(names, (("-", "o"), ("--", "s"), (":", "^"), ("-.", "x"))):  # DDP and SHARP overlap
+        ax.plot(GPUS, [r[name]["exposed_share"] for r in table], ls=ls, marker=mk, label=name.strip())
     ax.set_xscale("log", base=2)
     ax.set_xticks(GPUS, [f"{g:,}" for g in GPUS])
     ax.set_xlabel("H100 GPUs (data parallel, one micro-batch of 8,192 tokens per replica)")
