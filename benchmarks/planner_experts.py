@@ -199,7 +199,11 @@ def search_space(s):
         fp8_recipe=s.fp8_recipe,
         pipeline_outer=s.pipeline_outer,
     )
-    return fixed, {**SPACE, "max_virtual_stages": max(SPACE["max_virtual_stages"], s.virtual_stages), "fixed": fixed}
+    space = {**SPACE, "max_virtual_stages": max(SPACE["max_virtual_stages"], s.virtual_stages), "fixed": fixed}
+    if s.param_gather_overlap:  # the run's framework overlaps the distributed optimizer's all-gather: so may the plans,
+        space["param_gather_overlap"] = (True,)  # with its gradient buckets
+        fixed["bucket_bytes"] = s.bucket_bytes
+    return fixed, space
 
 
 CASES = list(cases())
@@ -218,6 +222,7 @@ def main():
             s.global_batch,
             tuple(sorted(fixed.items())),
             space["max_virtual_stages"],
+            space.get("param_gather_overlap"),
         )
         groups.setdefault(key, []).append(i)
     rows, t0, n = [], time.perf_counter(), 0

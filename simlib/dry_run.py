@@ -45,9 +45,11 @@ def strategy_for(plan, task, optim):
     """The simulator's :class:`simlib.sim.Strategy` for a trainer's :class:`simlib.train.Plan`: the one mapping,
     :meth:`Strategy.from_plan` (pipeline micro-batches, flushes, cp and ep included), with the optimizer."""
     from .sim import Strategy
+    from .sim.planner import default_attention  # the planner's rule: a TOML it wrote is priced as it priced it
 
     optimizer = "adam" if optim.name == "adamw" else ("sgd_momentum" if optim.momentum else "sgd")
-    return Strategy.from_plan(plan, task.global_batch, optimizer=optimizer)
+    attention = default_attention(plan.mixed_precision or "fp32")
+    return Strategy.from_plan(plan, task.global_batch, optimizer=optimizer, attention=attention)
 
 
 def mesh_lines(plan, local_world_size: int) -> list[str]:

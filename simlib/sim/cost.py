@@ -39,7 +39,7 @@ from .collectives import (  # noqa: F401
 )
 from .compute import accumulate_grad_time, gemm_time, gemms_time  # noqa: F401
 from .cpu_share import combine_prediction
-from .grad_sync import dp_comm_time, embedding_sync_time, fsdp_comm, optimizer_time
+from .grad_sync import dp_sync, embedding_sync_time, fsdp_comm, optimizer_time
 from .host_ops import GPT_OPS_ENDS, GPT_OPS_PER_LAYER, host_op_time
 from .layer import embedding_ops, exposed_comm, head_ops, mtp_ops, op_time, op_time_key, ops_time  # noqa: F401
 from .layer_strategy import module_recompute_ops, recompute_ops, strategy_layer_ops
@@ -181,7 +181,7 @@ def gpt_stage(model, hardware, strategy, processes=1, memo: dict | None = None) 
     stages = s.stage_layers(model.layers) if s.virtual_stages == 1 or s.stage_layout else [model.layers / s.pp] * s.pp
     dense_end = model.dense_layers if model.experts else model.layers
     # the logits GEMM stays in 16 bits under FP8 training (Transformer Engine converts the layers' Linears)
-    ends_strategy = s.replace(dtype="bf16") if s.dtype in ("fp8", "fp4") else s
+    ends_strategy = s.replace(dtype="bf16", fp8_param_gather=False) if s.dtype in ("fp8", "fp4") else s
     vt = s.vocab_tp  # the vocabulary's split: tp (Megatron) or none (simlib's GPT keeps the head whole)
     embed, head = embedding_ops(model, s.micro_batch, vt, w, s.cp), head_ops(model, s.micro_batch, vt, w, s.cp)
     mtp = mtp_ops(model, s.micro_batch, vt, w, s.cp)  # multi-token prediction: on the last stage (Megatron-Core)
@@ -308,8 +308,8 @@ def predict(model, hardware, strategy, processes: int | None = None, require_fit
         f = fsdp_comm(model, hardware, s, st["layer_forward"], st["layer_backward"])
         dp_total, dp_exposed = f["step_total"], f["step_exposed"]
     else:
-        dp_total, dp_last = dp_comm_time(model, hardware, s, processes)
-        dp_exposed = max(dp_last, dp_total - t_bwd) if s.overlap else dp_total
+        sync = dp_sync(model, hardware, s, processes)  # bucket by bucket under backward (and forward)
+        dp_total, dp_exposed = sync.total, sync.exposed(t_fwd, t_bwd, s.overlap)
     embed = embedding_sync_time(model, hardware, s)
     offload = m * offload_time(model, hardware, s, st) if model.kind == "gpt" else 0.0  # host copies not hidden
     exposed = tp_comm + sum(cluster.values()) + pp_comm + dp_exposed + embed + offload

@@ -5,6 +5,10 @@ optimizer's pass over its local state, and the tied embedding's all-reduce betwe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
 from .topology import Placement, group_collective, group_ranks, placement
 
 
@@ -42,58 +46,116 @@ def gradient_buckets(model, strategy) -> list[float]:
     return [float(sum(p.numel() for p in b) * bytes_per) for b in buckets]
 
 
-def dp_comm_time(model, hardware, strategy, processes=1) -> tuple[float, float]:
-    """(total, last bucket) seconds of the data-parallel gradient sync, bucket by bucket.
+@dataclass(frozen=True)
+class BucketSync:
+    """A step's bucketed data-parallel sync, as Megatron-LM's DDP and distributed optimizer run it.
 
-    ZeRO 1/2 replace the all-reduce by reduce-scatter + all-gather (the same traffic); ZeRO-3 reduce-scatters
-    the gradients and all-gathers the weights before forward and again before backward: 1.5× the traffic of
-    the all-reduce (Rajbhandari et al. 2020 §7). Every collective runs on the data-parallel group's placement
-    on the rank grid (``topology``). Each bucket is packed flat, divided and unpacked (6 bytes moved per byte).
-    """
+    ``after``: seconds of each bucket's collective issued as backward produces its gradients (the all-reduce; the
+    reduce-scatter under a distributed optimizer), in fill order; ``after_ready``: the fraction of the last
+    micro-batch's backward done when each bucket is full (its bytes so far over all). ``before``: seconds of each
+    bucket's all-gather of the updated parameters issued under the next step's first forward
+    (``param_gather_overlap``: Megatron's ``--overlap-param-gather``), in forward order; ``before_need``: the
+    fraction of that forward done when each bucket's layers start. One communication channel: a bucket's
+    collective starts when it is ready and the previous one is done."""
+
+    after: tuple
+    after_ready: tuple
+    before: tuple = ()
+    before_need: tuple = ()
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.after) + sum(self.before))
+
+    @property
+    def last(self) -> float:
+        return float(self.after[-1]) if self.after else 0.0
+
+    def exposed(self, t_fwd: float, t_bwd: float, overlap: bool) -> float:
+        """Seconds of the sync compute does not hide. Not overlapped: all of it. Overlapped: under backward
+        (a window of ``t_bwd``) the channel ends at max_i(ready_i + the buckets from i on) — at least the last
+        bucket, which is full only when backward ends; under forward (``t_fwd``) the step waits
+        max_j(the all-gathers up to j done − bucket j needed) — at least the first bucket."""
+        if not overlap:
+            return self.total
+        out = 0.0
+        if self.after:
+            t = np.asarray(self.after)
+            suffix = np.cumsum(t[::-1])[::-1]
+            out += max(0.0, float(np.max(np.asarray(self.after_ready) * t_bwd + suffix)) - t_bwd)
+        if self.before:
+            done = np.cumsum(np.asarray(self.before))
+            out += max(0.0, float(np.max(done - np.asarray(self.before_need) * t_fwd)))
+        return out
+
+
+def dp_comm_time(model, hardware, strategy, processes=1) -> tuple[float, float]:
+    """(total, last bucket) seconds of the data-parallel gradient sync, bucket by bucket (:func:`dp_sync`)."""
+    sync = dp_sync(model, hardware, strategy, processes)
+    return sync.total, sync.last
+
+
+def dp_sync(model, hardware, strategy, processes=1) -> BucketSync:
+    """The step's data-parallel sync bucket by bucket (:class:`BucketSync`; empty without data parallelism).
+
+    ZeRO 1/2 replace the all-reduce by reduce-scatter + all-gather (the same traffic): priced as the all-reduce
+    under backward, unless ``param_gather_overlap`` (Megatron's distributed optimizer with
+    ``--overlap-param-gather``): then each bucket's gradients are reduce-scattered under backward and its updated
+    parameters all-gathered under the next step's first forward — in FP8 (1 byte a parameter) with
+    ``fp8_param_gather`` (Megatron's ``--fp8-param-gather``, torchtitan's float8 all-gather), as the recipe keeps
+    FP8 weights. ZeRO-3 reduce-scatters the gradients and all-gathers the weights before forward and again before
+    backward: 1.5× the traffic of the all-reduce (Rajbhandari et al. 2020 §7), all under backward here. Every
+    collective runs on the data-parallel group's placement on the rank grid (``topology``). Each bucket is packed
+    flat, divided and unpacked (6 bytes moved per byte)."""
     s = strategy
     if s.dp * s.cp == 1:
-        return 0.0, 0.0
-    times = bucket_comm_times(model, hardware, s, processes)
-    total = sum(times)
-    return total, times[-1]
+        return BucketSync((), ())
+    pack = 6.0 / hardware.mem_rate(processes)
+    factor = hardware.comm_in_situ(processes)
+    split = s.param_gather_overlap and s.zero_stage in (1, 2)
+    gather_per_byte = (1 if s.fp8_param_gather else 2) / (2 if s.mixed_precision else 4)  # params over grads
+    seen: dict = {}  # buckets are mostly of one size: each (kind, size, group) priced once
+
+    def coll(kind, b, place):
+        key = (kind, b, place)
+        if key not in seen:
+            seen[key] = group_collective(kind, b, place, hardware)
+        return seen[key]
+
+    def sync(b, place):
+        if s.zero_stage == 3:  # reduce-scatter the gradients; all-gather the weights for forward and backward
+            return coll("reduce_scatter", b, place) + 2 * coll("all_gather", b, place)
+        return coll("reduce_scatter" if split else "all_reduce", b, place)
+
+    after, before, sizes = [], [], []
+    groups = [(placement(s, hardware, "dp" if s.cp == 1 else "dp_cp"), gradient_buckets(model, s))]
+    if getattr(model, "experts", 0) and s.expert_dp > 1:  # each expert's over the ranks that hold it
+        nbytes = model.expert_params / (s.ep * s.pp) * (2 if s.mixed_precision else 4)
+        groups.append((placement(s, hardware, "expert_dp"), bucket_sizes(nbytes, s.bucket_bytes)))
+    for place, buckets in groups:
+        for b in buckets:
+            after.append(sync(b, place) * factor + pack * b)
+            sizes.append(b)
+            if split:
+                before.append(coll("all_gather", b * gather_per_byte, place) * factor)
+    ready = tuple(float(x) for x in np.cumsum(sizes) / sum(sizes))
+    if not split:
+        return BucketSync(tuple(after), ready)
+    # forward needs the buckets in the reverse of backward's fill order; bucket j when the bytes before it are done
+    fwd = list(reversed(sizes))
+    need = tuple(float(x) for x in (np.cumsum(fwd) - fwd) / sum(fwd))
+    return BucketSync(tuple(after), ready, tuple(reversed(before)), need)
 
 
 def bucket_comm_times(model, hardware, strategy, processes=1) -> list[float]:
-    """Seconds of each gradient bucket's sync: pack flat + all-reduce + divide + unpack.
+    """Seconds of each gradient bucket's sync under backward: pack flat + collective + divide + unpack.
 
     Packing moves 6 bytes per byte at memory bandwidth (cat, divide, copy back: each reads and writes). The
-    all-reduce is the calibrated back-to-back time times ``hardware.comm_in_situ(processes)``: on a CPU box
+    collective is the calibrated back-to-back time times ``hardware.comm_in_situ(processes)``: on a CPU box
     an all-reduce that follows compute is slower than the back-to-back ones a sweep times (Gloo's threads
     wake up, caches are cold, and the cores are the same ones compute just used), measured by calibrate().
     """
-    s = strategy
-    if s.dp * s.cp == 1:
-        return []
-    pack = 6.0 / hardware.mem_rate(processes)
-    factor = hardware.comm_in_situ(processes)
-    place = placement(s, hardware, "dp" if s.cp == 1 else "dp_cp")  # dense gradients: over dp × cp
-
-    seen: dict = {}  # buckets are mostly of one size: each (size, group) priced once
-
-    def sync(b, place):
-        out = seen.get((b, place))
-        if out is not None:
-            return out
-        if s.zero_stage == 3:  # reduce-scatter the gradients; all-gather the weights for forward and backward
-            out = group_collective("reduce_scatter", b, place, hardware) + 2 * group_collective(
-                "all_gather", b, place, hardware
-            )
-        else:
-            out = group_collective("all_reduce", b, place, hardware)
-        seen[(b, place)] = out
-        return out
-
-    out = [sync(b, place) * factor + pack * b for b in gradient_buckets(model, s)]
-    if getattr(model, "experts", 0) and s.expert_dp > 1:  # each expert's over the ranks that hold it
-        expert_place = placement(s, hardware, "expert_dp")
-        nbytes = model.expert_params / (s.ep * s.pp) * (2 if s.mixed_precision else 4)
-        out += [sync(b, expert_place) * factor + pack * b for b in bucket_sizes(nbytes, s.bucket_bytes)]
-    return out
+    return list(dp_sync(model, hardware, strategy, processes).after)
 
 
 def shard_placement(strategy, hardware) -> Placement:
@@ -121,7 +183,7 @@ def fsdp_comm(model, hardware, strategy, layer_forward: float, layer_backward: f
     layers = model.layers / s.pp
     embed = model.vocab * model.hidden * (1 if model.tied_embeddings else 2)
     per_layer = (model.params - embed) / model.layers / s.tp
-    param_bytes = 2 if s.mixed_precision else 4
+    param_bytes = 1 if s.fp8_param_gather else 2 if s.mixed_precision else 4  # FP8 weights gathered in FP8
     reduce_bytes = {"fp32": 4, "tf32": 4}.get(s.reduce_dtype, 2 if s.mixed_precision else 4)
     place = shard_placement(s, hardware)
     gather = group_collective("all_gather", per_layer * param_bytes, place, hardware)
@@ -140,7 +202,7 @@ def fsdp_comm(model, hardware, strategy, layer_forward: float, layer_backward: f
             Placement("dp", replicas, per_node, nodes),
             hardware,
         )
-    ends = group_collective("all_gather", embed / s.tp * param_bytes, place, hardware)
+    ends = group_collective("all_gather", embed / s.tp * (2 if s.mixed_precision else 4), place, hardware)  # 16-bit
     fwd_exposed = gather + layers * max(0.0, gather - layer_forward) + ends
     bwd_exposed = layers * max(0.0, gather_bwd + scatter - layer_backward) + scatter
     total = layers * (gather + gather_bwd + scatter) + ends * (2 if s.zero_stage == 3 else 1)

@@ -145,6 +145,14 @@ class Link:
         return cls(alpha, bw, {}, source, busbw_points=curve)
 
 
+# What an InfiniBand NIC's collectives reach of its line rate: ~47 GB/s measured by nccl-tests on NDR 400 Gb/s
+# (50 GB/s line rate; nccl-tests issue 290), the same figure the presets' inter-node link uses
+NIC_EFFICIENCY = 47 / 50
+# Ports of one InfiniBand switch (NVIDIA Quantum-2 QM9700: 64 ports of 400 Gb/s): a SHARP reduction tree over N
+# nodes is ⌈log_64 N⌉ switch levels deep
+SWITCH_RADIX = 64
+
+
 @dataclass(frozen=True)
 class Hardware:
     """One kind of device and how devices are wired.
@@ -192,6 +200,18 @@ class Hardware:
     cast_efficiency: float = 0.0
     # a backward (dgrad, wgrad) GEMM's time over a forward one's of the same size, by dtype ("mx": MXFP8); None: 1
     backward_gemm_factor: dict = None
+
+    # ── the fabric between nodes, the cluster's own (defaults: one NIC per device, non-blocking, no SHARP) ──
+    # NICs a node has for its devices (0: one per device, the DGX rail-optimised layout). All of a node's devices
+    # talk at once in a data-parallel sync, so each gets ``inter.bandwidth`` × min(1, nics / devices)
+    nics_per_node: int = 0
+    # full-bisection pods of this many nodes, joined above by links tapered ``oversubscription``:1 (Llama 3's
+    # cluster: 3,072 GPUs a pod, 1:7 between pods; Dubey et al. 2024 §3.3.1). 0 / 1.0: non-blocking throughout
+    nodes_per_pod: int = 0
+    oversubscription: float = 1.0
+    # in-network reduction between nodes (InfiniBand SHARP: the switches add the data up, NCCL's CollNet): an
+    # all-reduce sends and receives each byte once, through a tree of switches (:data:`SWITCH_RADIX` ports)
+    in_network_reduction: bool = False
 
     def _by_world(self, name: str, processes: int, default):
         table = (self.overheads or {}).get(name) or {}
@@ -282,6 +302,11 @@ class Hardware:
         return float(bw)
 
     def __post_init__(self):
+        if self.nics_per_node < 0 or self.nodes_per_pod < 0 or self.oversubscription < 1:
+            raise ValueError(
+                f"{self.name}: nics_per_node and nodes_per_pod must be >= 0 and oversubscription >= 1, got "
+                f"{self.nics_per_node}, {self.nodes_per_pod}, {self.oversubscription}"
+            )
         if self.processing not in ("roofline", "no_overlap"):
             raise ValueError(f"processing must be 'roofline' or 'no_overlap', got {self.processing!r}")
 
@@ -299,6 +324,40 @@ class Hardware:
             return self.peak_flops[dtype]
         key = self._cpu_key(processes, None)
         return max(r for _, r in self.gemm_table[key])
+
+    def nic_share(self) -> float:
+        """The fraction of ``inter.bandwidth`` each device gets when every device of a node talks at once."""
+        nics = self.nics_per_node or self.devices_per_node
+        return min(1.0, nics / self.devices_per_node)
+
+    def with_fabric(
+        self,
+        nic_gbps: float | None = None,
+        nics_per_node: int | None = None,
+        nodes_per_pod: int | None = None,
+        oversubscription: float | None = None,
+        in_network_reduction: bool | None = None,
+    ) -> Hardware:
+        """This machine on another fabric: NICs of ``nic_gbps`` Gb/s line rate (priced at
+        :data:`NIC_EFFICIENCY` of it, as nccl-tests measures an NDR NIC), their number per node, full-bisection
+        pods and the taper between them, in-network reduction. What is not given stays as it is."""
+        changes = {}
+        if nic_gbps is not None:
+            if nic_gbps <= 0:
+                raise ValueError(f"nic_gbps must be > 0, got {nic_gbps!r}")
+            bw = nic_gbps / 8 * 1e9 * NIC_EFFICIENCY
+            changes["inter"] = replace(
+                self.inter, bandwidth=bw, by_world={}, source=f"{nic_gbps:g} Gb/s NIC × {NIC_EFFICIENCY}"
+            )
+        for name, value in (
+            ("nics_per_node", nics_per_node),
+            ("nodes_per_pod", nodes_per_pod),
+            ("oversubscription", oversubscription),
+            ("in_network_reduction", in_network_reduction),
+        ):
+            if value is not None:
+                changes[name] = value
+        return replace(self, **changes)
 
     def with_(self, **changes) -> Hardware:
         return replace(self, **changes)

@@ -72,10 +72,16 @@ def candidates(model, hardware, world: int, global_batch: int, space: dict | Non
     sp_opts = space.get("sequence_parallel", (False, True))
     tpo_opts = space.get("tp_overlap", (False, True))
     overlap_opts = space.get("overlap", (True, False))
+    # the distributed optimizer's all-gather under the next forward (ZeRO 1/2 without FSDP only; off by default:
+    # simlib's trainer does not run it, Megatron's recipes do)
+    pgo_opts = space.get("param_gather_overlap", (False,))
     max_mb = space.get("max_micro_batch", 64)
     counts = space.get("num_micro_batches")  # None: every count that divides the batch
     fixed = space.get("fixed", {})
     cp_kinds = space.get("cp_kind", ("allgather", "ring", "ulysses"))
+    # rank orders: simlib's mesh (dp, pp, cp, tp) and Megatron-LM's (pipeline outermost: data- and expert-parallel
+    # groups tp·cp ranks apart, inside a node where they fit); a fixed order wins
+    orders = (False,) if "pipeline_outer" in fixed else space.get("pipeline_outer", (False,))
     degrees, notes = degree_options(world, model, hardware)
     for dp, tp, pp, cp, ep in filter(narrowing(space), degrees):
         if global_batch % dp:
@@ -95,16 +101,10 @@ def candidates(model, hardware, world: int, global_batch: int, space: dict | Non
                 else [
                     (sc, v)
                     for sc in schedules
-                    for v in (
-                        [1]
-                        if sc != "interleaved"
-                        else [v for v in divisors(model.layers // pp or 1) if 1 < v <= max_v]
-                        if model.layers % pp == 0
-                        else [2]
-                    )
+                    for v in ([1] if sc != "interleaved" else depths(model.layers, pp, max_v))
                 ]
             )
-            for (sched, v), kind in itertools.product(scheds, kinds):
+            for (sched, v), kind, outer in itertools.product(scheds, kinds, orders):
                 layout = dict(
                     dp=dp,
                     tp=tp,
@@ -115,18 +115,46 @@ def candidates(model, hardware, world: int, global_batch: int, space: dict | Non
                     virtual_stages=v,
                     **extra,
                     **kind,
+                    **(uneven_stages(model.layers, pp) if v == 1 else {}),
+                    **({"pipeline_outer": True} if outer else {}),
                     **fixed,
                 )
                 knobs = [
                     dict(zero_stage=z, fsdp=fsdp, recompute=rc, overlap=ov, sequence_parallel=sp, tp_overlap=tpo)
+                    | ({"param_gather_overlap": True} if pgo else {})
                     for z, rc in itertools.product(zero, recompute)
                     for fsdp in fsdp_opts
                     if not (fsdp and (z < 2 or dp == 1))
                     for ov in (overlap_opts if dp > 1 and not fsdp else (True,))
+                    for pgo in (pgo_opts if z in (1, 2) and not fsdp and dp * cp > 1 else (False,))
                     for sp in (sp_opts if tp > 1 else (False,))
                     for tpo in (tpo_opts if sp else (False,))
                 ]
                 yield layout, knobs
+
+
+def default_attention(dtype: str) -> str:
+    """The attention kernel a plan of ``dtype`` is priced with when none is named: the fused one ("flash") in 16
+    bits, where ``scaled_dot_product_attention`` (the course GPT's, ``simlib.models``) runs FlashAttention on a
+    GPU; the unfused one in fp32. ``simlib train --dry-run`` prices a plan with the same rule."""
+    return "unfused" if dtype == "fp32" else "flash"
+
+
+def depths(layers: int, pp: int, max_v: int) -> list[int]:
+    """Every interleaving depth v (2..max_v) whose pp·v model chunks split the layers evenly, counting the
+    embedding and the loss as a layer each where that makes them split (Megatron-LM's
+    account_for_embedding/loss_in_pipeline_split: 126 + 2 layers into 8 × 8 chunks) — what Strategy accepts."""
+    return [v for v in range(2, max_v + 1) if layers % (pp * v) == 0 or (layers + 2) % (pp * v) == 0]
+
+
+def uneven_stages(layers: int, pp: int) -> dict:
+    """pp > 2 stages that do not split the layers evenly: Megatron-LM's split counting the embedding and the loss
+    as a layer each (``--decoder-first/last-pipeline-num-layers``: Llama 3 405B's 126 layers on 16 stages as
+    7, 8 × 14, 7), where it divides; {} otherwise (an even split, or none)."""
+    if pp <= 2 or layers % pp == 0 or (layers + 2) % pp:
+        return {}
+    ends = (layers + 2) // pp - 1
+    return dict(first_stage_layers=ends, last_stage_layers=ends) if ends >= 1 else {}
 
 
 DEGREES = ("dp", "tp", "pp", "cp", "ep")
@@ -241,7 +269,7 @@ def plan(
     limit = 0.9 * hw.memory_bytes if memory_limit is None else float(memory_limit)
     limit = limit * 1e9 if limit < 1e4 else limit
     dtype = dtype or ("fp32" if hw.name.lower().startswith("cpu") or hw.cores else "bf16")
-    attention = attention or ("unfused" if dtype == "fp32" else "flash")
+    attention = attention or default_attention(dtype)
     space = dict(space or {})
     fixed = {"dtype": dtype, "attention": attention, **space.get("fixed", {})}
     fixed.setdefault("bucket_bytes", _trainer_bucket_bytes())  # the trainer's default bucket, as it runs

@@ -43,6 +43,8 @@ def label(s) -> str:
         parts.append("sp" + ("+overlap" if s.tp_overlap else ""))
     if s.dp > 1 and not s.overlap and not s.fsdp:
         parts.append("no-overlap")
+    if s.param_gather_overlap:
+        parts.append("param-gather-overlap")
     return " ".join(parts) or "1 device"
 
 
@@ -52,6 +54,7 @@ _NOT_STAGE = dict(
     num_micro_batches=1,
     zero_stage=0,
     overlap=False,
+    param_gather_overlap=False,
     fsdp=False,
     schedule="1f1b",
     virtual_stages=1,
@@ -153,12 +156,12 @@ class FastPricer:
         if stage is None:
             norm = {**changes, **_NOT_STAGE, "dp": dp}
             if inter:
-                norm.update(schedule="interleaved", virtual_stages=2, num_micro_batches=s.pp)
+                norm.update(schedule="interleaved", virtual_stages=s.virtual_stages, num_micro_batches=s.pp)
             stage = self._stages[key] = gpt_stage(self.model, self.hw, s.replace(**norm), p, memo=self._ops)
         return stage
 
     def parts(self, s):
-        from .grad_sync import dp_comm_time, embedding_sync_time, optimizer_time
+        from .grad_sync import dp_sync, embedding_sync_time, optimizer_time
 
         p = self.procs(s)
         stage = self.stage(s)
@@ -167,7 +170,7 @@ class FastPricer:
         if sync is None:
             k = s.replace(**_NOT_SYNC)
             sync = self._syncs[key] = (
-                dp_comm_time(self.model, self.hw, k, p),
+                dp_sync(self.model, self.hw, k, p),
                 embedding_sync_time(self.model, self.hw, k),
                 optimizer_time(self.model, self.hw, k, p),
             )
@@ -313,7 +316,7 @@ class FastPricer:
     def _fast_price(self, s, global_batch: int) -> dict:
         model = self.model
         # predict(), term for term (simlib/sim/cost.py)
-        st, ((dp_total, dp_last), embed, opt), p = self.parts(s)
+        st, (sync, embed, opt), p = self.parts(s)
         m, v = s.num_micro_batches, s.virtual_stages
         act_bytes = s.micro_batch * model.seq_len // s.cp * model.hidden * (2 if s.mixed_precision else 4)
         t_fwd, t_bwd = st["forward"], st["backward"]
@@ -330,7 +333,7 @@ class FastPricer:
         if s.fsdp:
             dp_total, dp_exposed = f["step_total"], f["step_exposed"]
         else:
-            dp_exposed = max(dp_last, dp_total - t_bwd) if s.overlap else dp_total
+            dp_total, dp_exposed = sync.total, sync.exposed(t_fwd, t_bwd, s.overlap)
         exposed = tp_comm + cp_comm + ep_comm + pp_comm + dp_exposed + embed
         step = compute + bubble + exposed + opt
         mfu = self._flops * global_batch / (step * s.world_size * self.hw.peak(s.dtype, p))

@@ -191,6 +191,13 @@ def _value(v) -> str:
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def preset_name(hardware) -> str | None:
+    """The preset ``hardware`` is (``simlib train --hardware``'s name for it), or None (a calibrated machine)."""
+    from .hardware_presets import PRESETS
+
+    return next((k for k, make in PRESETS.items() if make() == hardware), None)
+
+
 def toml(result, entry=None, project: str = "gpt", steps: int | None = None) -> str:
     """``entry`` (default: the best plan ``simlib train`` runs) as a ``simlib train --config`` file."""
     entry = entry or result.best_runnable
@@ -228,6 +235,9 @@ def toml(result, entry=None, project: str = "gpt", steps: int | None = None) -> 
         "run: simlib train --config THIS_FILE (under torchrun/srun: one rank per device)",
     ]
     run = dict(project=project, world_size=result.world_size)
+    name = preset_name(result.hardware)
+    if name:  # the dry run prices the plan on the machine the planner priced it on
+        run["hardware"] = name
     sections = [("run", run), ("plan", changed), ("task", task)]
     if steps:
         sections.append(("budget", {"steps": steps}))

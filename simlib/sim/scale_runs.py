@@ -158,7 +158,19 @@ def why_inexpressible(row: dict) -> str:
 
 
 def hardware_of(row: dict):
-    return dgx_h100() if row["gpu"] == "h100" else preset(row["gpu"])
+    hw = dgx_h100() if row["gpu"] == "h100" else preset(row["gpu"])
+    if row["source"] == "llama3-paper":  # Meta's RoCE cluster: pods of 3,072 GPUs (384 nodes) with full bisection,
+        # 1:7 between pods (Dubey et al. 2024 §3.3.1); only uniform (all-to-all) traffic feels the taper
+        hw = hw.with_fabric(nodes_per_pod=384, oversubscription=7.0)
+    return hw
+
+
+def megatron_bucket_bytes(dp: int, grad_bytes: int = 2) -> float:
+    """Megatron-Core's gradient bucket when none is set: max(40M, 1M × dp) parameters ("if using very large
+    dp_sizes, make buckets larger to ensure that chunks used in NCCL ring-reduce implementations are large enough
+    to remain bandwidth-bound rather than latency-bound": megatron/core/distributed/distributed_data_parallel.py),
+    of bf16 gradients (Megatron-Bridge's performance recipes reduce in bf16: grad_reduce_in_fp32=False)."""
+    return max(40e6, 1e6 * dp) * grad_bytes
 
 
 def strategy_of(row: dict, model) -> Strategy:
@@ -185,6 +197,11 @@ def strategy_of(row: dict, model) -> Strategy:
         zero_stage=3 if fsdp else 1,
         fsdp=fsdp,
         overlap=True,
+        # the distributed optimizer's reduce-scatter under backward, all-gather under the next forward: Megatron-
+        # Bridge's performance recipes set ddp.overlap_grad_reduce and ddp.overlap_param_gather (its docs,
+        # training/communication-overlap: "exposes only one DP communication chunk"); Llama 3's paper does not say
+        param_gather_overlap=not fsdp and row["source"] == "megatron-bridge",
+        bucket_bytes=megatron_bucket_bytes(dp) if row["source"] == "megatron-bridge" else 25e6,
         attention="flash",
         schedule="interleaved" if vp > 1 else "1f1b",
         virtual_stages=vp,

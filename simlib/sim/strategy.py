@@ -86,6 +86,11 @@ class Strategy:
     # host memory in forward and come back in backward (simlib.sim.offload)
     fp8_recipe: str = "delayed"  # dtype="fp8": Transformer Engine's scaling recipe (delayed / current
     # per-tensor, blockwise 1x128 as DeepSeek-V3, mx: MXFP8 on Blackwell)
+    param_gather_overlap: bool = False  # ZeRO 1/2 (Megatron's distributed optimizer): reduce-scatter each
+    # gradient bucket under backward and all-gather its updated parameters under the next step's first forward
+    # (--overlap-grad-reduce --overlap-param-gather) instead of an all-reduce (hidden only with overlap)
+    fp8_param_gather: bool = False  # dtype fp8/fp4: parameters all-gathered in FP8, 1 byte each (Megatron's
+    # --fp8-param-gather, torchtitan's enable_fsdp_float8_all_gather)
     head: str = "parallel"  # GPT: the embedding, the output layer and the loss. "parallel" (Megatron-LM):
     # split over tp (VocabParallelEmbedding, the parallel LM head, a fused
     # cross-entropy keeping one fp32 copy of the logits), the vocabulary's
@@ -134,6 +139,13 @@ class Strategy:
                 "GEMMs (Megatron's --tp-comm-overlap needs --sequence-parallel): set "
                 "sequence_parallel=True and tp > 1"
             )
+        if self.param_gather_overlap and (self.zero_stage not in (1, 2) or self.fsdp):
+            raise ValueError(
+                "param_gather_overlap is the distributed optimizer's overlap (reduce-scatter under backward, "
+                "all-gather under the next forward): it needs zero_stage 1 or 2 and fsdp=False"
+            )
+        if self.fp8_param_gather and self.dtype not in ("fp8", "fp4"):
+            raise ValueError(f"fp8_param_gather keeps FP8 weights: it needs dtype fp8 or fp4, got {self.dtype!r}")
         if self.kernels not in ("fused", "eager"):
             raise ValueError(f"kernels must be 'fused' or 'eager', got {self.kernels!r}")
         if self.reduce_dtype not in ("",) + DTYPES:

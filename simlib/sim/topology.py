@@ -7,8 +7,9 @@ ranks ``tp`` apart, and a data-parallel group takes every ``tp·pp``-th rank —
 tp·pp ≥ the node size. Each group is priced on the links it crosses:
 
 - inside one node: the intra-node link (NVLink/NVSwitch; the published nccl-tests curve where the preset has one);
-- across nodes with one member per node: a ring over the inter-node link, each member on its own NIC
-  (a DGX A100 has one HDR NIC per GPU);
+- across nodes with one member per node: NCCL's faster of a ring and a double binary tree over the inter-node
+  link (an all-reduce; in-network reduction where the fabric has it), each member on its own NIC (a DGX A100 has
+  one HDR NIC per GPU; a fabric with fewer NICs shares them: ``between_nodes``);
 - across nodes with k > 1 members per node: hierarchical — reduce-scatter inside each node, the 1/k shards
   all-reduced between nodes (k rings side by side, one per NIC), all-gather inside the node.
 """
@@ -77,6 +78,55 @@ def _ring(kind, size, n, link):
     return cost.all_gather(size, n, link)  # all-gather and reduce-scatter move the same bytes
 
 
+def fabric_link(hardware):
+    """The inter-node link as one device sees it while every device of its node talks: ``inter`` with its
+    bandwidth × :meth:`~simlib.sim.hardware.Hardware.nic_share` (fewer NICs than devices share them)."""
+    from dataclasses import replace
+
+    share = hardware.nic_share()
+    if share == 1.0:
+        return hardware.inter
+    alpha, bw = hardware.inter.at(2)
+    return replace(hardware.inter, alpha=alpha, bandwidth=bw * share, by_world={}, busbw_points=())
+
+
+def between_nodes(kind: str, size: float, nodes: int, hardware) -> float:
+    """A collective of ``size`` bytes between ``nodes`` nodes, one member each (or one of k rings side by side).
+
+    All-reduce: with in-network reduction (``hardware.in_network_reduction``, SHARP) the switches reduce: each
+    byte goes up and comes down once, through ⌈log_radix nodes⌉ switch levels (2·levels·α + S/B); else NCCL's
+    choice of the faster of its ring (2(n−1)·α + 2(n−1)/n·S/B) and its double binary tree
+    (2·⌈log2 n⌉·α + 2·S/B): at thousands of nodes the ring's latency grows with n, the tree's with log n.
+    All-gather / reduce-scatter: the ring. Rings and trees laid out pod by pod cross a pod's tapered uplinks on
+    few of their hops, so oversubscription is not charged to them (it is to the all-to-all: ``group_collective``).
+    """
+    import math
+
+    link = fabric_link(hardware)
+    if kind != "all_reduce":
+        return cost.all_gather(size, nodes, link)
+    if nodes == 1:
+        return 0.0
+    if hardware.in_network_reduction:
+        from .hardware import SWITCH_RADIX
+
+        alpha, bw = cost._ab(link, nodes, size)
+        levels = max(1, math.ceil(math.log(nodes) / math.log(SWITCH_RADIX)))
+        return 2 * levels * alpha + size / bw
+    return min(cost.ring_all_reduce(size, nodes, link), cost.tree_all_reduce(size, nodes, link))
+
+
+def cross_pod_factor(nodes: int, hardware) -> float:
+    """How much longer uniform all-to-all traffic between ``nodes`` nodes takes on a tapered fabric: the share x
+    of each node's peers outside its pod (``nodes_per_pod``) crosses uplinks with 1/``oversubscription`` of the
+    pod's NIC bandwidth, so the pod's uplinks need x·oversubscription of the time the NICs need (1 if less)."""
+    pod = hardware.nodes_per_pod
+    if not pod or nodes <= pod or hardware.oversubscription <= 1:
+        return 1.0
+    x = (nodes - pod) / (nodes - 1)
+    return max(1.0, x * hardware.oversubscription)
+
+
 def group_collective(kind: str, size: float, place: Placement, hardware) -> float:
     """Seconds of an all-reduce / reduce-scatter / all-gather of ``size`` bytes (the full tensor) over a group
     placed as ``place``: intra-node ring, inter-node ring (one member per node), or hierarchical.
@@ -91,21 +141,22 @@ def group_collective(kind: str, size: float, place: Placement, hardware) -> floa
     if n == 1:
         return 0.0
     if kind == "p2p":
-        return cost.p2p(size, hardware.intra if nodes == 1 else hardware.inter)
+        return cost.p2p(size, hardware.intra if nodes == 1 else fabric_link(hardware))
     if kind == "all_to_all":
         if nodes == 1:
             return cost.all_to_all(size, n, hardware.intra)
         a_in, b_in = cost._ab(hardware.intra, k, size * (k - 1) / n) if k > 1 else (0.0, 1.0)
-        a_out, b_out = cost._ab(hardware.inter, nodes, size * (n - k) / n)
-        return (k - 1) * a_in + (n - k) * a_out + max(size * (k - 1) / n / b_in, size * (n - k) / n / b_out)
+        a_out, b_out = cost._ab(fabric_link(hardware), nodes, size * (n - k) / n)
+        out = size * (n - k) / n / b_out * cross_pod_factor(nodes, hardware)
+        return (k - 1) * a_in + (n - k) * a_out + max(size * (k - 1) / n / b_in, out)
     if nodes == 1:
         if kind == "all_reduce":
             return cost.all_reduce(size, n, hardware)  # the calibrated curve where measured, else the ring
         return _ring(kind, size, n, hardware.intra)
     if k == 1:
-        return _ring(kind, size, nodes, hardware.inter)
+        return between_nodes(kind, size, nodes, hardware)
     inside = cost.reduce_scatter(size, k, hardware.intra)  # = all_gather(size, k, intra)
-    between = _ring(kind, size / k, nodes, hardware.inter)  # k rings side by side, one NIC each
+    between = between_nodes(kind, size / k, nodes, hardware)  # k rings (or trees) side by side, a NIC each
     if kind == "all_reduce":
         return inside + between + inside
     return inside + between
@@ -121,7 +172,7 @@ def p2p_time(size: float, strategy, hardware) -> float:
     s = strategy
     if s.pp == 1:
         return 0.0
-    link = hardware.intra if same_node(s, hardware) else hardware.inter
+    link = hardware.intra if same_node(s, hardware) else fabric_link(hardware)
     gather = cost.all_gather(size, s.tp, hardware.intra) if s.tp > 1 else 0.0
     return cost.p2p(size / s.tp, link) + gather
 
