@@ -14,6 +14,7 @@
 
 import ast
 import dataclasses
+import functools
 import json
 import re
 from pathlib import Path
@@ -162,7 +163,8 @@ def test_reference_runs_name_their_machine():
 
 
 # ── the syllabus against the notebooks ────────────────────────────────────────────────────────────────────────
-def _strategy_keywords() -> dict:
+@functools.lru_cache(maxsize=1)
+def _strategy_keywords() -> frozenset:
     """{(lesson, term)} for every ``Strategy(...)`` keyword in the notebooks' and solutions' code."""
     used = set()
     for path in sorted([*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "solutions").glob("*.ipynb")]):
@@ -180,14 +182,14 @@ def _strategy_keywords() -> dict:
                             continue
                         value = kw.value.value if isinstance(kw.value, ast.Constant) else None
                         used.add((lesson, syllabus.term_of(kw.arg, value if isinstance(value, str) else None)))
-    return used
+    return frozenset(used)
 
 
 STRATEGY_FIELDS = {f.name for f in dataclasses.fields(Strategy)}
 
 
 def _uses() -> set:
-    uses = _strategy_keywords()
+    uses = set(_strategy_keywords())  # parsed once for every test of this file
     uses |= {(lesson, term) for lesson, terms in syllabus.USED_IN_PROSE.items() for term in terms}
     uses |= {(ex[:3].rstrip("_"), term) for ex, (_, terms) in syllabus.EXERCISES.items() for term in terms}
     return uses
