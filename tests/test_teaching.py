@@ -6,11 +6,15 @@
 - What a timing can support (``simlib.lessons.evidence``): no verdict on a busy machine, none within the spread,
   speedups the right way up.
 - The syllabus (``simlib.lessons.syllabus``) against the notebooks: every simulator term a notebook uses and every
-  idea an exercise grades is taught, in the lesson named, no later than its first use; every lesson points to its
-  exercises and has its "What to take away"; numbered sections run without a gap.
+  idea an exercise grades is taught, in the lesson named, no later than its first use (no exception: the simulator's
+  lessons, 06 and 09c, come after what they price); one activation-memory model for lessons 07, 13 and the
+  simulator; every lesson points to its exercises, has its "What to take away" and is listed in the course map;
+  numbered sections run without a gap.
 """
 
 import ast
+import dataclasses
+import functools
 import json
 import re
 from pathlib import Path
@@ -19,6 +23,7 @@ import pandas as pd
 import pytest
 
 from simlib.lessons import evidence, syllabus
+from simlib.sim import Strategy
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = {p.name[:3].rstrip("_"): p for p in sorted((ROOT / "notebooks").glob("*.ipynb"))}
@@ -158,7 +163,8 @@ def test_reference_runs_name_their_machine():
 
 
 # ── the syllabus against the notebooks ────────────────────────────────────────────────────────────────────────
-def _strategy_keywords() -> dict:
+@functools.lru_cache(maxsize=1)
+def _strategy_keywords() -> frozenset:
     """{(lesson, term)} for every ``Strategy(...)`` keyword in the notebooks' and solutions' code."""
     used = set()
     for path in sorted([*(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "solutions").glob("*.ipynb")]):
@@ -166,19 +172,24 @@ def _strategy_keywords() -> dict:
         for src in _cells(path, "code"):
             src = "\n".join(line for line in src.split("\n") if not line.lstrip().startswith(("%", "!")))
             for node in ast.walk(ast.parse(src)):
-                if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == (
-                    "Strategy"
-                ):
+                name = (
+                    getattr(node.func, "attr", getattr(node.func, "id", None)) if isinstance(node, ast.Call) else None
+                )
+                # Strategy(...) and strategy.replace(...): a keyword of either is a term the cell prices
+                if name == "Strategy" or (name == "replace" and node.keywords):
                     for kw in node.keywords:
-                        if kw.arg is None:
+                        if kw.arg is None or (name == "replace" and kw.arg not in STRATEGY_FIELDS):
                             continue
                         value = kw.value.value if isinstance(kw.value, ast.Constant) else None
                         used.add((lesson, syllabus.term_of(kw.arg, value if isinstance(value, str) else None)))
-    return used
+    return frozenset(used)
+
+
+STRATEGY_FIELDS = {f.name for f in dataclasses.fields(Strategy)}
 
 
 def _uses() -> set:
-    uses = _strategy_keywords()
+    uses = set(_strategy_keywords())  # parsed once for every test of this file
     uses |= {(lesson, term) for lesson, terms in syllabus.USED_IN_PROSE.items() for term in terms}
     uses |= {(ex[:3].rstrip("_"), term) for ex, (_, terms) in syllabus.EXERCISES.items() for term in terms}
     return uses
@@ -199,18 +210,77 @@ def test_every_term_is_taught_where_the_syllabus_says():
 
 
 def test_every_term_is_taught_before_it_is_used():
+    # no exception: a lesson or exercise that uses a term comes after (or is) the lesson that teaches it
     early = sorted(
-        (user, term)
-        for user, term in _uses()
-        if syllabus.order(syllabus.TERMS[term][0]) > syllabus.order(user) and (user, term) not in syllabus.TAUGHT_LATER
+        (user, term) for user, term in _uses() if syllabus.order(syllabus.TERMS[term][0]) > syllabus.order(user)
     )
     assert not early, f"used before the lesson that teaches it (lesson, term): {early}"
-    stale = sorted(
-        key
-        for key in syllabus.TAUGHT_LATER
-        if key not in _uses() or syllabus.order(syllabus.TERMS[key[1]][0]) <= syllabus.order(key[0])
-    )
-    assert not stale, f"TAUGHT_LATER entries that are no longer early uses: remove them: {stale}"
+    assert not hasattr(syllabus, "TAUGHT_LATER"), "the syllabus lists no exception"
+
+
+def test_the_simulator_lessons_come_after_what_they_price():
+    """Issue #48 item 3: lesson 06 prices only what 02-05 taught; 09c (ZeRO, FSDP, recomputation, FP8, context and
+    experts) comes after 07 and 09; the validation report is in benchmarks/, not in a lesson."""
+    assert set(LESSONS) >= {"06", "09c"}
+    taught_after_05b = {
+        t for t, (lesson, _) in syllabus.TERMS.items() if syllabus.order(lesson) > syllabus.order("05b")
+    }
+    assert taught_after_05b >= {"zero_stage", "FSDP", "dtype=fp8", "recompute=selective", "cp", "ep"}
+    in_06 = {term for lesson, term in _uses() if lesson == "06"}
+    assert in_06 and not in_06 & taught_after_05b, in_06 & taught_after_05b
+    in_09c = {term for lesson, term in _uses() if lesson == "09c"}
+    assert in_09c >= {"zero_stage", "recompute=selective", "dtype=fp8", "tp_overlap", "cp", "ep"}, in_09c
+    assert syllabus.order("09b") < syllabus.order("09c") < syllabus.order("10")
+    # the validation report (per-source tables, per-run checks) is not in any lesson
+    for lesson in LESSONS:
+        code = "\n".join(_cells(LESSONS[lesson], "code"))
+        assert "by_source.summary()" not in code and "korthikanti_table" not in code, lesson
+    report = "\n".join(_cells(ROOT / "benchmarks" / "sim_validation.ipynb", "code"))
+    assert "by_source.summary()" in report and "korthikanti_table" in report
+
+
+def test_one_activation_memory_model_for_lessons_07_13_and_the_simulator():
+    """Lesson 07 derives s*b*h*(34 + 5*a*s/h) with sim.memory.activation_bytes_per_layer; the simulator counts
+    with it; lesson 13's exercise states the same rules: its solution equals sim.memory_per_device."""
+    from simlib import sim
+    from simlib.sim.memory import activation_bytes_per_layer
+
+    assert "from simlib.sim.memory import activation_bytes_per_layer" in "\n".join(_cells(LESSONS["07"], "code"))
+    g = sim.gpt(4, 1024, 16, seq_len=2048, vocab=51200)
+    s_, h_, a_ = g.seq_len, g.hidden, g.heads
+    for recompute, per_layer in (("none", 34 + 5 * a_ * s_ / h_), ("selective", 34), ("full", 2)):
+        assert activation_bytes_per_layer(g, 1, 1, recompute) == pytest.approx(s_ * h_ * per_layer)
+    namespace: dict = {}
+    solution = [c for c in _cells(ROOT / "solutions" / "13_plan_memory.ipynb", "code") if "def plan_memory" in c][0]
+    exec(solution, namespace)
+    for tp, pp, zero, recompute, schedule in [
+        (1, 1, 0, "none", "1f1b"),
+        (2, 1, 1, "selective", "1f1b"),
+        (2, 2, 2, "full", "1f1b"),
+        (4, 2, 3, "selective", "gpipe"),
+    ]:
+        plan = sim.Strategy(
+            dp=2,
+            tp=tp,
+            pp=pp,
+            micro_batch=2,
+            num_micro_batches=4,
+            zero_stage=zero,
+            recompute=recompute,
+            schedule=schedule,
+            sequence_parallel=tp > 1,
+        )
+        mine, want = namespace["plan_memory"](g, plan), sim.memory_per_device(g, plan, stage=0)
+        for part in ("weights", "gradients", "optimizer", "activations", "total"):
+            assert mine[part] == pytest.approx(want[part], rel=1e-9), (plan, part, mine[part], want[part])
+
+
+def test_every_lesson_is_listed_where_lessons_are_listed():
+    """README.md's course map and docs/lessons.md name every lesson notebook (the site's nav is made from the files)."""
+    readme, lessons_page = (ROOT / "README.md").read_text(), (ROOT / "docs" / "lessons.md").read_text()
+    for path in LESSONS.values():
+        assert f"notebooks/{path.name}" in readme, path.name
+        assert f"`{path.stem}`" in lessons_page, path.name
 
 
 def test_every_exercise_is_taught_and_pointed_to_by_its_lesson():

@@ -6,7 +6,9 @@ that teaches it and a phrase of that lesson's prose that shows it is taught ther
 exercise's lesson and the terms its rules use. The test reads the notebooks: every ``Strategy(...)`` keyword any
 notebook or solution passes must be a term here, the teaching phrase must be in the teaching lesson's markdown, the
 lesson must point to its exercises, and a term must be taught no later than the first lesson or exercise that uses
-it — but for :data:`TAUGHT_LATER`, the known exceptions, each with its reason.
+it, with no exception: the simulator's lessons come after what they price (06, the cost model, after the data,
+pipeline and tensor parallelism of 02-05; 09c, the simulator at scale, after the memory of 07 and the context and
+experts of 09).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ TERMS = {
     "pipeline_outer": ("05", "Combine on a rank grid"),
     "sequence_parallel": ("05", "Sequence parallelism: split what tensor parallelism leaves whole"),
     "tp_overlap": ("05", "TP-communication overlap"),
-    "first_stage_layers": ("06", "uneven pipeline stages"),
-    "last_stage_layers": ("06", "uneven pipeline stages"),
+    "first_stage_layers": ("09c", "uneven pipeline stages"),
+    "last_stage_layers": ("09c", "uneven pipeline stages"),
     "zero_stage": ("07", "ZeRO shards the optimizer states, then"),
     "16 bytes per parameter": ("07", "**2 + 2 + 12 = 16 bytes**"),
     "optimizer=adam": ("07", "Training with Adam keeps, per parameter"),
@@ -38,6 +40,7 @@ TERMS = {
     "kernels": ("07", "Transformer Engine"),
     "activation memory per layer": ("07", "s·b·h·(34 + 5·a·s/h)"),
     "recompute=full": ("07", "**Full recomputation** keeps only the layer's input"),
+    "logits memory": ("07", "the output layer's **fp32 logits**"),
     "recompute=selective": ("07", "**Selective recomputation** drops only the 5·a·s/h term"),
     "FSDP": ("07", "FSDP"),
     "cp": ("09", "Ring attention equals attention over the whole sequence"),
@@ -73,6 +76,7 @@ EXERCISES = {
             "16 bytes per parameter",
             "zero_stage",
             "activation memory per layer",
+            "logits memory",
             "sequence_parallel",
             "recompute=selective",
             "recompute=full",
@@ -84,27 +88,26 @@ EXERCISES = {
     ),
 }
 
-# (lesson, term): why that lesson uses a term a later lesson teaches. Issue #48 item 3: lesson 06 (the simulator)
-# prices ZeRO, FSDP, context and expert parallelism, FP8 and recomputation before lessons 07 and 09 teach them; the
-# fix is to move it after them (or split it), which is not this table's to make. Emptied when the order is fixed:
-# the test fails on an entry that is no longer early, so the list cannot go stale.
-TAUGHT_LATER = {
-    ("06", term): "lesson 06 comes before lessons 07 and 09 (issue #48 item 3: reorder or split the simulator lesson)"
-    for term in (
+# prose a lesson uses a term by, besides the Strategy keywords the test finds in its code
+USED_IN_PROSE = {
+    "06": ("dp", "overlap", "pp", "schedule", "virtual_stages", "tp"),
+    # 09c's prose and its explorer (dp/tp/pp, micro-batches, ZeRO stage, recomputation, precision)
+    "09c": (
+        "dtype=fp8",
+        "tp_overlap",
+        "sequence_parallel",
+        "FSDP",
         "zero_stage",
         "recompute=full",
         "recompute=selective",
+        "activation memory per layer",
+        "16 bytes per parameter",
         "cp",
+        "cp_kind",
         "ep",
-        "attention=flash",
-        "dtype=fp8",
-        "FSDP",
-    )
-}
-
-# prose a lesson uses a term by, besides the Strategy keywords the test finds in its code
-USED_IN_PROSE = {
-    "06": ("dtype=fp8", "tp_overlap", "FSDP", "zero_stage", "cp", "ep"),
+        "moe_top_k",
+        "first_stage_layers",
+    ),
 }
 
 
