@@ -70,6 +70,7 @@ EXERCISES = {
     "09b_zero3_prefetch": ("09b", ("zero_stage",)),
     "11_vision_pieces": ("11", ("dp",)),  # project 2's pieces: SyncBatchNorm (lesson 11 (a)) and the data shard
     "10_gpt_pieces": ("10", ("dp", "overlap", "tp")),  # project 10's pieces (bucketed DP, attention split by heads)
+    "12_finance_pieces": ("12", ("dp",)),  # project 3's pieces: per-rank path streams, count-weighted gradients
     "13_plan_memory": (
         "13",
         (
