@@ -1,4 +1,4 @@
-"""Published GPU-cluster runs the simulator is checked against (one source for notebook 06 and the benchmark).
+"""Published GPU-cluster runs the simulator is checked against (one source for lesson 09c, benchmarks/sim_validation.ipynb and the benchmark).
 
 **Narayanan et al. 2021**, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
 (SC'21, arXiv 2104.04473), Table 1: GPT models of 1.7B to 1T parameters on 32 to 3,072 A100 80 GB GPUs of
