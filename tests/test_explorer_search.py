@@ -13,8 +13,19 @@ import pytest  # noqa: E402
 from simlib import sim  # noqa: E402
 from simlib.sim import fast_search  # noqa: E402
 
-# lesson 13's quick-mode space, narrowed further so that the exhaustive search stays cheap here
-SPACE = dict(recompute=("none", "full"), tp_overlap=(False,), max_micro_batch=2, max_virtual_stages=2)
+# a narrow space keeps each search under a second here (every degree, ZeRO 1 and 3, recomputation or not,
+# interleaving or not); one setting below also runs lesson 13's quick-mode space
+SPACE = dict(
+    zero_stage=(1, 3),
+    recompute=("none", "full"),
+    fsdp=(False,),
+    schedule=("1f1b", "interleaved"),
+    tp_overlap=(False,),
+    max_micro_batch=1,
+    max_virtual_stages=2,
+    cp_kind=("ring",),
+)
+LESSON_SPACE = dict(recompute=("none", "full"), tp_overlap=(False,), max_micro_batch=2, max_virtual_stages=4)
 # (model, cluster, nodes, global batch, sequence, GB limit): moves of one control at a time, then other pairs
 SETTINGS = [
     ("8B", "h100", 1, 64, 4096, 72),
@@ -36,10 +47,10 @@ def _same(a, b, k=10):
     assert a.memory_limit == b.memory_limit and a.world_size == b.world_size and a.exact == b.exact
 
 
-def _fresh(setting, top=10):
+def _fresh(setting, top=10, space=SPACE):
     model, cluster, nodes, batch, seq, gb = setting
     return sim.plan(
-        model, cluster, nodes=nodes, global_batch=batch, seq_len=seq, memory_limit=gb * 1e9, space=SPACE, top=top
+        model, cluster, nodes=nodes, global_batch=batch, seq_len=seq, memory_limit=gb * 1e9, space=space, top=top
     )
 
 
@@ -49,6 +60,7 @@ def test_kept_pricer_gives_the_plans_and_numbers_of_a_fresh_search():
         got = searches.get(*setting, space=SPACE)
         bounded = _fresh(setting)
         _same(got, bounded)
+        assert got.ranked or got.too_big  # (where nothing fits, the smallest plans are the same too)
         if i == 3:  # the bounded search's first 10 are the exhaustive search's (tests/test_planner.py: many more)
             _same(got, _fresh(setting, top=None))
         assert (got.considered, got.pruned, got.extra["priced"], got.refused) == (
@@ -60,6 +72,7 @@ def test_kept_pricer_gives_the_plans_and_numbers_of_a_fresh_search():
         assert [r["strategy"] for r in got.too_big] == [r["strategy"] for r in bounded.too_big]
         assert not got.notes, got.notes  # plan()'s own check against sim.predict held (no fallback)
     assert len(searches.pricers) == 3  # one per model and machine, kept across the moves
+    _same(searches.get(*SETTINGS[1], space=LESSON_SPACE), _fresh(SETTINGS[1], space=LESSON_SPACE))
     t0 = time.perf_counter()
     assert searches.get(*SETTINGS[0], space=SPACE) is searches.get(*SETTINGS[0], space=SPACE)
     assert time.perf_counter() - t0 < 0.1  # a setting seen before is not searched again

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 from .planner_cost import FastPricer
 
@@ -73,7 +74,7 @@ class Searches:
     def __init__(self):
         self.results: dict = {}
         self.pricers: dict = {}
-        self._lock = threading.Lock()  # one search at a time (the pricers' caches are not shared between threads)
+        self._lock = threading.RLock()  # one search at a time (the pricers' caches are not shared between threads)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._queue: list = []
@@ -108,6 +109,15 @@ class Searches:
         finally:
             pricer.stop = None
 
+    @contextmanager
+    def paused(self):
+        """Inside: no background search runs (a redraw's search and figure have the CPU and the GIL to
+        themselves); one under way stops at its next plan, and the next :meth:`prefetch` resumes the queue."""
+        self._stop.set()
+        with self._lock:
+            self._stop.clear()
+            yield
+
     def get(self, model, cluster, nodes, global_batch, seq_len, memory_gb, space=None, top: int = 10):
         """The result of ``sim.plan(model, cluster, nodes=..., ..., top=top)`` for this setting: found before, or
         searched now (a background search is stopped first)."""
@@ -115,9 +125,7 @@ class Searches:
         key = _setting_key(*setting)
         if key in self.results:
             return self.results[key]
-        self._stop.set()  # the background search stops at its next plan
-        with self._lock:
-            self._stop.clear()
+        with self.paused():
             if key not in self.results:  # (the background may just have finished it)
                 self.results[key] = self._search(setting)
         return self.results[key]  # a stopped background search resumes at the next prefetch()

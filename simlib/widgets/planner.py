@@ -160,7 +160,8 @@ def planner_explorer(measured=None, space=None, prefetch: bool = True):
 
     def draw(**values):
         try:
-            return planner_figure(measured=measured, result=cached_search(space=space, **values))
+            with SEARCHES.paused():  # the background searches wait while this redraw runs
+                return planner_figure(measured=measured, result=cached_search(space=space, **values))
         finally:
             if prefetch:  # the next moves: one step on each slider, then the other models here
                 ahead = neighbours(values, sliders) + [{**values, "model": m} for m in models if m != values["model"]]
