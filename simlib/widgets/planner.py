@@ -167,9 +167,23 @@ def planner_explorer(measured=None, space=None, prefetch: bool = True):
                 ahead = neighbours(values, sliders) + [{**values, "model": m} for m in models if m != values["model"]]
                 SEARCHES.prefetch([_setting(v, space) for v in ahead])
 
+    _stop_ahead_when_a_cell_runs(SEARCHES)
     box = _wire(controls, draw)
     box.searches = SEARCHES  # for tests and benchmarks: wait() for the background searches
     return box
+
+
+def _stop_ahead_when_a_cell_runs(searches):
+    """In a notebook, the background searches run only while the kernel is idle: a cell that starts drops them."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or getattr(searches, "_cell_hook", False):
+        return
+    shell.events.register("pre_run_cell", lambda *_: searches.cancel())
+    searches._cell_hook = True
 
 
 def _setting(values: dict, space) -> tuple:
