@@ -1,8 +1,9 @@
 """Root pytest configuration: quick mode for the tests and for the notebook kernels nbval starts.
 
-Notebooks 00, 07, 08, 10, 11 and 12 are run once, not twice: in the browser (tests/test_browser.py, Run All in
-JupyterLab, their claims asserted in their cells and checked on the page) when Chromium and Playwright are
-there, otherwise under nbval with the rest. ``SIMLIB_NBVAL_ALL=1`` runs them under nbval anyway; naming one on
+Notebooks 00, 07 and 08 are run once, not twice: in the browser (tests/test_browser.py, Run All in JupyterLab,
+their claims asserted in their cells and checked on the page, their explorers moved) when Chromium and Playwright
+are there, otherwise under nbval with the rest. The projects' notebooks (10-12) have no explorer a browser would
+show: nbval runs them (their claims are asserts in their cells), at less CPU than JupyterLab and Chromium take. ``SIMLIB_NBVAL_ALL=1`` runs them under nbval anyway; naming one on
 the command line (``pytest notebooks/07_memory.ipynb``) always runs it.
 """
 
@@ -23,9 +24,6 @@ IN_BROWSER = {
         "00_getting_started.ipynb",
         "07_memory.ipynb",
         "08_fault_tolerance.ipynb",
-        "10_project_gpt.ipynb",
-        "11_project_vision.ipynb",
-        "12_project_finance.ipynb",
     )
 }
 
