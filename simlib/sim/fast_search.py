@@ -42,11 +42,22 @@ class SharedPricer(FastPricer):
         super().__init__(model, hardware)
         self._memory: dict = {}
         self._prices: dict = {}
-        self.stop = None  # a threading.Event: set, the next memory() raises Stopped (background searches only)
+        self.stop = None  # a threading.Event: set, the next bound or memory raises Stopped (background searches only)
 
-    def memory(self, s) -> dict:
+    def _check_stop(self):
         if self.stop is not None and self.stop.is_set():
             raise Stopped()
+
+    def floor(self, s, tp_overlap: bool = False, **changes) -> float:
+        self._check_stop()  # the search's first pass bounds every layout before it prices one
+        return super().floor(s, tp_overlap, **changes)
+
+    def bound(self, s, variants) -> float:
+        self._check_stop()
+        return super().bound(s, variants)
+
+    def memory(self, s) -> dict:
+        self._check_stop()
         out = self._memory.get(s)
         if out is None:
             if len(self._memory) > _MEMO_LIMIT:
