@@ -235,6 +235,7 @@ def plan(
     check: int = 5,
     exact: bool = False,
     top: int | None = None,
+    pricer: FastPricer | None = None,
 ) -> PlanResult:
     """Enumerate, validate, price and rank every plan of ``model`` on ``cluster``.
 
@@ -253,7 +254,8 @@ def plan(
     ``top``): layouts are visited by a lower bound on their step time (:meth:`FastPricer.floor`, their compute
     alone) and the search stops where that bound passes the k-th best step found; ``too_big`` then holds the
     over-memory plans of the layouts visited (every plan faster than the best is among them), and
-    ``pruned`` counts the combinations never looked at.
+    ``pruned`` counts the combinations never looked at. pricer: a :class:`FastPricer` of this model and machine
+    whose caches outlive the search (lesson 13's explorer: :mod:`simlib.sim.fast_search`); default a new one.
     """
     from .strategy import Strategy
 
@@ -288,7 +290,7 @@ def plan(
     check_narrowing(space, devices, model, hw)
     if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
         raise ValueError(f"top must be an int >= 1 (or None: rank every plan), got {top!r}")
-    pricer = FastPricer(model, hw, processes, exact=exact)
+    pricer = pricer or FastPricer(model, hw, processes, exact=exact)
     trainer_cache: dict = {}
     ranked, too_big, refused, seen, duplicates = [], [], {}, set(), 0
     notes = list(degree_options(devices, model, hw)[1])

@@ -123,37 +123,25 @@ def planner_figure(
     return fig, caption
 
 
-_SEARCHES: dict = {}  # (model, cluster, nodes, batch, sequence, memory, space) -> PlanResult: a setting seen before
-# redraws from its search
-
-
 def cached_search(model, cluster, nodes, global_batch, seq_len, memory_gb, space=None, top: int = 10):
     """The bounded search (``sim.plan(..., top=top)``: layouts visited by a lower bound on their step, stopped past
-    the ``top``-th; the same top plans as the full search) for these settings, kept for the session."""
-    from ..sim import plan
+    the ``top``-th; the same top plans as the full search) for these settings, kept for the session with the
+    pricer of its model and machine (:mod:`simlib.sim.fast_search`: a later setting reuses what it priced)."""
+    from ..sim.fast_search import SEARCHES
 
-    key = (model, cluster, nodes, global_batch, seq_len, memory_gb, repr(space), top)
-    if key not in _SEARCHES:
-        _SEARCHES[key] = plan(
-            model,
-            cluster,
-            nodes=nodes,
-            global_batch=global_batch,
-            seq_len=seq_len,
-            memory_limit=None if memory_gb is None else memory_gb * 1e9,
-            space=space,
-            top=top,
-        )
-    return _SEARCHES[key]
+    return SEARCHES.get(model, cluster, nodes, global_batch, seq_len, memory_gb, space=space, top=top)
 
 
-def planner_explorer(measured=None, space=None):
+def planner_explorer(measured=None, space=None, prefetch: bool = True):
     """Controls: model, preset, nodes, global batch, sequence length, memory limit -> the ranking, redrawn.
     ``space``: narrows every search (``sim.plan``'s argument); ``measured``: this machine's rows, a third panel.
     Each setting is searched once (:func:`cached_search`, bounded to the top 10); the panel of every plan then
-    shows the top plans and those over the memory limit, not every plan that fits."""
+    shows the top plans and those over the memory limit, not every plan that fits. ``prefetch``: after each
+    redraw, the settings one step away on each slider (then the other models) are searched in the background,
+    stopped whenever a redraw wants the CPU (:meth:`simlib.sim.fast_search.Searches.prefetch`)."""
     import ipywidgets as W
 
+    from ..sim.fast_search import SEARCHES, neighbours
     from ._common import _preset_dropdown, _wire
 
     hardware = _preset_dropdown()
@@ -166,8 +154,41 @@ def planner_explorer(measured=None, space=None):
         seq_len=W.SelectionSlider(options=[2048, 4096, 8192, 16384, 32768], value=8192, description="sequence"),
         memory_gb=W.SelectionSlider(options=[16, 24, 40, 60, 72, 80, 120], value=72, description="GB limit"),
     )
+    sliders = {k: controls[k].options for k in ("nodes", "global_batch", "seq_len", "memory_gb")}
+    sliders = {k: [o[1] if isinstance(o, tuple) else o for o in v] for k, v in sliders.items()}
+    models = list(controls["model"].options)
 
     def draw(**values):
-        return planner_figure(measured=measured, result=cached_search(space=space, **values))
+        try:
+            with SEARCHES.paused():  # the background searches wait while this redraw runs
+                return planner_figure(measured=measured, result=cached_search(space=space, **values))
+        finally:
+            if prefetch:  # the next moves: one step on each slider, then the other models here
+                ahead = neighbours(values, sliders) + [{**values, "model": m} for m in models if m != values["model"]]
+                SEARCHES.prefetch([_setting(v, space) for v in ahead])
 
-    return _wire(controls, draw)
+    _stop_ahead_when_a_cell_runs(SEARCHES)
+    box = _wire(controls, draw)
+    box.searches = SEARCHES  # for tests and benchmarks: wait() for the background searches
+    return box
+
+
+def _stop_ahead_when_a_cell_runs(searches):
+    """In a notebook, the background searches run only while the kernel is idle: a cell that starts drops them."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or getattr(searches, "_cell_hook", False):
+        return
+    shell.events.register("pre_run_cell", lambda *_: searches.cancel())
+    searches._cell_hook = True
+
+
+def _setting(values: dict, space) -> tuple:
+    """:meth:`Searches.get`'s arguments for the explorer's ``values``."""
+    return tuple(values[k] for k in ("model", "cluster", "nodes", "global_batch", "seq_len", "memory_gb")) + (
+        space,
+        10,
+    )
