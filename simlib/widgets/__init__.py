@@ -1,6 +1,6 @@
 """ipywidgets explorers for the lessons: one function per explorer, each figure drawn by a pure function.
 
-``simulator_explorer()`` (lesson 06): sliders for the parallel degrees, micro-batches, model size and hardware
+``simulator_explorer()`` (lesson 09c): sliders for the parallel degrees, micro-batches, model size and hardware
 preset; each change redraws the simulator's prediction (step-time breakdown and memory per device) live.
 
 Lessons 01-05 (each ``*_explorer`` only wires controls to its ``*_figure``; a test calls the figures without a

@@ -1,4 +1,4 @@
-"""The explorer of lesson 06: the simulator's prediction, explained and drawn."""
+"""The explorer of lesson 09c: the simulator's prediction, explained and drawn."""
 
 from __future__ import annotations
 
