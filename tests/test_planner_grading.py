@@ -17,7 +17,8 @@ HINTS = {
     "forgets_the_logits": "logits add",
     "forgets_the_recompute_working_set": "adds one layer's whole set",
     "floor_division_in_attention": "(34 + 5*a*s/h)/tp",
-    "vocabulary_padded_to_128": "logits add",
+    "vocabulary_padded_to_128": "not padded to",
+    "layers_floor_divided": "you used L // pp",  # issue 48 item 6: the hint names the term, with this plan's numbers
 }
 
 
