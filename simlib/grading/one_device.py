@@ -5,7 +5,8 @@ check draws its instances afresh (a seed from the operating system, recorded in 
 does not divide T, causal and not, float32 and bfloat16, and scores far past ``exp``'s float32 range, where the
 running max is the whole point. Values are compared with ``F.scaled_dot_product_attention`` in float64; memory by
 a census of every tensor the answer's torch operations produce (a ``TorchDispatchMode``): the largest must stay
-below the full (T x T) score matrix. When an answer is wrong, the grader recomputes the classic mistakes itself and
+below the full (T x T) score matrix; on a long sequence what it holds outside torch (NumPy, Python buffers) is
+weighed too, by ``tracemalloc``; and torch's fused attention kernels, seen at the dispatcher, are refused. When an answer is wrong, the grader recomputes the classic mistakes itself and
 names the one it matches.
 """
 
