@@ -67,6 +67,7 @@ HINTS = {
     "WaitsAtOnce": "stalls backward",
     "DecoyAsync": "all-reduce",  # the decoy is one all-reduce too many per bucket, or the stall shows
     "CountedBelowTheName": "one all-reduce per bucket",
+    "flat_buffer_in_float32": "rounded to float32",
 }
 
 

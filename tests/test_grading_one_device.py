@@ -15,6 +15,8 @@ HINTS = {
     "wrong_rescale": "right with one block, wrong with several",
     "materialises_full_matrix": "never T x T",
     "causal_off_by_one": "causal off by one",
+    "max_from_first_block": "the max must be a running max",
+    "accumulates_in_input_dtype": "round to bfloat16 once",
 }
 
 

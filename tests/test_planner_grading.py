@@ -17,7 +17,8 @@ HINTS = {
     "forgets_the_logits": "logits add",
     "forgets_the_recompute_working_set": "adds one layer's whole set",
     "floor_division_in_attention": "(34 + 5*a*s/h)/tp",
-    "vocabulary_padded_to_128": "logits add",
+    "vocabulary_padded_to_128": "not padded to",
+    "layers_floor_divided": "you used L // pp",  # issue 48 item 6: the hint names the term, with this plan's numbers
 }
 
 
@@ -44,9 +45,7 @@ def test_planted_fails_with_its_hint(bug):
 
 def test_a_table_of_answers_does_not_pass():
     """Memorising a seeded draw fails: every plan comes from the OS's randomness at check time."""
-    from simlib.sim import memory_per_device
-
-    table = {(m.name, s): memory_per_device(m, s, stage=0) for m, s in checks.draw_cases(13, 30)}  # a seeded draw
+    table = {(m.name, s): checks.reference(m, s) for m, s in checks.draw_cases(13, 30)}  # a seeded draw
 
     def lookup(model, s):
         return table.get((model.name, s)) or dict.fromkeys(checks.PARTS, 0.0)

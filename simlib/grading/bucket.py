@@ -34,15 +34,19 @@ def _bucket_cap(problem: dict) -> float:
     return cap / 2**20
 
 
-def _bucket_harness(answer_cls, steps, lr, bucket_cap_mb, problem, late):
+def _bucket_harness(answer_cls, steps, lr, bucket_cap_mb, problem, late, signal=None):
     """The answer's bucketed DDP on the drawn problem, with the timeline the overlap check reads.
 
     Every all-reduce is recorded at torch's dispatcher (any name or alias), with the time it was issued, and the
     grader's own hooks note when each gradient is ready. In the first step every rank but 0 is ``late`` seconds
-    late into its backward (a slow peer, made by the grader): rank 0's first bucket cannot finish before then, so
-    if rank 0's backward goes on meanwhile (the next gradients ready within a fraction of ``late``), the
-    communication overlapped the backward of later layers; if it waited on the all-reduce right away, the next
-    gradient comes ``late`` seconds after. An extra async all-reduce of something else changes nothing here."""
+    late into its backward (a slow peer, made by the grader), counted from the moment rank 0 issues its first
+    all-reduce (rank 0 touches the file ``signal``; the others wait for it, at most 2 s, before their delay: a
+    rank 0 that is itself behind, on a busy machine or in a fresh process, cannot absorb the delay). Rank 0's first
+    bucket cannot finish before then, so if rank 0's next gradient is ready before the late peer wakes (the times
+    compared on the machine's one monotonic clock), the communication overlapped the backward of later layers; if
+    it waited on the all-reduce (a blocking call under any name, or a wait right after it), the next gradient comes
+    only after the peer joined. An extra async all-reduce of something else changes nothing here."""
+    import os
     import time
 
     import torch
@@ -61,7 +65,11 @@ def _bucket_harness(answer_cls, steps, lr, bucket_cap_mb, problem, late):
     def on_ready(param):  # registered before the answer's hooks: runs first
         if late and state["step"] == 0 and rank != 0 and not state["slept"]:
             state["slept"] = True
+            until = time.perf_counter() + 2.0
+            while signal and not os.path.exists(signal) and time.perf_counter() < until:
+                time.sleep(0.0005)  # rank 0 has not issued its first all-reduce yet
             time.sleep(late)  # this peer is late: rank 0's first all-reduce waits for it
+            state["joined"] = time.perf_counter()  # CLOCK_MONOTONIC: one clock for every process of this machine
         ready.append((state["step"], time.perf_counter()))
 
     for p in model.parameters():
@@ -73,6 +81,8 @@ def _bucket_harness(answer_cls, steps, lr, bucket_cap_mb, problem, late):
             from .contracts import _elements
 
             issued.append((state["step"], time.perf_counter(), _elements(args), state["backward"]))
+            if signal and rank == 0 and state["step"] == 0 and state["backward"] and not os.path.exists(signal):
+                open(signal, "w").close()  # the slow peer's delay starts now
 
     dp = answer_cls(model, bucket_cap_mb=bucket_cap_mb)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -93,6 +103,7 @@ def _bucket_harness(answer_cls, steps, lr, bucket_cap_mb, problem, late):
     first = [t for st, t, _, bw in issued if st == 0 and bw]
     later = [t for st, t in ready if st == 0 and first and t > first[0]]
     gap = (later[0] - first[0]) if later else None  # from the first all-reduce to the next gradient, step 0
+    after = later[0] if later else None  # when that next gradient was ready (perf_counter, this machine's clock)
     return dict(
         grads=grads,
         state=[p.detach().clone() for p in model.parameters()],
@@ -100,11 +111,17 @@ def _bucket_harness(answer_cls, steps, lr, bucket_cap_mb, problem, late):
         expected_buckets=expected_buckets,
         num_params=len(list(model.parameters())),
         gap=gap,
+        next_ready=after,
+        joined=state.get("joined"),
     )
 
 
 @exercise("bucket_data_parallel")
 def _check_bucket(answer, grader):
+    import os
+    import shutil
+    import tempfile
+
     problem = _draw_problem()  # drawn now, from the OS's randomness
     problem["depth"] = max(problem["depth"], 2)  # at least 6 parameters: several buckets under the tiny cap
     ref = _reference(_DP_STEPS, _DP_LR, problem)
@@ -115,12 +132,22 @@ def _check_bucket(answer, grader):
     # run again with the delay scaled by the machine's load before it is judged (a busy machine is not a stall)
     late = 0.04
     passed, timeline = [], None
+    folder = tempfile.mkdtemp(prefix="simlib-bucket-")
+    signals = iter(os.path.join(folder, f"issued{i}") for i in range(9))  # a fresh file for each timed run
     for world_size in _WORLD_SIZES:
         outs = grader.run(
-            world_size, _bucket_harness, answer, _DP_STEPS, _DP_LR, cap_mb, problem, late if world_size == 2 else 0.0
+            world_size,
+            _bucket_harness,
+            answer,
+            _DP_STEPS,
+            _DP_LR,
+            cap_mb,
+            problem,
+            late if world_size == 2 else 0.0,
+            next(signals) if world_size == 2 else None,
         )
         if world_size == 2:
-            timeline = outs[0]
+            timeline = outs
         ok, detail, hint = _diagnose_grads(outs, ref)
         hint += "" if ok else only_some_sizes(passed, f"{world_size} ranks")
         passed += [f"{world_size} ranks"] if ok else []
@@ -158,22 +185,29 @@ def _check_bucket(answer, grader):
         hint,
         f"all_reduce calls per step: {per_step}, buckets: {want}",
     )
-    calls = timeline["calls"]
+    calls = timeline[0]["calls"]
 
-    def overlapped_in(run, late):
+    def overlapped_in(run):
+        """Rank 0's backward went on (its next gradient was ready) before the late peer had even woken up: its
+        first all-reduce could not have finished by then, so the communication overlapped later layers' backward.
+        A blocking all-reduce, or a wait on it, returns only after the peer joined: never before, whatever the
+        load (causality, not a time limit)."""
+        joined = [o["joined"] for o in run[1:] if o.get("joined") is not None]
         return (
             bool(calls)
             and all(c["during_backward"] for c in calls)
-            and run["gap"] is not None
-            and run["gap"] < late / 2
+            and run[0]["next_ready"] is not None
+            and bool(joined)
+            and run[0]["next_ready"] < min(joined)
         )
 
-    overlapped = overlapped_in(timeline, late)
+    overlapped = overlapped_in(timeline)
     if not overlapped and calls and all(c["during_backward"] for c in calls):
-        late = 0.5 * Load.now(2).factor
-        timeline = grader.run(2, _bucket_harness, answer, _DP_STEPS, _DP_LR, cap_mb, problem, late)[0]
-        overlapped = overlapped_in(timeline, late)
-    gap = timeline["gap"]
+        late = 0.5 * Load.now(2).factor  # rank 0 may have been off the CPUs for the whole delay: a longer one
+        timeline = grader.run(2, _bucket_harness, answer, _DP_STEPS, _DP_LR, cap_mb, problem, late, next(signals))
+        overlapped = overlapped_in(timeline)
+    shutil.rmtree(folder, ignore_errors=True)
+    gap = timeline[0]["gap"]
     if not calls:
         hint = "no all_reduce was called at all"
     elif not all(c["during_backward"] for c in calls):
@@ -188,8 +222,9 @@ def _check_bucket(answer, grader):
             "hook, or handle.wait() right after it, stalls backward, so nothing overlaps)"
         )
     detail = (
-        f"another rank was made {late:.2f} s late; on rank 0 the next gradient came "
-        f"{gap:.2f} s after the first bucket's all-reduce started"
+        f"another rank was made {late:.2f} s late from rank 0's first all-reduce; on rank 0 the next gradient came "
+        f"{gap:.2f} s after that all-reduce started"
+        + ("" if overlapped else ", after the late rank had joined: the backward waited for the all-reduce")
         if gap is not None
         else ""
     )

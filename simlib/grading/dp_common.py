@@ -10,10 +10,11 @@ from .core import Result, _close, max_error
 _WORLD_SIZES = (2, 3, 4)  # 3 catches code right only for powers of two or a hard-coded world size
 
 
-def dp_problem(frozen: bool = False, unused: bool = False):
+def dp_problem(frozen: bool = False, unused: bool = False, dtypes: tuple = ("float32",)):
     """A Hypothesis strategy of lessons 01-03's regression problem: odd widths, 1-3 hidden layers, a global batch
     that splits over 2, 3 and 4 ranks, a secret seed; ``frozen``: one parameter has requires_grad=False,
-    ``unused``: one parameter takes no part in the forward (both leave p.grad None)."""
+    ``unused``: one parameter takes no part in the forward (both leave p.grad None); ``dtypes``: the model's and
+    the data's dtype is one of these (float64: a buffer made in the default float32 rounds the gradients)."""
     from hypothesis import strategies as st
 
     return st.fixed_dictionaries(
@@ -25,6 +26,7 @@ def dp_problem(frozen: bool = False, unused: bool = False):
             seed=st.integers(0, 2**62),
             frozen=st.integers(0, 3) if frozen else st.none(),
             unused=st.just(unused),
+            dtype=st.sampled_from(dtypes),
         )
     )
 
@@ -48,7 +50,8 @@ def _tiny_problem(problem: dict):
     if problem.get("unused"):
         model.register_parameter("unused", torch.nn.Parameter(torch.zeros(3)))  # never in the forward: grad None
     x, y = make_regression(problem["global_batch"], problem["in_features"], seed=problem["seed"] % 2**31 + 1)
-    return model, x, y
+    dtype = getattr(torch, problem.get("dtype", "float32"))
+    return model.to(dtype), x.to(dtype), y.to(dtype)
 
 
 def _my_shard(x, y):
@@ -76,7 +79,19 @@ def _reference(steps: int, lr: float, problem: dict):
     return dict(names=names, grads=grads, state=[p.detach().clone() for p in model.parameters()])
 
 
+# float64's tolerance: a sum over ranks in another order differs by ~1e-16 relative, float32's rounding by ~1e-8
+_TOL64 = dict(rtol=1e-10, atol=1e-12)
+
+
 def _all_close(got, want, **tol) -> bool:
+    """Tensor lists equal within ``tol`` (default: float32's; float64's far tighter where ``want`` is float64,
+    and then a float32 tensor, or float64 values rounded through float32, are not close)."""
+    import torch
+
+    if not tol and any(w is not None and w.dtype == torch.float64 for w in want or ()):
+        if got is not None and any(g is not None and g.dtype != torch.float64 for g in got):
+            return False
+        tol = _TOL64
     return (
         got is not None
         and len(got) == len(want)
@@ -110,6 +125,8 @@ def _problem_words(problem: dict) -> str:
         words += ", one frozen parameter (requires_grad=False)"
     if problem.get("unused"):
         words += ", one parameter the forward never uses"
+    if problem.get("dtype", "float32") != "float32":
+        words += f", in {problem['dtype']}"
     return words + ")"
 
 
@@ -145,6 +162,17 @@ def _diagnose_grads(outs, ref, key="grads") -> tuple[bool, str, str]:
         )
     err = max(max_error(g, w) for g, w in zip(got, want) if g is not None and w is not None)
     detail = f"max error {err:.2g} on rank(s) {bad_ranks}"
+    kinds = sorted({str(w.dtype).removeprefix("torch.") for w in want if w is not None})
+    if kinds == ["float64"] and _all_close(got, want, rtol=1e-5, atol=1e-6):
+        return (
+            False,
+            detail + " (right to float32's precision only)",
+            (
+                "this model is float64, and your gradients come back rounded to float32: a buffer made with "
+                "torch.zeros(n) or torch.empty(n) is in the default dtype (float32). Make it in the gradients' "
+                "dtype (torch.zeros(n, dtype=p.grad.dtype)), or all-reduce each p.grad itself"
+            ),
+        )
     if _all_close(got, [None if w is None else w * world_size for w in want]):
         return (
             False,

@@ -5,7 +5,8 @@ check draws its instances afresh (a seed from the operating system, recorded in 
 does not divide T, causal and not, float32 and bfloat16, and scores far past ``exp``'s float32 range, where the
 running max is the whole point. Values are compared with ``F.scaled_dot_product_attention`` in float64; memory by
 a census of every tensor the answer's torch operations produce (a ``TorchDispatchMode``): the largest must stay
-below the full (T x T) score matrix. When an answer is wrong, the grader recomputes the classic mistakes itself and
+below the full (T x T) score matrix; on a long sequence what it holds outside torch (NumPy, Python buffers) is
+weighed too, by ``tracemalloc``; and torch's fused attention kernels, seen at the dispatcher, are refused. When an answer is wrong, the grader recomputes the classic mistakes itself and
 names the one it matches.
 """
 
@@ -14,11 +15,19 @@ from __future__ import annotations
 from .core import Result, exercise, max_error
 
 _LARGE = 40.0  # q scaled so that scores reach ~100: exp() of them overflows float32 (past 88.7) without the max
-_TOL = {"float32": 2e-5, "bfloat16": 3e-2}  # against float64: fp32 rounding of a sum of T terms; bf16's 8 bits
+_RISE = 22.0  # the rising case: keys after the first block shifted along q's direction, scores ~ _RISE**2/sqrt(d)
+_TOL = {"float32": 2e-5, "bfloat16": 2.0**-8}  # float32: against float64; bfloat16: relative, half a bf16 ulp
+_FUSED = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")  # torch's own kernels
 
 
 def _instances(seed: int) -> list[dict]:
-    """The cases one check draws (``seed``: fresh each call): (B, H, T, d, block, causal, dtype, large)."""
+    """The cases one check draws (``seed``: fresh each call): (B, H, T, d, block, causal, dtype, large, rise).
+
+    Each mistake it is built for shows on every draw: ``large`` scores past exp's float32 range (no running max);
+    ``rise``, keys after the first block whose scores exceed the first block's by far more than 88.7 (a max taken
+    from the first block only overflows); a long bfloat16 sequence in small blocks (bf16 accumulation drifts by
+    more than half a bf16 ulp, and a float32 output shows); a long one (T >= 256) where the full score matrix,
+    even held outside torch (NumPy), outweighs everything a blockwise answer keeps."""
     import random
 
     rng = random.Random(seed)
@@ -38,24 +47,24 @@ def _instances(seed: int) -> list[dict]:
                 large=False,
             )
         )
-    cases.append(
-        dict(
-            b=1,
-            h=2,
-            t=rng.randint(20, 40),
-            d=16,
-            block=rng.choice((3, 6, 9)),
-            causal=rng.random() < 0.5,
-            dtype="bfloat16",
-            large=False,
-        )
-    )
+    t = rng.randint(64, 96)
+    block = rng.choice([b for b in (4, 5, 6, 7) if t % b])
+    cases.append(dict(b=1, h=2, t=t, d=16, block=block, causal=rng.random() < 0.5, dtype="bfloat16", large=False))
     cases.append(
         dict(
             b=1, h=2, t=rng.randint(30, 60), d=8, block=rng.choice((5, 7, 11)), causal=True, dtype="float32", large=True
         )
     )
+    t = rng.randint(30, 60)
+    cases.append(
+        dict(b=1, h=2, t=t, d=16, block=rng.choice((4, 5, 7)), causal=rng.random() < 0.5, dtype="float32", rise=True)
+    )
     cases.append(dict(b=1, h=1, t=rng.randint(8, 12), d=8, block=64, causal=True, dtype="float32", large=False))
+    t = rng.randint(256, 300)
+    cases.append(dict(b=1, h=2, t=t, d=8, block=rng.choice((40, 48, 56)), causal=rng.random() < 0.5, dtype="float32"))
+    for case in cases:
+        case.setdefault("large", False)
+        case.setdefault("rise", False)
     return cases
 
 
@@ -67,6 +76,12 @@ def _inputs(case: dict, seed: int):
     q, k, v = (torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(3))
     if case["large"]:
         q = q * _LARGE
+    if case.get("rise"):  # q and the keys after the first block share a direction u: their scores ~ _RISE**2/sqrt(d)
+        u = torch.randn(case["d"], generator=g, dtype=torch.float64)
+        u = u / u.norm()
+        q = q + _RISE * u
+        k[..., : case["block"], :] *= 0.05  # the first block's scores stay near 0
+        k[..., case["block"] :, :] += _RISE * u
     dtype = getattr(torch, case["dtype"])
     return [x.to(dtype) for x in (q, k, v)]
 
@@ -87,26 +102,57 @@ def _reference(q, k, v, causal: bool, diagonal: int = 0):
 
 
 def _census_harness(answer, case, seed):
-    """The answer on one instance, watched: its output, and the largest tensor any of its torch ops produced."""
+    """The answer on one instance, watched: its output, the largest tensor any of its torch ops produced, the
+    fused attention kernels of torch it called, and the peak of what it held on the Python heap (NumPy's arrays
+    and bytearrays included: tracemalloc sees them, torch's allocator does not)."""
+    import tracemalloc
+
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    biggest = {"numel": 0, "op": ""}
+    biggest, fused = {"numel": 0, "op": ""}, set()
 
     class Census(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(name in str(func) for name in _FUSED):
+                fused.add(str(func))
             out = func(*args, **(kwargs or {}))
             for o in out if isinstance(out, (tuple, list)) else (out,):
                 if isinstance(o, torch.Tensor) and o.numel() > biggest["numel"]:
                     biggest.update(numel=o.numel(), op=str(func), shape=list(o.shape))
             return out
 
-    q, k, v = _inputs(case, seed)
-    with Census():
-        out = answer(q.clone(), k.clone(), v.clone(), case["causal"], case["block"])
+    def watched():
+        q, k, v = (x.clone() for x in _inputs(case, seed))
+        if case["t"] < 256:  # the heap is weighed on the long case only (tracing slows every allocation)
+            with Census():
+                return answer(q, k, v, case["causal"], case["block"]), 0
+        tracing = tracemalloc.is_tracing()
+        if not tracing:
+            tracemalloc.start()
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        try:
+            with Census():
+                out = answer(q, k, v, case["causal"], case["block"])
+            return out, tracemalloc.get_traced_memory()[1] - base
+        finally:
+            if not tracing:
+                tracemalloc.stop()
+
+    out, heap = watched()
+    if case["t"] >= 256:  # the case whose heap is weighed: a first call's imports and caches are not the answer's
+        out, heap = watched()
     if not isinstance(out, torch.Tensor):
         return {"type": type(out).__name__}
-    return {"type": "Tensor", "out": out.detach().double().clone(), "dtype": str(out.dtype), "biggest": biggest}
+    return {
+        "type": "Tensor",
+        "out": out.detach().double().clone(),
+        "dtype": str(out.dtype).removeprefix("torch."),
+        "biggest": biggest,
+        "fused": sorted(fused),
+        "heap": heap,
+    }
 
 
 @exercise("online_softmax")
@@ -132,8 +178,14 @@ def _online_softmax(answer, grader):
             q, k, v = _inputs(case, seed + i)
             ref = _reference(q, k, v, case["causal"])
             err = max_error(out, ref) if out.shape == ref.shape else float("inf")
-            if not err <= _TOL[case["dtype"]] or not torch.isfinite(out).all():
-                return False, f"{case}: max error {err:.3g} (tolerance {_TOL[case['dtype']]:g}); {drawn}"
+            if case["dtype"] == "bfloat16":  # half a bf16 ulp of each value (the output's own rounding), relative
+                excess = float(((out - ref).abs() - _TOL["bfloat16"] * ref.abs()).max()) if err < 1e9 else err
+                within, words = excess <= 1e-5, f"{_TOL['bfloat16']:g} x |value| (half a bf16 ulp)"
+            else:
+                tol = 1e-3 if case["rise"] else _TOL["float32"]  # scores ~120: float32's rounding of them ~1e-5
+                within, words = err <= tol, f"{tol:g}"
+            if not within or not torch.isfinite(out).all():
+                return False, f"{case}: max error {err:.3g} (tolerance {words}); {drawn}"
             worst = max(worst, err)
             where = f"worst error {worst:.2g}; {drawn}"
         return True, where
@@ -147,7 +199,7 @@ def _online_softmax(answer, grader):
         out, ref = out[..., rows, :], ref[..., rows, :]
         return bool(torch.isfinite(out).all()) and max_error(out, ref) <= 1e-3
 
-    plain = [i for i, c in enumerate(cases) if c["dtype"] == "float32" and not c["large"]]
+    plain = [i for i, c in enumerate(cases) if c["dtype"] == "float32" and not c["large"] and not c["rise"]]
     ok, detail = compare(plain)
     hint = ""
     if not ok:
@@ -175,6 +227,17 @@ def _online_softmax(answer, grader):
         )
     yield Result("equals softmax attention (float32; blocks that do not divide T; causal and not)", ok, hint, detail)
 
+    fused = sorted({op for out in outs for op in out["fused"]})
+    yield Result(
+        "computes attention itself (no fused attention kernel of torch's)",
+        not fused,
+        ""
+        if not fused
+        else "the exercise is to write the online softmax yourself, block by block: "
+        "F.scaled_dot_product_attention (and nn.MultiheadAttention, which calls it) runs torch's fused kernel, "
+        "which is the check's reference, not your code",
+        ", ".join(fused),
+    )
     big = [i for i, c in enumerate(cases) if c["large"]]
     ok_big, detail_big = compare(big)
     yield Result(
@@ -186,15 +249,38 @@ def _online_softmax(answer, grader):
         "float32, and inf/inf is NaN",
         detail_big,
     )
+    rise = [i for i, c in enumerate(cases) if c["rise"]]
+    ok_rise, detail_rise = compare(rise)
+    yield Result(
+        "stays finite when a later block's scores exceed the first block's by far (the max is a running max)",
+        ok_rise,
+        ""
+        if ok_rise
+        else "the max must be a running max: when a later block holds larger scores, m_new = max(m, the block's "
+        "max), rescale the accumulator and the denominator by exp(m − m_new), then add exp(s − m_new). A max "
+        "taken from the first block only lets exp(s − m) overflow (past 88.7 in float32) once a later block's "
+        "scores are larger",
+        detail_rise,
+    )
     half = [i for i, c in enumerate(cases) if c["dtype"] == "bfloat16"]
+    wrong_dtype = [f"T={cases[i]['t']}: {outs[i]['dtype']}" for i in half if outs[i]["dtype"] != "bfloat16"]
+    yield Result(
+        "returns the inputs' dtype (bfloat16 in, bfloat16 out)",
+        not wrong_dtype,
+        ""
+        if not wrong_dtype
+        else "cast the output back to the inputs' dtype (acc / l).to(q.dtype): the accumulation runs in float32, "
+        "the result is bfloat16 like q, k and v",
+        "; ".join(wrong_dtype),
+    )
     ok_half, detail_half = compare(half)
     yield Result(
-        "works in bfloat16 (within bf16's rounding)",
+        "works in bfloat16 (within half a bf16 ulp of the exact values)",
         ok_half,
         ""
         if ok_half
-        else "keep the output in the inputs' dtype, and the running max, denominator and accumulator in "
-        "float32 (q.float()): bf16's 8-bit mantissa loses the sum",
+        else "keep the running max, denominator and accumulator in float32 (q.float(), k.float(), v.float()) and "
+        "round to bfloat16 once, at the end: bf16's 8-bit mantissa, rounded at every block, loses the sum",
         detail_half,
     )
     over = []
@@ -205,12 +291,17 @@ def _online_softmax(answer, grader):
                 f"T={case['t']}, block={case['block']}: {out['biggest']['op']} made a tensor of shape "
                 f"{out['biggest']['shape']} (the full score matrix has {full} elements)"
             )
+        elif case["t"] >= 256 and out["heap"] >= 2 * full:  # half the fp32 matrix, on the Python heap (NumPy)
+            over.append(
+                f"T={case['t']}, block={case['block']}: {out['heap']:,} bytes held outside torch (NumPy arrays or "
+                f"Python buffers) at the peak; the full score matrix is {4 * full:,} bytes in float32"
+            )
     yield Result(
         "never materialises the full (T x T) score matrix",
         not over,
         ""
         if not over
         else "compute the scores one K/V block at a time (q @ k[..., s:s+block, :]ᵀ): T x block "
-        "at a time, never T x T; that is the memory FlashAttention saves",
+        "at a time, never T x T, in torch or outside it (NumPy); that is the memory FlashAttention saves",
         "; ".join(over[:2]),
     )

@@ -106,3 +106,14 @@ PLANTED = [
     no_none_guard,
     tabulates,
 ]
+
+
+def flat_buffer_in_float32(model):
+    """Each gradient all-reduced in a float32 buffer (the default dtype): a float64 model's gradients are rounded."""
+    for p in _with_grad(model):
+        buffer = p.grad.float()
+        dist.all_reduce(buffer)
+        p.grad = (buffer / dist.get_world_size()).to(p.grad.dtype)
+
+
+PLANTED += [flat_buffer_in_float32]

@@ -62,7 +62,37 @@ def causal_off_by_one(q, k, v, causal, block):
     return _blocks(q, k, v, causal, block, _right_merge, mask_shift=1)
 
 
+def _first_block_max(m, den, acc, scores, v, use_max):
+    if torch.isinf(m).all():  # the first block: its max, kept for every later block
+        m = scores.amax(-1)
+    p = torch.exp(scores - m.unsqueeze(-1))
+    return m, den + p.sum(-1), acc + p @ v
+
+
+def max_from_first_block(q, k, v, causal, block):
+    """The max taken from the first block and never updated: a later block with larger scores overflows exp."""
+    return _blocks(q, k, v, causal, block, _first_block_max)
+
+
+def accumulates_in_input_dtype(q, k, v, causal, block):
+    """No float32: bfloat16 inputs give bf16 scores, exp terms, denominator and accumulator, rounded at each
+    block."""
+    scale = q.shape[-1] ** -0.5
+    t = q.shape[-2]
+    m = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
+    den, acc = torch.zeros(q.shape[:-1], dtype=q.dtype), torch.zeros_like(q)
+    rows = torch.arange(t).unsqueeze(1)
+    for s in range(0, t, block):
+        scores = q @ k[..., s : s + block, :].transpose(-2, -1) * scale
+        if causal:
+            scores = scores.masked_fill(torch.arange(s, min(s + block, t)).unsqueeze(0) > rows, float("-inf"))
+        m, den, acc = _right_merge(m, den, acc, scores, v[..., s : s + block, :], True)
+    return acc / den.unsqueeze(-1)
+
+
 PLANTED = {
+    "max_from_first_block": max_from_first_block,
+    "accumulates_in_input_dtype": accumulates_in_input_dtype,
     "missing_running_max": missing_running_max,
     "wrong_rescale": wrong_rescale,
     "materialises_full_matrix": materialises_full_matrix,

@@ -92,3 +92,14 @@ def vocabulary_padded_to_128(model, s):
 
 
 PLANTED += [floor_division_in_attention, vocabulary_padded_to_128]
+
+
+def layers_floor_divided(model, s):
+    """``L // pp`` layers on a stage: the same while pp divides L, short by a fraction of a layer when not."""
+    right = _right(model, s)
+    layers = right["activations"] - _right(model, s, in_flight=0)["activations"]  # the layers' set alone
+    activations = right["activations"] - layers + layers * (model.layers // s.pp) / (model.layers / s.pp)
+    return dict(right, activations=activations, total=right["total"] - right["activations"] + activations)
+
+
+PLANTED += [layers_floor_divided]
