@@ -242,7 +242,42 @@ def _check_sharded_optimizer(answer, grader):
 
 # ---- ZeRO-3: a Linear whose weight lives as row shards ----
 
-_Z3 = dict(out_features=12, in_features=6, batch=12)  # divisible by 2, 3 and 4
+
+def z3_problem(world_size: int):
+    """A Hypothesis strategy of one ZeRO-3 Linear problem on ``world_size`` ranks: 1 to 4 rows of W per rank, odd
+    and even input widths, 1 to 3 samples per rank, float32 or float64 (a gathered buffer allocated in the default
+    dtype is wrong for a float64 layer), a secret seed."""
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries(
+        dict(
+            out_features=st.integers(1, 4).map(lambda k: k * world_size),
+            in_features=st.integers(1, 9),
+            batch=st.integers(1, 3).map(lambda b: b * world_size),
+            dtype=st.sampled_from(("float32", "float64")),
+            seed=st.integers(0, 2**62),
+        )
+    )
+
+
+def _z3_problems() -> dict:
+    """{world size: problem}, drawn now from the OS's randomness; float64 on 2 ranks, float32 on 3."""
+    from hypothesis import strategies as st
+
+    from .instances import draw
+
+    drawn = list(draw(st.tuples(*(z3_problem(w) for w in WORLD_SIZES)), 1)[0])
+    drawn[0], drawn[1] = dict(drawn[0], dtype="float64"), dict(drawn[1], dtype="float32")  # both dtypes, always
+    return dict(zip(WORLD_SIZES, drawn))
+
+
+def _z3_close(actual, expected, dtype: str) -> bool:
+    """Equal within the precision of ``dtype``: float64 values rounded through float32 (about 1e-8 relative) fail."""
+    import torch
+
+    if actual is None or torch.as_tensor(actual).dtype != getattr(torch, dtype):
+        return False
+    return _close(actual, expected) if dtype == "float32" else _close(actual, expected, rtol=1e-10, atol=1e-12)
 
 
 def _spy_collectives(counts: dict):
@@ -289,21 +324,22 @@ def _spy_collectives(counts: dict):
     return restore
 
 
-def _zero3_problem(world_size, out_features, in_features, batch):
+def _zero3_problem(out_features, in_features, batch, dtype, seed):
     import torch
 
-    g = torch.Generator().manual_seed(0)
-    weight = torch.randn(out_features, in_features, generator=g)
-    x = torch.randn(batch, in_features, generator=g)
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=g, dtype=getattr(torch, dtype))
+    x = torch.randn(batch, in_features, generator=g, dtype=getattr(torch, dtype))
     return weight, x
 
 
-def _zero3_harness(answer, out_features, in_features, batch):
+def _zero3_harness(answer, problem):
     import torch
     import torch.distributed as dist
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    weight, x = _zero3_problem(n, out_features, in_features, batch)
+    batch = problem["batch"]
+    weight, x = _zero3_problem(**problem)
     b = batch // n
     xr = x[rank * b : (rank + 1) * b].clone().requires_grad_(True)
     shard = weight.chunk(n)[rank].clone().requires_grad_(True)
@@ -340,41 +376,54 @@ def _zero3_harness(answer, out_features, in_features, batch):
     )
 
 
-def _zero3_reference(world_size, out_features, in_features, batch):
-    weight, x = _zero3_problem(world_size, out_features, in_features, batch)
+def _zero3_reference(problem):
+    weight, x = _zero3_problem(**problem)
     weight = weight.clone().requires_grad_(True)
     x = x.clone().requires_grad_(True)
     y = x @ weight.T
-    (y.pow(2).sum() / batch).backward()
+    (y.pow(2).sum() / problem["batch"]).backward()
     return y.detach(), x.grad, weight.grad
 
 
 @exercise("zero3_linear")
 def _check_zero3_linear(answer, grader):
+    problems = _z3_problems()  # drawn now, in this process, from the OS's randomness
     for world_size in WORLD_SIZES:
-        outs = grader.run(world_size, _zero3_harness, answer, *_Z3.values())
-        y, gx, gw = _zero3_reference(world_size, *_Z3.values())
-        b = _Z3["batch"] // world_size
-        rows = _Z3["out_features"] // world_size
-        y_ok = all(_close(o["y"], y[r * b : (r + 1) * b]) for r, o in enumerate(outs))
+        problem = problems[world_size]
+        dtype = problem["dtype"]
+        size = f"W {problem['out_features']}x{problem['in_features']}, batch {problem['batch']}, {dtype}"
+        outs = grader.run(world_size, _zero3_harness, answer, problem)
+        y, gx, gw = _zero3_reference(problem)
+        b = problem["batch"] // world_size
+        rows = problem["out_features"] // world_size
+        y_ok = all(_z3_close(o["y"], y[r * b : (r + 1) * b], dtype) for r, o in enumerate(outs))
+        y_hint = "all-gather the shards (rank r holds rows r*out/N .. (r+1)*out/N) into the whole W, in rank order"
+        if not y_ok and all(_close(o["y"], y[r * b : (r + 1) * b]) for r, o in enumerate(outs)):
+            y_hint = (
+                f"right to float32's precision only, on a {dtype} layer (output dtype "
+                f"{str(outs[0]['y'].dtype).replace('torch.', '')}): allocate the gathered weight in the shard's "
+                "dtype (torch.empty(..., dtype=weight_shard.dtype)), not the default float32"
+            )
         yield Result(
-            f"{world_size} ranks: forward equals x @ W.T with the whole weight",
+            f"{world_size} ranks ({size}): forward equals x @ W.T with the whole weight",
             y_ok,
-            "all-gather the shards (rank r holds rows r*out/N .. (r+1)*out/N of W) into the full weight, "
-            "in rank order, before the matmul",
+            y_hint,
+            ""
+            if y_ok
+            else "max error %.2g" % max(max_error(o["y"], y[r * b : (r + 1) * b]) for r, o in enumerate(outs)),
         )
         if not y_ok:
             return
         # each rank's loss is the mean over its b samples: its input gradient is N times the global batch's
-        gx_ok = all(_close(o["grad_x"], world_size * gx[r * b : (r + 1) * b]) for r, o in enumerate(outs))
+        gx_ok = all(_z3_close(o["grad_x"], world_size * gx[r * b : (r + 1) * b], dtype) for r, o in enumerate(outs))
         yield Result(
-            f"{world_size} ranks: gradient of the input",
+            f"{world_size} ranks ({size}): gradient of the input",
             gx_ok,
-            "grad_x = grad_y @ W with the WHOLE weight: gather it again in backward",
+            "grad_x = grad_y @ W with the WHOLE weight, in the layer's dtype: gather it again in backward",
         )
         got = [o["grad_shard"] for o in outs]
         want = [gw[r * rows : (r + 1) * rows] for r in range(world_size)]
-        ok = all(g is not None and _close(g, w) for g, w in zip(got, want))
+        ok = all(_z3_close(g, w, dtype) for g, w in zip(got, want))
         if ok:
             hint = ""
         elif all(g is not None and _close(g, w * world_size) for g, w in zip(got, want)):
@@ -391,8 +440,10 @@ def _check_zero3_linear(answer, grader):
                 "grad_W = grad_y.T @ x on each rank, then reduce-scatter it (sum over ranks, each rank keeps its "
                 "own rows) and divide by the world size"
             )
-        yield Result(f"{world_size} ranks: each rank's shard gets its rows of the averaged weight gradient", ok, hint)
-    full = _Z3["out_features"] * _Z3["in_features"]
+        yield Result(
+            f"{world_size} ranks ({size}): each rank's shard gets its rows of the averaged weight gradient", ok, hint
+        )
+    full = problem["out_features"] * problem["in_features"]
     kept = max((max(o["saved"], default=0) for o in outs), default=0)
     yield Result(
         "the whole weight is freed after forward (not saved for backward, in any node of the graph)",
