@@ -61,8 +61,8 @@ def _sharded_optimizer_harness(
             if weigh and rank == 0:  # the check reads the whole-AdamW reference's bytes from rank 0 only
                 for p, q in zip(full_model.parameters(), model.parameters()):
                     p.grad = torch.ones_like(q)
-                full_peak, full_kept = _step_memory(full_opt.step)  # the first step: builds the state
-                full_scratch = _step_memory(full_opt.step)[0]  # a later one: AdamW's own scratch alone
+                full_peak, full_kept = _step_memory(full_opt.step, census=False)  # the first step builds the state
+                full_scratch = _step_memory(full_opt.step, census=False)[0]  # a later one: AdamW's scratch alone
     return dict(
         params={k: v.detach().clone() for k, v in model.state_dict().items()},
         initial=initial,
