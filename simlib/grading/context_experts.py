@@ -174,25 +174,36 @@ def _run_ring(answer, grader, ra, world_size, causal):
     from ..parallel.context import unshard_sequence
     from .contracts import contract
 
-    outs = grader.run(world_size, _ra_harness, answer, ra, causal, what=f"your ring attention on {world_size} ranks")
+    # without the mask, on 3 ranks (where a neighbour is not every rank), what crossed is also read from the kernel
+    metered = world_size == 3 and not causal
+    what = f"your ring attention on {world_size} ranks"
+    outs, on_wire = grader.run(world_size, _ra_harness, answer, ra, causal, what=what, wire=metered), ""
+    if grader.wire_last is not None:  # K and V, n - 1 hops of float64 blocks, to the next rank only
+        from .wire import flow_breach
+
+        need = {(r, (r + 1) % world_size): 2 * (world_size - 1) * o["block"] * 8 for r, o in enumerate(outs)}
+        on_wire = flow_breach(grader.wire_last, need, "K/V blocks (counted by the operating system)")
     # the contract: K/V blocks travel to the next rank only, n - 1 hops of K and V, no collective
-    breach = next(
-        (
-            b
-            for r, o in enumerate(outs)
-            for b in [
-                contract(
-                    o["calls"],
-                    r,
-                    world_size,
-                    only={"send", "recv"},
-                    neighbours=True,
-                    max_sent=2 * (world_size - 1) * o["block"],
-                )
-            ]
-            if b
-        ),
-        "",
+    breach = (
+        next(
+            (
+                b
+                for r, o in enumerate(outs)
+                for b in [
+                    contract(
+                        o["calls"],
+                        r,
+                        world_size,
+                        only={"send", "recv"},
+                        neighbours=True,
+                        max_sent=2 * (world_size - 1) * o["block"],
+                    )
+                ]
+                if b
+            ),
+            "",
+        )
+        or on_wire
     )
     try:
         import torch
@@ -300,28 +311,21 @@ def _check_ring_attention(answer, grader):
 
 
 def moe_problem(world_size: int):
-    """A Hypothesis strategy of the MoE problem on ``world_size`` ranks: 1 to 3 experts per rank, hidden sizes and
-    tokens per rank that are never each other nor the expert count (an answer that takes one dimension for
-    another fails), a secret seed."""
-    import math
+    """A Hypothesis strategy of the MoE problem on ``world_size`` ranks: 2 or 3 experts per rank (placement shows),
+    hidden size, tokens per rank and expert count all different (one dimension taken for another shows), a whole
+    batch whose capacity (factor 1) differs from one rank's and from factor 1.25's, a secret seed."""
+    from math import ceil
 
     from hypothesis import strategies as st
 
     def telling(m) -> bool:
-        """Dimensions all different; the capacity (factor 1) of the whole batch differs from one rank's tokens'
-        and from the default factor 1.25's (a capacity from x.shape[0], or capacity() without the factor,
-        shows)."""
         t, e, whole = m["tokens"], m["num_experts"], m["tokens"] * world_size
-        return (
-            len({m["hidden"], e, t}) == 3
-            and math.ceil(t / e) != math.ceil(whole / e)
-            and math.ceil(1.25 * whole / e) != math.ceil(whole / e)
-        )
+        return len({m["hidden"], e, t}) == 3 and ceil(t / e) != ceil(whole / e) != ceil(1.25 * whole / e)
 
     return st.fixed_dictionaries(
         dict(
             hidden=st.integers(3, 10),
-            num_experts=st.integers(2, 3).map(lambda e: e * world_size),  # 2 or 3 per rank: placement shows
+            num_experts=st.integers(2, 3).map(lambda e: e * world_size),
             tokens=st.integers(4, 12),
             ffn=st.integers(4, 16),
             seed=st.integers(0, 2**62),
@@ -330,26 +334,22 @@ def moe_problem(world_size: int):
 
 
 def _moe_problems(worlds=(2, 3, 4, 5)) -> dict:
-    """{world size: problem}, drawn now from the OS's randomness; drawn again (a few times at most) while on some
-    world size a classic mistake would give the right output (e.g. no token over capacity)."""
+    """{world size: problem}, drawn now from the OS's randomness; drawn again (6 times at most) while a classic
+    mistake the grader recomputes would give the right output on some world size (e.g. no token over capacity)."""
     from hypothesis import strategies as st
 
     from .instances import draw
 
     for _ in range(6):
         drawn = dict(zip(worlds, draw(st.tuples(*(moe_problem(w) for w in worlds)), 1)[0]))
-        if all(_moe_telling(mp, w) for w, mp in drawn.items()):
+        right = {w: _moe_reference(mp, w, 1.0, True) for w, mp in drawn.items()}
+        if not any(
+            _close(_moe_reference(mp, w, 1.0, True, m), right[w], 1e-6, 1e-8)
+            for w, mp in drawn.items()
+            for m in ("wrong_rank", "capacity_ignored", "gate_not_applied")
+        ):
             break
     return drawn
-
-
-def _moe_telling(mp, world_size) -> bool:
-    """Every classic mistake the grader recomputes differs from the right output on this problem."""
-    right = _moe_reference(mp, world_size, 1.0, True)
-    return not any(
-        _close(_moe_reference(mp, world_size, 1.0, True, m), right, 1e-6, 1e-8)
-        for m in ("wrong_rank", "capacity_ignored", "gate_not_applied")
-    )
 
 
 def _moe_problem(mp: dict, world_size, skew):

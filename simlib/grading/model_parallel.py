@@ -7,9 +7,7 @@ from .core import Result, _close, exercise, max_error
 # ---- lesson 04: the 1F1B schedule, and a pipeline stage's forward/backward with send/recv ----
 
 
-# 5 ranks too (on 2 cores, over-subscribed: these runs are small, a second or two more): a world size a table of
-# 2 to 4 misses, and more middle stages
-_PP_WORLDS = (2, 3, 4, 5)
+_PP_WORLDS = (2, 3, 4, 5)  # 5: over-subscribed on 2 cores (small runs), more middle stages, a size 2-4 misses
 
 
 def pp_problem():
@@ -277,7 +275,11 @@ def _check_pipeline_stage(answer, grader):
     m = pp["num_microbatches"]
     scaled = {n: g * m for n, g in ref_grads.items()}
     for world_size in _PP_WORLDS:  # 3: stages of unequal depth, a middle stage that is neither first nor last
-        outs = grader.run(world_size, _stage_harness, answer, pp, what=f"your stage on {world_size} ranks")
+        # on 3 ranks (a first, a middle and a last stage) what crossed is also read from the kernel
+        outs = grader.run(
+            world_size, _stage_harness, answer, pp, what=f"your stage on {world_size} ranks", wire=world_size == 3
+        )
+        on_wire = grader.wire_last
         last = outs[-1]["loss"]
         ok_loss = last is not None and abs(last - ref_loss) <= 1e-5 * max(1.0, abs(ref_loss))
         yield Result(
@@ -333,6 +335,20 @@ def _check_pipeline_stage(answer, grader):
             if late is None
             else f"rank {late}'s messages in order (F activation, B gradient): {outs[late]['order']}",
         )
+        if on_wire is not None:  # every micro-batch's float32 activation forward, its gradient back
+            from .wire import flow_breach
+
+            flow = m * pp["microbatch"] * pp["width"] * 4
+            need = {(r, r + d): flow for r in range(world_size) for d in (1, -1) if 0 <= r + d < world_size}
+            breach = flow_breach(on_wire, need, "activations (to the next stage) and gradients (to the one before)")
+            yield Result(
+                f"{world_size} ranks: on the wire (the kernel's TCP counters, outside your process), activations "
+                "go to the next stage and gradients to the one before, nothing else",
+                not breach,
+                "what your stages sent each other was counted by the operating system, below every Python name: "
+                "stage r sends each micro-batch's activation to r + 1 and the gradient of its input to r - 1",
+                breach,
+            )
 
 
 # ---- lesson 05: column- and row-parallel Linear as autograd functions ----
