@@ -56,6 +56,7 @@ from . import (  # noqa: E402,F401
     prefetch,  # noqa: E402,F401  (lesson 09b)
     projects,
     vision_finance,
+    zero3_linear,  # noqa: E402,F401  (lesson 07)
 )
 from .core import (  # noqa: F401
     EXERCISES,
