@@ -7,22 +7,21 @@ from .core import Result, _close, exercise, max_error
 # ---- lesson 04: the 1F1B schedule, and a pipeline stage's forward/backward with send/recv ----
 
 
-_PP_WORLDS = (2, 3, 4, 5)  # 5: over-subscribed on 2 cores (small runs), more middle stages, a size 2-4 misses
+_PP_WORLDS = (2, 3, 4)  # not 5: a fifth cluster's start alone (over-subscribed 2 cores) costs over +30 % here
 
 
 def pp_problem():
-    """A Hypothesis strategy of the pipeline exercises' problem: a small MLP of 4 to 6 hidden blocks (5 to 7
-    stages' worth: unequal stages on 3 and 5 ranks), odd widths, micro-batches of 1 to 5 samples whose size is not their
-    number (a loss divided by the micro-batch's size instead of the number of micro-batches shows), 2 to 5
-    micro-batches, 1 to 3 outputs, inputs narrower or wider than the hidden width (a receive buffer shaped like
-    the input shows), a secret seed."""
+    """A Hypothesis strategy of the pipeline exercises' problem: an MLP of 3 to 6 hidden blocks (unequal stages on
+    3 ranks), odd widths, micro-batches of 1 to 5 samples whose size is not their number (a loss divided by the
+    micro-batch's size shows), 2 to 5 micro-batches, 1 to 3 outputs, inputs narrower or wider than the hidden
+    width (a receive buffer shaped like the input shows), a secret seed."""
     from hypothesis import strategies as st
 
     return (
         st.fixed_dictionaries(
             dict(
                 width=st.integers(3, 12),
-                depth=st.integers(4, 6),
+                depth=st.integers(3, 6),
                 in_features=st.integers(2, 9),
                 out_features=st.integers(1, 3),
                 microbatch=st.integers(1, 5),
@@ -138,8 +137,9 @@ def _check_one_f_one_b(answer, grader):
     # the lesson's sizes, and two drawn now (5 to 8 stages, 5 to 16 micro-batches): a table of the first cannot
     # pass; and the problem the schedule runs on for real
     sizes = [(p, m) for p in (1, 2, 3, 4) for m in (1, 2, 3, 4, 8)]
-    sizes += draw(st.tuples(st.integers(5, 8), st.integers(5, 16)), 2)
-    pp = _pp_draw()
+    bigger = st.lists(st.tuples(st.integers(5, 8), st.integers(5, 16)), min_size=2, max_size=2)
+    more, pp = draw(st.tuples(bigger, pp_problem()), 1)[0]  # one draw (each costs Hypothesis a few examples)
+    sizes += more
     m = pp["num_microbatches"]
     sizes += [(p, m) for p in _PP_WORLDS if (p, m) not in sizes]
     orders = {(p, m): o for p, m, o in grader.ask(_orders_harness, answer, sizes, what="your schedule function")}

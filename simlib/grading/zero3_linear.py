@@ -1,12 +1,12 @@
 """Check for lesson 07's ZeRO-3 Linear (gather, free, reduce-scatter), on problems drawn at check time: sizes, the
-dtype (float32 and float64: a gathered buffer in the default dtype is wrong for a float64 layer), 2 to 5 ranks."""
+dtype (float32 and float64: a gathered buffer in the default dtype is wrong for a float64 layer), 2 to 4 ranks."""
 
 from __future__ import annotations
 
 from .core import Result, _close, exercise, max_error
 from .weighing import _alive_after
 
-Z3_WORLDS = (2, 3, 4, 5)  # 5: over-subscribed on 2 cores, but a ZeRO-3 layer's run is tiny
+Z3_WORLDS = (2, 3, 4)  # not 5: a fifth cluster's start (over-subscribed on 2 cores) costs over +30 % of the check
 
 
 def z3_problem(world_size: int):
