@@ -69,7 +69,7 @@ class _SavesWeight(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         x, weight = ctx.saved_tensors
-        grad_shard = torch.empty(weight.shape[0] // dist.get_world_size(), weight.shape[1])
+        grad_shard = torch.empty(weight.shape[0] // dist.get_world_size(), weight.shape[1], dtype=weight.dtype)
         dist.reduce_scatter_tensor(grad_shard, (grad_y.T @ x).contiguous())
         return grad_y @ weight, grad_shard / dist.get_world_size()
 
@@ -247,7 +247,7 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_weight):
         n = dist.get_world_size()
-        grad_shard = torch.empty(grad_weight.shape[0] // n, grad_weight.shape[1])
+        grad_shard = torch.empty(grad_weight.shape[0] // n, grad_weight.shape[1], dtype=grad_weight.dtype)
         dist.reduce_scatter_tensor(grad_shard, grad_weight.contiguous())
         return grad_shard / n
 
