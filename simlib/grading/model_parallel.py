@@ -3,68 +3,12 @@
 from __future__ import annotations
 
 from .core import Result, _close, exercise, max_error
+from .pipeline_problems import _pp_draw, _pp_problem, _pp_reference, _pp_size, pp_problem  # noqa: F401
 
 # ---- lesson 04: the 1F1B schedule, and a pipeline stage's forward/backward with send/recv ----
 
 
 _PP_WORLDS = (2, 3, 4)  # not 5: a fifth cluster's start alone (over-subscribed 2 cores) costs over +30 % here
-
-
-def pp_problem():
-    """A Hypothesis strategy of the pipeline exercises' problem: an MLP of 3 to 6 hidden blocks (unequal stages on
-    3 ranks), odd widths, micro-batches of 1 to 5 samples whose size is not their number (a loss divided by the
-    micro-batch's size shows), 2 to 5 micro-batches, 1 to 3 outputs, inputs narrower or wider than the hidden
-    width (a receive buffer shaped like the input shows), a secret seed."""
-    from hypothesis import strategies as st
-
-    return (
-        st.fixed_dictionaries(
-            dict(
-                width=st.integers(3, 12),
-                depth=st.integers(3, 6),
-                in_features=st.integers(2, 9),
-                out_features=st.integers(1, 3),
-                microbatch=st.integers(1, 5),
-                num_microbatches=st.integers(2, 5),
-                seed=st.integers(0, 2**62),
-            )
-        )
-        .filter(lambda p: p["microbatch"] != p["num_microbatches"] and p["in_features"] != p["width"])
-        .map(lambda p: dict(p, batch=p["microbatch"] * p["num_microbatches"]))
-    )
-
-
-def _pp_draw() -> dict:
-    from .instances import draw
-
-    return draw(pp_problem(), 1)[0]  # drawn now, in this process, from the OS's randomness
-
-
-def _pp_size(pp: dict) -> str:
-    return (
-        f"{pp['depth']} hidden blocks of width {pp['width']}, {pp['num_microbatches']} micro-batches of "
-        f"{pp['microbatch']}"
-    )
-
-
-def _pp_problem(pp: dict):
-    import torch
-
-    from ..models import MLP, make_regression
-
-    torch.manual_seed(pp["seed"] % 2**63)
-    model = MLP(pp["width"], pp["depth"], in_features=pp["in_features"], out_features=pp["out_features"])
-    x, y = make_regression(pp["batch"], pp["in_features"], pp["out_features"], seed=pp["seed"] % 2**63)
-    return model, x, y
-
-
-def _pp_reference(pp: dict):
-    import torch
-
-    model, x, y = _pp_problem(pp)
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
 def _learner_order(answer, rank, p, m):
@@ -132,13 +76,12 @@ def _check_one_f_one_b(answer, grader):
     from hypothesis import strategies as st
 
     from ..parallel import schedules
-    from .instances import draw
 
     # the lesson's sizes, and two drawn now (5 to 8 stages, 5 to 16 micro-batches): a table of the first cannot
     # pass; and the problem the schedule runs on for real
     sizes = [(p, m) for p in (1, 2, 3, 4) for m in (1, 2, 3, 4, 8)]
     bigger = st.lists(st.tuples(st.integers(5, 8), st.integers(5, 16)), min_size=2, max_size=2)
-    more, pp = draw(st.tuples(bigger, pp_problem()), 1)[0]  # one draw (each costs Hypothesis a few examples)
+    more, pp = _pp_draw(bigger)
     sizes += more
     m = pp["num_microbatches"]
     sizes += [(p, m) for p in _PP_WORLDS if (p, m) not in sizes]
