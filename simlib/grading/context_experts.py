@@ -340,13 +340,14 @@ def _moe_problems(worlds=(2, 3, 4)) -> dict:
 
     from .instances import draw
 
-    for _ in range(6):
+    shows = {"capacity_ignored": (1.0, True), "wrong_rank": (12.0, False), "gate_not_applied": (12.0, False)}
+    for _ in range(6):  # each mistake in the case that shows it: tokens dropped, or room for every token
         drawn = dict(zip(worlds, draw(st.tuples(*(moe_problem(w) for w in worlds)), 1)[0]))
-        right = {w: _moe_reference(mp, w, 1.0, True) for w, mp in drawn.items()}
+        right = {(w, c): _moe_reference(mp, w, *c) for w, mp in drawn.items() for c in set(shows.values())}
         if not any(
-            _close(_moe_reference(mp, w, 1.0, True, m), right[w], 1e-6, 1e-8)
+            _close(_moe_reference(mp, w, *c, m), right[w, c], 1e-6, 1e-8)
             for w, mp in drawn.items()
-            for m in ("wrong_rank", "capacity_ignored", "gate_not_applied")
+            for m, c in shows.items()
         ):
             break
     return drawn
