@@ -42,6 +42,9 @@ HINTS = {
     "switches_off_the_watch": "calling the grader's reference is not an answer",
     "state_outside_torch": "owns",
     "no_empty_shard_guard": "owns no parameter",
+    # issue 47 (drawn instances): a float64 layer gathered into a float32 buffer; [] when nothing fits
+    "gathers_into_the_default_dtype": "not the default float32",
+    "empty_when_nothing_fits": "return every block",
 }
 
 

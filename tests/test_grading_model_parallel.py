@@ -70,3 +70,16 @@ def test_planted_bug_is_caught(exercise, bug, clusters):
     assert not report.passed and report.status in ("fail", "error"), report
     hints = " ".join(r.hint for r in report.failed())
     assert HINTS[bug] in hints, "\n".join(r.line() for r in report.results)
+
+
+def test_the_flows_on_the_wire_are_judged_pair_by_pair():
+    """wire.flow_breach (the pipeline stage's and ring attention's reading of the kernel's counters): the small
+    messages of a run between other pairs pass; data to a rank the algorithm never sends to, or too little to a
+    neighbour, is named."""
+    from simlib.grading.wire import flow_breach
+
+    need = {(0, 1): 400, (1, 0): 400, (1, 2): 400, (2, 1): 400}
+    seen = {(0, 1): [432, 6], (1, 0): [432, 6], (1, 2): [432, 6], (2, 1): [432, 6], (0, 2): [192, 4]}
+    assert flow_breach(seen, need, "activations") == ""
+    assert "to rank 2 on the wire" in flow_breach({**seen, (0, 2): [9000, 3]}, need, "activations")
+    assert "alone are 400" in flow_breach({**seen, (1, 2): [100, 1]}, need, "activations")

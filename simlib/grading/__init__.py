@@ -59,6 +59,7 @@ from . import (  # noqa: E402,F401
     vision_batchnorm,  # noqa: E402,F401  (project 2's learner pieces: sync_batchnorm)
     vision_finance,
     vision_shard,  # noqa: E402,F401  (project 2's learner pieces: data_shard)
+    zero3_linear,  # noqa: E402,F401  (lesson 07)
 )
 from .core import (  # noqa: F401
     EXERCISES,

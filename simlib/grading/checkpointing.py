@@ -118,7 +118,8 @@ def _check_checkpoint_placement(answer, grader):
     # budgets where greedy rules (largest blocks first, most bytes per FLOP first) and the optimum differ, and
     # budgets met exactly by the optimum (so "<" instead of "<=" shows)
     exact = [_exact(acts, inputs, flops, int(total * f)) for f in (0.8, 0.75, 0.6)]
-    budgets = [total] + [b + 1 for b in exact] + exact + [int(total * 0.45), floor]
+    # and a budget below the floor, where nothing fits: the answer is every block, the least memory there is
+    budgets = [total] + [b + 1 for b in exact] + exact + [int(total * 0.45), floor, floor - 1]
     answers = grader.ask(
         _chosen_harness, answer, [(acts, inputs, flops, b) for b in budgets], None, what="your function"
     )
@@ -131,6 +132,17 @@ def _check_checkpoint_placement(answer, grader):
                 f"got {chosen}",
             )
             return
+        if budget < floor:
+            every = sorted(chosen) == list(range(len(acts)))
+            yield Result(
+                f"budget {budget:,} B (below the {floor:,} B that checkpointing every block keeps): every block",
+                every,
+                _NOTHING_FITS,
+                "" if every else f"got {chosen}, which keeps {_measure_choice(chosen):,} B",
+            )
+            if not every:
+                return
+            continue
         kept = _measure_choice(chosen)
         fits = kept <= budget
         predicted = sum(inputs[i] if i in chosen else acts[i] for i in range(len(acts)))
@@ -177,6 +189,12 @@ def _check_checkpoint_placement(answer, grader):
         if cost != best:  # the first budget that shows the mistake names it; later ones would only guess
             return
     yield _checkpoint_fresh_problems(answer, grader)
+
+
+_NOTHING_FITS = (
+    "when no choice fits the budget, return every block (list(range(n))): checkpointing all of them keeps the "
+    "least memory there is, while an empty list (no checkpoint at all) keeps the most"
+)
 
 
 def _chosen_harness(answer, problems, limit):
@@ -228,7 +246,12 @@ def _checkpoint_fresh_problems(answer, grader, count: int = 40):
         n = 1 + case % 12
         acts = [draw.randint(10, 4000) for _ in range(n)]
         inputs = [draw.randint(1, a) for a in acts]
-        problems.append((acts, inputs, [draw.randint(1, 5000) for _ in range(n)], draw.randint(sum(inputs), sum(acts))))
+        # one problem in eight has a budget below the floor (nothing fits: every block is the answer)
+        low = case % 8 == 5
+        budget = (
+            draw.randint(max(0, sum(inputs) // 2), sum(inputs) - 1) if low else draw.randint(sum(inputs), sum(acts))
+        )
+        problems.append((acts, inputs, [draw.randint(1, 5000) for _ in range(n)], budget))
     problems.sort(key=lambda p: len(p[0]))
     # run in a fresh process of its own, where an audit hook (no Python code can remove it) refuses the grader's
     # modules and files: the watch is not in reach of the answer (answer_box.py)
@@ -267,6 +290,16 @@ def _checkpoint_fresh_problems(answer, grader, count: int = 40):
                 "of blocks and any budget",
                 f"{chosen} on {what} (seed {seed})",
             )
+        if budget < sum(inputs):  # nothing fits
+            if sorted(chosen) != list(range(n)):
+                return Result(
+                    "40 fresh random problems: least recomputation that fits",
+                    False,
+                    _NOTHING_FITS,
+                    f"{what} (nothing fits: checkpointing every block keeps {sum(inputs):,} B): you chose {chosen} "
+                    f"(seed {seed})",
+                )
+            continue
         kept = sum(inputs[i] if i in chosen else acts[i] for i in range(n)) if all(0 <= i < n for i in chosen) else None
         cost, best = sum(flops[i] for i in chosen if 0 <= i < n), _best_cost(acts, inputs, flops, budget)
         if kept is None or kept > budget or cost != best:

@@ -11,39 +11,58 @@ from .core import Result, _close, exercise, max_error
 
 # ---- ring attention: forward with the online softmax ----
 
-_RA = dict(batch=2, heads=3, local=4, head_dim=8, seed=0)  # 4 positions per rank: 8, 12, 16 on 2, 3, 4 ranks
+
+def ra_problem():
+    """A Hypothesis strategy of the ring-attention problem: 1 or 2 sequences, 1 to 3 heads, 2 to 5 positions per
+    rank, head dims that are not powers of two (a scale of 1/sqrt(8) written as a number shows), a secret seed."""
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries(
+        dict(
+            batch=st.integers(1, 2),
+            heads=st.integers(1, 3),
+            local=st.integers(2, 5),
+            head_dim=st.sampled_from((3, 5, 6, 7, 10, 12)),
+            seed=st.integers(0, 2**62),
+        )
+    )
 
 
-_LARGE = 40.0  # q scaled so that scores reach ~100: exp() of them overflows float32 (past 88.7) without the max
+_LARGE = 120.0  # the largest score of the float32 case: exp() of it overflows float32 (past 88.7) without the max
 
 
-def _ra_problem(world_size, large=False):
-    """q, k, v of the whole sequence, float64; ``large``: float32 values with scores far past exp's float32 range
-    (where subtracting the running max is what keeps the online softmax finite)."""
+def _ra_problem(ra: dict, world_size: int, large=False):
+    """q, k, v of the whole sequence, float64; ``large``: float32 values with q scaled so that the largest visible
+    score is ``_LARGE``, far past exp's float32 range (where subtracting the running max keeps the online softmax
+    finite)."""
     import torch
 
-    g = torch.Generator().manual_seed(_RA["seed"] + world_size)
-    shape = (_RA["batch"], _RA["heads"], _RA["local"] * world_size, _RA["head_dim"])
+    g = torch.Generator().manual_seed(ra["seed"] + world_size)
+    shape = (ra["batch"], ra["heads"], ra["local"] * world_size, ra["head_dim"])
     q, k, v = (torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(3))
-    if large:
-        q, k, v = ((q * _LARGE).float(), k.float(), v.float())
+    if large:  # the largest score a query sees under the causal mask (the case runs causal) becomes _LARGE
+        s = q.shape[-2]
+        visible = torch.ones(s, s, dtype=torch.bool).tril()
+        top = float((q @ k.transpose(-1, -2)).masked_fill(~visible, float("-inf")).max()) / ra["head_dim"] ** 0.5
+        top = top if top > 0 else float((q @ k.transpose(-1, -2)).abs().max()) / ra["head_dim"] ** 0.5
+        q, k, v = ((q * (_LARGE / top)).float(), k.float(), v.float())
     return [q, k, v]
 
 
-def _ra_harness(answer, causal, large=False):
+def _ra_harness(answer, ra, causal, large=False):
     import torch.distributed as dist
 
     from ..parallel.context import shard_sequence
     from .contracts import recorder
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    q, k, v = (shard_sequence(t, rank, n) for t in _ra_problem(n, large))
+    q, k, v = (shard_sequence(t, rank, n) for t in _ra_problem(ra, n, large))
     with recorder() as rec:  # the grader's: every message and collective, whatever name the answer used
         out = answer(q.clone(), k.clone(), v.clone(), causal)
     return dict(out=out.detach().clone() if hasattr(out, "detach") else out, calls=rec.calls, block=k.numel())
 
 
-def _ra_resident_harness(answer, causal):
+def _ra_resident_harness(answer, ra, causal):
     """Which other ranks' K/V blocks this rank holds at once, at its heaviest moment: weighed at every receive, at
     every op that reads more than two blocks, and as the answer returns (:func:`contracts.resident_blocks`)."""
     import sys
@@ -54,7 +73,7 @@ def _ra_resident_harness(answer, causal):
     from .contracts import _elements, _tensors, data_census, recorder, resident_blocks
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    whole = _ra_problem(n)
+    whole = _ra_problem(ra, n)
     q, k, v = (shard_sequence(t, rank, n).clone() for t in whole)
     blocks = {j: [shard_sequence(whole[1], j, n), shard_sequence(whole[2], j, n)] for j in range(n) if j != rank}
     before, heaviest, busy = data_census(), dict(count=0, ranks=[], at=""), []
@@ -101,12 +120,12 @@ def _attention(q, k, v, visible):
     return torch.softmax(scores.masked_fill(~visible, float("-inf")), -1) @ v
 
 
-def _ra_variants(world_size, causal):
+def _ra_variants(ra, world_size, causal):
     """The right output, and what the classic mistakes give (whole sequence, one process)."""
     import torch
 
-    q, k, v = _ra_problem(world_size)
-    s, local = q.shape[-2], _RA["local"]
+    q, k, v = _ra_problem(ra, world_size)
+    s, local = q.shape[-2], ra["local"]
     pos = torch.arange(s)
     block = pos // local
     right = pos[:, None] >= pos[None, :] if causal else torch.ones(s, s, dtype=torch.bool)
@@ -151,29 +170,40 @@ _RA_HINTS = {
 }
 
 
-def _run_ring(answer, grader, world_size, causal):
+def _run_ring(answer, grader, ra, world_size, causal):
     from ..parallel.context import unshard_sequence
     from .contracts import contract
 
-    outs = grader.run(world_size, _ra_harness, answer, causal, what=f"your ring attention on {world_size} ranks")
+    # without the mask, on 3 ranks (where a neighbour is not every rank), what crossed is also read from the kernel
+    metered = world_size == 3 and not causal
+    what = f"your ring attention on {world_size} ranks"
+    outs, on_wire = grader.run(world_size, _ra_harness, answer, ra, causal, what=what, wire=metered), ""
+    if grader.wire_last is not None:  # K and V, n - 1 hops of float64 blocks, to the next rank only
+        from .wire import flow_breach
+
+        need = {(r, (r + 1) % world_size): 2 * (world_size - 1) * o["block"] * 8 for r, o in enumerate(outs)}
+        on_wire = flow_breach(grader.wire_last, need, "K/V blocks (counted by the operating system)")
     # the contract: K/V blocks travel to the next rank only, n - 1 hops of K and V, no collective
-    breach = next(
-        (
-            b
-            for r, o in enumerate(outs)
-            for b in [
-                contract(
-                    o["calls"],
-                    r,
-                    world_size,
-                    only={"send", "recv"},
-                    neighbours=True,
-                    max_sent=2 * (world_size - 1) * o["block"],
-                )
-            ]
-            if b
-        ),
-        "",
+    breach = (
+        next(
+            (
+                b
+                for r, o in enumerate(outs)
+                for b in [
+                    contract(
+                        o["calls"],
+                        r,
+                        world_size,
+                        only={"send", "recv"},
+                        neighbours=True,
+                        max_sent=2 * (world_size - 1) * o["block"],
+                    )
+                ]
+                if b
+            ),
+            "",
+        )
+        or on_wire
     )
     try:
         import torch
@@ -185,14 +215,18 @@ def _run_ring(answer, grader, world_size, causal):
 
 @exercise("ring_attention")
 def _check_ring_attention(answer, grader):
+    from .instances import draw
+
+    ra = draw(ra_problem(), 1)[0]  # drawn now, in this process, from the OS's randomness
+    size = f"{ra['local']} positions per rank, head dim {ra['head_dim']}"
     for world_size in (2, 3, 4):  # 3: not a power of two, so the ring's hops must be counted, not assumed
         for causal in (False, True):  # without the mask first: the merge alone, then the mask
-            variants = _ra_variants(world_size, causal)
-            got, breach = _run_ring(answer, grader, world_size, causal)
+            variants = _ra_variants(ra, world_size, causal)
+            got, breach = _run_ring(answer, grader, ra, world_size, causal)
             ok = got is not None and _close(got, variants["right"], rtol=1e-6, atol=1e-8)
             if ok and breach:  # the right numbers by another algorithm
                 yield Result(
-                    f"{world_size} ranks, {'causal' if causal else 'no mask'}: K/V passed around the ring "
+                    f"{world_size} ranks ({size}), {'causal' if causal else 'no mask'}: K/V passed around the ring "
                     "(send/recv to neighbours only)",
                     False,
                     "ring attention never gathers K/V: each rank sends its current K/V block to rank + 1 "
@@ -221,7 +255,7 @@ def _check_ring_attention(answer, grader):
                     )
             what = "causal" if causal else "no mask"
             yield Result(
-                f"{world_size} ranks, {what}: output equal to attention over the whole sequence",
+                f"{world_size} ranks ({size}), {what}: output equal to attention over the whole sequence",
                 ok,
                 hint,
                 "" if ok or got is None else f"max error {max_error(got, variants['right']):.2g}",
@@ -230,7 +264,7 @@ def _check_ring_attention(answer, grader):
                 return
     # the memory contract: never the whole K/V resident (4 ranks: the whole is 3 other blocks, a ring holds 1 or 2)
     world_size = 4
-    outs = grader.run(world_size, _ra_resident_harness, answer, False, what="your ring attention, weighed")
+    outs = grader.run(world_size, _ra_resident_harness, answer, ra, False, what="your ring attention, weighed")
     worst = max(range(world_size), key=lambda r: outs[r]["count"])
     held = outs[worst]
     yield Result(
@@ -247,17 +281,19 @@ def _check_ring_attention(answer, grader):
     from ..parallel.context import unshard_sequence
 
     world_size = 3
-    q, k, v = _ra_problem(world_size, large=True)
+    q, k, v = _ra_problem(ra, world_size, large=True)
     pos = torch.arange(q.shape[-2])
     want = _attention(q.double(), k.double(), v.double(), pos[:, None] >= pos[None, :])
-    outs = grader.run(world_size, _ra_harness, answer, True, True, what="your ring attention on float32, large scores")
+    outs = grader.run(
+        world_size, _ra_harness, answer, ra, True, True, what="your ring attention on float32, large scores"
+    )
     try:
         got = unshard_sequence([torch.as_tensor(o["out"]).double() for o in outs])
         ok = bool(torch.isfinite(got).all()) and _close(got, want, rtol=1e-4, atol=1e-4)
     except Exception:  # noqa: BLE001 - wrong shapes or no tensor: a difference
         got, ok = None, False
     yield Result(
-        f"{world_size} ranks, float32 with scores up to ~{float((q @ k.transpose(-1, -2)).abs().max()) / 8**0.5:.0f}: "
+        f"{world_size} ranks, float32 with scores up to ~{_LARGE:.0f}: "
         "finite and equal to attention over the whole sequence",
         ok,
         ""
@@ -273,24 +309,59 @@ def _check_ring_attention(answer, grader):
 
 # ---- MoE dispatch and combine over all-to-all ----
 
-_MOE = dict(hidden=8, num_experts=12, seed=0)  # 12 experts split over 2, 3 and 4 ranks
+
+def moe_problem(world_size: int):
+    """A Hypothesis strategy of the MoE problem on ``world_size`` ranks: 2 or 3 experts per rank (placement shows),
+    hidden size, tokens per rank and expert count all different (one dimension taken for another shows), a whole
+    batch whose capacity (factor 1) differs from one rank's and from factor 1.25's, a secret seed."""
+    from math import ceil
+
+    from hypothesis import strategies as st
+
+    def telling(m) -> bool:
+        t, e, whole = m["tokens"], m["num_experts"], m["tokens"] * world_size
+        return len({m["hidden"], e, t}) == 3 and ceil(t / e) != ceil(whole / e) != ceil(1.25 * whole / e)
+
+    return st.fixed_dictionaries(
+        dict(
+            hidden=st.integers(3, 10),
+            num_experts=st.integers(2, 3).map(lambda e: e * world_size),
+            tokens=st.integers(4, 12),
+            ffn=st.integers(4, 16),
+            seed=st.integers(0, 2**62),
+        )
+    ).filter(telling)
 
 
-def _local_tokens(world_size: int) -> int:
-    """6 or 7 tokens per rank: never the hidden size (8) or the expert count (12), so an answer that takes one
-    dimension for another (x.shape[0] for x.shape[1]) fails, and not the same on every world size."""
-    return 6 + world_size % 2
+def _moe_problems(worlds=(2, 3, 4)) -> dict:
+    """{world size: problem}, drawn now from the OS's randomness; drawn again (6 times at most) while a classic
+    mistake the grader recomputes would give the right output on some world size (e.g. no token over capacity)."""
+    from hypothesis import strategies as st
+
+    from .instances import draw
+
+    shows = {"capacity_ignored": (1.0, True), "wrong_rank": (12.0, False), "gate_not_applied": (12.0, False)}
+    for _ in range(6):  # each mistake in the case that shows it: tokens dropped, or room for every token
+        drawn = dict(zip(worlds, draw(st.tuples(*(moe_problem(w) for w in worlds)), 1)[0]))
+        right = {(w, c): _moe_reference(mp, w, *c) for w, mp in drawn.items() for c in set(shows.values())}
+        if not any(
+            _close(_moe_reference(mp, w, *c, m), right[w, c], 1e-6, 1e-8)
+            for w, mp in drawn.items()
+            for m, c in shows.items()
+        ):
+            break
+    return drawn
 
 
-def _moe_problem(world_size, skew):
+def _moe_problem(mp: dict, world_size, skew):
     import torch
 
     from ..parallel.experts import MoE
 
-    torch.manual_seed(_MOE["seed"])
-    moe = MoE(_MOE["hidden"], _MOE["num_experts"], 1, 1.0, ffn=16).double()
-    g = torch.Generator().manual_seed(_MOE["seed"] + 10 * world_size)
-    x = torch.randn(_local_tokens(world_size) * world_size, _MOE["hidden"], generator=g, dtype=torch.float64)
+    torch.manual_seed(mp["seed"])
+    moe = MoE(mp["hidden"], mp["num_experts"], 1, 1.0, ffn=mp["ffn"]).double()
+    g = torch.Generator().manual_seed(mp["seed"] + 10 * world_size)
+    x = torch.randn(mp["tokens"] * world_size, mp["hidden"], generator=g, dtype=torch.float64)
     if skew:  # most tokens prefer expert 0, so its capacity overflows
         with torch.no_grad():
             moe.router.weight[0] += 3.0
@@ -298,31 +369,31 @@ def _moe_problem(world_size, skew):
     return moe, x
 
 
-def _moe_harness(answer, capacity_factor, skew):
+def _moe_harness(answer, mp, capacity_factor, skew):
     import torch
     import torch.distributed as dist
 
     from ..models import shard
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    moe, x = _moe_problem(n, skew)
-    local = _MOE["num_experts"] // n
+    moe, x = _moe_problem(mp, n, skew)
+    local = mp["num_experts"] // n
     experts = torch.nn.ModuleList(moe.experts[rank * local : (rank + 1) * local])
     from .contracts import recorder
 
     with torch.no_grad(), recorder() as rec:  # the grader's record of every collective
-        y = answer(shard(x, rank, n).clone(), moe.router, experts, _MOE["num_experts"], capacity_factor)
+        y = answer(shard(x, rank, n).clone(), moe.router, experts, mp["num_experts"], capacity_factor)
     return dict(y=y.detach().clone() if hasattr(y, "detach") else y, calls=rec.calls)
 
 
-def _moe_reference(world_size, capacity_factor, skew, mistake=None):
+def _moe_reference(mp, world_size, capacity_factor, skew, mistake=None):
     """One process on the whole batch, top-1; ``mistake`` recomputes a classic wrong answer."""
     import torch
 
     from ..parallel.experts import capacity, queue_positions, route
 
-    moe, x = _moe_problem(world_size, skew)
-    e_count = _MOE["num_experts"]
+    moe, x = _moe_problem(mp, world_size, skew)
+    e_count = mp["num_experts"]
     with torch.no_grad():
         _, gates, experts = route(moe.router(x), 1)
         pos, _ = queue_positions(experts, e_count, distributed=False)
@@ -352,15 +423,16 @@ _MOE_HINTS = {
 }
 
 
-def _moe_check(answer, grader, world_size, capacity_factor, skew, label):
+def _moe_check(answer, grader, mp, world_size, capacity_factor, skew, label):
     import torch
 
     outs = grader.run(
-        world_size, _moe_harness, answer, capacity_factor, skew, what=f"your MoE layer on {world_size} ranks"
+        world_size, _moe_harness, answer, mp, capacity_factor, skew, what=f"your MoE layer on {world_size} ranks"
     )
     from .contracts import contract
 
-    want = _moe_reference(world_size, capacity_factor, skew)
+    want = _moe_reference(mp, world_size, capacity_factor, skew)
+    label = f"{mp['num_experts']} experts, {mp['tokens']} tokens per rank, hidden {mp['hidden']}, {label}"
     try:
         got = torch.cat([torch.as_tensor(o["y"]) for o in outs])
     except Exception:  # noqa: BLE001
@@ -377,7 +449,7 @@ def _moe_check(answer, grader, world_size, capacity_factor, skew, label):
                     r,
                     world_size,
                     only={"all_to_all_single", "all_to_all"},
-                    small=_MOE["num_experts"] * world_size,
+                    small=mp["num_experts"] * world_size,
                     at_least={"all_to_all_single|all_to_all": 2},
                 )
             ]
@@ -397,7 +469,9 @@ def _moe_check(answer, grader, world_size, capacity_factor, skew, label):
     hint = ""
     if not ok:
         for mistake in ("wrong_rank", "capacity_ignored", "gate_not_applied"):
-            if got is not None and _close(got, _moe_reference(world_size, capacity_factor, skew, mistake), 1e-6, 1e-8):
+            if got is not None and _close(
+                got, _moe_reference(mp, world_size, capacity_factor, skew, mistake), 1e-6, 1e-8
+            ):
                 hint = _MOE_HINTS[mistake]
                 break
         else:
@@ -416,9 +490,11 @@ def _moe_check(answer, grader, world_size, capacity_factor, skew, label):
 
 @exercise("moe_dispatch")
 def _check_moe_dispatch(answer, grader):
+    problems = _moe_problems()  # drawn now, in this process, from the OS's randomness
     for world_size in (2, 3, 4):
-        results = list(_moe_check(answer, grader, world_size, 12.0, False, "room for every token"))
-        results += list(_moe_check(answer, grader, world_size, 1.0, True, "a skewed router, tokens dropped"))
+        mp = problems[world_size]
+        results = list(_moe_check(answer, grader, mp, world_size, 12.0, False, "room for every token"))
+        results += list(_moe_check(answer, grader, mp, world_size, 1.0, True, "a skewed router, tokens dropped"))
         yield from results
         if not all(r.passed for r in results):
             return

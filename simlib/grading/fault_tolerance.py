@@ -38,11 +38,11 @@ class _RankStreams:
     draw different dropout masks, as data-parallel dropout and augmentation really do. So a checkpoint that
     keeps one rank's RNG state for all (or none) does not resume bit-equal."""
 
-    def __init__(self, task):
-        self.task = task
+    def __init__(self, task, base: int = 1000):
+        self.task, self.base = task, base
 
     def __getattr__(self, name):
-        if name == "task":
+        if name in ("task", "base"):
             raise AttributeError(name)
         return getattr(self.task, name)
 
@@ -54,7 +54,7 @@ class _RankStreams:
         import torch.distributed as dist
 
         model = self.task.build_model()
-        seed = 1000 + 7919 * (dist.get_rank() if dist.is_initialized() else 0)
+        seed = self.base + 7919 * (dist.get_rank() if dist.is_initialized() else 0)
         torch.manual_seed(seed)  # every generator a full state must save: torch CPU (and CUDA), Python, NumPy
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(seed + 3)
@@ -85,11 +85,37 @@ def drawn_generators() -> dict:
     return draws
 
 
-def _task():
+def ft_problem():
+    """A Hypothesis strategy of the run the checks train: the MLP's width and depth, its dropout, a global batch
+    that 2, 3 and 4 ranks divide, the task's seed and the ranks' generators' (secret: a table of the lesson's
+    curve cannot pass)."""
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries(
+        dict(
+            width=st.integers(9, 40),
+            depth=st.integers(1, 3),
+            global_batch=st.sampled_from((24, 36, 48)),
+            dropout=st.sampled_from((0.1, 0.2, 0.3)),
+            seed=st.integers(0, 2**31 - 1),
+            streams=st.integers(0, 2**31 - 1),
+        )
+    )
+
+
+def _task(problem: dict | None = None):
     from ..tasks import RegressionTask
 
-    # 48: divisible by 2, 3 and 4 ranks
-    return _RankStreams(RegressionTask(width=32, depth=2, global_batch=48, num_samples=768, dropout=0.2))
+    p = problem or dict(width=32, depth=2, global_batch=48, dropout=0.2, seed=0, streams=1000)  # the lesson's
+    task = RegressionTask(
+        width=p["width"],
+        depth=p["depth"],
+        global_batch=p["global_batch"],
+        num_samples=16 * p["global_batch"],
+        dropout=p["dropout"],
+        seed=p["seed"],
+    )
+    return _RankStreams(task, p["streams"])
 
 
 _LIBRARY_OFF = (
@@ -148,7 +174,7 @@ def _optim():
     return OptimConfig(lr=1e-2, weight_decay=0.1, warmup_steps=2, decay_steps=_STEPS, grad_clip=1.0)
 
 
-def _losses(state_type, directory, steps, leave_out=(), task=None, out_dir=None) -> dict:
+def _losses(state_type, directory, steps, leave_out=(), task=None, out_dir=None, problem=None) -> dict:
     """Train on every rank (from ``directory``'s latest checkpoint if any); the losses by step."""
     import torch.distributed as dist
 
@@ -158,7 +184,7 @@ def _losses(state_type, directory, steps, leave_out=(), task=None, out_dir=None)
     plan = Plan(dp=dist.get_world_size(), checkpoint_dir=directory, checkpoint_every=_EVERY if directory else 0)
     with checkpoint.leaving_out(*leave_out), _learners_own(state_type):
         record = train(
-            task or _task(),
+            task or _task(problem),
             plan,
             steps=steps,
             optim=_optim(),
@@ -171,23 +197,22 @@ def _losses(state_type, directory, steps, leave_out=(), task=None, out_dir=None)
     return {r["step"]: r["loss"] for r in record.rows}
 
 
-def _resume_harness(state_type, directory, leave_out=()):
+def _resume_harness(state_type, directory, problem, leave_out=()):
     """Stop at step 6, then a fresh run (new model, optimizer, generators) resumes from the step-4 checkpoint."""
-    _losses(state_type, directory, _STOP)
-    return _losses(state_type, directory, _STEPS, leave_out)
+    _losses(state_type, directory, _STOP, problem=problem)
+    return _losses(state_type, directory, _STEPS, leave_out, problem=problem)
 
 
-def _reference_harness():
-    return _losses(None, None, _STEPS)
+def _reference_harness(problem):
+    return _losses(None, None, _STEPS, problem=problem)
 
 
-def _kill_harness(state_type, directory, out_dir):
+def _kill_harness(state_type, directory, out_dir, problem):
     from ..faults import KillAt
 
-    task = _task()
-    return _losses(
-        state_type, directory, _STEPS, task=_RankStreams(KillAt(task.task, step=_KILL, rank=1)), out_dir=out_dir
-    )
+    task = _task(problem)
+    killed = _RankStreams(KillAt(task.task, step=_KILL, rank=1), task.base)
+    return _losses(state_type, directory, _STEPS, task=killed, out_dir=out_dir)
 
 
 def _first_gap(curve: dict, reference: dict) -> str:
@@ -243,7 +268,7 @@ def _contents(keys) -> Result:
     )
 
 
-def after_a_real_kill(answer, work, reference, limit: float) -> Result:
+def after_a_real_kill(answer, work, reference, limit: float, problem: dict | None = None) -> Result:
     """Rank 1 is killed for real at step 6 and the elastic agent restarts both ranks: the resumed curve must go on
     bit-equal. Each attempt is a phase under the grader's call limit (``limit`` seconds, as every other phase):
     an answer that stalls after the restart fails after about two limits, not when it pleases."""
@@ -260,7 +285,7 @@ def after_a_real_kill(answer, work, reference, limit: float) -> Result:
             _guarded,
             2,
             _kill_harness,
-            (answer, os.path.join(work, "killed"), os.path.join(work, "run")),
+            (answer, os.path.join(work, "killed"), os.path.join(work, "run"), problem),
             {},
             max_restarts=1,
             timeout=20,
@@ -321,10 +346,15 @@ def _check_full_state(answer, grader):
         return
     # a copy of the library's own code is not refused (issue 47: the library is open); `simlib grade` notes a
     # close structural match for the teacher (simlib.grading.similarity)
+    from .instances import draw
+
+    problem = draw(ft_problem(), 1)[0]  # drawn now, in this process, from the OS's randomness
     work = tempfile.mkdtemp(prefix="simlib-grade-08-")
     try:
-        reference = grader.run(2, _reference_harness, what="the uninterrupted run on 2 ranks")[0]
-        resumed = grader.run(2, _resume_harness, answer, os.path.join(work, "yours"), what="your state on 2 ranks")
+        reference = grader.run(2, _reference_harness, problem, what="the uninterrupted run on 2 ranks")[0]
+        resumed = grader.run(
+            2, _resume_harness, answer, os.path.join(work, "yours"), problem, what="your state on 2 ranks"
+        )
         starts = min(resumed[0]) if resumed[0] else None
         yield Result(
             "a fresh run resumes from the step-4 checkpoint",
@@ -348,6 +378,7 @@ def _check_full_state(answer, grader):
                     _resume_harness,
                     None,
                     os.path.join(work, part),
+                    problem,
                     (part,),
                     what=f"the run without the {part} state",
                 )[0]
@@ -363,9 +394,9 @@ def _check_full_state(answer, grader):
         if not equal:
             return
         for n in (3, 4):  # other world sizes: every rank has its own dropout stream
-            ref_n = grader.run(n, _reference_harness, what=f"the uninterrupted run on {n} ranks")
+            ref_n = grader.run(n, _reference_harness, problem, what=f"the uninterrupted run on {n} ranks")
             res_n = grader.run(
-                n, _resume_harness, answer, os.path.join(work, f"yours{n}"), what=f"your state on {n} ranks"
+                n, _resume_harness, answer, os.path.join(work, f"yours{n}"), problem, what=f"your state on {n} ranks"
             )
             bad = [r for r in range(n) if res_n[r] != {s: ref_n[0][s] for s in range(_EVERY, _STEPS)}]
             yield Result(
@@ -379,6 +410,6 @@ def _check_full_state(answer, grader):
             )
             if bad:
                 return
-        yield after_a_real_kill(answer, work, reference, grader.timeout)
+        yield after_a_real_kill(answer, work, reference, grader.timeout, problem)
     finally:
         shutil.rmtree(work, ignore_errors=True)

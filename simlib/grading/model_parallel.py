@@ -3,30 +3,12 @@
 from __future__ import annotations
 
 from .core import Result, _close, exercise, max_error
+from .pipeline_problems import _pp_draw, _pp_problem, _pp_reference, _pp_size, pp_problem  # noqa: F401
 
 # ---- lesson 04: the 1F1B schedule, and a pipeline stage's forward/backward with send/recv ----
 
-_PP = dict(width=16, depth=7, in_features=8, batch=16, num_microbatches=4, seed=0)
 
-
-def _pp_problem(world_size):
-    import torch
-
-    from ..models import MLP, make_regression
-
-    torch.manual_seed(_PP["seed"])
-    model = MLP(_PP["width"], _PP["depth"], in_features=_PP["in_features"], out_features=2)
-    x, y = make_regression(_PP["batch"], _PP["in_features"], 2, seed=_PP["seed"])
-    return model, x, y
-
-
-def _pp_reference():
-    import torch
-
-    model, x, y = _pp_problem(1)
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+_PP_WORLDS = (2, 3, 4)  # not 5: a fifth cluster's start alone (over-subscribed 2 cores) costs over +30 % here
 
 
 def _learner_order(answer, rank, p, m):
@@ -57,16 +39,21 @@ def _schedule_from_orders(orders):
     return [with_communication(r, p, [(op, mb, 0) for op, mb in order]) for r, order in enumerate(orders)]
 
 
-def _pp_harness(orders, num_microbatches):
+def _pp_harness(orders, pp):
     import torch.distributed as dist
 
     from ..parallel import pipeline
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    model, x, y = _pp_problem(world_size)
+    model, x, y = _pp_problem(pp)
     stages = pipeline.build_stages(model.net, rank, world_size)
     out = pipeline.pipeline_step(
-        _schedule_from_orders(orders), stages, x, y, num_microbatches=num_microbatches, activation_width=_PP["width"]
+        _schedule_from_orders(orders),
+        stages,
+        x,
+        y,
+        num_microbatches=pp["num_microbatches"],
+        activation_width=pp["width"],
     )
     return dict(loss=out["loss"], grads={n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
 
@@ -86,13 +73,18 @@ def _grads_by_rank(outs, ref_grads):
 
 @exercise("one_f_one_b")
 def _check_one_f_one_b(answer, grader):
-    import secrets
+    from hypothesis import strategies as st
 
     from ..parallel import schedules
 
-    # the lesson's sizes, and two drawn now (up to 8 stages, 16 micro-batches): a table of the first cannot pass
+    # the lesson's sizes, and two drawn now (5 to 8 stages, 5 to 16 micro-batches): a table of the first cannot
+    # pass; and the problem the schedule runs on for real
     sizes = [(p, m) for p in (1, 2, 3, 4) for m in (1, 2, 3, 4, 8)]
-    sizes += [(5 + secrets.randbelow(4), 5 + secrets.randbelow(12)) for _ in range(2)]
+    bigger = st.lists(st.tuples(st.integers(5, 8), st.integers(5, 16)), min_size=2, max_size=2)
+    more, pp = _pp_draw(bigger)
+    sizes += more
+    m = pp["num_microbatches"]
+    sizes += [(p, m) for p in _PP_WORLDS if (p, m) not in sizes]
     orders = {(p, m): o for p, m, o in grader.ask(_orders_harness, answer, sizes, what="your schedule function")}
     want = {
         (p, m): [[(a.op, a.microbatch) for a in schedules.compute_order(acts)] for acts in schedules.one_f_one_b(p, m)]
@@ -179,37 +171,34 @@ def _check_one_f_one_b(answer, grader):
             "oldest backward; the cool-down runs the remaining backwards oldest first"
         )
     yield Result("the order equals 1F1B on every rank (p = 1..4, m = 1..8)", diff is None, hint)
-    # 5. for real: 2, 3 and 4 ranks, gradients equal one process
-    ref_loss, ref_grads = _pp_reference()
-    m = _PP["num_microbatches"]
-    for p in (2, 3, 4):
-        outs = grader.run(
-            p, _pp_harness, orders[p, m] if (p, m) in orders else None, m, what=f"the schedule on {p} ranks"
-        )
+    # 5. for real: 2, 3 and 4 ranks, gradients equal one process, on the drawn problem (m again: loops above set it)
+    _, ref_grads, m = *_pp_reference(pp), pp["num_microbatches"]
+    for p in _PP_WORLDS:
+        outs = grader.run(p, _pp_harness, orders[p, m], pp, what=f"the schedule on {p} ranks")
         errors = _grads_by_rank(outs, ref_grads)
         yield Result(
-            f"run on {p} ranks by simlib's executor: gradients equal one process",
+            f"run on {p} ranks by simlib's executor ({_pp_size(pp)}): gradients equal one process",
             all(e is None for e in errors),
             "the executor runs your order; compare it with the lesson's 1F1B table",
             "" if all(e is None for e in errors) else f"max errors by rank {errors}",
         )
 
 
-def _stage_harness(answer):
+def _stage_harness(answer, pp):
     import torch.distributed as dist
 
     from ..parallel import pipeline
     from ..parallel.pipeline import microbatches
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    model, x, y = _pp_problem(world_size)
+    model, x, y = _pp_problem(pp)
     stage = pipeline.build_stages(model.net, rank, world_size)[0]
-    m = _PP["num_microbatches"]
+    m = pp["num_microbatches"]
     xs, ys = microbatches(x, m), microbatches(y, m)
     from .contracts import recorder
 
     with recorder() as rec:  # the grader's: the order of the messages this stage really sent and received
-        loss = answer(stage, xs, ys, (xs[0].shape[0], _PP["width"]))
+        loss = answer(stage, xs, ys, (xs[0].shape[0], pp["width"]))
     loss = float(loss) if loss is not None else None
     # F: an activation (from rank - 1, to rank + 1); B: a gradient (from rank + 1, to rank - 1)
     order = "".join(
@@ -224,15 +213,20 @@ def _stage_harness(answer):
 
 @exercise("pipeline_stage")
 def _check_pipeline_stage(answer, grader):
-    ref_loss, ref_grads = _pp_reference()
-    m = _PP["num_microbatches"]
+    pp = _pp_draw()
+    ref_loss, ref_grads = _pp_reference(pp)
+    m = pp["num_microbatches"]
     scaled = {n: g * m for n, g in ref_grads.items()}
-    for world_size in (2, 3, 4):  # 3: stages of unequal depth, a middle stage that is neither first nor last
-        outs = grader.run(world_size, _stage_harness, answer, what=f"your stage on {world_size} ranks")
+    for world_size in _PP_WORLDS:  # 3: stages of unequal depth, a middle stage that is neither first nor last
+        # on 3 ranks (a first, a middle and a last stage) what crossed is also read from the kernel
+        outs = grader.run(
+            world_size, _stage_harness, answer, pp, what=f"your stage on {world_size} ranks", wire=world_size == 3
+        )
+        on_wire = grader.wire_last
         last = outs[-1]["loss"]
         ok_loss = last is not None and abs(last - ref_loss) <= 1e-5 * max(1.0, abs(ref_loss))
         yield Result(
-            f"{world_size} ranks: the last stage returns the batch loss",
+            f"{world_size} ranks ({_pp_size(pp)}): the last stage returns the batch loss",
             ok_loss,
             f"return the sum over micro-batches of loss_i / {m} (the mean over micro-batches) on the last "
             "stage" + (f"; yours is {last / ref_loss:.3g}x the right one" if last and ref_loss else ""),
@@ -265,7 +259,7 @@ def _check_pipeline_stage(answer, grader):
                     "then in reverse: recv grad, y.backward(grad), send x.grad"
                 )
         yield Result(
-            f"{world_size} ranks: every stage's gradients equal one process on the whole batch",
+            f"{world_size} ranks ({_pp_size(pp)}): every stage's gradients equal one process on the whole batch",
             ok,
             hint,
             "" if ok else f"wrong on rank(s) {wrong}",
@@ -284,6 +278,20 @@ def _check_pipeline_stage(answer, grader):
             if late is None
             else f"rank {late}'s messages in order (F activation, B gradient): {outs[late]['order']}",
         )
+        if on_wire is not None:  # every micro-batch's float32 activation forward, its gradient back
+            from .wire import flow_breach
+
+            flow = m * pp["microbatch"] * pp["width"] * 4
+            need = {(r, r + d): flow for r in range(world_size) for d in (1, -1) if 0 <= r + d < world_size}
+            breach = flow_breach(on_wire, need, "activations (to the next stage) and gradients (to the one before)")
+            yield Result(
+                f"{world_size} ranks: on the wire (the kernel's TCP counters, outside your process), activations "
+                "go to the next stage and gradients to the one before, nothing else",
+                not breach,
+                "what your stages sent each other was counted by the operating system, below every Python name: "
+                "stage r sends each micro-batch's activation to r + 1 and the gradient of its input to r - 1",
+                breach,
+            )
 
 
 # ---- lesson 05: column- and row-parallel Linear as autograd functions ----

@@ -21,6 +21,24 @@ from .core import Result, _close, exercise
 _STEPS = 2
 
 
+def prefetch_problem():
+    """A Hypothesis strategy of the GPT the check trains: 3 or 4 blocks (the middle ones prefetch and are
+    prefetched), widths and heads, contexts, a global batch that 2, 3 and 4 ranks divide, a secret seed (weights
+    and data windows)."""
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries(
+        dict(
+            num_layers=st.integers(3, 4),  # 2 would hide a prefetch of two blocks ahead (or all): nothing is past one
+            hidden=st.sampled_from((32, 48, 64)),
+            num_heads=st.sampled_from((2, 4)),
+            seq_len=st.integers(12, 32),
+            global_batch=st.sampled_from((12, 24)),
+            seed=st.integers(0, 2**31 - 1),
+        )
+    )
+
+
 def gather_tracker():
     """A dispatch mode (``with gather_tracker() as t:``) that follows every all-gather's output storage (by a weak
     reference: a storage the answer frees stops counting) and, at every operation, how many of them are gathered
@@ -112,7 +130,7 @@ def _watch_blocks(blocks, tracker) -> dict:
     return seen
 
 
-def _prefetch_harness(answer_cls, steps=_STEPS):
+def _prefetch_harness(answer_cls, problem, steps=_STEPS):
     """Train the quick GPT for ``steps`` steps with the course's Zero3 and with ``answer_cls``, each under the
     grader's tracker; return losses, parameters and what the tracker measured."""
     import contextlib
@@ -125,7 +143,7 @@ def _prefetch_harness(answer_cls, steps=_STEPS):
     from ..projects.gpt.task import GPTTask
     from .contracts import switched_off
 
-    task = GPTTask.quick(num_layers=3, global_batch=12)  # 12 splits over 2, 3 and 4 ranks
+    task = GPTTask.quick(**problem)  # its global batch splits over 2, 3 and 4 ranks
     rank, n = dist.get_rank(), dist.get_world_size()
     out = {}
     for name, cls in (("reference", Zero3), ("answer", answer_cls)):
@@ -169,12 +187,16 @@ def _prefetch_harness(answer_cls, steps=_STEPS):
 
 @exercise("zero3_prefetch")
 def _check_zero3_prefetch(answer, grader):
+    from .instances import draw
+
+    problem = draw(prefetch_problem(), 1)[0]  # drawn now, in this process, from the OS's randomness
+    size = f"{problem['num_layers']} blocks of width {problem['hidden']}"
     for world_size in (2, 3, 4):
-        outs = grader.run(world_size, _prefetch_harness, answer)
+        outs = grader.run(world_size, _prefetch_harness, answer, problem)
         ref, ans = outs[0]["reference"], outs[0]["answer"]
         bad = [k for k in ref["params"] if not _close(ans["params"][k], ref["params"][k], rtol=0, atol=1e-6)]
         yield Result(
-            f"same losses and parameters as Zero3 on {world_size} ranks",
+            f"same losses and parameters as Zero3 on {world_size} ranks ({size})",
             _close(ans["losses"], ref["losses"], rtol=0, atol=1e-6) and not bad,
             hint="prefetching changes when the parameters arrive, never their values: gather each block's "
             "own shard into its own buffer, and let the block use it only after the gather is waited "

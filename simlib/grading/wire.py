@@ -80,3 +80,23 @@ def between(before: dict, after: dict, pids) -> dict:
         moved[0] += sent - old[1]
         moved[1] += segs - old[2]
     return {k: v for k, v in pairs.items() if v[0] > 0}
+
+
+def flow_breach(pairs: dict, need: dict, why: str) -> str:
+    """The first way the bytes on the wire (``pairs``, from :func:`between`) break an algorithm's flows: ``need``
+    is {(source rank, destination rank): the fewest bytes the algorithm sends there}; data to any other pair
+    (beyond a small allowance for the run's own messages) or less than needed to a pair is a breach, said in words.
+    ``why``: what travels on the needed pairs (e.g. "K/V blocks")."""
+    for (src, dst), (sent, segs) in sorted(pairs.items()):
+        own = max((b for (s, _), b in need.items() if s == src), default=0)
+        if (src, dst) not in need and sent > 0.05 * own + 4096:
+            allowed = sorted(d for s, d in need if s == src)
+            return (
+                f"rank {src} sent {sent:,} bytes in {segs} segments to rank {dst} on the wire; the {why} go from "
+                f"rank {src} to rank(s) {allowed} only"
+            )
+    for (src, dst), want in sorted(need.items()):
+        sent = pairs.get((src, dst), [0, 0])[0]
+        if sent < want:
+            return f"rank {src} sent {sent:,} bytes to rank {dst} on the wire; the {why} alone are {want:,}"
+    return ""

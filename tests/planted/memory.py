@@ -69,7 +69,7 @@ class _SavesWeight(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         x, weight = ctx.saved_tensors
-        grad_shard = torch.empty(weight.shape[0] // dist.get_world_size(), weight.shape[1])
+        grad_shard = torch.empty(weight.shape[0] // dist.get_world_size(), weight.shape[1], dtype=weight.dtype)
         dist.reduce_scatter_tensor(grad_shard, (grad_y.T @ x).contiguous())
         return grad_y @ weight, grad_shard / dist.get_world_size()
 
@@ -247,7 +247,7 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_weight):
         n = dist.get_world_size()
-        grad_shard = torch.empty(grad_weight.shape[0] // n, grad_weight.shape[1])
+        grad_shard = torch.empty(grad_weight.shape[0] // n, grad_weight.shape[1], dtype=grad_weight.dtype)
         dist.reduce_scatter_tensor(grad_shard, grad_weight.contiguous())
         return grad_shard / n
 
@@ -361,3 +361,47 @@ class no_empty_shard_guard(_Base):
 
 
 SHARDED_OPTIMIZER += [no_empty_shard_guard]
+
+
+# ---- issue 47 (h-grader): a float32 buffer for a float64 layer; [] when nothing fits ----
+class _DefaultDtype(torch.autograd.Function):
+    """The solution, but the gathered weight is allocated in the default float32 (torch.empty without dtype)."""
+
+    @staticmethod
+    def forward(ctx, x, shard):
+        n = dist.get_world_size()
+        weight = torch.empty(shard.shape[0] * n, shard.shape[1])
+        dist.all_gather_into_tensor(weight, shard.float().contiguous())
+        ctx.save_for_backward(x, shard)
+        return (x.float() @ weight.T).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, shard = ctx.saved_tensors
+        n = dist.get_world_size()
+        weight = torch.empty(shard.shape[0] * n, shard.shape[1], dtype=shard.dtype)
+        dist.all_gather_into_tensor(weight, shard.contiguous())
+        grad_shard = torch.empty_like(shard)
+        dist.reduce_scatter_tensor(grad_shard, (grad_y.T @ x).contiguous())
+        return grad_y @ weight, grad_shard / n
+
+
+def gathers_into_the_default_dtype(x, shard):
+    return _DefaultDtype.apply(x, shard)
+
+
+ZERO3_LINEAR += [gathers_into_the_default_dtype]
+
+
+def empty_when_nothing_fits(activation_bytes, input_bytes, recompute_flops, budget):
+    """The optimum whenever some set fits; [] (no checkpoint: the most memory) when none does."""
+    from itertools import combinations
+
+    n = len(activation_bytes)
+    fits = [
+        s for k in range(n + 1) for s in combinations(range(n), k) if _kept(activation_bytes, input_bytes, s) <= budget
+    ]
+    return list(min(fits, key=lambda s: sum(recompute_flops[i] for i in s))) if fits else []
+
+
+CHECKPOINT_PLACEMENT += [empty_when_nothing_fits]
