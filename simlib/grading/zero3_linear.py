@@ -47,7 +47,12 @@ def _z3_close(actual, expected, dtype: str) -> bool:
 
     if actual is None or torch.as_tensor(actual).dtype != getattr(torch, dtype):
         return False
-    return _close(actual, expected) if dtype == "float32" else _close(actual, expected, rtol=1e-10, atol=1e-12)
+    if dtype == "float32":  # sums of products in float32: an entry near 0 after cancellation carries the rounding of
+        # its summands (seen in CI: F.linear against x @ W.T off by more than 1e-6 there), so the absolute
+        # tolerance is relative to the largest value; a wrong gradient is off by far more
+        scale = float(torch.as_tensor(expected).abs().max()) if torch.as_tensor(expected).numel() else 0.0
+        return _close(actual, expected, rtol=1e-4, atol=1e-5 * (1.0 + scale))
+    return _close(actual, expected, rtol=1e-10, atol=1e-12)
 
 
 def _kinds(names) -> dict:
