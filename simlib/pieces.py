@@ -11,7 +11,7 @@ A run given ``pieces={"grad_sync": MyBucketSync}`` (``simlib.train.train(..., pi
 the slot with :func:`get` and uses its own piece when it gets None. The run's summary lists the learner's pieces
 the library actually asked for (``summary["pieces"]``; a piece for a slot the plan never reaches is not there),
 which is what a project's milestone checks: the model reached its target *with the learner's code in the loop*. A stuck learner switches the course's own piece on by leaving the slot out (or by
-passing ``given(slot)``); the run then says so and the milestone is not earned by it.
+passing ``slot.load_given()``); the run then says so and the milestone is not earned by it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import contextlib
 import importlib
 from dataclasses import dataclass
 
-__all__ = ["Slot", "using", "get", "active", "used", "given", "check_pieces"]
+__all__ = ["Slot", "using", "get", "active", "used", "load", "check_pieces"]
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,13 @@ class Slot:
 
     def load_given(self):
         """The course's own piece for this slot (imported now)."""
-        module, _, attribute = self.given.partition(":")
-        return getattr(importlib.import_module(module), attribute)
+        return load(self.given)
+
+
+def load(path: str):
+    """The object a ``"module:attribute"`` path names (imported now)."""
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 _ACTIVE: dict[str, object] = {}
@@ -95,8 +100,3 @@ def used() -> list[str]:
     """The slots whose learner's piece this run's code asked for so far (a piece given for a slot the plan never
     reaches, e.g. a tensor-parallel piece in a data-parallel run, is not among them), sorted."""
     return sorted(_USED)
-
-
-def given(slot: Slot):
-    """The course's own piece for ``slot`` (what a stuck learner passes, or leaves the slot empty for)."""
-    return slot.load_given()

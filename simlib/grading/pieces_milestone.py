@@ -53,7 +53,7 @@ def _is_given(piece, given) -> bool:
 def _shape(answer, slots):
     """In a worker: what the checks need to know of the answer's shape, as plain data (``slots``: {name: the
     slot's given, "module:attribute"})."""
-    from ..pieces import Slot
+    from ..pieces import load
 
     if not isinstance(answer, tuple) or len(answer) != 4:
         return {"error": f"a {type(answer).__name__}" + (f" of {len(answer)}" if isinstance(answer, tuple) else "")}
@@ -62,9 +62,7 @@ def _shape(answer, slots):
         return {"error": f"pieces is a {type(pieces).__name__}, not a dict"}
     summary = getattr(answer[1], "summary", None)
     used = summary.get("pieces") if isinstance(summary, dict) else None
-    course = sorted(
-        str(k) for k, v in pieces.items() if k in slots and _is_given(v, Slot(k, "", slots[k], "").load_given())
-    )
+    course = sorted(str(k) for k, v in pieces.items() if k in slots and _is_given(v, load(slots[k])))
     return {
         "course": course,
         "given": sorted(str(k) for k, v in pieces.items() if v is not None and k not in course),
@@ -73,16 +71,12 @@ def _shape(answer, slots):
     }
 
 
-def _piece_bytes(answer, slot: str) -> bytes:
-    """In a worker: one piece of the answer as cloudpickle bytes (sent on to that piece's own exercise)."""
+def _piece(answer, slot: str):
+    """In a worker: one piece of the answer as (its fingerprint (:mod:`.fingerprint`), its cloudpickle bytes, sent
+    on to that piece's own exercise when it was not graded before)."""
     import cloudpickle
 
-    return cloudpickle.dumps(answer[3][slot])
-
-
-def _piece_fingerprint(answer, slot: str):
-    """In a worker: the fingerprint of one piece of the answer (:mod:`.fingerprint`)."""
-    return fingerprint(answer[3][slot])
+    return fingerprint(answer[3][slot]), cloudpickle.dumps(answer[3][slot])
 
 
 def _prefixed(result: Result, slot: str) -> Result:
@@ -137,7 +131,7 @@ def pieces_milestone(name: str, base: str | None = None) -> str:
         if missing or uncallable:
             return
         for slot_name, slot in slots.items():  # each piece on its own: secret instances, like any exercise
-            print_ = grader.ask(_piece_fingerprint, answer, slot_name, what=f"your {slot_name}")
+            print_, data = grader.ask(_piece, answer, slot_name, what=f"your {slot_name}")
             if passed_before(slot.check, print_):
                 yield Result(
                     f"[{slot_name}] passed grading.check({slot.check!r}) in this session, with this very code",
@@ -145,7 +139,7 @@ def pieces_milestone(name: str, base: str | None = None) -> str:
                     detail="not graded again: the same functions and what they read (simlib grade re-grades all)",
                 )
                 continue
-            piece = Sent(grader.ask(_piece_bytes, answer, slot_name, what=f"your {slot_name}"))
+            piece = Sent(data)
             passed = True
             for result in EXERCISES[slot.check](piece, grader):
                 passed = passed and result.passed
