@@ -15,7 +15,9 @@ def test_calibration_is_sane(calibrated):
     hw = calibrated
     for key, table in hw.gemm_table.items():
         rates = [r for _, r in table]
-        assert all(1e8 < r < 1e13 for r in rates), (key, rates)  # 0.1 GFLOP/s .. 10 TFLOP/s on a CPU
+        # 10 MFLOP/s .. 10 TFLOP/s on a CPU: a unit slip (FLOP for GFLOP) is off by 1e9; a 2-core machine at
+        # 9x its cores' load (the suite beside a burner) timed the smallest GEMMs below 0.1 GFLOP/s, a true rate there
+        assert all(1e7 < r < 1e13 for r in rates), (key, rates)
     alpha, bw = hw.intra.at(2)
     assert 0 <= alpha < 0.05 and 1e7 < bw < 1e11  # Gloo on loopback: ms latency, ~GB/s
     assert 1e8 < hw.mem_rate(1) < 1e12

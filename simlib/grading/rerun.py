@@ -16,7 +16,9 @@ optimizer and its full-budget schedule, and the record's torch threads per rank.
   every plan alike, so ``q`` of each plan is compared with the median ``q`` of the other plans re-run in the same
   check (within :data:`RELATIVE_TOL`, both ways: a rival made to look slower fails too). Alone (vision, finance:
   one plan), the record's median step may be at most :data:`ABSOLUTE_TOL` times faster than the re-run's fastest
-  step: one-sided (a slower record gains nothing) and against the fastest step (the least disturbed by load).
+  step: one-sided (a slower record gains nothing) and against the fastest step (the least disturbed by load),
+  scaled to idle cores by the slowdown :mod:`simlib.pace` measures right after the re-run (a record made on a
+  quieter machine is not failed by a busy one; the price: an edit hides in the slowdown as well).
 
 What this cannot tell apart: on a GPU, plans whose step times here differ by less than the tolerance (their losses
 agree to LOSS_RTOL: the same mathematics); anywhere, step times edited by less than the tolerances (about 5x relative,
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import statistics
 
+from .. import pace
 from .core import Result
 
 MIN_STEPS = 8  # steps re-run at least: 6 timed steps after the trainer's 2 warm-up steps
@@ -128,7 +131,11 @@ def replay(
     optim = dataclasses.replace(optim, decay_steps=optim.decay_steps or budget)  # the full run's schedule
     cluster = _cluster_for(grader, device, plan.world_size)
     args = (task, plan, optim, replay_steps(rows, budget), threads)
-    return call_with_pieces(grader, cluster, _replay, args, timeout)[0]  # plain data back
+    out = call_with_pieces(grader, cluster, _replay, args, timeout)[0]  # plain data back
+    # how much slower than idle cores this machine runs work now, measured right after the re-run (issue 51: the
+    # burner run's vision record, made at a lower load, looked 2.9x "too fast" against a re-run at load ~20)
+    now = pace.measure()
+    return {**out, "slowdown": now.slowdown, "load": now.note()}
 
 
 def call_with_pieces(grader, cluster, fn, args, timeout):
@@ -207,13 +214,15 @@ def check_spans(name: str, rows, replayed: dict, what: str) -> Result:
 
 
 def time_ratio(rows, replayed: dict) -> tuple | None:
-    """(q, q_best): the record's median step time over the re-run's median, and over the re-run's fastest step
-    (None when either has no step time)."""
+    """(q, q_best, load): the record's median step time over the re-run's median, and over the re-run's fastest step
+    as it would run on idle cores (divided by the slowdown measured after the re-run: a busy machine's re-run is not
+    held against a record made when it was quieter), and what was measured (None when either has no step time)."""
     mine = replayed["step_times"]
     theirs = record_step_time(rows)
     if not mine or not theirs:
         return None
-    return theirs / statistics.median(mine), theirs / min(mine)
+    slowdown = max(1.0, float(replayed.get("slowdown", 1.0)))
+    return theirs / statistics.median(mine), theirs / (min(mine) / slowdown), replayed.get("load", "")
 
 
 def check_time(name: str, ratio: tuple | None, others: dict, what: str) -> Result:
@@ -224,9 +233,10 @@ def check_time(name: str, ratio: tuple | None, others: dict, what: str) -> Resul
     if ratio is None:
         problems.append("the record has no step times after the warm-up")
     else:
-        q, best = ratio
+        q, best, *load = ratio
         if best < 1 / ABSOLUTE_TOL:
-            problems.append(f"its median step took {best:.2f}x the fastest step of {what} here")
+            said = f" ({load[0]})" if load and load[0] else ""
+            problems.append(f"its median step took {best:.2f}x the fastest step of {what} here{said}")
         if qs:
             ref = statistics.median(qs.values())
             if not 1 / RELATIVE_TOL <= q / ref <= RELATIVE_TOL:
