@@ -53,7 +53,7 @@ def test_stated_features_and_models_decide_what_is_expressible(tmp_path):
     assert not scale_runs.why_inexpressible(_row("megatron-moe-modelzoo-005"))  # its forced-balance twin
     assert not scale_runs.why_inexpressible(_row("megatron-moe-modelzoo-013"))  # CUDA graphs: priced as no change
     assert "compile" in scale_runs.why_inexpressible(_row("nemo-automodel-004"))
-    assert "has no shape" in scale_runs.why_inexpressible(dict(dropless, model="gpt3-5b", features=()))
+    assert "has no shape" in scale_runs.why_inexpressible(dict(dropless, model="gpt4-secret", features=()))
     with open(scale_runs.DATA, newline="") as f:
         rows = list(csv.DictReader(f))
     bad = tmp_path / "bad.csv"
