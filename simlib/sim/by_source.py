@@ -55,7 +55,8 @@ def _moe_ratios() -> list[tuple[str, str, float]]:
 def _fit_moe_host(sources: set[str]) -> float | None:
     """The MoE host term fitted on the rows of ``sources`` (the median ratio); None if they hold no MoE row."""
     ratios = [r for _, src, r in _moe_ratios() if src in sources]
-    return statistics.median(ratios) if ratios else None
+    # a host time is not negative: where the other sources' rows run faster than the physics without it, 0
+    return max(0.0, statistics.median(ratios)) if ratios else None
 
 
 # name -> (module attribute it sets, fit(sources) -> value or None, the sources that fit the shipped value)
@@ -63,7 +64,11 @@ FITTED_TERMS = {
     "MOE_HOST_PER_LOCAL_EXPERT": dict(
         module="simlib.sim.cluster_ops",
         fit=_fit_moe_host,
-        shipped_from=("megatron-bridge (its fit half: 15 MoE rows)",),
+        shipped_from=(
+            "megatron-bridge (its fit half: 15 MoE rows)",
+            "megatron-moe-modelzoo (its fit half: 4 stated MoE rows)",
+            "nemo-automodel (its fit half: 1 stated MoE row)",
+        ),
         unfitted=0.0,
         doc="host time per local expert per MoE layer pass (Transformer Engine's per-expert launches)",
     ),

@@ -42,9 +42,10 @@ from .ops import _backward_gemms, _gemm, fp8_cast_bytes
 # (:func:`simlib.sim.scale_runs.fit_moe_host_per_expert`; 0.06–5.1 ms, middle half 0.31–0.45; 0.44 before the
 # experts' FP8 gradient casts were priced; 0.378 with the 15th row, DeepSeek-V3's pp 8 × vp 4, now stated; 0.373 once
 # GPT-OSS's eager expert operators and unfused YaRN RoPE were priced; 0.347 once Blackwell's FP8 casts and backward
-# GEMMs were priced as Transformer Engine measured them, presets). Nothing of the test half was used. A third of it
+# GEMMs were priced as Transformer Engine measured them, presets; 0.331 with the fit halves of two more sources,
+# megatron-moe-modelzoo's 4 and nemo-automodel's 1 stated MoE rows). Nothing of the test half was used. A third of it
 # is charged to forward, two thirds to backward.
-MOE_HOST_PER_LOCAL_EXPERT = 0.347e-3
+MOE_HOST_PER_LOCAL_EXPERT = 0.331e-3
 
 
 def moe_host_overhead(model, strategy, hardware) -> float:

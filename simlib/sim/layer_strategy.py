@@ -60,6 +60,17 @@ RECOMPUTE_MODULE_OPS = {
     "moe_act": ("experts SwiGLU", "experts GeLU", "experts activation clamp"),
     "mla_up_proj": ("MLA q up", "MLA kv up", "rotary embedding on Q, K"),
     "mlp": ("MLP up", "MLP down", "SwiGLU silu·up", "bias+GeLU (fused)"),
+    # the whole MoE layer under one checkpoint (Megatron-Core's "moe": router, permutation, both all-to-alls, the
+    # routed and shared experts; cluster_ops.moe_ops' operators)
+    "moe": (
+        "router",
+        "permute tokens",
+        "dispatch all-to-all",
+        "experts ",
+        "combine all-to-all",
+        "unpermute",
+        "shared ",
+    ),
 }
 
 

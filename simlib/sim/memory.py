@@ -220,6 +220,8 @@ def moe_activation_delta(
     g, f, h = (2 if model.gated_mlp else 1), model.expert_width, model.hidden
     gemm_in = 1 if fp8 else 2
     dense = (2.0 * model.up_width + gemm_in * model.ffn + 2.0 * glu_extra(model, model.ffn, fused_glu)) * t / tp
+    if "moe" in recompute_modules:  # the whole MoE layer recomputed: only its input (the norm's output, bf16) kept
+        return -dense + (2 - gemm_in) * h * t / tp
     rows = expert_rows(model, t / tp, imbalance)
     act = 0.0 if "moe_act" in recompute_modules else gemm_in * f + 2.0 * glu_extra(model, f, fused_glu)
     routed = rows * (gemm_in * h + 2.0 * g * f + act) + 4.0 * t / tp * model.experts

@@ -182,6 +182,9 @@ def llama(
     return transformer(layers, hidden, heads, seq_len, vocab, name=name, **{**shape, **extra})
 
 
+_GPT3 = dict(gated_mlp=False, norm="layernorm", position="learned", bias=True, dropout=True, tied_embeddings=True)
+_NEMOTRON = dict(gated_mlp=False, norm="layernorm", position="rope", bias=False, dropout=False, tied_embeddings=False)
+
 # Llama shapes from the model cards / torchtitan's model args (layers, hidden, heads, kv_heads, ffn, vocab, seq)
 LLAMA_SIZES = {
     "llama2-7b": dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000, seq_len=4096),
@@ -294,6 +297,24 @@ LLAMA_SIZES = {
         activation_clamp=7.0,
         rope_mscale=0.1 * math.log(32) + 1,
     ),
+    # NeMo's GPT-3 and Nemotron configs (NeMo-Framework-Launcher launcher_scripts/conf/training/{gpt3/5b, 20b, 175b,
+    # nemotron/nemotron_8b, 22b, 340b}.yaml at commit 7316a8d9, 2024-09-10, the NeMo 24.07 release's time): GPT-3 —
+    # learned positions, LayerNorm, biases, GeLU MLP of 4h, dropout 0.1, tied embeddings, GPT-2 BPE (50,257 padded
+    # to a multiple of 128: 50,304); Nemotron — rotary positions, LayerNorm1p without biases, squared-ReLU MLP (not
+    # gated; priced as the one element-wise activation GeLU's is), no dropout, untied, a 256,000-token
+    # SentencePiece vocabulary (nemotron_2_256k), 340B with 8 query groups
+    **{
+        name: dict(layers=n, hidden=h, heads=a, kv_heads=a, ffn_hidden=4 * h, vocab=50304, seq_len=2048, **_GPT3)
+        for name, n, h, a in (("gpt3-5b", 24, 4096, 32), ("gpt3-20b", 44, 6144, 48), ("gpt3-175b", 96, 12288, 96))
+    },
+    **{
+        name: dict(layers=n, hidden=h, heads=a, kv_heads=kv, ffn_hidden=4 * h, vocab=256000, seq_len=4096, **_NEMOTRON)
+        for name, n, h, a, kv in (
+            ("nemotron-8b", 32, 4096, 32, 32),
+            ("nemotron-22b", 40, 6144, 48, 48),
+            ("nemotron-340b", 96, 18432, 96, 8),
+        )
+    },
     "qwen1.5-moe-a2.7b": dict(
         layers=24,
         hidden=2048,

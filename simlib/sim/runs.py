@@ -25,7 +25,7 @@ import csv
 from pathlib import Path
 
 from .cost import predict
-from .hardware_presets import dgx_a100, dgx_h100
+from .hardware_presets import dgx_a100, dgx_h100, dgx_h200
 from .model_zoo import transformer
 from .published import KORTHIKANTI_2022, NARAYANAN_2021_TABLE_1
 from .strategy import Strategy
@@ -36,7 +36,14 @@ KORTHIKANTI_SOURCE = (
     "calculon/megatron/validation.py"
 )
 
-HARDWARE = {"a100_80gb": lambda: dgx_a100(80), "a100_40gb": lambda: dgx_a100(40), "h100_80gb": dgx_h100}
+HARDWARE = {
+    "a100_80gb": lambda: dgx_a100(80),
+    "a100_40gb": lambda: dgx_a100(40),
+    "h100_80gb": dgx_h100,
+    "h200": dgx_h200,
+}
+# a part named with its fabric ("a100_80gb_400gbps": fms-fsdp's "with 400Gbps") is not read: the source does not say
+# whether that is per GPU or per node, which Hardware.with_fabric must be told (nic_gbps, nics_per_node)
 # which software generation a source's H100 rows ran on: llm-foundry's H100 tables were made Oct 2023 - Jan 2024
 # (the README's history) with PyTorch 2.x on cuBLAS 12.0/12.1
 H100_SOFTWARE = {"llm-foundry": "2023"}
@@ -95,6 +102,9 @@ def why_inexpressible(row: dict) -> str:
             + (
                 " (the source: H100 at a 500 W limit with HBM2e, whose peak FLOP/s it says it does not know)"
                 if row["gpu"].startswith("h100_96")
+                else " (the source gives its fabric's Gb/s without saying per GPU or per node: Hardware.with_fabric "
+                "needs which)"
+                if row["gpu"].endswith("gbps")
                 else ""
             )
         )

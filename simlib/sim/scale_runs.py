@@ -9,8 +9,15 @@ from two independent sources:
   global batch stated; tokens/s per GPU measured. What the tables do not say is taken as the performance recipes'
   defaults (sequence parallelism and TP communication overlap when tp > 1, the distributed optimizer, fused
   attention, no recomputation, CP over p2p = ring, experts force-balanced and dropless) — said on every row —
-  except where the release's performance config says otherwise (:data:`RECIPE_SETTINGS`).
+  except where the release's performance config says otherwise (the row's settings columns).
 - **Llama 3** (Dubey et al. 2024, Table 4): 405B on 8K/16K H100s, CP 16 at 128K; interleaving not stated.
+- **NeMo** long-sequence and 24.07 performance pages (Llama 2/3 FP8, CP, H100/B200); **Megatron-MoE-ModelZoo**
+  (Megatron-LM, Qwen3-235B-A22B on H100/GB200/GB300, its TFLOP/s counted by Megatron-LM's causal formula) and
+  **NeMo AutoModel** (FSDP2, MoE on H100): ``simlib/sim/data/README.md`` says where each row is from.
+
+What a row states beyond its layout is in its columns, read the same way for every source (:data:`FLAGS`,
+``recompute``, ``recompute_modules``, ``offload_layers``, ``flops_formula``, ``stack``, :data:`FEATURES`); an empty
+cell is "not stated" and takes the default written beside those names.
 
 Every row has ``kinds`` (long_context: cp > 1; moe; blackwell; fp8; async_tp: TP communication overlap) so that
 errors can be reported per kind. The fit/test split was written into the CSV by the transcription, before any
@@ -25,64 +32,98 @@ from pathlib import Path
 
 from .cost import predict
 from .hardware_presets import dgx_h100, preset
-from .model_zoo import llama_size
+from .model_zoo import LLAMA_SIZES, llama_size
 from .runs import measured_mfu
 from .strategy import Strategy
 
 DATA = Path(__file__).parent / "data" / "scale_runs.csv"
 KINDS = ("long_context", "moe", "blackwell", "fp8", "async_tp")
-INEXPRESSIBLE_MODELS: dict = {}  # every model of the set has its shape (DeepSeek-V3: latent attention and MTP;
-# GPT-OSS: windows and sinks; simlib.sim.attention)
 
 
-# Settings the tables do not show that differ from the recipe defaults above, read in Megatron-Bridge's
-# performance configs of the same release (tag v0.2.2, whose docs first hold the 25.11 table, the settings used
-# here unchanged since v0.2.0; v0.3.0, whose docs hold the 26.02 table;
-# scripts/performance/configs/{qwen3 or qwen, deepseek, gpt_oss}/*workload_base_configs.py and *_llm_pretrain.py):
-# ``moe_a2a_overlap=True`` (helpers.set_moe_a2a_overlap_overrides: overlap_moe_expert_parallel_comm), for
-# Qwen3-235B on H100 ``CommOverlapConfig(tp_comm_overlap=False)``, and ``recompute_modules`` (DeepSeek-V3,
-# GPT-OSS). Llama keeps the defaults. Keyed by (version, model, gpu): a table's row may differ from its config in a
-# degree (25.11's Qwen3-235B on B200 ran vp 2 where the config says 4); the setting is taken for the row all the same.
-_OSS = dict(recompute_modules=("layernorm", "moe_act"))
-_MLA_UP = dict(recompute_modules=("mla_up_proj",))
-RECIPE_SETTINGS = {
-    ("25.11", "qwen3-235b-a22b", "b200"): dict(ep_overlap=True),
-    ("25.11", "qwen3-235b-a22b", "h100"): dict(ep_overlap=True, tp_overlap=False),
-    ("25.11", "qwen3-30b-a3b", "h100"): dict(ep_overlap=True),
-    ("26.02", "qwen3-235b-a22b", "b300"): dict(ep_overlap=True),
-    ("26.02", "qwen3-235b-a22b", "h100"): dict(ep_overlap=True, tp_overlap=False),
-    ("26.02", "qwen3-30b-a3b", "h100"): dict(ep_overlap=True),
-    ("25.11", "deepseek-v3", "gb300"): dict(recompute_modules=("moe_act",)),
-    ("25.11", "deepseek-v3", "gb200"): _MLA_UP,
-    ("25.11", "deepseek-v3", "b200"): _MLA_UP,
-    ("26.02", "deepseek-v3", "gb300"): _MLA_UP,  # the FP8 config (the BF16 one has moe_act): the row is MXFP8
-    ("26.02", "deepseek-v3", "b200"): _MLA_UP,
-    **{(v, "gpt-oss-120b", g): _OSS for v in ("25.11", "26.02") for g in ("gb200", "b200", "h100")},
-}
-
-# Activation offloading (simlib.sim.offload) of Llama 3 70B's Megatron-FSDP configs, layers by (gpu, precision),
-# the same at v0.2.2 (configs/llama3/workload_base_configs.py) and v0.3.0 (configs/llama/
-# llama3_workload_base_configs.py, V1 and V2): ``cpu_offloading_num_layers``; the FSDP rows only (the MXFP8 ones
-# run pp 4 × vp 5 without it)
-OFFLOAD_LAYERS = {
-    ("gb300", "bf16"): 30,
-    ("gb300", "fp8"): 20,
-    ("gb200", "bf16"): 20,
-    ("gb200", "fp8"): 40,
-    ("b200", "fp8"): 5,
+# What a row states beyond its layout, as columns (an empty cell: not stated, and the reader takes the default
+# written here, the same for every source). The Megatron flags default to off in Megatron-LM's own arguments
+# (megatron/training/arguments.py: --tp-comm-overlap, --overlap-param-gather, --overlap-moe-expert-parallel-comm,
+# --fp8-param-gather are store_true), so a source that does not state them is priced without them: that is the
+# reader's reading of "not stated", not a fact of the run. Megatron-Bridge's rows carry its performance recipes'
+# settings (TP overlap when tp > 1, the distributed optimizer's overlapped parameter all-gather) and, where a release's
+# performance config differs, that config's (simlib/sim/data/README.md says which: EP all-to-all overlap, no TP
+# overlap for Qwen3-235B on H100, recomputed modules of DeepSeek-V3 and GPT-OSS, Llama 3 70B's offloaded layers).
+FLAGS = ("tp_overlap", "param_gather_overlap", "ep_overlap", "fp8_param_gather")  # 1, 0 or empty (= 0)
+RECOMPUTE = {"": "none", "none": "none", "full": "full", "selective": "selective"}  # Megatron's --recompute-granularity
+# ``stack``: the framework whose gradient buckets the row's DP communication uses — "megatron-core" (Megatron-LM,
+# Megatron-Bridge, NeMo: :func:`megatron_bucket_bytes`), anything else PyTorch DDP's 25 MB
+# ``flops_formula``: how the source turned its step into TFLOP/s (rows measured in TFLOP/s are compared in the
+# source's own unit): "" — :meth:`ModelSpec.flops_per_token` (full s² attention; NeMo's ``flops_formulas.py`` for
+# Llama, whose tokens/s and TFLOP/s agree with it), "megatron-lm" — :func:`megatron_lm_flops_per_token`.
+FLOPS_FORMULAS = ("", "megatron-lm")
+# ``features``: what else a row states (space-separated). None: the simulator prices it as it prices every run (said
+# why); a string: the row cannot be stated, and why.
+FEATURES = {
+    "cuda_graphs": None,  # CUDA graphs of attention, router and token preprocessing (Megatron's --cuda-graph-scope
+    # attn moe_router moe_preprocess): the simulator charges no per-launch host time there (its only host term is
+    # the experts' per-expert launches, cluster_ops.MOE_HOST_PER_LOCAL_EXPERT, outside those scopes): no change
+    "dropless": "a dropless router's imbalance over the experts is not stated (Strategy.expert_imbalance)",
+    "offload_modules": "activation offloading of single modules (expert_fc1, moe_act) is not in simlib.sim.offload "
+    "(whole layers only)",
+    "automodel_layout": "NeMo AutoModel's layout of DeepSeek-V3's 61 layers over pp 4 x vp 8 is not stated",
+    "recompute_not_stated": "whether activations are recomputed is not stated",
+    "ep_not_stated": "the expert-parallel degree is not stated ('-' in the table)",
+    "torch_compile": "torch.compile's kernel fusion is not in the cost model",
 }
 
 
 def recipe_settings(row: dict) -> dict:
-    """TP communication overlap, EP all-to-all overlap, recomputed modules and offloaded layers of a row: the
-    recipe defaults, or RECIPE_SETTINGS and OFFLOAD_LAYERS."""
-    mb = row["source"] == "megatron-bridge"
-    out = dict(tp_overlap=row["tp"] > 1 and mb, ep_overlap=False, recompute_modules=())
-    out.update(RECIPE_SETTINGS.get((row["version"], row["model"], row["gpu"]), {}) if mb else {})
-    out["tp_overlap"] = out["tp_overlap"] and row["tp"] > 1
-    if mb and row["model"] == "llama3-70b" and row["fsdp"]:
-        out["offload_layers"] = OFFLOAD_LAYERS.get((row["gpu"], row["precision"]), 0)
+    """TP communication overlap, EP all-to-all overlap, recomputed modules (and offloaded layers, where any) of a
+    row, from its columns."""
+    out = dict(
+        tp_overlap=row["tp_overlap"] and row["tp"] > 1,
+        ep_overlap=row["ep_overlap"],
+        recompute_modules=row["recompute_modules"],
+    )
+    if row["offload_layers"]:
+        out["offload_layers"] = row["offload_layers"]
     return out
+
+
+def megatron_lm_flops_per_token(model) -> float:
+    """Model FLOPs per token (forward and backward) as Megatron-LM counts them when it reports TFLOP/s
+    (``num_floating_point_operations``, megatron/training/training.py): 12·L·h² per layer for the attention
+    projections scaled by (1 + groups/heads)·(heads·d/h), the core attention at *half* the s² term ("only half of the
+    attention matrix is non-zero": causal), the dense, routed (top-k of ``moe_ffn_hidden_size``) and shared MLPs ×
+    3/2 if gated, and the logits 6·h·V over the vocabulary padded to a multiple of 128 (its
+    ``--make-vocab-size-divisible-by``; × tp is left out: under 0.1 %); no router, no norms. Grouped-query attention
+    only (latent attention and windows have their own branches there, not read here)."""
+    if model.kv_lora or model.window:
+        raise ValueError(f"{model.name}: megatron_lm_flops_per_token reads grouped-query attention only")
+    L, h, s, H = model.layers, model.hidden, model.seq_len, model.heads
+    d = model.head_size or h // H
+    groups = model.kv_heads or H
+    g = 1.5 if model.gated_mlp else 1.0
+    attention = 12 * L * h * h * (1 + groups / H + s / h / 2) * (H * d / h)
+    moe_layers = L - model.dense_layers if model.experts else 0
+    mlp = (
+        12
+        * h
+        * g
+        * (
+            (L - moe_layers) * model.ffn
+            + moe_layers * (model.expert_width * model.top_k + model.shared_experts * model.expert_width)
+        )
+    )
+    vocab = -(-model.vocab // 128) * 128
+    return attention + mlp + 6 * h * vocab
+
+
+def flops_per_token(row: dict, model) -> float:
+    """FLOPs per token by the row's source's formula (``flops_formula``)."""
+    return megatron_lm_flops_per_token(model) if row["flops_formula"] == "megatron-lm" else model.flops_per_token()
+
+
+def measured_tokens(row: dict, model) -> float:
+    """The row's measured tokens per second per GPU (a TFLOP/s figure turned back with its source's formula)."""
+    if row["metric"] == "tokens_per_s_per_gpu":
+        return row["measured"]
+    return row["measured"] * 1e12 / flops_per_token(row, model)
 
 
 def deepseek_v3_layout(pp: int, vp: int) -> tuple | None:
@@ -125,6 +166,22 @@ def load_rows(path: Path = DATA) -> list[dict]:
         for k in INTS:
             r[k] = int(r[k])
         r["measured"] = float(r["measured"])
+        for k in FLAGS:
+            if r[k] not in ("", "0", "1"):
+                raise ValueError(f"{path.name} {r['id']}: {k} must be 1, 0 or empty (not stated), got {r[k]!r}")
+            r[k] = r[k] == "1"
+        if r["recompute"] not in RECOMPUTE or r["flops_formula"] not in FLOPS_FORMULAS:
+            raise ValueError(
+                f"{path.name} {r['id']}: recompute {r['recompute']!r} (one of {list(RECOMPUTE)}) or flops_formula "
+                f"{r['flops_formula']!r} (one of {list(FLOPS_FORMULAS)}) not read"
+            )
+        r["recompute"] = RECOMPUTE[r["recompute"]]
+        r["recompute_modules"] = tuple(r["recompute_modules"].split())
+        r["offload_layers"] = int(r["offload_layers"] or 0)
+        r["features"] = tuple(r["features"].split())
+        unknown = [f for f in r["features"] if f not in FEATURES]
+        if unknown:
+            raise ValueError(f"{path.name} {r['id']}: features {unknown} not read (known: {list(FEATURES)})")
     return rows
 
 
@@ -132,7 +189,7 @@ def kinds_of(row: dict) -> list[str]:
     out = []
     if row["cp"] > 1:
         out.append("long_context")
-    if row["ep"] > 1 or row["model"] in ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"):
+    if row["ep"] > 1 or (row["model"] in LLAMA_SIZES and LLAMA_SIZES[row["model"]].get("experts")):
         out.append("moe")
     if row["gpu"] in ("b200", "gb200", "b300", "gb300"):
         out.append("blackwell")
@@ -145,8 +202,9 @@ def kinds_of(row: dict) -> list[str]:
 
 def why_inexpressible(row: dict) -> str:
     reasons = []
-    if row["model"] in INEXPRESSIBLE_MODELS:
-        reasons.append(INEXPRESSIBLE_MODELS[row["model"]])
+    if row["model"] not in LLAMA_SIZES:
+        reasons.append(f"the model {row['model']!r} has no shape in simlib.sim.model_zoo.LLAMA_SIZES")
+    reasons += [FEATURES[f] for f in row["features"] if FEATURES[f]]
     if row["vp"] == 0:
         reasons.append("the interleaving depth (virtual pipeline stages) is not stated by the source")
     if row["model"] == "deepseek-v3" and row["pp"] > 1 and deepseek_v3_layout(row["pp"], row["vp"]) is None:
@@ -197,11 +255,13 @@ def strategy_of(row: dict, model) -> Strategy:
         zero_stage=3 if fsdp else 1,
         fsdp=fsdp,
         overlap=True,
-        # the distributed optimizer's reduce-scatter under backward, all-gather under the next forward: Megatron-
-        # Bridge's performance recipes set ddp.overlap_grad_reduce and ddp.overlap_param_gather (its docs,
-        # training/communication-overlap: "exposes only one DP communication chunk"); Llama 3's paper does not say
-        param_gather_overlap=not fsdp and row["source"] == "megatron-bridge",
-        bucket_bytes=megatron_bucket_bytes(dp) if row["source"] == "megatron-bridge" else 25e6,
+        # the distributed optimizer's reduce-scatter under backward, all-gather under the next forward (Megatron's
+        # --overlap-grad-reduce --overlap-param-gather; Megatron-Bridge's docs, training/communication-overlap:
+        # "exposes only one DP communication chunk"): the row's column
+        param_gather_overlap=row["param_gather_overlap"] and not fsdp,
+        fp8_param_gather=row["fp8_param_gather"] and row["precision"] in ("fp8", "fp4"),
+        bucket_bytes=megatron_bucket_bytes(dp) if row["stack"] == "megatron-core" else 25e6,
+        recompute=row["recompute"],
         attention="flash",
         schedule="interleaved" if vp > 1 else "1f1b",
         virtual_stages=vp,
@@ -251,13 +311,17 @@ def predict_row(row: dict, hardware=None) -> dict:
         if p.fits
         else strategy_of(row, model).global_batch * model.seq_len / p.step_time / row["gpus"]
     )
-    predicted = tokens if row["metric"] == "tokens_per_s_per_gpu" else tokens * model.flops_per_token() / 1e12
+    predicted = tokens if row["metric"] == "tokens_per_s_per_gpu" else tokens * flops_per_token(row, model) / 1e12
     out.update(
         predicted=predicted,
         error=predicted / row["measured"] - 1,
         fits=p.fits,
         memory_gb=p.memory["total"] / 1e9,
-        mfu_measured=measured_mfu(model, hw, s, p, predicted / row["measured"] - 1),
+        # the MFU as the source counts it (its own FLOPs formula: Megatron-LM's causal count at 128K is less than
+        # half of the full-s² one), what the plausibility guard's "best published" reads
+        mfu_measured=measured_mfu(model, hw, s, p, predicted / row["measured"] - 1)
+        * flops_per_token(row, model)
+        / model.flops_per_token(),
         exposed_comm_share=p.exposed_comm / p.step_time,
         bubble_share=p.bubble / p.step_time,
     )
@@ -303,7 +367,8 @@ def fit_moe_host_per_expert(path: Path = DATA) -> float:
     on a rank. Test rows are never read."""
     import statistics
 
-    return statistics.median(r for split, _, r in moe_host_ratios(path, with_split=True) if split == "fit")
+    ratios = [r for split, _, r in moe_host_ratios(path, with_split=True) if split == "fit"]
+    return max(0.0, statistics.median(ratios))  # a host time is not negative
 
 
 def moe_host_ratios(path: Path = DATA, with_split: bool = False) -> list[tuple]:
@@ -323,7 +388,7 @@ def moe_host_ratios(path: Path = DATA, with_split: bool = False) -> list[tuple]:
                 continue
             s = strategy_of(row, model)
             p = predict(model, hardware_of(row), s)
-            measured = s.global_batch * model.seq_len / row["gpus"] / row["measured"]
+            measured = s.global_batch * model.seq_len / row["gpus"] / measured_tokens(row, model)
             stages = (
                 s.stage_layers(model.layers)
                 if s.virtual_stages == 1 or s.stage_layout

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from ..parallel import dims
 
 RECOMPUTE = ("none", "selective", "op", "every_other", "full")
-RECOMPUTE_MODULES = ("layernorm", "moe_act", "mla_up_proj", "mlp")  # Megatron's --recompute-modules (layer.py)
+RECOMPUTE_MODULES = ("layernorm", "moe_act", "mla_up_proj", "mlp", "moe")  # Megatron's --recompute-modules (layer.py)
 ATTENTION = ("unfused", "flash", "flash1")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 CP_KINDS = ("allgather", "ring", "ulysses")
