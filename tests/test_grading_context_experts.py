@@ -33,3 +33,17 @@ def test_planted_bug_is_caught(exercise, bug, clusters):
     assert not report.passed and report.status in ("fail", "error"), report
     hints = " ".join(r.hint for r in report.failed())
     assert HINTS[bug] in hints, "\n".join(r.line() for r in report.results)
+
+
+def test_tokens_sent_over_capacity_are_seen_on_the_wire(clusters):
+    """The right output and the right collectives on record: only the kernel's byte counters (read by the grader,
+    outside the answer's process) see the tokens over capacity cross to their expert's rank and back."""
+    from simlib.grading import wire
+
+    if not wire.available():
+        pytest.skip("the kernel's TCP counters cannot be read here (no ss)")
+    answer = planted.tokens_over_capacity_sent_anyway
+    report = grading.check("moe_dispatch", answer, clusters=clusters, quiet=True, first_failure=True)
+    failed = report.failed()
+    assert [r.name for r in failed] == [r.name for r in report.results if "on the wire" in r.name], report.results
+    assert len(failed) == 1 and "BEFORE the dispatch" in failed[0].hint, failed

@@ -254,13 +254,14 @@ def zero3_prefetch(answer, spec):
         answer_globals["issue_gather"] = issue
     losses = []
     try:
-        for step in range(2):
-            x, y = _seeded(10 * step + rank, 3, 4), _seeded(10 * step + rank + 5, 3, 2)
-            loss = torch.nn.functional.mse_loss(z(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(round(loss.item(), 6))
+        with _Collectives() as c:  # every collective the steps ran (a gather out of sight of dispatch modes too)
+            for step in range(2):
+                x, y = _seeded(10 * step + rank, 3, 4), _seeded(10 * step + rank + 5, 3, 2)
+                loss = torch.nn.functional.mse_loss(z(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(round(loss.item(), 6))
     finally:
         zero_prefetch.issue_gather = real
         if had is real:
@@ -272,6 +273,7 @@ def zero3_prefetch(answer, spec):
         counts=dict(z.counts),
         units_in_flight_at_most=in_flight_max,
         blocks_units=max(len(b) for b in z.blocks),
+        collectives=c.seen,
     )
 
 

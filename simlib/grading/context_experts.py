@@ -214,6 +214,29 @@ def _run_ring(answer, grader, ra, world_size, causal):
         return None, breach
 
 
+def _ra_smallest(answer, grader, ra: dict, world_size: int, causal: bool) -> str:
+    """The smallest failing problem Hypothesis finds on ``world_size`` ranks (6 runs at most, only after a
+    failure); nothing for the tests of planted answers (first_failure)."""
+    from .core import _Stop
+    from .instances import smallest
+
+    if grader.first_failure:
+        return ""
+
+    def fails(p) -> bool:
+        try:
+            got, _ = _run_ring(answer, grader, p, world_size, causal)
+        except _Stop:
+            return True
+        return got is None or not _close(got, _ra_variants(p, world_size, causal)["right"], rtol=1e-6, atol=1e-8)
+
+    p = smallest(ra_problem(), fails, budget=6, first=ra)
+    return (
+        f"; smallest failing case found: {world_size} ranks, batch {p['batch']}, {p['heads']} head(s), "
+        f"{p['local']} positions per rank, head dim {p['head_dim']}"
+    )
+
+
 @exercise("ring_attention")
 def _check_ring_attention(answer, grader):
     from .instances import draw
@@ -254,6 +277,8 @@ def _check_ring_attention(answer, grader):
                         "without a mask every query sees every key once: pass each K/V block on n − 1 times "
                         "(to rank + 1, from rank − 1) and merge every block with the log-sum-exp rescaling"
                     )
+            if not ok:  # the smallest problem Hypothesis finds that still fails, in the hint
+                hint += _ra_smallest(answer, grader, ra, world_size, causal)
             what = "causal" if causal else "no mask"
             yield Result(
                 f"{world_size} ranks ({size}), {what}: output equal to attention over the whole sequence",

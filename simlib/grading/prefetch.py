@@ -268,6 +268,33 @@ def _prefetch_wire(answer, grader, problem, world_size) -> Result:
     )
 
 
+def _prefetch_smallest(answer, grader, problem: dict, world_size: int) -> str:
+    """The smallest GPT Hypothesis finds on which the answer's losses or parameters still leave Zero3's (3 runs at
+    most, only after a failure); nothing for the tests of planted answers (first_failure)."""
+    from .core import _Stop
+    from .instances import smallest
+
+    if grader.first_failure:
+        return ""
+
+    def fails(p) -> bool:
+        try:
+            out = grader.run(world_size, _prefetch_harness, answer, p)[0]
+        except _Stop:
+            return True
+        ref, ans = out["reference"], out["answer"]
+        return not (
+            _close(ans["losses"], ref["losses"], rtol=0, atol=1e-6)
+            and all(_close(ans["params"][k], v, rtol=0, atol=1e-6) for k, v in ref["params"].items())
+        )
+
+    p = smallest(prefetch_problem(), fails, budget=3, first=problem)
+    return (
+        f"; smallest failing case found: {world_size} ranks, {p['num_layers']} blocks of width {p['hidden']}, "
+        f"{p['num_heads']} heads, context {p['seq_len']}, global batch {p['global_batch']}"
+    )
+
+
 @exercise("zero3_prefetch")
 def _check_zero3_prefetch(answer, grader):
     from .instances import draw
@@ -278,12 +305,14 @@ def _check_zero3_prefetch(answer, grader):
         outs = grader.run(world_size, _prefetch_harness, answer, problem)
         ref, ans = outs[0]["reference"], outs[0]["answer"]
         bad = [k for k in ref["params"] if not _close(ans["params"][k], ref["params"][k], rtol=0, atol=1e-6)]
+        same = _close(ans["losses"], ref["losses"], rtol=0, atol=1e-6) and not bad
         yield Result(
             f"same losses and parameters as Zero3 on {world_size} ranks ({size})",
-            _close(ans["losses"], ref["losses"], rtol=0, atol=1e-6) and not bad,
+            same,
             hint="prefetching changes when the parameters arrive, never their values: gather each block's "
             "own shard into its own buffer, and let the block use it only after the gather is waited "
-            "for (issue_gather keeps the handle; every gather waits on it first)",
+            "for (issue_gather keeps the handle; every gather waits on it first)"
+            + ("" if same else _prefetch_smallest(answer, grader, problem, world_size)),
             detail=f"first parameter that differs: {bad[0]}" if bad else f"losses {ans['losses']}",
         )
         expected = 2 * _STEPS * ref["blocks"]  # every block, forward and backward, every step

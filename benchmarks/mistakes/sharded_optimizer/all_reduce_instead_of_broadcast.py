@@ -34,4 +34,4 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
 ANSWER = ShardedOptimizer
 KIND = "honest"
-PROVE = {"world_size": 2}
+PROVE = {"world_size": 2, "shapes": [[4, 3], [5], [2, 2], [3]]}
