@@ -227,7 +227,7 @@ def _check_sharded_optimizer(answer, grader):
 
     so = draw(so_problem(), 1)[0]  # drawn now, from the OS's randomness
     so = {k: so[k] for k in ("steps", "width", "depth", "global_batch", "lr", "seed")}  # the harness's order
-    ref = _sharded_reference(**so)
+    ref, told = _sharded_reference(**so), []
     for world_size in WORLD_SIZES:
         outs = grader.run(world_size, _sharded_optimizer_harness, answer, *so.values())
         same = all(_close(o["params"][k], outs[0]["params"][k], rtol=0, atol=0) for o in outs for k in ref["params"])
@@ -270,7 +270,8 @@ def _check_sharded_optimizer(answer, grader):
                 "optimizer's step (the kwargs you pass it, zero_grad, a second step)"
             )
         worst = max((max_error(outs[0]["params"][k], ref["params"][k]) for k in bad), default=0.0)
-        if bad or not same:  # the smallest problem Hypothesis finds that still fails, in the hint
+        if (bad or not same) and not told:  # the smallest problem Hypothesis finds that still fails (once)
+            told.append(world_size)
             hint += _so_smallest(answer, grader, so, world_size)
         yield Result(
             f"{world_size} ranks: equal to AdamW in one process (atol 2e-6, rtol 1e-5)",
