@@ -100,8 +100,8 @@ def _moe_harness(answer, mp, capacity_factor, skew):
 
 @functools.lru_cache(maxsize=32)
 def _routed(key: tuple, world_size: int, skew: bool):
-    """One problem routed in one process, once: the whole batch, every expert's output for every token (E, T, H),
-    each token's gate, expert and place in its expert's queue. Read only (cached)."""
+    """One problem routed in one process, once: the layer, the whole batch, each token's gate, expert and place in
+    its expert's queue. Read only (cached)."""
     import torch
 
     from ..parallel.experts import queue_positions, route
@@ -111,18 +111,17 @@ def _routed(key: tuple, world_size: int, skew: bool):
     with torch.no_grad():
         _, gates, experts = route(moe.router(x), 1)
         pos, _ = queue_positions(experts, mp["num_experts"], distributed=False)
-        outs = torch.stack([expert(x) for expert in moe.experts])
-    return x, outs, gates[:, 0], experts[:, 0], pos[:, 0]
+    return moe, x, gates[:, 0], experts[:, 0], pos[:, 0]
 
 
-def _moe_reference(mp, world_size, capacity_factor, skew, mistake=None):
-    """One process on the whole batch, top-1; ``mistake`` recomputes a classic wrong answer."""
+@functools.lru_cache(maxsize=128)
+def _moe_output(key: tuple, world_size: int, capacity_factor: float, skew: bool, mistake):
     import torch
 
     from ..parallel.experts import capacity
 
-    x, outs, gate, expert, pos = _routed(tuple(sorted(mp.items())), world_size, bool(skew))
-    e_count, tokens = mp["num_experts"], x.shape[0]
+    moe, x, gate, expert, pos = _routed(key, world_size, skew)
+    e_count, tokens = dict(key)["num_experts"], x.shape[0]
     keep = pos < capacity(tokens, e_count, 1, capacity_factor)
     if mistake == "capacity_ignored":
         keep = torch.ones_like(keep)
@@ -131,8 +130,17 @@ def _moe_reference(mp, world_size, capacity_factor, skew, mistake=None):
     if mistake == "wrong_rank":  # sent to rank e % ep, run there by local expert e // ep
         local = e_count // world_size
         expert = (expert % world_size) * local + (expert // world_size) % local
-    y = outs[expert, torch.arange(tokens)] * gate.unsqueeze(1)
-    return torch.where(keep.unsqueeze(1), y, torch.zeros_like(y))
+    y = torch.zeros_like(x)
+    with torch.no_grad():
+        for e in torch.unique(expert[keep]).tolist():  # each expert on the kept tokens it gets, nothing more
+            rows = torch.nonzero(keep & (expert == e)).squeeze(1)
+            y[rows] = moe.experts[e](x[rows]) * gate[rows].unsqueeze(1)
+    return y
+
+
+def _moe_reference(mp, world_size, capacity_factor, skew, mistake=None):
+    """One process on the whole batch, top-1; ``mistake`` recomputes a classic wrong answer. Read only (cached)."""
+    return _moe_output(tuple(sorted(mp.items())), world_size, float(capacity_factor), bool(skew), mistake)
 
 
 _MOE_HINTS = {
