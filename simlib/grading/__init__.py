@@ -45,7 +45,7 @@ from __future__ import annotations
 
 # The exercises register themselves with @exercise when their modules are imported.
 from . import (  # noqa: E402,F401
-    context_experts,  # noqa: E402,F401  (lesson 09)
+    context_experts,  # noqa: E402,F401  (lesson 09: ring attention)
     data_parallel,
     fault_tolerance,
     gpt_pieces,  # noqa: E402,F401  (project 10's pieces)

@@ -8,6 +8,13 @@ end, and returns the bytes and segments each rank sent to each other rank during
 two ranks travel on such sockets (on one machine as on several), so no answer can send data to a rank without it
 showing here, nor lower what shows. (Where ``ss`` is not to be had, :func:`available` is False and checks skip
 the measure, saying so.)
+
+Two readings: pair by pair (:func:`flow_breach`: a ring or a pipeline, where the answer picks the pairs), and bytes
+per rank or over all ranks (:func:`beyond`: all-to-all, all-gather, reduce-scatter, broadcast, where Gloo picks the
+pairs). The second compares the answer's run with the course's own implementation run just before on the same
+instance and cluster: what that run sent beyond its payload is Gloo's framing, measured, not a constant. On Gloo a
+reduce-scatter moves what an all-reduce of its input moves (it is run as one), so an all-reduce where a
+reduce-scatter is due shows in the dispatcher's record (:mod:`.contracts`), not here.
 """
 
 from __future__ import annotations
