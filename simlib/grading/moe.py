@@ -98,6 +98,24 @@ def _moe_harness(answer, mp, capacity_factor, skew):
     return dict(y=y.detach().clone() if hasattr(y, "detach") else y, calls=rec.calls)
 
 
+class _one_thread:
+    """torch on one thread while the grader computes its references (a few dozen tiny matmuls): on a busy machine a
+    second intra-op thread makes each one 20-50x slower (measured: 9-12 ms against 0.2-0.4 ms at load 20). The
+    thread count is restored after."""
+
+    def __enter__(self):
+        import torch
+
+        self.before = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_num_threads(self.before)
+        return False
+
+
 @functools.lru_cache(maxsize=32)
 def _routed(key: tuple, world_size: int, skew: bool):
     """One problem routed in one process, once: the layer, the whole batch, each token's gate, expert and place in
@@ -107,8 +125,8 @@ def _routed(key: tuple, world_size: int, skew: bool):
     from ..parallel.experts import queue_positions, route
 
     mp = dict(key)
-    moe, x = _moe_problem(mp, world_size, skew)
-    with torch.no_grad():
+    with _one_thread(), torch.no_grad():
+        moe, x = _moe_problem(mp, world_size, skew)
         _, gates, experts = route(moe.router(x), 1)
         pos, _ = queue_positions(experts, mp["num_experts"], distributed=False)
     return moe, x, gates[:, 0], experts[:, 0], pos[:, 0]
@@ -131,7 +149,7 @@ def _moe_output(key: tuple, world_size: int, capacity_factor: float, skew: bool,
         local = e_count // world_size
         expert = (expert % world_size) * local + (expert // world_size) % local
     y = torch.zeros_like(x)
-    with torch.no_grad():
+    with _one_thread(), torch.no_grad():
         for e in torch.unique(expert[keep]).tolist():  # each expert on the kept tokens it gets, nothing more
             rows = torch.nonzero(keep & (expert == e)).squeeze(1)
             y[rows] = moe.experts[e](x[rows]) * gate[rows].unsqueeze(1)
