@@ -6,6 +6,7 @@ import math
 
 import torch
 import torch.distributed as dist
+import torch.utils._python_dispatch
 from _scenarios import _Collectives, _dtype, _seeded, _values
 
 
@@ -55,14 +56,15 @@ def sharded_optimizer(answer, spec):
     tracemalloc.start()
     opt = answer(params, torch.optim.AdamW, lr=spec.get("lr", 0.01), weight_decay=spec.get("weight_decay", 0.1))
     error = None
-    for step in range(spec.get("steps", 3)):
-        for i, p in enumerate(params):
-            p.grad = _seeded(1000 * step + i, *p.shape)  # the same (averaged) gradient on every rank
-        try:
-            opt.step()
-        except Exception as exc:  # noqa: BLE001
-            error = f"{type(exc).__name__}: {exc}"[:200]
-            break
+    with _Collectives() as c:  # what the steps sent (an all-reduce where a broadcast from the owner is due)
+        for step in range(spec.get("steps", 3)):
+            for i, p in enumerate(params):
+                p.grad = _seeded(1000 * step + i, *p.shape)  # the same (averaged) gradient on every rank
+            try:
+                opt.step()
+            except Exception as exc:  # noqa: BLE001
+                error = f"{type(exc).__name__}: {exc}"[:200]
+                break
     outside_torch, _ = tracemalloc.get_traced_memory()  # Python-heap bytes still held: bytearray, NumPy, ...
     tracemalloc.stop()
     numel = sum(p.numel() for p in params)
@@ -70,6 +72,7 @@ def sharded_optimizer(answer, spec):
         weights=[_values(p) for p in params],
         error=error,
         torch_state_bytes_per_element=round(_optimizer_state_bytes(opt) / numel, 1),
+        collectives=c.seen,
         # asked for by a proof on large tensors only: on a few dozen elements Python's own objects dominate
         bytes_held_outside_torch_per_element=round(outside_torch / numel) if spec.get("weigh_heap") else None,
     )
@@ -198,7 +201,7 @@ def moe_dispatch(answer, spec):
     experts = [torch.nn.Linear(hidden, hidden) for _ in range(num_experts)]
     local = num_experts // ep
     x = _seeded(100 + rank, tokens, hidden)
-    with torch.no_grad(), _Collectives() as c:
+    with torch.no_grad(), _Collectives() as c, _Elements() as sent:
         y = answer(
             x,
             router,
@@ -206,7 +209,25 @@ def moe_dispatch(answer, spec):
             num_experts,
             spec.get("capacity_factor", 1.0),
         )
-    return dict(y=_values(y), collectives=c.seen)
+    return dict(y=_values(y), collectives=c.seen, elements_through_collectives=sent.elements)
+
+
+class _Elements(torch.utils._python_dispatch.TorchDispatchMode):
+    """Elements of the tensors handed to collectives (c10d ops, below every Python name): tokens sent over capacity
+    make the all-to-all's buffers larger."""
+
+    elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func.overloadpacket).startswith("c10d."):
+            stack = list(args)
+            while stack:
+                a = stack.pop()
+                if isinstance(a, torch.Tensor):
+                    self.elements += a.numel()
+                elif isinstance(a, (list, tuple)):
+                    stack.extend(a)
+        return func(*args, **(kwargs or {}))
 
 
 def zero3_prefetch(answer, spec):
@@ -233,13 +254,14 @@ def zero3_prefetch(answer, spec):
         answer_globals["issue_gather"] = issue
     losses = []
     try:
-        for step in range(2):
-            x, y = _seeded(10 * step + rank, 3, 4), _seeded(10 * step + rank + 5, 3, 2)
-            loss = torch.nn.functional.mse_loss(z(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(round(loss.item(), 6))
+        with _Collectives() as c:  # every collective the steps ran (a gather out of sight of dispatch modes too)
+            for step in range(2):
+                x, y = _seeded(10 * step + rank, 3, 4), _seeded(10 * step + rank + 5, 3, 2)
+                loss = torch.nn.functional.mse_loss(z(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(round(loss.item(), 6))
     finally:
         zero_prefetch.issue_gather = real
         if had is real:
@@ -251,6 +273,7 @@ def zero3_prefetch(answer, spec):
         counts=dict(z.counts),
         units_in_flight_at_most=in_flight_max,
         blocks_units=max(len(b) for b in z.blocks),
+        collectives=c.seen,
     )
 
 

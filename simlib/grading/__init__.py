@@ -45,13 +45,14 @@ from __future__ import annotations
 
 # The exercises register themselves with @exercise when their modules are imported.
 from . import (  # noqa: E402,F401
-    context_experts,  # noqa: E402,F401  (lesson 09)
+    context_experts,  # noqa: E402,F401  (lesson 09: ring attention)
     data_parallel,
     fault_tolerance,
     gpt_pieces,  # noqa: E402,F401  (project 10's pieces)
     memory,  # noqa: E402,F401  (lesson 07)
     milestones,  # noqa: E402,F401  (a project's declared MILESTONE -> its graded check: milestones.milestone)
     model_parallel,
+    moe,  # noqa: E402,F401  (lesson 09's MoE dispatch)
     one_device,  # noqa: E402,F401  (lesson 05b)
     planner,  # noqa: E402,F401  (lesson 13)
     prefetch,  # noqa: E402,F401  (lesson 09b)

@@ -1,8 +1,9 @@
-"""Checks for lesson 09: the ring-attention forward (online softmax, causal blocks) and the MoE dispatch/combine.
+"""Check for lesson 09's ring-attention forward (online softmax, causal blocks); the MoE dispatch/combine is in
+:mod:`simlib.grading.moe`.
 
-Both run on 2, 3 and 4 ranks against one process on the whole batch; when an answer is wrong the grader
-recomputes the classic mistakes itself (a mask on every block, blocks merged without rescaling, experts placed
-round-robin, capacity ignored, gates left out) and names the one the answer matches.
+It runs on 2, 3 and 4 ranks against one process on the whole sequence; when an answer is wrong the grader
+recomputes the classic mistakes itself (a mask on every block, blocks merged without rescaling) and names the one
+the answer matches.
 """
 
 from __future__ import annotations
@@ -213,6 +214,29 @@ def _run_ring(answer, grader, ra, world_size, causal):
         return None, breach
 
 
+def _ra_smallest(answer, grader, ra: dict, world_size: int, causal: bool) -> str:
+    """The smallest failing problem Hypothesis finds on ``world_size`` ranks (6 runs at most, only after a
+    failure); nothing for the tests of planted answers (first_failure)."""
+    from .core import _Stop
+    from .instances import smallest
+
+    if grader.first_failure:
+        return ""
+
+    def fails(p) -> bool:
+        try:
+            got, _ = _run_ring(answer, grader, p, world_size, causal)
+        except _Stop:
+            return True
+        return got is None or not _close(got, _ra_variants(p, world_size, causal)["right"], rtol=1e-6, atol=1e-8)
+
+    p = smallest(ra_problem(), fails, budget=6, first=ra)
+    return (
+        f"; smallest failing case found: {world_size} ranks, batch {p['batch']}, {p['heads']} head(s), "
+        f"{p['local']} positions per rank, head dim {p['head_dim']}"
+    )
+
+
 @exercise("ring_attention")
 def _check_ring_attention(answer, grader):
     from .instances import draw
@@ -253,6 +277,8 @@ def _check_ring_attention(answer, grader):
                         "without a mask every query sees every key once: pass each K/V block on n − 1 times "
                         "(to rank + 1, from rank − 1) and merge every block with the log-sum-exp rescaling"
                     )
+            if not ok:  # the smallest problem Hypothesis finds that still fails, in the hint
+                hint += _ra_smallest(answer, grader, ra, world_size, causal)
             what = "causal" if causal else "no mask"
             yield Result(
                 f"{world_size} ranks ({size}), {what}: output equal to attention over the whole sequence",
@@ -305,196 +331,3 @@ def _check_ring_attention(answer, grader):
         if ok or got is None
         else ("not finite" if not torch.isfinite(got).all() else f"max error {max_error(got, want):.2g}"),
     )
-
-
-# ---- MoE dispatch and combine over all-to-all ----
-
-
-def moe_problem(world_size: int):
-    """A Hypothesis strategy of the MoE problem on ``world_size`` ranks: 2 or 3 experts per rank (placement shows),
-    hidden size, tokens per rank and expert count all different (one dimension taken for another shows), a whole
-    batch whose capacity (factor 1) differs from one rank's and from factor 1.25's, a secret seed."""
-    from math import ceil
-
-    from hypothesis import strategies as st
-
-    def telling(m) -> bool:
-        t, e, whole = m["tokens"], m["num_experts"], m["tokens"] * world_size
-        return len({m["hidden"], e, t}) == 3 and ceil(t / e) != ceil(whole / e) != ceil(1.25 * whole / e)
-
-    return st.fixed_dictionaries(
-        dict(
-            hidden=st.integers(3, 10),
-            num_experts=st.integers(2, 3).map(lambda e: e * world_size),
-            tokens=st.integers(4, 12),
-            ffn=st.integers(4, 16),
-            seed=st.integers(0, 2**62),
-        )
-    ).filter(telling)
-
-
-def _moe_problems(worlds=(2, 3, 4)) -> dict:
-    """{world size: problem}, drawn now from the OS's randomness; drawn again (6 times at most) while a classic
-    mistake the grader recomputes would give the right output on some world size (e.g. no token over capacity)."""
-    from hypothesis import strategies as st
-
-    from .instances import draw
-
-    shows = {"capacity_ignored": (1.0, True), "wrong_rank": (12.0, False), "gate_not_applied": (12.0, False)}
-    for _ in range(6):  # each mistake in the case that shows it: tokens dropped, or room for every token
-        drawn = dict(zip(worlds, draw(st.tuples(*(moe_problem(w) for w in worlds)), 1)[0]))
-        right = {(w, c): _moe_reference(mp, w, *c) for w, mp in drawn.items() for c in set(shows.values())}
-        if not any(
-            _close(_moe_reference(mp, w, *c, m), right[w, c], 1e-6, 1e-8)
-            for w, mp in drawn.items()
-            for m, c in shows.items()
-        ):
-            break
-    return drawn
-
-
-def _moe_problem(mp: dict, world_size, skew):
-    import torch
-
-    from ..parallel.experts import MoE
-
-    torch.manual_seed(mp["seed"])
-    moe = MoE(mp["hidden"], mp["num_experts"], 1, 1.0, ffn=mp["ffn"]).double()
-    g = torch.Generator().manual_seed(mp["seed"] + 10 * world_size)
-    x = torch.randn(mp["tokens"] * world_size, mp["hidden"], generator=g, dtype=torch.float64)
-    if skew:  # most tokens prefer expert 0, so its capacity overflows
-        with torch.no_grad():
-            moe.router.weight[0] += 3.0
-            x += 0.5
-    return moe, x
-
-
-def _moe_harness(answer, mp, capacity_factor, skew):
-    import torch
-    import torch.distributed as dist
-
-    from ..models import shard
-
-    rank, n = dist.get_rank(), dist.get_world_size()
-    moe, x = _moe_problem(mp, n, skew)
-    local = mp["num_experts"] // n
-    experts = torch.nn.ModuleList(moe.experts[rank * local : (rank + 1) * local])
-    from .contracts import recorder
-
-    with torch.no_grad(), recorder() as rec:  # the grader's record of every collective
-        y = answer(shard(x, rank, n).clone(), moe.router, experts, mp["num_experts"], capacity_factor)
-    return dict(y=y.detach().clone() if hasattr(y, "detach") else y, calls=rec.calls)
-
-
-def _moe_reference(mp, world_size, capacity_factor, skew, mistake=None):
-    """One process on the whole batch, top-1; ``mistake`` recomputes a classic wrong answer."""
-    import torch
-
-    from ..parallel.experts import capacity, queue_positions, route
-
-    moe, x = _moe_problem(mp, world_size, skew)
-    e_count = mp["num_experts"]
-    with torch.no_grad():
-        _, gates, experts = route(moe.router(x), 1)
-        pos, _ = queue_positions(experts, e_count, distributed=False)
-        keep = (pos < capacity(x.shape[0], e_count, 1, capacity_factor)).squeeze(1)
-        if mistake == "capacity_ignored":
-            keep = torch.ones_like(keep)
-        gate = torch.ones_like(gates[:, 0]) if mistake == "gate_not_applied" else gates[:, 0]
-        local = e_count // world_size
-        y = torch.zeros_like(x)
-        for t in range(x.shape[0]):
-            e = int(experts[t, 0])
-            if mistake == "wrong_rank":  # sent to rank e % ep, run there by local expert e // ep
-                e = (e % world_size) * local + (e // world_size) % local
-            if keep[t]:
-                y[t] = moe.experts[e](x[t : t + 1])[0] * gate[t]
-    return y
-
-
-_MOE_HINTS = {
-    "wrong_rank": "tokens went to the wrong rank: experts are placed in blocks, so expert e lives on rank "
-    "e // (E / ep) as its local expert e % (E / ep) — not on rank e % ep",
-    "capacity_ignored": "the capacity was ignored: an expert takes at most capacity(tokens of the whole batch, E, 1, "
-    "capacity_factor) tokens, in the order queue_positions gives; drop the others (their output "
-    "is 0: only the residual carries them)",
-    "gate_not_applied": "the combine must weigh each expert's output by its token's gate (the router probability of "
-    "the chosen expert) before adding it at the token's position",
-}
-
-
-def _moe_check(answer, grader, mp, world_size, capacity_factor, skew, label):
-    import torch
-
-    outs = grader.run(
-        world_size, _moe_harness, answer, mp, capacity_factor, skew, what=f"your MoE layer on {world_size} ranks"
-    )
-    from .contracts import contract
-
-    want = _moe_reference(mp, world_size, capacity_factor, skew)
-    label = f"{mp['num_experts']} experts, {mp['tokens']} tokens per rank, hidden {mp['hidden']}, {label}"
-    try:
-        got = torch.cat([torch.as_tensor(o["y"]) for o in outs])
-    except Exception:  # noqa: BLE001
-        got = None
-    ok = got is not None and _close(got, want, rtol=1e-6, atol=1e-8)
-    # the contract: tokens travel by all-to-all (dispatch and combine); other collectives carry counts at most
-    breach = next(
-        (
-            b
-            for r, o in enumerate(outs)
-            for b in [
-                contract(
-                    o["calls"],
-                    r,
-                    world_size,
-                    only={"all_to_all_single", "all_to_all"},
-                    small=mp["num_experts"] * world_size,
-                    at_least={"all_to_all_single|all_to_all": 2},
-                )
-            ]
-            if b
-        ),
-        "",
-    )
-    if ok and breach:
-        yield Result(
-            f"{world_size} ranks, {label}: tokens dispatched and combined by all-to-all",
-            False,
-            "expert parallelism moves each token only to the rank of its expert and back: two all-to-alls "
-            "(all_to_all_single with per-rank splits), not an all_gather of every token or a broadcast",
-            breach,
-        )
-        return
-    hint = ""
-    if not ok:
-        for mistake in ("wrong_rank", "capacity_ignored", "gate_not_applied"):
-            if got is not None and _close(
-                got, _moe_reference(mp, world_size, capacity_factor, skew, mistake), 1e-6, 1e-8
-            ):
-                hint = _MOE_HINTS[mistake]
-                break
-        else:
-            hint = (
-                "each rank's output must come back to its tokens' positions: send rows sorted by expert (hence by "
-                "rank), exchange the counts first (all_to_all_single of E values), run each local expert on its "
-                "rows, send the outputs back with the splits swapped, and add them at the tokens they came from"
-            )
-    yield Result(
-        f"{world_size} ranks, {label}: output equal to the one-process MoE on the whole batch",
-        ok,
-        hint,
-        "" if ok or got is None else f"max error {max_error(got, want):.2g}",
-    )
-
-
-@exercise("moe_dispatch")
-def _check_moe_dispatch(answer, grader):
-    problems = _moe_problems()  # drawn now, in this process, from the OS's randomness
-    for world_size in (2, 3, 4):
-        mp = problems[world_size]
-        results = list(_moe_check(answer, grader, mp, world_size, 12.0, False, "room for every token"))
-        results += list(_moe_check(answer, grader, mp, world_size, 1.0, True, "a skewed router, tokens dropped"))
-        yield from results
-        if not all(r.passed for r in results):
-            return

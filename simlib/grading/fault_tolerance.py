@@ -324,6 +324,33 @@ def after_a_real_kill(answer, work, reference, limit: float, problem: dict | Non
     )
 
 
+def _ft_smallest(answer, grader, problem: dict, work: str) -> str:
+    """The smallest run Hypothesis finds whose resumed curve still leaves the uninterrupted one on 2 ranks (3 tries
+    at most, each an uninterrupted run and a resumed one, only after a failure); nothing for the tests of planted
+    answers (first_failure)."""
+    from .core import _Stop
+    from .instances import smallest
+
+    if grader.first_failure:
+        return ""
+    tries = []
+
+    def fails(p) -> bool:
+        tries.append(1)
+        try:
+            reference = grader.run(2, _reference_harness, p)[0]
+            resumed = grader.run(2, _resume_harness, answer, os.path.join(work, f"smallest{len(tries)}"), p)
+        except _Stop:
+            return True
+        return not all(out == {s: reference[s] for s in range(_EVERY, _STEPS)} for out in resumed)
+
+    p = smallest(ft_problem(), fails, budget=3, first=problem)
+    return (
+        f" (smallest failing run found: width {p['width']}, depth {p['depth']}, batch {p['global_batch']}, "
+        f"dropout {p['dropout']})"
+    )
+
+
 @exercise("full_state")
 def _check_full_state(answer, grader):
     own = grader.ask(_kind_harness, answer, what="your class")
@@ -385,6 +412,8 @@ def _check_full_state(answer, grader):
                 if bug == resumed[0]:
                     hint = HINTS[part]
                     break
+        if not equal:  # the smallest run Hypothesis finds that still fails, in the hint
+            hint += _ft_smallest(answer, grader, problem, work)
         yield Result(
             "2 ranks: the resumed curve equals the uninterrupted one, bit for bit",
             equal,

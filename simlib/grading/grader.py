@@ -28,6 +28,7 @@ class Grader:
         self.unanswered = unanswered  # no answer at all: a run is "not implemented yet", and no cluster starts
         self.busy_notes: list = []  # "your machine was busy ..." for every run that needed its second chance
         self.wire_last = None  # what the last metered run sent between ranks (simlib.grading.wire)
+        self._wire_after = None  # (pids, reading) after the last run, when it was metered
         self.pieces_from = None  # a pieces milestone's answer (bytes): its re-runs train with its pieces
 
     def cluster(self, world_size: int):
@@ -63,6 +64,8 @@ class Grader:
             raise _Enough
         cluster_ = self.cluster(world_size)
         self.wire_last = None
+        if not wire:
+            self._wire_after = None  # this run sends what it sends: the next metered one reads afresh
         if wire:
             return self._metered(cluster_, world_size, harness, args, kwargs, what)
         load = Load.now(world_size)  # the machine as it is at this moment: the limit scales with it
@@ -151,11 +154,17 @@ class Grader:
     def _metered(self, cluster_, world_size, harness, args, kwargs, what) -> list:
         from . import wire as _wire
 
-        pids = list(cluster_.pids)
-        before = _wire.snapshot(pids) if _wire.available() else None
+        pids, retries = list(cluster_.pids), len(self.busy_notes)
+        last = self._wire_after  # the reading after the previous run, when it was metered on these workers
+        before = last[1] if last and last[0] == pids else _wire.snapshot(pids) if _wire.available() else None
+        self._wire_after = None
         outs = self.run(world_size, harness, *args, what=what, **kwargs)
-        if before is not None and list(cluster_.pids) == pids:  # a restarted cluster has other sockets: no reading
-            self.wire_last = _wire.between(before, _wire.snapshot(pids), pids)
+        # a restarted cluster has other sockets, and a run that needed its second chance (a busy machine) sent part
+        # of its bytes twice: no reading
+        if before is not None and list(cluster_.pids) == pids and len(self.busy_notes) == retries:
+            after = _wire.snapshot(pids)
+            self.wire_last = _wire.between(before, after, pids)
+            self._wire_after = (pids, after)  # between two runs nothing crosses: the next metered run starts here
         return outs
 
     def ask(self, harness, *args, what: str | None = None):

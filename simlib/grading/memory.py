@@ -122,13 +122,112 @@ def so_problem():
     )
 
 
+_BUILT: dict = {}  # in a worker: the optimizer the metered run steps, built by the run before (not metered)
+
+
+def _so_wire_harness(answer_cls, so: dict, metered: bool):
+    """Not ``metered``: build the model (every rank computes the whole batch's gradients: nothing to average) and
+    the answer's optimizer (or, ``answer_cls`` None, the course's owners: :func:`simlib.parallel.zero.partition`),
+    kept in this worker; ``metered``: one step of it, for the kernel's counters (what a constructor sends, e.g. a
+    first broadcast of the weights, is not judged). The course's step broadcasts each parameter from its owner and
+    says the bytes that moves over all ranks (a broadcast of b bytes delivers b to each of the n - 1 others) and
+    the most a right step may move: an all-gather of the owners' shares, padded to the largest."""
+    import torch
+    import torch.distributed as dist
+
+    from ..lessons.memory import mlp_problem
+    from ..parallel.zero import partition
+
+    n = dist.get_world_size()
+    if not metered:
+        model, x, y = mlp_problem(so["width"], so["depth"], so["global_batch"], so["seed"])
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        given = [p for p in model.parameters() if p.requires_grad]
+        if answer_cls is None:
+            _BUILT["step"] = (given, partition([p.numel() for p in given], n))
+        else:
+            opt = answer_cls(given, torch.optim.AdamW, lr=so["lr"], **_SO_HYPER)
+            _BUILT["step"] = opt.step
+        return {}
+    built = _BUILT.pop("step")
+    if callable(built):
+        built()
+        return {}
+    given, owner = built
+    with torch.no_grad():
+        for p, r in zip(given, owner):
+            dist.broadcast(p.data, src=r)
+    sizes = [p.numel() * p.element_size() for p in given]
+    load = [sum(b for b, o in zip(sizes, owner) if o == r) for r in range(n)]
+    return dict(payload=(n - 1) * sum(sizes), most=(n - 1) * n * max(load))
+
+
+def _so_wire(answer, grader, so: dict, world_size: int) -> Result:
+    """Bytes sent over all ranks by one step of the answer on a wide copy of ``so`` (the kernel's counters),
+    against the course's broadcasts from the owners on the same instance (:func:`simlib.grading.wire.beyond`)."""
+    from .wire import beyond, per_rank
+
+    wide = {**so, "width": 48 + so["width"], "depth": 2}  # the parameters, not the headers, fill the wire
+    name = f"{world_size} ranks, width {wide['width']}: one step sends each parameter from its owner once"
+    grader.run(world_size, _so_wire_harness, None, wide, False, what="the course's owners")
+    refs = grader.run(world_size, _so_wire_harness, None, wide, True, what="the course's broadcasts", wire=True)
+    reference = grader.wire_last
+    grader.run(world_size, _so_wire_harness, answer, wide, False, what=f"your ShardedOptimizer on {world_size} ranks")
+    grader.run(world_size, _so_wire_harness, answer, wide, True, what=f"your step on {world_size} ranks", wire=True)
+    if reference is None or grader.wire_last is None:
+        return Result(name + " (skipped: the kernel's counters cannot be read here)", True)
+    payload, most = refs[0]["payload"], refs[0]["most"]
+    total = sum(per_rank(reference, world_size))
+    breach = beyond(
+        [sum(per_rank(grader.wire_last, world_size))],
+        [total + max(most - payload, 0)],
+        [most],
+        "each parameter from its owner to the other ranks (or an all-gather of the owners' shares, padded)",
+    )
+    return Result(
+        name + " (the kernel's counters, all ranks together)",
+        not breach,
+        "after its step each owner sends its parameters to the other ranks once (a broadcast from the owner, or an "
+        "all-gather of the shards): an all-reduce of the parameters moves twice that, and a broadcast of every "
+        "parameter from every rank (or of the gradients too) more",
+        breach,
+    )
+
+
+def _so_wrong(answer, grader, so: dict, world_size: int) -> bool:
+    """One run of ``so`` (not weighed): do the ranks disagree, or differ from AdamW in one process?"""
+    so = {k: so[k] for k in ("steps", "width", "depth", "global_batch", "lr", "seed")}
+    outs = grader.run(world_size, _sharded_optimizer_harness, answer, *so.values(), None, False)
+    want = _sharded_reference(**so)["params"]
+    return not all(_close(o["params"][k], v, rtol=1e-5, atol=2e-6) for o in outs for k, v in want.items())
+
+
+def _so_smallest(answer, grader, so: dict, world_size: int) -> str:
+    """The smallest failing problem Hypothesis finds on ``world_size`` ranks (4 runs at most, only after a
+    failure); nothing for the tests of planted answers (first_failure)."""
+    from .core import _Stop
+    from .instances import smallest
+
+    if grader.first_failure:
+        return ""
+
+    def fails(p) -> bool:
+        try:
+            return _so_wrong(answer, grader, p, world_size)
+        except _Stop:
+            return True
+
+    p = smallest(so_problem(), fails, budget=4, first=so)
+    return f"; smallest failing case found: {world_size} ranks, width {p['width']}, depth {p['depth']}, batch {p['global_batch']}"
+
+
 @exercise("sharded_optimizer")
 def _check_sharded_optimizer(answer, grader):
     from .instances import draw
 
     so = draw(so_problem(), 1)[0]  # drawn now, from the OS's randomness
     so = {k: so[k] for k in ("steps", "width", "depth", "global_batch", "lr", "seed")}  # the harness's order
-    ref = _sharded_reference(**so)
+    ref, told = _sharded_reference(**so), []
     for world_size in WORLD_SIZES:
         outs = grader.run(world_size, _sharded_optimizer_harness, answer, *so.values())
         same = all(_close(o["params"][k], outs[0]["params"][k], rtol=0, atol=0) for o in outs for k in ref["params"])
@@ -171,6 +270,9 @@ def _check_sharded_optimizer(answer, grader):
                 "optimizer's step (the kwargs you pass it, zero_grad, a second step)"
             )
         worst = max((max_error(outs[0]["params"][k], ref["params"][k]) for k in bad), default=0.0)
+        if (bad or not same) and not told:  # the smallest problem Hypothesis finds that still fails (once)
+            told.append(world_size)
+            hint += _so_smallest(answer, grader, so, world_size)
         yield Result(
             f"{world_size} ranks: equal to AdamW in one process (atol 2e-6, rtol 1e-5)",
             not bad and same,
@@ -209,6 +311,8 @@ def _check_sharded_optimizer(answer, grader):
             f"peak per rank {peaks}; allowed {allowed:,.0f} (share of the state {share * full_kept:,.0f} + "
             f"AdamW's scratch {full_scratch:,})",
         )
+        if not bad and same:  # bytes below every Python name: the kernel's counters
+            yield _so_wire(answer, grader, so, world_size)
     # every hyper-parameter reaches the inner optimizer (family 4): an answer that forwards only lr steps with the
     # default betas, eps and weight decay, 8.5e-3 away after 3 steps (measured); summation order over 2-4 ranks
     # moved the solution by at most 7.7e-6

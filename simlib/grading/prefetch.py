@@ -185,6 +185,116 @@ def _prefetch_harness(answer_cls, problem, steps=_STEPS):
     return out
 
 
+def gloo_payload(world_size: int):
+    """A dispatch mode (``with gloo_payload(n) as p:``) adding up, in ``p.bytes``, what this rank's collectives put on
+    the wire by Gloo's algorithms: an all-gather sends the input to each other rank; a reduce-scatter runs as an
+    all-reduce of its input, 2(n-1)/n of it; an all-reduce the same; a broadcast delivers its tensor to the n - 1
+    others (a 1/n share of that per rank). Run on the course's own code, for :func:`simlib.grading.wire.beyond`."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    n = world_size
+
+    class Payload(TorchDispatchMode):
+        bytes = 0.0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func.overloadpacket)
+            sizes = [t.numel() * t.element_size() for t in _tensors(list(args))]
+            if name.startswith("c10d.") and sizes:
+                if "allgather" in name:
+                    self.bytes += (n - 1) * min(sizes)
+                elif "reduce_scatter" in name or "allreduce" in name:
+                    self.bytes += 2 * (n - 1) / n * max(sizes)
+                elif "broadcast" in name:
+                    self.bytes += (n - 1) / n * sum(sizes)
+            return func(*args, **(kwargs or {}))
+
+    return Payload()
+
+
+def _prefetch_wire_harness(answer_cls, problem):
+    """One step of ``answer_cls`` (built in the same run), for the kernel's counters; ``answer_cls`` None: the
+    course's own :class:`Zero3Prefetch`, which also says the bytes its collectives carry from this rank."""
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+
+    from ..parallel.zero_prefetch import Zero3Prefetch
+    from ..projects.gpt.task import GPTTask
+    from .contracts import switched_off
+
+    task = GPTTask.quick(**problem)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model = task.build_model()
+    payload = gloo_payload(n) if answer_cls is None else contextlib.nullcontext()
+    with (
+        payload,
+        switched_off(Zero3Prefetch.on_forward, Zero3Prefetch.on_backward) if answer_cls else contextlib.nullcontext(),
+    ):
+        z = (answer_cls or Zero3Prefetch)(model, blocks=task.blocks(model))
+        opt = torch.optim.AdamW(z.parameters(), lr=1e-2)
+        x, y = task.batch(0, rank, n)
+        task.loss(z(x), y).backward()
+        opt.step()
+    return dict(payload=round(payload.bytes)) if answer_cls is None else {}
+
+
+def _prefetch_wire(answer, grader, problem, world_size) -> Result:
+    """Bytes the ranks sent together in one step of the answer (the kernel's counters) against the course's
+    Zero3Prefetch on the same problem (:func:`simlib.grading.wire.beyond`): prefetching changes when a block's
+    gather runs, never what crosses."""
+    from .wire import beyond, per_rank
+
+    name = f"{world_size} ranks: on the wire, one step moves what Zero3 moves (the kernel's counters, all ranks)"
+    refs = grader.run(world_size, _prefetch_wire_harness, None, problem, what="the course's Zero3Prefetch", wire=True)
+    reference = grader.wire_last
+    if reference is not None:
+        grader.run(world_size, _prefetch_wire_harness, answer, problem, what="your prefetch, metered", wire=True)
+    if reference is None or grader.wire_last is None:
+        return Result(name + " (skipped: the kernel's counters cannot be read here)", True)
+    breach = beyond(
+        [sum(per_rank(grader.wire_last, world_size))],
+        [sum(per_rank(reference, world_size))],
+        [sum(o["payload"] for o in refs)],
+        "one gather of each block's shards per forward and per backward, and the reduce-scatter of its gradients",
+    )
+    return Result(
+        name,
+        not breach,
+        "a prefetch only moves a block's gather earlier: it must not gather a block twice (a gather started and "
+        "thrown away, then started again) nor move anything else",
+        breach,
+    )
+
+
+def _prefetch_smallest(answer, grader, problem: dict, world_size: int) -> str:
+    """The smallest GPT Hypothesis finds on which the answer's losses or parameters still leave Zero3's (3 runs at
+    most, only after a failure); nothing for the tests of planted answers (first_failure)."""
+    from .core import _Stop
+    from .instances import smallest
+
+    if grader.first_failure:
+        return ""
+
+    def fails(p) -> bool:
+        try:
+            out = grader.run(world_size, _prefetch_harness, answer, p)[0]
+        except _Stop:
+            return True
+        ref, ans = out["reference"], out["answer"]
+        return not (
+            _close(ans["losses"], ref["losses"], rtol=0, atol=1e-6)
+            and all(_close(ans["params"][k], v, rtol=0, atol=1e-6) for k, v in ref["params"].items())
+        )
+
+    p = smallest(prefetch_problem(), fails, budget=3, first=problem)
+    return (
+        f"; smallest failing case found: {world_size} ranks, {p['num_layers']} blocks of width {p['hidden']}, "
+        f"{p['num_heads']} heads, context {p['seq_len']}, global batch {p['global_batch']}"
+    )
+
+
 @exercise("zero3_prefetch")
 def _check_zero3_prefetch(answer, grader):
     from .instances import draw
@@ -195,12 +305,14 @@ def _check_zero3_prefetch(answer, grader):
         outs = grader.run(world_size, _prefetch_harness, answer, problem)
         ref, ans = outs[0]["reference"], outs[0]["answer"]
         bad = [k for k in ref["params"] if not _close(ans["params"][k], ref["params"][k], rtol=0, atol=1e-6)]
+        same = _close(ans["losses"], ref["losses"], rtol=0, atol=1e-6) and not bad
         yield Result(
             f"same losses and parameters as Zero3 on {world_size} ranks ({size})",
-            _close(ans["losses"], ref["losses"], rtol=0, atol=1e-6) and not bad,
+            same,
             hint="prefetching changes when the parameters arrive, never their values: gather each block's "
             "own shard into its own buffer, and let the block use it only after the gather is waited "
-            "for (issue_gather keeps the handle; every gather waits on it first)",
+            "for (issue_gather keeps the handle; every gather waits on it first)"
+            + ("" if same else _prefetch_smallest(answer, grader, problem, world_size)),
             detail=f"first parameter that differs: {bad[0]}" if bad else f"losses {ans['losses']}",
         )
         expected = 2 * _STEPS * ref["blocks"]  # every block, forward and backward, every step
@@ -233,3 +345,5 @@ def _check_zero3_prefetch(answer, grader):
             "model's parameters on every rank, which is what ZeRO-3 exists to avoid",
             detail=f"peak {peak} gathered buffers alive, limit {limit} (measured by the grader)",
         )
+        if not over and not short:  # bytes below every Python name: the kernel's counters
+            yield _prefetch_wire(answer, grader, problem, world_size)

@@ -8,6 +8,13 @@ end, and returns the bytes and segments each rank sent to each other rank during
 two ranks travel on such sockets (on one machine as on several), so no answer can send data to a rank without it
 showing here, nor lower what shows. (Where ``ss`` is not to be had, :func:`available` is False and checks skip
 the measure, saying so.)
+
+Two readings: pair by pair (:func:`flow_breach`: a ring or a pipeline, where the answer picks the pairs), and bytes
+per rank or over all ranks (:func:`beyond`: all-to-all, all-gather, reduce-scatter, broadcast, where Gloo picks the
+pairs). The second compares the answer's run with the course's own implementation run just before on the same
+instance and cluster: what that run sent beyond its payload is Gloo's framing, measured, not a constant. On Gloo a
+reduce-scatter moves what an all-reduce of its input moves (it is run as one), so an all-reduce where a
+reduce-scatter is due shows in the dispatcher's record (:mod:`.contracts`), not here.
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ def available() -> bool:
 
 
 def snapshot(pids) -> dict:
-    """{(local address, peer address): (pid, bytes sent, data segments sent)} for the sockets of ``pids``."""
+    """{(local address, peer address): (pid, bytes sent, data segments sent)} for the sockets of ``pids``; the bytes
+    sent once each (``bytes_sent`` less ``bytes_retrans``: a busy machine's retransmissions are not the answer's)."""
     owners = _inodes(pids)
     try:
         text = subprocess.run(
@@ -59,8 +67,10 @@ def snapshot(pids) -> dict:
         if pid is None:
             continue
         sent = re.search(r"bytes_sent:(\d+)", info)
+        again = re.search(r"bytes_retrans:(\d+)", info)
         segs = re.search(r"data_segs_out:(\d+)", info)
-        out[(m.group(1), m.group(2))] = (pid, int(sent.group(1)) if sent else 0, int(segs.group(1)) if segs else 0)
+        once = (int(sent.group(1)) if sent else 0) - (int(again.group(1)) if again else 0)
+        out[(m.group(1), m.group(2))] = (pid, once, int(segs.group(1)) if segs else 0)
     return out
 
 
@@ -99,4 +109,36 @@ def flow_breach(pairs: dict, need: dict, why: str) -> str:
         sent = pairs.get((src, dst), [0, 0])[0]
         if sent < want:
             return f"rank {src} sent {sent:,} bytes to rank {dst} on the wire; the {why} alone are {want:,}"
+    return ""
+
+
+def per_rank(pairs: dict, world_size: int) -> list:
+    """Bytes each rank sent to all the others (from :func:`between`)."""
+    return [sum(v[0] for (src, _), v in pairs.items() if src == r) for r in range(world_size)]
+
+
+# A right answer may frame its messages otherwise than the course's reference (the counts by another collective, one
+# call per tensor): it may put up to this many times the reference's framing on the wire, beyond the payload
+FRAMING_ALLOWANCE = 4
+
+
+def beyond(answer: list, reference: list, payload: list, what: str) -> str:
+    """The first rank (in words) whose bytes on the wire exceed what the exercise's collectives must move, or "".
+
+    ``reference``: bytes per rank the course's own implementation sent on the same instance and cluster (measured
+    just before); ``payload``: the bytes per rank its collectives carry, by Gloo's algorithms (all-gather: the
+    shard to each other rank; reduce-scatter: an all-reduce of the input, which is how Gloo runs it; all-to-all:
+    the rows for the other ranks; broadcast: a binomial tree). What the reference sent beyond its payload is
+    Gloo's framing (headers, counts, acknowledgements) on this instance; rank r may send its payload plus
+    :data:`FRAMING_ALLOWANCE` times that framing. A list of one element compares totals over the ranks."""
+    for r, (got, ref, need) in enumerate(zip(answer, reference, payload)):
+        framing = max(ref - need, 0)
+        bound = max(need, ref) + (FRAMING_ALLOWANCE - 1) * framing
+        if got > bound:
+            who = f"rank {r}" if len(answer) > 1 else "the ranks together"
+            return (
+                f"{who} sent {got:,} bytes on the wire (the kernel's TCP counters); {what} are {need:,} bytes "
+                f"({ref:,} with Gloo's framing, as the course's implementation sent them on this instance; "
+                f"allowed {bound:,})"
+            )
     return ""

@@ -157,6 +157,72 @@ def _z3_smallest(answer, grader, world_size, problem, told: list) -> str:
     return f"; smallest failing case found: {world_size} ranks, {_z3_size(p)}"
 
 
+def _z3_wide(problem: dict, world_size: int) -> dict:
+    """The problem made wide enough that the weight, not the messages' headers, fills the wire."""
+    return {**problem, "out_features": 4 * world_size, "in_features": 2048 + problem["in_features"]}
+
+
+def _z3_wire_harness(answer, problem):
+    """Forward and backward of the layer once, for the kernel's counters: the answer's, or (``answer`` None) the
+    exercise's collectives as the course runs them (:mod:`simlib.parallel.zero`'s all-gather and reduce-scatter of
+    shards: one all-gather in forward, one all-gather and one reduce-scatter in backward), which also says the bytes
+    they carry from this rank by Gloo's algorithms (an all-gather sends the shard to each other rank; Gloo runs a
+    reduce-scatter as an all-reduce of its input: 2(n-1)/n of it)."""
+    import torch
+    import torch.distributed as dist
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    weight, x = _zero3_problem(**problem)
+    b = problem["batch"] // n
+    xr = x[rank * b : (rank + 1) * b].clone().requires_grad_(True)
+    shard = weight.chunk(n)[rank].clone().requires_grad_(True)
+    if answer is not None:
+        (answer(xr, shard).pow(2).sum() / b).backward()
+        return {}
+    from ..parallel.zero import all_gather_shards, reduce_scatter_shards
+
+    with torch.no_grad():
+        full = torch.empty_like(weight)
+        all_gather_shards(full, shard.detach())  # forward
+        grad_y = 2 * (xr @ full.T) / b
+        all_gather_shards(full, shard.detach())  # backward: gathered again
+        grad_shard = torch.empty_like(shard)
+        reduce_scatter_shards(grad_shard, (grad_y.T @ xr).contiguous())
+    size = weight.element_size()
+    return dict(payload=2 * (n - 1) * shard.numel() * size + round(2 * (n - 1) / n * weight.numel() * size))
+
+
+def _z3_wire(answer, grader, problem, world_size) -> Result:
+    """What each rank sent on the wide copy of ``problem``, against what the exercise's collectives send there
+    (:func:`simlib.grading.wire.beyond`)."""
+    from .wire import beyond, per_rank
+
+    wide = _z3_wide(problem, world_size)
+    name = f"{world_size} ranks, W {wide['out_features']}x{wide['in_features']}: on the wire two gathers of the shards and one reduce-scatter"
+    refs = grader.run(world_size, _z3_wire_harness, None, wide, what="the course's ZeRO-3 collectives", wire=True)
+    reference = grader.wire_last
+    if reference is not None:
+        grader.run(
+            world_size, _z3_wire_harness, answer, wide, what=f"your ZeRO-3 Linear on {world_size} ranks", wire=True
+        )
+    if reference is None or grader.wire_last is None:
+        return Result(name + " (skipped: the kernel's counters cannot be read here)", True)
+    breach = beyond(
+        per_rank(grader.wire_last, world_size),
+        per_rank(reference, world_size),
+        [o["payload"] for o in refs],
+        "two all-gathers of its shard and one reduce-scatter of the weight's gradient",
+    )
+    return Result(
+        name + " (the kernel's counters)",
+        not breach,
+        "ZeRO-3 moves each shard to the other ranks once per use (an all-gather in forward, one in backward) and the "
+        "weight's gradient once (a reduce-scatter): no third gather, no all-gather or broadcast of the whole "
+        "gradient, no all-reduce of the whole weight",
+        breach,
+    )
+
+
 @exercise("zero3_linear")
 def _check_zero3_linear(answer, grader):
     problems, told = _z3_problems(), []  # drawn now, in this process, from the OS's randomness
@@ -217,6 +283,8 @@ def _check_zero3_linear(answer, grader):
         yield Result(
             f"{world_size} ranks ({size}): each rank's shard gets its rows of the averaged weight gradient", ok, hint
         )
+        if ok:  # bytes below every Python name: the kernel's counters
+            yield _z3_wire(answer, grader, problem, world_size)
     full = problem["out_features"] * problem["in_features"]
     kept = max((max(o["saved"], default=0) for o in outs), default=0)
     yield Result(

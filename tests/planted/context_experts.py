@@ -96,13 +96,17 @@ RING = {
 }
 
 
-def _moe(x, router, experts, num_experts, capacity_factor, owner, apply_capacity=True, apply_gate=True):
+def _moe(
+    x, router, experts, num_experts, capacity_factor, owner, apply_capacity=True, apply_gate=True, drop_late=False
+):
     rank, ep = dist.get_rank(), dist.get_world_size()
     local = num_experts // ep
     gate, expert = torch.softmax(router(x), dim=-1).max(dim=-1)
     position = queue_positions(expert[:, None], num_experts)[0][:, 0]
     keep = position < capacity(x.shape[0] * ep, num_experts, 1, capacity_factor)
-    if not apply_capacity:
+    # drop_late: every token sent, the ones over capacity zeroed only when they come back
+    late = keep.to(x.dtype) if drop_late else torch.ones_like(x[:, 0])
+    if not apply_capacity or drop_late:
         keep = torch.ones_like(keep)
     token = torch.nonzero(keep).squeeze(1)
     slot = owner(expert[token], ep, local)  # (rank, local expert) as one index
@@ -121,7 +125,7 @@ def _moe(x, router, experts, num_experts, capacity_factor, owner, apply_capacity
     back = x.new_empty(len(token), x.shape[1])
     dist.all_to_all_single(back, out, send, recv)
     y = torch.zeros_like(x)
-    y.index_add_(0, token, back * (gate[token].unsqueeze(1) if apply_gate else 1))
+    y.index_add_(0, token, back * (gate[token].unsqueeze(1) if apply_gate else 1) * late[token].unsqueeze(1))
     return y
 
 
@@ -144,6 +148,12 @@ def capacity_ignored(x, router, experts, num_experts, capacity_factor):
 def gate_not_applied(x, router, experts, num_experts, capacity_factor):
     """Adds the experts' outputs without weighing them by the gate."""
     return _moe(x, router, experts, num_experts, capacity_factor, _blocks, apply_gate=False)
+
+
+def tokens_over_capacity_sent_anyway(x, router, experts, num_experts, capacity_factor):
+    """The right output: every token goes to its expert's rank and back, the ones over capacity zeroed only when
+    they come back (they cross the wire for nothing)."""
+    return _moe(x, router, experts, num_experts, capacity_factor, _blocks, drop_late=True)
 
 
 MOE = {f.__name__: f for f in (tokens_to_the_wrong_rank, capacity_ignored, gate_not_applied)}
