@@ -20,6 +20,7 @@ from .dp_common import (  # noqa: F401 - re-exported
     _reference,
     _tiny_problem,
     dp_problem,
+    dp_shrunk,
     only_some_sizes,
 )
 from .ring import _ring_cases, ring_case  # noqa: F401 - re-exported
@@ -72,16 +73,30 @@ def _check_average_gradients(answer, grader):
     sizes = st.tuples(*(dp_problem(True, True, ("float32", "float64")) for _ in _WORLD_SIZES))
     sizes = sizes.filter(lambda problems: any(p["dtype"] == "float64" for p in problems))
     problems = dict(zip(_WORLD_SIZES, draw(sizes, 1)[0]))
-    passed = []
+    passed, shrunk = [], False
+
+    def differs(world, p):  # what the answer gets wrong on (world, p), "" where it is right: for the shrinking
+        ref = _reference(_DP_STEPS, _DP_LR, p)
+        outs = grader.run(world, _average_gradients_harness, answer, _DP_STEPS, _DP_LR, p)
+        ok, detail, _ = _diagnose_grads(outs, ref)
+        trained = _check_training(outs, ref, world, _DP_STEPS)
+        return (f"gradients: {detail}" if not ok else "") or ("" if trained.passed else f"weights: {trained.detail}")
+
     for world_size in _WORLD_SIZES:
         problem = problems[world_size]
         ref = _reference(_DP_STEPS, _DP_LR, problem)
         outs = grader.run(world_size, _average_gradients_harness, answer, _DP_STEPS, _DP_LR, problem)
         ok, detail, hint = _diagnose_grads(outs, ref)
-        hint += "" if ok else only_some_sizes(passed, f"{world_size} ranks") + _problem_words(problem)
+        trained = _check_training(outs, ref, world_size, _DP_STEPS)
+        smallest = ""
+        if not shrunk and not (ok and trained.passed):  # once: the smallest instance that fails, for the hint
+            right = tuple(w for w in _WORLD_SIZES if f"{w} ranks" in passed)
+            shrunk, smallest = True, dp_shrunk(grader, problem, world_size, differs, passed=right)
+        hint += "" if ok else only_some_sizes(passed, f"{world_size} ranks") + _problem_words(problem) + smallest
+        trained.hint += smallest if ok else ""
         passed += [f"{world_size} ranks"] if ok else []
         yield Result(f"{world_size} ranks: gradients equal the global-batch gradient", ok, hint, detail)
-        yield _check_training(outs, ref, world_size, _DP_STEPS)
+        yield trained
         # the contract: one all-reduce's volume per step, 2(n-1)/n of the gradients per rank (+ uneven ring chunks)
         n, worst = world_size, max(outs, key=lambda o: o["moved"])
         bound = 2 * (n - 1) / n * worst["numel"] + 2 * (n - 1) * worst["tensors"]

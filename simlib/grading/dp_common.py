@@ -130,6 +130,56 @@ def _problem_words(problem: dict) -> str:
     return words + ")"
 
 
+def dp_instance_words(instance: dict) -> str:
+    """A shrunk instance (a world size and a problem, :func:`dp_shrunk`) as the hint names it."""
+    words = (
+        f"{instance['world']} ranks, an MLP of width {instance['width']}, {instance['depth']} hidden layer(s), "
+        f"{instance['in_features']} inputs, global batch {instance['global_batch']}"
+    )
+    if instance.get("k") is not None:
+        words += f", k = {instance['k']} micro-batches"
+    if instance.get("frozen") is not None:
+        words += ", one frozen parameter"
+    if instance.get("unused"):
+        words += ", one unused parameter"
+    return words + f", {instance.get('dtype', 'float32')}"
+
+
+def dp_shrunk(
+    grader, problem: dict, world_size: int, differs, k: int | None = None, min_depth: int = 1, passed: tuple = ()
+) -> str:
+    """The hint's words for the smallest failing instance Hypothesis finds below the drawn one: fewer ranks (among
+    the check's world sizes, none above ``world_size`` and none in ``passed``, where the answer was right), a narrower and shallower MLP, a smaller batch, without the
+    frozen or unused parameter or float64 where the answer fails without them. ``differs(world, problem)`` runs the
+    answer and says what differed ("" where it is right); ``k``: micro-batches, a dividing count of each rank's rows
+    (shrunk too). Made once per check, after a failure, at most 6 runs ("" when nothing smaller is found)."""
+    from .instances import around, shrink, smallest_words
+
+    first = dict(problem, world=world_size, k=k)
+    sizes = dict(
+        world=tuple(w for w in _WORLD_SIZES if w <= world_size and w not in passed) or (world_size,),
+        width=3,
+        depth=min_depth,
+        in_features=2,
+        global_batch=(12, 24, 36),
+    )
+    if k is not None:
+        sizes["k"] = 2
+
+    def valid(i) -> bool:
+        rows, rest = divmod(i["global_batch"], i["world"])
+        return not rest and (i["k"] is None or rows % i["k"] == 0)
+
+    strategy = around(first, sizes, dict(frozen=None, unused=False, dtype="float32"), keep=valid)
+
+    def run(i):
+        p = {key: v for key, v in i.items() if key not in ("world", "k")}
+        return differs(i["world"], p) if k is None else differs(i["world"], p, i["k"])
+
+    small, what = shrink(strategy, run, first, grader)
+    return smallest_words(small, what, dp_instance_words) if small != first else ""
+
+
 def only_some_sizes(passed: list, size_words: str) -> str:
     """A note for a check that passed on other sizes: the code holds only for some (hard-coded? powers of two?)."""
     if not passed:
