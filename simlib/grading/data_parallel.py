@@ -170,13 +170,23 @@ def _accumulation_harness(answer, k, steps, lr, problem):
 def _check_accumulation(answer, grader):
     problem = _draw_problem(frozen=True)  # drawn now; a frozen parameter (DDP leaves it out of its buckets)
     ref = _reference(_ACC_STEPS, _ACC_LR, problem)
-    comm, passed = [], []
+    comm, passed, shrunk = [], [], False
+
+    def differs(world, p, k):  # what the answer gets wrong on (world, p, k), "" where it is right: for the shrinking
+        outs = grader.run(world, _accumulation_harness, answer, k, _ACC_STEPS, _ACC_LR, p)
+        trained = _check_training(outs, _reference(_ACC_STEPS, _ACC_LR, p), world, _ACC_STEPS)
+        return "" if trained.passed else f"weights after {_ACC_STEPS} steps: {trained.detail}"
+
     for world_size, k in _acc_cases(problem):
         unscaled = _reference(_ACC_STEPS, _ACC_LR * k, problem)  # loss not divided by k: k times the step
         outs = grader.run(world_size, _accumulation_harness, answer, k, _ACC_STEPS, _ACC_LR, problem)
         result = _check_training(outs, ref, world_size, _ACC_STEPS)
         result.name = result.name.replace(f"{world_size} ranks:", f"{world_size} ranks, k = {k} micro-batches:")
         drifted = not all(_all_close(o["state"], outs[0]["state"], rtol=0, atol=0) for o in outs)
+        smallest = ""
+        if not result.passed and not shrunk:  # once: the smallest instance that fails, for the hint
+            right = tuple(w for w in _WORLD_SIZES if any(f"on {w} ranks" in words for words in passed))
+            shrunk, smallest = True, dp_shrunk(grader, problem, world_size, differs, k=k, passed=right)
         if result.passed:
             pass
         elif all(_all_close(o["state"], unscaled["state"]) for o in outs):
@@ -198,7 +208,7 @@ def _check_accumulation(answer, grader):
                 "other checks use other k: do not hard-code it)"
             )
         if not result.passed:
-            result.hint += only_some_sizes(passed, f"k = {k} on {world_size} ranks")
+            result.hint += only_some_sizes(passed, f"k = {k} on {world_size} ranks") + smallest
         else:
             passed.append(f"k = {k} on {world_size} ranks")
         yield result

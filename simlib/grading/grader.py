@@ -29,6 +29,7 @@ class Grader:
         self.busy_notes: list = []  # "your machine was busy ..." for every run that needed its second chance
         self.wire_last = None  # what the last metered run sent between ranks (simlib.grading.wire)
         self.pieces_from = None  # a pieces milestone's answer (bytes): its re-runs train with its pieces
+        self.second_chance = True  # False while a failure's instance is shrunk (instances.shrink): no retry
 
     def cluster(self, world_size: int):
         c = self.clusters.get(world_size) or cluster(world_size)
@@ -73,7 +74,7 @@ class Grader:
                 return cluster_.call(_guarded, (harness, args, kwargs), timeout=limit, plain=True)
             except WorkerTimeout as first:
                 broke = _primary([f for f in first.failures.values() if f.type_name != "Timeout"])
-                if broke is not None and broke.type_name in _BROKE:
+                if (broke is not None and broke.type_name in _BROKE) or not self.second_chance:
                     raise
                 # a second chance before the word "hang": the machine re-measured, a longer limit (issue 51)
                 load = Load.now(world_size, refresh=True)

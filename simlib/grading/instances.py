@@ -166,6 +166,8 @@ def shrink(strategy, differs, first, grader=None, budget: int = 6, seconds: floa
     from hypothesis.database import InMemoryExampleDatabase, choices_to_bytes
     from hypothesis.errors import NoSuchExample, Unsatisfiable
 
+    from .results import HANG
+
     start = _STARTS.pop(id(strategy), None)
     if grader is not None and (grader.first_failure or grader.unanswered):
         return first, ""
@@ -186,18 +188,33 @@ def shrink(strategy, differs, first, grader=None, budget: int = 6, seconds: floa
             runs[0] += 1
             try:
                 said[k] = differs(instance) or ""
-            except Exception as exc:  # noqa: BLE001 - the answer erred or hung there: a failing instance
+            except Exception as exc:  # noqa: BLE001 - the answer erred there: a failing instance, and the last run
                 stopped[0] = True
                 result = getattr(exc, "result", None)
-                said[k] = f"{result.name}: {result.detail}" if result is not None else f"{type(exc).__name__}: {exc}"
+                if result is not None and result.status == HANG:  # too slow for the search's short limit (a busy
+                    said[k] = ""  # machine, or a hang): not called failing, as nothing is known of it
+                else:
+                    said[k] = (
+                        f"{result.name}: {result.detail}" if result is not None else f"{type(exc).__name__}: {exc}"
+                    )
         return bool(said[k])
 
+    saved = None
+    if grader is not None:  # the search's runs are short and get no second chance: a slow one ends the search
+        saved, grader.timeout, grader.second_chance = (
+            (grader.timeout, grader.second_chance),
+            min(grader.timeout, 5.0),
+            False,
+        )
     try:
         small = find(strategy, still_fails, settings=options, random=entropy(), database_key=key)
     except (NoSuchExample, Unsatisfiable):
         return first, ""
     except Exception:  # noqa: BLE001 - Hypothesis's own complaint (e.g. flaky): fall back on what is known
         return first, ""
+    finally:
+        if saved is not None:
+            grader.timeout, grader.second_chance = saved
     return small, said.get(_key(small), "")
 
 

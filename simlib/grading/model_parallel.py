@@ -184,6 +184,50 @@ def _check_one_f_one_b(answer, grader):
         )
 
 
+def _stage_differs(grader, answer, world: int, pp: dict) -> str:
+    """What the stage gets wrong on ``world`` ranks and problem ``pp`` ("" where it is right): for the shrinking."""
+    ref_loss, ref_grads = _pp_reference(pp)
+    outs = grader.run(world, _stage_harness, answer, pp, what=f"your stage on {world} ranks")
+    last = outs[-1]["loss"]
+    errors = _grads_by_rank(outs, ref_grads)
+    wrong = [r for r, e in enumerate(errors) if e is not None]
+    if last is None or abs(last - ref_loss) > 1e-5 * max(1.0, abs(ref_loss)):
+        return f"the last stage returned the loss {last}, want {ref_loss:.6f}" + (
+            f"; gradients wrong on rank(s) {wrong}" if wrong else ""
+        )
+    return f"gradients wrong on rank(s) {wrong}" if wrong else ""
+
+
+def _stage_smallest(grader, answer, pp: dict, world_size: int, passed: list) -> str:
+    """The hint's words for the smallest failing instance Hypothesis finds below the drawn one (fewer ranks where
+    the answer was not right with them, fewer and narrower blocks, fewer and smaller micro-batches)."""
+    from .instances import around, shrink, smallest_words
+
+    first = {k: v for k, v in pp.items() if k != "batch"}
+    first["world"] = world_size
+    sizes = dict(
+        world=tuple(w for w in _PP_WORLDS if w <= world_size and w not in passed) or (world_size,),
+        width=4,
+        depth=3,
+        in_features=2,
+        out_features=1,
+        microbatch=1,
+        num_microbatches=2,
+    )
+    strategy = around(
+        first, sizes, keep=lambda i: i["microbatch"] != i["num_microbatches"] and i["in_features"] != i["width"]
+    )
+
+    def problem(i):
+        return dict({k: v for k, v in i.items() if k != "world"}, batch=i["microbatch"] * i["num_microbatches"])
+
+    def words(i):
+        return f"{i['world']} ranks, {_pp_size(problem(i))}, {i['in_features']} inputs, {i['out_features']} outputs"
+
+    small, what = shrink(strategy, lambda i: _stage_differs(grader, answer, i["world"], problem(i)), first, grader)
+    return smallest_words(small, what, words) if small != first else ""
+
+
 def _stage_harness(answer, pp):
     import torch.distributed as dist
 
@@ -217,6 +261,7 @@ def _check_pipeline_stage(answer, grader):
     ref_loss, ref_grads = _pp_reference(pp)
     m = pp["num_microbatches"]
     scaled = {n: g * m for n, g in ref_grads.items()}
+    passed, smallest = [], None
     for world_size in _PP_WORLDS:  # 3: stages of unequal depth, a middle stage that is neither first nor last
         # on 3 ranks (a first, a middle and a last stage) what crossed is also read from the kernel
         outs = grader.run(
@@ -225,15 +270,20 @@ def _check_pipeline_stage(answer, grader):
         on_wire = grader.wire_last
         last = outs[-1]["loss"]
         ok_loss = last is not None and abs(last - ref_loss) <= 1e-5 * max(1.0, abs(ref_loss))
+        errors = _grads_by_rank(outs, ref_grads)
+        ok = all(e is None for e in errors)
+        if smallest is None and not (ok and ok_loss):  # once: the smallest instance that fails, for the hint
+            smallest = _stage_smallest(grader, answer, pp, world_size, passed)
         yield Result(
             f"{world_size} ranks ({_pp_size(pp)}): the last stage returns the batch loss",
             ok_loss,
             f"return the sum over micro-batches of loss_i / {m} (the mean over micro-batches) on the last "
-            "stage" + (f"; yours is {last / ref_loss:.3g}x the right one" if last and ref_loss else ""),
+            "stage"
+            + (f"; yours is {last / ref_loss:.3g}x the right one" if last and ref_loss else "")
+            + ((smallest or "") if not ok_loss else ""),
             "" if ok_loss else f"got {last}, want {ref_loss:.6f}",
         )
-        errors = _grads_by_rank(outs, ref_grads)
-        ok = all(e is None for e in errors)
+        passed += [world_size] if ok and ok_loss else []
         hint, wrong = "", [r for r, e in enumerate(errors) if e is not None]
         if not ok:
             if all(e is None for e in _grads_by_rank(outs, scaled)):
@@ -261,7 +311,7 @@ def _check_pipeline_stage(answer, grader):
         yield Result(
             f"{world_size} ranks ({_pp_size(pp)}): every stage's gradients equal one process on the whole batch",
             ok,
-            hint,
+            hint + ((smallest or "") if not ok else ""),
             "" if ok else f"wrong on rank(s) {wrong}",
         )
         # the schedule the stages really ran, from the grader's record of their messages: GPipe is every
