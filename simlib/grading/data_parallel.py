@@ -8,6 +8,8 @@ from . import bucket, ring  # noqa: F401 - they register their exercises
 from .contracts import passes_breach, watch_passes
 from .core import Result, exercise
 from .dp_common import (  # noqa: F401 - re-exported
+    _BATCHES,
+    _BATCHES_5,
     _DP_LR,
     _DP_STEPS,
     _WORLD_SIZES,
@@ -26,6 +28,8 @@ from .dp_common import (  # noqa: F401 - re-exported
 from .ring import _ring_cases, ring_case  # noqa: F401 - re-exported
 
 # ---- lesson 02: average gradients (naive data parallelism) ----
+
+_AVG_WORLDS = _WORLD_SIZES + (5,)
 
 
 def _average_gradients_harness(answer, steps, lr, problem):
@@ -70,9 +74,13 @@ def _check_average_gradients(answer, grader):
     from .instances import draw
 
     # and float32 or float64 models, at least one float64 (a buffer in the default float32 rounds its gradients)
-    sizes = st.tuples(*(dp_problem(True, True, ("float32", "float64")) for _ in _WORLD_SIZES))
+    # 2 to 5 ranks (5: a second world size that is not a power of two, where a divisor written for 3 is wrong too;
+    # its global batch splits five ways)
+    sizes = st.tuples(
+        *(dp_problem(True, True, ("float32", "float64"), _BATCHES_5 if w == 5 else _BATCHES) for w in _AVG_WORLDS)
+    )
     sizes = sizes.filter(lambda problems: any(p["dtype"] == "float64" for p in problems))
-    problems = dict(zip(_WORLD_SIZES, draw(sizes, 1)[0]))
+    problems = dict(zip(_AVG_WORLDS, draw(sizes, 1)[0]))
     passed, shrunk = [], False
 
     def differs(world, p):  # what the answer gets wrong on (world, p), "" where it is right: for the shrinking
@@ -82,7 +90,7 @@ def _check_average_gradients(answer, grader):
         trained = _check_training(outs, ref, world, _DP_STEPS)
         return (f"gradients: {detail}" if not ok else "") or ("" if trained.passed else f"weights: {trained.detail}")
 
-    for world_size in _WORLD_SIZES:
+    for world_size in _AVG_WORLDS:
         problem = problems[world_size]
         ref = _reference(_DP_STEPS, _DP_LR, problem)
         outs = grader.run(world_size, _average_gradients_harness, answer, _DP_STEPS, _DP_LR, problem)
@@ -90,8 +98,8 @@ def _check_average_gradients(answer, grader):
         trained = _check_training(outs, ref, world_size, _DP_STEPS)
         smallest = ""
         if not shrunk and not (ok and trained.passed):  # once: the smallest instance that fails, for the hint
-            right = tuple(w for w in _WORLD_SIZES if f"{w} ranks" in passed)
-            shrunk, smallest = True, dp_shrunk(grader, problem, world_size, differs, passed=right)
+            right = tuple(w for w in _AVG_WORLDS if f"{w} ranks" in passed)
+            shrunk, smallest = True, dp_shrunk(grader, problem, world_size, differs, passed=right, worlds=_AVG_WORLDS)
         hint += "" if ok else only_some_sizes(passed, f"{world_size} ranks") + _problem_words(problem) + smallest
         trained.hint += smallest if ok else ""
         passed += [f"{world_size} ranks"] if ok else []

@@ -10,11 +10,16 @@ from .core import Result, _close, max_error
 _WORLD_SIZES = (2, 3, 4)  # 3 catches code right only for powers of two or a hard-coded world size
 
 
-def dp_problem(frozen: bool = False, unused: bool = False, dtypes: tuple = ("float32",)):
+_BATCHES = (12, 24, 36)  # global batches that split over 2, 3 and 4 ranks
+_BATCHES_5 = (20, 40, 60)  # and over 5 (average_gradients' fifth world; each world has its own problem there)
+
+
+def dp_problem(frozen: bool = False, unused: bool = False, dtypes: tuple = ("float32",), batches: tuple = _BATCHES):
     """A Hypothesis strategy of lessons 01-03's regression problem: odd widths, 1-3 hidden layers, a global batch
     that splits over 2, 3 and 4 ranks, a secret seed; ``frozen``: one parameter has requires_grad=False,
     ``unused``: one parameter takes no part in the forward (both leave p.grad None); ``dtypes``: the model's and
-    the data's dtype is one of these (float64: a buffer made in the default float32 rounds the gradients)."""
+    the data's dtype is one of these (float64: a buffer made in the default float32 rounds the gradients);
+    ``batches``: the global batches drawn from (each splits into equal shards over the world sizes it is for)."""
     from hypothesis import strategies as st
 
     return st.fixed_dictionaries(
@@ -22,7 +27,7 @@ def dp_problem(frozen: bool = False, unused: bool = False, dtypes: tuple = ("flo
             width=st.integers(3, 19),
             depth=st.integers(1, 3),
             in_features=st.integers(2, 11),
-            global_batch=st.sampled_from((12, 24, 36)),
+            global_batch=st.sampled_from(batches),
             seed=st.integers(0, 2**62),
             frozen=st.integers(0, 3) if frozen else st.none(),
             unused=st.just(unused),
@@ -146,7 +151,14 @@ def dp_instance_words(instance: dict) -> str:
 
 
 def dp_shrunk(
-    grader, problem: dict, world_size: int, differs, k: int | None = None, min_depth: int = 1, passed: tuple = ()
+    grader,
+    problem: dict,
+    world_size: int,
+    differs,
+    k: int | None = None,
+    min_depth: int = 1,
+    passed: tuple = (),
+    worlds: tuple = _WORLD_SIZES,
 ) -> str:
     """The hint's words for the smallest failing instance Hypothesis finds below the drawn one: fewer ranks (among
     the check's world sizes, none above ``world_size`` and none in ``passed``, where the answer was right), a narrower and shallower MLP, a smaller batch, without the
@@ -157,11 +169,11 @@ def dp_shrunk(
 
     first = dict(problem, world=world_size, k=k)
     sizes = dict(
-        world=tuple(w for w in _WORLD_SIZES if w <= world_size and w not in passed) or (world_size,),
+        world=tuple(w for w in worlds if w <= world_size and w not in passed) or (world_size,),
         width=3,
         depth=min_depth,
         in_features=2,
-        global_batch=(12, 24, 36),
+        global_batch=tuple(sorted(set(_BATCHES + _BATCHES_5))),  # those that do not split are left out (valid)
     )
     if k is not None:
         sizes["k"] = 2

@@ -8,7 +8,9 @@ from .pipeline_problems import _pp_draw, _pp_problem, _pp_reference, _pp_size, p
 # ---- lesson 04: the 1F1B schedule, and a pipeline stage's forward/backward with send/recv ----
 
 
-_PP_WORLDS = (2, 3, 4)  # not 5: a fifth cluster's start alone (over-subscribed 2 cores) costs over +30 % here
+# 5: stages of unequal depth other than 3's (a pipeline of 5 to 8 blocks), a fifth cluster's start costs a fraction of a
+# second now that workers fork from a warm zygote (it cost over +30 % of the check when each imported torch)
+_PP_WORLDS = (2, 3, 4, 5)
 
 
 def _learner_order(answer, rank, p, m):
@@ -208,7 +210,7 @@ def _stage_smallest(grader, answer, pp: dict, world_size: int, passed: list) -> 
     sizes = dict(
         world=tuple(w for w in _PP_WORLDS if w <= world_size and w not in passed) or (world_size,),
         width=4,
-        depth=3,
+        depth=4,  # 5 blocks: one for each of 5 stages
         in_features=2,
         out_features=1,
         microbatch=1,

@@ -11,7 +11,9 @@ from .dp_common import only_some_sizes
 # not divide, one shorter than the world, a 2-D tensor, float32 and float64 (a receive buffer of the default dtype
 # is wrong for float64), and one large tensor (an answer that rings only small ones and calls all_reduce above a
 # size fails). Values come from a seed drawn from the OS; the workers get only the plain case.
-_RING_WORLDS = (2, 3, 4)  # 3 catches code right only for powers of two or a hard-coded world size
+# 3 and 5 catch code right only for powers of two or a hard-coded world size; 5 gives other remainders (chunks of
+# unequal length) than 3 (a fifth world costs a fraction of a second here: workers fork from a warm zygote)
+_RING_WORLDS = (2, 3, 4, 5)
 _RING_DTYPES = ("float32", "float64")
 
 
