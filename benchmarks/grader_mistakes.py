@@ -123,6 +123,7 @@ def worker(exercise: str, names: list[str]) -> None:
                     first_failure=(failed[0].name + ": " + (failed[0].detail or failed[0].hint))[:300]
                     if failed
                     else "",
+                    hint=failed[0].hint[-600:] if failed else "",  # its end: where a shrunk instance is named
                 )
             except BaseException as exc:  # noqa: BLE001 - check must never raise; if it does, that is a finding
                 row = dict(verdict="grader raised", detail=f"{type(exc).__name__}: {exc}"[:300])

@@ -35,7 +35,7 @@ def _pp_draw(extra=None):
     from .instances import draw
 
     for _ in range(8):
-        got, pp = draw(st.tuples(extra or st.none(), pp_problem()), 1)[0]
+        got, pp = draw(st.tuples(st.none() if extra is None else extra, pp_problem()), 1)[0]
         if all(bool(g.any()) for g in _pp_reference(pp)[1].values()):
             break
     return (got, pp) if extra is not None else pp

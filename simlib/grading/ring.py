@@ -121,27 +121,27 @@ def _wire_breach(pairs: dict, cases, world_size: int) -> str:
     return ""
 
 
-def _ring_wrong(answer, grader, world_size, case) -> bool:
+def _ring_wrong(answer, grader, world_size, case) -> str:
+    """What the answer gets wrong on ``case`` ("" where it is right)."""
     per_rank = [o[0] for o in grader.run(world_size, _ring_harness, answer, [case])]
-    return not all(_close(c["result"], c["expected"]) for c in per_rank)
+    bad = [r for r, c in enumerate(per_rank) if not _close(c["result"], c["expected"])]
+    if not bad:
+        return ""
+    worst = max(max_error(per_rank[r]["result"], per_rank[r]["expected"]) for r in bad)
+    return f"max error {worst:.2g} on rank(s) {bad}"
 
 
 def _ring_smallest(answer, grader, world_size, case) -> str:
-    """The smallest failing case Hypothesis finds (shrinking), for the hint."""
+    """The smallest failing case Hypothesis finds (shrinking) at this world size, for the hint."""
     from hypothesis import strategies as st
 
-    from .core import _Stop
-    from .instances import smallest
-
-    def fails(c):
-        try:
-            return _ring_wrong(answer, grader, world_size, c)
-        except _Stop:
-            return True
+    from .instances import shrink
 
     strategy = st.one_of(*(ring_case(world_size, k) for k in ("short", "uneven", "matrix")))
-    small = smallest(strategy, fails, budget=6, first=case)
-    return f" Smallest failing case found: {world_size} ranks, shape {tuple(small['shape'])}, {small['dtype']}."
+    small, what = shrink(strategy, lambda c: _ring_wrong(answer, grader, world_size, c), case, grader)
+    if not what or small is case:
+        return ""
+    return f" Smallest failing case found: {world_size} ranks, shape {tuple(small['shape'])}, {small['dtype']}: {what}."
 
 
 def _ring_volume(shape, world_size) -> tuple[int, int]:
