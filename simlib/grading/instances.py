@@ -9,9 +9,13 @@ ranks), and :func:`draw` takes a fixed, small number of them from it with random
 seed in any importable module decides an instance, so nothing an answer can read or import tells it what it
 will be asked.
 
-When an answer fails, :func:`smallest` asks Hypothesis to shrink: it searches the same strategy for the smallest
-instance that still fails (within a small budget of runs, as grading must stay quick) and the hint shows it,
-which is also the best feedback a learner can get ("fails with 3 ranks and 7 elements").
+When an answer fails, :func:`shrink` asks Hypothesis to shrink: :func:`around` states the instances no larger than
+the failing one drawn (fewer ranks, smaller sizes, without float64 or a frozen parameter), Hypothesis replays the
+drawn one and shrinks from it, and the hint names the smallest instance that still fails and what differed there,
+which is also the best feedback a learner can get ("2 ranks, an MLP of width 3, ...: max error 1"). The search runs
+only after a failure, within a small budget of runs (6) and seconds (20), each run with a short limit and no
+second chance: a slow run ends it and is not called failing, and the verdict never changes (:func:`smallest`, the
+older form, searches a strategy afresh).
 """
 
 from __future__ import annotations

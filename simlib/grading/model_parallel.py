@@ -173,7 +173,7 @@ def _check_one_f_one_b(answer, grader):
             "oldest backward; the cool-down runs the remaining backwards oldest first"
         )
     yield Result("the order equals 1F1B on every rank (p = 1..4, m = 1..8)", diff is None, hint)
-    # 5. for real: 2, 3 and 4 ranks, gradients equal one process, on the drawn problem (m again: loops above set it)
+    # 5. for real: 2 to 5 ranks, gradients equal one process, on the drawn problem (m again: loops above set it)
     _, ref_grads, m = *_pp_reference(pp), pp["num_microbatches"]
     for p in _PP_WORLDS:
         outs = grader.run(p, _pp_harness, orders[p, m], pp, what=f"the schedule on {p} ranks")
