@@ -123,7 +123,7 @@ def _check_bucket(answer, grader):
     import shutil
     import tempfile
 
-    problem = _draw_problem()  # drawn now, from the OS's randomness
+    problem = _draw_problem(min_depth=2)  # drawn now, from the OS's randomness, no layer dead
     problem["depth"] = max(problem["depth"], 2)  # at least 6 parameters: several buckets under the tiny cap
     ref = _reference(_DP_STEPS, _DP_LR, problem)
     cap_mb = _bucket_cap(problem)

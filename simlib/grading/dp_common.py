@@ -36,10 +36,23 @@ def dp_problem(frozen: bool = False, unused: bool = False, dtypes: tuple = ("flo
     )
 
 
-def _draw_problem(**kw) -> dict:
+def alive(problem: dict, min_depth: int = 1) -> bool:
+    """Every parameter that gets a gradient gets a nonzero one on ``problem`` (at least ``min_depth`` hidden layers).
+    A narrow MLP can draw a hidden layer whose ReLUs are all dead: every gradient below it is zero, and an answer
+    wrong on those parameters (a bucket divided once per parameter, a scale on some layers) passes there."""
+    p = dict(problem, depth=max(problem["depth"], min_depth))
+    return all(g is None or bool(g.any()) for g in _reference(1, 0.0, p)["grads"])
+
+
+def _draw_problem(min_depth: int = 1, **kw) -> dict:
+    """A problem drawn now, again while a layer is dead (:func:`alive`; 8 draws at most)."""
     from .instances import draw
 
-    return dict(draw(dp_problem(**kw), 1)[0])
+    for _ in range(8):
+        problem = dict(draw(dp_problem(**kw), 1)[0])
+        if alive(problem, min_depth):
+            break
+    return problem
 
 
 def _tiny_problem(problem: dict):
