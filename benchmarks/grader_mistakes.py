@@ -11,7 +11,7 @@ solution, and ``ANSWER`` is what the learner passes to ``grading.check``.
     .venv/bin/python benchmarks/grader_mistakes.py --answers wait_at_once --repeat 1   # some answers only
 
 Grading goes through the public entry point, ``simlib.grading.check(name, answer)`` (the call each exercise's
-check cell makes; the check picks its world sizes, 2/3/4 ranks). Each exercise's solution and honest mistakes share
+check cell makes; the check picks its world sizes, 2 to 5 ranks). Each exercise's solution and honest mistakes share
 one fresh process (one notebook session: warm workers, the solution first); a deliberate trick gets a process of
 its own, since it may patch what it finds. An answer with no verdict after ``--limit`` seconds is recorded as a hang
 and its process stopped (the rest of its group goes on in a new one). ``--prove`` runs, for each mistake, the
@@ -123,6 +123,7 @@ def worker(exercise: str, names: list[str]) -> None:
                     first_failure=(failed[0].name + ": " + (failed[0].detail or failed[0].hint))[:300]
                     if failed
                     else "",
+                    hint=failed[0].hint[-600:] if failed else "",  # its end: where a shrunk instance is named
                 )
             except BaseException as exc:  # noqa: BLE001 - check must never raise; if it does, that is a finding
                 row = dict(verdict="grader raised", detail=f"{type(exc).__name__}: {exc}"[:300])

@@ -13,7 +13,7 @@ line as it finishes (``✔`` / ``✘`` and a hint) and ``check`` returns a :clas
 - Nothing the learner does makes ``check`` raise (except Ctrl-C, which stops it).
 - Every check starts from healthy workers: a learner's code that destroys the process group, exits or kills
   its worker is named, with the rank that did it (not another rank's echo of it), and the workers restart.
-- Each exercise runs on 2, 3 and 4 ranks (and several sizes), so code right only for one world size, a power
+- Each exercise runs on 2, 3 and 4 ranks, several on 5 too (and several sizes), so code right only for one world size, a power
   of two or a hard-coded constant fails; rules such as "send/recv only" are checked where a renamed call
   cannot slip past (torch's dispatcher) and by the volume the ring must send.
 - Instances are secret and generated (:mod:`simlib.grading.instances`): each check draws its sizes, values and

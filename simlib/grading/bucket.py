@@ -14,6 +14,7 @@ from .dp_common import (
     _my_shard,
     _reference,
     _tiny_problem,
+    dp_shrunk,
     only_some_sizes,
 )
 
@@ -122,7 +123,7 @@ def _check_bucket(answer, grader):
     import shutil
     import tempfile
 
-    problem = _draw_problem()  # drawn now, from the OS's randomness
+    problem = _draw_problem(min_depth=2)  # drawn now, from the OS's randomness, no layer dead
     problem["depth"] = max(problem["depth"], 2)  # at least 6 parameters: several buckets under the tiny cap
     ref = _reference(_DP_STEPS, _DP_LR, problem)
     cap_mb = _bucket_cap(problem)
@@ -131,7 +132,15 @@ def _check_bucket(answer, grader):
     # the slow peer (on the 2-rank run only): 0.04 s, far above a layer's backward here; a run that looks stalled is
     # run again with the delay scaled by the machine's load before it is judged (a busy machine is not a stall)
     late = 0.04
-    passed, timeline = [], None
+    passed, timeline, shrunk = [], None, False
+
+    def differs(world, p):  # what the answer gets wrong on (world, p), "" where it is right: for the shrinking
+        ref = _reference(_DP_STEPS, _DP_LR, p)
+        outs = grader.run(world, _bucket_harness, answer, _DP_STEPS, _DP_LR, _bucket_cap(p), p, 0.0, None)
+        ok, detail, _ = _diagnose_grads(outs, ref)
+        trained = _check_training(outs, ref, world, _DP_STEPS)
+        return (f"gradients: {detail}" if not ok else "") or ("" if trained.passed else f"weights: {trained.detail}")
+
     folder = tempfile.mkdtemp(prefix="simlib-bucket-")
     signals = iter(os.path.join(folder, f"issued{i}") for i in range(9))  # a fresh file for each timed run
     for world_size in _WORLD_SIZES:
@@ -149,15 +158,7 @@ def _check_bucket(answer, grader):
         if world_size == 2:
             timeline = outs
         ok, detail, hint = _diagnose_grads(outs, ref)
-        hint += "" if ok else only_some_sizes(passed, f"{world_size} ranks")
-        passed += [f"{world_size} ranks"] if ok else []
-        yield Result(
-            f"{world_size} ranks: gradients after finish_gradient_synchronization equal the global-batch gradient",
-            ok,
-            hint,
-            detail,
-        )
-        yield _check_training(
+        trained = _check_training(
             outs,
             ref,
             world_size,
@@ -167,6 +168,20 @@ def _check_bucket(answer, grader):
                 "of finish_gradient_synchronization, ready for the next backward"
             ),
         )
+        smallest = ""
+        if not shrunk and not (ok and trained.passed):  # once: the smallest instance that fails, for the hint
+            right = tuple(w for w in _WORLD_SIZES if f"{w} ranks" in passed)
+            shrunk, smallest = True, dp_shrunk(grader, problem, world_size, differs, min_depth=2, passed=right)
+        hint += "" if ok else only_some_sizes(passed, f"{world_size} ranks") + smallest
+        trained.hint += smallest if ok else ""
+        passed += [f"{world_size} ranks"] if ok else []
+        yield Result(
+            f"{world_size} ranks: gradients after finish_gradient_synchronization equal the global-batch gradient",
+            ok,
+            hint,
+            detail,
+        )
+        yield trained
     out = outs[0]
     per_step = [sum(1 for c in out["calls"] if c["step"] == s) for s in range(_DP_STEPS)]
     want = out["expected_buckets"]

@@ -8,6 +8,8 @@ from . import bucket, ring  # noqa: F401 - they register their exercises
 from .contracts import passes_breach, watch_passes
 from .core import Result, exercise
 from .dp_common import (  # noqa: F401 - re-exported
+    _BATCHES,
+    _BATCHES_5,
     _DP_LR,
     _DP_STEPS,
     _WORLD_SIZES,
@@ -19,12 +21,16 @@ from .dp_common import (  # noqa: F401 - re-exported
     _problem_words,
     _reference,
     _tiny_problem,
+    alive,
     dp_problem,
+    dp_shrunk,
     only_some_sizes,
 )
 from .ring import _ring_cases, ring_case  # noqa: F401 - re-exported
 
 # ---- lesson 02: average gradients (naive data parallelism) ----
+
+_AVG_WORLDS = _WORLD_SIZES + (5,)
 
 
 def _average_gradients_harness(answer, steps, lr, problem):
@@ -69,19 +75,40 @@ def _check_average_gradients(answer, grader):
     from .instances import draw
 
     # and float32 or float64 models, at least one float64 (a buffer in the default float32 rounds its gradients)
-    sizes = st.tuples(*(dp_problem(True, True, ("float32", "float64")) for _ in _WORLD_SIZES))
+    # 2 to 5 ranks (5: a second world size that is not a power of two, where a divisor written for 3 is wrong too;
+    # its global batch splits five ways)
+    sizes = st.tuples(
+        *(dp_problem(True, True, ("float32", "float64"), _BATCHES_5 if w == 5 else _BATCHES) for w in _AVG_WORLDS)
+    )
     sizes = sizes.filter(lambda problems: any(p["dtype"] == "float64" for p in problems))
-    problems = dict(zip(_WORLD_SIZES, draw(sizes, 1)[0]))
-    passed = []
-    for world_size in _WORLD_SIZES:
+    for _ in range(8):  # again while a layer is dead (all its ReLUs off: zero gradients hide a wrong scale)
+        problems = dict(zip(_AVG_WORLDS, draw(sizes, 1)[0]))
+        if all(alive(p) for p in problems.values()):
+            break
+    passed, shrunk = [], False
+
+    def differs(world, p):  # what the answer gets wrong on (world, p), "" where it is right: for the shrinking
+        ref = _reference(_DP_STEPS, _DP_LR, p)
+        outs = grader.run(world, _average_gradients_harness, answer, _DP_STEPS, _DP_LR, p)
+        ok, detail, _ = _diagnose_grads(outs, ref)
+        trained = _check_training(outs, ref, world, _DP_STEPS)
+        return (f"gradients: {detail}" if not ok else "") or ("" if trained.passed else f"weights: {trained.detail}")
+
+    for world_size in _AVG_WORLDS:
         problem = problems[world_size]
         ref = _reference(_DP_STEPS, _DP_LR, problem)
         outs = grader.run(world_size, _average_gradients_harness, answer, _DP_STEPS, _DP_LR, problem)
         ok, detail, hint = _diagnose_grads(outs, ref)
-        hint += "" if ok else only_some_sizes(passed, f"{world_size} ranks") + _problem_words(problem)
+        trained = _check_training(outs, ref, world_size, _DP_STEPS)
+        smallest = ""
+        if not shrunk and not (ok and trained.passed):  # once: the smallest instance that fails, for the hint
+            right = tuple(w for w in _AVG_WORLDS if f"{w} ranks" in passed)
+            shrunk, smallest = True, dp_shrunk(grader, problem, world_size, differs, passed=right, worlds=_AVG_WORLDS)
+        hint += "" if ok else only_some_sizes(passed, f"{world_size} ranks") + _problem_words(problem) + smallest
+        trained.hint += smallest if ok else ""
         passed += [f"{world_size} ranks"] if ok else []
         yield Result(f"{world_size} ranks: gradients equal the global-batch gradient", ok, hint, detail)
-        yield _check_training(outs, ref, world_size, _DP_STEPS)
+        yield trained
         # the contract: one all-reduce's volume per step, 2(n-1)/n of the gradients per rank (+ uneven ring chunks)
         n, worst = world_size, max(outs, key=lambda o: o["moved"])
         bound = 2 * (n - 1) / n * worst["numel"] + 2 * (n - 1) * worst["tensors"]
@@ -155,13 +182,23 @@ def _accumulation_harness(answer, k, steps, lr, problem):
 def _check_accumulation(answer, grader):
     problem = _draw_problem(frozen=True)  # drawn now; a frozen parameter (DDP leaves it out of its buckets)
     ref = _reference(_ACC_STEPS, _ACC_LR, problem)
-    comm, passed = [], []
+    comm, passed, shrunk = [], [], False
+
+    def differs(world, p, k):  # what the answer gets wrong on (world, p, k), "" where it is right: for the shrinking
+        outs = grader.run(world, _accumulation_harness, answer, k, _ACC_STEPS, _ACC_LR, p)
+        trained = _check_training(outs, _reference(_ACC_STEPS, _ACC_LR, p), world, _ACC_STEPS)
+        return "" if trained.passed else f"weights after {_ACC_STEPS} steps: {trained.detail}"
+
     for world_size, k in _acc_cases(problem):
         unscaled = _reference(_ACC_STEPS, _ACC_LR * k, problem)  # loss not divided by k: k times the step
         outs = grader.run(world_size, _accumulation_harness, answer, k, _ACC_STEPS, _ACC_LR, problem)
         result = _check_training(outs, ref, world_size, _ACC_STEPS)
         result.name = result.name.replace(f"{world_size} ranks:", f"{world_size} ranks, k = {k} micro-batches:")
         drifted = not all(_all_close(o["state"], outs[0]["state"], rtol=0, atol=0) for o in outs)
+        smallest = ""
+        if not result.passed and not shrunk:  # once: the smallest instance that fails, for the hint
+            right = tuple(w for w in _WORLD_SIZES if any(f"on {w} ranks" in words for words in passed))
+            shrunk, smallest = True, dp_shrunk(grader, problem, world_size, differs, k=k, passed=right)
         if result.passed:
             pass
         elif all(_all_close(o["state"], unscaled["state"]) for o in outs):
@@ -183,7 +220,7 @@ def _check_accumulation(answer, grader):
                 "other checks use other k: do not hard-code it)"
             )
         if not result.passed:
-            result.hint += only_some_sizes(passed, f"k = {k} on {world_size} ranks")
+            result.hint += only_some_sizes(passed, f"k = {k} on {world_size} ranks") + smallest
         else:
             passed.append(f"k = {k} on {world_size} ranks")
         yield result

@@ -10,11 +10,16 @@ from .core import Result, _close, max_error
 _WORLD_SIZES = (2, 3, 4)  # 3 catches code right only for powers of two or a hard-coded world size
 
 
-def dp_problem(frozen: bool = False, unused: bool = False, dtypes: tuple = ("float32",)):
+_BATCHES = (12, 24, 36)  # global batches that split over 2, 3 and 4 ranks
+_BATCHES_5 = (20, 40, 60)  # and over 5 (average_gradients' fifth world; each world has its own problem there)
+
+
+def dp_problem(frozen: bool = False, unused: bool = False, dtypes: tuple = ("float32",), batches: tuple = _BATCHES):
     """A Hypothesis strategy of lessons 01-03's regression problem: odd widths, 1-3 hidden layers, a global batch
     that splits over 2, 3 and 4 ranks, a secret seed; ``frozen``: one parameter has requires_grad=False,
     ``unused``: one parameter takes no part in the forward (both leave p.grad None); ``dtypes``: the model's and
-    the data's dtype is one of these (float64: a buffer made in the default float32 rounds the gradients)."""
+    the data's dtype is one of these (float64: a buffer made in the default float32 rounds the gradients);
+    ``batches``: the global batches drawn from (each splits into equal shards over the world sizes it is for)."""
     from hypothesis import strategies as st
 
     return st.fixed_dictionaries(
@@ -22,7 +27,7 @@ def dp_problem(frozen: bool = False, unused: bool = False, dtypes: tuple = ("flo
             width=st.integers(3, 19),
             depth=st.integers(1, 3),
             in_features=st.integers(2, 11),
-            global_batch=st.sampled_from((12, 24, 36)),
+            global_batch=st.sampled_from(batches),
             seed=st.integers(0, 2**62),
             frozen=st.integers(0, 3) if frozen else st.none(),
             unused=st.just(unused),
@@ -31,10 +36,23 @@ def dp_problem(frozen: bool = False, unused: bool = False, dtypes: tuple = ("flo
     )
 
 
-def _draw_problem(**kw) -> dict:
+def alive(problem: dict, min_depth: int = 1) -> bool:
+    """Every parameter that gets a gradient gets a nonzero one on ``problem`` (at least ``min_depth`` hidden layers).
+    A narrow MLP can draw a hidden layer whose ReLUs are all dead: every gradient below it is zero, and an answer
+    wrong on those parameters (a bucket divided once per parameter, a scale on some layers) passes there."""
+    p = dict(problem, depth=max(problem["depth"], min_depth))
+    return all(g is None or bool(g.any()) for g in _reference(1, 0.0, p)["grads"])
+
+
+def _draw_problem(min_depth: int = 1, **kw) -> dict:
+    """A problem drawn now, again while a layer is dead (:func:`alive`; 8 draws at most)."""
     from .instances import draw
 
-    return dict(draw(dp_problem(**kw), 1)[0])
+    for _ in range(8):
+        problem = dict(draw(dp_problem(**kw), 1)[0])
+        if alive(problem, min_depth):
+            break
+    return problem
 
 
 def _tiny_problem(problem: dict):
@@ -128,6 +146,63 @@ def _problem_words(problem: dict) -> str:
     if problem.get("dtype", "float32") != "float32":
         words += f", in {problem['dtype']}"
     return words + ")"
+
+
+def dp_instance_words(instance: dict) -> str:
+    """A shrunk instance (a world size and a problem, :func:`dp_shrunk`) as the hint names it."""
+    words = (
+        f"{instance['world']} ranks, an MLP of width {instance['width']}, {instance['depth']} hidden layer(s), "
+        f"{instance['in_features']} inputs, global batch {instance['global_batch']}"
+    )
+    if instance.get("k") is not None:
+        words += f", k = {instance['k']} micro-batches"
+    if instance.get("frozen") is not None:
+        words += ", one frozen parameter"
+    if instance.get("unused"):
+        words += ", one unused parameter"
+    return words + f", {instance.get('dtype', 'float32')}"
+
+
+def dp_shrunk(
+    grader,
+    problem: dict,
+    world_size: int,
+    differs,
+    k: int | None = None,
+    min_depth: int = 1,
+    passed: tuple = (),
+    worlds: tuple = _WORLD_SIZES,
+) -> str:
+    """The hint's words for the smallest failing instance Hypothesis finds below the drawn one: fewer ranks (among
+    the check's world sizes, none above ``world_size`` and none in ``passed``, where the answer was right), a narrower and shallower MLP, a smaller batch, without the
+    frozen or unused parameter or float64 where the answer fails without them. ``differs(world, problem)`` runs the
+    answer and says what differed ("" where it is right); ``k``: micro-batches, a dividing count of each rank's rows
+    (shrunk too). Made once per check, after a failure, at most 6 runs ("" when nothing smaller is found)."""
+    from .instances import around, shrink, smallest_words
+
+    first = dict(problem, world=world_size, k=k)
+    sizes = dict(
+        world=tuple(w for w in worlds if w <= world_size and w not in passed) or (world_size,),
+        width=3,
+        depth=min_depth,
+        in_features=2,
+        global_batch=tuple(sorted(set(_BATCHES + _BATCHES_5))),  # those that do not split are left out (valid)
+    )
+    if k is not None:
+        sizes["k"] = 2
+
+    def valid(i) -> bool:
+        rows, rest = divmod(i["global_batch"], i["world"])
+        return not rest and (i["k"] is None or rows % i["k"] == 0)
+
+    strategy = around(first, sizes, dict(frozen=None, unused=False, dtype="float32"), keep=valid)
+
+    def run(i):
+        p = {key: v for key, v in i.items() if key not in ("world", "k")}
+        return differs(i["world"], p) if k is None else differs(i["world"], p, i["k"])
+
+    small, what = shrink(strategy, run, first, grader)
+    return smallest_words(small, what, dp_instance_words) if small != first else ""
 
 
 def only_some_sizes(passed: list, size_words: str) -> str:

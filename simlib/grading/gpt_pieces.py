@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from .bucket import _bucket_cap, _check_bucket
 from .core import Result, exercise
-from .dp_common import _DP_LR, _DP_STEPS, _all_close, _check_training, _diagnose_grads, _problem_words, dp_problem
+from .dp_common import (
+    _DP_LR,
+    _DP_STEPS,
+    _all_close,
+    _check_training,
+    _diagnose_grads,
+    _problem_words,
+    dp_problem,
+    dp_shrunk,
+)
 
 # ───────────────────────── gpt_grad_sync ─────────────────────────
 
@@ -85,6 +94,20 @@ def _draw(count, **kw):
     return [dict(p) for p in draw(st.tuples(*(dp_problem(**kw) for _ in range(count))), 1)[0]]
 
 
+def _sync_differs(grader, answer):
+    """What the answer gets wrong on (world, problem), "" where it is right: for the shrinking (dp_shrunk)."""
+
+    def differs(world, p):
+        ref = _reference(_DP_STEPS, _DP_LR, p)
+        cap_mb = _bucket_cap({k: v for k, v in p.items() if k not in ("frozen", "unused")})
+        outs = grader.run(world, _sync_harness, answer, _DP_STEPS, _DP_LR, cap_mb, [p], None)
+        ok, detail, _ = _diagnose_grads(outs, ref)
+        trained = _check_training(outs, ref, world, _DP_STEPS)
+        return (f"gradients: {detail}" if not ok else "") or ("" if trained.passed else f"weights: {trained.detail}")
+
+    return differs
+
+
 def _wide(problem: dict) -> dict:
     """The problem made wide enough that its gradients, not the messages' headers, fill the wire."""
     return {**problem, "width": 64 + problem["width"] * 8}
@@ -100,6 +123,8 @@ def _check_gpt_grad_sync(answer, grader):
     ref = _reference(_DP_STEPS, _DP_LR, odd)
     outs = grader.run(3, _sync_harness, answer, _DP_STEPS, _DP_LR, cap_mb, [odd], None)
     ok, detail, hint = _diagnose_grads(outs, ref)
+    trained = _check_training(outs, ref, 3, _DP_STEPS)
+    smallest = "" if ok and trained.passed else dp_shrunk(grader, odd, 3, _sync_differs(grader, answer), min_depth=2)
     if not ok and "hang" not in hint:
         hint += (
             ". A bucket holding a parameter that got no gradient never fills during backward: send it from "
@@ -107,9 +132,13 @@ def _check_gpt_grad_sync(answer, grader):
             + _problem_words(odd)
         )
     yield Result(
-        "3 ranks, a frozen and an unused parameter: gradients equal the global-batch gradient", ok, hint, detail
+        "3 ranks, a frozen and an unused parameter: gradients equal the global-batch gradient",
+        ok,
+        hint + ("" if ok else smallest),
+        detail,
     )
-    yield _check_training(outs, ref, 3, _DP_STEPS)
+    trained.hint += smallest if ok else ""
+    yield trained
     # the data-parallel group of a dp=2 x tp=2 mesh: ranks {0, 2} and {1, 3}, each pair on its own problem (same
     # shapes, other numbers: averaging over the whole world then runs, and gives the wrong mean)
     first, other = _draw(2)

@@ -30,6 +30,7 @@ class Grader:
         self.wire_last = None  # what the last metered run sent between ranks (simlib.grading.wire)
         self._wire_after = None  # (pids, reading) after the last run, when it was metered
         self.pieces_from = None  # a pieces milestone's answer (bytes): its re-runs train with its pieces
+        self.second_chance = True  # False while a failure's instance is shrunk (instances.shrink): no retry
 
     def cluster(self, world_size: int):
         c = self.clusters.get(world_size) or cluster(world_size)
@@ -76,7 +77,7 @@ class Grader:
                 return cluster_.call(_guarded, (harness, args, kwargs), timeout=limit, plain=True)
             except WorkerTimeout as first:
                 broke = _primary([f for f in first.failures.values() if f.type_name != "Timeout"])
-                if broke is not None and broke.type_name in _BROKE:
+                if (broke is not None and broke.type_name in _BROKE) or not self.second_chance:
                     raise
                 # a second chance before the word "hang": the machine re-measured, a longer limit (issue 51)
                 load = Load.now(world_size, refresh=True)

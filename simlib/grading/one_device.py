@@ -101,6 +101,55 @@ def _reference(q, k, v, causal: bool, diagonal: int = 0):
     return weights @ v
 
 
+def _case_error(case: dict, seed: int, out) -> tuple[float, str]:
+    """(the largest error, what is wrong: "" when ``out`` is softmax attention on ``case`` within its tolerance)."""
+    import torch
+
+    q, k, v = _inputs(case, seed)
+    ref = _reference(q, k, v, case["causal"])
+    if not isinstance(out, torch.Tensor):
+        return float("inf"), f"returned a {type(out).__name__}, not a tensor"
+    err = max_error(out, ref) if out.shape == ref.shape else float("inf")
+    if case["dtype"] == "bfloat16":  # half a bf16 ulp of each value (the output's own rounding), relative
+        excess = float(((out - ref).abs() - _TOL["bfloat16"] * ref.abs()).max()) if err < 1e9 else err
+        within, words = excess <= 1e-5, f"{_TOL['bfloat16']:g} x |value| (half a bf16 ulp)"
+    else:
+        tol = 1e-3 if case["rise"] else _TOL["float32"]  # scores ~120: float32's rounding of them ~1e-5
+        within, words = err <= tol, f"{tol:g}"
+    if not within or not torch.isfinite(out).all():
+        return err, f"max error {err:.3g} (tolerance {words})"
+    return err, ""
+
+
+def _attention_words(case: dict) -> str:
+    kind = ", scores past exp's range" if case["large"] else ", a later block's scores far above the first's"
+    kind = kind if case["large"] or case["rise"] else ""
+    return (
+        f"batch {case['b']}, {case['h']} head(s), T={case['t']}, head dim {case['d']}, block {case['block']}, "
+        f"{'causal' if case['causal'] else 'not causal'}, {case['dtype']}{kind}"
+    )
+
+
+def _attention_smallest(grader, answer, case: dict, seed: int) -> str:
+    """The hint's words for the smallest failing instance Hypothesis finds below ``case`` (the same kind: dtype,
+    causal, large or rising scores, one block or several): fewer heads, a shorter sequence, a smaller block."""
+    from .instances import around, shrink, smallest_words
+
+    several = case["block"] < case["t"]
+    strategy = around(
+        case,
+        dict(b=1, h=1, t=2, d=(8, 16), block=2),
+        keep=lambda c: (c["block"] < c["t"]) == several and (not c["rise"] or c["t"] > c["block"]),
+    )
+
+    def differs(c):
+        out = grader.ask(_census_harness, answer, c, seed, what="your attention")
+        return _case_error(c, seed, out.get("out"))[1]
+
+    small, what = shrink(strategy, differs, case, grader)
+    return smallest_words(small, what, _attention_words) if small != case else ""
+
+
 def _census_harness(answer, case, seed):
     """The answer on one instance, watched: its output, the largest tensor any of its torch ops produced, the
     fused attention kernels of torch it called, and the peak of what it held on the Python heap (NumPy's arrays
@@ -171,21 +220,16 @@ def _online_softmax(answer, grader):
             return
     yield Result("returns a tensor", True)
 
+    shrunk = []  # the smallest failing instance's words, once found (the first failing comparison asks for it)
+
     def compare(indices):
         worst, where = 0.0, ""
         for i in indices:
-            case, out = cases[i], outs[i]["out"]
-            q, k, v = _inputs(case, seed + i)
-            ref = _reference(q, k, v, case["causal"])
-            err = max_error(out, ref) if out.shape == ref.shape else float("inf")
-            if case["dtype"] == "bfloat16":  # half a bf16 ulp of each value (the output's own rounding), relative
-                excess = float(((out - ref).abs() - _TOL["bfloat16"] * ref.abs()).max()) if err < 1e9 else err
-                within, words = excess <= 1e-5, f"{_TOL['bfloat16']:g} x |value| (half a bf16 ulp)"
-            else:
-                tol = 1e-3 if case["rise"] else _TOL["float32"]  # scores ~120: float32's rounding of them ~1e-5
-                within, words = err <= tol, f"{tol:g}"
-            if not within or not torch.isfinite(out).all():
-                return False, f"{case}: max error {err:.3g} (tolerance {words}); {drawn}"
+            err, wrong = _case_error(cases[i], seed + i, outs[i]["out"])
+            if wrong:
+                if not shrunk:
+                    shrunk.append(_attention_smallest(grader, answer, cases[i], seed + i))
+                return False, f"{cases[i]}: {wrong}; {drawn}"
             worst = max(worst, err)
             where = f"worst error {worst:.2g}; {drawn}"
         return True, where
@@ -225,7 +269,13 @@ def _online_softmax(answer, grader):
             "the output differs from softmax(q·kᵀ/√d)·v: check the scale 1/√d, the mask of a partial last "
             "block (T not a multiple of the block), and the final division by the running denominator"
         )
-    yield Result("equals softmax attention (float32; blocks that do not divide T; causal and not)", ok, hint, detail)
+    smallest = lambda ok: "" if ok or not shrunk else shrunk[0]  # noqa: E731 - the hint's last sentence
+    yield Result(
+        "equals softmax attention (float32; blocks that do not divide T; causal and not)",
+        ok,
+        hint + smallest(ok),
+        detail,
+    )
 
     fused = sorted({op for out in outs for op in out["fused"]})
     yield Result(
@@ -246,7 +296,7 @@ def _online_softmax(answer, grader):
         ""
         if ok_big
         else "subtract the running max before exp: exp(s − m) never overflows; exp(s) does past 88.7 in "
-        "float32, and inf/inf is NaN",
+        "float32, and inf/inf is NaN" + smallest(ok_big),
         detail_big,
     )
     rise = [i for i, c in enumerate(cases) if c["rise"]]
@@ -259,7 +309,7 @@ def _online_softmax(answer, grader):
         else "the max must be a running max: when a later block holds larger scores, m_new = max(m, the block's "
         "max), rescale the accumulator and the denominator by exp(m − m_new), then add exp(s − m_new). A max "
         "taken from the first block only lets exp(s − m) overflow (past 88.7 in float32) once a later block's "
-        "scores are larger",
+        "scores are larger" + smallest(ok_rise),
         detail_rise,
     )
     half = [i for i, c in enumerate(cases) if c["dtype"] == "bfloat16"]
@@ -280,7 +330,8 @@ def _online_softmax(answer, grader):
         ""
         if ok_half
         else "keep the running max, denominator and accumulator in float32 (q.float(), k.float(), v.float()) and "
-        "round to bfloat16 once, at the end: bf16's 8-bit mantissa, rounded at every block, loses the sum",
+        "round to bfloat16 once, at the end: bf16's 8-bit mantissa, rounded at every block, loses the sum"
+        + smallest(ok_half),
         detail_half,
     )
     over = []

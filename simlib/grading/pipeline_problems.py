@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def pp_problem():
-    """A Hypothesis strategy of the pipeline exercises' problem: 3 to 6 hidden blocks (unequal stages on 3 ranks),
+    """A Hypothesis strategy of the pipeline exercises' problem: 4 to 7 hidden layers (unequal stages on 3 to 5 ranks),
     micro-batches of 1 to 5 samples whose size is not their number (a loss divided by the micro-batch's size
     shows), inputs narrower or wider than the hidden width (a buffer shaped like the input shows), a secret seed."""
     from hypothesis import strategies as st
@@ -14,7 +14,7 @@ def pp_problem():
         st.fixed_dictionaries(
             dict(
                 width=st.integers(4, 12),
-                depth=st.integers(3, 6),
+                depth=st.integers(4, 7),  # depth + 1 blocks: 5 to 8, enough for 5 stages, unequal on 3, 4 or 5
                 in_features=st.integers(2, 9),
                 out_features=st.integers(1, 3),
                 microbatch=st.integers(1, 5),
@@ -35,7 +35,7 @@ def _pp_draw(extra=None):
     from .instances import draw
 
     for _ in range(8):
-        got, pp = draw(st.tuples(extra or st.none(), pp_problem()), 1)[0]
+        got, pp = draw(st.tuples(st.none() if extra is None else extra, pp_problem()), 1)[0]
         if all(bool(g.any()) for g in _pp_reference(pp)[1].values()):
             break
     return (got, pp) if extra is not None else pp
