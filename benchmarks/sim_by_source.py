@@ -117,7 +117,13 @@ def main() -> dict:
             f"{s['coverage_by_source'][src]:.0%}"
         )
     for kind, v in s["by_kind"].items():
-        print(f"  kind {kind:13s} {v['rows']:3d} runs  LOSO {v['mean_abs_error']:6.1%} ({v['mean_error']:+.1%})")
+        fam = "; ".join(
+            f"{f} {x['rows']}: {x['mean_abs_error']:.1%} ({x['mean_error']:+.1%})"
+            for f, x in s["by_kind_and_family"][kind].items()
+        )
+        print(
+            f"  kind {kind:13s} {v['rows']:3d} runs  LOSO {v['mean_abs_error']:6.1%} ({v['mean_error']:+.1%})  [{fam}]"
+        )
     print(
         f"80 % interval (strictly out of source, nested): covers {s['coverage']:.0%} of left-out runs "
         f"({s['no_interval']} with none stated); median width {s['interval_median_width']:.0%} of the prediction"

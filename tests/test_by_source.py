@@ -32,6 +32,9 @@ def test_summary_reports_loso_beside_within_source_and_coverage(rows):
     assert s["loso"]["mean_abs_error"] >= s["within_source_test_half"]["mean_abs_error"]
     assert 0 <= s["coverage"] <= 1 and s["no_interval"] == len([r for r in rows if not r["interval_log"]])
     assert 0 < s["interval_median_width"] < 1 and set(s["coverage_by_kind"]) == set(s["by_kind"])
+    assert set(s["by_kind_and_family"]) == set(s["by_kind"])
+    for kind, v in s["by_kind_and_family"].items():  # the families split each kind's runs
+        assert sum(x["rows"] for x in v.values()) == s["by_kind"][kind]["rows"]
     sources = {r["source"] for r in rows}
     for r in rows:  # an interval never uses the row's own source, not even through a term fitted on it
         assert set(r["nested_error"]) == sources - {r["source"]}

@@ -285,6 +285,15 @@ def summary(rows=None) -> dict:
             for s in sorted({r["source"] for r in rows})
         },
         by_kind={k: stats([r for r in rows if k in r["kind_list"]]) for k in kinds},
+        # each kind split by family: a kind's sign may be its MoE runs' alone (the one term with one source)
+        by_kind_and_family={
+            k: {
+                f: stats([r for r in rows if k in r["kind_list"] and r["family"] == f])
+                for f in ("dense", "moe")
+                if any(k in r["kind_list"] and r["family"] == f for r in rows)
+            }
+            for k in kinds
+        },
         coverage=sum(r["covered"] for r in rows) / len(rows),
         coverage_where_stated=_coverage([r for r in rows if r["interval_log"]]),
         no_interval=len([r for r in rows if not r["interval_log"]]),
