@@ -59,3 +59,16 @@ def test_not_implemented_is_todo():
 
     report = grading.check("plan_memory", stub, quiet=True)
     assert not report.passed and report.results[0].status == grading.TODO
+
+
+def test_a_plan_that_cannot_tell_two_slips_apart_names_both():
+    """L = 8 on pp = 3 with m = 4 under GPipe: L // pp (2 layers x 4 in flight) and min(pp, m) in flight (8/3 x 3)
+    give the same bytes; the hint names both (the burner run's flaky planted test: it named only the first)."""
+    from simlib.sim import Strategy, gpt
+
+    model = gpt(8, 768, 8, seq_len=512, vocab=50304)
+    s = Strategy(dp=8, tp=1, pp=3, micro_batch=4, num_micro_batches=4, zero_stage=3, schedule="gpipe")
+    got = checks._activations(model, s, in_flight=3)
+    assert checks._near(got, checks._activations(model, s, layers=2))
+    hint = checks.diagnose("activations", got, model, s)
+    assert "cannot tell them apart" in hint and "GPipe: all m" in hint and "L // pp" in hint, hint

@@ -77,7 +77,7 @@ def test_published_megatron_bridge_runs_that_ran_fit():
     53 of 56 within 0.9 × the GPU's memory (36 before what this file tests; benchmarks/results/planner_experts.json)."""
     fits, total = 0, 0
     for row in scale_runs.load_rows():
-        if scale_runs.why_inexpressible(row):
+        if row["source"] != "megatron-bridge" or scale_runs.why_inexpressible(row):
             continue
         model = llama_size(row["model"], seq_len=row["seq_len"])
         hw = scale_runs.hardware_of(row)
