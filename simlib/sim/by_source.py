@@ -46,6 +46,8 @@ SOURCES = {
     "Korthikanti 2022": "Korthikanti et al. 2022 Table 5 (Megatron-LM, sequence parallel, recompute, A100)",
     "megatron-bridge": "NVIDIA Megatron-Bridge 25.11/26.02 performance tables (CP, MoE, FP8, H100/Blackwell)",
     "llama3-paper": "Dubey et al. 2024 Table 4 (Llama 3 405B, 8K/16K H100)",
+    "nemo-long-context": "NVIDIA NeMo performance_long_sequence.md (Llama 3 8B FP8 on B200, Llama 2 7B FP8 on H100, CP)",
+    "nemo-perf-summary": "NVIDIA NeMo 24.07 performance_summary.md (Llama 2/3 FP8 on H100)",
 }
 MIN_POOL = 10  # residuals an interval's cell needs before it is used (else the family's, else every one)
 COVERAGE = 0.80  # the interval's nominal coverage
