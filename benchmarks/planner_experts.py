@@ -13,7 +13,9 @@ Each search is ``plan(..., top=TOP)``: layouts visited by a lower bound on their
 TOP-th (the same top plans as the full search, tests/test_planner.py). What the planner does not search but a run uses
 (Megatron's EP all-to-all overlap, recomputed modules, activation offloading, DeepSeek-V3's uneven pipeline
 layout) is priced for the run's plan only; the JSON names it on the row (``run_only``).
-Run: ``python benchmarks/planner_experts.py``; writes benchmarks/results/planner_experts.json.
+Run: ``python benchmarks/planner_experts.py``; writes benchmarks/results/planner_experts.json (after every search, so
+a run stopped early keeps its rows). ``python benchmarks/planner_experts.py --retie`` re-judges the stored rows' ties
+with the bands committed now (after ``benchmarks/sim_by_source.py`` rewrote them), without searching again.
 """
 
 import multiprocessing
@@ -237,8 +239,7 @@ def main():
                 )
                 print(f"{row['run']:>40}: chosen {row['chosen']}, {gap} ({row['search_s']:.0f} s)", flush=True)
             over_budget = time.perf_counter() - t0 > BUDGET_S
-            if n % 10 == 0 or over_budget:
-                write(rows, n, t0, load, done=False)
+            write(rows, n, t0, load, done=False)  # after every search: a run stopped from outside keeps its rows
             if over_budget:
                 pool.terminate()
                 break
@@ -260,7 +261,49 @@ def stats(rows) -> dict:
     )
 
 
-def write(rows, searched, t0, load, done):
+def retie(path=None):
+    """Re-judge the stored searches' intervals and ties with the bands committed now (``simlib/sim/data/
+    loso_bands.json``, rewritten by ``benchmarks/sim_by_source.py``): a plan's interval is its step time times its
+    cell's band (family, scale), so the searches need not run again when the validation set grows."""
+    import json
+    import pathlib
+
+    from simlib.sim import by_source
+
+    by_source._committed.cache_clear()
+    path = pathlib.Path(path or pathlib.Path(__file__).parent / "results" / "planner_experts.json")
+    data = json.loads(path.read_text())
+
+    def band(row, step):
+        b = by_source.interval_of("moe" if "moe" in row["kinds"] else "dense", row["gpus"], step)
+        return b, (None if b["low"] is None else [b["low"], b["high"]])
+
+    for row in data["rows"]:
+        if row.get("best_step_s") is None:
+            continue
+        (mine, row["chosen_interval"]), (top, row["best_interval"]) = (
+            band(row, row["chosen_step_s"]),
+            band(row, row["best_step_s"]),
+        )
+        row["interval_basis"] = mine["basis"]
+        row["tied_with_best"] = None if mine["low"] is None else mine["low"] <= top["high"]
+        for e in row.get("above", []):
+            b, e["interval"] = band(row, e["step_s"])
+            e["tied_with_chosen"] = None if mine["low"] is None else b["high"] >= mine["low"]
+    old = data["summary"]
+    write(
+        data["rows"],
+        old["searched"],
+        None,
+        None,
+        old["complete"],
+        seconds=old["seconds"],
+        machine=data["machine"],
+        note=f"ties re-judged {time.strftime('%Y-%m-%d %H:%M')} with the committed loso_bands.json (retie)",
+    )
+
+
+def write(rows, searched, t0, load, done, seconds=None, machine=None, note=None):
     groups = lambda key: {
         g: stats([r for r in rows if g in key(r)])  # noqa: E731
         for g in sorted({g for r in rows for g in key(r)})
@@ -270,7 +313,8 @@ def write(rows, searched, t0, load, done):
         **stats(rows),
         searched=searched,
         complete=done,
-        seconds=time.perf_counter() - t0,
+        seconds=time.perf_counter() - t0 if seconds is None else seconds,
+        **({"note": note} if note else {}),
         search_seconds_summed=sum(r["search_s"] for r in rows),
         workers=WORKERS,
         top=TOP,
@@ -295,9 +339,13 @@ def write(rows, searched, t0, load, done):
         f"{summary['within_10pct']}/{summary['compared']} chosen plans within 10 % of the planner's best"
         + (f"; median {summary['median_over_best']:+.1%}" if summary["compared"] else "")
     )
-    out = dict(benchmark="planner_experts", machine=report.machine(load), space=SPACE, summary=summary, rows=rows)
+    out = dict(
+        benchmark="planner_experts", machine=machine or report.machine(load), space=SPACE, summary=summary, rows=rows
+    )
     print(f"wrote {report.write(out)}")
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    retie() if sys.argv[1:] == ["--retie"] else main()

@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/sim_by_source.py
 
+(then ``python benchmarks/planner_experts.py --retie`` re-judges the stored searches' ties with the new bands)
+
 Writes benchmarks/results/sim_by_source.json: every stated published run of both sets (``simlib.sim.runs``,
 ``simlib.sim.scale_runs``) with its within-source error (the shipped terms, fitted on the fit halves) and its LOSO
 error (every fitted term refitted without the run's source, ``simlib.sim.by_source``), its 80 % interval and whether
@@ -87,7 +89,7 @@ def main() -> dict:
     met = targets_met(s)
     keep = (
         "id source split model gpu gpus precision tp pp measured metric predicted error loso_predicted loso_error "
-        "family scale kind_list interval_basis interval_log covered mfu_measured loso_terms"
+        "family scale kind_list interval_basis interval_log covered mfu_measured loso_terms nested_error"
     ).split()
     result = dict(
         benchmark="sim_by_source",
@@ -115,11 +117,19 @@ def main() -> dict:
             f"{s['coverage_by_source'][src]:.0%}"
         )
     for kind, v in s["by_kind"].items():
-        print(f"  kind {kind:13s} {v['rows']:3d} runs  LOSO {v['mean_abs_error']:6.1%} ({v['mean_error']:+.1%})")
+        fam = "; ".join(
+            f"{f} {x['rows']}: {x['mean_abs_error']:.1%} ({x['mean_error']:+.1%})"
+            for f, x in s["by_kind_and_family"][kind].items()
+        )
+        print(
+            f"  kind {kind:13s} {v['rows']:3d} runs  LOSO {v['mean_abs_error']:6.1%} ({v['mean_error']:+.1%})  [{fam}]"
+        )
     print(
-        f"80 % interval: covers {s['coverage']:.0%} of left-out runs ({s['coverage_where_stated']:.0%} where one "
-        f"could be stated; {s['no_interval']} runs with no other source of their family)"
+        f"80 % interval (strictly out of source, nested): covers {s['coverage']:.0%} of left-out runs "
+        f"({s['no_interval']} with none stated); median width {s['interval_median_width']:.0%} of the prediction"
     )
+    for kind, c in s["coverage_by_kind"].items():
+        print(f"  kind {kind:13s} covered {c:4.0%}  median width {s['interval_median_width_by_kind'][kind]:.0%}")
     print("targets met:", met)
     figure(s)
     bands = by_source.bands(rows)

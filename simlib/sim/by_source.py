@@ -16,10 +16,16 @@ What LOSO cannot remove: the cost model's structure and its constants from publi
 peak FLOP/s, kernel measurements) were chosen while looking at the fit halves of every source; LOSO refits only
 what is fitted by code. The figure is therefore an optimistic bound on a truly unseen source's error.
 
-**Intervals** (:func:`intervals`): a prediction's 80 % interval is the 10th–90th percentile of the LOSO log
-residuals log(predicted / measured) of similar runs (same family — dense or MoE — and scale bucket), each source
-weighted equally, taken from the *other* sources only when the interval is itself scored (so the coverage reported
-is of unseen runs). Fewer than :data:`MIN_POOL` such residuals: the family's; fewer still: all of them.
+**Intervals** (:func:`_band`): a new source's error is its own offset (one value for all its runs: its stack,
+recipe and way of measuring) plus its runs' scatter about it. A prediction's 80 % interval is the predictive interval
+of that random-effects model over the LOSO log residuals log(predicted / measured) of similar runs: the per-source
+offsets' mean and spread (each source one value) plus the within-source scatter of runs of the same family (dense or
+MoE) and scale bucket, Student's t with k − 1 degrees of freedom for k sources. A family with runs from fewer than
+two sources takes every family's (the pooled fallback, named in the basis); a scale bucket with fewer than
+:data:`MIN_POOL` runs takes the family's scatter. When the interval is itself scored it is strictly out of source
+and nested: for a run of source S, only the other sources' residuals, each with every term refitted without S too.
+(The 10th–90th percentile of the pooled residuals it replaced covered 59 %: within-source scatter, dominated by one
+large source, is narrower than a new source's offset.)
 
 **Plausibility** (:func:`best_published_mfu`): the best MFU measured by any run of the set for a part and dtype; a
 prediction above it is flagged (:func:`plausibility`).
@@ -40,6 +46,8 @@ SOURCES = {
     "Korthikanti 2022": "Korthikanti et al. 2022 Table 5 (Megatron-LM, sequence parallel, recompute, A100)",
     "megatron-bridge": "NVIDIA Megatron-Bridge 25.11/26.02 performance tables (CP, MoE, FP8, H100/Blackwell)",
     "llama3-paper": "Dubey et al. 2024 Table 4 (Llama 3 405B, 8K/16K H100)",
+    "nemo-long-context": "NVIDIA NeMo performance_long_sequence.md (Llama 3 8B FP8 on B200, Llama 2 7B FP8 on H100, CP)",
+    "nemo-perf-summary": "NVIDIA NeMo 24.07 performance_summary.md (Llama 2/3 FP8 on H100)",
 }
 MIN_POOL = 10  # residuals an interval's cell needs before it is used (else the family's, else every one)
 COVERAGE = 0.80  # the interval's nominal coverage
@@ -138,93 +146,123 @@ def _rows(moe_host: float | None = None, only_moe: bool = False) -> list[dict]:
         cluster_ops.MOE_HOST_PER_LOCAL_EXPERT = saved
 
 
+def _term_value(excluded: set[str], every: set[str]) -> float:
+    """The MoE host term fitted on every source but ``excluded`` (its unfitted value when they hold no MoE row)."""
+    value = FITTED_TERMS["MOE_HOST_PER_LOCAL_EXPERT"]["fit"](every - excluded)
+    return FITTED_TERMS["MOE_HOST_PER_LOCAL_EXPERT"]["unfitted"] if value is None else value
+
+
 @lru_cache(maxsize=1)
 def loso_rows() -> tuple:
     """Every expressible row with its within-source prediction (``error``: the shipped terms, fitted on the fit
-    halves) and its LOSO prediction (``loso_error``: every fitted term refitted without the row's source)."""
+    halves), its LOSO prediction (``loso_error``: every fitted term refitted without the row's source) and its
+    nested residuals (``nested_error``: {source S: the error with every term refitted without S *and* the row's
+    source}, what an interval scored on S's runs may use: nothing of S reaches it, not even through a term)."""
     shipped = _rows()
-    by_id = {r["id"]: r for r in shipped}
     sources = sorted({r["source"] for r in shipped})
     every = set(SOURCES) | set(sources)
-    for left_out in sources:
-        others = every - {left_out}
-        fits = {name: t["fit"](others) for name, t in FITTED_TERMS.items()}
-        value = fits["MOE_HOST_PER_LOCAL_EXPERT"]
-        value = FITTED_TERMS["MOE_HOST_PER_LOCAL_EXPERT"]["unfitted"] if value is None else value
-        fitted_from = {name: sorted({src for _, src, _ in _moe_ratios() if src in others}) for name in FITTED_TERMS}
-        redo = (
-            {r["id"]: r for r in _rows(moe_host=value, only_moe=True)}
-            if any(r["family"] == "moe" for r in shipped if r["source"] == left_out)
-            else {}
-        )
-        for r in shipped:
-            if r["source"] != left_out:
-                continue
-            again = redo.get(r["id"], r)
-            r["loso_error"] = again["error"]
-            r["loso_predicted"] = again["predicted"]
-            r["loso_terms"] = {
-                name: dict(value=value, fitted_on=fitted_from[name] or ["none: unfitted value"])
-                for name in FITTED_TERMS
-            }
-    _add_intervals(list(by_id.values()))
+    moe_sources = {r["source"] for r in shipped if r["family"] == "moe"}
+    cache: dict = {}
+
+    def error_with(row, excluded: set[str]) -> tuple[float, float, float]:
+        """(error, predicted, term value) of ``row`` with the terms fitted on every source but ``excluded``."""
+        value = _term_value(excluded, every)
+        if row["family"] != "moe":
+            return row["error"], row["predicted"], value
+        if value not in cache:  # one MoE pass per distinct fitted value
+            cache[value] = {r["id"]: r for r in _rows(moe_host=value, only_moe=True)}
+        again = cache[value][row["id"]]
+        return again["error"], again["predicted"], value
+
+    for r in shipped:
+        left_out = r["source"]
+        r["loso_error"], r["loso_predicted"], value = error_with(r, {left_out})
+        r["loso_terms"] = {
+            name: dict(value=value, fitted_on=sorted(moe_sources - {left_out}) or ["none: unfitted value"])
+            for name in FITTED_TERMS
+        }
+        r["nested_error"] = {s: error_with(r, {left_out, s})[0] for s in sources if s != left_out}
+    _add_intervals(shipped)
     return tuple(shipped)
 
 
-def _weighted_quantiles(values: list[float], weights: list[float], qs: tuple[float, ...]) -> list[float]:
-    pairs = sorted(zip(values, weights))
-    total = sum(w for _, w in pairs)
-    out = []
-    for q in qs:
-        acc = 0.0
-        for v, w in pairs:
-            acc += w
-            if acc >= q * total:
-                out.append(v)
-                break
-        else:
-            out.append(pairs[-1][0])
-    return out
+@lru_cache(maxsize=64)
+def _t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (p > 0.5) by bisection on its CDF (Simpson's rule over the density); no scipy."""
+
+    def cdf(x: float, n: int = 200) -> float:
+        c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+        f = lambda t: c * (1 + t * t / df) ** (-(df + 1) / 2)  # noqa: E731
+        h = x / n
+        return 0.5 + h / 3 * sum((1 if i in (0, n) else 4 if i % 2 else 2) * f(i * h) for i in range(n + 1))
+
+    lo, hi = 0.0, 100.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
 
 
-def _band(pool: list[dict]) -> tuple[float, float] | None:
-    """(low, high) quantiles of log(predicted / measured) over ``pool``, each source weighted equally."""
-    if not pool:
-        return None
-    counts: dict = {}
+def _band(pool: list[dict], cell: list[dict], key) -> dict | None:
+    """The 80 % band of log(predicted / measured) for a run of a source none of ``pool`` comes from.
+
+    A new source's error is its own offset (its stack, recipe and way of measuring: one value for all its runs) plus
+    the scatter of its runs about it. So: the offsets are the per-source means of ``pool``'s log residuals (each
+    source one value, however many runs it has): their mean ``mu`` and spread ``tau`` (sample deviation over the k
+    sources); the scatter ``sigma`` is the within-source deviation, pooled over the sources of ``cell`` (the runs
+    of the same family and scale). The band is mu ± t(0.9, k − 1) · sqrt(tau² (1 + 1/k) + sigma²): the
+    predictive interval of a random-effects model, Student's t because tau is estimated from k sources only."""
+    by: dict = {}
     for r in pool:
-        counts[r["source"]] = counts.get(r["source"], 0) + 1
-    logs = [math.log1p(r["loso_error"]) for r in pool]
-    weights = [1 / counts[r["source"]] for r in pool]
-    tail = (1 - COVERAGE) / 2
-    lo, hi = _weighted_quantiles(logs, weights, (tail, 1 - tail))
-    return lo, hi
+        by.setdefault(r["source"], []).append(key(r))
+    k = len(by)
+    if k < 2:
+        return None
+    means = [statistics.fmean(v) for v in by.values()]
+    mu, tau2 = statistics.fmean(means), statistics.variance(means)
+    within: dict = {}
+    for r in cell:
+        within.setdefault(r["source"], []).append(key(r))
+    spreads = [statistics.pvariance(v) for v in within.values() if len(v) > 1]
+    sigma2 = statistics.fmean(spreads) if spreads else 0.0
+    half = _t_quantile(1 - (1 - COVERAGE) / 2, k - 1) * math.sqrt(tau2 * (1 + 1 / k) + sigma2)
+    return dict(band=(mu - half, mu + half), sources=k, mu=mu, tau=math.sqrt(tau2), sigma=math.sqrt(sigma2))
 
 
-def _pool(rows, family: str, scale: str, exclude_source: str | None = None) -> tuple[list[dict], str]:
-    """The LOSO residuals an interval is drawn from: the same family and scale bucket, else the family's, each
-    needing :data:`MIN_POOL` runs from at least two sources (one source's residuals say nothing of another's);
-    none when the family has no such pool (other than ``exclude_source``) — an interval is then not stated."""
-    rows = [r for r in rows if r["source"] != exclude_source and "loso_error" in r]
+def _pool(rows, family: str, scale: str, exclude_source: str | None = None) -> tuple[list[dict], list[dict], str]:
+    """(pool, cell, basis): the runs an interval is drawn from, none of ``exclude_source``. The pool: the same
+    family's runs when they come from at least two sources, else every family's (the pooled fallback: the basis
+    says so). The cell, for the within-source scatter: the pool's runs at the same scale when they number
+    :data:`MIN_POOL` from at least two sources, else the pool."""
+    rows = [r for r in rows if r["source"] != exclude_source]
     fam = [r for r in rows if r["family"] == family]
-    cell = [r for r in fam if r["scale"] == scale]
-    for pool, basis in ((cell, f"{family}, {scale}"), (fam, family)):
-        if len(pool) >= MIN_POOL and len({r["source"] for r in pool}) >= 2:
-            return pool, basis
-    sources = sorted({r["source"] for r in fam})
-    return [], f"none: {family} runs from {len(sources)} source{'s' * (len(sources) != 1)} ({', '.join(sources)})"
+    fam_sources = sorted({r["source"] for r in fam})
+    if len(fam_sources) >= 2:
+        pool, basis = fam, family
+    else:
+        pool = rows
+        basis = (
+            f"every family ({family} runs from {len(fam_sources)} other source{'s' * (len(fam_sources) != 1)}"
+            f"{': ' + ', '.join(fam_sources) if fam_sources else ''})"
+        )
+    cell = [r for r in pool if r["scale"] == scale]
+    if len(cell) >= MIN_POOL and len({r["source"] for r in cell}) >= 2:
+        return pool, cell, f"{basis}; scatter of {scale}"
+    return pool, pool, f"{basis}; scatter of every scale"
 
 
 def _add_intervals(rows: list[dict]) -> None:
-    """Each row's 80 % interval from the other sources' LOSO residuals of similar runs, and whether it holds (a row
-    with no interval stated counts as not covered)."""
+    """Each row's 80 % interval from the other sources only, nested: the pool's residuals are theirs with every
+    term refitted without them *and* without the row's source (``nested_error``); whether it holds (a row with no
+    interval stated counts as not covered)."""
     for r in rows:
-        pool, basis = _pool(rows, r["family"], r["scale"], exclude_source=r["source"])
+        src = r["source"]
+        pool, cell, basis = _pool(rows, r["family"], r["scale"], exclude_source=src)
+        band = _band(pool, cell, key=lambda x: math.log1p(x["nested_error"][src]))  # noqa: B023
         r["interval_basis"] = basis
-        band = _band(pool)
-        r["interval_log"] = band
+        r["interval_log"] = band["band"] if band else None
         resid = math.log1p(r["loso_error"])
-        r["covered"] = bool(band) and band[0] <= resid <= band[1]
+        r["covered"] = bool(band) and band["band"][0] <= resid <= band["band"][1]
 
 
 def summary(rows=None) -> dict:
@@ -238,6 +276,8 @@ def summary(rows=None) -> dict:
 
     kinds = sorted({k for r in rows for k in r["kind_list"]})
     test = [r for r in rows if r["split"] == "test"]
+    stated = [r for r in rows if r["interval_log"]]
+    widths = [math.exp(r["interval_log"][1]) - math.exp(r["interval_log"][0]) for r in stated]
     out = dict(
         rows=len(rows),
         sources={s: len([r for r in rows if r["source"] == s]) for s in sorted({r["source"] for r in rows})},
@@ -252,12 +292,28 @@ def summary(rows=None) -> dict:
             for s in sorted({r["source"] for r in rows})
         },
         by_kind={k: stats([r for r in rows if k in r["kind_list"]]) for k in kinds},
+        # each kind split by family: a kind's sign may be its MoE runs' alone (the one term with one source)
+        by_kind_and_family={
+            k: {
+                f: stats([r for r in rows if k in r["kind_list"] and r["family"] == f])
+                for f in ("dense", "moe")
+                if any(k in r["kind_list"] and r["family"] == f for r in rows)
+            }
+            for k in kinds
+        },
         coverage=sum(r["covered"] for r in rows) / len(rows),
         coverage_where_stated=_coverage([r for r in rows if r["interval_log"]]),
         no_interval=len([r for r in rows if not r["interval_log"]]),
         coverage_by_source={
             s: sum(r["covered"] for r in rows if r["source"] == s) / len([r for r in rows if r["source"] == s])
             for s in sorted({r["source"] for r in rows})
+        },
+        coverage_by_kind={k: _coverage([r for r in rows if k in r["kind_list"]]) for k in kinds},
+        # the interval's width as a share of the prediction (high − low over the predicted value), median over runs
+        interval_median_width=statistics.median(widths) if widths else None,
+        interval_median_width_by_kind={
+            k: statistics.median([w for r, w in zip(stated, widths) if k in r["kind_list"]] or [math.nan])
+            for k in kinds
         },
         terms={name: dict(doc=t["doc"], shipped_from=list(t["shipped_from"])) for name, t in FITTED_TERMS.items()},
     )
@@ -290,22 +346,27 @@ BANDS = Path(__file__).parent / "data" / "loso_bands.json"  # written by benchma
 
 def bands(rows=None) -> dict:
     """What a new prediction needs, from the LOSO rows: each (family, scale) cell's 80 % band of log(predicted /
-    measured) with its basis and count, and the best MFU measured per (part, dtype). Committed as
-    :data:`BANDS` so that the planner does not re-run the validation; ``tests/test_by_source.py`` checks that the
-    file is what this returns."""
+    measured) (:func:`_band` over every source's LOSO residuals) with its basis, its runs, sources, offset spread
+    ``tau`` and scatter ``sigma``, and the best MFU measured per (part, dtype). Committed as :data:`BANDS` so that
+    the planner does not re-run the validation; ``tests/test_by_source.py`` checks that the file is what this
+    returns."""
     rows = list(rows or loso_rows())
     cells = {}
     for family in ("dense", "moe"):
         for _, scale in SCALES:
-            pool, basis = _pool(rows, family, scale)
-            band = _band(pool)
-            cells[f"{family}|{scale}"] = dict(band=list(band) if band else None, basis=basis, runs=len(pool))
+            pool, cell, basis = _pool(rows, family, scale)
+            band = _band(pool, cell, key=lambda r: math.log1p(r["loso_error"]))
+            cells[f"{family}|{scale}"] = dict(
+                band=[round(x, 6) for x in band["band"]] if band else None,
+                basis=basis,
+                runs=len(pool),
+                **({k: round(band[k], 6) for k in ("sources", "mu", "tau", "sigma")} if band else {}),
+            )
     best = {}
     for r in rows:
         key = f"{kinds_of(r)[1]}|{'fp8' if 'fp8' in kinds_of(r) else 'bf16'}"
         if r.get("mfu_measured") and r["mfu_measured"] > best.get(key, [0.0, ""])[0]:
             best[key] = [round(float(r["mfu_measured"]), 6), r["id"]]
-    cells = {k: dict(v, band=[round(x, 6) for x in v["band"]] if v["band"] else None) for k, v in cells.items()}
     return dict(cells=cells, best_mfu=best, coverage=COVERAGE)
 
 
@@ -315,10 +376,15 @@ def _committed() -> dict:
 
 
 def interval(model, gpus: int, step_time: float) -> dict:
-    """The 80 % interval of a predicted step time: the LOSO residuals of similar runs (every source, each weighted
-    equally; :data:`BANDS`). ``low``/``high`` are step times (a step predicted too fast by the residual r runs
+    """The 80 % interval of a predicted step time: the LOSO residuals of similar runs, a source's offset and its
+    runs' scatter (:func:`_band` over every source; :data:`BANDS`). ``low``/``high`` are step times (a step predicted too fast by the residual r runs
     exp(r) slower)."""
-    cell = _committed()["cells"][f"{family_of(model)}|{scale_of(gpus)}"]
+    return interval_of(family_of(model), gpus, step_time)
+
+
+def interval_of(family: str, gpus: int, step_time: float) -> dict:
+    """:func:`interval` by family ("dense" or "moe") rather than model."""
+    cell = _committed()["cells"][f"{family}|{scale_of(gpus)}"]
     if cell["band"] is None:
         return dict(low=None, high=None, basis=cell["basis"], runs=0)
     lo, hi = cell["band"]

@@ -1,7 +1,9 @@
 """How sure the planner is: each plan's 80 % interval, the plans tied with the best, and the plausibility guard.
 
-A plan's interval is :func:`simlib.sim.by_source.interval`: the 10th–90th percentile of the leave-one-source-out
-errors of published runs like it (dense or MoE, by scale), each source weighted equally. Two plans whose intervals
+A plan's interval is :func:`simlib.sim.by_source.interval`, the same band whose coverage of left-out sources'
+runs ``benchmarks/sim_by_source.py`` reports: a new source's offset (the spread of the published sources' mean
+leave-one-source-out errors) plus its runs' scatter (within-source, by family and scale), read from the committed
+``simlib/sim/data/loso_bands.json``. Two plans whose intervals
 overlap are **tied**: the simulator's error on runs from sources it has not seen is larger than the gap between
 them, so ranking one above the other would be ranking noise. Every plan of one search shares the model and the
 GPU count, so it shares the interval's relative width: a plan ties with the best when its step is within the
