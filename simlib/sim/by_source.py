@@ -54,10 +54,13 @@ COVERAGE = 0.80  # the interval's nominal coverage
 SCALES = ((64, "≤64 GPUs"), (1024, "65–1,024 GPUs"), (math.inf, ">1,024 GPUs"))
 
 
-def _moe_ratios() -> list[tuple[str, str, float]]:
+@lru_cache(maxsize=1)
+def _moe_ratios() -> tuple[tuple[str, str, float], ...]:
+    """The MoE rows' host-time ratios (the data's, whoever is left out: a refit only filters them by source). Once:
+    each costs a prediction of every MoE row, and loso_rows asks for a fit ~3,000 times (395 s uncached)."""
     from .scale_runs import moe_host_ratios
 
-    return moe_host_ratios()
+    return tuple(moe_host_ratios())
 
 
 def _fit_moe_host(sources: set[str]) -> float | None:
