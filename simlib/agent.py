@@ -250,11 +250,17 @@ class ElasticWorkers:
                 q.put(("agent-exit", None))
 
         def accept():
-            try:
-                while True:
+            from multiprocessing import AuthenticationError
+
+            while True:
+                try:
                     q.put(("conn", listener.accept()))
-            except OSError:
-                pass
+                except (AuthenticationError, EOFError, ConnectionError):
+                    if getattr(listener, "_listener", None) is None:
+                        return  # closed meanwhile
+                    # a connection without this cluster's key (a stranger on a reused port): not ours, keep listening
+                except (OSError, AttributeError):
+                    return  # the listener closed
 
         self._closed = False
         self._agent = threading.Thread(target=agent, daemon=True, name="simlib-agent")
