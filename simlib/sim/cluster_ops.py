@@ -43,9 +43,11 @@ from .ops import _backward_gemms, _gemm, fp8_cast_bytes
 # experts' FP8 gradient casts were priced; 0.378 with the 15th row, DeepSeek-V3's pp 8 × vp 4, now stated; 0.373 once
 # GPT-OSS's eager expert operators and unfused YaRN RoPE were priced; 0.347 once Blackwell's FP8 casts and backward
 # GEMMs were priced as Transformer Engine measured them, presets; 0.331 with the fit halves of two more sources,
-# megatron-moe-modelzoo's 4 and nemo-automodel's 1 stated MoE rows). Nothing of the test half was used. A third of it
-# is charged to forward, two thirds to backward.
-MOE_HOST_PER_LOCAL_EXPERT = 0.331e-3
+# megatron-moe-modelzoo's 4 and nemo-automodel's 1 stated MoE rows; 0.345 once Megatron's expert grid (ep ranks
+# consecutive over tp × cp × dp: topology.group_ranks), DeepEP's one crossing per node and Transformer Engine's cuDNN
+# attention on Hopper were priced). Nothing of the test half was used. A third of it is charged to forward, two thirds
+# to backward.
+MOE_HOST_PER_LOCAL_EXPERT = 0.345e-3
 
 
 def moe_host_overhead(model, strategy, hardware) -> float:
@@ -183,6 +185,7 @@ def moe_ops(
     up = _gemm("experts up" + (" + gate" if model.gated_mlp else "") + " (grouped)", per, h, g * f, local)
     down = _gemm("experts down (grouped)", per, f, h, local)
     a2a = ep > 1
+    fan = (E, model.top_k)  # what a deduplicating dispatcher needs (topology.remote_copy_share)
     # FP8 (``fp8``: False or the recipe): each grouped GEMM's input is cast like a dense layer's (layer.layer_ops:
     # ops.fp8_cast_bytes, the recipe's bytes per element), forward and, for the incoming gradient, backward — which
     # the experts' list left out before (a test holds them to the dense rule)
@@ -192,7 +195,11 @@ def moe_ops(
         router,
         _op("router softmax + top-k (fp32)", "memory", 4 * 3 * t * E),
         _op("permute tokens to experts", "memory", 2 * w * rows * h),
-        *([_op("dispatch all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
+        *(
+            [_op("dispatch all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep", fanout=fan)]
+            if a2a
+            else []
+        ),
         *([_op("experts FP8 cast", "memory", cast * rows * h)] if fp8 else []),
         up,
         *eager["clamp"],
@@ -200,13 +207,17 @@ def moe_ops(
         *([_op("experts FP8 cast (down)", "memory", cast * rows * f)] if fp8 else []),
         down,
         *eager["bias"],
-        *([_op("combine all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")] if a2a else []),
+        *(
+            [_op("combine all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep", fanout=fan)]
+            if a2a
+            else []
+        ),
         _op("unpermute, weight by gate, sum", "memory", 2 * w * rows * h + w * t * h),
     ]
     bwd = [
         _op("unpermute backward", "memory", 2 * w * rows * h + w * t * h),
         *(
-            [_op("combine backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]
+            [_op("combine backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep", fanout=fan)]
             if a2a
             else []
         ),
@@ -218,7 +229,7 @@ def moe_ops(
         *([_op("experts up grad FP8 cast + transpose", "memory", cast * rows * g * f)] if fp8 else []),
         *_backward_gemms(up),
         *(
-            [_op("dispatch backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep")]
+            [_op("dispatch backward all-to-all", "comm", w * rows * h, collective="all_to_all", group="ep", fanout=fan)]
             if a2a
             else []
         ),

@@ -229,7 +229,7 @@ def optimizer_time(model, hardware, strategy, processes=1) -> float:
     experts = model.expert_params if getattr(model, "experts", 0) else 0
     params_here = (model.params - experts) / (s.tp * s.pp) / (s.shard_degree if s.zero_stage >= 1 else 1) + experts / (
         s.ep * s.pp
-    ) / (max(1, s.dp * s.cp // s.ep) if s.zero_stage >= 1 else 1)
+    ) / (s.expert_dp if s.zero_stage >= 1 else 1)
     moved = {"sgd": 12.0, "sgd_momentum": 20.0, "adam": 36.0}[s.optimizer]  # fp32 reads + writes per param
     zero_grad = 4.0  # zero_grad(set_to_none=False) writes the gradients
     total = params_here * (moved + zero_grad)

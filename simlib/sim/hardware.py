@@ -184,7 +184,8 @@ class Hardware:
     #  "accumulate_grad_Bps": {w: B/s}, "gemm_shapes": {(w, threads): {(m, k, n): FLOP/s}}, "p2p": (α, B)}
     overheads: dict = field(default_factory=dict)
     # fused attention kernels reach these fractions of the 16-bit peak, {kernel: {"forward": f, "backward": b}}
-    # (kernel: "flash" = FlashAttention-2, "flash1" = FlashAttention-1 / Triton); None: the large-GEMM rate
+    # (kernel: "flash" = FlashAttention-2, "flash1" = FlashAttention-1 / Triton, "cudnn" = cuDNN's fused attention,
+    # Transformer Engine's on Hopper+; none given: FlashAttention-2's); None: the large-GEMM rate
     attention_efficiency: dict = None
     # exponentials per second a fused attention kernel's softmax gets through (one per visible score, forward and
     # again in backward's recompute of P) on the special-function units; where the tensor cores outrun them the

@@ -53,9 +53,16 @@ AZURE_H200_ALLREDUCE = [(1 << 20, 53), (16 << 20, 240), (128 << 20, 413), (1 << 
 #   peak (Dao 2023, introduction). On H100 no figure is published: taken as the H100 FA2 figure times FA1/FA2
 #   on A100 (an assumption).
 A100_FLASH_ATTENTION = {"flash": {"forward": 0.73, "backward": 0.50}, "flash1": {"forward": 0.40, "backward": 0.25}}
+# - cuDNN's fused attention ("cudnn"), which Transformer Engine selects over FlashAttention-2 on Hopper and later
+#   ("Disabling FlashAttention to give FusedAttention preference on Hopper+ for performance reasons",
+#   transformer_engine/pytorch/attention get_attention_backend): on H100 SXM5 at head dimension 128, BF16, 8K-16K
+#   tokens, 529-539 TFLOP/s forward with the causal mask and 516-518 backward (Shah et al. 2024, FlashAttention-3,
+#   figures 5 and 6: cuDNN's bars), 0.54 and 0.52 of the 989 TFLOP/s peak. Megatron-Core and NeMo rows run it
+#   (scale_runs.strategy_of).
 H100_FLASH_ATTENTION = {
     "flash": {"forward": 0.35, "backward": 0.35},
     "flash1": {"forward": 0.35 * 0.40 / 0.73, "backward": 0.35 * 0.25 / 0.50},
+    "cudnn": {"forward": 0.54, "backward": 0.52},
 }
 
 

@@ -29,7 +29,7 @@ from .gemm_shape import gemm_shape_rate
 from .ops import Op, _backward_gemms, _gemm, fp8_cast_bytes  # noqa: F401 - Op is this module's vocabulary
 from .presets import MXFP8_GEMM_RATIO
 from .ring_comm import in_situ_all_reduce
-from .topology import group_collective, placement
+from .topology import group_collective, placement, remote_copy_share
 
 
 def layer_ops(
@@ -58,7 +58,8 @@ def layer_ops(
     fused kernel (FlashAttention, Dao et al. 2022/2023) that never writes the score matrix: its FLOPs (causal: half
     of 4·b·a·s²·d forward, 2.5× that backward, Dao 2023 §4) run at the fraction of peak that kernel reaches on the
     machine (``Hardware.attention_efficiency``; ``"flash1"``: FlashAttention-1 or the Triton kernel of that
-    generation, slower). The model's shape decides the rest: grouped-query K/V
+    generation, slower; ``"cudnn"``: cuDNN's fused attention, Transformer Engine's choice on Hopper and later). The
+    model's shape decides the rest: grouped-query K/V
     (``model.kv``), the MLP width and gate (SwiGLU's element-wise silu·up), RMSNorm or LayerNorm, rotary
     embeddings applied to Q and K, and dropout only where the model has it. ``fp8``: Transformer Engine-style
     FP8 GEMMs, whose inputs are cast to FP8 (and transposed for the weight gradient) by memory-bound kernels
@@ -83,8 +84,8 @@ def layer_ops(
     """
     if model.kind != "gpt":
         raise ValueError("layer_ops describes a GPT layer; an MLP is priced by its GEMMs (cost.stage_times)")
-    if attention not in ("unfused", "flash", "flash1"):
-        raise ValueError(f"attention must be 'unfused', 'flash' or 'flash1', got {attention!r}")
+    if attention not in ("unfused", "flash", "flash1", "cudnn"):
+        raise ValueError(f"attention must be 'unfused', 'flash', 'flash1' or 'cudnn', got {attention!r}")
     b, s, h, a = micro_batch, model.seq_len, model.hidden, model.heads
     sq = s // cp  # queries (and tokens) of each sequence on this rank
     t, d, heads = b * sq, model.head_dim, a // tp  # tokens, head dimension, heads on this rank
@@ -346,7 +347,10 @@ def op_time(op: Op, hardware, strategy=None, processes: int = 1, threads=None) -
         measured = in_situ_all_reduce(op.bytes / op.count, place.size, hardware, processes)
         if measured is not None:
             return op.count * measured
-    return op.count * group_collective(op.collective, op.bytes / op.count, place, hardware)
+    share = 1.0
+    if op.fanout and getattr(strategy, "ep_dispatcher", "alltoall") == "deepep":
+        share = remote_copy_share(*op.fanout, place.nodes)
+    return op.count * group_collective(op.collective, op.bytes / op.count, place, hardware, share)
 
 
 def op_time_key(op: Op, hardware, strategy, processes: int = 1, threads=None, places: dict | None = None):
@@ -358,7 +362,7 @@ def op_time_key(op: Op, hardware, strategy, processes: int = 1, threads=None, pl
         place = places.get(op.group)
         if place is None:
             place = places[op.group] = placement(strategy, hardware, op.group)
-        return (op, processes, threads, place)
+        return (op, processes, threads, place, getattr(strategy, "ep_dispatcher", "") if op.fanout else "")
     if op.kind == "gemm":
         return (
             op,
@@ -372,8 +376,11 @@ def op_time_key(op: Op, hardware, strategy, processes: int = 1, threads=None, pl
 
 def attention_rate(hardware, direction: str, kernel: str = "flash") -> float:
     """FLOP/s of a fused attention kernel: the fraction of the 16-bit peak it reaches on this machine
-    (``Hardware.attention_efficiency``; a machine without one runs it at its large-GEMM rate)."""
-    eff = ((hardware.attention_efficiency or {}).get(kernel) or {}).get(direction)
+    (``Hardware.attention_efficiency``; a machine without one runs it at its large-GEMM rate). A machine with no
+    figure for cuDNN's kernel (``"cudnn"``) runs it at FlashAttention-2's: before Hopper, Transformer Engine
+    prefers flash-attn where both are installed."""
+    table = hardware.attention_efficiency or {}
+    eff = (table.get(kernel) or (table.get("flash") if kernel == "cudnn" else None) or {}).get(direction)
     dtype = "bf16" if "bf16" in (hardware.peak_flops or {}) else "fp16"
     if eff and hardware.peak_flops:
         return hardware.peak_flops[dtype] * eff

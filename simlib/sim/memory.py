@@ -355,7 +355,7 @@ def stage_memory(model, strategy, stage: int = 0) -> dict:
     else:
         dense_here = (model.params - experts) / (strategy.tp * strategy.pp)
     expert_here = experts * share / ep
-    dp, edp = strategy.shard_degree, max(1, strategy.dp * cp // ep)
+    dp, edp = strategy.shard_degree, strategy.expert_dp
     params_here = dense_here + expert_here
 
     def sharded(nbytes, zero):

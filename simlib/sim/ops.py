@@ -19,6 +19,7 @@ class Op:
     collective: str = ""  # comm: all_reduce | reduce_scatter | all_gather | all_to_all | p2p
     group: str = "tp"  # comm: the group of the rank grid it runs on (tp, cp, ep; see topology)
     overlap: str = ""  # comm: "attention" — a ring's hops, hidden behind the attention steps
+    fanout: tuple = ()  # an expert-parallel all-to-all: (experts, top_k) of the tokens it carries
     pairs: float = 0.0  # attention: visible (query, key) pairs per sequence and head (0: causal over the
     # shape's keys, s_q·s_k/2; a sliding window has fewer: attention.visible_pairs)
 

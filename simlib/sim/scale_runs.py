@@ -56,6 +56,10 @@ RECOMPUTE = {"": "none", "none": "none", "full": "full", "selective": "selective
 # source's own unit): "" — :meth:`ModelSpec.flops_per_token` (full s² attention; NeMo's ``flops_formulas.py`` for
 # Llama, whose tokens/s and TFLOP/s agree with it), "megatron-lm" — :func:`megatron_lm_flops_per_token`.
 FLOPS_FORMULAS = ("", "megatron-lm")
+# ``dispatcher``: how tokens reach experts on other nodes (Strategy.ep_dispatcher) — "deepep" for DeepEP and HybridEP
+# (Megatron's flex dispatcher: a token crosses once to each node holding its experts), "alltoall" or empty (not
+# stated: Megatron-Bridge's MoE recipes' alltoall dispatcher, each of a token's top-k copies on its own)
+DISPATCHERS = {"": "alltoall", "alltoall": "alltoall", "deepep": "deepep"}
 # ``features``: what else a row states (space-separated). None: the simulator prices it as it prices every run (said
 # why); a string: the row cannot be stated, and why.
 FEATURES = {
@@ -176,6 +180,11 @@ def load_rows(path: Path = DATA) -> list[dict]:
                 f"{r['flops_formula']!r} (one of {list(FLOPS_FORMULAS)}) not read"
             )
         r["recompute"] = RECOMPUTE[r["recompute"]]
+        if r["dispatcher"] not in DISPATCHERS:
+            raise ValueError(
+                f"{path.name} {r['id']}: dispatcher must be one of {list(DISPATCHERS)}, got {r['dispatcher']!r}"
+            )
+        r["dispatcher"] = DISPATCHERS[r["dispatcher"]]
         r["recompute_modules"] = tuple(r["recompute_modules"].split())
         r["offload_layers"] = int(r["offload_layers"] or 0)
         r["features"] = tuple(r["features"].split())
@@ -262,7 +271,8 @@ def strategy_of(row: dict, model) -> Strategy:
         fp8_param_gather=row["fp8_param_gather"] and row["precision"] in ("fp8", "fp4"),
         bucket_bytes=megatron_bucket_bytes(dp) if row["stack"] == "megatron-core" else 25e6,
         recompute=row["recompute"],
-        attention="flash",
+        # Transformer Engine's fused attention where the stack is Megatron-Core (cuDNN's on Hopper+), else flash-attn 2
+        attention="cudnn" if row["stack"] == "megatron-core" else "flash",
         schedule="interleaved" if vp > 1 else "1f1b",
         virtual_stages=vp,
         sequence_parallel=tp > 1,
@@ -270,6 +280,7 @@ def strategy_of(row: dict, model) -> Strategy:
         dtype=row["precision"],
         fp8_recipe=row["fp8_recipe"] or "delayed",
         cp_kind="allgather" if row["source"] == "llama3-paper" else "ring",
+        ep_dispatcher=row["dispatcher"],
         first_stage_layers=first if vp == 1 else 0,
         last_stage_layers=last if vp == 1 else 0,
         stage_layout=layout or (),

@@ -17,7 +17,8 @@ from ..parallel import dims
 
 RECOMPUTE = ("none", "selective", "op", "every_other", "full")
 RECOMPUTE_MODULES = ("layernorm", "moe_act", "mla_up_proj", "mlp", "moe")  # Megatron's --recompute-modules (layer.py)
-ATTENTION = ("unfused", "flash", "flash1")
+ATTENTION = ("unfused", "flash", "flash1", "cudnn")
+EP_DISPATCHERS = ("alltoall", "deepep")  # Strategy.ep_dispatcher
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 CP_KINDS = ("allgather", "ring", "ulysses")
 FP8_RECIPES = ("delayed", "current", "blockwise", "mx")
@@ -43,7 +44,8 @@ class Strategy:
     overlap: bool = False  # all-reduce buckets while backward still runs
     recompute: str = "none"  # activation recomputation: none | selective | op | every_other | full
     attention: str = "unfused"  # "flash": one fused kernel (FlashAttention-2), no s×s scores in memory;
-    # "flash1": FlashAttention-1 / the Triton kernel (slower)
+    # "flash1": FlashAttention-1 / the Triton kernel (slower); "cudnn": cuDNN's fused attention, which Transformer
+    # Engine (Megatron-Core, NeMo) picks over FlashAttention-2 on Hopper and later
     schedule: str = "1f1b"  # pipeline schedule: 1f1b | gpipe | interleaved
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
     sequence_parallel: bool = False  # with tp > 1: shard layer norms/dropout along the sequence (Korthikanti)
@@ -79,6 +81,9 @@ class Strategy:
     # backward (layernorm, moe_act, mla_up_proj, mlp; layer_strategy.module_recompute_ops)
     ep_overlap: bool = False  # Megatron's --overlap-moe-expert-parallel-comm: the dispatch/combine all-to-
     # alls of one micro-batch run beside another's compute (1F1B steady state)
+    ep_dispatcher: str = "alltoall"  # how tokens reach their experts across nodes: "alltoall" (Megatron's
+    # alltoall dispatcher: each of a token's top-k copies crosses on its own) or "deepep" (DeepEP / HybridEP,
+    # Megatron's flex dispatcher: a token crosses once to each node holding any of its experts, then NVLink)
     stage_layout: tuple = ()  # pp > 1: layers on each pipeline rank, first to last, all its model chunks
     # together (Megatron's --pipeline-model-parallel-layout summed per rank;
     # DeepSeek-V3's recipes); empty: even, or first/last_stage_layers
@@ -164,8 +169,10 @@ class Strategy:
 
     @property
     def expert_dp(self) -> int:
-        """Ranks holding the same experts, which average their gradients: dp × cp / ep."""
-        return max(1, self.dp * self.cp // self.ep)
+        """Ranks holding the same experts, which average their gradients: dp × cp / ep (tp × dp × cp / ep under
+        Megatron's rank order, whose expert grid folds the tensor-parallel ranks in: ``topology.group_ranks``)."""
+        ranks = self.dp * self.cp * (self.tp if self.pipeline_outer or self.ep > self.dp * self.cp else 1)
+        return max(1, ranks // self.ep)
 
     def offloaded(self, layers_here: float) -> float:
         """Layers of a stage whose activations live in host memory (``offload_layers``, simlib.sim.offload): at
@@ -333,6 +340,8 @@ def _check_scale(s) -> None:
         )
     if s.ep_overlap and s.ep == 1:
         raise ValueError("ep_overlap hides the expert-parallel all-to-alls: it needs ep > 1")
+    if s.ep_dispatcher not in EP_DISPATCHERS:
+        raise ValueError(f"ep_dispatcher must be one of {EP_DISPATCHERS}, got {s.ep_dispatcher!r}")
     if s.stage_layout and (s.first_stage_layers or s.last_stage_layers or s.pp == 1):
         raise ValueError("stage_layout needs pp > 1 and replaces first_stage_layers / last_stage_layers")
     if s.head not in HEADS:

@@ -38,7 +38,8 @@ class Placement:
 def group_ranks(strategy, kind: str, index: int = 0) -> list[int]:
     """Global ranks of the ``index``-th member set of a group of the grid view(dp, pp, cp, tp): "tp", "cp",
     "pp", "dp", "dp_cp" (the dp × cp ranks that average dense gradients), "ep" (ep consecutive ranks of those,
-    cp first: ``simlib.parallel.mesh``'s order) or "expert_dp" (the ranks holding the same experts).
+    cp first: ``simlib.parallel.mesh``'s order; of the tp × cp × dp ranks under Megatron's order) or "expert_dp"
+    (the ranks holding the same experts).
 
     Group 0 of each kind starts at rank 0 (every group of a kind has the same shape on whole nodes)."""
     s = strategy
@@ -48,13 +49,15 @@ def group_ranks(strategy, kind: str, index: int = 0) -> list[int]:
     tokens = [index + d * dp_stride + c * s.tp for d in range(s.dp) for c in range(cp)]  # dp_cp order
     if kind == "dp_cp":
         return tokens
-    if kind == "ep":
+    if kind in ("ep", "expert_dp"):
         ep = getattr(s, "ep", 1)
-        if ep > len(tokens):  # Megatron's MoE parallel folding: tensor-parallel ranks join the expert group
-            return sorted(t + r for t in tokens for r in range(s.tp))[:ep]
-        return tokens[:ep]
-    if kind == "expert_dp":
-        return tokens[:: getattr(s, "ep", 1)]
+        if outer or ep > len(tokens):
+            # Megatron-Core's expert grid (MoE parallel folding, expert tensor parallelism 1: the experts whole,
+            # as layer.py prices them): a stage's tp × cp × dp ranks re-split as ep × expert-dp, ep fastest, so an
+            # expert group is ep consecutive ranks (inside a node when ep <= its devices) whatever tp is
+            # (megatron/core/parallel_state.py: the expert RankGenerator with tp=etp, order tp-ep-dp-pp)
+            tokens = sorted(t + r for t in tokens for r in range(s.tp))
+        return tokens[:ep] if kind == "ep" else tokens[::ep]
     stride = {"tp": 1, "cp": s.tp, "pp": s.tp * cp * (s.dp if outer else 1), "dp": dp_stride}.get(kind)
     if stride is None:
         raise ValueError(f"group kind must be tp, cp, pp, dp, dp_cp, ep or expert_dp, got {kind!r}")
@@ -127,14 +130,34 @@ def cross_pod_factor(nodes: int, hardware) -> float:
     return max(1.0, x * hardware.oversubscription)
 
 
-def group_collective(kind: str, size: float, place: Placement, hardware) -> float:
+def remote_copy_share(experts: int, top_k: int, nodes: int) -> float:
+    """Of a token's top-k copies that go to experts on other nodes, the share a deduplicating dispatcher (DeepEP,
+    HybridEP) still sends over the NICs: it sends the token once to each remote node holding any of its experts
+    and forwards it over NVLink there. With the experts spread evenly over ``nodes`` nodes and the top-k drawn
+    without replacement (balanced routing), a given node holds none of a token's experts with probability
+    C(E − E/nodes, k) / C(E, k); the remote nodes reached are (nodes − 1)(1 − that), the remote copies
+    k (nodes − 1)/nodes. Qwen3-235B (128 experts, top 8) over 4 nodes: 0.45; DeepSeek-V3 (256, top 8) over 8: 0.66.
+    """
+    if nodes <= 1 or top_k <= 1:
+        return 1.0
+    per_node = experts / nodes
+    none_here = 1.0
+    for i in range(top_k):
+        none_here *= max(experts - per_node - i, 0.0) / (experts - i)
+    return min(1.0, nodes * (1.0 - none_here) / top_k)
+
+
+def group_collective(kind: str, size: float, place: Placement, hardware, remote_share: float = 1.0) -> float:
     """Seconds of an all-reduce / reduce-scatter / all-gather of ``size`` bytes (the full tensor) over a group
     placed as ``place``: intra-node ring, inter-node ring (one member per node), or hierarchical.
 
     ``all_to_all`` (``size``: one rank's buffer): each rank sends (k−1)/n of it over the node's links and
     (n−k)/n over its own NIC at the same time, so the slower share sets the time (α: n−1 steps).
     ``p2p``: one message of ``size`` to a neighbour of the group (a ring's hop: over the NIC as soon as the group
-    spans nodes, since the ring steps in lockstep)."""
+    spans nodes, since the ring steps in lockstep).
+
+    ``remote_share`` (all-to-all only): the share of the out-of-node bytes that cross the NICs (a deduplicating
+    expert dispatcher: :func:`remote_copy_share`)."""
     if kind not in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "p2p"):
         raise ValueError(f"collective must be all_reduce, reduce_scatter, all_gather, all_to_all or p2p, got {kind!r}")
     n, k, nodes = place.size, place.per_node, place.nodes
@@ -146,8 +169,8 @@ def group_collective(kind: str, size: float, place: Placement, hardware) -> floa
         if nodes == 1:
             return cost.all_to_all(size, n, hardware.intra)
         a_in, b_in = cost._ab(hardware.intra, k, size * (k - 1) / n) if k > 1 else (0.0, 1.0)
-        a_out, b_out = cost._ab(fabric_link(hardware), nodes, size * (n - k) / n)
-        out = size * (n - k) / n / b_out * cross_pod_factor(nodes, hardware)
+        a_out, b_out = cost._ab(fabric_link(hardware), nodes, size * (n - k) / n * remote_share)
+        out = size * (n - k) / n * remote_share / b_out * cross_pod_factor(nodes, hardware)
         return (k - 1) * a_in + (n - k) * a_out + max(size * (k - 1) / n / b_in, out)
     if nodes == 1:
         if kind == "all_reduce":
