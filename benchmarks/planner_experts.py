@@ -2,7 +2,7 @@
 set (``simlib.sim.runs``: llm-foundry's MPT tables, torchtitan's Llama tables, Narayanan et al. 2021 Table 1) and
 its cluster-scale set (``simlib.sim.scale_runs``: Megatron-Bridge's 25.11/26.02 tables, Llama 3 Table 4; MoE with
 ep, long context with cp, Blackwell, FP8) — the planner searches the same model, cluster, global batch and
-sequence length (the run's precision, FP8 recipe, attention kernel, FSDP reduce dtype and rank order held fixed),
+sequence length (the run's precision, FP8 recipe, attention kernel, expert dispatcher, FSDP reduce dtype and rank order held fixed),
 and the run's own plan is priced by the same simulator. Reported per run: the chosen plan's predicted step over the
 planner's best, its rank (exact within the top ``TOP``), each plan ranked above it with its 80 % interval and the term
 it wins by, and whether the chosen plan is tied with the best (their intervals overlap: ``simlib.sim.
@@ -200,6 +200,7 @@ def search_space(s):
         optimizer=s.optimizer,
         fp8_recipe=s.fp8_recipe,
         pipeline_outer=s.pipeline_outer,
+        ep_dispatcher=s.ep_dispatcher,
     )
     space = {**SPACE, "max_virtual_stages": max(SPACE["max_virtual_stages"], s.virtual_stages), "fixed": fixed}
     if s.param_gather_overlap:  # the run's framework overlaps the distributed optimizer's all-gather: so may the plans,
