@@ -55,10 +55,11 @@ AZURE_H200_ALLREDUCE = [(1 << 20, 53), (16 << 20, 240), (128 << 20, 413), (1 << 
 A100_FLASH_ATTENTION = {"flash": {"forward": 0.73, "backward": 0.50}, "flash1": {"forward": 0.40, "backward": 0.25}}
 # - cuDNN's fused attention ("cudnn"), which Transformer Engine selects over FlashAttention-2 on Hopper and later
 #   ("Disabling FlashAttention to give FusedAttention preference on Hopper+ for performance reasons",
-#   transformer_engine/pytorch/attention get_attention_backend): on H100 SXM5 at head dimension 128, BF16, 8K-16K
-#   tokens, 529-539 TFLOP/s forward with the causal mask and 516-518 backward (Shah et al. 2024, FlashAttention-3,
-#   figures 5 and 6: cuDNN's bars), 0.54 and 0.52 of the 989 TFLOP/s peak. Megatron-Core and NeMo rows run it
-#   (scale_runs.strategy_of).
+#   transformer_engine/pytorch/attention get_attention_backend, since TE 1.2): on H100 SXM5 at head dimension 128,
+#   BF16, 8K-16K tokens, 529-539 TFLOP/s forward with the causal mask and 516-518 backward (Shah et al. 2024,
+#   FlashAttention-3, figures 5 and 6: cuDNN's bars; the backward figure's mask is not stated), 0.54 and 0.52 of the
+#   989 TFLOP/s peak. Megatron-Core and NeMo rows run it (scale_runs.strategy_of). The cuDNN of a given release may
+#   have been slower (the paper measured mid-2024's): the simulator does not know software versions.
 H100_FLASH_ATTENTION = {
     "flash": {"forward": 0.35, "backward": 0.35},
     "flash1": {"forward": 0.35 * 0.40 / 0.73, "backward": 0.35 * 0.25 / 0.50},
