@@ -45,7 +45,7 @@ def figure(s: dict, path="results/sim_by_source.png"):
 
     names = list(s["by_source"])
     x = range(len(names))
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, ax = plt.subplots(figsize=(max(9, 1.45 * len(names)), 4.4))
     within = [s["by_source"][n]["within"]["mean_abs_error"] for n in names]
     loso = [s["by_source"][n]["mean_abs_error"] for n in names]
     bars = [
@@ -58,7 +58,9 @@ def figure(s: dict, path="results/sim_by_source.png"):
     ax.set_xticks(
         list(x),
         [
-            f"{n}\n({s['by_source'][n]['rows']} runs)\n{s['coverage_by_source'][n]:.0%} in the 80 % interval"
+            # a long name broken at its hyphens, so that neighbouring labels do not run into each other
+            f"{n.replace('-', '-' + chr(10), 1) if len(n) > 14 else n}\n({s['by_source'][n]['rows']} runs)\n"
+            f"{s['coverage_by_source'][n]:.0%} in the\n80 % interval"
             for n in names
         ],
         fontsize=8,
