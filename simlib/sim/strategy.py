@@ -3,7 +3,8 @@
 The rank grid is ``arange(world_size).view(dp, pp, cp, tp)`` (tensor-parallel ranks adjacent, so they share a
 node, as in Megatron-LM and picotron; then context-parallel ones; ``simlib.parallel.mesh`` uses the same order),
 and expert parallelism cuts the dp × cp ranks that hold tokens into groups of ``ep`` consecutive ones (it adds no
-ranks: Megatron-LM folds expert parallelism into data parallelism); :class:`Strategy` validates the degrees
+ranks: Megatron-LM folds expert parallelism into data parallelism; under Megatron's rank order, ``pipeline_outer``,
+its expert grid takes the tp × cp × dp ranks, so an expert group is ``ep`` consecutive ranks whatever tp is); :class:`Strategy` validates the degrees
 instead of keeping globals, and against a machine: a tensor-parallel group must sit inside one node (tp divides the node's devices) unless
 ``tp_across_nodes=True`` asks for it (then it is priced on the inter-node link). ``simlib.sim.topology`` places
 every group of the grid on the nodes.
