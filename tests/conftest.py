@@ -138,3 +138,15 @@ def one_process():
     """A test that trains in this process: its process group and the environment variables that made it go after."""
     with one_process_world():
         yield
+
+
+@pytest.fixture(scope="session")
+def vision_quick_run(cluster2):
+    """The vision project's standard quick run on 2 ranks, as a learner passes it to its milestone: (task, record,
+    state). One run for the session: tests/test_grading_projects.py and tests/test_project_milestones.py both grade
+    it (each planted answer is built on copies; nothing changes these)."""
+    from simlib.projects.runner import project_settings, run_project
+
+    task = project_settings("vision", "quick")["task"]
+    record, state = run_project("vision", 2, quick=True, cluster=cluster2, verbose=False)
+    return task, record, state

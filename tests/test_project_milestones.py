@@ -34,11 +34,10 @@ def _caught(exercise, answer, cluster2):
 
 
 @pytest.fixture(scope="module")
-def vision(cluster2):
-    """The vision project's standard quick run on 2 ranks: (task, record, state), as a learner passes it."""
-    task = project_settings("vision", "quick")["task"]
-    record, state = run_project("vision", 2, quick=True, cluster=cluster2, verbose=False)
-    return task, record, state
+def vision(vision_quick_run):
+    """The vision project's standard quick run on 2 ranks: (task, record, state), as a learner passes it (one run
+    for the session: tests/conftest.py)."""
+    return vision_quick_run
 
 
 def test_weights_of_a_longer_run_beside_a_shorter_runs_record_fail(vision, cluster2):
