@@ -54,17 +54,13 @@ def figure(s: dict, path="results/sim_by_source.png"):
     ]
     for group in bars:  # each bar's value above it, horizontal: no label crosses a bar or another label
         ax.bar_label(group, labels=[f"{b.get_height():.1%}" for b in group], fontsize=7, padding=2)
+
     # the interval's coverage under each source's name, not inside the bars
-    ax.set_xticks(
-        list(x),
-        [
-            # a long name broken at its hyphens, so that neighbouring labels do not run into each other
-            f"{n.replace('-', '-' + chr(10), 1) if len(n) > 14 else n}\n({s['by_source'][n]['rows']} runs)\n"
-            f"{s['coverage_by_source'][n]:.0%} in the\n80 % interval"
-            for n in names
-        ],
-        fontsize=8,
-    )
+    def label(n):  # a long name broken at its first hyphen, so that neighbouring labels do not run into each other
+        name = n.replace("-", "-\n", 1) if len(n) > 14 else n
+        return f"{name}\n({s['by_source'][n]['rows']} runs)\n{s['coverage_by_source'][n]:.0%} in the\n80 % interval"
+
+    ax.set_xticks(list(x), [label(n) for n in names], fontsize=8)
     ax.set_ylim(0, max(within + loso + [TARGETS["overall"]]) * 1.3)
     ax.axhline(TARGETS["overall"], color="k", ls="--", lw=0.8)
     ax.set_ylabel("mean |error|")

@@ -29,6 +29,7 @@ from .gemm_shape import gemm_shape_rate
 from .ops import Op, _backward_gemms, _gemm, fp8_cast_bytes  # noqa: F401 - Op is this module's vocabulary
 from .presets import MXFP8_GEMM_RATIO
 from .ring_comm import in_situ_all_reduce
+from .strategy import ATTENTION
 from .topology import group_collective, placement, remote_copy_share
 
 
@@ -84,7 +85,7 @@ def layer_ops(
     """
     if model.kind != "gpt":
         raise ValueError("layer_ops describes a GPT layer; an MLP is priced by its GEMMs (cost.stage_times)")
-    if attention not in ("unfused", "flash", "flash1", "cudnn"):
+    if attention not in ATTENTION:
         raise ValueError(f"attention must be 'unfused', 'flash', 'flash1' or 'cudnn', got {attention!r}")
     b, s, h, a = micro_batch, model.seq_len, model.hidden, model.heads
     sq = s // cp  # queries (and tokens) of each sequence on this rank

@@ -320,7 +320,7 @@ def predict_row(row: dict, hardware=None) -> dict:
     tokens = (
         p.throughput * model.seq_len / row["gpus"]
         if p.fits
-        else strategy_of(row, model).global_batch * model.seq_len / p.step_time / row["gpus"]
+        else s.global_batch * model.seq_len / p.step_time / row["gpus"]
     )
     predicted = tokens if row["metric"] == "tokens_per_s_per_gpu" else tokens * flops_per_token(row, model) / 1e12
     out.update(

@@ -20,6 +20,17 @@ RECOMPUTE = ("none", "selective", "op", "every_other", "full")
 RECOMPUTE_MODULES = ("layernorm", "moe_act", "mla_up_proj", "mlp", "moe")  # Megatron's --recompute-modules (layer.py)
 ATTENTION = ("unfused", "flash", "flash1", "cudnn")
 EP_DISPATCHERS = ("alltoall", "deepep")  # Strategy.ep_dispatcher
+
+
+def expert_grid_folds_tp(s) -> bool:
+    """Whether the expert groups are cut from the tp × cp × dp ranks (Megatron-Core's expert grid: its rank order,
+    ``pipeline_outer``, or an ``ep`` beyond dp × cp, MoE parallel folding) rather than from the dp × cp ranks of one
+    tensor-parallel rank (``simlib.parallel.mesh``'s order). Read by :attr:`Strategy.expert_dp` and
+    ``topology.group_ranks``; any object with the degrees will do."""
+    cp = getattr(s, "cp", 1)
+    return bool(getattr(s, "pipeline_outer", False)) or getattr(s, "ep", 1) > s.dp * cp
+
+
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 CP_KINDS = ("allgather", "ring", "ulysses")
 FP8_RECIPES = ("delayed", "current", "blockwise", "mx")
@@ -172,8 +183,7 @@ class Strategy:
     def expert_dp(self) -> int:
         """Ranks holding the same experts, which average their gradients: dp × cp / ep (tp × dp × cp / ep under
         Megatron's rank order, whose expert grid folds the tensor-parallel ranks in: ``topology.group_ranks``)."""
-        ranks = self.dp * self.cp * (self.tp if self.pipeline_outer or self.ep > self.dp * self.cp else 1)
-        return max(1, ranks // self.ep)
+        return max(1, self.dp * self.cp * (self.tp if expert_grid_folds_tp(self) else 1) // self.ep)
 
     def offloaded(self, layers_here: float) -> float:
         """Layers of a stage whose activations live in host memory (``offload_layers``, simlib.sim.offload): at

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import collectives as cost  # the formulas (ring, all-gather, p2p, ...)
+from .strategy import expert_grid_folds_tp
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def group_ranks(strategy, kind: str, index: int = 0) -> list[int]:
         return tokens
     if kind in ("ep", "expert_dp"):
         ep = getattr(s, "ep", 1)
-        if outer or ep > len(tokens):
+        if expert_grid_folds_tp(s):
             # Megatron-Core's expert grid (MoE parallel folding, expert tensor parallelism 1: the experts whole,
             # as layer.py prices them): a stage's tp × cp × dp ranks re-split as ep × expert-dp, ep fastest, so an
             # expert group is ep consecutive ranks (inside a node when ep <= its devices) whatever tp is
