@@ -2,8 +2,8 @@
 the machine's load at about 4x its cores, and the limits say the load when they trip.
 
 The burner is a set of busy-looping processes of this test's own, adjusted twice a second so that the number of
-runnable threads on the machine (``/proc/loadavg``'s fourth field) stays near 4x the cores: on a machine that is
-already that busy it adds none. The notebook is ``solutions/02_average_gradients.ipynb`` under nbval, as the suite
+runnable threads on the machine (``/proc/loadavg``'s fourth field) stays near 4x the cores, with at least one of its
+own per core however busy the machine already looks. The notebook is ``solutions/02_average_gradients.ipynb`` under nbval, as the suite
 runs it (strict grading: its check cell raises unless the solution passes on 2, 3 and 4 ranks).
 """
 
@@ -35,7 +35,8 @@ class Burner:
     """Busy-looping processes (this test's own) that keep about ``FACTOR`` x cores threads runnable."""
 
     def __init__(self, factor: int = FACTOR):
-        self.target, self.procs, self.samples = factor * pace.pace().cores, [], []
+        self.cores = pace.pace().cores
+        self.target, self.procs, self.samples = factor * self.cores, [], []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._hold, daemon=True)
 
@@ -43,12 +44,18 @@ class Burner:
         while not self.stop.is_set():
             now = _runnable()
             self.samples.append(now)
-            if now < self.target - 1:
-                for _ in range(min(self.target - now, self.target)):
+            # at least one spinning process of its own per core, however busy the machine already looks: a count of
+            # runnable threads made by others (short bursts, other tests' waits) is not steady contention: in CI the
+            # calibration once saw a slowdown of only 1.2 at load 7, the burner adding next to nothing
+            more = max(
+                min(self.target - now, self.target) if now < self.target - 1 else 0, self.cores - len(self.procs)
+            )
+            if more > 0:
+                for _ in range(more):
                     self.procs.append(
                         subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
                     )
-            elif now > self.target + 1 and self.procs:
+            elif now > self.target + 1 and len(self.procs) > self.cores:
                 self.procs.pop().kill()
             self.stop.wait(0.5)
 
